@@ -539,4 +539,3 @@ func fakeController(t *testing.T, ca *sites.CA, fn func(net.Conn)) string {
 
 	return ln.Addr().String()
 }
-
