@@ -39,4 +39,3 @@ func newMetrics() *metrics {
 func (s *Store) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{s.metrics.errors, s.metrics.bytesFetched, s.metrics.bytesServed, s.metrics.evictions, s.metrics.bytesUsed}
 }
-

@@ -191,9 +191,9 @@ func New(cfg Config, log *zap.Logger, needed NeededSet, now func() time.Time) (*
 	return s, nil
 }
 
-func (s *Store) blobDir() string             { return filepath.Join(s.cfg.Dir, "blobs", "sha256") }
-func (s *Store) tmpDir() string              { return filepath.Join(s.cfg.Dir, "tmp") }
-func (s *Store) manifestPath() string        { return filepath.Join(s.cfg.Dir, "manifest.json") }
+func (s *Store) blobDir() string               { return filepath.Join(s.cfg.Dir, "blobs", "sha256") }
+func (s *Store) tmpDir() string                { return filepath.Join(s.cfg.Dir, "tmp") }
+func (s *Store) manifestPath() string          { return filepath.Join(s.cfg.Dir, "manifest.json") }
 func (s *Store) blobPath(digest string) string { return filepath.Join(s.blobDir(), digest) }
 
 // cleanTmp removes partial downloads and staging directories older than this process.
