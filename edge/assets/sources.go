@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -90,7 +91,8 @@ func (RelaySource) Name() string { return "relay" }
 func (r RelaySource) Open(ctx context.Context, ref Ref, offset int64) (io.ReadCloser, error) {
 	ctx, cancel := context.WithCancel(ctx)
 
-	stream, err := r.Client.Fetch(ctx, &assetsapi.FetchRequest{Sha256: ref.SHA256, Offset: offset})
+	// wait for the uplink to come back instead of failing at once after a cut; ctx bounds the wait
+	stream, err := r.Client.Fetch(ctx, &assetsapi.FetchRequest{Sha256: ref.SHA256, Offset: offset}, grpc.WaitForReady(true))
 	if err != nil {
 		cancel()
 
