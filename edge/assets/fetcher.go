@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sort"
 	"sync"
 	"time"
@@ -103,7 +104,7 @@ type Fetcher struct {
 
 	mu      sync.Mutex
 	policy  Policy
-	relay   Source
+	relay   *relayEntry
 	states  map[string]*Status // by digest
 	pending []Ref
 	wake    chan struct{}
@@ -136,10 +137,25 @@ func (f *Fetcher) Policy() Policy {
 	return f.policy
 }
 
-// SetRelay sets (or, with nil, clears) the relay source; the uplink session calls it.
+// relayEntry is the relay of one uplink session; done closes when the session's relay is replaced or cleared.
+type relayEntry struct {
+	src  Source
+	done chan struct{}
+}
+
+// SetRelay sets (or, with nil, clears) the relay source; the uplink session calls it. Downloads in progress
+// through the previous relay are cut and resume through the new one.
 func (f *Fetcher) SetRelay(src Source) {
 	f.mu.Lock()
-	f.relay = src
+	if f.relay != nil {
+		close(f.relay.done)
+	}
+
+	f.relay = nil
+	if src != nil {
+		f.relay = &relayEntry{src: src, done: make(chan struct{})}
+	}
+
 	retry := f.policy != PolicyPassthrough && src != nil
 	f.mu.Unlock()
 
@@ -336,7 +352,7 @@ func (f *Fetcher) sources(ref Ref) []Source {
 	}
 
 	if f.policy != PolicyPassthrough && f.relay != nil {
-		srcs = append(srcs, f.relay)
+		srcs = append(srcs, sessionRelay{f: f})
 	}
 
 	return srcs
@@ -394,6 +410,64 @@ func (f *Fetcher) setState(ref Ref, state State, msg string) {
 	case f.changed <- struct{}{}:
 	default:
 	}
+}
+
+// sessionRelay relays through whichever uplink session is current: a stream on a session that ends is cut,
+// and the next attempt waits for the next session (bounded by the download's context).
+type sessionRelay struct{ f *Fetcher }
+
+func (sessionRelay) Name() string { return "relay" }
+
+func (r sessionRelay) Open(ctx context.Context, ref Ref, offset int64) (io.ReadCloser, error) {
+	var entry *relayEntry
+
+	for {
+		r.f.mu.Lock()
+		entry = r.f.relay
+		r.f.mu.Unlock()
+
+		if entry != nil {
+			break
+		}
+
+		select { // no session: poll until one comes back
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+
+	sctx, cancel := context.WithCancel(ctx)
+
+	go func() {
+		select {
+		case <-entry.done:
+			cancel()
+		case <-sctx.Done():
+		}
+	}()
+
+	rc, err := entry.src.Open(sctx, ref, offset)
+	if err != nil {
+		cancel()
+
+		return nil, err
+	}
+
+	return &cancelOnClose{ReadCloser: rc, cancel: cancel}, nil
+}
+
+type cancelOnClose struct {
+	io.ReadCloser
+
+	cancel context.CancelFunc
+}
+
+func (c *cancelOnClose) Close() error {
+	err := c.ReadCloser.Close()
+	c.cancel()
+
+	return err
 }
 
 // OnSession runs for the life of an uplink session: it relays through the controller and reports the asset
