@@ -311,4 +311,3 @@ func BenchmarkRelay(b *testing.B) {
 		}
 	})
 }
-
