@@ -50,6 +50,8 @@ type SiteAssets struct {
 	BytesRelayed int64
 	Relays       int64
 	ReportedAt   time.Time
+	// PushError is the last failure to send the policy and needed assets to the edge ("" when it worked).
+	PushError string
 }
 
 // Catalog keeps the per-site asset policy and state. It is safe for concurrent use.
@@ -68,6 +70,8 @@ type siteState struct {
 	reportedAt   time.Time
 	bytesRelayed int64
 	relays       int64
+	pushErr      string
+	changed      chan struct{} // signalled when the policy or the needed assets change
 }
 
 // NewCatalog returns an empty catalog; sites without a policy get defaultPolicy.
@@ -82,7 +86,7 @@ func NewCatalog(defaultPolicy assetsapi.Policy, now func() time.Time) *Catalog {
 func (c *Catalog) siteLocked(site string) *siteState {
 	s := c.sites[site]
 	if s == nil {
-		s = &siteState{policy: c.defaultPolicy}
+		s = &siteState{policy: c.defaultPolicy, changed: make(chan struct{}, 1)}
 		c.sites[site] = s
 	}
 
@@ -98,7 +102,9 @@ func (c *Catalog) SetPolicy(site string, p assetsapi.Policy) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 
-	c.siteLocked(site).policy = p
+	s := c.siteLocked(site)
+	s.policy = p
+	notify(s)
 
 	return nil
 }
@@ -116,7 +122,16 @@ func (c *Catalog) SetNeeded(site string, refs []*assetsapi.AssetRef) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 
-	c.siteLocked(site).needed = refs
+	s := c.siteLocked(site)
+	s.needed = refs
+	notify(s)
+}
+
+func notify(s *siteState) {
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
 }
 
 // RecordReport stores an edge's asset report.
@@ -150,7 +165,7 @@ func (c *Catalog) Site(site string) SiteAssets {
 	s := c.siteLocked(site)
 	out := SiteAssets{
 		SiteID: site, Policy: s.policy, BytesRelayed: s.bytesRelayed, Relays: s.relays,
-		ReportedAt: s.reportedAt, Failed: map[string]string{},
+		ReportedAt: s.reportedAt, Failed: map[string]string{}, PushError: s.pushErr,
 	}
 
 	present := map[string]bool{}
@@ -205,18 +220,53 @@ func (c *Catalog) Push(ctx context.Context, site string, conn grpc.ClientConnInt
 	c.mu.Unlock()
 
 	resp, err := assetsapi.NewEdgeAssetsClient(conn).Ensure(ctx, req)
-	if err != nil {
-		return fmt.Errorf("push assets to site %s: %w", site, err)
-	}
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
 
 	s = c.siteLocked(site)
+
+	if err != nil {
+		s.pushErr = err.Error()
+
+		return fmt.Errorf("push assets to site %s: %w", site, err)
+	}
+
+	s.pushErr = ""
 	if s.report == nil {
 		s.report = &assetsapi.AssetReport{Policy: req.GetPolicy(), Assets: resp.GetStatuses()}
 		s.reportedAt = c.now()
 	}
 
 	return nil
+}
+
+// OnSession runs for the life of a site's uplink session: it pushes the site's policy and needed assets when
+// the session starts and again whenever they change. Wire it into the site server's OnSession hooks. A failed
+// push is recorded (SiteAssets.PushError) and retried on the next change or after retryAfter.
+func (c *Catalog) OnSession(ctx context.Context, site string, conn grpc.ClientConnInterface) error {
+	const retryAfter = 30 * time.Second
+
+	c.mu.Lock()
+	changed := c.siteLocked(site).changed
+	c.mu.Unlock()
+
+	for {
+		err := c.Push(ctx, site, conn)
+		if ctx.Err() != nil {
+			return nil
+		}
+
+		var retry <-chan time.Time
+		if err != nil {
+			retry = time.After(retryAfter)
+		}
+
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		case <-retry:
+		}
+	}
 }

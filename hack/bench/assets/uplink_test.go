@@ -42,6 +42,7 @@ func TestRelayOverUplinkResumesAfterCut(t *testing.T) {
 
 	ctl := linklab.StartController(t, linklab.ControllerOptions{
 		Register:      []func(grpc.ServiceRegistrar){relay.Register},
+		OnSession:     []sites.SessionFunc{catalog.OnSession},
 		ServerOptions: []grpc.ServerOption{grpc.StreamInterceptor(rec.intercept)},
 	})
 	token := ctl.CreateSite(t, "site-a", sites.TokenOptions{})
@@ -75,8 +76,8 @@ func TestRelayOverUplinkResumesAfterCut(t *testing.T) {
 		OnSession: []edgeuplink.SessionFunc{fetcher.OnSession},
 	}})
 
-	conn := ctl.WaitConnected(t, "site-a")
-	require.NoError(t, catalog.Push(t.Context(), "site-a", conn))
+	// the catalog pushes the site's policy and needed assets when the session starts; the edge relays them
+	ctl.WaitConnected(t, "site-a")
 
 	// cut the WAN link once the relay is under way
 	require.Eventually(t, func() bool { return partialBytes(cfg.Dir) > 8<<20 }, 20*time.Second, time.Millisecond)
