@@ -318,3 +318,32 @@ func FuzzParseBundle(f *testing.F) {
 		}
 	})
 }
+
+func FuzzImportTarball(f *testing.F) {
+	var buf bytes.Buffer
+
+	tw := tar.NewWriter(&buf)
+	_ = tw.WriteHeader(&tar.Header{Name: "k", Typeflag: tar.TypeReg, Size: 1, Mode: 0o644})
+	_, _ = tw.Write([]byte("k"))
+	_ = tw.Close()
+
+	f.Add(buf.Bytes())
+	f.Add([]byte{0x1f, 0x8b, 0, 0})
+
+	f.Fuzz(func(t *testing.T, data []byte) {
+		dir := t.TempDir()
+		file := filepath.Join(dir, "in.tar")
+		require.NoError(t, os.WriteFile(file, data, 0o644))
+
+		s := newStore(t, filepath.Join(dir, "cache"), 1<<20, nil)
+		_, _ = s.Import(t.Context(), file)
+
+		// whatever happened, nothing may be left outside the cache or half-written inside it
+		require.Empty(t, visibleTmp(t, filepath.Join(dir, "cache")))
+
+		entries, _ := s.List()
+		for _, e := range entries {
+			require.NoError(t, s.Check(e.SHA256, true))
+		}
+	})
+}
