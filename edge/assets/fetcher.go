@@ -69,11 +69,14 @@ type FetcherConfig struct {
 	Workers int
 	// Timeout bounds one asset's download from one source.
 	Timeout time.Duration
+	// ScrubInterval is how often every cached asset is re-hashed (bit rot is not visible in file stamps);
+	// 0 disables scrubbing.
+	ScrubInterval time.Duration
 }
 
 // DefaultFetcher returns the default fetcher configuration.
 func DefaultFetcher() FetcherConfig {
-	return FetcherConfig{Policy: PolicyCache, Workers: 2, Timeout: 30 * time.Minute}
+	return FetcherConfig{Policy: PolicyCache, Workers: 2, Timeout: 30 * time.Minute, ScrubInterval: 24 * time.Hour}
 }
 
 // Validate checks the configuration.
@@ -88,6 +91,10 @@ func (c FetcherConfig) Validate() error {
 
 	if c.Timeout <= 0 {
 		return fmt.Errorf("assets: fetcher timeout must be positive, got %s", c.Timeout)
+	}
+
+	if c.ScrubInterval < 0 {
+		return fmt.Errorf("assets: negative scrub interval %s", c.ScrubInterval)
 	}
 
 	return nil
@@ -286,10 +293,37 @@ func (f *Fetcher) Locate(ref Ref) (Location, error) {
 	f.mu.Unlock()
 
 	if policy == PolicyOffline || len(ref.URLs) == 0 {
+		f.noteMissing(ref)
+
 		return Location{}, fmt.Errorf("locate %s (%s) under policy %s: %w", ref.Name, ref.SHA256, policy, ErrUnavailable)
 	}
 
 	return Location{URL: ref.URLs[0]}, nil
+}
+
+// noteMissing records an asset a boot plan asked for but the site lacks, so that it is reported to the
+// controller (and fetched by relay when one is available).
+func (f *Fetcher) noteMissing(ref Ref) {
+	if ref.Validate() != nil {
+		return
+	}
+
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	if st := f.states[ref.SHA256]; st != nil && st.State != StatePresent {
+		return
+	}
+
+	st := &Status{Ref: ref, State: StateMissing}
+	f.states[ref.SHA256] = st
+
+	if f.policy != PolicyPassthrough && f.relay != nil {
+		st.State = StateFetching
+		f.pending = append(f.pending, ref)
+	}
+
+	f.signal()
 }
 
 // Changed is signalled (coalesced) whenever an asset's state changes.
@@ -298,6 +332,31 @@ func (f *Fetcher) Changed() <-chan struct{} { return f.changed }
 // Run downloads queued assets until ctx ends.
 func (f *Fetcher) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
+
+	if f.cfg.ScrubInterval > 0 {
+		g.Go(func() error {
+			t := time.NewTicker(f.cfg.ScrubInterval)
+			defer t.Stop()
+
+			for {
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-t.C:
+				}
+
+				dropped, err := f.store.Scrub(ctx)
+				if err != nil && ctx.Err() == nil {
+					f.log.Warn("scrub asset cache", zap.Error(err))
+				}
+
+				if len(dropped) > 0 {
+					f.log.Warn("scrub dropped corrupt assets", zap.Strings("sha256", dropped))
+					f.requeueDropped(dropped)
+				}
+			}
+		})
+	}
 
 	for range f.cfg.Workers {
 		g.Go(func() error {
@@ -318,6 +377,21 @@ func (f *Fetcher) Run(ctx context.Context) error {
 	}
 
 	return g.Wait()
+}
+
+// requeueDropped fetches again the assets a scrub dropped that the controller had asked for.
+func (f *Fetcher) requeueDropped(digests []string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	for _, d := range digests {
+		if st := f.states[d]; st != nil {
+			st.State = StateFetching
+			f.pending = append(f.pending, st.Ref)
+		}
+	}
+
+	f.signal()
 }
 
 func (f *Fetcher) next() (Ref, bool) {

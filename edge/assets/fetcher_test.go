@@ -3,6 +3,8 @@ package assets_test
 import (
 	"bytes"
 	"context"
+	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -128,12 +130,38 @@ func TestOfflinePolicy(t *testing.T) {
 	_, err = f.Locate(ref)
 	require.ErrorIs(t, err, assets.ErrUnavailable)
 
-	rep := f.Report()
-	require.Len(t, rep.GetAssets(), 1)
-	require.Equal(t, "ASSET_STATE_MISSING", rep.GetAssets()[0].GetState().String())
+	// a boot plan asking for another missing asset gets it reported too
+	other, otherSum := blob(t, 10)
+	_, err = f.Locate(assets.Ref{Name: "agent/arm64/kernel", SHA256: otherSum, Size: 10})
+	require.ErrorIs(t, err, assets.ErrUnavailable)
 
-	// a relay appears (uplink session): the missing asset is fetched through it, never from the factory
-	f.SetRelay(&bytesSource{data: data})
+	rep := f.Report()
+	require.Len(t, rep.GetAssets(), 2) // sorted by name: agent/amd64/kernel, agent/arm64/kernel
+
+	for i, want := range []string{sum, otherSum} {
+		require.Equal(t, want, rep.GetAssets()[i].GetRef().GetSha256())
+		require.Equal(t, "ASSET_STATE_MISSING", rep.GetAssets()[i].GetState().String())
+	}
+
+	// a relay appears (uplink session): the missing assets are fetched through it, never from the factory
+	f.SetRelay(&multiSource{byDigest: map[string][]byte{sum: data, otherSum: other}})
 	waitState(t, f, sum, assets.StatePresent)
+	waitState(t, f, otherSum, assets.StatePresent)
 	require.Zero(t, gets.Load())
+}
+
+// multiSource serves several assets by digest.
+type multiSource struct {
+	byDigest map[string][]byte
+}
+
+func (m *multiSource) Name() string { return "relay" }
+
+func (m *multiSource) Open(_ context.Context, ref assets.Ref, offset int64) (io.ReadCloser, error) {
+	b, ok := m.byDigest[ref.SHA256]
+	if !ok {
+		return nil, assets.PermanentError(errors.New("unknown asset"))
+	}
+
+	return io.NopCloser(bytes.NewReader(b[offset:])), nil
 }
