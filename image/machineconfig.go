@@ -117,7 +117,7 @@ func MachineConfigPatch(p PatchConfig) ([]byte, error) {
 		return nil, fmt.Errorf("machine config patch: %w", err)
 	}
 
-	if _, err := ctr.Validate(clientMode{}); err != nil {
+	if _, err := ctr.ValidateAsClient(clientMode{}); err != nil {
 		return nil, fmt.Errorf("machine config patch: %w", err)
 	}
 
@@ -140,7 +140,7 @@ func ValidatePatch(data []byte) error {
 		return fmt.Errorf("load machine config patch: %w", err)
 	}
 
-	if _, err := prov.Validate(clientMode{}); err != nil {
+	if _, err := prov.ValidateAsClient(clientMode{}); err != nil {
 		return fmt.Errorf("validate machine config patch: %w", err)
 	}
 

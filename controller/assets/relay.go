@@ -139,7 +139,7 @@ func (r *Relay) Fetch(req *assetsapi.FetchRequest, stream grpc.ServerStreamingSe
 		buf := make([]byte, min(int64(r.cfg.ChunkSize), size-off))
 
 		n, err := f.ReadAt(buf, off)
-		if err != nil && !(errors.Is(err, io.EOF) && n > 0) {
+		if err != nil && (!errors.Is(err, io.EOF) || n == 0) {
 			return status.Errorf(codes.Internal, "read asset at %d: %v", off, err)
 		}
 
