@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -155,4 +156,11 @@ func TestCatalogSiteState(t *testing.T) {
 
 	_, err = assets.ParsePolicy("sometimes")
 	require.Error(t, err)
+
+	var out strings.Builder
+
+	require.NoError(t, assets.WriteSiteAssets(&out, st.Proto()))
+	require.Contains(t, out.String(), "asset policy:  offline")
+	require.Contains(t, out.String(), "missing  agent/amd64/initramfs")
+	require.Contains(t, out.String(), "cached   agent/amd64/kernel")
 }

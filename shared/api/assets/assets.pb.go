@@ -805,6 +805,135 @@ func (*ReportResponse) Descriptor() ([]byte, []int) {
 	return file_shared_api_assets_assets_proto_rawDescGZIP(), []int{11}
 }
 
+// SiteAssetState is the controller's view of one site's assets, for `controller site` (the admin API embeds it).
+type SiteAssetState struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	SiteId string                 `protobuf:"bytes,1,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
+	Policy Policy                 `protobuf:"varint,2,opt,name=policy,proto3,enum=outpost.assets.Policy" json:"policy,omitempty"`
+	// cached is what the edge last reported as cached.
+	Cached []*AssetStatus `protobuf:"bytes,3,rep,name=cached,proto3" json:"cached,omitempty"`
+	// missing is what current boot plans need but the edge has not reported as cached.
+	Missing []*AssetRef `protobuf:"bytes,4,rep,name=missing,proto3" json:"missing,omitempty"`
+	// failed maps digests to the edge's last fetch error.
+	Failed       map[string]string      `protobuf:"bytes,5,rep,name=failed,proto3" json:"failed,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	BytesUsed    int64                  `protobuf:"varint,6,opt,name=bytes_used,json=bytesUsed,proto3" json:"bytes_used,omitempty"`
+	BytesCap     int64                  `protobuf:"varint,7,opt,name=bytes_cap,json=bytesCap,proto3" json:"bytes_cap,omitempty"`
+	BytesRelayed int64                  `protobuf:"varint,8,opt,name=bytes_relayed,json=bytesRelayed,proto3" json:"bytes_relayed,omitempty"`
+	Relays       int64                  `protobuf:"varint,9,opt,name=relays,proto3" json:"relays,omitempty"`
+	ReportedAt   *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=reported_at,json=reportedAt,proto3" json:"reported_at,omitempty"`
+	// push_error is the last failure to send the policy and needed assets to the edge.
+	PushError     string `protobuf:"bytes,11,opt,name=push_error,json=pushError,proto3" json:"push_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SiteAssetState) Reset() {
+	*x = SiteAssetState{}
+	mi := &file_shared_api_assets_assets_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SiteAssetState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SiteAssetState) ProtoMessage() {}
+
+func (x *SiteAssetState) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_assets_assets_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SiteAssetState.ProtoReflect.Descriptor instead.
+func (*SiteAssetState) Descriptor() ([]byte, []int) {
+	return file_shared_api_assets_assets_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *SiteAssetState) GetSiteId() string {
+	if x != nil {
+		return x.SiteId
+	}
+	return ""
+}
+
+func (x *SiteAssetState) GetPolicy() Policy {
+	if x != nil {
+		return x.Policy
+	}
+	return Policy_POLICY_UNSPECIFIED
+}
+
+func (x *SiteAssetState) GetCached() []*AssetStatus {
+	if x != nil {
+		return x.Cached
+	}
+	return nil
+}
+
+func (x *SiteAssetState) GetMissing() []*AssetRef {
+	if x != nil {
+		return x.Missing
+	}
+	return nil
+}
+
+func (x *SiteAssetState) GetFailed() map[string]string {
+	if x != nil {
+		return x.Failed
+	}
+	return nil
+}
+
+func (x *SiteAssetState) GetBytesUsed() int64 {
+	if x != nil {
+		return x.BytesUsed
+	}
+	return 0
+}
+
+func (x *SiteAssetState) GetBytesCap() int64 {
+	if x != nil {
+		return x.BytesCap
+	}
+	return 0
+}
+
+func (x *SiteAssetState) GetBytesRelayed() int64 {
+	if x != nil {
+		return x.BytesRelayed
+	}
+	return 0
+}
+
+func (x *SiteAssetState) GetRelays() int64 {
+	if x != nil {
+		return x.Relays
+	}
+	return 0
+}
+
+func (x *SiteAssetState) GetReportedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ReportedAt
+	}
+	return nil
+}
+
+func (x *SiteAssetState) GetPushError() string {
+	if x != nil {
+		return x.PushError
+	}
+	return ""
+}
+
 var File_shared_api_assets_assets_proto protoreflect.FileDescriptor
 
 const file_shared_api_assets_assets_proto_rawDesc = "" +
@@ -853,7 +982,26 @@ const file_shared_api_assets_assets_proto_rawDesc = "" +
 	"bytes_used\x18\x02 \x01(\x03R\tbytesUsed\x12\x1b\n" +
 	"\tbytes_cap\x18\x03 \x01(\x03R\bbytesCap\x12.\n" +
 	"\x06policy\x18\x04 \x01(\x0e2\x16.outpost.assets.PolicyR\x06policy\"\x10\n" +
-	"\x0eReportResponse*^\n" +
+	"\x0eReportResponse\"\x96\x04\n" +
+	"\x0eSiteAssetState\x12\x17\n" +
+	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12.\n" +
+	"\x06policy\x18\x02 \x01(\x0e2\x16.outpost.assets.PolicyR\x06policy\x123\n" +
+	"\x06cached\x18\x03 \x03(\v2\x1b.outpost.assets.AssetStatusR\x06cached\x122\n" +
+	"\amissing\x18\x04 \x03(\v2\x18.outpost.assets.AssetRefR\amissing\x12B\n" +
+	"\x06failed\x18\x05 \x03(\v2*.outpost.assets.SiteAssetState.FailedEntryR\x06failed\x12\x1d\n" +
+	"\n" +
+	"bytes_used\x18\x06 \x01(\x03R\tbytesUsed\x12\x1b\n" +
+	"\tbytes_cap\x18\a \x01(\x03R\bbytesCap\x12#\n" +
+	"\rbytes_relayed\x18\b \x01(\x03R\fbytesRelayed\x12\x16\n" +
+	"\x06relays\x18\t \x01(\x03R\x06relays\x12;\n" +
+	"\vreported_at\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"reportedAt\x12\x1d\n" +
+	"\n" +
+	"push_error\x18\v \x01(\tR\tpushError\x1a9\n" +
+	"\vFailedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*^\n" +
 	"\x06Policy\x12\x16\n" +
 	"\x12POLICY_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12POLICY_PASSTHROUGH\x10\x01\x12\x10\n" +
@@ -889,7 +1037,7 @@ func file_shared_api_assets_assets_proto_rawDescGZIP() []byte {
 }
 
 var file_shared_api_assets_assets_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_shared_api_assets_assets_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_shared_api_assets_assets_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_shared_api_assets_assets_proto_goTypes = []any{
 	(Policy)(0),                   // 0: outpost.assets.Policy
 	(AssetState)(0),               // 1: outpost.assets.AssetState
@@ -905,35 +1053,42 @@ var file_shared_api_assets_assets_proto_goTypes = []any{
 	(*Chunk)(nil),                 // 11: outpost.assets.Chunk
 	(*AssetReport)(nil),           // 12: outpost.assets.AssetReport
 	(*ReportResponse)(nil),        // 13: outpost.assets.ReportResponse
-	nil,                           // 14: outpost.assets.EvictResponse.RefusedEntry
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*SiteAssetState)(nil),        // 14: outpost.assets.SiteAssetState
+	nil,                           // 15: outpost.assets.EvictResponse.RefusedEntry
+	nil,                           // 16: outpost.assets.SiteAssetState.FailedEntry
+	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
 }
 var file_shared_api_assets_assets_proto_depIdxs = []int32{
 	2,  // 0: outpost.assets.AssetStatus.ref:type_name -> outpost.assets.AssetRef
 	1,  // 1: outpost.assets.AssetStatus.state:type_name -> outpost.assets.AssetState
-	15, // 2: outpost.assets.AssetStatus.last_used:type_name -> google.protobuf.Timestamp
+	17, // 2: outpost.assets.AssetStatus.last_used:type_name -> google.protobuf.Timestamp
 	0,  // 3: outpost.assets.EnsureRequest.policy:type_name -> outpost.assets.Policy
 	2,  // 4: outpost.assets.EnsureRequest.assets:type_name -> outpost.assets.AssetRef
 	3,  // 5: outpost.assets.EnsureResponse.statuses:type_name -> outpost.assets.AssetStatus
 	3,  // 6: outpost.assets.ListResponse.assets:type_name -> outpost.assets.AssetStatus
-	14, // 7: outpost.assets.EvictResponse.refused:type_name -> outpost.assets.EvictResponse.RefusedEntry
+	15, // 7: outpost.assets.EvictResponse.refused:type_name -> outpost.assets.EvictResponse.RefusedEntry
 	3,  // 8: outpost.assets.AssetReport.assets:type_name -> outpost.assets.AssetStatus
 	0,  // 9: outpost.assets.AssetReport.policy:type_name -> outpost.assets.Policy
-	4,  // 10: outpost.assets.EdgeAssets.Ensure:input_type -> outpost.assets.EnsureRequest
-	6,  // 11: outpost.assets.EdgeAssets.List:input_type -> outpost.assets.ListRequest
-	8,  // 12: outpost.assets.EdgeAssets.Evict:input_type -> outpost.assets.EvictRequest
-	10, // 13: outpost.assets.AssetRelay.Fetch:input_type -> outpost.assets.FetchRequest
-	12, // 14: outpost.assets.AssetRelay.Report:input_type -> outpost.assets.AssetReport
-	5,  // 15: outpost.assets.EdgeAssets.Ensure:output_type -> outpost.assets.EnsureResponse
-	7,  // 16: outpost.assets.EdgeAssets.List:output_type -> outpost.assets.ListResponse
-	9,  // 17: outpost.assets.EdgeAssets.Evict:output_type -> outpost.assets.EvictResponse
-	11, // 18: outpost.assets.AssetRelay.Fetch:output_type -> outpost.assets.Chunk
-	13, // 19: outpost.assets.AssetRelay.Report:output_type -> outpost.assets.ReportResponse
-	15, // [15:20] is the sub-list for method output_type
-	10, // [10:15] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	0,  // 10: outpost.assets.SiteAssetState.policy:type_name -> outpost.assets.Policy
+	3,  // 11: outpost.assets.SiteAssetState.cached:type_name -> outpost.assets.AssetStatus
+	2,  // 12: outpost.assets.SiteAssetState.missing:type_name -> outpost.assets.AssetRef
+	16, // 13: outpost.assets.SiteAssetState.failed:type_name -> outpost.assets.SiteAssetState.FailedEntry
+	17, // 14: outpost.assets.SiteAssetState.reported_at:type_name -> google.protobuf.Timestamp
+	4,  // 15: outpost.assets.EdgeAssets.Ensure:input_type -> outpost.assets.EnsureRequest
+	6,  // 16: outpost.assets.EdgeAssets.List:input_type -> outpost.assets.ListRequest
+	8,  // 17: outpost.assets.EdgeAssets.Evict:input_type -> outpost.assets.EvictRequest
+	10, // 18: outpost.assets.AssetRelay.Fetch:input_type -> outpost.assets.FetchRequest
+	12, // 19: outpost.assets.AssetRelay.Report:input_type -> outpost.assets.AssetReport
+	5,  // 20: outpost.assets.EdgeAssets.Ensure:output_type -> outpost.assets.EnsureResponse
+	7,  // 21: outpost.assets.EdgeAssets.List:output_type -> outpost.assets.ListResponse
+	9,  // 22: outpost.assets.EdgeAssets.Evict:output_type -> outpost.assets.EvictResponse
+	11, // 23: outpost.assets.AssetRelay.Fetch:output_type -> outpost.assets.Chunk
+	13, // 24: outpost.assets.AssetRelay.Report:output_type -> outpost.assets.ReportResponse
+	20, // [20:25] is the sub-list for method output_type
+	15, // [15:20] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_assets_assets_proto_init() }
@@ -947,7 +1102,7 @@ func file_shared_api_assets_assets_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_assets_assets_proto_rawDesc), len(file_shared_api_assets_assets_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
