@@ -124,13 +124,11 @@ func Manifest(c Config) extensions.Manifest {
 var serviceTemplate = template.Must(template.New("service").Parse(`name: {{ .Name }}
 container:
   entrypoint: .{{ .Binary }}
-  args:
-    - run
   environment:
-    - OUTPOST_EDGE_STATE_DIR={{ .StateDir }}
-    - OUTPOST_EDGE_IPXE_DIR={{ .IPXEDir }}
+    - OUTPOST_STATE_DIR={{ .StateDir }}
+    - OUTPOST_IPXE_DIR={{ .IPXEDir }}
 {{- if .Preseed }}
-    - OUTPOST_EDGE_PRESEED_DIR={{ .PreseedDir }}
+    - OUTPOST_ASSETS_PRESEED_DIR={{ .PreseedDir }}
 {{- end }}
   mounts:
     - source: {{ .StateDir }}

@@ -177,7 +177,7 @@ func TestMachineConfigPatch(t *testing.T) {
 		{
 			name: "uplink only",
 			cfg:  image.PatchConfig{ControllerAddress: "10.0.0.1:8443", JoinToken: "site-a.secret"},
-			want: []string{"kind: ExtensionServiceConfig", "name: outpost-edge", "OUTPOST_EDGE_CONTROLLER=10.0.0.1:8443", "OUTPOST_EDGE_JOIN_TOKEN=site-a.secret"},
+			want: []string{"kind: ExtensionServiceConfig", "name: outpost-edge", "OUTPOST_CONTROLLER=10.0.0.1:8443", "OUTPOST_JOIN_TOKEN=site-a.secret"},
 		},
 		{
 			name: "static network",

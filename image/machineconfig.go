@@ -15,10 +15,10 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config/types/runtime/extensions"
 )
 
-// Environment variables the edge reads (every edge flag also has one); the patch sets these two.
+// Environment variables the edge reads (every edge flag also has one, see edge/main.go); the patch sets these.
 const (
-	EnvController = "OUTPOST_EDGE_CONTROLLER"
-	EnvJoinToken  = "OUTPOST_EDGE_JOIN_TOKEN"
+	EnvController = "OUTPOST_CONTROLLER"
+	EnvJoinToken  = "OUTPOST_JOIN_TOKEN"
 )
 
 // PatchConfig is what an operator says about one appliance.
