@@ -122,6 +122,17 @@ func TestBinariesEnrolListRevoke(t *testing.T) {
 		return err == nil && strings.Contains(list, "shop-12") && strings.Contains(list, "connected")
 	}, 30*time.Second, 100*time.Millisecond, "edge never showed as connected; edge log:\n%s", edgeLog.String())
 
+	_, err = site("policy", "shop-12", "sometimes")
+	require.Error(t, err)
+
+	_, err = site("policy", "shop-12", "offline")
+	require.NoError(t, err)
+
+	show, err := site("show", "shop-12")
+	require.NoError(t, err)
+	require.Contains(t, show, "asset policy:  offline")
+	require.Contains(t, show, "Shop 12, back office")
+
 	_, err = site("revoke", "shop-12")
 	require.NoError(t, err)
 
