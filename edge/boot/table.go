@@ -340,9 +340,11 @@ type Entry struct {
 	Install *bootpb.Kernel
 	// Agent is the table's agent kernel for the requested arch, nil when the table has none.
 	Agent *bootpb.Kernel
-	// KernelArgs are the table-wide args followed by the machine's extra args.
+	// KernelArgs are the table-wide args (consoles); empty when the controller sent none.
 	KernelArgs []string
-	Version    uint64
+	// ExtraArgs are the machine's own args, to append after KernelArgs.
+	ExtraArgs []string
+	Version   uint64
 }
 
 // Lookup resolves a machine by UUID, then by MAC. The returned messages must not be modified.
@@ -358,7 +360,8 @@ func (t *Table) Lookup(uuid string, mac net.HardwareAddr, arch string) Entry {
 		e.Install = p.GetInstall()
 	}
 
-	e.KernelArgs = append(append([]string(nil), s.table.GetKernelArgs()...), p.GetExtraArgs()...)
+	e.KernelArgs = s.table.GetKernelArgs()
+	e.ExtraArgs = p.GetExtraArgs()
 
 	return e
 }

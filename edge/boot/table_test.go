@@ -84,10 +84,11 @@ func TestLookup(t *testing.T) {
 		known bool
 		mode  bootpb.Mode
 		args  []string
+		extra []string
 	}{
 		{name: "by uuid, any case", uuid: "{AAAAAAAA-0000-0000-0000-000000000001}", known: true, mode: bootpb.Mode_MODE_DISK, args: []string{"console=ttyS0"}},
 		{name: "by mac", mac: mac1, known: true, mode: bootpb.Mode_MODE_DISK, args: []string{"console=ttyS0"}},
-		{name: "install with extra args", uuid: uuidInstall, known: true, mode: bootpb.Mode_MODE_INSTALL, args: []string{"console=ttyS0", "talos.platform=metal"}},
+		{name: "install with extra args", uuid: uuidInstall, known: true, mode: bootpb.Mode_MODE_INSTALL, args: []string{"console=ttyS0"}, extra: []string{"talos.platform=metal"}},
 		{name: "unknown is agent", uuid: "bbbbbbbb-0000-0000-0000-000000000009", mode: bootpb.Mode_MODE_AGENT, args: []string{"console=ttyS0"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -97,6 +98,7 @@ func TestLookup(t *testing.T) {
 			require.Equal(t, tc.known, e.Known)
 			require.Equal(t, tc.mode, e.Mode)
 			require.Equal(t, tc.args, e.KernelArgs)
+			require.Equal(t, tc.extra, e.ExtraArgs)
 			require.EqualValues(t, 5, e.Version)
 		})
 	}
