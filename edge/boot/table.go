@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/atomicfile"
 )
 
 // FileName is the table's file in the state directory.
@@ -262,63 +263,8 @@ func (t *Table) persist(tbl *bootpb.Table) error {
 		return fmt.Errorf("encode boot table: %w", err)
 	}
 
-	return WriteFileAtomic(t.path, data, 0o600)
-}
-
-// WriteFileAtomic replaces path with data via a synced temporary file and a rename.
-func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
-	dir := filepath.Dir(path)
-
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("create temporary file for %s: %w", path, err)
-	}
-
-	tmp := f.Name()
-	ok := false
-
-	defer func() {
-		if !ok {
-			_ = os.Remove(tmp) //nolint:errcheck
-		}
-	}()
-
-	if _, err := f.Write(data); err != nil {
-		f.Close() //nolint:errcheck,gosec
-
-		return fmt.Errorf("write %s: %w", tmp, err)
-	}
-
-	if err := f.Chmod(mode); err != nil {
-		f.Close() //nolint:errcheck,gosec
-
-		return fmt.Errorf("chmod %s: %w", tmp, err)
-	}
-
-	if err := f.Sync(); err != nil {
-		f.Close() //nolint:errcheck,gosec
-
-		return fmt.Errorf("sync %s: %w", tmp, err)
-	}
-
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", tmp, err)
-	}
-
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("rename %s: %w", tmp, err)
-	}
-
-	ok = true
-
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("open %s: %w", dir, err)
-	}
-	defer d.Close() //nolint:errcheck
-
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
+	if err := atomicfile.Write(t.path, data, 0o600); err != nil {
+		return fmt.Errorf("persist boot table: %w", err)
 	}
 
 	return nil

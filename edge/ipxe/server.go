@@ -323,7 +323,7 @@ func writeText(w http.ResponseWriter, contentType string, body []byte) {
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(body)                       //nolint:errcheck // the client went away: nothing to do
+	_, _ = w.Write(body)                      //nolint:errcheck // the client went away: nothing to do
 	_ = http.NewResponseController(w).Flush() //nolint:errcheck
 }
 

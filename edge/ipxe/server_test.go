@@ -38,8 +38,16 @@ type recorder struct {
 	fetches []tftp.Fetch
 }
 
-func (r *recorder) BootServed(b ipxe.BootServed) { r.mu.Lock(); defer r.mu.Unlock(); r.served = append(r.served, b) }
-func (r *recorder) HTTPFetch(f tftp.Fetch)       { r.mu.Lock(); defer r.mu.Unlock(); r.fetches = append(r.fetches, f) }
+func (r *recorder) BootServed(b ipxe.BootServed) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.served = append(r.served, b)
+}
+func (r *recorder) HTTPFetch(f tftp.Fetch) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fetches = append(r.fetches, f)
+}
 
 type env struct {
 	srv    *ipxe.Server
