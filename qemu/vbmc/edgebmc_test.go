@@ -252,7 +252,11 @@ func TestManagerProbeExpires(t *testing.T) {
 
 	clock := &fakeClock{}
 	mach := newMachine(t, false)
-	mgr := newManager(t, func(c *bmc.Config) { c.ProbeTTL = time.Minute; c.CallTimeout = 2 * time.Second; c.ProbeTimeout = time.Second }, clock.now)
+	mgr := newManager(t, func(c *bmc.Config) {
+		c.ProbeTTL = time.Minute
+		c.CallTimeout = 2 * time.Second
+		c.ProbeTimeout = time.Second
+	}, clock.now)
 	tgt := mach.target(bmc.ProtocolAuto)
 
 	_, err := mgr.PowerStatus(t.Context(), tgt, creds)
