@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/cosi-project/runtime/pkg/controller"
@@ -117,7 +118,13 @@ func (c *machineController) tearDown(ctx context.Context, logger *zap.Logger, r 
 		return err
 	}
 
+	v.finalizers = *m.Metadata().Finalizers()
+
 	if err = c.step.teardown(ctx, logger, r, v); err != nil {
+		if errors.As(err, new(*controller.RequeueError)) {
+			return err
+		}
+
 		logger.Warn("teardown step failed, continuing", zap.Error(err))
 	}
 

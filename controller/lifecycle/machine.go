@@ -31,6 +31,8 @@ type view struct {
 	power   *specs.PowerOperationSpec
 	reboot  *specs.RebootStatusSpec
 	obs     *specs.MachineObservationSpec
+
+	finalizers resource.Finalizers // set during teardown only
 }
 
 func getSpec[T resource.Resource](ctx context.Context, r controller.Reader, md resource.Metadata) (T, bool, error) {

@@ -3,20 +3,24 @@ package lifecycle
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/cosi-project/runtime/pkg/controller"
 	"go.uber.org/zap"
 )
 
-// teardown handles an InfraMachine's deletion: the machine's plan goes back to agent mode (best effort, so the
-// machine rediscovers itself if it boots again) and what the controller remembers about it is dropped. The other
-// controllers destroy their own records, each holding its finalizer on the InfraMachine until then.
+// teardown handles an InfraMachine's deletion: once the other lifecycle controllers have destroyed their own
+// records and released their finalizers (so none of them acts on the machine any more), the machine's plan goes
+// back to agent mode (best effort, so the machine rediscovers itself if it boots again) and what the controller
+// remembers about it is dropped.
+const teardownName = "lifecycle.TeardownController"
+
 type teardown struct {
 	env *env
 }
 
 func newTeardownController(e *env) *machineController {
-	return newMachineController(e, "lifecycle.TeardownController", "", "", &teardown{env: e})
+	return newMachineController(e, teardownName, "", "", &teardown{env: e})
 }
 
 func (s *teardown) reconcile(context.Context, *zap.Logger, controller.QRuntime, *view) error {
@@ -24,12 +28,20 @@ func (s *teardown) reconcile(context.Context, *zap.Logger, controller.QRuntime, 
 }
 
 func (s *teardown) teardown(ctx context.Context, logger *zap.Logger, _ controller.QRuntime, v *view) error {
+	for _, f := range v.finalizers {
+		if f != teardownName && strings.HasPrefix(f, "lifecycle.") {
+			return controller.NewRequeueInterval(s.env.cfg.PollInterval)
+		}
+	}
+
 	defer s.env.gate.forget(v.id)
 
-	site, ok := v.site()
+	loc, ok := s.env.Sites.Locate(v.id) // the observation record is gone by now
 	if !ok {
 		return nil
 	}
+
+	site := loc.SiteID
 
 	callCtx, cancel := context.WithTimeout(ctx, s.env.cfg.CallTimeout)
 	defer cancel()
