@@ -97,8 +97,16 @@ type events struct {
 	opened, closed []tunnel.Event
 }
 
-func (e *events) TunnelOpened(ev tunnel.Event) { e.mu.Lock(); e.opened = append(e.opened, ev); e.mu.Unlock() }
-func (e *events) TunnelClosed(ev tunnel.Event) { e.mu.Lock(); e.closed = append(e.closed, ev); e.mu.Unlock() }
+func (e *events) TunnelOpened(ev tunnel.Event) {
+	e.mu.Lock()
+	e.opened = append(e.opened, ev)
+	e.mu.Unlock()
+}
+func (e *events) TunnelClosed(ev tunnel.Event) {
+	e.mu.Lock()
+	e.closed = append(e.closed, ev)
+	e.mu.Unlock()
+}
 
 func (e *events) counts() (int, int) {
 	e.mu.Lock()
