@@ -42,6 +42,8 @@ type Config struct {
 	Disks []string
 	// IPMI is the BMC user table (nil: the machine has no BMC).
 	IPMI *IPMI
+	// BMC, when set, is the machine's real BMC behind the power-management RPCs instead of IPMI.
+	BMC BMC
 	// OnReboot is called by the Reboot RPC (optional).
 	OnReboot func()
 	// RetryInterval is the pause between tunnel attempts (default 1s).
@@ -190,6 +192,10 @@ func (s *service) Hello(context.Context, *agentpb.HelloRequest) (*agentpb.HelloR
 func (s *service) GetPowerManagement(_ context.Context, req *agentpb.GetPowerManagementRequest) (*agentpb.GetPowerManagementResponse, error) {
 	resp := &agentpb.GetPowerManagementResponse{}
 
+	if req.GetIpmi() != nil && s.cfg.BMC != nil {
+		return s.bmcPowerManagement(req)
+	}
+
 	if req.GetIpmi() != nil && s.cfg.IPMI != nil {
 		_, exists := s.cfg.IPMI.Password(req.GetIpmi().GetCheckUsername())
 
@@ -208,12 +214,16 @@ func (s *service) SetPowerManagement(_ context.Context, req *agentpb.SetPowerMan
 		return &agentpb.SetPowerManagementResponse{}, nil
 	}
 
-	if s.cfg.IPMI == nil {
+	if s.cfg.IPMI == nil && s.cfg.BMC == nil {
 		return nil, status.Error(codes.FailedPrecondition, "machine has no IPMI")
 	}
 
 	if req.GetIpmi().GetUsername() == "" || req.GetIpmi().GetPassword() == "" {
 		return nil, status.Error(codes.InvalidArgument, "username and password are required")
+	}
+
+	if s.cfg.BMC != nil {
+		return s.bmcSetUser(req)
 	}
 
 	s.cfg.IPMI.SetUser(req.GetIpmi().GetUsername(), req.GetIpmi().GetPassword())

@@ -62,3 +62,10 @@ func (r *Redfish) SetAccount(user, password string) {
 
 	r.opts.User, r.opts.Password = user, password
 }
+
+// HasUser reports whether a user of that name exists on the BMC.
+func (i *IPMI) HasUser(name string) bool {
+	_, err := i.bmc.Users.GetByName(name)
+
+	return err == nil
+}

@@ -1,0 +1,319 @@
+// Command labinit is the /init of the lab machines' initramfs, a stand-in for Talos with the metal agent.
+// It loads the virtio modules listed in /modules.order, takes a DHCP lease, reads its SMBIOS UUID and the
+// kernel command line, and then:
+//
+//   - in agent mode (metal.provider.address= on the command line): fetches talos.config (the edge's /config),
+//     joins Omni with SideroLink's Provision RPC and the join token found there (the way Talos does; retried
+//     while Omni is unreachable), and serves the real management.AgentService over the reverse tunnel to
+//     metal.provider.address (qemu/testagent) against the real virtual disk /dev/vda, with its virtual BMC
+//     reached in-band over the second serial port;
+//   - in install mode (no metal.provider.address=): writes the installed OS (qemu/lab/osimage) to /dev/vda,
+//     reports the install over the BMC channel and reboots.
+//
+// Every step prints an OUTPOST-* line on the serial console for the lab to follow. It is test tooling.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/outpost-metal/outpost/qemu/lab/osimage"
+	"github.com/outpost-metal/outpost/qemu/testagent"
+)
+
+// Disk is the machine's virtual disk (virtio-blk).
+const Disk = "/dev/vda"
+
+func main() {
+	err := run()
+	if err != nil {
+		fmt.Println("OUTPOST-INIT-FAILED:", err)
+	}
+
+	syscall.Sync()
+
+	if errors.Is(err, errReboot) {
+		fmt.Println("OUTPOST-REBOOT")
+		syscall.Reboot(syscall.LINUX_REBOOT_CMD_RESTART) //nolint:errcheck
+	}
+
+	fmt.Println("OUTPOST-POWEROFF")
+	syscall.Reboot(syscall.LINUX_REBOOT_CMD_POWER_OFF) //nolint:errcheck
+
+	select {}
+}
+
+var errReboot = errors.New("reboot requested")
+
+func run() error {
+	for _, m := range []struct{ src, dst, fs string }{{"proc", "/proc", "proc"}, {"sysfs", "/sys", "sysfs"}, {"devtmpfs", "/dev", "devtmpfs"}} {
+		if err := os.MkdirAll(m.dst, 0o755); err != nil {
+			return err
+		}
+
+		if err := syscall.Mount(m.src, m.dst, m.fs, 0, ""); err != nil && !errors.Is(err, syscall.EBUSY) {
+			return fmt.Errorf("mount %s: %w", m.dst, err)
+		}
+	}
+
+	if err := loadModules("/modules.order"); err != nil {
+		return err
+	}
+
+	rawUUID, err := os.ReadFile("/sys/class/dmi/id/product_uuid")
+	if err != nil {
+		return fmt.Errorf("read smbios uuid: %w", err)
+	}
+
+	uuid := strings.ToLower(strings.TrimSpace(string(rawUUID)))
+
+	cmdline, err := os.ReadFile("/proc/cmdline")
+	if err != nil {
+		return err
+	}
+
+	args := parseCmdline(string(cmdline))
+	_, agentMode := args["metal.provider.address"]
+
+	mode := "install"
+	if agentMode {
+		mode = "agent"
+	}
+
+	fmt.Printf("OUTPOST-INIT uuid=%s mode=%s\n", uuid, mode)
+
+	if err := network(); err != nil {
+		return err
+	}
+
+	bmc, err := openBMCChannel("/dev/ttyS1")
+	if err != nil {
+		return err
+	}
+
+	if !agentMode {
+		return install(uuid, bmc)
+	}
+
+	return agent(uuid, args, bmc)
+}
+
+func parseCmdline(s string) map[string]string {
+	out := map[string]string{}
+
+	for _, f := range strings.Fields(s) {
+		k, v, _ := strings.Cut(f, "=")
+		out[k] = v
+	}
+
+	return out
+}
+
+func install(uuid string, bmc *bmcChannel) error {
+	img := osimage.Build("OUTPOST-INSTALLED-OS " + uuid)
+
+	f, err := os.OpenFile(Disk, os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", Disk, err)
+	}
+
+	if _, err := f.WriteAt(img, 0); err != nil {
+		f.Close() //nolint:errcheck
+
+		return fmt.Errorf("write installed os: %w", err)
+	}
+
+	if err := f.Sync(); err != nil {
+		f.Close() //nolint:errcheck
+
+		return fmt.Errorf("sync %s: %w", Disk, err)
+	}
+
+	if err := f.Close(); err != nil {
+		return err
+	}
+
+	fmt.Println("OUTPOST-INSTALL-WRITTEN", len(img), "bytes")
+
+	if err := bmc.reportInstalled(); err != nil {
+		return err
+	}
+
+	fmt.Println("OUTPOST-INSTALL-REPORTED")
+
+	return errReboot
+}
+
+func agent(uuid string, args map[string]string, bmc *bmcChannel) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	reboot := make(chan struct{}, 1)
+
+	log := zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()), zapcore.Lock(os.Stdout), zap.InfoLevel))
+
+	go join(ctx, uuid, args["talos.config"])
+
+	a, err := testagent.New(testagent.Config{
+		Endpoint:  args["metal.provider.address"],
+		MachineID: uuid,
+		Disks:     []string{Disk},
+		BMC:       bmc,
+		OnReboot: func() {
+			select {
+			case reboot <- struct{}{}:
+			default:
+			}
+		},
+		Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+
+	fmt.Println("OUTPOST-AGENT-START", args["metal.provider.address"])
+
+	done := make(chan error, 1)
+
+	go func() { done <- a.Run(ctx) }()
+
+	select {
+	case <-reboot:
+		// Let the Reboot RPC's answer leave first.
+		time.Sleep(500 * time.Millisecond)
+
+		return errReboot
+	case err := <-done:
+		return err
+	}
+}
+
+// join fetches the machine config and provisions with Omni until it succeeds (Omni may be unreachable
+// while the site's WAN is down; the agent serves meanwhile).
+func join(ctx context.Context, uuid, configURL string) {
+	u := strings.ReplaceAll(configURL, "${uuid}", uuid)
+
+	for attempt := 0; ; attempt++ {
+		err := joinOnce(ctx, uuid, u)
+		if err == nil {
+			fmt.Println("OUTPOST-PROVISIONED")
+
+			return
+		}
+
+		if attempt%10 == 0 {
+			fmt.Println("OUTPOST-JOIN-RETRY:", err)
+		}
+
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+func joinOnce(ctx context.Context, uuid, configURL string) error {
+	if configURL == "" {
+		return errors.New("no talos.config= on the command line")
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, configURL, nil)
+	if err != nil {
+		return err
+	}
+
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("fetch machine config: %w", err)
+	}
+
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	resp.Body.Close() //nolint:errcheck
+
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("fetch machine config: status %d: %w", resp.StatusCode, err)
+	}
+
+	apiURL, err := siderolinkAPI(body)
+	if err != nil {
+		return err
+	}
+
+	return provision(ctx, uuid, apiURL)
+}
+
+// siderolinkAPI finds the SideroLinkConfig document's apiUrl in the machine config.
+func siderolinkAPI(config []byte) (*url.URL, error) {
+	sc := bufio.NewScanner(strings.NewReader(string(config)))
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "apiUrl:"); ok {
+			u, err := url.Parse(strings.Trim(strings.TrimSpace(v), `"'`))
+			if err != nil {
+				return nil, fmt.Errorf("siderolink api url: %w", err)
+			}
+
+			return u, nil
+		}
+	}
+
+	return nil, errors.New("machine config has no SideroLinkConfig apiUrl")
+}
+
+func loadModules(list string) error {
+	f, err := os.Open(list)
+	if err != nil {
+		return err
+	}
+	defer f.Close() //nolint:errcheck
+
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		path := strings.TrimSpace(sc.Text())
+		if path == "" {
+			continue
+		}
+
+		if err := finitModule(path); err != nil && !errors.Is(err, syscall.EEXIST) {
+			return fmt.Errorf("load %s: %w", path, err)
+		}
+	}
+
+	return sc.Err()
+}
+
+// sysFinitModule is finit_module(2) on linux/amd64.
+const sysFinitModule = 313
+
+func finitModule(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close() //nolint:errcheck
+
+	params := []byte{0}
+
+	_, _, errno := syscall.Syscall(sysFinitModule, f.Fd(), uintptr(unsafe.Pointer(&params[0])), 0)
+	if errno != 0 {
+		return errno
+	}
+
+	return nil
+}
