@@ -23,8 +23,9 @@ type Images struct {
 	AssetsDir string
 }
 
-// InitModules are the kernel modules the lab machine's /init loads: the virtio NIC and disk.
-var InitModules = []string{"virtio_pci", "virtio_net", "virtio_blk"}
+// InitModules are the kernel modules the lab machine's /init loads: the virtio NIC, disk and entropy source (without
+// it the guest's random pool takes minutes to initialise under TCG and every crypto/rand call blocks).
+var InitModules = []string{"virtio_pci", "virtio_net", "virtio_blk", "virtio_rng"}
 
 // GoBuild builds a package of the module at root statically into out.
 func GoBuild(ctx context.Context, root, pkg, out string) error {

@@ -449,6 +449,7 @@ func (m *Machine) startLocked(reason string, pxe bool) error {
 		"-drive", "file=" + m.Disk + ",format=raw,if=none,id=disk0,cache=writethrough",
 		"-device", "virtio-blk-pci,drive=disk0,bootindex=" + diskIndex,
 		"-netdev", "tap,id=n0,ifname=" + m.tap + ",script=no,downscript=no",
+		"-device", "virtio-rng-pci",
 	}
 
 	switch m.Spec.Firmware {

@@ -25,7 +25,6 @@ func (l *Lab) AddCore() (*Core, error) {
 
 	for _, args := range [][]string{
 		{"-n", ns, "addr", "add", CoreAddr + "/32", "dev", "lo"},
-		{"-n", ns, "link", "add", "dummy0", "type", "dummy"},
 	} {
 		if err := l.IP(args...); err != nil {
 			return nil, err
@@ -127,7 +126,8 @@ func (l *Lab) AddSite(core *Core, index int) (*Site, error) {
 			fmt.Sprintf("--dhcp-range=10.77.%d.100,10.77.%d.150,255.255.255.0,1h", index, index),
 			"--dhcp-range=" + v6 + ",ra-only", "--enable-ra",
 			"--dhcp-option=3," + s.EdgeIP(),
-			"--dhcp-option=encap:175,176,1b",
+			// No dhcp-option=encap:175,176,1b ("no-pxedhcp"): with it iPXE ignores the edge's ProxyDHCP offer
+			// and finds nothing to boot (measured with Debian's iPXE); RA and no-ping are what keep it fast.
 			"--dhcp-leasefile=" + filepath.Join(s.Dir, "dnsmasq.leases"), "--no-ping", "--log-dhcp", "--log-facility=-",
 		},
 	})

@@ -39,7 +39,7 @@ const Disk = "/dev/vda"
 
 func main() {
 	err := run()
-	if err != nil {
+	if err != nil && !errors.Is(err, errReboot) {
 		fmt.Println("OUTPOST-INIT-FAILED:", err)
 	}
 
