@@ -160,10 +160,15 @@ func (s *Site) Start(t *testing.T, name string, lines chan<- string, cmd string,
 	c := exec.Command(cmd, args...)
 	c.Stderr = logf
 
-	var wg sync.WaitGroup
+	var (
+		wg sync.WaitGroup
+		pw *io.PipeWriter
+	)
 
 	if lines != nil {
-		pr, pw := io.Pipe()
+		var pr *io.PipeReader
+
+		pr, pw = io.Pipe()
 		c.Stdout = pw
 
 		wg.Go(func() {
@@ -177,8 +182,6 @@ func (s *Site) Start(t *testing.T, name string, lines chan<- string, cmd string,
 				}
 			}
 		})
-
-		t.Cleanup(func() { pw.Close() }) //nolint:errcheck,gosec
 	} else {
 		c.Stdout = logf
 	}
@@ -190,6 +193,11 @@ func (s *Site) Start(t *testing.T, name string, lines chan<- string, cmd string,
 	t.Cleanup(func() {
 		_ = c.Process.Kill() //nolint:errcheck
 		_ = c.Wait()         //nolint:errcheck
+
+		if pw != nil {
+			pw.Close() //nolint:errcheck,gosec // ends the line reader
+		}
+
 		wg.Wait()
 		logf.Close() //nolint:errcheck,gosec
 
