@@ -1,18 +1,21 @@
 package bench_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -26,6 +29,8 @@ import (
 )
 
 const (
+	// pace is the DISCOVERs sent per millisecond.
+	pace     = 8
 	serverIP = "10.78.0.2"
 	clientIP = "10.78.0.50"
 	blksize  = 1468
@@ -224,6 +229,10 @@ func BenchmarkPXEStorm(b *testing.B) {
 			d, err := tftpFetch(payload)
 			total.tftp1MiB = d
 
+			if srv.name == "edge" {
+				printDrops()
+			}
+
 			return err
 		}); err != nil {
 			stop()
@@ -355,8 +364,8 @@ func (tp *topology) runStorm(n int, run byte) (storm, error) {
 			return storm{}, fmt.Errorf("send discover: %w", err)
 		}
 
-		if i%64 == 63 {
-			time.Sleep(time.Millisecond) // let the socket buffers drain, as a real storm is spread a little
+		if i%pace == pace-1 {
+			time.Sleep(time.Millisecond) // a storm of machines powering on, spread a little: about pace*1000 packets/s
 		}
 	}
 
@@ -454,7 +463,7 @@ func listenBroadcast(iface string, port int) (net.PacketConn, error) {
 			}
 
 			if serr == nil {
-				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4<<20)
+				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUFFORCE, 8<<20)
 			}
 		})
 		if err != nil {
@@ -502,4 +511,37 @@ func tftpFetch(want []byte) (time.Duration, error) {
 	slices.Sort(times)
 
 	return times[1], nil
+}
+
+// printDrops prints the edge's ProxyDHCP counters (from its /metrics), to explain unanswered clients.
+// It must run on a thread in the client namespace: the socket is made by Dial in this goroutine.
+func printDrops() {
+	conn, err := net.DialTimeout("tcp", serverIP+":80", 2*time.Second)
+	if err != nil {
+		fmt.Println("  edge metrics:", err)
+
+		return
+	}
+	defer conn.Close() //nolint:errcheck
+
+	if _, err := fmt.Fprintf(conn, "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n", serverIP); err != nil {
+		fmt.Println("  edge metrics:", err)
+
+		return
+	}
+
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		fmt.Println("  edge metrics:", err)
+
+		return
+	}
+	defer resp.Body.Close() //nolint:errcheck
+
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "outpost_dhcp_dropped_total") || strings.HasPrefix(sc.Text(), "outpost_dhcp_replies_total") {
+			fmt.Println("  edge:", sc.Text())
+		}
+	}
 }
