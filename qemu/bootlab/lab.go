@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -174,7 +173,7 @@ func (s *Site) Start(t *testing.T, name string, lines chan<- string, cmd string,
 		wg.Go(func() {
 			sc := bufio.NewScanner(pr)
 			for sc.Scan() {
-				fmt.Fprintln(logf, sc.Text())
+				_, _ = fmt.Fprintln(logf, sc.Text()) //nolint:errcheck // best-effort log copy
 
 				select {
 				case lines <- sc.Text():
@@ -235,7 +234,10 @@ func (s *Site) AddTap(t *testing.T) string {
 func GoBuild(t testing.TB, root, pkg, out string) string {
 	t.Helper()
 
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skipf("lab test: no go toolchain on PATH to build %s", pkg)
+	}
 
 	cmd := exec.Command(gobin, "build", "-ldflags", "-s -w", "-o", out, pkg)
 	cmd.Dir = root
