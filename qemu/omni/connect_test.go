@@ -11,7 +11,9 @@ import (
 	"github.com/cosi-project/runtime/pkg/state"
 	"github.com/siderolabs/go-api-signature/pkg/pgp"
 	"github.com/siderolabs/go-api-signature/pkg/serviceaccount"
+	"github.com/siderolabs/omni/client/pkg/jointoken"
 	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
+	"github.com/siderolabs/omni/client/pkg/omni/resources/siderolink"
 	omnires "github.com/siderolabs/omni/client/pkg/omni/resources/omni"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
@@ -127,4 +129,52 @@ func TestControllerStartUpErrors(t *testing.T) {
 			require.ErrorIs(t, err, tc.want)
 		})
 	}
+}
+
+func TestJoinConfigFollowsOmni(t *testing.T) {
+	t.Parallel()
+
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+
+	s := startStandIn(t, omni.Default())
+
+	conn, err := controlleromni.Connect(ctx, connectConfig(s, s.ProviderKey()), zaptest.NewLogger(t))
+	require.NoError(t, err)
+
+	defer conn.Close() //nolint:errcheck
+
+	changes := make(chan controlleromni.JoinConfig, 4)
+	w := conn.NewJoinConfigWatcher("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----", func(jc controlleromni.JoinConfig) { changes <- jc })
+
+	wctx, wcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+
+	go func() { done <- w.Run(wctx) }()
+
+	defer func() { wcancel(); require.NoError(t, <-done) }()
+
+	jc := <-changes
+	require.Contains(t, jc.Documents, "kind: SideroLinkConfig")
+	require.Contains(t, jc.Documents, "kind: EventSinkConfig")
+	require.Contains(t, jc.Documents, "kind: TrustedRootsConfig")
+
+	tok, err := jointoken.Parse(jc.JoinToken)
+	require.NoError(t, err)
+	require.Equal(t, "bare-metal", tok.ExtraData[omnires.LabelInfraProviderID], "the join token names the provider")
+
+	// Omni changes it: the watcher follows
+	_, err = safe.StateUpdateWithConflicts(ctx, s.State(), siderolink.NewProviderJoinConfig("bare-metal").Metadata(), func(r *siderolink.ProviderJoinConfig) error {
+		r.TypedSpec().Value.Config.Config += "---\napiVersion: v1alpha1\nkind: KmsgLogConfig\nname: extra\nurl: tcp://[fdae::1]:1\n"
+
+		return nil
+	})
+	require.NoError(t, err)
+
+	jc = <-changes
+	require.Contains(t, jc.Documents, "name: extra")
+
+	cur, ok := w.Current()
+	require.True(t, ok)
+	require.Equal(t, jc, cur)
 }
