@@ -58,6 +58,7 @@ type harness struct {
 	edge  *lifecycletest.FakeEdge
 	clock *fakeClock
 	types resources.Types
+	stats *lifecycle.Metrics
 
 	cancel context.CancelFunc
 	done   chan error
@@ -72,6 +73,7 @@ func newHarness(t *testing.T) *harness {
 		edge:  lifecycletest.NewFakeEdge(),
 		clock: &fakeClock{},
 		types: resources.NewTypes(providerID),
+		stats: lifecycle.NewMetrics(),
 	}
 
 	require.NoError(t, h.types.Register())
@@ -95,7 +97,7 @@ func (h *harness) start() {
 
 	ctrls, err := lifecycle.New(cfg, lifecycle.Deps{
 		Types: h.types, Power: h.edge, Agent: h.edge, Sites: h.edge, Plans: h.edge, Planner: planner,
-		Now: h.clock.Now, Rand: rand.Reader,
+		Now: h.clock.Now, Rand: rand.Reader, Metrics: h.stats,
 	})
 	require.NoError(h.t, err)
 
@@ -374,6 +376,8 @@ func TestSiteOfflineWaitsAndCompletesOnce(t *testing.T) {
 	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.ClusterTalosVersion = "v1.11.0" })
 	h.never("nothing while offline", func() bool { return h.edge.Count("m1", "PowerOn") > 0 })
 
+	require.Positive(t, h.stats.Count(lifecycle.ReasonSiteOffline), "offline waits are counted")
+
 	h.edge.SetOffline("site-a", false)
 	h.eventually("powered on after reconnection", func() bool { return h.edge.Count("m1", "PowerOn") == 1 })
 	h.never("exactly once", func() bool { return h.edge.Count("m1", "PowerOn") > 1 })
@@ -426,6 +430,8 @@ func TestMachineNoEdgeHasSeenWaits(t *testing.T) {
 		return err == nil && o.TypedSpec().Value.WaitingReason == "no edge has reported this machine yet"
 	})
 
+	require.Positive(t, h.stats.Count(lifecycle.ReasonMachineNotLocated))
+
 	// it shows up later and proceeds
 	h.edge.Add("ghost", "site-b")
 	h.eventually("ready once seen", func() bool { s := h.status("ghost"); return s != nil && s.ReadyToUse })
@@ -448,4 +454,23 @@ func TestNonsenseBMCConfigLeavesMachineAlone(t *testing.T) {
 		return h.edge.Count("m1", "WipeDisks")+h.edge.Count("m1", "Power")+h.edge.Count("m1", "SetPowerManagement") > 0
 	})
 	require.False(t, h.status("m1").ReadyToUse)
+	require.Positive(t, h.stats.Count(lifecycle.ReasonInvalidBMCConfig))
+}
+
+func TestOtherProvidersMachinesIgnored(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.edge.Add("m1", "site-a")
+
+	m := infra.NewMachine("m1")
+	m.Metadata().Labels().Set(omnires.LabelInfraProviderID, "someone-else")
+	accepted(m.TypedSpec().Value)
+	require.NoError(t, h.st.Create(t.Context(), m))
+
+	h.never("nothing done for another provider's machine", func() bool {
+		cur, err := h.st.Get(t.Context(), m.Metadata())
+
+		return len(h.edge.Log()) > 0 || err != nil || !cur.Metadata().Finalizers().Empty() || h.status("m1") != nil
+	})
 }

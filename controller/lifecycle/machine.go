@@ -224,5 +224,7 @@ func (e *env) waitFor(logger *zap.Logger, reason string) error {
 
 // failed is a requeue for an edge call that failed: logged, retried with backoff, never acted on elsewhere.
 func (e *env) failed(err error) error {
+	e.Metrics.edgeFailure(err)
+
 	return controller.NewRequeueError(err, e.cfg.PollInterval)
 }

@@ -34,6 +34,8 @@ func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, 
 	switch {
 	case !known:
 		obs.WaitingReason = "no edge has reported this machine yet"
+
+		s.env.Metrics.inc(ReasonMachineNotLocated)
 	default:
 		obs.SiteId = loc.SiteID
 
