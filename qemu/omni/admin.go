@@ -235,3 +235,13 @@ func (a *Admin) List(ctx context.Context) ([]Machine, error) {
 
 	return out, nil
 }
+
+// JoinToken returns the join token of provider providerID's ProviderJoinConfig.
+func (a *Admin) JoinToken(ctx context.Context, providerID string) (string, error) {
+	jc, err := safe.StateGetByID[*siderolink.ProviderJoinConfig](ctx, a.st, providerID)
+	if err != nil {
+		return "", fmt.Errorf("get join config of %s: %w", providerID, err)
+	}
+
+	return jc.TypedSpec().Value.JoinToken, nil
+}

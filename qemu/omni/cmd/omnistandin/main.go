@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -16,8 +17,11 @@ import (
 
 	"github.com/siderolabs/omni/client/api/omni/specs"
 	"github.com/siderolabs/omni/client/pkg/client"
+	pb "github.com/siderolabs/siderolink/api/siderolink"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/outpost-metal/outpost/qemu/omni"
 	"github.com/outpost-metal/outpost/shared/logging"
@@ -44,7 +48,7 @@ func envOr(key, def string) string {
 func root() *cobra.Command {
 	var endpoint, adminKey string
 
-	cmd := &cobra.Command{Use: "omnistandin", Short: "Omni stand-in for the Outpost lab", SilenceUsage: true}
+	cmd := &cobra.Command{Use: "omnistandin", Short: "Omni stand-in for the Outpost lab", SilenceUsage: true, SilenceErrors: true}
 	cmd.PersistentFlags().StringVar(&endpoint, "endpoint", envOr("OMNI_ENDPOINT", "grpc://127.0.0.1:8099"), "stand-in endpoint (OMNI_ENDPOINT)")
 	cmd.PersistentFlags().StringVar(&adminKey, "admin-key", envOr("OMNI_ADMIN_KEY", ""), "admin service-account key, or @file (OMNI_ADMIN_KEY)")
 
@@ -94,6 +98,7 @@ func root() *cobra.Command {
 				return admin(c.Context(), func(a *omni.Admin) error { return a.SetPowerState(c.Context(), args[0], args[1]) })
 			}},
 		allocateCmd(admin),
+		provisionCmd(&endpoint, admin),
 		bmcCmd(admin),
 		&cobra.Command{Use: "list", Short: "list InfraMachines and their status", Args: cobra.NoArgs, RunE: func(c *cobra.Command, _ []string) error {
 			return admin(c.Context(), func(a *omni.Admin) error { return list(c.Context(), a) })
@@ -216,4 +221,43 @@ func list(ctx context.Context, a *omni.Admin) error {
 	}
 
 	return w.Flush()
+}
+
+func provisionCmd(endpoint *string, admin func(context.Context, func(*omni.Admin) error) error) *cobra.Command {
+	var providerID, talosVersion string
+
+	cmd := &cobra.Command{Use: "provision <machine-uuid>", Short: "join a machine over SideroLink as its agent would (lab without an agent)",
+		Args: cobra.ExactArgs(1), RunE: func(c *cobra.Command, args []string) error {
+			return admin(c.Context(), func(a *omni.Admin) error {
+				token, err := a.JoinToken(c.Context(), providerID)
+				if err != nil {
+					return err
+				}
+
+				u, err := url.Parse(*endpoint)
+				if err != nil {
+					return fmt.Errorf("endpoint: %w", err)
+				}
+
+				conn, err := grpc.NewClient(u.Host, grpc.WithTransportCredentials(insecure.NewCredentials()))
+				if err != nil {
+					return fmt.Errorf("dial %s: %w", u.Host, err)
+				}
+				defer conn.Close() //nolint:errcheck
+
+				_, err = pb.NewProvisionServiceClient(conn).Provision(c.Context(), &pb.ProvisionRequest{
+					NodeUuid: args[0], NodePublicKey: "lab", JoinToken: &token, TalosVersion: &talosVersion,
+				})
+				if err != nil {
+					return fmt.Errorf("provision %s: %w", args[0], err)
+				}
+
+				return nil
+			})
+		}}
+
+	cmd.Flags().StringVar(&providerID, "provider-id", "bare-metal", "provider whose join token the machine presents")
+	cmd.Flags().StringVar(&talosVersion, "talos-version", "v1.11.0", "Talos version the machine reports")
+
+	return cmd
 }
