@@ -1,0 +1,193 @@
+// Package admincli implements the operator commands (`controller site ...`) as clients of the
+// controller's admin API on its local unix socket.
+package admincli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/outpost-metal/outpost/controller/assets"
+	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
+)
+
+// Client talks to a running controller's admin socket.
+type Client struct {
+	conn *grpc.ClientConn
+	api  adminpb.AdminClient
+}
+
+// Dial connects to the admin socket at path (no I/O happens until the first call).
+func Dial(path string) (*Client, error) {
+	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("admin socket %s: %w", path, err)
+	}
+
+	return &Client{conn: conn, api: adminpb.NewAdminClient(conn)}, nil
+}
+
+// Close closes the connection.
+func (c *Client) Close() error { return c.conn.Close() }
+
+// TokenOptions say how a join token behaves.
+type TokenOptions struct {
+	TTL      time.Duration
+	Reusable bool
+}
+
+// CreateSite creates a site and prints its join token (once: it is not stored anywhere) to out.
+func (c *Client) CreateSite(ctx context.Context, siteID, description string, opts TokenOptions, out, info io.Writer) error {
+	resp, err := c.api.CreateSite(ctx, &adminpb.CreateSiteRequest{
+		SiteId: siteID, Description: description, TokenTtl: durationpb.New(opts.TTL), Reusable: opts.Reusable,
+	})
+	if err != nil {
+		return describe("create site", err)
+	}
+
+	printToken(resp, out, info)
+
+	return nil
+}
+
+// NewToken replaces a site's join token and prints the new one.
+func (c *Client) NewToken(ctx context.Context, siteID string, opts TokenOptions, out, info io.Writer) error {
+	resp, err := c.api.NewJoinToken(ctx, &adminpb.NewJoinTokenRequest{
+		SiteId: siteID, TokenTtl: durationpb.New(opts.TTL), Reusable: opts.Reusable,
+	})
+	if err != nil {
+		return describe("new join token", err)
+	}
+
+	printToken(resp, out, info)
+
+	return nil
+}
+
+func printToken(resp *adminpb.CreateSiteResponse, out, info io.Writer) {
+	fmt.Fprintln(out, resp.GetJoinToken())
+	fmt.Fprintf(info, "join token for site %s, valid until %s; it is shown only now.\n",
+		resp.GetSiteId(), resp.GetTokenExpires().AsTime().Local().Format(time.RFC3339))
+}
+
+// ListSites prints the sites as a table.
+func (c *Client) ListSites(ctx context.Context, out io.Writer, now time.Time) error {
+	resp, err := c.api.ListSites(ctx, &adminpb.ListSitesRequest{})
+	if err != nil {
+		return describe("list sites", err)
+	}
+
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SITE\tSTATE\tEDGE VERSION\tLAST SEEN\tREMOTE\tDESCRIPTION")
+
+	for _, s := range resp.GetSites() {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.GetSiteId(), siteState(s), dash(s.GetEdgeVersion()),
+			ago(s.GetLastSeen(), now), dash(s.GetRemoteAddress()), s.GetDescription())
+	}
+
+	return tw.Flush()
+}
+
+func siteState(s *adminpb.Site) string {
+	switch {
+	case s.GetRevoked():
+		return "revoked"
+	case s.GetConnected():
+		return "connected"
+	case s.GetEnrolled():
+		return "offline"
+	default:
+		return "awaiting-enrolment"
+	}
+}
+
+func ago(ts *timestamppb.Timestamp, now time.Time) string {
+	if ts == nil {
+		return "never"
+	}
+
+	return now.Sub(ts.AsTime()).Truncate(time.Second).String() + " ago"
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+
+	return s
+}
+
+// RevokeSite revokes a site.
+func (c *Client) RevokeSite(ctx context.Context, siteID string) error {
+	_, err := c.api.RevokeSite(ctx, &adminpb.RevokeSiteRequest{SiteId: siteID})
+
+	return describe("revoke site", err)
+}
+
+// DeleteSite deletes a site.
+func (c *Client) DeleteSite(ctx context.Context, siteID string) error {
+	_, err := c.api.DeleteSite(ctx, &adminpb.DeleteSiteRequest{SiteId: siteID})
+
+	return describe("delete site", err)
+}
+
+// describe turns a gRPC error into a sentence for the operator.
+func describe(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+
+	st := status.Convert(err)
+	if st.Code() == codes.Unavailable {
+		return fmt.Errorf("%s: cannot reach the controller's admin socket (is the controller running, with this --state-dir or --admin-socket?): %s", what, st.Message())
+	}
+
+	return fmt.Errorf("%s: %s", what, st.Message())
+}
+
+// ShowSite prints one site with its boot-asset state.
+func (c *Client) ShowSite(ctx context.Context, siteID string, out io.Writer, now time.Time) error {
+	resp, err := c.api.ShowSite(ctx, &adminpb.ShowSiteRequest{SiteId: siteID})
+	if err != nil {
+		return describe("show site", err)
+	}
+
+	s := resp.GetSite()
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "state:\t%s\n", siteState(s))
+	fmt.Fprintf(tw, "description:\t%s\n", s.GetDescription())
+	fmt.Fprintf(tw, "edge version:\t%s\n", dash(s.GetEdgeVersion()))
+	fmt.Fprintf(tw, "last seen:\t%s\n", ago(s.GetLastSeen(), now))
+	fmt.Fprintf(tw, "remote:\t%s\n", dash(s.GetRemoteAddress()))
+
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+
+	if resp.GetAssets() == nil {
+		return nil
+	}
+
+	return assets.WriteSiteAssets(out, resp.GetAssets())
+}
+
+// SetAssetPolicy sets a site's boot-asset policy (passthrough, cache or offline).
+func (c *Client) SetAssetPolicy(ctx context.Context, siteID, policy string) error {
+	p, err := assets.ParsePolicy(policy)
+	if err != nil {
+		return err
+	}
+
+	_, err = c.api.SetAssetPolicy(ctx, &adminpb.SetAssetPolicyRequest{SiteId: siteID, Policy: p})
+
+	return describe("set asset policy", err)
+}

@@ -1,0 +1,93 @@
+// Package config is the controller's configuration: data with defaults and validation.
+// Flags and environment variables that fill it live in the controller's main package only.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"time"
+
+	"github.com/outpost-metal/outpost/shared/logging"
+)
+
+// Config is everything the controller process needs.
+type Config struct {
+	// StateDir holds the enrollment CA, the site store and (by default) the admin socket.
+	StateDir string
+	// UplinkListen is where edges connect (TLS 1.3).
+	UplinkListen string
+	// HTTPListen serves /metrics and /healthz; empty disables it.
+	HTTPListen string
+	// AdminSocket is the unix socket of the operator API; empty means <StateDir>/admin.sock.
+	AdminSocket string
+	// LogLevel is debug, info, warn or error.
+	LogLevel string
+	// CertValidity is the lifetime of edge client certificates (renewed at two thirds).
+	CertValidity time.Duration
+	// ServerNames are extra DNS names in the uplink server certificate.
+	ServerNames []string
+	// AssetsDir holds boot-asset files named by their SHA-256, which the controller relays to edges
+	// that cannot fetch them themselves (air-gapped sites); empty means <StateDir>/assets.
+	AssetsDir string
+	// DefaultAssetPolicy applies to sites without their own: passthrough, cache or offline.
+	DefaultAssetPolicy string
+}
+
+// Default returns the default configuration.
+func Default() Config {
+	return Config{
+		StateDir:     "/var/lib/outpost-controller",
+		UplinkListen: ":8443",
+		HTTPListen:   "127.0.0.1:9464",
+		LogLevel:     "info",
+		CertValidity: 30 * 24 * time.Hour,
+		// Caching is what a site wants unless told otherwise: it keeps booting when the WAN is down.
+		DefaultAssetPolicy: "cache",
+	}
+}
+
+// AdminSocketPath returns the admin socket path, defaulted from the state directory.
+func (c Config) AdminSocketPath() string {
+	if c.AdminSocket != "" {
+		return c.AdminSocket
+	}
+
+	return filepath.Join(c.StateDir, "admin.sock")
+}
+
+// Validate checks the configuration and says what is wrong with it.
+func (c Config) Validate() error {
+	var errs []error
+
+	if c.StateDir == "" {
+		errs = append(errs, errors.New("state directory is required"))
+	}
+
+	if _, _, err := net.SplitHostPort(c.UplinkListen); err != nil {
+		errs = append(errs, fmt.Errorf("uplink listen address %q: %w", c.UplinkListen, err))
+	}
+
+	if c.HTTPListen != "" {
+		if _, _, err := net.SplitHostPort(c.HTTPListen); err != nil {
+			errs = append(errs, fmt.Errorf("http listen address %q: %w", c.HTTPListen, err))
+		}
+	}
+
+	if err := logging.ValidLevel(c.LogLevel); err != nil {
+		errs = append(errs, err)
+	}
+
+	if c.CertValidity < time.Hour {
+		errs = append(errs, fmt.Errorf("certificate validity %s is shorter than an hour", c.CertValidity))
+	}
+
+	switch c.DefaultAssetPolicy {
+	case "passthrough", "cache", "offline":
+	default:
+		errs = append(errs, fmt.Errorf("default asset policy %q is not passthrough, cache or offline", c.DefaultAssetPolicy))
+	}
+
+	return errors.Join(errs...)
+}

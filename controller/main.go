@@ -1,0 +1,213 @@
+// Command controller is Outpost's central controller: it talks to Omni, holds the machine lifecycle
+// and serves the uplink that every site's edge dials. `controller site ...` are the operator commands.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/outpost-metal/outpost/controller/admincli"
+	"github.com/outpost-metal/outpost/controller/app"
+	"github.com/outpost-metal/outpost/controller/config"
+	"github.com/outpost-metal/outpost/shared/logging"
+	"github.com/outpost-metal/outpost/shared/version"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	if err := rootCommand().ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "controller:", err)
+		os.Exit(1)
+	}
+}
+
+func rootCommand() *cobra.Command {
+	cfg := config.Default()
+
+	var envErrors []error
+
+	envDuration := func(name string, def time.Duration) time.Duration {
+		if v, ok := os.LookupEnv(name); ok {
+			d, err := time.ParseDuration(v)
+			if err == nil {
+				return d
+			}
+
+			envErrors = append(envErrors, fmt.Errorf("%s=%q is not a duration", name, v))
+		}
+
+		return def
+	}
+
+	root := &cobra.Command{
+		Use:           "controller",
+		Short:         "Outpost controller: Omni infra provider and the uplink every site's edge dials",
+		Version:       version.String(),
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		PersistentPreRunE: func(*cobra.Command, []string) error {
+			return errors.Join(envErrors...)
+		},
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := logging.New(os.Stderr, cfg.LogLevel)
+			if err != nil {
+				return err
+			}
+			defer log.Sync() //nolint:errcheck
+
+			return app.Run(cmd.Context(), cfg, log)
+		},
+	}
+
+	f := root.PersistentFlags()
+	f.StringVar(&cfg.StateDir, "state-dir", env("OUTPOST_STATE_DIR", cfg.StateDir), "directory for the CA, the site store and the admin socket [OUTPOST_STATE_DIR]")
+	f.StringVar(&cfg.AdminSocket, "admin-socket", env("OUTPOST_ADMIN_SOCKET", cfg.AdminSocket), "admin API unix socket (default <state-dir>/admin.sock) [OUTPOST_ADMIN_SOCKET]")
+
+	f = root.Flags()
+	f.StringVar(&cfg.UplinkListen, "uplink-listen", env("OUTPOST_UPLINK_LISTEN", cfg.UplinkListen), "address edges connect to [OUTPOST_UPLINK_LISTEN]")
+	f.StringVar(&cfg.HTTPListen, "http-listen", env("OUTPOST_HTTP_LISTEN", cfg.HTTPListen), "address for /metrics and /healthz, empty to disable [OUTPOST_HTTP_LISTEN]")
+	f.StringVar(&cfg.LogLevel, "log-level", env("OUTPOST_LOG_LEVEL", cfg.LogLevel), "debug, info, warn or error [OUTPOST_LOG_LEVEL]")
+	f.DurationVar(&cfg.CertValidity, "cert-validity", envDuration("OUTPOST_CERT_VALIDITY", cfg.CertValidity), "lifetime of edge certificates [OUTPOST_CERT_VALIDITY]")
+	f.StringSliceVar(&cfg.ServerNames, "server-name", envList("OUTPOST_SERVER_NAMES", cfg.ServerNames), "extra DNS names for the uplink certificate [OUTPOST_SERVER_NAMES]")
+
+	f.StringVar(&cfg.AssetsDir, "assets-dir", env("OUTPOST_ASSETS_DIR", cfg.AssetsDir), "boot-asset files (named by SHA-256) to relay to edges (default <state-dir>/assets) [OUTPOST_ASSETS_DIR]")
+	f.StringVar(&cfg.DefaultAssetPolicy, "default-asset-policy", env("OUTPOST_DEFAULT_ASSET_POLICY", cfg.DefaultAssetPolicy), "asset policy of sites without their own: passthrough, cache or offline [OUTPOST_DEFAULT_ASSET_POLICY]")
+
+	root.AddCommand(siteCommand(&cfg))
+
+	return root
+}
+
+func siteCommand(cfg *config.Config) *cobra.Command {
+	site := &cobra.Command{Use: "site", Short: "Manage sites: create (prints the join token once), list, token, revoke, delete"}
+
+	var (
+		description string
+		opts        admincli.TokenOptions
+	)
+
+	withClient := func(fn func(context.Context, *admincli.Client) error) func(*cobra.Command, []string) error {
+		return func(cmd *cobra.Command, _ []string) error {
+			c, err := admincli.Dial(cfg.AdminSocketPath())
+			if err != nil {
+				return err
+			}
+			defer c.Close() //nolint:errcheck
+
+			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
+			defer cancel()
+
+			return fn(ctx, c)
+		}
+	}
+
+	create := &cobra.Command{
+		Use:   "create SITE",
+		Short: "Create a site and print its join token (shown only once)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(func(ctx context.Context, c *admincli.Client) error {
+				return c.CreateSite(ctx, args[0], description, opts, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			})(cmd, args)
+		},
+	}
+	create.Flags().StringVar(&description, "description", "", "what and where the site is")
+
+	token := &cobra.Command{
+		Use:   "token SITE",
+		Short: "Replace a site's join token (to enrol a replacement edge) and print it",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(func(ctx context.Context, c *admincli.Client) error {
+				return c.NewToken(ctx, args[0], opts, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			})(cmd, args)
+		},
+	}
+
+	for _, c := range []*cobra.Command{create, token} {
+		c.Flags().DurationVar(&opts.TTL, "token-ttl", 24*time.Hour, "how long the join token is valid")
+		c.Flags().BoolVar(&opts.Reusable, "reusable", false, "let the token enrol more than one edge")
+	}
+
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List sites with connection state, edge version and last seen",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(func(ctx context.Context, c *admincli.Client) error {
+				return c.ListSites(ctx, cmd.OutOrStdout(), time.Now())
+			})(cmd, args)
+		},
+	}
+
+	revoke := &cobra.Command{
+		Use:   "revoke SITE",
+		Short: "Revoke a site: its certificates stop working and its edge is disconnected",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(func(ctx context.Context, c *admincli.Client) error { return c.RevokeSite(ctx, args[0]) })(cmd, args)
+		},
+	}
+
+	del := &cobra.Command{
+		Use:   "delete SITE",
+		Short: "Delete a site",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(func(ctx context.Context, c *admincli.Client) error { return c.DeleteSite(ctx, args[0]) })(cmd, args)
+		},
+	}
+
+	show := &cobra.Command{
+		Use:   "show SITE",
+		Short: "Show a site: connection, and boot assets (policy, cached, missing for current plans, bytes relayed)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(func(ctx context.Context, c *admincli.Client) error {
+				return c.ShowSite(ctx, args[0], cmd.OutOrStdout(), time.Now())
+			})(cmd, args)
+		},
+	}
+
+	policy := &cobra.Command{
+		Use:   "policy SITE passthrough|cache|offline",
+		Short: "Set a site's boot-asset policy",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(func(ctx context.Context, c *admincli.Client) error {
+				return c.SetAssetPolicy(ctx, args[0], args[1])
+			})(cmd, args)
+		},
+	}
+
+	site.AddCommand(create, token, list, show, policy, revoke, del)
+
+	return site
+}
+
+func env(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+
+	return def
+}
+
+func envList(name string, def []string) []string {
+	if v, ok := os.LookupEnv(name); ok && v != "" {
+		return strings.Split(v, ",")
+	}
+
+	return def
+}

@@ -1,0 +1,181 @@
+package sites
+
+import (
+	"context"
+	"errors"
+
+	"github.com/cosi-project/runtime/pkg/state"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/outpost-metal/outpost/controller/resources"
+	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
+	assetspb "github.com/outpost-metal/outpost/shared/api/assets"
+	"github.com/outpost-metal/outpost/shared/uplink"
+)
+
+// Admin serves the operator API (adminpb.Admin) on the controller's local admin socket.
+type Admin struct {
+	adminpb.UnimplementedAdminServer
+
+	registry *Registry
+	server   *Server
+	statuses state.State
+	assets   AssetState
+}
+
+// AssetState is what the operator API needs of the boot-asset catalog.
+type AssetState interface {
+	SiteAssets(siteID string) *assetspb.SiteAssetState
+	SetPolicy(siteID string, policy assetspb.Policy) error
+}
+
+// NewAdmin returns the operator API over a registry, the uplink server and (optionally, nil) the asset catalog.
+func NewAdmin(registry *Registry, server *Server, statuses state.State, assets AssetState) *Admin {
+	return &Admin{registry: registry, server: server, statuses: statuses, assets: assets}
+}
+
+// CreateSite implements adminpb.AdminServer.
+func (a *Admin) CreateSite(ctx context.Context, req *adminpb.CreateSiteRequest) (*adminpb.CreateSiteResponse, error) {
+	if err := uplink.ValidateSiteID(req.GetSiteId()); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+
+	tok, expires, err := a.registry.Create(ctx, req.GetSiteId(), req.GetDescription(), TokenOptions{
+		TTL:      req.GetTokenTtl().AsDuration(),
+		Reusable: req.GetReusable(),
+	})
+	if err != nil {
+		if errors.Is(err, ErrSiteExists) {
+			return nil, status.Error(codes.AlreadyExists, err.Error())
+		}
+
+		return nil, registryStatus(err)
+	}
+
+	return &adminpb.CreateSiteResponse{SiteId: tok.SiteID, JoinToken: tok.String(), TokenExpires: timestamppb.New(expires)}, nil
+}
+
+// NewJoinToken implements adminpb.AdminServer.
+func (a *Admin) NewJoinToken(ctx context.Context, req *adminpb.NewJoinTokenRequest) (*adminpb.CreateSiteResponse, error) {
+	tok, expires, err := a.registry.NewToken(ctx, req.GetSiteId(), TokenOptions{
+		TTL:      req.GetTokenTtl().AsDuration(),
+		Reusable: req.GetReusable(),
+	})
+	if err != nil {
+		return nil, registryStatus(err)
+	}
+
+	return &adminpb.CreateSiteResponse{SiteId: tok.SiteID, JoinToken: tok.String(), TokenExpires: timestamppb.New(expires)}, nil
+}
+
+// ListSites implements adminpb.AdminServer.
+func (a *Admin) ListSites(ctx context.Context, _ *adminpb.ListSitesRequest) (*adminpb.ListSitesResponse, error) {
+	list, err := a.registry.List(ctx)
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+
+	out := &adminpb.ListSitesResponse{}
+
+	for _, site := range list {
+		view, err := a.view(ctx, site)
+		if err != nil {
+			return nil, err
+		}
+
+		out.Sites = append(out.Sites, view)
+	}
+
+	return out, nil
+}
+
+func (a *Admin) view(ctx context.Context, site *resources.Site) (*adminpb.Site, error) {
+	spec := site.TypedSpec().Value
+
+	st, err := Status(ctx, a.statuses, site.Metadata().ID())
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+
+	live := st.TypedSpec().Value
+
+	return &adminpb.Site{
+		SiteId:         site.Metadata().ID(),
+		Description:    spec.GetDescription(),
+		Revoked:        spec.GetRevoked(),
+		Connected:      a.server.Connected(site.Metadata().ID()),
+		EdgeVersion:    live.GetEdgeVersion(),
+		LastSeen:       live.GetLastSeen(),
+		ConnectedSince: live.GetConnectedSince(),
+		RemoteAddress:  live.GetRemoteAddress(),
+		TokenExpires:   spec.GetTokenExpires(),
+		TokenUsed:      spec.GetTokenUsed(),
+		Enrolled:       len(spec.GetCertificateSerials()) > 0,
+	}, nil
+}
+
+// ShowSite implements adminpb.AdminServer.
+func (a *Admin) ShowSite(ctx context.Context, req *adminpb.ShowSiteRequest) (*adminpb.ShowSiteResponse, error) {
+	site, err := a.registry.Get(ctx, req.GetSiteId())
+	if err != nil {
+		return nil, registryStatus(err)
+	}
+
+	view, err := a.view(ctx, site)
+	if err != nil {
+		return nil, err
+	}
+
+	out := &adminpb.ShowSiteResponse{Site: view}
+
+	if a.assets != nil {
+		out.Assets = a.assets.SiteAssets(req.GetSiteId())
+	}
+
+	return out, nil
+}
+
+// SetAssetPolicy implements adminpb.AdminServer: the policy is stored with the site and pushed to its edge.
+func (a *Admin) SetAssetPolicy(ctx context.Context, req *adminpb.SetAssetPolicyRequest) (*adminpb.SetAssetPolicyResponse, error) {
+	if _, ok := assetspb.Policy_name[int32(req.GetPolicy())]; !ok || req.GetPolicy() == assetspb.Policy_POLICY_UNSPECIFIED {
+		return nil, status.Errorf(codes.InvalidArgument, "asset policy %v is not passthrough, cache or offline", req.GetPolicy())
+	}
+
+	if a.assets == nil {
+		return nil, status.Error(codes.Unimplemented, "this controller has no asset catalog")
+	}
+
+	if err := a.registry.SetAssetPolicy(ctx, req.GetSiteId(), int32(req.GetPolicy())); err != nil {
+		return nil, registryStatus(err)
+	}
+
+	if err := a.assets.SetPolicy(req.GetSiteId(), req.GetPolicy()); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+
+	return &adminpb.SetAssetPolicyResponse{}, nil
+}
+
+// RevokeSite implements adminpb.AdminServer: the site's certificates stop working and its session ends now.
+func (a *Admin) RevokeSite(ctx context.Context, req *adminpb.RevokeSiteRequest) (*adminpb.RevokeSiteResponse, error) {
+	if err := a.registry.Revoke(ctx, req.GetSiteId()); err != nil {
+		return nil, registryStatus(err)
+	}
+
+	a.server.Disconnect(req.GetSiteId())
+
+	return &adminpb.RevokeSiteResponse{}, nil
+}
+
+// DeleteSite implements adminpb.AdminServer.
+func (a *Admin) DeleteSite(ctx context.Context, req *adminpb.DeleteSiteRequest) (*adminpb.DeleteSiteResponse, error) {
+	if err := a.registry.Delete(ctx, req.GetSiteId()); err != nil {
+		return nil, registryStatus(err)
+	}
+
+	a.server.Disconnect(req.GetSiteId())
+
+	return &adminpb.DeleteSiteResponse{}, nil
+}

@@ -1,0 +1,280 @@
+package sites
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	"github.com/cosi-project/runtime/pkg/resource"
+	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/cosi-project/runtime/pkg/state"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/outpost-metal/outpost/controller/resources"
+	"github.com/outpost-metal/outpost/shared/uplink"
+)
+
+// Errors the registry's callers branch on.
+var (
+	// ErrUnknownSite means no site has that ID (never created, or deleted).
+	ErrUnknownSite = errors.New("unknown site")
+	// ErrSiteExists means a site with that ID already exists.
+	ErrSiteExists = errors.New("site already exists")
+	// ErrRevoked means the site was revoked.
+	ErrRevoked = errors.New("site revoked")
+	// ErrTokenRejected means a join token does not match the site's current token.
+	ErrTokenRejected = errors.New("join token rejected")
+	// ErrTokenExpired means a join token is past its expiry.
+	ErrTokenExpired = errors.New("join token expired")
+	// ErrTokenUsed means a single-use join token was already used.
+	ErrTokenUsed = errors.New("join token already used")
+)
+
+// maxCertificatesPerSite is how many client certificates stay valid per site: the newest and the one it replaced.
+const maxCertificatesPerSite = 2
+
+// Registry keeps the sites as COSI resources: creation with a join token (stored hashed),
+// token consumption, the certificates issued, revocation and deletion.
+type Registry struct {
+	st   state.State
+	now  func() time.Time
+	rand io.Reader
+	ca   *CA
+}
+
+// NewRegistry returns a registry over st. rand supplies token secrets; now is the clock.
+func NewRegistry(st state.State, ca *CA, rand io.Reader, now func() time.Time) *Registry {
+	return &Registry{st: st, ca: ca, rand: rand, now: now}
+}
+
+// TokenOptions say how a new join token behaves.
+type TokenOptions struct {
+	// TTL is how long the token is valid.
+	TTL time.Duration
+	// Reusable lets the token enrol more than one edge.
+	Reusable bool
+}
+
+// DefaultTokenTTL is the validity of a join token unless the operator says otherwise.
+const DefaultTokenTTL = 24 * time.Hour
+
+func (o TokenOptions) ttl() time.Duration {
+	if o.TTL <= 0 {
+		return DefaultTokenTTL
+	}
+
+	return o.TTL
+}
+
+// Create creates a site and returns its join token, which is not stored anywhere: only its hash is.
+func (r *Registry) Create(ctx context.Context, siteID, description string, opts TokenOptions) (uplink.JoinToken, time.Time, error) {
+	if err := uplink.ValidateSiteID(siteID); err != nil {
+		return uplink.JoinToken{}, time.Time{}, err
+	}
+
+	tok, err := r.newToken(siteID)
+	if err != nil {
+		return uplink.JoinToken{}, time.Time{}, err
+	}
+
+	now := r.now()
+	expires := now.Add(opts.ttl())
+
+	site := resources.NewSite(siteID)
+	spec := site.TypedSpec().Value
+	spec.Description = description
+	spec.TokenHash = tok.SecretHash()
+	spec.TokenExpires = timestamppb.New(expires)
+	spec.TokenReusable = opts.Reusable
+	spec.Created = timestamppb.New(now)
+
+	if err := r.st.Create(ctx, site); err != nil {
+		if state.IsConflictError(err) {
+			return uplink.JoinToken{}, time.Time{}, fmt.Errorf("create site %s: %w", siteID, ErrSiteExists)
+		}
+
+		return uplink.JoinToken{}, time.Time{}, fmt.Errorf("create site %s: %w", siteID, err)
+	}
+
+	return tok, expires, nil
+}
+
+// NewToken replaces a site's join token, for enrolling a replacement edge. A revoked site cannot get one.
+func (r *Registry) NewToken(ctx context.Context, siteID string, opts TokenOptions) (uplink.JoinToken, time.Time, error) {
+	tok, err := r.newToken(siteID)
+	if err != nil {
+		return uplink.JoinToken{}, time.Time{}, err
+	}
+
+	expires := r.now().Add(opts.ttl())
+
+	_, err = r.update(ctx, siteID, func(site *resources.Site) error {
+		spec := site.TypedSpec().Value
+		if spec.Revoked {
+			return fmt.Errorf("site %s: %w", siteID, ErrRevoked)
+		}
+
+		spec.TokenHash = tok.SecretHash()
+		spec.TokenExpires = timestamppb.New(expires)
+		spec.TokenReusable = opts.Reusable
+		spec.TokenUsed = false
+
+		return nil
+	})
+
+	return tok, expires, err
+}
+
+func (r *Registry) newToken(siteID string) (uplink.JoinToken, error) {
+	secret := make([]byte, uplink.SecretLen)
+	if _, err := io.ReadFull(r.rand, secret); err != nil {
+		return uplink.JoinToken{}, fmt.Errorf("generate join token secret: %w", err)
+	}
+
+	return uplink.JoinToken{SiteID: siteID, Secret: secret, CAFingerprint: r.ca.Fingerprint()}, nil
+}
+
+// ConsumeToken checks a join token and, for a single-use token, marks it used. It is safe against
+// two edges racing with the same token: exactly one wins.
+func (r *Registry) ConsumeToken(ctx context.Context, tok uplink.JoinToken) error {
+	_, err := r.update(ctx, tok.SiteID, func(site *resources.Site) error {
+		spec := site.TypedSpec().Value
+
+		switch {
+		case spec.Revoked:
+			return fmt.Errorf("site %s: %w", tok.SiteID, ErrRevoked)
+		case len(spec.TokenHash) == 0 || subtle.ConstantTimeCompare(spec.TokenHash, tok.SecretHash()) != 1:
+			return fmt.Errorf("site %s: %w: it is not the site's current token (replaced?)", tok.SiteID, ErrTokenRejected)
+		case !r.now().Before(spec.TokenExpires.AsTime()):
+			return fmt.Errorf("site %s: %w at %s", tok.SiteID, ErrTokenExpired, spec.TokenExpires.AsTime().UTC().Format(time.RFC3339))
+		case spec.TokenUsed && !spec.TokenReusable:
+			return fmt.Errorf("site %s: %w (tokens are single use unless created reusable)", tok.SiteID, ErrTokenUsed)
+		}
+
+		spec.TokenUsed = true
+
+		return nil
+	})
+
+	return err
+}
+
+// AddCertificate records a certificate issued to the site; older ones beyond the newest two stop working.
+func (r *Registry) AddCertificate(ctx context.Context, siteID, serial string) error {
+	_, err := r.update(ctx, siteID, func(site *resources.Site) error {
+		spec := site.TypedSpec().Value
+		if spec.Revoked {
+			return fmt.Errorf("site %s: %w", siteID, ErrRevoked)
+		}
+
+		spec.CertificateSerials = append(spec.CertificateSerials, serial)
+		if n := len(spec.CertificateSerials); n > maxCertificatesPerSite {
+			spec.CertificateSerials = spec.CertificateSerials[n-maxCertificatesPerSite:]
+		}
+
+		return nil
+	})
+
+	return err
+}
+
+// Authorize checks that a certificate serial is currently valid for the site.
+func (r *Registry) Authorize(ctx context.Context, siteID, serial string) error {
+	site, err := r.Get(ctx, siteID)
+	if err != nil {
+		return err
+	}
+
+	spec := site.TypedSpec().Value
+
+	if spec.Revoked {
+		return fmt.Errorf("site %s: %w", siteID, ErrRevoked)
+	}
+
+	if !slices.Contains(spec.CertificateSerials, serial) {
+		return fmt.Errorf("site %s: certificate %s is no longer valid (replaced by a newer one, or the site was re-created)", siteID, serial)
+	}
+
+	return nil
+}
+
+// Revoke revokes a site: its certificates stop working and its join token too.
+func (r *Registry) Revoke(ctx context.Context, siteID string) error {
+	_, err := r.update(ctx, siteID, func(site *resources.Site) error {
+		spec := site.TypedSpec().Value
+		spec.Revoked = true
+		spec.CertificateSerials = nil
+		spec.TokenHash = nil
+
+		return nil
+	})
+
+	return err
+}
+
+// SetAssetPolicy stores the site's boot-asset policy (an outpost.assets.Policy value).
+func (r *Registry) SetAssetPolicy(ctx context.Context, siteID string, policy int32) error {
+	_, err := r.update(ctx, siteID, func(site *resources.Site) error {
+		site.TypedSpec().Value.AssetPolicy = policy
+
+		return nil
+	})
+
+	return err
+}
+
+// Delete removes a site.
+func (r *Registry) Delete(ctx context.Context, siteID string) error {
+	if err := r.st.Destroy(ctx, resources.NewSite(siteID).Metadata()); err != nil {
+		if state.IsNotFoundError(err) {
+			return fmt.Errorf("delete site %s: %w", siteID, ErrUnknownSite)
+		}
+
+		return fmt.Errorf("delete site %s: %w", siteID, err)
+	}
+
+	return nil
+}
+
+// Get returns a site.
+func (r *Registry) Get(ctx context.Context, siteID string) (*resources.Site, error) {
+	site, err := safe.StateGetByID[*resources.Site](ctx, r.st, siteID)
+	if err != nil {
+		if state.IsNotFoundError(err) {
+			return nil, fmt.Errorf("site %s: %w", siteID, ErrUnknownSite)
+		}
+
+		return nil, fmt.Errorf("get site %s: %w", siteID, err)
+	}
+
+	return site, nil
+}
+
+// List returns all sites sorted by ID.
+func (r *Registry) List(ctx context.Context) ([]*resources.Site, error) {
+	list, err := safe.StateListAll[*resources.Site](ctx, r.st)
+	if err != nil {
+		return nil, fmt.Errorf("list sites: %w", err)
+	}
+
+	return slices.Collect(list.All()), nil
+}
+
+func (r *Registry) update(ctx context.Context, siteID string, fn func(*resources.Site) error) (*resources.Site, error) {
+	ptr := resource.NewMetadata(resources.Namespace, resources.SiteType, siteID, resource.VersionUndefined)
+
+	site, err := safe.StateUpdateWithConflicts(ctx, r.st, ptr, fn)
+	if err != nil {
+		if state.IsNotFoundError(err) {
+			return nil, fmt.Errorf("site %s: %w", siteID, ErrUnknownSite)
+		}
+
+		return nil, err
+	}
+
+	return site, nil
+}

@@ -1,0 +1,527 @@
+// Package uplink is the edge's side of the uplink: enrolment with a join token, the identity kept in the
+// state directory, and the one outbound mutual-TLS connection to the controller, kept up with jittered
+// exponential backoff, carrying gRPC both ways over yamux.
+package uplink
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/yamux"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	uplinkpb "github.com/outpost-metal/outpost/shared/api/uplink"
+	"github.com/outpost-metal/outpost/shared/uplink"
+	"github.com/outpost-metal/outpost/shared/version"
+)
+
+// Config is the uplink's configuration.
+type Config struct {
+	// ControllerAddress is the controller's uplink address, host:port.
+	ControllerAddress string
+	// StateDir holds the edge's key, certificate and the controller's CA.
+	StateDir string
+	// JoinToken enrols the edge when the state directory holds no identity yet.
+	JoinToken string
+	// DialTimeout bounds TCP connect plus TLS plus hello.
+	DialTimeout time.Duration
+	// BackoffMin and BackoffMax bound the jittered exponential wait between connection attempts.
+	BackoffMin time.Duration
+	BackoffMax time.Duration
+}
+
+// Default returns the default uplink configuration.
+func Default() Config {
+	return Config{
+		DialTimeout: 10 * time.Second,
+		BackoffMin:  500 * time.Millisecond,
+		BackoffMax:  time.Minute,
+	}
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	if _, port, err := net.SplitHostPort(c.ControllerAddress); err != nil || port == "" {
+		return fmt.Errorf("controller address %q is not host:port", c.ControllerAddress)
+	}
+
+	if c.StateDir == "" {
+		return errors.New("state directory is required")
+	}
+
+	if c.JoinToken != "" {
+		if _, err := uplink.ParseJoinToken(c.JoinToken); err != nil {
+			return fmt.Errorf("join token: %w", err)
+		}
+	}
+
+	if c.DialTimeout <= 0 || c.BackoffMin <= 0 || c.BackoffMax < c.BackoffMin {
+		return errors.New("dial timeout and backoff must be positive, backoff max at least backoff min")
+	}
+
+	return nil
+}
+
+// SessionFunc runs for the life of each session. conn reaches the controller's services; ctx ends with the session.
+type SessionFunc func(ctx context.Context, conn grpc.ClientConnInterface) error
+
+// Options are the uplink's collaborators.
+type Options struct {
+	Logger *zap.Logger
+	// Register adds the services the edge serves to the controller, on every session.
+	Register []func(grpc.ServiceRegistrar)
+	// ServerOptions are added to the gRPC server of every session (e.g. an unknown-service handler).
+	ServerOptions []grpc.ServerOption
+	// OnSession functions run for the life of each session.
+	OnSession []SessionFunc
+	// Counters are reported by the Edge.Status RPC.
+	Counters func() map[string]int64
+	// Now is the clock (certificate renewal); nil means time.Now.
+	Now func() time.Time
+	// Dial opens the TCP connection; nil means a net.Dialer.
+	Dial func(ctx context.Context, address string) (net.Conn, error)
+}
+
+// RejectedError is the controller's refusal of a hello, with its reason.
+type RejectedError struct {
+	Code              uplinkpb.HelloReply_Code
+	Reason            string
+	ControllerVersion string
+	ProtocolVersion   uint32
+}
+
+func (e *RejectedError) Error() string {
+	return fmt.Sprintf("controller %s (uplink protocol %d) rejected the connection: %s", e.ControllerVersion, e.ProtocolVersion, e.Reason)
+}
+
+// EnrollError is a permanent enrolment failure: retrying with the same token cannot succeed.
+type EnrollError struct{ err error }
+
+func (e *EnrollError) Error() string { return "enrol with join token: " + e.err.Error() }
+func (e *EnrollError) Unwrap() error { return e.err }
+
+// Client keeps the edge's uplink up.
+type Client struct {
+	cfg     Config
+	opts    Options
+	log     *zap.Logger
+	started time.Time
+
+	mu       sync.Mutex
+	identity *Identity
+
+	sessions  atomic.Int64
+	connected atomic.Bool
+}
+
+// New returns a client; Run connects.
+func New(cfg Config, opts Options) (*Client, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("uplink config: %w", err)
+	}
+
+	if opts.Logger == nil {
+		return nil, errors.New("uplink: logger is required")
+	}
+
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+
+	if opts.Dial == nil {
+		d := &net.Dialer{KeepAlive: 15 * time.Second}
+		opts.Dial = func(ctx context.Context, address string) (net.Conn, error) {
+			return d.DialContext(ctx, "tcp", address)
+		}
+	}
+
+	return &Client{cfg: cfg, opts: opts, log: opts.Logger.With(zap.String("component", "uplink")), started: opts.Now()}, nil
+}
+
+// Connected reports whether a session is up.
+func (c *Client) Connected() bool { return c.connected.Load() }
+
+// SiteID returns the edge's site once enrolled, else "".
+func (c *Client) SiteID() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+
+	if c.identity == nil {
+		return ""
+	}
+
+	return c.identity.SiteID
+}
+
+// Run enrols if needed, then keeps a session up until ctx is done. It returns an error only for what
+// retrying cannot fix: no identity and no token, or a join token the controller refuses.
+func (c *Client) Run(ctx context.Context) error {
+	if err := c.ensureIdentity(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+
+		return err
+	}
+
+	bo := newBackoff(c.cfg.BackoffMin, c.cfg.BackoffMax)
+
+	for {
+		began := time.Now()
+		err := c.runSession(ctx)
+
+		if ctx.Err() != nil {
+			return nil
+		}
+
+		if time.Since(began) > 30*time.Second {
+			bo.reset()
+		}
+
+		wait := bo.next()
+
+		var rejected *RejectedError
+		if errors.As(err, &rejected) {
+			c.log.Error("uplink rejected", zap.String("reason", rejected.Reason), zap.Stringer("code", rejected.Code), zap.Duration("retry_in", wait))
+		} else {
+			c.log.Warn("uplink down", zap.Error(err), zap.Duration("retry_in", wait))
+		}
+
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+	}
+}
+
+func (c *Client) ensureIdentity(ctx context.Context) error {
+	id, err := LoadIdentity(c.cfg.StateDir)
+	if err == nil {
+		c.setIdentity(id)
+		c.log.Info("edge identity loaded", zap.String("site", id.SiteID), zap.Time("certificate_not_after", id.Cert.Leaf.NotAfter))
+
+		return nil
+	}
+
+	if !errors.Is(err, ErrNoIdentity) {
+		return err
+	}
+
+	if c.cfg.JoinToken == "" {
+		return fmt.Errorf("%w: give a join token (created with `controller site create`)", ErrNoIdentity)
+	}
+
+	tok, err := uplink.ParseJoinToken(c.cfg.JoinToken)
+	if err != nil {
+		return &EnrollError{err: err}
+	}
+
+	bo := newBackoff(c.cfg.BackoffMin, c.cfg.BackoffMax)
+
+	for {
+		id, err := c.enroll(ctx, tok)
+		if err == nil {
+			c.setIdentity(id)
+			c.log.Info("edge enrolled", zap.String("site", id.SiteID), zap.Time("certificate_not_after", id.Cert.Leaf.NotAfter))
+
+			return nil
+		}
+
+		var permanent *EnrollError
+		if errors.As(err, &permanent) {
+			return err
+		}
+
+		wait := bo.next()
+		c.log.Warn("enrolment failed; retrying", zap.Error(err), zap.Duration("retry_in", wait))
+
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+func (c *Client) setIdentity(id *Identity) {
+	c.mu.Lock()
+	c.identity = id
+	c.mu.Unlock()
+}
+
+func (c *Client) currentIdentity() *Identity {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+
+	return c.identity
+}
+
+// enroll exchanges the join token for a certificate.
+func (c *Client) enroll(ctx context.Context, tok uplink.JoinToken) (*Identity, error) {
+	keyPEM, csr, err := newKeyAndCSR(tok.SiteID)
+	if err != nil {
+		return nil, err
+	}
+
+	peer, err := c.open(ctx, uplink.EnrollTLSConfig(tok.CAFingerprint), tok.SiteID, uplinkpb.Hello_PURPOSE_ENROLL)
+	if err != nil {
+		if errors.Is(err, uplink.ErrPinMismatch) {
+			return nil, &EnrollError{err: err}
+		}
+
+		return nil, err
+	}
+	defer peer.Close()
+
+	cctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
+	defer cancel()
+
+	resp, err := uplinkpb.NewEnrollmentClient(peer.Conn()).Enroll(cctx, &uplinkpb.EnrollRequest{
+		Token:       tok.String(),
+		Csr:         csr,
+		EdgeVersion: version.String(),
+	})
+	if err != nil {
+		switch status.Code(err) {
+		case codes.PermissionDenied, codes.NotFound, codes.InvalidArgument, codes.FailedPrecondition:
+			return nil, &EnrollError{err: errors.New(status.Convert(err).Message())}
+		default:
+			return nil, fmt.Errorf("enrol: %w", err)
+		}
+	}
+
+	return saveIdentity(c.cfg.StateDir, keyPEM, resp.GetCertificate(), resp.GetCa())
+}
+
+// open dials the controller, does TLS and the hello, and returns the session's peer.
+func (c *Client) open(ctx context.Context, tlsConfig *tls.Config, siteID string, purpose uplinkpb.Hello_Purpose) (*uplink.Peer, error) {
+	dctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
+	defer cancel()
+
+	raw, err := c.opts.Dial(dctx, c.cfg.ControllerAddress)
+	if err != nil {
+		return nil, fmt.Errorf("dial controller %s: %w", c.cfg.ControllerAddress, err)
+	}
+
+	conn := tls.Client(raw, tlsConfig)
+
+	ok := false
+	defer func() {
+		if !ok {
+			conn.Close() //nolint:errcheck
+		}
+	}()
+
+	if err := conn.HandshakeContext(dctx); err != nil {
+		return nil, fmt.Errorf("TLS handshake with controller %s: %w", c.cfg.ControllerAddress, err)
+	}
+
+	deadline, _ := dctx.Deadline()
+	conn.SetDeadline(deadline) //nolint:errcheck
+
+	hello := &uplinkpb.Hello{SiteId: siteID, EdgeVersion: version.String(), Purpose: purpose}
+	if err := uplink.WriteFrame(conn, version.ProtocolVersion, hello); err != nil {
+		return nil, err
+	}
+
+	frame, err := uplink.ReadFrame(conn)
+	if err != nil {
+		return nil, fmt.Errorf("read controller hello reply: %w", err)
+	}
+
+	reply, err := uplink.DecodeHelloReply(frame.Payload)
+	if err != nil {
+		return nil, err
+	}
+
+	if reply.GetCode() != uplinkpb.HelloReply_CODE_ACCEPTED {
+		return nil, &RejectedError{
+			Code:              reply.GetCode(),
+			Reason:            reply.GetReason(),
+			ControllerVersion: reply.GetControllerVersion(),
+			ProtocolVersion:   reply.GetProtocolVersion(),
+		}
+	}
+
+	conn.SetDeadline(time.Time{}) //nolint:errcheck
+
+	sess, err := yamux.Client(conn, uplink.YamuxConfig(c.log))
+	if err != nil {
+		return nil, fmt.Errorf("start uplink session: %w", err)
+	}
+
+	peer, err := uplink.NewPeer(sess)
+	if err != nil {
+		sess.Close() //nolint:errcheck
+
+		return nil, err
+	}
+
+	ok = true
+
+	return peer, nil
+}
+
+// runSession runs one session from dial to its end.
+func (c *Client) runSession(ctx context.Context) error {
+	id := c.currentIdentity()
+
+	peer, err := c.open(ctx, uplink.SessionTLSConfig(id.Cert, id.CA), id.SiteID, uplinkpb.Hello_PURPOSE_SESSION)
+	if err != nil {
+		return err
+	}
+
+	n := c.sessions.Add(1)
+	c.connected.Store(true)
+	defer c.connected.Store(false)
+
+	log := c.log.With(zap.Int64("session", n))
+	log.Info("uplink connected", zap.String("site", id.SiteID), zap.String("controller", c.cfg.ControllerAddress))
+
+	srv := grpc.NewServer(c.opts.ServerOptions...)
+	uplinkpb.RegisterEdgeServer(srv, &edgeStatus{client: c})
+
+	for _, register := range c.opts.Register {
+		register(srv)
+	}
+
+	eg, sctx := errgroup.WithContext(ctx)
+
+	eg.Go(func() error { return peer.Serve(sctx, srv) })
+	eg.Go(func() error { return c.renewLoop(sctx, peer.Conn(), log) })
+
+	for _, fn := range c.opts.OnSession {
+		eg.Go(func() error {
+			if err := fn(sctx, peer.Conn()); err != nil && sctx.Err() == nil {
+				log.Warn("session handler failed", zap.Error(err))
+			}
+
+			return nil
+		})
+	}
+
+	eg.Go(func() error {
+		select {
+		case <-sctx.Done():
+		case <-peer.Done():
+		}
+
+		return errSessionEnded
+	})
+
+	err = eg.Wait()
+	if errors.Is(err, errSessionEnded) {
+		err = errors.New("session closed")
+	}
+
+	log.Info("uplink session ended")
+
+	return err
+}
+
+var errSessionEnded = errors.New("session ended")
+
+// renewLoop renews the certificate once two thirds of its lifetime have passed.
+func (c *Client) renewLoop(ctx context.Context, conn grpc.ClientConnInterface, log *zap.Logger) error {
+	for {
+		leaf := c.currentIdentity().Cert.Leaf
+		renewAt := leaf.NotBefore.Add(leaf.NotAfter.Sub(leaf.NotBefore) * 2 / 3)
+
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(max(0, renewAt.Sub(c.opts.Now()))):
+		}
+
+		if err := c.renew(ctx, conn); err != nil {
+			log.Warn("certificate renewal failed; retrying in a minute", zap.Error(err))
+
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(time.Minute):
+			}
+
+			continue
+		}
+
+		log.Info("certificate renewed", zap.Time("not_after", c.currentIdentity().Cert.Leaf.NotAfter))
+	}
+}
+
+func (c *Client) renew(ctx context.Context, conn grpc.ClientConnInterface) error {
+	id := c.currentIdentity()
+
+	keyPEM, csr, err := newKeyAndCSR(id.SiteID)
+	if err != nil {
+		return err
+	}
+
+	resp, err := uplinkpb.NewControllerClient(conn).RenewCertificate(ctx, &uplinkpb.RenewCertificateRequest{Csr: csr})
+	if err != nil {
+		return fmt.Errorf("renew certificate: %w", err)
+	}
+
+	newID, err := saveIdentity(c.cfg.StateDir, keyPEM, resp.GetCertificate(), resp.GetCa())
+	if err != nil {
+		return err
+	}
+
+	c.setIdentity(newID)
+
+	return nil
+}
+
+// edgeStatus serves uplink.Edge.
+type edgeStatus struct {
+	uplinkpb.UnimplementedEdgeServer
+
+	client *Client
+}
+
+func (e *edgeStatus) Status(context.Context, *uplinkpb.EdgeStatusRequest) (*uplinkpb.EdgeStatus, error) {
+	counters := map[string]int64{"uplink_sessions": e.client.sessions.Load()}
+
+	if e.client.opts.Counters != nil {
+		for k, v := range e.client.opts.Counters() {
+			counters[k] = v
+		}
+	}
+
+	return &uplinkpb.EdgeStatus{
+		SiteId:      e.client.SiteID(),
+		EdgeVersion: version.String(),
+		StartedAt:   timestamppb.New(e.client.started),
+		Now:         timestamppb.New(e.client.opts.Now()),
+		Counters:    counters,
+	}, nil
+}
+
+// backoff is jittered exponential backoff ("full jitter" over a doubling ceiling).
+type backoff struct {
+	min, max, ceiling time.Duration
+}
+
+func newBackoff(lo, hi time.Duration) *backoff { return &backoff{min: lo, max: hi, ceiling: lo} }
+
+func (b *backoff) next() time.Duration {
+	d := b.min + rand.N(b.ceiling-b.min+1) //nolint:gosec // jitter, not a secret
+	b.ceiling = min(b.ceiling*2, b.max)
+
+	return d
+}
+
+func (b *backoff) reset() { b.ceiling = b.min }
