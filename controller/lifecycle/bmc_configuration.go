@@ -163,7 +163,8 @@ func validHostname(h string) bool {
 		}
 
 		for _, c := range label {
-			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-') {
+			alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+			if !alnum && c != '-' {
 				return false
 			}
 		}

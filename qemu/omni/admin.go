@@ -192,6 +192,7 @@ func (a *Admin) Delete(ctx context.Context, id string) error {
 		omnires.NewInfraMachineConfig(id).Metadata(),
 		omnires.NewMachineStatus(id).Metadata(),
 		omnires.NewInfraMachineBMCConfig(id).Metadata(),
+		siderolink.NewNodeUniqueToken(id).Metadata(),
 	} {
 		if err := a.st.TeardownAndDestroy(ctx, md); err != nil && !state.IsNotFoundError(err) {
 			return fmt.Errorf("delete %s: %w", id, err)

@@ -112,7 +112,6 @@ func (p *provisioner) Provision(ctx context.Context, req *pb.ProvisionRequest) (
 		}
 
 		l.TypedSpec().Value.NodePublicKey = req.GetNodePublicKey()
-		l.TypedSpec().Value.NodeUniqueToken = req.GetNodeUniqueToken()
 		l.TypedSpec().Value.Connected = true
 		l.TypedSpec().Value.NodeSubnet = "fdae:41e4:649b:9303::100/64"
 
@@ -120,6 +119,16 @@ func (p *provisioner) Provision(ctx context.Context, req *pb.ProvisionRequest) (
 	})
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "create link: %v", err)
+	}
+
+	if req.GetNodeUniqueToken() != "" {
+		if err = safe.StateModify(ctx, p.s.st, siderolink.NewNodeUniqueToken(req.GetNodeUuid()), func(t *siderolink.NodeUniqueToken) error {
+			t.TypedSpec().Value.Token = req.GetNodeUniqueToken()
+
+			return nil
+		}); err != nil {
+			return nil, status.Errorf(codes.Internal, "store node unique token: %v", err)
+		}
 	}
 
 	if p.s.cfg.CollectInfoOnProvision {
