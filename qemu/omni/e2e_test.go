@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/siderolabs/omni/client/pkg/client"
 	"github.com/cosi-project/runtime/pkg/state"
 	omnispecs "github.com/siderolabs/omni/client/api/omni/specs"
 	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
@@ -143,7 +144,8 @@ func TestControllerSurvivesOmniRestart(t *testing.T) {
 	cfg.StateDir = t.TempDir()
 
 	s := startStandIn(t, cfg)
-	runController(t, s, lifecycletest.NewFakeEdge())
+	edge := lifecycletest.NewFakeEdge()
+	runController(t, s, edge)
 
 	_, err := s.State().WatchFor(ctx, infra.NewProviderHealthStatus("bare-metal").Metadata(), state.WithEventTypes(state.Created))
 	require.NoError(t, err)
@@ -175,4 +177,28 @@ func TestControllerSurvivesOmniRestart(t *testing.T) {
 
 		return err == nil && hs.TypedSpec().Value.LastHeartbeatTimestamp.AsTime().After(restarted)
 	}, 30*time.Second, 50*time.Millisecond, "heartbeats resume after omni comes back")
+
+	// the lifecycle's watches resumed too: a machine joining now is driven to ready
+	c, err := client.New("grpc://"+addr, client.WithServiceAccount(srv.AdminKey()))
+	require.NoError(t, err)
+
+	t.Cleanup(func() { c.Close() }) //nolint:errcheck
+
+	admin := omni.NewAdmin(c.Omni().State())
+	token, err := admin.JoinToken(ctx, "bare-metal")
+	require.NoError(t, err)
+
+	edge.Add("m-9", "site-a")
+	_, err = provisionWith(ctx, addr, "m-9", token)
+	require.NoError(t, err)
+
+	_, err = srv.State().WatchFor(ctx, infra.NewMachine("m-9").Metadata(), state.WithEventTypes(state.Created, state.Updated))
+	require.NoError(t, err)
+	require.NoError(t, admin.Accept(ctx, "m-9"))
+
+	require.Eventually(t, func() bool {
+		st, err := safe.StateGetByID[*infra.MachineStatus](ctx, srv.State(), "m-9")
+
+		return err == nil && st.TypedSpec().Value.ReadyToUse
+	}, 30*time.Second, 50*time.Millisecond, "machine driven to ready after omni came back")
 }

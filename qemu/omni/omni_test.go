@@ -92,12 +92,16 @@ func (s *standIn) provision(t *testing.T, ctx context.Context, uuid string) (*pb
 	jc, err := safe.StateGetByID[*siderolink.ProviderJoinConfig](ctx, s.State(), "bare-metal")
 	require.NoError(t, err)
 
-	conn, err := grpc.NewClient(s.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
+	return provisionWith(ctx, s.addr, uuid, jc.TypedSpec().Value.JoinToken)
+}
+
+func provisionWith(ctx context.Context, addr, uuid, token string) (*pb.ProvisionResponse, error) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
 
 	defer conn.Close() //nolint:errcheck
-
-	token := jc.TypedSpec().Value.JoinToken
 
 	return pb.NewProvisionServiceClient(conn).Provision(ctx, &pb.ProvisionRequest{
 		NodeUuid: uuid, NodePublicKey: "cHVibGljLWtleQ==", JoinToken: &token, NodeUniqueToken: new("node-token-" + uuid),
