@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/safe"
-	"github.com/siderolabs/omni/client/pkg/client"
 	"github.com/cosi-project/runtime/pkg/state"
 	omnispecs "github.com/siderolabs/omni/client/api/omni/specs"
+	"github.com/siderolabs/omni/client/pkg/client"
 	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
