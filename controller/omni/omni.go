@@ -229,21 +229,23 @@ func (c *Connection) Types() resources.Types { return c.types }
 func (c *Connection) Close() error { return c.client.Close() }
 
 // NewRuntime returns a COSI runtime on Omni's state with the health heartbeat controller and the given
-// controllers registered; run it with Run(ctx).
-func (c *Connection) NewRuntime(qcontrollers ...controller.QController) (*runtime.Runtime, error) {
+// controllers registered; run it with Run(ctx). health (optional) is checked before every heartbeat; its error
+// is what Omni shows as the provider's health (e.g. "no site connected").
+func (c *Connection) NewRuntime(health func(context.Context) error, qcontrollers ...controller.QController) (*runtime.Runtime, error) {
 	rt, err := runtime.NewRuntime(c.State(), c.logger)
 	if err != nil {
 		return nil, fmt.Errorf("create runtime: %w", err)
 	}
 
-	health, err := controllers.NewProviderHealthStatusController(c.cfg.ProviderID, controllers.ProviderHealthStatusOptions{
-		Interval: c.cfg.HealthInterval,
+	heartbeat, err := controllers.NewProviderHealthStatusController(c.cfg.ProviderID, controllers.ProviderHealthStatusOptions{
+		Interval:        c.cfg.HealthInterval,
+		HealthCheckFunc: health,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("health controller: %w", err)
 	}
 
-	if err = rt.RegisterController(health); err != nil {
+	if err = rt.RegisterController(heartbeat); err != nil {
 		return nil, fmt.Errorf("register health controller: %w", err)
 	}
 

@@ -2,6 +2,7 @@ package omni_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"testing"
 	"time"
@@ -51,7 +52,7 @@ func TestControllerRegistersAndHeartbeats(t *testing.T) {
 	require.Contains(t, ps.Metadata().Labels().Raw(), omnires.LabelIsStaticInfraProvider)
 	require.Equal(t, "Outpost", ps.TypedSpec().Value.Name)
 
-	rt, err := conn.NewRuntime()
+	rt, err := conn.NewRuntime(func(context.Context) error { return errors.New("no site connected") })
 	require.NoError(t, err)
 
 	rctx, rcancel := context.WithCancel(ctx)
@@ -73,7 +74,7 @@ func TestControllerRegistersAndHeartbeats(t *testing.T) {
 			first = hb
 		}
 
-		return hb.After(first), nil
+		return hb.After(first) && hs.TypedSpec().Value.Error == "no site connected", nil
 	}))
 	require.NoError(t, err)
 

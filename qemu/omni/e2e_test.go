@@ -44,7 +44,7 @@ func runController(t *testing.T, s *standIn, edge *lifecycletest.FakeEdge) (stop
 	})
 	require.NoError(t, err)
 
-	rt, err := conn.NewRuntime(ctrls...)
+	rt, err := conn.NewRuntime(nil, ctrls...)
 	require.NoError(t, err)
 
 	done := make(chan error, 1)
