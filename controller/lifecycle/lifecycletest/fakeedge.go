@@ -305,9 +305,13 @@ func (f *FakeEdge) Hello(_ context.Context, site, id string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 
-	_, err := f.agentMachine(site, id)
+	if _, err := f.agentMachine(site, id); err != nil {
+		return err
+	}
 
-	return err
+	f.record(id, "Hello")
+
+	return nil
 }
 
 // GetPowerManagement implements lifecycle.AgentClient.
