@@ -155,7 +155,7 @@ func TestProviderIsScoped(t *testing.T) {
 		{name: "own provider status", ok: true, do: func() error { return prov.Create(ctx, infra.NewProviderStatus("bare-metal")) }},
 		{name: "other provider status", do: func() error { return prov.Create(ctx, infra.NewProviderStatus("other")) }},
 		{name: "create infra machine", do: func() error { return prov.Create(ctx, infra.NewMachine("x")) }},
-		{name: "write infra machine status", ok: true, do: func() error { return prov.Create(ctx, infra.NewMachineStatus("x")) }},
+		{name: "status of an unknown machine", do: func() error { return prov.Create(ctx, infra.NewMachineStatus("x")) }},
 		{name: "read default namespace", do: func() error {
 			_, err := prov.List(ctx, siderolink.NewLink("", nil).Metadata())
 
@@ -187,6 +187,7 @@ func TestProviderIsScoped(t *testing.T) {
 	_, err = safe.StateWatchFor[*infra.Machine](ctx, s.State(), infra.NewMachine("m-1").Metadata(), state.WithEventTypes(state.Created))
 	require.NoError(t, err)
 	require.NoError(t, prov.AddFinalizer(ctx, infra.NewMachine("m-1").Metadata(), "outpost"))
+	require.NoError(t, prov.Create(ctx, infra.NewMachineStatus("m-1")), "status of its own machine")
 
 	_, err = safe.StateUpdateWithConflicts(ctx, prov, infra.NewMachine("m-1").Metadata(), func(m *infra.Machine) error {
 		m.TypedSpec().Value.Cordoned = true
