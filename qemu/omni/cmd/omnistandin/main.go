@@ -1,5 +1,15 @@
 // Command omnistandin runs the Omni stand-in and performs user actions on it (accept, allocate, release, ...)
 // by writing Omni's resources with the admin service account, as Omni's UI does.
+//
+//	omnistandin serve --listen 127.0.0.1:8099 --state-dir /tmp/omni --key-dir /tmp/omni/keys
+//	export OMNI_ENDPOINT=grpc://127.0.0.1:8099 OMNI_ADMIN_KEY=@/tmp/omni/keys/admin.key
+//	OMNI_SERVICE_ACCOUNT_KEY=$(cat /tmp/omni/keys/provider.key) controller ...   # the controller's key
+//	omnistandin provision <uuid>        # a machine joins (what its agent does over SideroLink)
+//	omnistandin accept <uuid>
+//	omnistandin allocate <uuid> --talos-version v1.11.0 --extensions siderolabs/iscsi-tools
+//	omnistandin install-event <uuid>    # Talos reported installed
+//	omnistandin release <uuid>          # new wipe ID
+//	omnistandin list
 package main
 
 import (
