@@ -1,5 +1,7 @@
-// Package bootplans computes and delivers per-machine boot plans: what the site's edge answers when a machine
-// network-boots (agent mode, Talos install, boot from disk, or deny). This file holds the computation.
+// Boot-plan computation: what the site's edge answers when a machine network-boots (agent mode, Talos install,
+// boot from disk, or deny), decided from the lifecycle state as a static Omni provider must.
+// (The package comment lives in receiver.go, the other half of this package.)
+
 package bootplans
 
 import (

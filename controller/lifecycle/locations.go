@@ -108,3 +108,10 @@ func (l *Locations) Locate(machineID string) (Location, bool) {
 
 	return *cur, true
 }
+
+// SiteOf returns the site machineID was last seen at (the machineaccess.Locator shape).
+func (l *Locations) SiteOf(machineID string) (string, bool) {
+	loc, ok := l.Locate(machineID)
+
+	return loc.SiteID, ok
+}
