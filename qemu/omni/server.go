@@ -220,7 +220,7 @@ func (s *Server) seed(ctx context.Context, advertise string) error {
 		return fmt.Errorf("seed sysversion: %w", err)
 	}
 
-	jc, err := providerJoinConfig(s.cfg.ProviderID, s.token, advertise)
+	jc, err := providerJoinConfig(s.cfg.ProviderID, s.token, advertise, s.cfg.TLSCertificate != nil)
 	if err != nil {
 		return err
 	}
