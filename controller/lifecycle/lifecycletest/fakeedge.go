@@ -38,7 +38,7 @@ type FakeEdge struct {
 	offline  map[string]bool
 	version  uint64
 	log      []string
-	holdAck  chan struct{} // when non-nil, Push waits for it before acknowledging
+	holdAck  chan struct{}   // when non-nil, Push waits for it before acknowledging
 	dropAt   map[string]bool // sites that go offline right after their next acknowledgement
 }
 
