@@ -296,3 +296,25 @@ func TestManagerWrongPasswordIsNotRevealed(t *testing.T) {
 		require.False(t, strings.Contains(err.Error(), "wrong-password"))
 	}
 }
+
+func TestManagerRateLimitsOneBMC(t *testing.T) {
+	t.Parallel()
+
+	mach := newMachine(t, false)
+	other := newMachine(t, false)
+	mgr := newManager(t, func(c *bmc.Config) { c.RatePerSecond, c.Burst = 10, 1 }, nil)
+
+	start := time.Now()
+
+	for range 6 {
+		_, err := mgr.PowerStatus(t.Context(), mach.target(bmc.ProtocolIPMI), creds)
+		require.NoError(t, err)
+	}
+
+	// Six operations at 10/s with a burst of one cannot finish in less than half a second.
+	require.GreaterOrEqual(t, time.Since(start), 500*time.Millisecond)
+
+	// The limit is per BMC: another BMC's first call does not wait.
+	_, err := mgr.PowerStatus(t.Context(), other.target(bmc.ProtocolIPMI), creds)
+	require.NoError(t, err)
+}
