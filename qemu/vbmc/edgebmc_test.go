@@ -318,3 +318,21 @@ func TestManagerRateLimitsOneBMC(t *testing.T) {
 	_, err := mgr.PowerStatus(t.Context(), other.target(bmc.ProtocolIPMI), creds)
 	require.NoError(t, err)
 }
+
+func TestManagerRecoversFromExpiredRedfishSession(t *testing.T) {
+	t.Parallel()
+
+	mach := newMachine(t, false)
+	mgr := newManager(t, nil, nil)
+	tgt := mach.target(bmc.ProtocolRedfish)
+
+	_, err := mgr.PowerStatus(t.Context(), tgt, creds)
+	require.NoError(t, err)
+
+	mach.rf.ExpireSessions()
+
+	// The reused session is refused; the manager logs in again once and the call succeeds.
+	require.NoError(t, mgr.PowerOn(t.Context(), tgt, creds))
+	require.True(t, mach.ch.PowerState())
+	require.Equal(t, 2, mach.rf.SessionsCreated())
+}

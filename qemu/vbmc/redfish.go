@@ -63,6 +63,14 @@ func (r *Redfish) SessionsCreated() int {
 	return r.created
 }
 
+// ExpireSessions forgets every session, as a BMC does after its session timeout or a reboot.
+func (r *Redfish) ExpireSessions() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	clear(r.sessions)
+}
+
 // ServeHTTP implements http.Handler.
 func (r *Redfish) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	path := strings.TrimSuffix(req.URL.Path, "/")
