@@ -336,3 +336,58 @@ func TestManagerRecoversFromExpiredRedfishSession(t *testing.T) {
 	require.True(t, mach.ch.PowerState())
 	require.Equal(t, 2, mach.rf.SessionsCreated())
 }
+
+func TestManagerSendsBootModeOnlyWhenItChanges(t *testing.T) {
+	t.Parallel()
+
+	mach := newMachine(t, false)
+	mgr := newManager(t, nil, nil)
+	tgt := mach.target(bmc.ProtocolRedfish)
+
+	for _, step := range []struct {
+		mode  bmc.BootMode
+		patch int
+	}{
+		{mode: bmc.BootModeBIOS, patch: 0}, // the system is in Legacy mode already
+		{mode: bmc.BootModeUEFI, patch: 1},
+		{mode: bmc.BootModeUEFI, patch: 1},
+		{mode: bmc.BootModeBIOS, patch: 2},
+	} {
+		require.NoError(t, mgr.SetPXEOnce(t.Context(), tgt, creds, step.mode))
+		require.Equal(t, step.patch, mach.rf.ModePatches(), "mode %s", step.mode)
+	}
+}
+
+func TestIPMICipherSuiteFallback(t *testing.T) {
+	t.Parallel()
+
+	// A BMC that only accepts cipher suite 3.
+	ch := vbmc.NewChassis()
+	b, err := vbmc.NewIPMI(ch, user, password, 3)
+	require.NoError(t, err)
+
+	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+
+	go func() { done <- b.Serve(ctx, conn) }()
+
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+
+	tgt := bmc.Target{Host: "127.0.0.1", IPMIPort: conn.LocalAddr().(*net.UDPAddr).Port, Protocol: bmc.ProtocolIPMI} //nolint:forcetypeassert
+
+	// Default: 17, then 3.
+	_, err = newManager(t, nil, nil).PowerStatus(t.Context(), tgt, creds)
+	require.NoError(t, err)
+
+	// Configured for 17 only: refused.
+	_, err = newManager(t, func(c *bmc.Config) {
+		c.IPMICipherSuites = []uint8{17}
+		c.CallTimeout = 2 * time.Second
+		c.ProbeTimeout = time.Second
+		c.IPMIExchangeTimeout = 300 * time.Millisecond
+	}, nil).PowerStatus(t.Context(), tgt, creds)
+	require.ErrorContains(t, err, "cipher suite id (17)")
+}

@@ -40,6 +40,16 @@ type Redfish struct {
 	nextID   int
 	version  int // bumps on every change of the system; the ETag
 	created  int
+	modes    int // PATCHes that named BootSourceOverrideMode
+}
+
+// ModePatches returns how many PATCHes named BootSourceOverrideMode (clients should send it only
+// when it changes: some BMCs refuse it otherwise).
+func (r *Redfish) ModePatches() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	return r.modes
 }
 
 // NewRedfish returns an emulator for ch.
@@ -268,6 +278,10 @@ func (r *Redfish) patchBoot(w http.ResponseWriter, req *http.Request) {
 	}
 
 	if b.BootSourceOverrideMode != nil {
+		r.mu.Lock()
+		r.modes++
+		r.mu.Unlock()
+
 		switch *b.BootSourceOverrideMode {
 		case "Legacy":
 			o.Mode = ModeBIOS
