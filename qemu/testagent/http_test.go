@@ -3,6 +3,7 @@ package testagent_test
 import (
 	"net"
 	"net/http"
+	"sync"
 	"time"
 )
 
@@ -10,6 +11,7 @@ import (
 type httpServer struct {
 	srv  *http.Server
 	done chan struct{}
+	once sync.Once
 }
 
 func (h *httpServer) start(ln net.Listener, handler http.Handler) {
@@ -24,6 +26,8 @@ func (h *httpServer) start(ln net.Listener, handler http.Handler) {
 }
 
 func (h *httpServer) stop() {
-	h.srv.Close() //nolint:errcheck
-	<-h.done
+	h.once.Do(func() {
+		h.srv.Close() //nolint:errcheck
+		<-h.done
+	})
 }

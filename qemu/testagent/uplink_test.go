@@ -104,7 +104,7 @@ type site struct {
 	access     *machineaccess.Client
 }
 
-func startSite(t testing.TB, log *zap.Logger) *site {
+func startSite(t testing.TB, log *zap.Logger, mutate func(*bmc.Config), now func() time.Time) *site {
 	t.Helper()
 
 	ev := &tunnelEvents{}
@@ -114,7 +114,11 @@ func startSite(t testing.TB, log *zap.Logger) *site {
 	cfg.CallTimeout = 5 * time.Second
 	cfg.RatePerSecond, cfg.Burst = 100, 10
 
-	mgr, err := bmc.New(cfg, log, nil)
+	if mutate != nil {
+		mutate(&cfg)
+	}
+
+	mgr, err := bmc.New(cfg, log, now)
 	require.NoError(t, err)
 	t.Cleanup(mgr.Close)
 
@@ -172,7 +176,7 @@ func startAgent(t testing.TB, s *site, log *zap.Logger, cfg testagent.Config) (s
 // uplink, then scans every log line of the run for the BMC password.
 func TestOverUplink(t *testing.T) {
 	log, logs := newLogger(t)
-	s := startSite(t, log)
+	s := startSite(t, log, nil, nil)
 
 	dir := t.TempDir()
 	disk := filepath.Join(dir, "sda")
@@ -319,7 +323,22 @@ func startRedfish(t testing.TB, ch *vbmc.Chassis, user, password string) string 
 	srv.start(ln, vbmc.NewRedfish(ch, vbmc.RedfishOptions{User: user, Password: password}))
 	t.Cleanup(srv.stop)
 
-	return "http://" + ln.Addr().String()
+	url := "http://" + ln.Addr().String()
+
+	redfishServers.Store(url, srv)
+
+	return url
+}
+
+// redfishServers maps a started emulator's URL to its server, for stopRedfish.
+var redfishServers sync.Map
+
+func stopRedfish(t testing.TB, url string) {
+	t.Helper()
+
+	srv, ok := redfishServers.Load(url)
+	require.True(t, ok)
+	srv.(*httpServer).stop() //nolint:forcetypeassert
 }
 
 // BenchmarkHelloOverUplink compares Hello controller -> uplink -> edge -> tunnel -> agent with a
@@ -327,7 +346,7 @@ func startRedfish(t testing.TB, ch *vbmc.Chassis, user, password string) string 
 func BenchmarkHelloOverUplink(b *testing.B) {
 	log := zap.NewNop()
 
-	s := startSite(b, log)
+	s := startSite(b, log, nil, nil)
 	startAgent(b, s, log, testagent.Config{})
 
 	for _, bc := range []struct {
