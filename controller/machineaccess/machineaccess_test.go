@@ -77,7 +77,10 @@ func TestAgentRouting(t *testing.T) {
 			rec := &recorder{}
 			c := newClient(rec, tc.offline)
 
-			_, err := c.Agent(tc.site, tc.machine).Hello(t.Context(), &agentpb.HelloRequest{})
+			// A stray machine-id on the caller's context is replaced, not added to.
+			ctx := metadata.AppendToOutgoingContext(t.Context(), machineaccess.MachineIDKey, there)
+
+			_, err := c.Agent(tc.site, tc.machine).Hello(ctx, &agentpb.HelloRequest{})
 			require.Equal(t, tc.code, status.Code(err), "%v", err)
 
 			_, bmcErr := c.BMC(tc.site, tc.machine, &bmcpb.Target{Host: "10.0.0.1"}).PowerStatus(t.Context())
