@@ -36,8 +36,14 @@ type machine struct {
 func newMachine(t *testing.T, ami bool, opts ...vbmc.ChassisOption) *machine {
 	t.Helper()
 
+	return newMachineWith(t, vbmc.RedfishOptions{User: user, Password: password, AMI: ami}, opts...)
+}
+
+func newMachineWith(t *testing.T, rfOpts vbmc.RedfishOptions, opts ...vbmc.ChassisOption) *machine {
+	t.Helper()
+
 	ch := vbmc.NewChassis(opts...)
-	rf := vbmc.NewRedfish(ch, vbmc.RedfishOptions{User: user, Password: password, AMI: ami})
+	rf := vbmc.NewRedfish(ch, rfOpts)
 	srv := httptest.NewServer(rf)
 	t.Cleanup(srv.Close)
 
@@ -72,19 +78,21 @@ func TestManagerOperations(t *testing.T) {
 	t.Parallel()
 
 	for _, tc := range []struct {
-		name  string
-		ami   bool
-		proto bmc.Protocol
-		want  bmc.Protocol
+		name    string
+		ami     bool
+		pending bool
+		proto   bmc.Protocol
+		want    bmc.Protocol
 	}{
 		{name: "ipmi", proto: bmc.ProtocolIPMI, want: bmc.ProtocolIPMI},
 		{name: "redfish probed", proto: bmc.ProtocolAuto, want: bmc.ProtocolRedfish},
 		{name: "redfish ami settings object", ami: true, proto: bmc.ProtocolAuto, want: bmc.ProtocolRedfish},
+		{name: "redfish ami applied at reset", ami: true, pending: true, proto: bmc.ProtocolAuto, want: bmc.ProtocolRedfish},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 
-			mach := newMachine(t, tc.ami)
+			mach := newMachineWith(t, vbmc.RedfishOptions{User: user, Password: password, AMI: tc.ami, ApplyOnReset: tc.pending})
 			mgr := newManager(t, nil, nil)
 			tgt := mach.target(tc.proto)
 			ctx := t.Context()
