@@ -195,6 +195,7 @@ func (p *Planner) Plan(ctx context.Context, siteID string, m Machine) (Plan, err
 		}
 
 		args := []string{
+			"talos.platform=metal",
 			"talos.config=" + s.ConfigURL + "?u=${uuid}",
 			"metal.provider.address=" + s.AgentAddress,
 		}
@@ -205,7 +206,7 @@ func (p *Planner) Plan(ctx context.Context, siteID string, m Machine) (Plan, err
 
 		profile = assets.Profile{TalosVersion: p.cfg.AgentTalosVersion, Extensions: p.cfg.AgentExtensions, KernelArgs: append(args, extra...), Arch: m.Arch}
 	case ModeInstall:
-		var args []string
+		args := []string{"talos.platform=metal"}
 		if p.cfg.Console != "" {
 			args = append(args, "console="+p.cfg.Console)
 		}

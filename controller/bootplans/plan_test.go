@@ -65,7 +65,7 @@ func TestPlanner(t *testing.T) {
 	agent, err := p.Plan(ctx, "site-a", bootplans.Machine{ID: "m1", ExtraKernelArgs: "foo=bar  baz"})
 	require.NoError(t, err)
 	require.Equal(t, bootplans.ModeAgent, agent.Mode)
-	require.Equal(t, []string{"talos.config=http://site-a/config?u=${uuid}", "metal.provider.address=site-a:8081", "console=ttyS0,115200", "foo=bar", "baz"}, agent.KernelArgs)
+	require.Equal(t, []string{"talos.platform=metal", "talos.config=http://site-a/config?u=${uuid}", "metal.provider.address=site-a:8081", "console=ttyS0,115200", "foo=bar", "baz"}, agent.KernelArgs)
 	require.Equal(t, []string{"siderolabs/metal-agent"}, res.last.Extensions)
 	require.Equal(t, "amd64", res.last.Arch)
 

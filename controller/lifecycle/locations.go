@@ -55,7 +55,12 @@ func (l *Locations) Seen(siteID, machineID string) (moved bool, err error) {
 			zap.String("from_site", cur.SiteID), zap.String("to_site", siteID))
 	}
 
-	l.machines[machineID] = &Location{SiteID: siteID}
+	next := &Location{SiteID: siteID}
+	if ok {
+		next.Arch = cur.Arch
+	}
+
+	l.machines[machineID] = next
 
 	return ok, nil
 }
@@ -82,6 +87,25 @@ func (l *Locations) AgentConnected(siteID, machineID string, connected bool) err
 	cur.AgentConnected = connected
 
 	return nil
+}
+
+// SetArch records the architecture a machine's network boot reported (iPXE ${buildarch}: x86_64, arm64).
+func (l *Locations) SetArch(machineID, arch string) {
+	switch arch {
+	case "x86_64", "i386", "amd64":
+		arch = "amd64"
+	case "arm64", "aarch64":
+		arch = "arm64"
+	default:
+		return
+	}
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+
+	if cur, ok := l.machines[machineID]; ok {
+		cur.Arch = arch
+	}
 }
 
 // SiteOffline forgets the agent tunnels of a site whose session ended (they ended with it); locations stay.

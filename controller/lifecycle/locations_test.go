@@ -41,6 +41,11 @@ func TestLocations(t *testing.T) {
 	l.SiteOffline("site-b")
 	require.Equal(t, lifecycle.Location{SiteID: "site-b"}, must(l.Locate(id)))
 
+	l.SetArch(id, "aarch64")
+	require.Equal(t, "arm64", must(l.Locate(id)).Arch)
+	l.SetArch(id, "mips")
+	require.Equal(t, "arm64", must(l.Locate(id)).Arch, "unknown arch ignored")
+
 	for _, bad := range []string{"", "../../etc", "m1", "4c4c4544-0042-3510-8052-b4c04f38483"} {
 		_, err = l.Seen("site-a", bad)
 		require.ErrorIs(t, err, lifecycle.ErrBadMachineID, bad)

@@ -15,6 +15,7 @@ import (
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/cosi-project/runtime/pkg/state"
 	"github.com/siderolabs/go-api-signature/pkg/serviceaccount"
+	"github.com/siderolabs/omni/client/pkg/access"
 	"github.com/siderolabs/omni/client/pkg/client"
 	clientomni "github.com/siderolabs/omni/client/pkg/client/omni"
 	"github.com/siderolabs/omni/client/pkg/infra/controllers"
@@ -90,12 +91,18 @@ func (c Config) Validate() error {
 		return errors.New("service-account key is empty (set OMNI_SERVICE_ACCOUNT_KEY)")
 	}
 
-	if _, err = serviceaccount.Decode(c.ServiceAccountKey); err != nil {
+	sa, err := serviceaccount.Decode(c.ServiceAccountKey)
+	if err != nil {
 		return fmt.Errorf("%w: cannot decode it: %w", ErrBadKey, err)
 	}
 
 	if c.ProviderID == "" {
 		return errors.New("provider ID is empty")
+	}
+
+	// an infra provider's key names it: <id>@infra-provider.serviceaccount.omni.sidero.dev
+	if acct, ok := access.ParseServiceAccountFromFullID(sa.Name); ok && acct.IsInfraProvider && acct.BaseName != c.ProviderID {
+		return fmt.Errorf("%w: the key is for provider %q, the configured provider ID is %q", ErrWrongProviderID, acct.BaseName, c.ProviderID)
 	}
 
 	if c.RetryMin <= 0 || c.RetryMax < c.RetryMin {

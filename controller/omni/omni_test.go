@@ -14,10 +14,10 @@ import (
 func TestConfigValidate(t *testing.T) {
 	t.Parallel()
 
-	key, err := pgp.GenerateKey("p@infra-provider.serviceaccount.omni.sidero.dev", "", "p@infra-provider.serviceaccount.omni.sidero.dev", time.Hour)
+	key, err := pgp.GenerateKey("bare-metal@infra-provider.serviceaccount.omni.sidero.dev", "", "bare-metal@infra-provider.serviceaccount.omni.sidero.dev", time.Hour)
 	require.NoError(t, err)
 
-	enc, err := serviceaccount.Encode("p@infra-provider.serviceaccount.omni.sidero.dev", key)
+	enc, err := serviceaccount.Encode("bare-metal@infra-provider.serviceaccount.omni.sidero.dev", key)
 	require.NoError(t, err)
 
 	good := omni.Default()
@@ -36,6 +36,7 @@ func TestConfigValidate(t *testing.T) {
 		{name: "no key", mod: func(c *omni.Config) { c.ServiceAccountKey = "" }},
 		{name: "garbage key", is: omni.ErrBadKey, mod: func(c *omni.Config) { c.ServiceAccountKey = "!!!" }},
 		{name: "no provider id", mod: func(c *omni.Config) { c.ProviderID = "" }},
+		{name: "key of another provider", is: omni.ErrWrongProviderID, mod: func(c *omni.Config) { c.ProviderID = "other" }},
 		{name: "bad backoff", mod: func(c *omni.Config) { c.RetryMax = c.RetryMin / 2 }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

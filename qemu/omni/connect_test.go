@@ -128,6 +128,7 @@ func TestControllerStartUpErrors(t *testing.T) {
 
 			_, err := controlleromni.Connect(ctx, cfg, zaptest.NewLogger(t))
 			require.ErrorIs(t, err, tc.want)
+			t.Log(err)
 		})
 	}
 }
