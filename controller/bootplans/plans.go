@@ -1,0 +1,246 @@
+package bootplans
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+)
+
+// Plans holds the desired boot table of every site and keeps each connected edge in sync: a full snapshot
+// when a session starts, then deltas, each acknowledged by the edge once persisted.
+type Plans struct {
+	log *zap.Logger
+	now func() time.Time
+
+	mu    sync.Mutex
+	sites map[string]*siteState
+}
+
+type siteState struct {
+	desired *bootpb.Table
+	// acked is the last table the edge acknowledged in the current or last session.
+	acked *bootpb.Table
+	// changed is closed and replaced whenever desired or acked changes.
+	changed chan struct{}
+}
+
+// NewPlans returns an empty Plans. now stamps versions (nil means time.Now).
+func NewPlans(logger *zap.Logger, now func() time.Time) *Plans {
+	if now == nil {
+		now = time.Now
+	}
+
+	return &Plans{log: logger.With(zap.String("component", "bootplans")), now: now, sites: map[string]*siteState{}}
+}
+
+func (p *Plans) state(site string) *siteState {
+	st, ok := p.sites[site]
+	if !ok {
+		st = &siteState{changed: make(chan struct{})}
+		p.sites[site] = st
+	}
+
+	return st
+}
+
+func (st *siteState) notify() {
+	close(st.changed)
+	st.changed = make(chan struct{})
+}
+
+// Set makes tbl the site's desired table and returns its version. Versions come from the clock and
+// always increase, so they keep increasing across controller restarts.
+func (p *Plans) Set(site string, tbl *bootpb.Table) uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+
+	st := p.state(site)
+	next := proto.Clone(tbl).(*bootpb.Table) //nolint:forcetypeassert
+
+	v := uint64(p.now().UnixNano()) //nolint:gosec
+	if st.desired != nil && v <= st.desired.GetVersion() {
+		v = st.desired.GetVersion() + 1
+	}
+
+	next.Version = v
+	st.desired = next
+	st.notify()
+
+	return v
+}
+
+// AckedVersion returns the version the site's edge last acknowledged (0 for none).
+func (p *Plans) AckedVersion(site string) uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+
+	return p.state(site).acked.GetVersion()
+}
+
+// WaitAcked blocks until the site's edge has acknowledged version (or a later one) or ctx ends.
+// Power actions that depend on a new plan wait here.
+func (p *Plans) WaitAcked(ctx context.Context, site string, version uint64) error {
+	for {
+		p.mu.Lock()
+		st := p.state(site)
+		acked, ch := st.acked.GetVersion(), st.changed
+		p.mu.Unlock()
+
+		if acked >= version {
+			return nil
+		}
+
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for site %s to acknowledge boot table %d: %w", site, version, ctx.Err())
+		case <-ch:
+		}
+	}
+}
+
+// OnSession keeps the edge behind conn in sync until ctx ends (it fits sites.Options.OnSession).
+func (p *Plans) OnSession(ctx context.Context, site string, conn grpc.ClientConnInterface) error {
+	client := bootpb.NewBootPlansClient(conn)
+
+	var edge *bootpb.Table // what the edge holds, as far as this session knows; nil forces a snapshot
+
+	for {
+		p.mu.Lock()
+		st := p.state(site)
+		desired, ch := st.desired, st.changed
+		p.mu.Unlock()
+
+		if desired != nil && desired.GetVersion() != edge.GetVersion() {
+			req := &bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Snapshot{Snapshot: desired}}
+			if edge != nil {
+				req = &bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Delta{Delta: Diff(edge, desired)}}
+			}
+
+			resp, err := client.Apply(ctx, req)
+
+			switch {
+			case ctx.Err() != nil:
+				return nil
+			case status.Code(err) == codes.FailedPrecondition:
+				edge = nil // out of step: the next round sends a snapshot
+
+				continue
+			case err != nil:
+				return fmt.Errorf("push boot table %d to site %s: %w", desired.GetVersion(), site, err)
+			}
+
+			if resp.GetVersion() != desired.GetVersion() {
+				return fmt.Errorf("site %s acknowledged version %d, sent %d", site, resp.GetVersion(), desired.GetVersion())
+			}
+
+			edge = desired
+
+			p.mu.Lock()
+			st.acked = desired
+			st.notify()
+			p.mu.Unlock()
+
+			p.log.Info("boot table acknowledged", zap.String("site", site), zap.Uint64("version", desired.GetVersion()),
+				zap.Bool("snapshot", req.GetSnapshot() != nil))
+
+			continue
+		}
+
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ch:
+		}
+	}
+}
+
+// Push sends tbl as a snapshot to the edge behind conn and returns the acknowledged version (for tests and CLI use).
+func Push(ctx context.Context, conn grpc.ClientConnInterface, tbl *bootpb.Table) (uint64, error) {
+	resp, err := bootpb.NewBootPlansClient(conn).Apply(ctx, &bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Snapshot{Snapshot: tbl}})
+	if err != nil {
+		return 0, fmt.Errorf("push boot table %d: %w", tbl.GetVersion(), err)
+	}
+
+	if resp.GetVersion() != tbl.GetVersion() {
+		return resp.GetVersion(), errors.New("edge acknowledged a different version")
+	}
+
+	return resp.GetVersion(), nil
+}
+
+// Diff returns the delta that turns from into to.
+func Diff(from, to *bootpb.Table) *bootpb.Delta {
+	d := &bootpb.Delta{BaseVersion: from.GetVersion(), Version: to.GetVersion()}
+
+	old := map[string]*bootpb.Plan{}
+	for _, pl := range from.GetPlans() {
+		old[pl.GetUuid()] = pl
+	}
+
+	seen := map[string]bool{}
+
+	for _, pl := range to.GetPlans() {
+		seen[pl.GetUuid()] = true
+		if o, ok := old[pl.GetUuid()]; !ok || !proto.Equal(o, pl) {
+			d.Upsert = append(d.Upsert, pl)
+		}
+	}
+
+	for _, pl := range from.GetPlans() {
+		if !seen[pl.GetUuid()] {
+			d.Remove = append(d.Remove, pl.GetUuid())
+		}
+	}
+
+	if !kernelMapsEqual(from.GetAgent(), to.GetAgent()) {
+		d.Agent, d.ReplaceAgent = to.GetAgent(), true
+	}
+
+	if !stringsEqual(from.GetKernelArgs(), to.GetKernelArgs()) {
+		d.KernelArgs, d.ReplaceKernelArgs = to.GetKernelArgs(), true
+	}
+
+	if string(from.GetConfig()) != string(to.GetConfig()) {
+		d.Config, d.ReplaceConfig = to.GetConfig(), true
+	}
+
+	return d
+}
+
+func kernelMapsEqual(a, b map[string]*bootpb.Kernel) bool {
+	if len(a) != len(b) {
+		return false
+	}
+
+	for k, v := range a {
+		if !proto.Equal(v, b[k]) {
+			return false
+		}
+	}
+
+	return true
+}
+
+func stringsEqual(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+
+	return true
+}

@@ -1,0 +1,155 @@
+// Package bootplans is the controller's side of the edge boot service: it receives the edges' event
+// journals (Receiver, the Events service) and pushes each site's boot table to its edge (Plans).
+package bootplans
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+)
+
+// maxJournalID bounds the journal ID an edge may send.
+const maxJournalID = 64
+
+// Handler handles one event of a site. It is called once per (site, journal, sequence), in sequence order.
+type Handler interface {
+	HandleEvent(ctx context.Context, site string, e *bootpb.Event) error
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, site string, e *bootpb.Event) error
+
+// HandleEvent calls f.
+func (f HandlerFunc) HandleEvent(ctx context.Context, site string, e *bootpb.Event) error {
+	return f(ctx, site, e)
+}
+
+// SiteFunc returns the authenticated site of a call (sites.SiteFromContext).
+type SiteFunc func(ctx context.Context) (string, bool)
+
+// Receiver serves the Events service: it hands each new event to the Handler once, in order, and
+// acknowledges by sequence number. Events at or below the acknowledged sequence are duplicates (a resend
+// after a lost acknowledgement) and are skipped.
+type Receiver struct {
+	bootpb.UnimplementedEventsServer
+
+	log     *zap.Logger
+	handler Handler
+	site    SiteFunc
+
+	mu      sync.Mutex
+	streams map[streamKey]*streamState
+}
+
+type streamKey struct{ site, journal string }
+
+type streamState struct {
+	mu    sync.Mutex
+	acked uint64
+}
+
+// NewReceiver returns a Receiver.
+func NewReceiver(logger *zap.Logger, handler Handler, site SiteFunc) *Receiver {
+	return &Receiver{
+		log: logger.With(zap.String("component", "bootplans-events")), handler: handler, site: site,
+		streams: map[streamKey]*streamState{},
+	}
+}
+
+// Register registers the Events service (it fits sites.Options.Register).
+func (r *Receiver) Register(s grpc.ServiceRegistrar) {
+	bootpb.RegisterEventsServer(s, r)
+}
+
+// Acked returns the highest sequence handled for a site's journal.
+func (r *Receiver) Acked(site, journal string) uint64 {
+	st := r.stream(site, journal)
+
+	st.mu.Lock()
+	defer st.mu.Unlock()
+
+	return st.acked
+}
+
+func (r *Receiver) stream(site, journal string) *streamState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	k := streamKey{site, journal}
+
+	st, ok := r.streams[k]
+	if !ok {
+		st = &streamState{}
+		r.streams[k] = st
+	}
+
+	return st
+}
+
+// Publish handles a batch of events from the calling site's edge.
+func (r *Receiver) Publish(ctx context.Context, req *bootpb.PublishRequest) (*bootpb.PublishResponse, error) {
+	site, ok := r.site(ctx)
+	if !ok {
+		return nil, status.Error(codes.Unauthenticated, "no site identity on this call")
+	}
+
+	if id := req.GetJournalId(); id == "" || len(id) > maxJournalID {
+		return nil, status.Errorf(codes.InvalidArgument, "journal id of %d bytes", len(id))
+	}
+
+	for i := 1; i < len(req.GetEvents()); i++ {
+		if req.GetEvents()[i].GetSequence() <= req.GetEvents()[i-1].GetSequence() {
+			return nil, status.Error(codes.InvalidArgument, "events are not in increasing sequence order")
+		}
+	}
+
+	st := r.stream(site, req.GetJournalId())
+
+	// One batch at a time per journal: a replaced session may still be sending.
+	st.mu.Lock()
+	defer st.mu.Unlock()
+
+	for _, e := range req.GetEvents() {
+		seq := e.GetSequence()
+		if seq <= st.acked {
+			continue // duplicate
+		}
+
+		if seq > st.acked+1 && st.acked > 0 {
+			r.log.Warn("gap in edge events (dropped by the edge's bounded journal)",
+				zap.String("site", site), zap.Uint64("after", st.acked), zap.Uint64("next", seq))
+		}
+
+		if err := r.handler.HandleEvent(ctx, site, e); err != nil {
+			// Acknowledge what was handled; the edge resends the rest.
+			r.log.Warn("handling edge event failed", zap.String("site", site), zap.Uint64("sequence", seq), zap.Error(err))
+
+			return &bootpb.PublishResponse{Acked: st.acked}, nil
+		}
+
+		st.acked = seq
+	}
+
+	return &bootpb.PublishResponse{Acked: st.acked}, nil
+}
+
+// String describes an event for logs.
+func String(e *bootpb.Event) string {
+	switch k := e.GetKind().(type) {
+	case *bootpb.Event_DhcpSeen:
+		return fmt.Sprintf("#%d dhcp-seen %s %s", e.GetSequence(), k.DhcpSeen.GetMac(), k.DhcpSeen.GetFirmware())
+	case *bootpb.Event_PxeSeen:
+		return fmt.Sprintf("#%d pxe-seen %s %s", e.GetSequence(), k.PxeSeen.GetRemoteIp(), k.PxeSeen.GetFile())
+	case *bootpb.Event_BootServed:
+		return fmt.Sprintf("#%d boot-served %s %s", e.GetSequence(), k.BootServed.GetUuid(), k.BootServed.GetMode())
+	default:
+		return fmt.Sprintf("#%d unknown", e.GetSequence())
+	}
+}

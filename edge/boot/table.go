@@ -1,0 +1,343 @@
+// Package boot holds the edge's boot table: the per-machine boot plans the controller pushes over the
+// uplink (full snapshot on connect, then versioned deltas), persisted atomically in the state directory and
+// loaded at start so that machines keep booting while the uplink is down. Unknown machines get agent mode.
+package boot
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+	"google.golang.org/protobuf/proto"
+
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/atomicfile"
+)
+
+// FileName is the table's file in the state directory.
+const FileName = "boot-table.pb"
+
+// ErrVersionMismatch is returned when a delta does not apply to the held version.
+var ErrVersionMismatch = errors.New("delta base version does not match the table")
+
+// ErrInvalid is returned for a snapshot or delta that is not well formed.
+var ErrInvalid = errors.New("invalid boot table change")
+
+// Config configures the boot table.
+type Config struct {
+	// StateDir is the directory the table is persisted in.
+	StateDir string `json:"state_dir"`
+}
+
+// Default returns the production defaults.
+func Default() Config {
+	return Config{StateDir: "/var/lib/outpost-edge"}
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	if c.StateDir == "" {
+		return errors.New("state_dir is required")
+	}
+
+	return nil
+}
+
+// Table is the boot table. Reads are lock-free (an immutable snapshot behind an atomic pointer);
+// changes are serialized, persisted, then published.
+type Table struct {
+	path string
+	log  *zap.Logger
+
+	applyMu sync.Mutex
+	cur     atomic.Pointer[snapshot]
+}
+
+type snapshot struct {
+	table  *bootpb.Table
+	byUUID map[string]*bootpb.Plan
+	byMAC  map[string]*bootpb.Plan
+}
+
+// Open loads the table from the state directory (an absent file is an empty table at version 0).
+// A file that does not decode is moved aside and the table starts empty; the returned table is usable either way.
+func Open(cfg Config, logger *zap.Logger) (*Table, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("boot table config: %w", err)
+	}
+
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create state dir: %w", err)
+	}
+
+	t := &Table{path: filepath.Join(cfg.StateDir, FileName), log: logger.With(zap.String("component", "boot-table"))}
+
+	data, err := os.ReadFile(t.path)
+
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		t.cur.Store(index(&bootpb.Table{}))
+	case err != nil:
+		return nil, fmt.Errorf("read boot table: %w", err)
+	default:
+		var tbl bootpb.Table
+		if err := proto.Unmarshal(data, &tbl); err != nil || validateTable(&tbl) != nil {
+			aside := t.path + ".corrupt"
+			if rerr := os.Rename(t.path, aside); rerr != nil {
+				return nil, fmt.Errorf("move corrupt boot table aside: %w", rerr)
+			}
+
+			t.log.Warn("boot table did not decode; moved aside, starting empty", zap.String("moved_to", aside), zap.Error(err))
+			t.cur.Store(index(&bootpb.Table{}))
+		} else {
+			normalizeTable(&tbl)
+			t.cur.Store(index(&tbl))
+			t.log.Info("boot table loaded", zap.Uint64("version", tbl.GetVersion()), zap.Int("plans", len(tbl.GetPlans())))
+		}
+	}
+
+	return t, nil
+}
+
+// Version returns the version held.
+func (t *Table) Version() uint64 {
+	return t.cur.Load().table.GetVersion()
+}
+
+// Apply applies a snapshot or a delta, persists the result and only then makes it visible.
+// It returns the new version (the acknowledgement).
+func (t *Table) Apply(req *bootpb.ApplyRequest) (uint64, error) {
+	t.applyMu.Lock()
+	defer t.applyMu.Unlock()
+
+	cur := t.cur.Load().table
+
+	var next *bootpb.Table
+
+	switch {
+	case req.GetSnapshot() != nil:
+		next = proto.Clone(req.GetSnapshot()).(*bootpb.Table) //nolint:forcetypeassert
+	case req.GetDelta() != nil:
+		d := req.GetDelta()
+		if d.GetBaseVersion() != cur.GetVersion() {
+			return 0, fmt.Errorf("delta from %d to %d on version %d: %w", d.GetBaseVersion(), d.GetVersion(), cur.GetVersion(), ErrVersionMismatch)
+		}
+
+		if d.GetVersion() <= d.GetBaseVersion() {
+			return 0, fmt.Errorf("delta version %d not after %d: %w", d.GetVersion(), d.GetBaseVersion(), ErrInvalid)
+		}
+
+		next = applyDelta(cur, d)
+	default:
+		return 0, fmt.Errorf("neither snapshot nor delta: %w", ErrInvalid)
+	}
+
+	if err := validateTable(next); err != nil {
+		return 0, err
+	}
+
+	normalizeTable(next)
+
+	if err := t.persist(next); err != nil {
+		return 0, err
+	}
+
+	t.cur.Store(index(next))
+	t.log.Info("boot table applied", zap.Uint64("version", next.GetVersion()), zap.Int("plans", len(next.GetPlans())),
+		zap.Bool("snapshot", req.GetSnapshot() != nil))
+
+	return next.GetVersion(), nil
+}
+
+func applyDelta(cur *bootpb.Table, d *bootpb.Delta) *bootpb.Table {
+	next := proto.Clone(cur).(*bootpb.Table) //nolint:forcetypeassert
+	next.Version = d.GetVersion()
+
+	drop := map[string]bool{}
+	for _, u := range d.GetRemove() {
+		drop[NormalizeUUID(u)] = true
+	}
+
+	for _, p := range d.GetUpsert() {
+		drop[NormalizeUUID(p.GetUuid())] = true
+	}
+
+	plans := next.GetPlans()[:0]
+	for _, p := range next.GetPlans() {
+		if !drop[p.GetUuid()] {
+			plans = append(plans, p)
+		}
+	}
+
+	for _, p := range d.GetUpsert() {
+		plans = append(plans, proto.Clone(p).(*bootpb.Plan)) //nolint:forcetypeassert
+	}
+
+	next.Plans = plans
+
+	if d.GetReplaceAgent() {
+		next.Agent = d.GetAgent()
+	}
+
+	if d.GetReplaceKernelArgs() {
+		next.KernelArgs = d.GetKernelArgs()
+	}
+
+	if d.GetReplaceConfig() {
+		next.Config = d.GetConfig()
+	}
+
+	return next
+}
+
+func validateTable(tbl *bootpb.Table) error {
+	seen := map[string]bool{}
+
+	for i, p := range tbl.GetPlans() {
+		u := NormalizeUUID(p.GetUuid())
+		if u == "" {
+			return fmt.Errorf("plan %d has no uuid: %w", i, ErrInvalid)
+		}
+
+		if seen[u] {
+			return fmt.Errorf("plan %s twice: %w", u, ErrInvalid)
+		}
+
+		seen[u] = true
+
+		for _, m := range p.GetMacs() {
+			if _, err := net.ParseMAC(m); err != nil {
+				return fmt.Errorf("plan %s mac %q: %w", u, m, ErrInvalid)
+			}
+		}
+
+		if _, ok := bootpb.Mode_name[int32(p.GetMode())]; !ok {
+			return fmt.Errorf("plan %s mode %d: %w", u, p.GetMode(), ErrInvalid)
+		}
+
+		if p.GetMode() == bootpb.Mode_MODE_INSTALL && p.GetInstall().GetKernelUrl() == "" {
+			return fmt.Errorf("plan %s: install mode without a kernel: %w", u, ErrInvalid)
+		}
+	}
+
+	return nil
+}
+
+func normalizeTable(tbl *bootpb.Table) {
+	for _, p := range tbl.GetPlans() {
+		p.Uuid = NormalizeUUID(p.GetUuid())
+
+		for i, m := range p.GetMacs() {
+			if hw, err := net.ParseMAC(m); err == nil {
+				p.Macs[i] = hw.String()
+			}
+		}
+	}
+}
+
+func index(tbl *bootpb.Table) *snapshot {
+	s := &snapshot{table: tbl, byUUID: map[string]*bootpb.Plan{}, byMAC: map[string]*bootpb.Plan{}}
+
+	for _, p := range tbl.GetPlans() {
+		s.byUUID[p.GetUuid()] = p
+
+		for _, m := range p.GetMacs() {
+			s.byMAC[m] = p
+		}
+	}
+
+	return s
+}
+
+// persist writes the table to a temporary file, syncs it and renames it over the old one,
+// then syncs the directory, so a crash leaves either the old or the new table.
+func (t *Table) persist(tbl *bootpb.Table) error {
+	data, err := proto.Marshal(tbl)
+	if err != nil {
+		return fmt.Errorf("encode boot table: %w", err)
+	}
+
+	if err := atomicfile.Write(t.path, data, 0o600); err != nil {
+		return fmt.Errorf("persist boot table: %w", err)
+	}
+
+	return nil
+}
+
+// NormalizeUUID lower-cases a UUID and strips braces and spaces.
+func NormalizeUUID(u string) string {
+	return strings.ToLower(strings.Trim(strings.TrimSpace(u), "{}"))
+}
+
+// Entry is the resolved plan of one machine, ready to render.
+type Entry struct {
+	// Known is false for a machine the table does not name (it gets agent mode).
+	Known      bool
+	UUID       string
+	Mode       bootpb.Mode
+	DiskMethod bootpb.DiskMethod
+	// Install is set in install mode.
+	Install *bootpb.Kernel
+	// Agent is the table's agent kernel for the requested arch, nil when the table has none.
+	Agent *bootpb.Kernel
+	// KernelArgs are the table-wide args (consoles); empty when the controller sent none.
+	KernelArgs []string
+	// ExtraArgs are the machine's own args, to append after KernelArgs.
+	ExtraArgs []string
+	Version   uint64
+}
+
+// Lookup resolves a machine by UUID, then by MAC. The returned messages must not be modified.
+func (t *Table) Lookup(uuid string, mac net.HardwareAddr, arch string) Entry {
+	s := t.cur.Load()
+	e := Entry{UUID: NormalizeUUID(uuid), Version: s.table.GetVersion(), Agent: s.table.GetAgent()[arch]}
+
+	p := s.find(e.UUID, mac)
+	if p != nil {
+		e.Known = true
+		e.Mode = p.GetMode()
+		e.DiskMethod = p.GetDiskMethod()
+		e.Install = p.GetInstall()
+	}
+
+	e.KernelArgs = s.table.GetKernelArgs()
+	e.ExtraArgs = p.GetExtraArgs()
+
+	return e
+}
+
+func (s *snapshot) find(uuid string, mac net.HardwareAddr) *bootpb.Plan {
+	if uuid != "" {
+		if p, ok := s.byUUID[uuid]; ok {
+			return p
+		}
+	}
+
+	if len(mac) > 0 {
+		return s.byMAC[mac.String()]
+	}
+
+	return nil
+}
+
+// SNPOnly reports whether the machine must get the SNP-only UEFI binary (dhcp.Preferences).
+func (t *Table) SNPOnly(mac net.HardwareAddr, uuid string) bool {
+	return t.cur.Load().find(NormalizeUUID(uuid), mac).GetSnpOnly()
+}
+
+// MachineConfig returns the config to serve at /config for a machine (its own, else the table's);
+// nil when the controller has sent none.
+func (t *Table) MachineConfig(uuid string) []byte {
+	s := t.cur.Load()
+	if p := s.find(NormalizeUUID(uuid), nil); len(p.GetConfig()) > 0 {
+		return p.GetConfig()
+	}
+
+	return s.table.GetConfig()
+}

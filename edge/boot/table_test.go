@@ -1,0 +1,193 @@
+package boot_test
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/outpost-metal/outpost/edge/boot"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+)
+
+const (
+	uuidDisk    = "aaaaaaaa-0000-0000-0000-000000000001"
+	uuidInstall = "aaaaaaaa-0000-0000-0000-000000000002"
+)
+
+func open(t *testing.T, dir string) *boot.Table {
+	t.Helper()
+
+	tbl, err := boot.Open(boot.Config{StateDir: dir}, zaptest.NewLogger(t))
+	require.NoError(t, err)
+
+	return tbl
+}
+
+func snapshot() *bootpb.ApplyRequest {
+	return &bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Snapshot{Snapshot: &bootpb.Table{
+		Version: 5,
+		Plans: []*bootpb.Plan{
+			{Uuid: "AAAAAAAA-0000-0000-0000-000000000001", Macs: []string{"52:54:00:00:00:01"}, Mode: bootpb.Mode_MODE_DISK, DiskMethod: bootpb.DiskMethod_DISK_METHOD_IPXE_SANBOOT, SnpOnly: true},
+			{Uuid: uuidInstall, Mode: bootpb.Mode_MODE_INSTALL, Install: &bootpb.Kernel{KernelUrl: "/assets/talos/vmlinuz"}, ExtraArgs: []string{"talos.platform=metal"}, Config: []byte("own")},
+		},
+		KernelArgs: []string{"console=ttyS0"},
+		Config:     []byte("join-config"),
+	}}}
+}
+
+func TestSnapshotPersistsAndReloads(t *testing.T) {
+	t.Parallel()
+
+	dir := t.TempDir()
+	tbl := open(t, dir)
+	require.Zero(t, tbl.Version())
+
+	v, err := tbl.Apply(snapshot())
+	require.NoError(t, err)
+	require.EqualValues(t, 5, v)
+
+	st, err := os.Stat(filepath.Join(dir, boot.FileName))
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), st.Mode().Perm())
+
+	again := open(t, dir)
+	require.EqualValues(t, 5, again.Version())
+
+	e := again.Lookup(uuidDisk, nil, "x86_64")
+	require.True(t, e.Known)
+	require.Equal(t, bootpb.Mode_MODE_DISK, e.Mode)
+	require.Equal(t, bootpb.DiskMethod_DISK_METHOD_IPXE_SANBOOT, e.DiskMethod)
+}
+
+func TestLookup(t *testing.T) {
+	t.Parallel()
+
+	tbl := open(t, t.TempDir())
+	_, err := tbl.Apply(snapshot())
+	require.NoError(t, err)
+
+	mac1 := net.HardwareAddr{0x52, 0x54, 0, 0, 0, 1}
+
+	for _, tc := range []struct {
+		name  string
+		uuid  string
+		mac   net.HardwareAddr
+		known bool
+		mode  bootpb.Mode
+		args  []string
+		extra []string
+	}{
+		{name: "by uuid, any case", uuid: "{AAAAAAAA-0000-0000-0000-000000000001}", known: true, mode: bootpb.Mode_MODE_DISK, args: []string{"console=ttyS0"}},
+		{name: "by mac", mac: mac1, known: true, mode: bootpb.Mode_MODE_DISK, args: []string{"console=ttyS0"}},
+		{name: "install with extra args", uuid: uuidInstall, known: true, mode: bootpb.Mode_MODE_INSTALL, args: []string{"console=ttyS0"}, extra: []string{"talos.platform=metal"}},
+		{name: "unknown is agent", uuid: "bbbbbbbb-0000-0000-0000-000000000009", mode: bootpb.Mode_MODE_AGENT, args: []string{"console=ttyS0"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+
+			e := tbl.Lookup(tc.uuid, tc.mac, "x86_64")
+			require.Equal(t, tc.known, e.Known)
+			require.Equal(t, tc.mode, e.Mode)
+			require.Equal(t, tc.args, e.KernelArgs)
+			require.Equal(t, tc.extra, e.ExtraArgs)
+			require.EqualValues(t, 5, e.Version)
+		})
+	}
+
+	require.True(t, tbl.SNPOnly(mac1, ""))
+	require.False(t, tbl.SNPOnly(net.HardwareAddr{1, 2, 3, 4, 5, 6}, uuidInstall))
+	require.Equal(t, []byte("own"), tbl.MachineConfig(uuidInstall))
+	require.Equal(t, []byte("join-config"), tbl.MachineConfig(uuidDisk))
+}
+
+func TestDeltas(t *testing.T) {
+	t.Parallel()
+
+	dir := t.TempDir()
+	tbl := open(t, dir)
+	_, err := tbl.Apply(snapshot())
+	require.NoError(t, err)
+
+	delta := func(base, v uint64, upsert []*bootpb.Plan, remove ...string) *bootpb.ApplyRequest {
+		return &bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Delta{Delta: &bootpb.Delta{BaseVersion: base, Version: v, Upsert: upsert, Remove: remove}}}
+	}
+
+	_, err = tbl.Apply(delta(4, 6, nil))
+	require.ErrorIs(t, err, boot.ErrVersionMismatch)
+
+	_, err = tbl.Apply(delta(5, 5, nil))
+	require.ErrorIs(t, err, boot.ErrInvalid)
+
+	v, err := tbl.Apply(delta(5, 6, []*bootpb.Plan{{Uuid: uuidDisk, Mode: bootpb.Mode_MODE_DENY}}, uuidInstall))
+	require.NoError(t, err)
+	require.EqualValues(t, 6, v)
+
+	require.Equal(t, bootpb.Mode_MODE_DENY, tbl.Lookup(uuidDisk, nil, "").Mode)
+	require.False(t, tbl.Lookup(uuidInstall, nil, "").Known)
+
+	_, err = tbl.Apply(&bootpb.ApplyRequest{})
+	require.ErrorIs(t, err, boot.ErrInvalid)
+
+	_, err = tbl.Apply(delta(6, 7, []*bootpb.Plan{{Uuid: "x", Mode: bootpb.Mode_MODE_INSTALL}}))
+	require.ErrorIs(t, err, boot.ErrInvalid, "install without kernel")
+	require.EqualValues(t, 6, tbl.Version(), "a refused change leaves the table")
+
+	require.EqualValues(t, 6, open(t, dir).Version())
+}
+
+func TestCorruptFileMovedAside(t *testing.T) {
+	t.Parallel()
+
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, boot.FileName), []byte("\xff\xff\xff garbage"), 0o600))
+
+	tbl := open(t, dir)
+	require.Zero(t, tbl.Version())
+	require.FileExists(t, filepath.Join(dir, boot.FileName+".corrupt"))
+	require.Equal(t, bootpb.Mode_MODE_AGENT, tbl.Lookup(uuidDisk, nil, "").Mode)
+}
+
+func TestServiceOverGRPC(t *testing.T) {
+	t.Parallel()
+
+	tbl := open(t, t.TempDir())
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+
+	srv := grpc.NewServer()
+	boot.NewService(tbl).Register(srv)
+
+	go srv.Serve(ln) //nolint:errcheck
+	t.Cleanup(srv.Stop)
+
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() }) //nolint:errcheck
+
+	c := bootpb.NewBootPlansClient(conn)
+	ctx := context.Background()
+
+	st, err := c.State(ctx, &bootpb.StateRequest{})
+	require.NoError(t, err)
+	require.Zero(t, st.GetVersion())
+
+	ack, err := c.Apply(ctx, snapshot())
+	require.NoError(t, err)
+	require.EqualValues(t, 5, ack.GetVersion())
+
+	_, err = c.Apply(ctx, &bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Delta{Delta: &bootpb.Delta{BaseVersion: 1, Version: 2}}})
+	require.Equal(t, codes.FailedPrecondition, status.Code(err))
+
+	_, err = c.Apply(ctx, &bootpb.ApplyRequest{})
+	require.Equal(t, codes.InvalidArgument, status.Code(err))
+}

@@ -1,0 +1,376 @@
+package dhcp
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+
+	"github.com/insomniacslk/dhcp/dhcpv4"
+	"github.com/insomniacslk/dhcp/iana"
+)
+
+// Role says which ProxyDHCP port a request arrived on.
+type Role int
+
+const (
+	// RoleDHCP is the broadcast port 67: DISCOVER is answered with OFFER.
+	RoleDHCP Role = iota
+	// RolePXE is the PXE boot-server port 4011: REQUEST is answered with ACK (PXE 2.1 §2.2).
+	RolePXE
+)
+
+// String names the role for logs and metrics.
+func (r Role) String() string {
+	if r == RolePXE {
+		return "pxe"
+	}
+
+	return "dhcp"
+}
+
+// Standard ports (RFC 2131 §4.1, PXE 2.1 §2.2).
+const (
+	ServerPort = 67
+	ClientPort = 68
+	PXEPort    = 4011
+)
+
+// DropReason says why a request got no reply. It is the "reason" label of the drop counter.
+type DropReason string
+
+// Reasons a request is dropped.
+const (
+	DropMalformed        DropReason = "malformed"
+	DropNotRequest       DropReason = "not_bootrequest"
+	DropBadHardware      DropReason = "bad_hardware_address"
+	DropNotPXE           DropReason = "not_pxe"
+	DropBadArch          DropReason = "bad_option_93"
+	DropUnknownArch      DropReason = "unsupported_arch"
+	DropNotBootable      DropReason = "no_boot_file"
+	DropBadUUID          DropReason = "bad_option_97"
+	DropWrongMessageType DropReason = "unexpected_message_type"
+	DropRateLimited      DropReason = "rate_limited"
+	DropQueueFull        DropReason = "queue_full"
+	DropWriteFailed      DropReason = "write_failed"
+)
+
+// BootFiles names the iPXE binaries served over TFTP (and over HTTP under /tftp/).
+type BootFiles struct {
+	// BIOS is for firmware class 0.
+	BIOS string `json:"bios"`
+	// UEFIx86 is the default for UEFI x86 (it carries its own NIC drivers).
+	UEFIx86 string `json:"uefi_x86"`
+	// UEFIx86SNP is for machines whose NIC works only with the firmware's SNP driver.
+	UEFIx86SNP string `json:"uefi_x86_snp"`
+	// UEFIARM64 is for UEFI arm64 (and U-Boot arm64).
+	UEFIARM64 string `json:"uefi_arm64"`
+}
+
+// DefaultBootFiles are the file names Debian's ipxe package uses (arm64 is not packaged there).
+func DefaultBootFiles() BootFiles {
+	return BootFiles{BIOS: "undionly.kpxe", UEFIx86: "ipxe.efi", UEFIx86SNP: "snponly.efi", UEFIARM64: "snp-arm64.efi"}
+}
+
+// Names lists every distinct non-empty file name.
+func (b BootFiles) Names() []string {
+	var out []string
+
+	seen := map[string]bool{}
+
+	for _, n := range []string{b.BIOS, b.UEFIx86, b.UEFIx86SNP, b.UEFIARM64} {
+		if n != "" && !seen[n] {
+			seen[n] = true
+			out = append(out, n)
+		}
+	}
+
+	return out
+}
+
+// File returns the binary for a firmware class; snpOnly picks the SNP-only build for UEFI x86.
+func (b BootFiles) File(f Firmware, snpOnly bool) string {
+	switch f {
+	case FirmwareBIOS:
+		return b.BIOS
+	case FirmwareUEFIx86, FirmwareHTTPx86:
+		if snpOnly && b.UEFIx86SNP != "" {
+			return b.UEFIx86SNP
+		}
+
+		return b.UEFIx86
+	case FirmwareUEFIARM64, FirmwareHTTPARM64:
+		return b.UEFIARM64
+	default:
+		return ""
+	}
+}
+
+// Preferences answers per-machine boot choices. The boot table implements it.
+type Preferences interface {
+	// SNPOnly reports whether the machine must get the SNP-only UEFI binary. uuid may be empty.
+	SNPOnly(mac net.HardwareAddr, uuid string) bool
+}
+
+// Params is what Decide needs besides the request.
+type Params struct {
+	// ServerIP is the edge's address on the clients' network (option 54, siaddr, option 66).
+	ServerIP netip.Addr
+	// HTTPPort is the port of the edge's HTTP server (scripts and HTTP boot).
+	HTTPPort int
+	// Files names the iPXE binaries.
+	Files BootFiles
+	// Bootable reports whether a boot file is actually served; nil means all are.
+	Bootable func(name string) bool
+	// Prefs gives per-machine choices; nil means defaults for everyone.
+	Prefs Preferences
+	// ClientPort and RelayPort are where replies go (68 and 67; tests change them).
+	ClientPort, RelayPort int
+}
+
+// HTTPBase returns "http://<server>[:port]".
+func (p Params) HTTPBase() string {
+	if p.HTTPPort == 0 || p.HTTPPort == 80 {
+		return "http://" + p.ServerIP.String()
+	}
+
+	return "http://" + net.JoinHostPort(p.ServerIP.String(), strconv.Itoa(p.HTTPPort))
+}
+
+// ScriptURL is the URL handed to clients that already run iPXE.
+func (p Params) ScriptURL() string {
+	return p.HTTPBase() + "/ipxe/init.ipxe"
+}
+
+// Decision is the outcome of Decide: a reply and where to send it, or a drop reason.
+type Decision struct {
+	// Reply is nil when the request is dropped.
+	Reply *dhcpv4.DHCPv4
+	// Dest is where Reply goes.
+	Dest netip.AddrPort
+	// Drop says why there is no reply.
+	Drop DropReason
+	// Err details a drop caused by bad input.
+	Err error
+	// The client as far as it could be classified (for events and logs).
+	MAC      net.HardwareAddr
+	Firmware Firmware
+	IPXE     bool
+	UUID     string
+	// BootFile is what the reply advertises (a TFTP name or a URL).
+	BootFile string
+}
+
+// pxeVendorOptions is option 43 with PXE_DISCOVERY_CONTROL (sub-option 6) = 8:
+// "use the boot file in this reply, skip boot-server discovery" (PXE 2.1 §2.4.7).
+var pxeVendorOptions = []byte{6, 1, 8, 255}
+
+// userClassIPXE is the raw option 77 iPXE sends.
+var userClassIPXE = []byte("iPXE")
+
+// Decide answers one ProxyDHCP request given as raw bytes. It never panics on any input.
+func Decide(p Params, role Role, peer netip.AddrPort, raw []byte) Decision {
+	req, err := dhcpv4.FromBytes(raw)
+	if err != nil {
+		return Decision{Drop: DropMalformed, Err: fmt.Errorf("parse dhcp packet: %w", err)}
+	}
+
+	return DecidePacket(p, role, peer, req)
+}
+
+// DecidePacket is Decide on a parsed request.
+func DecidePacket(p Params, role Role, peer netip.AddrPort, req *dhcpv4.DHCPv4) Decision {
+	if req.OpCode != dhcpv4.OpcodeBootRequest {
+		return Decision{Drop: DropNotRequest}
+	}
+
+	if req.HWType != iana.HWTypeEthernet || len(req.ClientHWAddr) != 6 {
+		return Decision{Drop: DropBadHardware, Err: fmt.Errorf("hardware type %d length %d", req.HWType, len(req.ClientHWAddr))}
+	}
+
+	d := Decision{MAC: req.ClientHWAddr}
+
+	archOpt := req.Options.Get(dhcpv4.OptionClientSystemArchitectureType)
+	if archOpt == nil {
+		d.Drop = DropNotPXE
+
+		return d
+	}
+
+	code, err := parseArch(archOpt)
+	if err != nil {
+		d.Drop, d.Err = DropBadArch, err
+
+		return d
+	}
+
+	d.Firmware = FirmwareFromArch(code)
+	if d.Firmware == FirmwareUnknown {
+		d.Drop, d.Err = DropUnknownArch, fmt.Errorf("architecture code %d", code)
+
+		return d
+	}
+
+	guid := req.Options.Get(dhcpv4.OptionClientMachineIdentifier)
+	if guid != nil {
+		uuid, err := parseUUID(guid)
+		if err != nil {
+			d.Drop, d.Err = DropBadUUID, err
+
+			return d
+		}
+
+		d.UUID = uuid
+	}
+
+	var msgType dhcpv4.MessageType
+
+	switch mt := req.MessageType(); {
+	case role == RoleDHCP && mt == dhcpv4.MessageTypeDiscover:
+		msgType = dhcpv4.MessageTypeOffer
+	case role == RolePXE && (mt == dhcpv4.MessageTypeRequest || mt == dhcpv4.MessageTypeInform):
+		msgType = dhcpv4.MessageTypeAck
+	default:
+		d.Drop, d.Err = DropWrongMessageType, fmt.Errorf("message type %s on the %s port", mt, role)
+
+		return d
+	}
+
+	d.IPXE = bytes.Equal(req.Options.Get(dhcpv4.OptionUserClassInformation), userClassIPXE) ||
+		isRFC3004IPXE(req.Options.Get(dhcpv4.OptionUserClassInformation)) ||
+		req.Options.Has(dhcpv4.GenericOptionCode(175))
+
+	snp := p.Prefs != nil && p.Prefs.SNPOnly(req.ClientHWAddr, d.UUID)
+
+	switch {
+	case d.IPXE:
+		// Already iPXE: hand it the script, never the binary again (chainload loop).
+		d.BootFile = p.ScriptURL()
+	case d.Firmware.HTTPBoot():
+		name := p.Files.File(d.Firmware, snp)
+		if name == "" || (p.Bootable != nil && !p.Bootable(name)) {
+			d.Drop = DropNotBootable
+
+			return d
+		}
+
+		d.BootFile = p.HTTPBase() + "/tftp/" + name
+	default:
+		name := p.Files.File(d.Firmware, snp)
+		if name == "" || (p.Bootable != nil && !p.Bootable(name)) {
+			d.Drop = DropNotBootable
+
+			return d
+		}
+
+		d.BootFile = name
+	}
+
+	d.Reply = buildReply(p, req, msgType, d)
+	d.Dest = destination(p, role, peer, req)
+
+	return d
+}
+
+func buildReply(p Params, req *dhcpv4.DHCPv4, msgType dhcpv4.MessageType, d Decision) *dhcpv4.DHCPv4 {
+	server := net.IP(p.ServerIP.AsSlice())
+
+	vendorClass := "PXEClient"
+	if d.Firmware.HTTPBoot() {
+		vendorClass = "HTTPClient"
+	}
+
+	reply := &dhcpv4.DHCPv4{
+		OpCode:         dhcpv4.OpcodeBootReply,
+		HWType:         req.HWType,
+		HopCount:       req.HopCount,
+		TransactionID:  req.TransactionID,
+		Flags:          req.Flags,
+		ClientIPAddr:   req.ClientIPAddr,
+		YourIPAddr:     net.IPv4zero,
+		ServerIPAddr:   server,
+		GatewayIPAddr:  req.GatewayIPAddr,
+		ClientHWAddr:   req.ClientHWAddr,
+		ServerHostName: p.ServerIP.String(),
+		BootFileName:   d.BootFile,
+		Options:        dhcpv4.Options{},
+	}
+
+	reply.UpdateOption(dhcpv4.OptMessageType(msgType))
+	reply.UpdateOption(dhcpv4.OptServerIdentifier(server))
+	reply.UpdateOption(dhcpv4.OptClassIdentifier(vendorClass))
+	reply.UpdateOption(dhcpv4.OptTFTPServerName(p.ServerIP.String()))
+	reply.UpdateOption(dhcpv4.OptBootFileName(d.BootFile))
+
+	if !d.Firmware.HTTPBoot() {
+		reply.UpdateOption(dhcpv4.OptGeneric(dhcpv4.OptionVendorSpecificInformation, pxeVendorOptions))
+	}
+
+	for _, code := range []dhcpv4.OptionCode{dhcpv4.OptionClientMachineIdentifier, dhcpv4.OptionRelayAgentInformation} {
+		if v := req.Options.Get(code); v != nil {
+			reply.UpdateOption(dhcpv4.OptGeneric(code, v))
+		}
+	}
+
+	return reply
+}
+
+// destination picks where the reply goes: the relay when relayed, the client itself on 4011
+// (it has an address by then), else broadcast (yiaddr is 0, so unicast is impossible).
+func destination(p Params, role Role, peer netip.AddrPort, req *dhcpv4.DHCPv4) netip.AddrPort {
+	if gw, ok := netip.AddrFromSlice(req.GatewayIPAddr.To4()); ok && !gw.IsUnspecified() {
+		return netip.AddrPortFrom(gw, uint16(orDefault(p.RelayPort, ServerPort)))
+	}
+
+	if role == RolePXE && peer.IsValid() && !peer.Addr().IsUnspecified() {
+		return peer
+	}
+
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{255, 255, 255, 255}), uint16(orDefault(p.ClientPort, ClientPort)))
+}
+
+func orDefault(v, def int) int {
+	if v == 0 {
+		return def
+	}
+
+	return v
+}
+
+// parseUUID decodes option 97 (RFC 4578 §2.3): type 0 followed by a 16-byte GUID.
+func parseUUID(v []byte) (string, error) {
+	if len(v) != 17 || v[0] != 0 {
+		return "", fmt.Errorf("option 97 of length %d (type %d), want 17 (type 0)", len(v), firstByte(v))
+	}
+
+	g := v[1:]
+
+	return fmt.Sprintf("%x-%x-%x-%x-%x", g[0:4], g[4:6], g[6:8], g[8:10], g[10:16]), nil
+}
+
+func firstByte(v []byte) int {
+	if len(v) == 0 {
+		return -1
+	}
+
+	return int(v[0])
+}
+
+// isRFC3004IPXE matches a user class option in RFC 3004 form holding "iPXE".
+func isRFC3004IPXE(v []byte) bool {
+	for len(v) > 0 {
+		n := int(v[0])
+		if n == 0 || len(v) < 1+n {
+			return false
+		}
+
+		if bytes.Equal(v[1:1+n], userClassIPXE) {
+			return true
+		}
+
+		v = v[1+n:]
+	}
+
+	return false
+}

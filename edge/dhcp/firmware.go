@@ -1,0 +1,98 @@
+// Package dhcp is the edge's ProxyDHCP service: it answers PXE clients on UDP 67 (DISCOVER -> OFFER)
+// and 4011 (REQUEST -> ACK) with the boot file for their firmware, and never hands out addresses.
+//
+// The protocol decision is the pure function Decide (request in, reply or drop reason out);
+// Server wraps it with sockets, a bounded worker pool, a per-MAC rate limit and metrics.
+package dhcp
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// Firmware is the class of boot firmware a client runs, derived from DHCP option 93
+// (RFC 4578 client system architecture; codes from the IANA "Processor Architecture Types" registry).
+type Firmware int
+
+// Firmware classes the edge knows how to boot.
+const (
+	// FirmwareUnknown is an architecture code the edge has no boot file for.
+	FirmwareUnknown Firmware = iota
+	// FirmwareBIOS is legacy x86 PXE (code 0).
+	FirmwareBIOS
+	// FirmwareUEFIx86 is UEFI PXE on x86 (codes 6, 7 and 9; 7 and 9 are both seen for x86-64).
+	FirmwareUEFIx86
+	// FirmwareUEFIARM64 is UEFI PXE on arm64 (11) and U-Boot's EFI on arm64 (22).
+	FirmwareUEFIARM64
+	// FirmwareHTTPx86 is UEFI HTTP boot on x86 (15, 16).
+	FirmwareHTTPx86
+	// FirmwareHTTPARM64 is UEFI HTTP boot on arm64 (19) and U-Boot HTTP on arm64 (24).
+	FirmwareHTTPARM64
+)
+
+// AllFirmware lists the bootable firmware classes in a stable order.
+var AllFirmware = []Firmware{FirmwareBIOS, FirmwareUEFIx86, FirmwareUEFIARM64, FirmwareHTTPx86, FirmwareHTTPARM64}
+
+// String returns the class name used in logs, metrics and events.
+func (f Firmware) String() string {
+	switch f {
+	case FirmwareBIOS:
+		return "bios"
+	case FirmwareUEFIx86:
+		return "uefi-x86"
+	case FirmwareUEFIARM64:
+		return "uefi-arm64"
+	case FirmwareHTTPx86:
+		return "http-x86"
+	case FirmwareHTTPARM64:
+		return "http-arm64"
+	default:
+		return "unknown"
+	}
+}
+
+// HTTPBoot reports whether the class boots from an http:// URL instead of a TFTP file.
+func (f Firmware) HTTPBoot() bool {
+	return f == FirmwareHTTPx86 || f == FirmwareHTTPARM64
+}
+
+// Arch returns the iPXE build architecture name for the class ("i386", "x86_64", "arm64").
+func (f Firmware) Arch() string {
+	switch f {
+	case FirmwareBIOS:
+		return "i386"
+	case FirmwareUEFIx86, FirmwareHTTPx86:
+		return "x86_64"
+	case FirmwareUEFIARM64, FirmwareHTTPARM64:
+		return "arm64"
+	default:
+		return ""
+	}
+}
+
+// FirmwareFromArch maps an option 93 architecture code to a firmware class (RFC 4578 §2.1, IANA registry).
+func FirmwareFromArch(code uint16) Firmware {
+	switch code {
+	case 0:
+		return FirmwareBIOS
+	case 6, 7, 9:
+		return FirmwareUEFIx86
+	case 11, 22:
+		return FirmwareUEFIARM64
+	case 15, 16:
+		return FirmwareHTTPx86
+	case 19, 24:
+		return FirmwareHTTPARM64
+	default:
+		return FirmwareUnknown
+	}
+}
+
+// parseArch reads the first architecture code of an option 93 value (a list of 16-bit codes).
+func parseArch(v []byte) (uint16, error) {
+	if len(v) == 0 || len(v)%2 != 0 {
+		return 0, fmt.Errorf("option 93 length %d is not a positive multiple of 2", len(v))
+	}
+
+	return binary.BigEndian.Uint16(v[:2]), nil
+}

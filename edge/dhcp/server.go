@@ -1,0 +1,481 @@
+package dhcp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+	"golang.org/x/time/rate"
+)
+
+// ErrNothingBootable is returned by New when no firmware class has its boot file available.
+var ErrNothingBootable = errors.New("no firmware class is bootable")
+
+// Config configures the ProxyDHCP server.
+type Config struct {
+	// Interface is the network interface to serve (SO_BINDTODEVICE); empty binds to none (tests only).
+	Interface string `json:"interface"`
+	// ServerIP is the edge's address on that network; empty means the interface's first IPv4 address.
+	ServerIP string `json:"server_ip"`
+	// HTTPPort is the port of the edge's HTTP server.
+	HTTPPort int `json:"http_port"`
+	// Port and PXEPort are the listening ports (67 and 4011).
+	Port    int `json:"port"`
+	PXEPort int `json:"pxe_port"`
+	// Files names the iPXE binaries per firmware class.
+	Files BootFiles `json:"files"`
+	// Workers is the number of goroutines deciding and answering requests.
+	Workers int `json:"workers"`
+	// QueueSize bounds the requests waiting for a worker; beyond it requests are dropped.
+	QueueSize int `json:"queue_size"`
+	// RatePerMAC and RateBurst limit requests per client MAC (a token bucket per MAC).
+	RatePerMAC float64 `json:"rate_per_mac"`
+	RateBurst  int     `json:"rate_burst"`
+	// MaxTrackedMACs bounds the per-MAC state; when full it is reset.
+	MaxTrackedMACs int `json:"max_tracked_macs"`
+	// ClientPort and RelayPort are where replies go (68 and 67); only tests change them.
+	ClientPort int `json:"client_port"`
+	RelayPort  int `json:"relay_port"`
+}
+
+// Default returns the production defaults.
+func Default() Config {
+	return Config{
+		HTTPPort:       80,
+		Port:           ServerPort,
+		PXEPort:        PXEPort,
+		Files:          DefaultBootFiles(),
+		Workers:        4,
+		QueueSize:      1024,
+		RatePerMAC:     5,
+		RateBurst:      10,
+		MaxTrackedMACs: 65536,
+		ClientPort:     ClientPort,
+		RelayPort:      ServerPort,
+	}
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	var errs []error
+
+	if c.ServerIP == "" && c.Interface == "" {
+		errs = append(errs, errors.New("server_ip or interface is required"))
+	}
+
+	if c.ServerIP != "" {
+		if a, err := netip.ParseAddr(c.ServerIP); err != nil || !a.Is4() {
+			errs = append(errs, fmt.Errorf("server_ip %q is not an IPv4 address", c.ServerIP))
+		}
+	}
+
+	for name, p := range map[string]int{
+		"http_port": c.HTTPPort, "port": c.Port, "pxe_port": c.PXEPort, "client_port": c.ClientPort, "relay_port": c.RelayPort,
+	} {
+		if p <= 0 || p > 65535 {
+			errs = append(errs, fmt.Errorf("%s %d out of range", name, p))
+		}
+	}
+
+	if c.Workers <= 0 || c.QueueSize <= 0 || c.RatePerMAC <= 0 || c.RateBurst <= 0 || c.MaxTrackedMACs <= 0 {
+		errs = append(errs, errors.New("workers, queue_size, rate_per_mac, rate_burst and max_tracked_macs must be positive"))
+	}
+
+	if len(c.Files.Names()) == 0 {
+		errs = append(errs, errors.New("no boot files configured"))
+	}
+
+	return errors.Join(errs...)
+}
+
+// Seen describes a PXE client the server answered, for the event journal.
+type Seen struct {
+	MAC      net.HardwareAddr
+	Firmware Firmware
+	IPXE     bool
+	// UUID is from option 97 when the client sent it.
+	UUID string
+	Role Role
+	// Relay is the relay agent's address (giaddr) when relayed.
+	Relay netip.Addr
+}
+
+// Observer is told about answered clients (once per client and class per minute).
+type Observer interface {
+	DHCPSeen(Seen)
+}
+
+// Deps are the server's collaborators; all are optional.
+type Deps struct {
+	// Bootable reports whether a boot file is served (the TFTP catalog); nil means all are.
+	Bootable func(name string) bool
+	// Prefs gives per-machine choices (the boot table).
+	Prefs Preferences
+	// Observer receives client sightings.
+	Observer Observer
+	// Registerer receives the metrics; nil means a private registry.
+	Registerer prometheus.Registerer
+	// Now is the clock (rate limits, event de-duplication).
+	Now func() time.Time
+}
+
+// Server is the ProxyDHCP server.
+type Server struct {
+	cfg    Config
+	params Params
+	log    *zap.Logger
+	deps   Deps
+
+	requests *prometheus.CounterVec
+	replies  *prometheus.CounterVec
+	drops    *prometheus.CounterVec
+
+	nReplies, nDrops atomic.Int64
+
+	mu   sync.Mutex
+	macs map[[6]byte]*macState
+}
+
+type macState struct {
+	limiter  *rate.Limiter
+	lastKey  string
+	lastSeen time.Time
+}
+
+// seenInterval is how often the same client and class is reported to the observer.
+const seenInterval = time.Minute
+
+// New validates cfg, reports which firmware classes are bootable and builds the server.
+// It returns ErrNothingBootable when none is.
+func New(cfg Config, logger *zap.Logger, deps Deps) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("dhcp config: %w", err)
+	}
+
+	serverIP, err := resolveServerIP(cfg)
+	if err != nil {
+		return nil, err
+	}
+
+	if deps.Now == nil {
+		deps.Now = time.Now
+	}
+
+	if deps.Registerer == nil {
+		deps.Registerer = prometheus.NewRegistry()
+	}
+
+	s := &Server{
+		cfg:  cfg,
+		log:  logger.With(zap.String("component", "dhcp")),
+		deps: deps,
+		params: Params{
+			ServerIP: serverIP,
+			HTTPPort: cfg.HTTPPort,
+			Files:    cfg.Files,
+			Bootable: deps.Bootable,
+			Prefs:    deps.Prefs,
+
+			ClientPort: cfg.ClientPort,
+			RelayPort:  cfg.RelayPort,
+		},
+		macs: map[[6]byte]*macState{},
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outpost_dhcp_requests_total", Help: "ProxyDHCP requests received, by port role.",
+		}, []string{"role"}),
+		replies: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outpost_dhcp_replies_total", Help: "ProxyDHCP replies sent, by port role and firmware class.",
+		}, []string{"role", "firmware"}),
+		drops: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outpost_dhcp_dropped_total", Help: "ProxyDHCP requests dropped, by reason.",
+		}, []string{"reason"}),
+	}
+
+	for _, c := range []prometheus.Collector{s.requests, s.replies, s.drops} {
+		if err := deps.Registerer.Register(c); err != nil {
+			return nil, fmt.Errorf("register dhcp metrics: %w", err)
+		}
+	}
+
+	bootable := s.BootableFirmware()
+	if len(bootable) == 0 {
+		return nil, fmt.Errorf("dhcp boot files %v: %w", cfg.Files.Names(), ErrNothingBootable)
+	}
+
+	names := make([]string, 0, len(bootable))
+	for _, f := range bootable {
+		names = append(names, f.String())
+	}
+
+	s.log.Info("proxydhcp ready", zap.Strings("bootable_firmware", names), zap.Stringer("server_ip", serverIP))
+
+	return s, nil
+}
+
+// Params returns the decision parameters the server uses (for contract tests).
+func (s *Server) Params() Params {
+	return s.params
+}
+
+// BootableFirmware lists the firmware classes whose boot file is available.
+func (s *Server) BootableFirmware() []Firmware {
+	var out []Firmware
+
+	for _, f := range AllFirmware {
+		name := s.cfg.Files.File(f, false)
+		if name != "" && (s.deps.Bootable == nil || s.deps.Bootable(name)) {
+			out = append(out, f)
+		}
+	}
+
+	return out
+}
+
+// Counters returns named counts for the edge status RPC.
+func (s *Server) Counters() map[string]int64 {
+	return map[string]int64{"dhcp_replies": s.nReplies.Load(), "dhcp_dropped": s.nDrops.Load()}
+}
+
+func resolveServerIP(cfg Config) (netip.Addr, error) {
+	if cfg.ServerIP != "" {
+		return netip.MustParseAddr(cfg.ServerIP), nil // validated above
+	}
+
+	iface, err := net.InterfaceByName(cfg.Interface)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("look up interface %q: %w", cfg.Interface, err)
+	}
+
+	addrs, err := iface.Addrs()
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("list addresses of %q: %w", cfg.Interface, err)
+	}
+
+	for _, a := range addrs {
+		if pfx, err := netip.ParsePrefix(a.String()); err == nil && pfx.Addr().Is4() {
+			return pfx.Addr(), nil
+		}
+	}
+
+	return netip.Addr{}, fmt.Errorf("interface %q has no IPv4 address", cfg.Interface)
+}
+
+// Run opens both ports on the configured interface and serves them until ctx ends.
+func (s *Server) Run(ctx context.Context) error {
+	dhcpConn, err := ListenPacket(ctx, s.cfg.Interface, s.cfg.Port)
+	if err != nil {
+		return err
+	}
+	defer dhcpConn.Close() //nolint:errcheck
+
+	pxeConn, err := ListenPacket(ctx, s.cfg.Interface, s.cfg.PXEPort)
+	if err != nil {
+		return err
+	}
+	defer pxeConn.Close() //nolint:errcheck
+
+	return s.Serve(ctx, dhcpConn, pxeConn)
+}
+
+type job struct {
+	buf  *[]byte
+	n    int
+	peer netip.AddrPort
+	role Role
+	conn net.PacketConn
+}
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 1500); return &b }}
+
+// Serve answers requests arriving on dhcpConn (port 67 role) and pxeConn (port 4011 role) until ctx ends;
+// it returns nil on cancellation. The caller owns the connections; pxeConn may be nil.
+func (s *Server) Serve(ctx context.Context, dhcpConn, pxeConn net.PacketConn) error {
+	jobs := make(chan job, s.cfg.QueueSize)
+
+	eg, ctx := errgroup.WithContext(ctx)
+
+	for range s.cfg.Workers {
+		eg.Go(func() error {
+			for {
+				select {
+				case <-ctx.Done():
+					return nil
+				case j := <-jobs:
+					s.handle(j)
+				}
+			}
+		})
+	}
+
+	for role, conn := range map[Role]net.PacketConn{RoleDHCP: dhcpConn, RolePXE: pxeConn} {
+		if conn == nil {
+			continue
+		}
+
+		eg.Go(func() error { return s.read(ctx, conn, role, jobs) })
+	}
+
+	eg.Go(func() error {
+		<-ctx.Done()
+		// Unblock the readers; the caller still owns and closes the connections.
+		for _, c := range []net.PacketConn{dhcpConn, pxeConn} {
+			if c != nil {
+				_ = c.SetReadDeadline(time.Unix(1, 0)) //nolint:errcheck
+			}
+		}
+
+		return nil
+	})
+
+	return eg.Wait()
+}
+
+func (s *Server) read(ctx context.Context, conn net.PacketConn, role Role, jobs chan<- job) error {
+	for {
+		buf := bufPool.Get().(*[]byte) //nolint:forcetypeassert
+
+		n, addr, err := conn.ReadFrom(*buf)
+		if err != nil {
+			bufPool.Put(buf)
+
+			if ctx.Err() != nil {
+				return nil
+			}
+
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+
+			return fmt.Errorf("read %s port: %w", role, err)
+		}
+
+		s.requests.WithLabelValues(role.String()).Inc()
+
+		var peer netip.AddrPort
+		if ua, ok := addr.(*net.UDPAddr); ok {
+			peer = ua.AddrPort()
+			peer = netip.AddrPortFrom(peer.Addr().Unmap(), peer.Port())
+		}
+
+		select {
+		case jobs <- job{buf: buf, n: n, peer: peer, role: role, conn: conn}:
+		default:
+			bufPool.Put(buf)
+			s.drop(DropQueueFull, nil, peer)
+		}
+	}
+}
+
+func (s *Server) handle(j job) {
+	defer bufPool.Put(j.buf)
+
+	raw := (*j.buf)[:j.n]
+
+	// Rate-limit on the raw chaddr before parsing, so a junk flood from one MAC costs little.
+	mac, hasMAC := rawMAC(raw)
+	if hasMAC && !s.allow(mac) {
+		s.drop(DropRateLimited, nil, j.peer)
+
+		return
+	}
+
+	p := s.params
+	d := Decide(p, j.role, j.peer, raw)
+
+	if d.Reply == nil {
+		s.drop(d.Drop, d.Err, j.peer)
+
+		return
+	}
+
+	if _, err := j.conn.WriteTo(d.Reply.ToBytes(), net.UDPAddrFromAddrPort(d.Dest)); err != nil {
+		s.drop(DropWriteFailed, err, j.peer)
+
+		return
+	}
+
+	s.replies.WithLabelValues(j.role.String(), d.Firmware.String()).Inc()
+	s.nReplies.Add(1)
+
+	if ce := s.log.Check(zap.DebugLevel, "proxydhcp reply"); ce != nil {
+		ce.Write(zap.Stringer("mac", d.MAC), zap.Stringer("firmware", d.Firmware), zap.Bool("ipxe", d.IPXE),
+			zap.String("boot_file", d.BootFile), zap.Stringer("dest", d.Dest), zap.Stringer("role", j.role))
+	}
+
+	if s.deps.Observer != nil && hasMAC && s.shouldReport(mac, d) {
+		relay, _ := netip.AddrFromSlice(d.Reply.GatewayIPAddr.To4())
+		if relay.IsUnspecified() {
+			relay = netip.Addr{}
+		}
+
+		s.deps.Observer.DHCPSeen(Seen{MAC: d.MAC, Firmware: d.Firmware, IPXE: d.IPXE, UUID: d.UUID, Role: j.role, Relay: relay})
+	}
+}
+
+func (s *Server) drop(reason DropReason, err error, peer netip.AddrPort) {
+	s.drops.WithLabelValues(string(reason)).Inc()
+	s.nDrops.Add(1)
+
+	if ce := s.log.Check(zap.DebugLevel, "proxydhcp drop"); ce != nil {
+		ce.Write(zap.String("reason", string(reason)), zap.Error(err), zap.Stringer("peer", peer))
+	}
+}
+
+// rawMAC reads an Ethernet chaddr straight from the BOOTP header (RFC 2131 §2: htype at 1, hlen at 2, chaddr at 28).
+func rawMAC(raw []byte) ([6]byte, bool) {
+	var mac [6]byte
+	if len(raw) < 34 || raw[1] != 1 || raw[2] != 6 {
+		return mac, false
+	}
+
+	copy(mac[:], raw[28:34])
+
+	return mac, true
+}
+
+func (s *Server) state(mac [6]byte) *macState {
+	st, ok := s.macs[mac]
+	if !ok {
+		if len(s.macs) >= s.cfg.MaxTrackedMACs {
+			clear(s.macs)
+		}
+
+		st = &macState{limiter: rate.NewLimiter(rate.Limit(s.cfg.RatePerMAC), s.cfg.RateBurst)}
+		s.macs[mac] = st
+	}
+
+	return st
+}
+
+func (s *Server) allow(mac [6]byte) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	return s.state(mac).limiter.AllowN(s.deps.Now(), 1)
+}
+
+func (s *Server) shouldReport(mac [6]byte, d Decision) bool {
+	key := fmt.Sprintf("%s/%t/%s", d.Firmware, d.IPXE, d.UUID)
+	now := s.deps.Now()
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	st := s.state(mac)
+	if st.lastKey == key && now.Sub(st.lastSeen) < seenInterval {
+		return false
+	}
+
+	st.lastKey, st.lastSeen = key, now
+
+	return true
+}

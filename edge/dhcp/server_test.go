@@ -1,0 +1,216 @@
+package dhcp_test
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/insomniacslk/dhcp/dhcpv4"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/outpost-metal/outpost/edge/dhcp"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+type seenRecorder struct {
+	mu   sync.Mutex
+	seen []dhcp.Seen
+}
+
+func (r *seenRecorder) DHCPSeen(s dhcp.Seen) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	r.seen = append(r.seen, s)
+}
+
+func (r *seenRecorder) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	return len(r.seen)
+}
+
+type serverEnv struct {
+	srv     *dhcp.Server
+	reg     *prometheus.Registry
+	dhcp    net.PacketConn
+	pxe     net.PacketConn
+	client  *net.UDPConn
+	relay   *net.UDPConn
+	seen    *seenRecorder
+	cancel  context.CancelFunc
+	stopped chan error
+}
+
+func listenLoopback(t *testing.T) *net.UDPConn {
+	t.Helper()
+
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() }) //nolint:errcheck
+
+	return c
+}
+
+func startServer(t *testing.T, mutate func(*dhcp.Config)) *serverEnv {
+	t.Helper()
+
+	env := &serverEnv{reg: prometheus.NewRegistry(), seen: &seenRecorder{}, stopped: make(chan error, 1)}
+	env.dhcp = listenLoopback(t)
+	env.pxe = listenLoopback(t)
+	env.client = listenLoopback(t)
+	env.relay = listenLoopback(t)
+
+	cfg := dhcp.Default()
+	cfg.ServerIP = "127.0.0.1"
+	cfg.HTTPPort = 8080
+	cfg.RelayPort = env.relay.LocalAddr().(*net.UDPAddr).Port //nolint:forcetypeassert
+
+	if mutate != nil {
+		mutate(&cfg)
+	}
+
+	srv, err := dhcp.New(cfg, zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), dhcp.Deps{Registerer: env.reg, Observer: env.seen})
+	require.NoError(t, err)
+	env.srv = srv
+
+	ctx, cancel := context.WithCancel(context.Background())
+	env.cancel = cancel
+
+	go func() { env.stopped <- srv.Serve(ctx, env.dhcp, env.pxe) }()
+
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-env.stopped)
+	})
+
+	return env
+}
+
+func readReply(t *testing.T, c *net.UDPConn) *dhcpv4.DHCPv4 {
+	t.Helper()
+
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+
+	buf := make([]byte, 1500)
+	n, _, err := c.ReadFrom(buf)
+	require.NoError(t, err)
+
+	r, err := dhcpv4.FromBytes(buf[:n])
+	require.NoError(t, err)
+
+	return r
+}
+
+func TestServerRelayedDiscoverAndPXERequest(t *testing.T) {
+	env := startServer(t, nil)
+
+	// A relayed DISCOVER is answered to the relay (giaddr) on the relay port.
+	disc := request(t, dhcpv4.MessageTypeDiscover, arch(7), dhcpv4.WithGatewayIP(net.IPv4(127, 0, 0, 1)))
+	_, err := env.relay.WriteTo(disc, env.dhcp.LocalAddr())
+	require.NoError(t, err)
+
+	offer := readReply(t, env.relay)
+	require.Equal(t, dhcpv4.MessageTypeOffer, offer.MessageType())
+	require.Equal(t, "ipxe.efi", offer.BootFileName)
+
+	// The 4011 REQUEST is answered to the client itself.
+	req := request(t, dhcpv4.MessageTypeRequest, arch(7), dhcpv4.WithClientIP(net.IPv4(127, 0, 0, 1)))
+	_, err = env.client.WriteTo(req, env.pxe.LocalAddr())
+	require.NoError(t, err)
+
+	ack := readReply(t, env.client)
+	require.Equal(t, dhcpv4.MessageTypeAck, ack.MessageType())
+
+	require.InDelta(t, 1, testutil.ToFloat64(env.srv.RepliesCounter("dhcp", "uefi-x86")), 0)
+	require.InDelta(t, 1, testutil.ToFloat64(env.srv.RepliesCounter("pxe", "uefi-x86")), 0)
+	require.Equal(t, int64(2), env.srv.Counters()["dhcp_replies"])
+
+	// Same client, same class, within a minute: reported once.
+	require.Equal(t, 1, env.seen.count())
+}
+
+func TestServerJunkFloodFromOneMACDoesNotStarveOthers(t *testing.T) {
+	env := startServer(t, func(c *dhcp.Config) { c.RateBurst = 5; c.RatePerMAC = 1 })
+
+	junk := request(t, dhcpv4.MessageTypeDiscover) // not PXE: no option 93
+	for range 200 {
+		_, err := env.relay.WriteTo(junk, env.dhcp.LocalAddr())
+		require.NoError(t, err)
+	}
+
+	truncated := []byte{1, 1, 6}
+	_, err := env.relay.WriteTo(truncated, env.dhcp.LocalAddr())
+	require.NoError(t, err)
+
+	other := net.HardwareAddr{0x52, 0x54, 0x00, 0xaa, 0xbb, 0xcc}
+	good := request(t, dhcpv4.MessageTypeDiscover, arch(0), dhcpv4.WithHwAddr(other), dhcpv4.WithGatewayIP(net.IPv4(127, 0, 0, 1)))
+	_, err = env.relay.WriteTo(good, env.dhcp.LocalAddr())
+	require.NoError(t, err)
+
+	offer := readReply(t, env.relay)
+	require.Equal(t, other, offer.ClientHWAddr)
+
+	require.Eventually(t, func() bool {
+		limited := testutil.ToFloat64(env.srv.DropsCounter(dhcp.DropRateLimited)) + testutil.ToFloat64(env.srv.DropsCounter(dhcp.DropQueueFull))
+		malformed := testutil.ToFloat64(env.srv.DropsCounter(dhcp.DropMalformed))
+		notPXE := testutil.ToFloat64(env.srv.DropsCounter(dhcp.DropNotPXE))
+
+		return limited >= 190 && malformed >= 1 && notPXE >= 1
+	}, 5*time.Second, 100*time.Millisecond)
+}
+
+func TestNewNothingBootable(t *testing.T) {
+	t.Parallel()
+
+	cfg := dhcp.Default()
+	cfg.ServerIP = "10.0.0.1"
+
+	_, err := dhcp.New(cfg, zaptest.NewLogger(t), dhcp.Deps{Bootable: func(string) bool { return false }})
+	require.ErrorIs(t, err, dhcp.ErrNothingBootable)
+
+	srv, err := dhcp.New(cfg, zaptest.NewLogger(t), dhcp.Deps{Bootable: func(n string) bool { return n == "undionly.kpxe" }})
+	require.NoError(t, err)
+	require.Equal(t, []dhcp.Firmware{dhcp.FirmwareBIOS}, srv.BootableFirmware())
+}
+
+func TestConfigValidate(t *testing.T) {
+	t.Parallel()
+
+	for _, tc := range []struct {
+		name   string
+		mutate func(*dhcp.Config)
+		ok     bool
+	}{
+		{name: "default with server ip", mutate: func(c *dhcp.Config) { c.ServerIP = "10.0.0.1" }, ok: true},
+		{name: "default with interface", mutate: func(c *dhcp.Config) { c.Interface = "eth0" }, ok: true},
+		{name: "neither", mutate: func(*dhcp.Config) {}},
+		{name: "ipv6 server", mutate: func(c *dhcp.Config) { c.ServerIP = "fd00::1" }},
+		{name: "zero workers", mutate: func(c *dhcp.Config) { c.ServerIP = "10.0.0.1"; c.Workers = 0 }},
+		{name: "no files", mutate: func(c *dhcp.Config) { c.ServerIP = "10.0.0.1"; c.Files = dhcp.BootFiles{} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+
+			c := dhcp.Default()
+			tc.mutate(&c)
+
+			if tc.ok {
+				require.NoError(t, c.Validate())
+			} else {
+				require.Error(t, c.Validate())
+			}
+		})
+	}
+}

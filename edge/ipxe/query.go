@@ -1,0 +1,97 @@
+package ipxe
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"regexp"
+	"strings"
+)
+
+// maxQueryLen bounds the raw query of boot.ipxe; iPXE sends well under 200 bytes.
+const maxQueryLen = 512
+
+// ErrBadQuery is returned for a boot.ipxe query that cannot come from our own init.ipxe.
+var ErrBadQuery = errors.New("bad boot query")
+
+// BootQuery is what init.ipxe sends to boot.ipxe.
+type BootQuery struct {
+	// UUID is iPXE's ${uuid} (SMBIOS UUID), lower case; empty when the machine has none.
+	UUID string
+	// MAC is the booting interface's address; nil when absent.
+	MAC net.HardwareAddr
+	// Arch is iPXE's ${buildarch}: i386, x86_64 or arm64.
+	Arch string
+}
+
+var uuidRE = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+
+// knownArch lists iPXE build architectures we boot.
+var knownArch = map[string]bool{"i386": true, "x86_64": true, "arm64": true}
+
+// ParseBootQuery validates a raw boot.ipxe query string. Each parameter may appear at most once.
+func ParseBootQuery(raw string) (BootQuery, error) {
+	var q BootQuery
+
+	if len(raw) > maxQueryLen {
+		return q, fmt.Errorf("query of %d bytes: %w", len(raw), ErrBadQuery)
+	}
+
+	vals, err := url.ParseQuery(raw)
+	if err != nil {
+		return q, fmt.Errorf("parse query: %w: %w", err, ErrBadQuery)
+	}
+
+	for k, v := range vals {
+		if len(v) > 1 {
+			return q, fmt.Errorf("parameter %q given %d times: %w", k, len(v), ErrBadQuery)
+		}
+	}
+
+	if u := strings.ToLower(vals.Get("uuid")); u != "" {
+		if !uuidRE.MatchString(u) {
+			return q, fmt.Errorf("uuid %q: %w", truncate(u), ErrBadQuery)
+		}
+
+		q.UUID = u
+	}
+
+	if m := vals.Get("mac"); m != "" {
+		hw, err := net.ParseMAC(m)
+		if err != nil || len(hw) != 6 {
+			return q, fmt.Errorf("mac %q: %w", truncate(m), ErrBadQuery)
+		}
+
+		q.MAC = hw
+	}
+
+	q.Arch = vals.Get("arch")
+	if q.Arch == "" {
+		q.Arch = "x86_64"
+	}
+
+	if !knownArch[q.Arch] {
+		return q, fmt.Errorf("arch %q: %w", truncate(q.Arch), ErrBadQuery)
+	}
+
+	return q, nil
+}
+
+// KernelArch maps iPXE's build arch to the machine's kernel arch: a BIOS machine runs the i386 build of
+// iPXE (undionly.kpxe) but boots an x86_64 kernel.
+func (q BootQuery) KernelArch() string {
+	if q.Arch == "i386" {
+		return "x86_64"
+	}
+
+	return q.Arch
+}
+
+func truncate(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "..."
+	}
+
+	return s
+}

@@ -1,0 +1,360 @@
+package ipxe_test
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/outpost-metal/outpost/edge/boot"
+	"github.com/outpost-metal/outpost/edge/ipxe"
+	"github.com/outpost-metal/outpost/edge/tftp"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+)
+
+const (
+	uuidDisk    = "11111111-2222-3333-4444-000000000001"
+	uuidSanboot = "11111111-2222-3333-4444-000000000002"
+	uuid404     = "11111111-2222-3333-4444-000000000003"
+	uuidDeny    = "11111111-2222-3333-4444-000000000004"
+	uuidInstall = "11111111-2222-3333-4444-000000000005"
+	uuidUnknown = "11111111-2222-3333-4444-0000000000ff"
+)
+
+type recorder struct {
+	mu      sync.Mutex
+	served  []ipxe.BootServed
+	fetches []tftp.Fetch
+}
+
+func (r *recorder) BootServed(b ipxe.BootServed) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.served = append(r.served, b)
+}
+func (r *recorder) HTTPFetch(f tftp.Fetch) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fetches = append(r.fetches, f)
+}
+
+type env struct {
+	srv    *ipxe.Server
+	ts     *httptest.Server
+	reg    *prometheus.Registry
+	obs    *recorder
+	assets string
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+
+	tbl, err := boot.Open(boot.Config{StateDir: t.TempDir()}, zaptest.NewLogger(t))
+	require.NoError(t, err)
+
+	_, err = tbl.Apply(&bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Snapshot{Snapshot: &bootpb.Table{
+		Version: 3,
+		Plans: []*bootpb.Plan{
+			{Uuid: uuidDisk, Mode: bootpb.Mode_MODE_DISK},
+			{Uuid: uuidSanboot, Mode: bootpb.Mode_MODE_DISK, DiskMethod: bootpb.DiskMethod_DISK_METHOD_IPXE_SANBOOT},
+			{Uuid: uuid404, Mode: bootpb.Mode_MODE_DISK, DiskMethod: bootpb.DiskMethod_DISK_METHOD_HTTP_404},
+			{Uuid: uuidDeny, Mode: bootpb.Mode_MODE_DENY},
+			{
+				Uuid: uuidInstall, Mode: bootpb.Mode_MODE_INSTALL, ExtraArgs: []string{"talos.dashboard.disabled=1"},
+				Install: &bootpb.Kernel{KernelUrl: "https://factory.example/vmlinuz", InitrdUrl: "/assets/talos/initramfs.xz", Args: []string{"talos.platform=metal"}},
+			},
+		},
+		Config: []byte("machine: {}\n"),
+	}}})
+	require.NoError(t, err)
+
+	assets := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(assets, "agent/x86_64"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(assets, "agent/x86_64/vmlinuz"), []byte("0123456789abcdef"), 0o644))
+
+	reg := prometheus.NewRegistry()
+	obs := &recorder{}
+	cfg := ipxe.Default()
+	cfg.AssetsDir = assets
+
+	srv, err := ipxe.New(cfg, zaptest.NewLogger(t), ipxe.Deps{
+		Table: tbl, Catalog: tftp.NewCatalog(map[string][]byte{"ipxe.efi": []byte("EFI-BINARY")}),
+		Observer: obs, Registerer: reg, Gatherer: reg,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { srv.Close() }) //nolint:errcheck
+
+	ts := httptest.NewServer(srv.Handler())
+	t.Cleanup(ts.Close)
+
+	return &env{srv: srv, ts: ts, reg: reg, obs: obs, assets: assets}
+}
+
+func get(t *testing.T, url string, hdr map[string]string) (*http.Response, string) {
+	t.Helper()
+
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	require.NoError(t, err)
+
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+
+	defer resp.Body.Close() //nolint:errcheck
+
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+
+	return resp, string(body)
+}
+
+func TestInitScript(t *testing.T) {
+	t.Parallel()
+
+	e := newEnv(t)
+	resp, body := get(t, e.ts.URL+"/ipxe/init.ipxe", nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.EqualValues(t, len(body), resp.ContentLength, "Content-Length set")
+	require.True(t, strings.HasPrefix(body, "#!ipxe\n"))
+	require.Contains(t, body, e.ts.URL+"/ipxe/boot.ipxe?uuid=${uuid}&mac=${net${idx}/mac:hexhyp}&arch=${buildarch}")
+	require.Contains(t, body, "dhcp net${idx}")
+	require.Contains(t, body, "set retries:int32 5")
+	require.Contains(t, body, "reboot")
+}
+
+func TestBootScript(t *testing.T) {
+	t.Parallel()
+
+	e := newEnv(t)
+	host := strings.TrimPrefix(e.ts.URL, "http://")
+	hostOnly, _, err := net.SplitHostPort(host)
+	require.NoError(t, err)
+
+	for _, tc := range []struct {
+		name     string
+		query    string
+		code     int
+		contains []string
+		mode     string
+	}{
+		{
+			name: "unknown machine gets agent mode", query: "uuid=" + uuidUnknown + "&mac=52-54-00-12-34-56&arch=x86_64", code: 200, mode: "agent",
+			contains: []string{
+				"kernel " + e.ts.URL + "/assets/agent/x86_64/vmlinuz initrd=initrd metal.provider.address=" + hostOnly + ":50042",
+				"talos.config=" + e.ts.URL + "/config?u=${uuid}", "console=ttyS0",
+				"initrd --name initrd " + e.ts.URL + "/assets/agent/x86_64/initramfs.xz",
+			},
+		},
+		{name: "bios ipxe (i386 build) gets the x86_64 kernel", query: "uuid=" + uuidUnknown + "&arch=i386", code: 200, mode: "agent", contains: []string{"/assets/agent/x86_64/vmlinuz"}},
+		{name: "no uuid still boots agent", query: "mac=52:54:00:12:34:56&arch=arm64", code: 200, mode: "agent", contains: []string{"/assets/agent/arm64/vmlinuz"}},
+		{name: "disk via exit", query: "uuid=" + uuidDisk, code: 200, mode: "disk", contains: []string{"exit 1"}},
+		{name: "disk via sanboot", query: "uuid=" + uuidSanboot, code: 200, mode: "disk", contains: []string{"sanboot --no-describe --drive 0x80"}},
+		{name: "disk via http 404", query: "uuid=" + uuid404, code: 404, mode: "disk"},
+		{name: "deny", query: "uuid=" + strings.ToUpper(uuidDeny), code: 404, mode: "deny"},
+		{
+			name: "install", query: "uuid=" + uuidInstall + "&arch=x86_64", code: 200, mode: "install",
+			contains: []string{
+				"kernel https://factory.example/vmlinuz initrd=initrd talos.platform=metal console=tty0 console=ttyS0 talos.dashboard.disabled=1",
+				"initrd --name initrd " + e.ts.URL + "/assets/talos/initramfs.xz",
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+
+			resp, body := get(t, e.ts.URL+"/ipxe/boot.ipxe?"+tc.query, nil)
+			require.Equal(t, tc.code, resp.StatusCode, body)
+
+			if tc.code == 200 {
+				require.EqualValues(t, len(body), resp.ContentLength)
+				require.True(t, strings.HasPrefix(body, "#!ipxe\n"))
+			}
+
+			for _, c := range tc.contains {
+				require.Contains(t, body, c)
+			}
+
+			require.GreaterOrEqual(t, testutil.ToFloat64(e.srv.ServedCounter(tc.mode)), 1.0)
+		})
+	}
+}
+
+func TestBootScriptBadInput(t *testing.T) {
+	t.Parallel()
+
+	e := newEnv(t)
+
+	for _, q := range []string{
+		"uuid=not-a-uuid", "mac=zz", "arch=mips", "uuid=" + uuidDisk + "&uuid=" + uuidDeny, "%zz",
+		"uuid=" + strings.Repeat("a", 600),
+	} {
+		resp, _ := get(t, e.ts.URL+"/ipxe/boot.ipxe?"+q, nil)
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode, q)
+	}
+
+	require.InDelta(t, 6, testutil.ToFloat64(e.srv.RejectedCounter("bad_query")), 0)
+
+	req, err := http.NewRequest(http.MethodGet, e.ts.URL+"/ipxe/init.ipxe", nil)
+	require.NoError(t, err)
+	req.Host = "evil\" host"
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close() //nolint:errcheck
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+}
+
+func TestBootServedEvent(t *testing.T) {
+	t.Parallel()
+
+	e := newEnv(t)
+	resp, _ := get(t, e.ts.URL+"/ipxe/boot.ipxe?uuid="+uuidDisk+"&mac=52-54-00-12-34-56&arch=x86_64", nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	e.obs.mu.Lock()
+	defer e.obs.mu.Unlock()
+
+	require.Len(t, e.obs.served, 1)
+	require.Equal(t, uuidDisk, e.obs.served[0].UUID)
+	require.Equal(t, "disk", e.obs.served[0].Mode)
+	require.EqualValues(t, 3, e.obs.served[0].TableVersion)
+	require.Equal(t, "52:54:00:12:34:56", e.obs.served[0].MAC.String())
+}
+
+func TestBinariesOverHTTP(t *testing.T) {
+	t.Parallel()
+
+	e := newEnv(t)
+	resp, body := get(t, e.ts.URL+"/tftp/ipxe.efi", nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "EFI-BINARY", body)
+	etag := resp.Header.Get("ETag")
+	require.NotEmpty(t, etag)
+
+	resp, _ = get(t, e.ts.URL+"/tftp/ipxe.efi", map[string]string{"If-None-Match": etag})
+	require.Equal(t, http.StatusNotModified, resp.StatusCode)
+
+	resp, body = get(t, e.ts.URL+"/tftp/ipxe.efi", map[string]string{"Range": "bytes=4-"})
+	require.Equal(t, http.StatusPartialContent, resp.StatusCode)
+	require.Equal(t, "BINARY", body)
+
+	for _, p := range []string{"/tftp/missing.efi", "/tftp/..%2f..%2fetc%2fpasswd", "/tftp/a//b"} {
+		resp, _ = get(t, e.ts.URL+p, nil)
+		require.Equal(t, http.StatusNotFound, resp.StatusCode, p)
+	}
+}
+
+func TestAssets(t *testing.T) {
+	t.Parallel()
+
+	e := newEnv(t)
+	url := e.ts.URL + "/assets/agent/x86_64/vmlinuz"
+
+	resp, body := get(t, url, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "0123456789abcdef", body)
+	require.Equal(t, "bytes", resp.Header.Get("Accept-Ranges"))
+	etag := resp.Header.Get("ETag")
+	require.NotEmpty(t, etag)
+
+	resp, body = get(t, url, map[string]string{"Range": "bytes=10-13"})
+	require.Equal(t, http.StatusPartialContent, resp.StatusCode)
+	require.Equal(t, "abcd", body)
+
+	resp, _ = get(t, url, map[string]string{"If-None-Match": etag})
+	require.Equal(t, http.StatusNotModified, resp.StatusCode)
+
+	head, err := http.Head(url)
+	require.NoError(t, err)
+	head.Body.Close() //nolint:errcheck
+	require.Equal(t, http.StatusOK, head.StatusCode)
+	require.EqualValues(t, 16, head.ContentLength)
+
+	// Outside the directory, a directory itself, a symlink out: all 404.
+	require.NoError(t, os.Symlink("/etc/passwd", filepath.Join(e.assets, "link")))
+
+	for _, p := range []string{"/assets/../../etc/passwd", "/assets/..%2f..%2fetc%2fpasswd", "/assets/agent", "/assets/link", "/assets/nope"} {
+		resp, _ = get(t, e.ts.URL+p, nil)
+		require.Equal(t, http.StatusNotFound, resp.StatusCode, p)
+	}
+}
+
+func TestConfigMetricsHealth(t *testing.T) {
+	t.Parallel()
+
+	e := newEnv(t)
+
+	resp, body := get(t, e.ts.URL+"/config?u="+uuidUnknown, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "machine: {}\n", body)
+
+	resp, body = get(t, e.ts.URL+"/healthz", nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "ok\n", body)
+
+	resp, body = get(t, e.ts.URL+"/metrics", nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Contains(t, body, `outpost_http_requests_total{code="200",handler="config"} 1`)
+}
+
+func TestConfigBeforeController(t *testing.T) {
+	t.Parallel()
+
+	tbl, err := boot.Open(boot.Config{StateDir: t.TempDir()}, zaptest.NewLogger(t))
+	require.NoError(t, err)
+
+	cfg := ipxe.Default()
+	cfg.AssetsDir = t.TempDir()
+
+	srv, err := ipxe.New(cfg, zaptest.NewLogger(t), ipxe.Deps{Table: tbl, Catalog: tftp.NewCatalog(nil)})
+	require.NoError(t, err)
+
+	defer srv.Close() //nolint:errcheck
+
+	rec := httptest.NewRecorder()
+	srv.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/config?u=x", nil))
+	require.Equal(t, http.StatusServiceUnavailable, rec.Code)
+}
+
+func FuzzParseBootQuery(f *testing.F) {
+	for _, s := range []string{
+		"uuid=" + uuidDisk + "&mac=52-54-00-12-34-56&arch=x86_64", "", "uuid=&mac=&arch=", "%", "a=b&a=c",
+		"mac=52:54:00:12:34:56:78:9a", strings.Repeat("&", 600),
+	} {
+		f.Add(s)
+	}
+
+	f.Fuzz(func(t *testing.T, raw string) {
+		q, err := ipxe.ParseBootQuery(raw)
+		if err != nil {
+			return
+		}
+
+		if q.UUID != "" && len(q.UUID) != 36 {
+			t.Fatalf("uuid %q accepted", q.UUID)
+		}
+
+		if q.MAC != nil && len(q.MAC) != 6 {
+			t.Fatalf("mac %v accepted", q.MAC)
+		}
+
+		for _, s := range []string{q.UUID, q.Arch} {
+			if strings.ContainsAny(s, "\n\r &${}") || bytes.ContainsRune([]byte(s), 0) {
+				t.Fatalf("unsafe value %q accepted", s)
+			}
+		}
+	})
+}

@@ -1,0 +1,83 @@
+package journal
+
+import (
+	"go.uber.org/zap"
+
+	"github.com/outpost-metal/outpost/edge/dhcp"
+	"github.com/outpost-metal/outpost/edge/ipxe"
+	"github.com/outpost-metal/outpost/edge/tftp"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+)
+
+// Recorder turns the boot services' observations into journal events. It implements dhcp.Observer,
+// tftp.Observer and ipxe.Observer. A failed append (disk full) is logged and counted, never blocks booting.
+type Recorder struct {
+	j   *Journal
+	log *zap.Logger
+}
+
+// NewRecorder returns a Recorder appending to j.
+func NewRecorder(j *Journal, logger *zap.Logger) *Recorder {
+	return &Recorder{j: j, log: logger.With(zap.String("component", "journal"))}
+}
+
+var (
+	_ dhcp.Observer = (*Recorder)(nil)
+	_ tftp.Observer = (*Recorder)(nil)
+	_ ipxe.Observer = (*Recorder)(nil)
+)
+
+// Record appends any event; other components (agent tunnel, assets) use it for their own kinds.
+func (r *Recorder) Record(e *bootpb.Event) {
+	if _, err := r.j.Append(e); err != nil {
+		r.j.dropped.Add(1)
+		r.log.Warn("journal append failed; event lost", zap.Error(err))
+	}
+}
+
+// DHCPSeen records a PXE client answered by the ProxyDHCP.
+func (r *Recorder) DHCPSeen(s dhcp.Seen) {
+	ev := &bootpb.DHCPSeen{Mac: s.MAC.String(), Firmware: s.Firmware.String(), Uuid: s.UUID, Ipxe: s.IPXE}
+	if s.Relay.IsValid() {
+		ev.Relay = s.Relay.String()
+	}
+
+	r.Record(&bootpb.Event{Kind: &bootpb.Event_DhcpSeen{DhcpSeen: ev}})
+}
+
+// TFTPFetch records firmware fetching an iPXE binary over TFTP.
+func (r *Recorder) TFTPFetch(f tftp.Fetch) {
+	r.fetch(f, "tftp")
+}
+
+// HTTPFetch records firmware fetching an iPXE binary over HTTP (UEFI HTTP boot).
+func (r *Recorder) HTTPFetch(f tftp.Fetch) {
+	r.fetch(f, "http")
+}
+
+func (r *Recorder) fetch(f tftp.Fetch, via string) {
+	ev := &bootpb.PXESeen{File: f.Name, Via: via}
+	if f.Remote.IsValid() {
+		ev.RemoteIp = f.Remote.String()
+	}
+
+	if f.Err != nil {
+		ev.Error = f.Err.Error()
+	}
+
+	r.Record(&bootpb.Event{Kind: &bootpb.Event_PxeSeen{PxeSeen: ev}})
+}
+
+// BootServed records a boot.ipxe answer.
+func (r *Recorder) BootServed(b ipxe.BootServed) {
+	ev := &bootpb.BootServed{Uuid: b.UUID, Arch: b.Arch, Mode: b.Mode, TableVersion: b.TableVersion}
+	if b.MAC != nil {
+		ev.Mac = b.MAC.String()
+	}
+
+	if b.Remote.IsValid() {
+		ev.RemoteIp = b.Remote.String()
+	}
+
+	r.Record(&bootpb.Event{Kind: &bootpb.Event_BootServed{BootServed: ev}})
+}

@@ -1,0 +1,187 @@
+package tftp_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	pintftp "github.com/pin/tftp/v3"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/outpost-metal/outpost/edge/tftp"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func startServer(t *testing.T, catalog *tftp.Catalog) string {
+	t.Helper()
+
+	conn, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	require.NoError(t, err)
+
+	cfg := tftp.Default()
+	cfg.Timeout = 500 * time.Millisecond
+
+	srv, err := tftp.New(cfg, zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), catalog, tftp.Deps{})
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+
+	go func() { done <- srv.Serve(ctx, conn) }()
+
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+
+	return conn.LocalAddr().String()
+}
+
+func fetch(t *testing.T, addr, name string, blksize int) ([]byte, int64, error) {
+	t.Helper()
+
+	c, err := pintftp.NewClient(addr)
+	require.NoError(t, err)
+	c.SetTimeout(time.Second)
+	c.SetRetries(2)
+	c.RequestTSize(true)
+
+	if blksize > 0 {
+		c.SetBlockSize(blksize)
+	}
+
+	wt, err := c.Receive(name, "octet")
+	if err != nil {
+		return nil, 0, err
+	}
+
+	size, _ := wt.(pintftp.IncomingTransfer).Size() //nolint:forcetypeassert
+
+	var buf bytes.Buffer
+	_, err = wt.WriteTo(&buf)
+
+	return buf.Bytes(), size, err
+}
+
+func TestServeFiles(t *testing.T) {
+	data := make([]byte, 300_000)
+	_, err := rand.Read(data)
+	require.NoError(t, err)
+
+	addr := startServer(t, tftp.NewCatalog(map[string][]byte{"ipxe.efi": data, "undionly.kpxe": []byte("tiny")}))
+
+	for _, tc := range []struct {
+		name    string
+		file    string
+		blksize int
+		want    []byte
+	}{
+		{name: "default blksize", file: "ipxe.efi", want: data},
+		{name: "blksize 1468", file: "ipxe.efi", blksize: 1468, want: data},
+		{name: "blksize larger than granted", file: "ipxe.efi", blksize: 65464, want: data},
+		{name: "leading slash", file: "/undionly.kpxe", blksize: 1468, want: []byte("tiny")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, size, err := fetch(t, addr, tc.file, tc.blksize)
+			require.NoError(t, err)
+			require.Equal(t, tc.want, got)
+			require.Equal(t, int64(len(tc.want)), size, "tsize")
+		})
+	}
+}
+
+func TestRefusals(t *testing.T) {
+	addr := startServer(t, tftp.NewCatalog(map[string][]byte{"ipxe.efi": []byte("x")}))
+
+	for _, name := range []string{"missing.efi", "../etc/passwd", "/../../etc/passwd", "a/./b", "..", "x\\..\\y"} {
+		t.Run(name, func(t *testing.T) {
+			start := time.Now()
+			_, _, err := fetch(t, addr, name, 0)
+			require.Error(t, err)
+			require.Less(t, time.Since(start), 900*time.Millisecond, "refused with an error packet, not by timeout")
+		})
+	}
+}
+
+func TestLoadCatalog(t *testing.T) {
+	t.Parallel()
+
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "ipxe.efi"), []byte("efi"), 0o644))
+
+	c, err := tftp.LoadCatalog(dir, []string{"ipxe.efi", "undionly.kpxe"})
+	require.NoError(t, err)
+	require.Equal(t, []string{"ipxe.efi"}, c.Names())
+	require.True(t, c.Has("/ipxe.efi"))
+	require.False(t, c.Has("undionly.kpxe"))
+
+	_, err = tftp.LoadCatalog(dir, []string{"undionly.kpxe"})
+	require.ErrorIs(t, err, tftp.ErrNotFound)
+
+	_, err = tftp.LoadCatalog(dir, []string{"../x"})
+	require.ErrorIs(t, err, tftp.ErrBadName)
+}
+
+func TestCleanName(t *testing.T) {
+	t.Parallel()
+
+	for _, tc := range []struct {
+		in, want string
+		bad      bool
+	}{
+		{in: "ipxe.efi", want: "ipxe.efi"},
+		{in: "/ipxe.efi", want: "ipxe.efi"},
+		{in: "arm64/snp.efi", want: "arm64/snp.efi"},
+		{in: "", bad: true},
+		{in: "/", bad: true},
+		{in: "//etc/passwd", bad: true},
+		{in: "../x", bad: true},
+		{in: "a/../../x", bad: true},
+		{in: "a//b", bad: true},
+		{in: "a\\b", bad: true},
+		{in: "a\x00b", bad: true},
+		{in: string(make([]byte, 300)), bad: true},
+	} {
+		got, err := tftp.CleanName(tc.in)
+		if tc.bad {
+			require.ErrorIs(t, err, tftp.ErrBadName, "%q", tc.in)
+
+			continue
+		}
+
+		require.NoError(t, err)
+		require.Equal(t, tc.want, got)
+	}
+}
+
+func FuzzCleanName(f *testing.F) {
+	for _, s := range []string{"ipxe.efi", "/undionly.kpxe", "../../etc/shadow", "a/b/c", "", "\x00", "..\\x"} {
+		f.Add(s)
+	}
+
+	root := "/srv/tftp"
+
+	f.Fuzz(func(t *testing.T, in string) {
+		name, err := tftp.CleanName(in)
+		if err != nil {
+			return
+		}
+
+		joined := filepath.Join(root, filepath.FromSlash(name))
+		rel, err := filepath.Rel(root, joined)
+		if err != nil || rel == ".." || len(rel) >= 3 && rel[:3] == "../" || filepath.IsAbs(rel) || joined == root {
+			t.Fatalf("%q cleaned to %q escapes to %q", in, name, joined)
+		}
+	})
+}

@@ -1,0 +1,322 @@
+package bootlab
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Addresses of a lab site (inside its own network namespaces, so every site can use the same ones).
+const (
+	EdgeIP = "10.77.0.2"
+	DHCPIP = "10.77.0.1"
+)
+
+// SkipUnlessLab skips the test, saying why, unless it can run lab tests: not -short, root, and the
+// Debian tools present.
+func SkipUnlessLab(t *testing.T, tools ...string) {
+	t.Helper()
+
+	if testing.Short() {
+		t.Skip("lab test: skipped under -short")
+	}
+
+	if os.Geteuid() != 0 {
+		t.Skip("lab test: needs root for network namespaces")
+	}
+
+	for _, tool := range append([]string{"ip", "dnsmasq"}, tools...) {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("lab test: %s not installed (make deps)", tool)
+		}
+	}
+}
+
+// RepoRoot returns the module root (where go.mod is).
+func RepoRoot(t testing.TB) string {
+	t.Helper()
+
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("go.mod not found above the test directory")
+		}
+
+		dir = parent
+	}
+}
+
+// Run runs a command and fails the test with its output on error.
+func Run(t testing.TB, name string, args ...string) string {
+	t.Helper()
+
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+
+	return string(out)
+}
+
+func randomSuffix() string {
+	b := make([]byte, 3)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+
+	return hex.EncodeToString(b)
+}
+
+// Site is a lab site: a namespace with a bridge carrying the edge's address and the machines' taps, and a
+// second namespace, linked to the bridge by a veth pair, running the site's own DHCP server (dnsmasq,
+// leases only, plus an IPv6 router advertisement).
+type Site struct {
+	NS     string
+	DHCPNS string
+	Dir    string
+	taps   int
+}
+
+// SiteOptions customise NewSite.
+type SiteOptions struct {
+	// IPXENoProxyDHCP adds dnsmasq's dhcp-option=encap:175,176,1b (iPXE "no-pxedhcp").
+	IPXENoProxyDHCP bool
+}
+
+// NewSite creates the namespaces, the bridge and the site DHCP server; everything is removed when the test ends.
+func NewSite(t *testing.T, opts SiteOptions) *Site {
+	t.Helper()
+
+	sfx := randomSuffix()
+	s := &Site{NS: "ob-site-" + sfx, DHCPNS: "ob-dhcp-" + sfx, Dir: t.TempDir()}
+
+	Run(t, "ip", "netns", "add", s.NS)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", s.NS).Run() }) //nolint:errcheck,gosec
+	Run(t, "ip", "netns", "add", s.DHCPNS)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", s.DHCPNS).Run() }) //nolint:errcheck,gosec
+
+	for _, args := range [][]string{
+		{"-n", s.NS, "link", "set", "lo", "up"},
+		{"-n", s.NS, "link", "add", "br0", "type", "bridge", "forward_delay", "0", "stp_state", "0"},
+		{"-n", s.NS, "addr", "add", EdgeIP + "/24", "dev", "br0"},
+		{"-n", s.NS, "-6", "addr", "add", "fd77::2/64", "dev", "br0", "nodad"},
+		{"-n", s.NS, "link", "set", "br0", "up"},
+		{"-n", s.NS, "link", "add", "dh0", "type", "veth", "peer", "name", "dh1", "netns", s.DHCPNS},
+		{"-n", s.NS, "link", "set", "dh0", "master", "br0", "up"},
+		{"-n", s.DHCPNS, "link", "set", "lo", "up"},
+		{"-n", s.DHCPNS, "addr", "add", DHCPIP + "/24", "dev", "dh1"},
+		{"-n", s.DHCPNS, "-6", "addr", "add", "fd77::1/64", "dev", "dh1", "nodad"},
+		{"-n", s.DHCPNS, "link", "set", "dh1", "up"},
+	} {
+		Run(t, "ip", args...)
+	}
+
+	args := []string{
+		"netns", "exec", s.DHCPNS, "dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv", "--no-hosts",
+		"--port=0", "--interface=dh1", "--bind-interfaces", "--user=root", "--pid-file=",
+		"--dhcp-range=10.77.0.100,10.77.0.150,255.255.255.0,1h", "--dhcp-range=fd77::,ra-only", "--enable-ra",
+		"--dhcp-leasefile=" + filepath.Join(s.Dir, "leases"), "--no-ping", "--log-dhcp", "--log-facility=-",
+	}
+	if opts.IPXENoProxyDHCP {
+		args = append(args, "--dhcp-option=encap:175,176,1b")
+	}
+
+	s.Start(t, "dnsmasq", nil, "ip", args...)
+
+	return s
+}
+
+// Start starts a long-running process (killed at the end of the test); its output goes to <Dir>/<name>.log
+// and, when lines is not nil, each stdout line is also sent there.
+func (s *Site) Start(t *testing.T, name string, lines chan<- string, cmd string, args ...string) *exec.Cmd {
+	t.Helper()
+
+	logf, err := os.Create(filepath.Join(s.Dir, name+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	c := exec.Command(cmd, args...)
+	c.Stderr = logf
+
+	var wg sync.WaitGroup
+
+	if lines != nil {
+		pr, pw := io.Pipe()
+		c.Stdout = pw
+
+		wg.Go(func() {
+			sc := bufio.NewScanner(pr)
+			for sc.Scan() {
+				fmt.Fprintln(logf, sc.Text())
+
+				select {
+				case lines <- sc.Text():
+				default:
+				}
+			}
+		})
+
+		t.Cleanup(func() { pw.Close() }) //nolint:errcheck,gosec
+	} else {
+		c.Stdout = logf
+	}
+
+	if err := c.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+
+	t.Cleanup(func() {
+		_ = c.Process.Kill() //nolint:errcheck
+		_ = c.Wait()         //nolint:errcheck
+		wg.Wait()
+		logf.Close() //nolint:errcheck,gosec
+
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name()) //nolint:errcheck
+			t.Logf("--- %s log (last 4 KiB)\n%s", name, tail(b, 4096))
+		}
+	})
+
+	return c
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+
+	return b
+}
+
+// AddTap creates a tap device on the bridge for one machine and returns its name.
+func (s *Site) AddTap(t *testing.T) string {
+	t.Helper()
+
+	name := fmt.Sprintf("tap%d", s.taps)
+	s.taps++
+
+	Run(t, "ip", "-n", s.NS, "tuntap", "add", "dev", name, "mode", "tap")
+	Run(t, "ip", "-n", s.NS, "link", "set", name, "master", "br0", "up")
+
+	return name
+}
+
+// GoBuild builds a package of this module statically into dir and returns the binary's path.
+func GoBuild(t testing.TB, root, pkg, out string) string {
+	t.Helper()
+
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+
+	cmd := exec.Command(gobin, "build", "-ldflags", "-s -w", "-o", out, pkg)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
+	}
+
+	return out
+}
+
+// Kernel is the guest kernel: Debian's cloud kernel, unpacked (not installed) under _out/bootlab.
+type Kernel struct {
+	Vmlinuz    string
+	ModulesDir string
+}
+
+// ErrNoKernel says the guest kernel is neither present nor obtainable (the lab test skips then).
+var ErrNoKernel = errors.New("no guest kernel")
+
+// EnsureKernel finds the guest kernel under outDir or fetches it with `apt-get download` and unpacks it with
+// `dpkg-deb -x`. It returns ErrNoKernel (wrapped) when that is impossible.
+func EnsureKernel(outDir string) (Kernel, error) {
+	root := filepath.Join(outDir, "root")
+
+	find := func() (Kernel, bool) {
+		vmlinuz, _ := filepath.Glob(filepath.Join(root, "boot", "vmlinuz-*-cloud-amd64"))
+		mods, _ := filepath.Glob(filepath.Join(root, "lib", "modules", "*-cloud-amd64"))
+
+		if len(vmlinuz) == 0 || len(mods) == 0 {
+			return Kernel{}, false
+		}
+
+		return Kernel{Vmlinuz: vmlinuz[len(vmlinuz)-1], ModulesDir: mods[len(mods)-1]}, true
+	}
+
+	if k, ok := find(); ok {
+		return k, nil
+	}
+
+	if err := os.MkdirAll(outDir, 0o755); err != nil {
+		return Kernel{}, err
+	}
+
+	debs, _ := filepath.Glob(filepath.Join(outDir, "linux-image-*-cloud-amd64_*.deb"))
+	if len(debs) == 0 {
+		out, err := exec.Command("apt-cache", "depends", "linux-image-cloud-amd64").Output()
+		if err != nil {
+			return Kernel{}, fmt.Errorf("apt-cache depends: %w: %w", err, ErrNoKernel)
+		}
+
+		var pkg string
+
+		for _, line := range strings.Split(string(out), "\n") {
+			if dep, ok := strings.CutPrefix(strings.TrimSpace(line), "Depends: "); ok && strings.HasPrefix(dep, "linux-image-") {
+				pkg = dep
+
+				break
+			}
+		}
+
+		if pkg == "" {
+			return Kernel{}, fmt.Errorf("no linux-image dependency in %q: %w", out, ErrNoKernel)
+		}
+
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+
+		cmd := exec.CommandContext(ctx, "apt-get", "download", pkg)
+		cmd.Dir = outDir
+
+		if b, err := cmd.CombinedOutput(); err != nil {
+			return Kernel{}, fmt.Errorf("apt-get download %s: %v: %s: %w", pkg, err, b, ErrNoKernel)
+		}
+
+		debs, _ = filepath.Glob(filepath.Join(outDir, "linux-image-*-cloud-amd64_*.deb"))
+		if len(debs) == 0 {
+			return Kernel{}, fmt.Errorf("apt-get download left no .deb: %w", ErrNoKernel)
+		}
+	}
+
+	if b, err := exec.Command("dpkg-deb", "-x", debs[len(debs)-1], root).CombinedOutput(); err != nil {
+		return Kernel{}, fmt.Errorf("dpkg-deb -x: %v: %s: %w", err, b, ErrNoKernel)
+	}
+
+	if k, ok := find(); ok {
+		return k, nil
+	}
+
+	return Kernel{}, fmt.Errorf("unpacked package holds no cloud kernel: %w", ErrNoKernel)
+}
