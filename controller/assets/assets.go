@@ -1,6 +1,7 @@
-// Package assets resolves what a machine must boot into concrete install assets: the image factory's PXE script
+// The resolver turns what a machine must boot into concrete install assets: the image factory's PXE script
 // for a Talos version, extensions and kernel arguments (through a schematic), or kernel and initramfs files from a
 // local directory for air-gapped sites and tests.
+
 package assets
 
 import (

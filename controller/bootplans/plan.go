@@ -1,5 +1,7 @@
-// Package bootplans computes and delivers per-machine boot plans: what the site's edge answers when a machine
-// network-boots (agent mode, Talos install, boot from disk, or deny). This file holds the computation.
+// Boot-plan computation: what the site's edge answers when a machine network-boots (agent mode, Talos install,
+// boot from disk, or deny), decided from the lifecycle state as a static Omni provider must.
+// (The package comment lives in receiver.go, the other half of this package.)
+
 package bootplans
 
 import (
@@ -193,6 +195,7 @@ func (p *Planner) Plan(ctx context.Context, siteID string, m Machine) (Plan, err
 		}
 
 		args := []string{
+			"talos.platform=metal",
 			"talos.config=" + s.ConfigURL + "?u=${uuid}",
 			"metal.provider.address=" + s.AgentAddress,
 		}
@@ -203,7 +206,7 @@ func (p *Planner) Plan(ctx context.Context, siteID string, m Machine) (Plan, err
 
 		profile = assets.Profile{TalosVersion: p.cfg.AgentTalosVersion, Extensions: p.cfg.AgentExtensions, KernelArgs: append(args, extra...), Arch: m.Arch}
 	case ModeInstall:
-		var args []string
+		args := []string{"talos.platform=metal"}
 		if p.cfg.Console != "" {
 			args = append(args, "console="+p.cfg.Console)
 		}

@@ -43,6 +43,8 @@ func (s *bmcConfiguration) reconcile(ctx context.Context, logger *zap.Logger, r 
 		cfg, err := fromOmni(v.omniBMC)
 		if err != nil {
 			// an operator error: say so, and retry slowly in case it gets fixed
+			s.env.Metrics.inc(ReasonInvalidBMCConfig)
+
 			return controller.NewRequeueError(fmt.Errorf("bmc config of %s from omni: %w", v.id, err), 10*s.env.cfg.PollInterval)
 		}
 
@@ -161,7 +163,8 @@ func validHostname(h string) bool {
 		}
 
 		for _, c := range label {
-			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-') {
+			alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+			if !alnum && c != '-' {
 				return false
 			}
 		}

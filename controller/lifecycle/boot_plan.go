@@ -31,7 +31,7 @@ func (s *bootPlan) reconcile(ctx context.Context, logger *zap.Logger, _ controll
 	}
 
 	{
-		plan, err := s.env.Planner.Plan(ctx, site, v.planInput(false))
+		plan, err := s.env.plan(ctx, site, v, false)
 		if err != nil {
 			return s.env.failed(err)
 		}

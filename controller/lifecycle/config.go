@@ -73,6 +73,8 @@ type Deps struct {
 	// Now is the clock; Rand is the source of generated BMC passwords.
 	Now  func() time.Time
 	Rand io.Reader
+	// Metrics counts problems (optional: unregistered metrics when nil).
+	Metrics *Metrics
 }
 
 func (d Deps) validate() error {
@@ -95,6 +97,10 @@ func New(cfg Config, deps Deps) ([]controller.QController, error) {
 
 	if err := deps.validate(); err != nil {
 		return nil, fmt.Errorf("lifecycle: %w", err)
+	}
+
+	if deps.Metrics == nil {
+		deps.Metrics = NewMetrics()
 	}
 
 	env := &env{cfg: cfg, Deps: deps, gate: newPlanGate(deps.Plans)}

@@ -48,6 +48,8 @@ type Location struct {
 	SiteID string
 	// AgentConnected is true while the machine's agent tunnel is open at that site's edge.
 	AgentConnected bool
+	// Arch is the machine's architecture as its network boot reported it ("amd64", "arm64"; "" when unknown).
+	Arch string
 }
 
 // SiteLocator tells which site a machine is at.

@@ -21,6 +21,7 @@ import (
 
 	"github.com/outpost-metal/outpost/controller/bootplans"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/lifecycle/lifecycletest"
 	"github.com/outpost-metal/outpost/controller/resources"
 )
 
@@ -54,9 +55,10 @@ func (c *fakeClock) Advance(d time.Duration) {
 type harness struct {
 	t     *testing.T
 	st    state.State
-	edge  *fakeEdge
+	edge  *lifecycletest.FakeEdge
 	clock *fakeClock
 	types resources.Types
+	stats *lifecycle.Metrics
 
 	cancel context.CancelFunc
 	done   chan error
@@ -68,9 +70,10 @@ func newHarness(t *testing.T) *harness {
 	h := &harness{
 		t:     t,
 		st:    state.WrapCore(namespaced.NewState(inmem.Build)),
-		edge:  newFakeEdge(),
+		edge:  lifecycletest.NewFakeEdge(),
 		clock: &fakeClock{},
 		types: resources.NewTypes(providerID),
+		stats: lifecycle.NewMetrics(),
 	}
 
 	require.NoError(t, h.types.Register())
@@ -89,12 +92,12 @@ func (h *harness) start() {
 	cfg.CallTimeout = 2 * time.Second
 	cfg.WipeTimeout = 5 * time.Second
 
-	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), fakeResolver{}, h.edge)
+	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), lifecycletest.FakeResolver{}, h.edge)
 	require.NoError(h.t, err)
 
 	ctrls, err := lifecycle.New(cfg, lifecycle.Deps{
 		Types: h.types, Power: h.edge, Agent: h.edge, Sites: h.edge, Plans: h.edge, Planner: planner,
-		Now: h.clock.Now, Rand: rand.Reader,
+		Now: h.clock.Now, Rand: rand.Reader, Metrics: h.stats,
 	})
 	require.NoError(h.t, err)
 
@@ -163,12 +166,12 @@ func accepted(s *omnispecs.InfraMachineSpec) {
 func (h *harness) ready(id, site string) {
 	h.t.Helper()
 
-	h.edge.add(id, site)
+	h.edge.Add(id, site)
 	h.omni(id, accepted)
 
 	h.eventually("ready to use", func() bool { s := h.status(id); return s != nil && s.ReadyToUse })
 	h.clock.Advance(2 * cooldown)
-	h.eventually("powered off after cooldown", func() bool { return !h.edge.machine(id).power })
+	h.eventually("powered off after cooldown", func() bool { return !h.edge.Machine(id).Power })
 	h.eventually("power state reported off", func() bool {
 		return h.status(id).PowerState == omnispecs.InfraMachineStatusSpec_POWER_STATE_OFF
 	})
@@ -180,42 +183,42 @@ func (h *harness) installed(id, site string) {
 
 	h.ready(id, site)
 	h.omni(id, func(s *omnispecs.InfraMachineSpec) { s.ClusterTalosVersion = "v1.11.0" })
-	h.eventually("booted the installer", func() bool { return h.edge.machine(id).booted == "install" })
-	h.edge.installToDisk(id)
+	h.eventually("booted the installer", func() bool { return h.edge.Machine(id).Booted == "install" })
+	h.edge.InstallToDisk(id)
 	h.omni(id, func(s *omnispecs.InfraMachineSpec) { s.InstallEventId++ })
 	h.eventually("installed reported", func() bool { return h.status(id).Installed })
-	h.eventually("disk plan acknowledged", func() bool { return h.edge.machine(id).acked.Mode == bootplans.ModeDisk })
+	h.eventually("disk plan acknowledged", func() bool { return h.edge.Machine(id).Acked.Mode == bootplans.ModeDisk })
 }
 
 func TestAcceptToReadyThenPowerOff(t *testing.T) {
 	t.Parallel()
 
 	h := newHarness(t)
-	h.edge.add("m1", "site-a")
+	h.edge.Add("m1", "site-a")
 
 	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.NodeUniqueToken = "node-token" }) // pending
-	h.eventually("pending machine gets the agent plan", func() bool { return h.edge.machine("m1").acked.Mode == bootplans.ModeAgent })
+	h.eventually("pending machine gets the agent plan", func() bool { return h.edge.Machine("m1").Acked.Mode == bootplans.ModeAgent })
 	h.never("pending machine is not touched", func() bool {
-		return h.edge.count("m1", "GetPowerManagement")+h.edge.count("m1", "WipeDisks")+h.edge.count("m1", "Power") > 0
+		return h.edge.Count("m1", "GetPowerManagement")+h.edge.Count("m1", "WipeDisks")+h.edge.Count("m1", "Power") > 0
 	})
 
 	h.omni("m1", accepted)
 	h.eventually("ready to use", func() bool { s := h.status("m1"); return s != nil && s.ReadyToUse })
 
-	m := h.edge.machine("m1")
-	require.Equal(t, "outpost", m.ipmiUser)
-	require.Len(t, m.ipmiPass, 16)
-	require.Equal(t, []string{"SetPowerManagement outpost"}, h.edge.calls("m1", "SetPowerManagement"))
-	require.Equal(t, 1, h.edge.count("m1", "WipeDisks"))
+	m := h.edge.Machine("m1")
+	require.Equal(t, "outpost", m.IPMIUser)
+	require.Len(t, m.IPMIPass, 16)
+	require.Equal(t, []string{"SetPowerManagement outpost"}, h.edge.Calls("m1", "SetPowerManagement"))
+	require.Equal(t, 1, h.edge.Count("m1", "WipeDisks"))
 	require.Equal(t, "node-token", h.status("m1").WipedNodeUniqueToken)
 
-	h.never("not powered off before the cooldown", func() bool { return h.edge.count("m1", "PowerOff") > 0 })
+	h.never("not powered off before the cooldown", func() bool { return h.edge.Count("m1", "PowerOff") > 0 })
 	h.clock.Advance(2 * cooldown)
-	h.eventually("powered off after the cooldown", func() bool { return !h.edge.machine("m1").power })
+	h.eventually("powered off after the cooldown", func() bool { return !h.edge.Machine("m1").Power })
 	h.eventually("off reported", func() bool {
 		return h.status("m1").PowerState == omnispecs.InfraMachineStatusSpec_POWER_STATE_OFF
 	})
-	h.never("no further power actions", func() bool { return h.edge.count("m1", "Power") > 1 })
+	h.never("no further power actions", func() bool { return h.edge.Count("m1", "Power") > 1 })
 }
 
 func TestAllocateInstallsThenBootsFromDisk(t *testing.T) {
@@ -228,20 +231,20 @@ func TestAllocateInstallsThenBootsFromDisk(t *testing.T) {
 		s.ClusterTalosVersion = "v1.11.0"
 		s.Extensions = []string{"siderolabs/iscsi-tools"}
 	})
-	h.eventually("powered on into the installer", func() bool { return h.edge.machine("m1").booted == "install" })
-	require.Equal(t, []string{"PowerOn acked=install pxe=true"}, h.edge.calls("m1", "PowerOn"),
+	h.eventually("powered on into the installer", func() bool { return h.edge.Machine("m1").Booted == "install" })
+	require.Equal(t, []string{"PowerOn acked=install pxe=true"}, h.edge.Calls("m1", "PowerOn"),
 		"one-time PXE set and the install plan acknowledged before power-on")
 
-	h.edge.installToDisk("m1")
+	h.edge.InstallToDisk("m1")
 	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.InstallEventId = 1 })
-	h.eventually("disk plan", func() bool { return h.edge.machine("m1").acked.Mode == bootplans.ModeDisk })
+	h.eventually("disk plan", func() bool { return h.edge.Machine("m1").Acked.Mode == bootplans.ModeDisk })
 	h.eventually("installed reported", func() bool { return h.status("m1").Installed })
 
 	h.clock.Advance(2 * cooldown)
 	h.never("no further reboots or power changes", func() bool {
-		return h.edge.count("m1", "PowerCycle")+h.edge.count("m1", "PowerOff") > 1 || h.edge.count("m1", "PowerOn") > 1
+		return h.edge.Count("m1", "PowerCycle")+h.edge.Count("m1", "PowerOff") > 1 || h.edge.Count("m1", "PowerOn") > 1
 	})
-	require.True(t, h.edge.machine("m1").power)
+	require.True(t, h.edge.Machine("m1").Power)
 }
 
 func TestReleaseRebootsToAgentWipesAndPowersOff(t *testing.T) {
@@ -257,16 +260,16 @@ func TestReleaseRebootsToAgentWipesAndPowersOff(t *testing.T) {
 		s.NodeUniqueToken = "node-token-2"
 	})
 	h.eventually("rebooted into agent mode", func() bool {
-		return len(h.edge.calls("m1", "PowerCycle acked=agent pxe=true")) == 1
+		return len(h.edge.Calls("m1", "PowerCycle acked=agent pxe=true")) == 1
 	})
-	h.eventually("wiped again", func() bool { return h.edge.count("m1", "WipeDisks") == 2 })
+	h.eventually("wiped again", func() bool { return h.edge.Count("m1", "WipeDisks") == 2 })
 	h.eventually("wiped token reported, installed forgotten", func() bool {
 		s := h.status("m1")
 
 		return s.WipedNodeUniqueToken == "node-token-2" && !s.Installed && s.ReadyToUse
 	})
 	h.clock.Advance(2 * cooldown)
-	h.eventually("powered off", func() bool { return !h.edge.machine("m1").power })
+	h.eventually("powered off", func() bool { return !h.edge.Machine("m1").Power })
 }
 
 func TestUserReboot(t *testing.T) {
@@ -277,8 +280,8 @@ func TestUserReboot(t *testing.T) {
 
 	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.RequestedRebootId = "reboot-1" })
 	h.eventually("reboot reported", func() bool { return h.status("m1").LastRebootId == "reboot-1" })
-	require.Equal(t, []string{"PowerCycle acked=disk pxe=false"}, h.edge.calls("m1", "PowerCycle"))
-	h.never("rebooted once", func() bool { return h.edge.count("m1", "PowerCycle") > 1 })
+	require.Equal(t, []string{"PowerCycle acked=disk pxe=false"}, h.edge.Calls("m1", "PowerCycle"))
+	h.never("rebooted once", func() bool { return h.edge.Count("m1", "PowerCycle") > 1 })
 }
 
 func TestPowerOffRequestHonouredAndNeverUndone(t *testing.T) {
@@ -288,11 +291,11 @@ func TestPowerOffRequestHonouredAndNeverUndone(t *testing.T) {
 	h.installed("m1", "site-a")
 
 	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.PowerOffRequestId = "off-1" })
-	h.eventually("powered off", func() bool { return !h.edge.machine("m1").power })
+	h.eventually("powered off", func() bool { return !h.edge.Machine("m1").Power })
 	h.eventually("power-off reported", func() bool { return h.status("m1").LastPowerOffId == "off-1" })
 
 	h.clock.Advance(2 * cooldown)
-	h.never("not powered on again although allocated", func() bool { return h.edge.count("m1", "PowerOn") > 1 })
+	h.never("not powered on again although allocated", func() bool { return h.edge.Count("m1", "PowerOn") > 1 })
 }
 
 func TestPreferredPowerOn(t *testing.T) {
@@ -302,23 +305,23 @@ func TestPreferredPowerOn(t *testing.T) {
 	h.ready("m1", "site-a")
 
 	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.PreferredPowerState = omnispecs.InfraMachineSpec_POWER_STATE_ON })
-	h.eventually("powered on", func() bool { return h.edge.machine("m1").power })
-	require.Equal(t, []string{"PowerOn acked=agent pxe=true"}, h.edge.calls("m1", "PowerOn"))
+	h.eventually("powered on", func() bool { return h.edge.Machine("m1").Power })
+	require.Equal(t, []string{"PowerOn acked=agent pxe=true"}, h.edge.Calls("m1", "PowerOn"))
 
 	h.clock.Advance(2 * cooldown)
-	h.never("stays on", func() bool { return !h.edge.machine("m1").power })
+	h.never("stays on", func() bool { return !h.edge.Machine("m1").Power })
 }
 
 func TestRejectDeniesBoot(t *testing.T) {
 	t.Parallel()
 
 	h := newHarness(t)
-	h.edge.add("m1", "site-a")
+	h.edge.Add("m1", "site-a")
 
 	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.AcceptanceStatus = omnispecs.InfraMachineConfigSpec_REJECTED })
-	h.eventually("deny plan", func() bool { return h.edge.machine("m1").acked.Mode == bootplans.ModeDeny })
+	h.eventually("deny plan", func() bool { return h.edge.Machine("m1").Acked.Mode == bootplans.ModeDeny })
 	h.never("nothing else", func() bool {
-		return h.edge.count("m1", "GetPowerManagement")+h.edge.count("m1", "WipeDisks")+h.edge.count("m1", "Power") > 0
+		return h.edge.Count("m1", "GetPowerManagement")+h.edge.Count("m1", "WipeDisks")+h.edge.Count("m1", "Power") > 0
 	})
 }
 
@@ -326,13 +329,13 @@ func TestCordonTouchesNothing(t *testing.T) {
 	t.Parallel()
 
 	h := newHarness(t)
-	h.edge.add("m1", "site-a")
+	h.edge.Add("m1", "site-a")
 
 	h.omni("m1", func(s *omnispecs.InfraMachineSpec) {
 		accepted(s)
 		s.Cordoned = true
 	})
-	h.never("no call at all", func() bool { h.edge.mu.Lock(); defer h.edge.mu.Unlock(); return len(h.edge.log) > 0 })
+	h.never("no call at all", func() bool { return len(h.edge.Log()) > 0 })
 }
 
 func TestDeletionRemovesOwnResources(t *testing.T) {
@@ -360,7 +363,7 @@ func TestDeletionRemovesOwnResources(t *testing.T) {
 
 	_, err = h.st.Get(ctx, infra.NewMachineStatus("m1").Metadata())
 	require.True(t, state.IsNotFoundError(err))
-	require.Equal(t, bootplans.ModeAgent, h.edge.machine("m1").acked.Mode, "left in agent mode")
+	require.Equal(t, bootplans.ModeAgent, h.edge.Machine("m1").Acked.Mode, "left in agent mode")
 }
 
 func TestSiteOfflineWaitsAndCompletesOnce(t *testing.T) {
@@ -369,13 +372,33 @@ func TestSiteOfflineWaitsAndCompletesOnce(t *testing.T) {
 	h := newHarness(t)
 	h.ready("m1", "site-a")
 
-	h.edge.setOffline("site-a", true)
+	h.edge.SetOffline("site-a", true)
 	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.ClusterTalosVersion = "v1.11.0" })
-	h.never("nothing while offline", func() bool { return h.edge.count("m1", "PowerOn") > 0 })
+	h.never("nothing while offline", func() bool { return h.edge.Count("m1", "PowerOn") > 0 })
 
-	h.edge.setOffline("site-a", false)
-	h.eventually("powered on after reconnection", func() bool { return h.edge.count("m1", "PowerOn") == 1 })
-	h.never("exactly once", func() bool { return h.edge.count("m1", "PowerOn") > 1 })
+	require.Positive(t, h.stats.Count(lifecycle.ReasonSiteOffline), "offline waits are counted")
+
+	h.edge.SetOffline("site-a", false)
+	h.eventually("powered on after reconnection", func() bool { return h.edge.Count("m1", "PowerOn") == 1 })
+	h.never("exactly once", func() bool { return h.edge.Count("m1", "PowerOn") > 1 })
+}
+
+func TestSiteDropsMidOperation(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.ready("m1", "site-a")
+
+	h.edge.DropAfterNextAck("site-a")
+	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.ClusterTalosVersion = "v1.11.0" })
+	h.eventually("install plan acknowledged, then the link broke", func() bool { return h.edge.Count("m1", "Ack install") == 1 })
+	h.never("no power-on while offline", func() bool { return h.edge.Count("m1", "PowerOn") > 0 })
+
+	h.edge.SetOffline("site-a", false)
+	h.eventually("completed after reconnection", func() bool { return h.edge.Machine("m1").Booted == "install" })
+	h.never("exactly once, plan not re-sent", func() bool {
+		return h.edge.Count("m1", "PowerOn") != 1 || h.edge.Count("m1", "Ack install") != 1
+	})
 }
 
 func TestPowerOnWaitsForPlanAck(t *testing.T) {
@@ -386,17 +409,15 @@ func TestPowerOnWaitsForPlanAck(t *testing.T) {
 
 	release := make(chan struct{})
 
-	h.edge.mu.Lock()
-	h.edge.holdAck = release
-	h.edge.mu.Unlock()
+	h.edge.HoldAcks(release)
 
 	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.ClusterTalosVersion = "v1.11.0" })
-	h.eventually("install plan pushed", func() bool { return h.edge.count("m1", "Push install") > 0 })
-	h.never("no power-on before the ack", func() bool { return h.edge.count("m1", "PowerOn") > 0 })
+	h.eventually("install plan pushed", func() bool { return h.edge.Count("m1", "Push install") > 0 })
+	h.never("no power-on before the ack", func() bool { return h.edge.Count("m1", "PowerOn") > 0 })
 
 	close(release)
-	h.eventually("powered on after the ack", func() bool { return h.edge.count("m1", "PowerOn") == 1 })
-	require.Equal(t, []string{"PowerOn acked=install pxe=true"}, h.edge.calls("m1", "PowerOn"))
+	h.eventually("powered on after the ack", func() bool { return h.edge.Count("m1", "PowerOn") == 1 })
+	require.Equal(t, []string{"PowerOn acked=install pxe=true"}, h.edge.Calls("m1", "PowerOn"))
 }
 
 func TestRestartResumesWithoutRewipe(t *testing.T) {
@@ -410,7 +431,7 @@ func TestRestartResumesWithoutRewipe(t *testing.T) {
 
 	h.clock.Advance(2 * cooldown)
 	h.never("no second wipe, no reboot after restart", func() bool {
-		return h.edge.count("m1", "WipeDisks") > 1 || h.edge.count("m1", "PowerCycle") > 0 || h.edge.count("m1", "PowerOff") > 1
+		return h.edge.Count("m1", "WipeDisks") > 1 || h.edge.Count("m1", "PowerCycle") > 0 || h.edge.Count("m1", "PowerOff") > 1
 	})
 	require.True(t, h.status("m1").Installed)
 }
@@ -427,8 +448,10 @@ func TestMachineNoEdgeHasSeenWaits(t *testing.T) {
 		return err == nil && o.TypedSpec().Value.WaitingReason == "no edge has reported this machine yet"
 	})
 
+	require.Positive(t, h.stats.Count(lifecycle.ReasonMachineNotLocated))
+
 	// it shows up later and proceeds
-	h.edge.add("ghost", "site-b")
+	h.edge.Add("ghost", "site-b")
 	h.eventually("ready once seen", func() bool { s := h.status("ghost"); return s != nil && s.ReadyToUse })
 }
 
@@ -436,7 +459,7 @@ func TestNonsenseBMCConfigLeavesMachineAlone(t *testing.T) {
 	t.Parallel()
 
 	h := newHarness(t)
-	h.edge.add("m1", "site-a")
+	h.edge.Add("m1", "site-a")
 
 	bmc := infra.NewBMCConfig("m1")
 	bmc.TypedSpec().Value.Config = &omnispecs.InfraMachineBMCConfigSpec{Ipmi: &omnispecs.InfraMachineBMCConfigSpec_IPMI{
@@ -446,7 +469,26 @@ func TestNonsenseBMCConfigLeavesMachineAlone(t *testing.T) {
 
 	h.omni("m1", accepted)
 	h.never("no BMC, no wipe, no power", func() bool {
-		return h.edge.count("m1", "WipeDisks")+h.edge.count("m1", "Power")+h.edge.count("m1", "SetPowerManagement") > 0
+		return h.edge.Count("m1", "WipeDisks")+h.edge.Count("m1", "Power")+h.edge.Count("m1", "SetPowerManagement") > 0
 	})
 	require.False(t, h.status("m1").ReadyToUse)
+	require.Positive(t, h.stats.Count(lifecycle.ReasonInvalidBMCConfig))
+}
+
+func TestOtherProvidersMachinesIgnored(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.edge.Add("m1", "site-a")
+
+	m := infra.NewMachine("m1")
+	m.Metadata().Labels().Set(omnires.LabelInfraProviderID, "someone-else")
+	accepted(m.TypedSpec().Value)
+	require.NoError(t, h.st.Create(t.Context(), m))
+
+	h.never("nothing done for another provider's machine", func() bool {
+		cur, err := h.st.Get(t.Context(), m.Metadata())
+
+		return len(h.edge.Log()) > 0 || err != nil || !cur.Metadata().Finalizers().Empty() || h.status("m1") != nil
+	})
 }

@@ -179,6 +179,17 @@ func (v *view) planInput(deleting bool) bootplans.Machine {
 	}
 }
 
+// plan computes the machine's plan at site, for the architecture its network boot reported.
+func (e *env) plan(ctx context.Context, site string, v *view, deleting bool) (bootplans.Plan, error) {
+	in := v.planInput(deleting)
+
+	if loc, ok := e.Sites.Locate(v.id); ok {
+		in.Arch = loc.Arch
+	}
+
+	return e.Planner.Plan(ctx, site, in)
+}
+
 // lastKick is the last time the controller powered the machine on, rebooted or wiped it (the cooldown's start).
 func (v *view) lastKick() time.Time {
 	var t time.Time
@@ -224,5 +235,7 @@ func (e *env) waitFor(logger *zap.Logger, reason string) error {
 
 // failed is a requeue for an edge call that failed: logged, retried with backoff, never acted on elsewhere.
 func (e *env) failed(err error) error {
+	e.Metrics.edgeFailure(err)
+
 	return controller.NewRequeueError(err, e.cfg.PollInterval)
 }

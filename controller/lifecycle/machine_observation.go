@@ -34,6 +34,8 @@ func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, 
 	switch {
 	case !known:
 		obs.WaitingReason = "no edge has reported this machine yet"
+
+		s.env.Metrics.inc(ReasonMachineNotLocated)
 	default:
 		obs.SiteId = loc.SiteID
 
@@ -41,7 +43,7 @@ func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, 
 			obs.PowerState = s.powerState(ctx, logger, loc.SiteID, v, obs)
 		}
 
-		if loc.AgentConnected {
+		if loc.AgentConnected && !v.machine.GetCordoned() {
 			callCtx, cancel := context.WithTimeout(ctx, s.env.cfg.CallTimeout)
 			err := s.env.Agent.Hello(callCtx, loc.SiteID, v.id)
 

@@ -112,7 +112,7 @@ func (s *power) reconcile(ctx context.Context, logger *zap.Logger, r controller.
 // powerOnInto pushes the machine's plan, waits for the edge's acknowledgement, sets a one-time PXE boot when
 // the plan network boots, and powers the machine on.
 func (e *env) powerOnInto(ctx context.Context, logger *zap.Logger, site string, v *view) error {
-	plan, err := e.Planner.Plan(ctx, site, v.planInput(false))
+	plan, err := e.plan(ctx, site, v, false)
 	if err != nil {
 		return e.failed(fmt.Errorf("plan of %s: %w", v.id, err))
 	}

@@ -60,7 +60,7 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 		return nil
 	}
 
-	plan, err := s.env.Planner.Plan(ctx, site, v.planInput(false))
+	plan, err := s.env.plan(ctx, site, v, false)
 	if err != nil {
 		return s.env.failed(fmt.Errorf("plan of %s: %w", v.id, err))
 	}

@@ -46,7 +46,7 @@ func (s *teardown) teardown(ctx context.Context, logger *zap.Logger, _ controlle
 	callCtx, cancel := context.WithTimeout(ctx, s.env.cfg.CallTimeout)
 	defer cancel()
 
-	plan, err := s.env.Planner.Plan(callCtx, site, v.planInput(true))
+	plan, err := s.env.plan(callCtx, site, v, true)
 	if err != nil {
 		return fmt.Errorf("agent plan of deleted %s: %w", v.id, err)
 	}

@@ -34,7 +34,11 @@ func (a *agentConn) route(ctx context.Context) (context.Context, grpc.ClientConn
 		return nil, nil, status.Error(codes.Unavailable, fmt.Sprintf("reach agent of machine %s at site %s: %v", a.machineID, a.siteID, err))
 	}
 
-	return metadata.AppendToOutgoingContext(ctx, MachineIDKey, a.machineID), conn, nil
+	md, _ := metadata.FromOutgoingContext(ctx)
+	md = md.Copy()
+	md.Set(MachineIDKey, a.machineID) // exactly one value: the edge refuses more
+
+	return metadata.NewOutgoingContext(ctx, md), conn, nil
 }
 
 // Invoke implements grpc.ClientConnInterface.

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/controller"
@@ -15,6 +16,7 @@ import (
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/cosi-project/runtime/pkg/state"
 	"github.com/siderolabs/go-api-signature/pkg/serviceaccount"
+	"github.com/siderolabs/omni/client/pkg/access"
 	"github.com/siderolabs/omni/client/pkg/client"
 	clientomni "github.com/siderolabs/omni/client/pkg/client/omni"
 	"github.com/siderolabs/omni/client/pkg/infra/controllers"
@@ -36,6 +38,8 @@ var (
 	ErrBadKey = errors.New("omni refused the service-account key")
 	// ErrWrongProviderID means the key does not belong to the configured provider ID.
 	ErrWrongProviderID = errors.New("service-account key does not belong to this provider ID")
+	// ErrTLS means Omni's TLS certificate was not accepted (unknown CA: trust it, or skip verification in a lab).
+	ErrTLS = errors.New("omni's tls certificate was not accepted")
 )
 
 // Config says how to reach Omni and who the provider is.
@@ -90,12 +94,18 @@ func (c Config) Validate() error {
 		return errors.New("service-account key is empty (set OMNI_SERVICE_ACCOUNT_KEY)")
 	}
 
-	if _, err = serviceaccount.Decode(c.ServiceAccountKey); err != nil {
+	sa, err := serviceaccount.Decode(c.ServiceAccountKey)
+	if err != nil {
 		return fmt.Errorf("%w: cannot decode it: %w", ErrBadKey, err)
 	}
 
 	if c.ProviderID == "" {
 		return errors.New("provider ID is empty")
+	}
+
+	// an infra provider's key names it: <id>@infra-provider.serviceaccount.omni.sidero.dev
+	if acct, ok := access.ParseServiceAccountFromFullID(sa.Name); ok && acct.IsInfraProvider && acct.BaseName != c.ProviderID {
+		return fmt.Errorf("%w: the key is for provider %q, the configured provider ID is %q", ErrWrongProviderID, acct.BaseName, c.ProviderID)
 	}
 
 	if c.RetryMin <= 0 || c.RetryMax < c.RetryMin {
@@ -187,7 +197,13 @@ func classify(err error) error {
 	}
 
 	switch status.Code(err) { //nolint:exhaustive
-	case codes.Unavailable, codes.DeadlineExceeded:
+	case codes.Unavailable:
+		if msg := status.Convert(err).Message(); strings.Contains(msg, "certificate") || strings.Contains(msg, "x509") {
+			return fmt.Errorf("%w: %w", ErrTLS, err)
+		}
+
+		return fmt.Errorf("%w: %w", ErrUnreachable, err)
+	case codes.DeadlineExceeded:
 		return fmt.Errorf("%w: %w", ErrUnreachable, err)
 	case codes.Unauthenticated:
 		return fmt.Errorf("%w: %w", ErrBadKey, err)
@@ -229,21 +245,23 @@ func (c *Connection) Types() resources.Types { return c.types }
 func (c *Connection) Close() error { return c.client.Close() }
 
 // NewRuntime returns a COSI runtime on Omni's state with the health heartbeat controller and the given
-// controllers registered; run it with Run(ctx).
-func (c *Connection) NewRuntime(qcontrollers ...controller.QController) (*runtime.Runtime, error) {
+// controllers registered; run it with Run(ctx). health (optional) is checked before every heartbeat; its error
+// is what Omni shows as the provider's health (e.g. "no site connected").
+func (c *Connection) NewRuntime(health func(context.Context) error, qcontrollers ...controller.QController) (*runtime.Runtime, error) {
 	rt, err := runtime.NewRuntime(c.State(), c.logger)
 	if err != nil {
 		return nil, fmt.Errorf("create runtime: %w", err)
 	}
 
-	health, err := controllers.NewProviderHealthStatusController(c.cfg.ProviderID, controllers.ProviderHealthStatusOptions{
-		Interval: c.cfg.HealthInterval,
+	heartbeat, err := controllers.NewProviderHealthStatusController(c.cfg.ProviderID, controllers.ProviderHealthStatusOptions{
+		Interval:        c.cfg.HealthInterval,
+		HealthCheckFunc: health,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("health controller: %w", err)
 	}
 
-	if err = rt.RegisterController(health); err != nil {
+	if err = rt.RegisterController(heartbeat); err != nil {
 		return nil, fmt.Errorf("register health controller: %w", err)
 	}
 

@@ -1,6 +1,7 @@
-// Package resources defines the controller's own COSI resources. In Omni mode they live in the provider's
+// Lifecycle resources: in Omni mode they live in the provider's
 // namespace (infra-provider:<id>) and their type names carry the provider ID, as Omni expects of infra providers
 // (<Name>.<id>.infraprovider.sidero.dev); Types builds them for one provider ID.
+
 package resources
 
 import (

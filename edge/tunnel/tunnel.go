@@ -165,7 +165,10 @@ func (s *Server) serve(ctx context.Context, ln net.Listener, opts ...grpc.Server
 	case <-ctx.Done():
 		s.handler.InitiateShutdown()
 		srv.Stop()
-		<-errCh
+
+		if err := <-errCh; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			return fmt.Errorf("serve agent tunnels on %s: %w", ln.Addr(), err)
+		}
 
 		return nil
 	case err := <-errCh:

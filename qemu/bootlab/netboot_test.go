@@ -76,7 +76,7 @@ func netboot(t *testing.T, firmware string, timeout time.Duration) {
 
 	initrd, err := os.Create(filepath.Join(agentDir, "initramfs.xz"))
 	require.NoError(t, err)
-	require.NoError(t, bootlab.BuildInitramfs(initrd, initData, kernel.ModulesDir, []string{"virtio_pci", "virtio_net"}))
+	require.NoError(t, bootlab.BuildInitramfs(initrd, initData, kernel.ModulesDir, []string{"virtio_pci", "virtio_net", "virtio_rng"}))
 	require.NoError(t, initrd.Close())
 
 	site := bootlab.NewSite(t, bootlab.SiteOptions{})
@@ -98,6 +98,8 @@ func netboot(t *testing.T, firmware string, timeout time.Duration) {
 		"-serial", "file:" + serial,
 		"-smbios", "type=1,uuid=" + uuid,
 		"-netdev", "tap,id=n0,ifname=" + tap + ",script=no,downscript=no",
+		// Entropy for the guest: without it getrandom blocks and the /init cannot even pick a DHCP xid.
+		"-device", "virtio-rng-pci",
 	}
 
 	switch firmware {

@@ -110,7 +110,12 @@ func TestBinariesEnrolListRevoke(t *testing.T) {
 
 	var edgeLog syncBuffer
 
-	edge := exec.Command(edgeBin, "--state-dir", t.TempDir(), "--controller", uplinkAddr, "--join-token", token, "--http-listen", "127.0.0.1:0")
+	// Stand-ins for the iPXE binaries: the edge only checks that the files it serves exist.
+	ipxeDir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(ipxeDir, "undionly.kpxe"), []byte("not really iPXE"), 0o644))
+
+	edge := exec.Command(edgeBin, "--state-dir", t.TempDir(), "--controller", uplinkAddr, "--join-token", token,
+		"--http-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0", "--tftp-listen", "", "--ipxe-dir", ipxeDir)
 	edge.Stderr = &edgeLog
 	require.NoError(t, edge.Start())
 

@@ -192,6 +192,7 @@ func (a *Admin) Delete(ctx context.Context, id string) error {
 		omnires.NewInfraMachineConfig(id).Metadata(),
 		omnires.NewMachineStatus(id).Metadata(),
 		omnires.NewInfraMachineBMCConfig(id).Metadata(),
+		siderolink.NewNodeUniqueToken(id).Metadata(),
 	} {
 		if err := a.st.TeardownAndDestroy(ctx, md); err != nil && !state.IsNotFoundError(err) {
 			return fmt.Errorf("delete %s: %w", id, err)
@@ -234,4 +235,14 @@ func (a *Admin) List(ctx context.Context) ([]Machine, error) {
 	}
 
 	return out, nil
+}
+
+// JoinToken returns the join token of provider providerID's ProviderJoinConfig.
+func (a *Admin) JoinToken(ctx context.Context, providerID string) (string, error) {
+	jc, err := safe.StateGetByID[*siderolink.ProviderJoinConfig](ctx, a.st, providerID)
+	if err != nil {
+		return "", fmt.Errorf("get join config of %s: %w", providerID, err)
+	}
+
+	return jc.TypedSpec().Value.JoinToken, nil
 }

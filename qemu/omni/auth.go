@@ -12,6 +12,7 @@ import (
 	"github.com/siderolabs/go-api-signature/pkg/pgp"
 	"github.com/siderolabs/omni/client/pkg/omni/resources"
 	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
+	omnires "github.com/siderolabs/omni/client/pkg/omni/resources/omni"
 	"github.com/siderolabs/omni/client/pkg/omni/resources/siderolink"
 	"github.com/siderolabs/omni/client/pkg/omni/resources/system"
 	"google.golang.org/grpc"
@@ -98,7 +99,11 @@ func (a *authenticator) stream(srv any, ss grpc.ServerStream, info *grpc.StreamS
 // namespace (InfraMachine read-only but for finalizers), nothing of Omni's default namespace. Admins may do anything.
 func authorize(st state.State, providerID string) state.CoreState {
 	filtered := state.Filter(st, func(ctx context.Context, access state.Access) error {
-		return providerRule(ctx, access, providerID)
+		if err := providerRule(ctx, access, providerID); err != nil {
+			return err
+		}
+
+		return ownMachine(ctx, st, access, providerID)
 	})
 
 	return &infraMachineGuard{CoreState: filtered, full: st, providerID: providerID}
@@ -164,6 +169,25 @@ func providerRule(ctx context.Context, access state.Access, providerID string) e
 	}
 
 	return denied
+}
+
+// ownMachine lets a provider write the InfraMachineStatus of its own machines only.
+func ownMachine(ctx context.Context, st state.State, access state.Access, providerID string) error {
+	if identityFrom(ctx) == AdminIdentity || access.ResourceType != infra.InfraMachineStatusType ||
+		(access.Verb != state.Create && access.Verb != state.Update) {
+		return nil
+	}
+
+	m, err := st.Get(ctx, infra.NewMachine(access.ResourceID).Metadata())
+	if err != nil {
+		return status.Errorf(codes.PermissionDenied, "infra provider %q may not report on unknown machine %q", providerID, access.ResourceID)
+	}
+
+	if owner, _ := m.Metadata().Labels().Get(omnires.LabelInfraProviderID); owner != providerID {
+		return status.Errorf(codes.PermissionDenied, "machine %q belongs to infra provider %q, not %q", access.ResourceID, owner, providerID)
+	}
+
+	return nil
 }
 
 func ownID(access state.Access, providerID string) error {

@@ -2,6 +2,7 @@ package omni_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"testing"
 	"time"
@@ -11,8 +12,10 @@ import (
 	"github.com/cosi-project/runtime/pkg/state"
 	"github.com/siderolabs/go-api-signature/pkg/pgp"
 	"github.com/siderolabs/go-api-signature/pkg/serviceaccount"
+	"github.com/siderolabs/omni/client/pkg/jointoken"
 	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
 	omnires "github.com/siderolabs/omni/client/pkg/omni/resources/omni"
+	"github.com/siderolabs/omni/client/pkg/omni/resources/siderolink"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
@@ -49,7 +52,7 @@ func TestControllerRegistersAndHeartbeats(t *testing.T) {
 	require.Contains(t, ps.Metadata().Labels().Raw(), omnires.LabelIsStaticInfraProvider)
 	require.Equal(t, "Outpost", ps.TypedSpec().Value.Name)
 
-	rt, err := conn.NewRuntime()
+	rt, err := conn.NewRuntime(func(context.Context) error { return errors.New("no site connected") })
 	require.NoError(t, err)
 
 	rctx, rcancel := context.WithCancel(ctx)
@@ -71,7 +74,7 @@ func TestControllerRegistersAndHeartbeats(t *testing.T) {
 			first = hb
 		}
 
-		return hb.After(first), nil
+		return hb.After(first) && hs.TypedSpec().Value.Error == "no site connected", nil
 	}))
 	require.NoError(t, err)
 
@@ -125,6 +128,97 @@ func TestControllerStartUpErrors(t *testing.T) {
 
 			_, err := controlleromni.Connect(ctx, cfg, zaptest.NewLogger(t))
 			require.ErrorIs(t, err, tc.want)
+			t.Log(err)
+		})
+	}
+}
+
+func TestJoinConfigFollowsOmni(t *testing.T) {
+	t.Parallel()
+
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+
+	s := startStandIn(t, omni.Default())
+
+	conn, err := controlleromni.Connect(ctx, connectConfig(s, s.ProviderKey()), zaptest.NewLogger(t))
+	require.NoError(t, err)
+
+	defer conn.Close() //nolint:errcheck
+
+	changes := make(chan controlleromni.JoinConfig, 4)
+	w := conn.NewJoinConfigWatcher("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----", func(jc controlleromni.JoinConfig) { changes <- jc })
+
+	wctx, wcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+
+	go func() { done <- w.Run(wctx) }()
+
+	defer func() { wcancel(); require.NoError(t, <-done) }()
+
+	jc := <-changes
+	require.Contains(t, jc.Documents, "kind: SideroLinkConfig")
+	require.Contains(t, jc.Documents, "kind: EventSinkConfig")
+	require.Contains(t, jc.Documents, "kind: TrustedRootsConfig")
+
+	tok, err := jointoken.Parse(jc.JoinToken)
+	require.NoError(t, err)
+	require.Equal(t, "bare-metal", tok.ExtraData[omnires.LabelInfraProviderID], "the join token names the provider")
+
+	// Omni changes it: the watcher follows
+	_, err = safe.StateUpdateWithConflicts(ctx, s.State(), siderolink.NewProviderJoinConfig("bare-metal").Metadata(), func(r *siderolink.ProviderJoinConfig) error {
+		r.TypedSpec().Value.Config.Config += "---\napiVersion: v1alpha1\nkind: KmsgLogConfig\nname: extra\nurl: tcp://[fdae::1]:1\n"
+
+		return nil
+	})
+	require.NoError(t, err)
+
+	jc = <-changes
+	require.Contains(t, jc.Documents, "name: extra")
+
+	cur, ok := w.Current()
+	require.True(t, ok)
+	require.Equal(t, jc, cur)
+}
+
+func TestControllerOverTLS(t *testing.T) {
+	t.Parallel()
+
+	cert, err := omni.SelfSignedCertificate("127.0.0.1")
+	require.NoError(t, err)
+
+	cfg := omni.Default()
+	cfg.TLSCertificate = cert
+	s := startStandIn(t, cfg)
+
+	for _, tc := range []struct {
+		name string
+		skip bool
+		want error
+	}{
+		{name: "insecure skip verify", skip: true},
+		{name: "unknown ca", want: controlleromni.ErrTLS},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+
+			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			defer cancel()
+
+			c := connectConfig(s, s.ProviderKey())
+			c.Endpoint = "https://" + s.addr
+			c.InsecureSkipVerify = tc.skip
+
+			conn, err := controlleromni.Connect(ctx, c, zaptest.NewLogger(t))
+			if tc.want != nil {
+				require.ErrorIs(t, err, tc.want)
+				t.Log(err)
+
+				return
+			}
+
+			require.NoError(t, err)
+			require.NoError(t, conn.Close())
 		})
 	}
 }

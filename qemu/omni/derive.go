@@ -39,6 +39,7 @@ var deriverInputs = []resource.Kind{
 	omnires.NewMachineExtensions("").Metadata(),
 	omnires.NewMachineStatus("").Metadata(),
 	omnires.NewInfraMachineBMCConfig("").Metadata(),
+	siderolink.NewNodeUniqueToken("").Metadata(),
 	infra.NewMachine("").Metadata(),
 }
 
@@ -222,7 +223,12 @@ func (d *deriver) machine(ctx context.Context, link *siderolink.Link, providerID
 	want := &specs.InfraMachineSpec{
 		ClusterTalosVersion: talosVersion,
 		Extensions:          extensions,
-		NodeUniqueToken:     link.TypedSpec().Value.NodeUniqueToken,
+	}
+
+	if tok, ok, err := getOptional[*siderolink.NodeUniqueToken](ctx, d.st, siderolink.NewNodeUniqueToken(id).Metadata()); err != nil {
+		return err
+	} else if ok {
+		want.NodeUniqueToken = tok.TypedSpec().Value.Token
 	}
 
 	want.InstallEventId, _ = strconv.ParseUint(link.Metadata().Annotations().Raw()[installEventsAnnotation], 10, 64)

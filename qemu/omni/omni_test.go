@@ -92,12 +92,16 @@ func (s *standIn) provision(t *testing.T, ctx context.Context, uuid string) (*pb
 	jc, err := safe.StateGetByID[*siderolink.ProviderJoinConfig](ctx, s.State(), "bare-metal")
 	require.NoError(t, err)
 
-	conn, err := grpc.NewClient(s.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
+	return provisionWith(ctx, s.addr, uuid, jc.TypedSpec().Value.JoinToken)
+}
+
+func provisionWith(ctx context.Context, addr, uuid, token string) (*pb.ProvisionResponse, error) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
 
 	defer conn.Close() //nolint:errcheck
-
-	token := jc.TypedSpec().Value.JoinToken
 
 	return pb.NewProvisionServiceClient(conn).Provision(ctx, &pb.ProvisionRequest{
 		NodeUuid: uuid, NodePublicKey: "cHVibGljLWtleQ==", JoinToken: &token, NodeUniqueToken: new("node-token-" + uuid),
@@ -151,7 +155,7 @@ func TestProviderIsScoped(t *testing.T) {
 		{name: "own provider status", ok: true, do: func() error { return prov.Create(ctx, infra.NewProviderStatus("bare-metal")) }},
 		{name: "other provider status", do: func() error { return prov.Create(ctx, infra.NewProviderStatus("other")) }},
 		{name: "create infra machine", do: func() error { return prov.Create(ctx, infra.NewMachine("x")) }},
-		{name: "write infra machine status", ok: true, do: func() error { return prov.Create(ctx, infra.NewMachineStatus("x")) }},
+		{name: "status of an unknown machine", do: func() error { return prov.Create(ctx, infra.NewMachineStatus("x")) }},
 		{name: "read default namespace", do: func() error {
 			_, err := prov.List(ctx, siderolink.NewLink("", nil).Metadata())
 
@@ -183,6 +187,7 @@ func TestProviderIsScoped(t *testing.T) {
 	_, err = safe.StateWatchFor[*infra.Machine](ctx, s.State(), infra.NewMachine("m-1").Metadata(), state.WithEventTypes(state.Created))
 	require.NoError(t, err)
 	require.NoError(t, prov.AddFinalizer(ctx, infra.NewMachine("m-1").Metadata(), "outpost"))
+	require.NoError(t, prov.Create(ctx, infra.NewMachineStatus("m-1")), "status of its own machine")
 
 	_, err = safe.StateUpdateWithConflicts(ctx, prov, infra.NewMachine("m-1").Metadata(), func(m *infra.Machine) error {
 		m.TypedSpec().Value.Cordoned = true

@@ -25,7 +25,7 @@ import (
 
 // providerJoinConfig builds the ProviderJoinConfig Omni publishes for a provider: a join token (version 2)
 // whose signed extra data names the provider, and the Talos documents a machine needs to join.
-func providerJoinConfig(providerID, secret, advertise string) (*siderolink.ProviderJoinConfig, error) {
+func providerJoinConfig(providerID, secret, advertise string, tls bool) (*siderolink.ProviderJoinConfig, error) {
 	tok, err := jointoken.NewWithExtraData(secret, jointoken.Version2, map[string]string{
 		omnires.LabelInfraProviderID: providerID,
 	})
@@ -38,7 +38,12 @@ func providerJoinConfig(providerID, secret, advertise string) (*siderolink.Provi
 		return nil, fmt.Errorf("encode join token: %w", err)
 	}
 
-	apiURL, err := url.Parse("grpc://" + advertise + "?jointoken=" + url.QueryEscape(encoded))
+	scheme := "grpc://"
+	if tls {
+		scheme = "https://"
+	}
+
+	apiURL, err := url.Parse(scheme + advertise + "?jointoken=" + url.QueryEscape(encoded))
 	if err != nil {
 		return nil, fmt.Errorf("siderolink api url: %w", err)
 	}
@@ -112,7 +117,6 @@ func (p *provisioner) Provision(ctx context.Context, req *pb.ProvisionRequest) (
 		}
 
 		l.TypedSpec().Value.NodePublicKey = req.GetNodePublicKey()
-		l.TypedSpec().Value.NodeUniqueToken = req.GetNodeUniqueToken()
 		l.TypedSpec().Value.Connected = true
 		l.TypedSpec().Value.NodeSubnet = "fdae:41e4:649b:9303::100/64"
 
@@ -120,6 +124,16 @@ func (p *provisioner) Provision(ctx context.Context, req *pb.ProvisionRequest) (
 	})
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "create link: %v", err)
+	}
+
+	if req.GetNodeUniqueToken() != "" {
+		if err = safe.StateModify(ctx, p.s.st, siderolink.NewNodeUniqueToken(req.GetNodeUuid()), func(t *siderolink.NodeUniqueToken) error {
+			t.TypedSpec().Value.Token = req.GetNodeUniqueToken()
+
+			return nil
+		}); err != nil {
+			return nil, status.Errorf(codes.Internal, "store node unique token: %v", err)
+		}
 	}
 
 	if p.s.cfg.CollectInfoOnProvision {

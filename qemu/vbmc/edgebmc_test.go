@@ -36,8 +36,14 @@ type machine struct {
 func newMachine(t *testing.T, ami bool, opts ...vbmc.ChassisOption) *machine {
 	t.Helper()
 
+	return newMachineWith(t, vbmc.RedfishOptions{User: user, Password: password, AMI: ami}, opts...)
+}
+
+func newMachineWith(t *testing.T, rfOpts vbmc.RedfishOptions, opts ...vbmc.ChassisOption) *machine {
+	t.Helper()
+
 	ch := vbmc.NewChassis(opts...)
-	rf := vbmc.NewRedfish(ch, vbmc.RedfishOptions{User: user, Password: password, AMI: ami})
+	rf := vbmc.NewRedfish(ch, rfOpts)
 	srv := httptest.NewServer(rf)
 	t.Cleanup(srv.Close)
 
@@ -72,19 +78,21 @@ func TestManagerOperations(t *testing.T) {
 	t.Parallel()
 
 	for _, tc := range []struct {
-		name  string
-		ami   bool
-		proto bmc.Protocol
-		want  bmc.Protocol
+		name    string
+		ami     bool
+		pending bool
+		proto   bmc.Protocol
+		want    bmc.Protocol
 	}{
 		{name: "ipmi", proto: bmc.ProtocolIPMI, want: bmc.ProtocolIPMI},
 		{name: "redfish probed", proto: bmc.ProtocolAuto, want: bmc.ProtocolRedfish},
 		{name: "redfish ami settings object", ami: true, proto: bmc.ProtocolAuto, want: bmc.ProtocolRedfish},
+		{name: "redfish ami applied at reset", ami: true, pending: true, proto: bmc.ProtocolAuto, want: bmc.ProtocolRedfish},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 
-			mach := newMachine(t, tc.ami)
+			mach := newMachineWith(t, vbmc.RedfishOptions{User: user, Password: password, AMI: tc.ami, ApplyOnReset: tc.pending})
 			mgr := newManager(t, nil, nil)
 			tgt := mach.target(tc.proto)
 			ctx := t.Context()
@@ -295,4 +303,99 @@ func TestManagerWrongPasswordIsNotRevealed(t *testing.T) {
 		require.False(t, errors.Is(err, bmc.ErrInvalidTarget))
 		require.False(t, strings.Contains(err.Error(), "wrong-password"))
 	}
+}
+
+func TestManagerRateLimitsOneBMC(t *testing.T) {
+	t.Parallel()
+
+	mach := newMachine(t, false)
+	other := newMachine(t, false)
+	mgr := newManager(t, func(c *bmc.Config) { c.RatePerSecond, c.Burst = 10, 1 }, nil)
+
+	start := time.Now()
+
+	for range 6 {
+		_, err := mgr.PowerStatus(t.Context(), mach.target(bmc.ProtocolIPMI), creds)
+		require.NoError(t, err)
+	}
+
+	// Six operations at 10/s with a burst of one cannot finish in less than half a second.
+	require.GreaterOrEqual(t, time.Since(start), 500*time.Millisecond)
+
+	// The limit is per BMC: another BMC's first call does not wait.
+	_, err := mgr.PowerStatus(t.Context(), other.target(bmc.ProtocolIPMI), creds)
+	require.NoError(t, err)
+}
+
+func TestManagerRecoversFromExpiredRedfishSession(t *testing.T) {
+	t.Parallel()
+
+	mach := newMachine(t, false)
+	mgr := newManager(t, nil, nil)
+	tgt := mach.target(bmc.ProtocolRedfish)
+
+	_, err := mgr.PowerStatus(t.Context(), tgt, creds)
+	require.NoError(t, err)
+
+	mach.rf.ExpireSessions()
+
+	// The reused session is refused; the manager logs in again once and the call succeeds.
+	require.NoError(t, mgr.PowerOn(t.Context(), tgt, creds))
+	require.True(t, mach.ch.PowerState())
+	require.Equal(t, 2, mach.rf.SessionsCreated())
+}
+
+func TestManagerSendsBootModeOnlyWhenItChanges(t *testing.T) {
+	t.Parallel()
+
+	mach := newMachine(t, false)
+	mgr := newManager(t, nil, nil)
+	tgt := mach.target(bmc.ProtocolRedfish)
+
+	for _, step := range []struct {
+		mode  bmc.BootMode
+		patch int
+	}{
+		{mode: bmc.BootModeBIOS, patch: 0}, // the system is in Legacy mode already
+		{mode: bmc.BootModeUEFI, patch: 1},
+		{mode: bmc.BootModeUEFI, patch: 1},
+		{mode: bmc.BootModeBIOS, patch: 2},
+	} {
+		require.NoError(t, mgr.SetPXEOnce(t.Context(), tgt, creds, step.mode))
+		require.Equal(t, step.patch, mach.rf.ModePatches(), "mode %s", step.mode)
+	}
+}
+
+func TestIPMICipherSuiteFallback(t *testing.T) {
+	t.Parallel()
+
+	// A BMC that only accepts cipher suite 3.
+	ch := vbmc.NewChassis()
+	b, err := vbmc.NewIPMI(ch, user, password, 3)
+	require.NoError(t, err)
+
+	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+
+	go func() { done <- b.Serve(ctx, conn) }()
+
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+
+	tgt := bmc.Target{Host: "127.0.0.1", IPMIPort: conn.LocalAddr().(*net.UDPAddr).Port, Protocol: bmc.ProtocolIPMI} //nolint:forcetypeassert
+
+	// Default: 17, then 3.
+	_, err = newManager(t, nil, nil).PowerStatus(t.Context(), tgt, creds)
+	require.NoError(t, err)
+
+	// Configured for 17 only: refused.
+	_, err = newManager(t, func(c *bmc.Config) {
+		c.IPMICipherSuites = []uint8{17}
+		c.CallTimeout = 2 * time.Second
+		c.ProbeTimeout = time.Second
+		c.IPMIExchangeTimeout = 300 * time.Millisecond
+	}, nil).PowerStatus(t.Context(), tgt, creds)
+	require.ErrorContains(t, err, "cipher suite id (17)")
 }

@@ -21,10 +21,28 @@ type IPMI struct {
 	bmc *bmc.BMC
 }
 
-// NewIPMI returns an IPMI BMC for ch with one administrator (user ID 2).
-func NewIPMI(ch *Chassis, user, password string) (*IPMI, error) {
+// NewIPMI returns an IPMI BMC for ch with one administrator (user ID 2). cipherSuites limits the
+// RMCP+ cipher suites it accepts (none: the library's defaults); each must be one go-ipmi implements.
+func NewIPMI(ch *Chassis, user, password string, cipherSuites ...uint8) (*IPMI, error) {
 	h := &ipmiHAL{HAL: mock.New(), chassis: ipmiChassis{ch: ch}}
-	b := bmc.New(bmc.DeviceInfo{IPMIVersion: 0x20}, [16]byte{0x0b, 0x3c}, h, bmc.WithClock(clock.Real))
+
+	opts := []bmc.Option{bmc.WithClock(clock.Real)}
+
+	if len(cipherSuites) > 0 {
+		ids := make([]types.CipherSuiteID, 0, len(cipherSuites))
+
+		for _, id := range cipherSuites {
+			if !bmc.SupportedCipherSuite(types.CipherSuiteID(id)) {
+				return nil, fmt.Errorf("cipher suite %d is not implemented by go-ipmi", id)
+			}
+
+			ids = append(ids, types.CipherSuiteID(id))
+		}
+
+		opts = append(opts, bmc.WithCipherSuites(ids))
+	}
+
+	b := bmc.New(bmc.DeviceInfo{IPMIVersion: 0x20}, [16]byte{0x0b, 0x3c}, h, opts...)
 
 	admin, err := b.Users.Add(2, user)
 	if err != nil {

@@ -27,6 +27,9 @@ type RedfishOptions struct {
 	// AMI makes the system behave like AMI MegaRAC: Boot is refused on the system resource and
 	// accepted only on its @Redfish.Settings object (".../SD") with a matching If-Match ETag.
 	AMI bool
+	// ApplyOnReset (with AMI) keeps a Boot change made through the settings object pending until
+	// the next power-on or reset, as AMI firmware does; the settings object shows the pending values.
+	ApplyOnReset bool
 }
 
 // Redfish is a small Redfish service for one ComputerSystem backed by a Chassis: service root,
@@ -40,6 +43,17 @@ type Redfish struct {
 	nextID   int
 	version  int // bumps on every change of the system; the ETag
 	created  int
+	modes    int // PATCHes that named BootSourceOverrideMode
+	pending  *Override
+}
+
+// ModePatches returns how many PATCHes named BootSourceOverrideMode (clients should send it only
+// when it changes: some BMCs refuse it otherwise).
+func (r *Redfish) ModePatches() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	return r.modes
 }
 
 // NewRedfish returns an emulator for ch.
@@ -61,6 +75,14 @@ func (r *Redfish) SessionsCreated() int {
 	defer r.mu.Unlock()
 
 	return r.created
+}
+
+// ExpireSessions forgets every session, as a BMC does after its session timeout or a reboot.
+func (r *Redfish) ExpireSessions() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	clear(r.sessions)
 }
 
 // ServeHTTP implements http.Handler.
@@ -107,7 +129,7 @@ func (r *Redfish) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			return
 		}
 
-		r.patchBoot(w, req)
+		r.patchBoot(w, req, false)
 	case path == settingsPath && r.opts.AMI && req.Method == http.MethodGet:
 		r.getSystem(w, true)
 	case path == settingsPath && r.opts.AMI && req.Method == http.MethodPatch:
@@ -117,7 +139,7 @@ func (r *Redfish) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			return
 		}
 
-		r.patchBoot(w, req)
+		r.patchBoot(w, req, r.opts.ApplyOnReset)
 	case path == resetPath && req.Method == http.MethodPost:
 		r.reset(w, req)
 	case path == "/redfish/v1/SessionService" && req.Method == http.MethodGet:
@@ -173,6 +195,14 @@ var (
 func (r *Redfish) getSystem(w http.ResponseWriter, settings bool) {
 	o := r.ch.Override()
 
+	if settings {
+		r.mu.Lock()
+		if r.pending != nil {
+			o = *r.pending
+		}
+		r.mu.Unlock()
+	}
+
 	enabled := "Disabled"
 	if o.Device != BootNone {
 		enabled = "Once"
@@ -226,7 +256,7 @@ func (r *Redfish) getSystem(w http.ResponseWriter, settings bool) {
 	writeJSON(w, http.StatusOK, sys)
 }
 
-func (r *Redfish) patchBoot(w http.ResponseWriter, req *http.Request) {
+func (r *Redfish) patchBoot(w http.ResponseWriter, req *http.Request, pending bool) {
 	var body struct {
 		Boot *struct {
 			BootSourceOverrideEnabled *string
@@ -242,6 +272,13 @@ func (r *Redfish) patchBoot(w http.ResponseWriter, req *http.Request) {
 	}
 
 	o := r.ch.Override()
+
+	r.mu.Lock()
+	if pending && r.pending != nil {
+		o = *r.pending
+	}
+	r.mu.Unlock()
+
 	b := body.Boot
 
 	if b.BootSourceOverrideTarget != nil {
@@ -260,6 +297,10 @@ func (r *Redfish) patchBoot(w http.ResponseWriter, req *http.Request) {
 	}
 
 	if b.BootSourceOverrideMode != nil {
+		r.mu.Lock()
+		r.modes++
+		r.mu.Unlock()
+
 		switch *b.BootSourceOverrideMode {
 		case "Legacy":
 			o.Mode = ModeBIOS
@@ -288,7 +329,14 @@ func (r *Redfish) patchBoot(w http.ResponseWriter, req *http.Request) {
 		}
 	}
 
-	r.ch.SetOverride(o)
+	if pending {
+		r.mu.Lock()
+		r.pending = &o
+		r.mu.Unlock()
+	} else {
+		r.ch.SetOverride(o)
+	}
+
 	r.bump()
 
 	w.WriteHeader(http.StatusNoContent)
@@ -302,6 +350,14 @@ func (r *Redfish) reset(w http.ResponseWriter, req *http.Request) {
 
 		return
 	}
+
+	// Pending settings take effect at this reset.
+	r.mu.Lock()
+	if p := r.pending; p != nil {
+		r.ch.SetOverride(*p)
+		r.pending = nil
+	}
+	r.mu.Unlock()
 
 	var err error
 

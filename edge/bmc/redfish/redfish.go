@@ -233,12 +233,11 @@ func (c *Client) SetPXEOnce(ctx context.Context, uefi bool) error {
 		return fmt.Errorf("set one-time pxe boot: %w", shorten(err))
 	}
 
-	got, err := c.system(ctx)
+	b, err := c.effectiveBoot(ctx)
 	if err != nil {
 		return fmt.Errorf("read back boot override: %w", err)
 	}
 
-	b := got.Boot
 	if b.BootSourceOverrideTarget != schemas.PxeBootSource || b.BootSourceOverrideEnabled != schemas.OnceBootSourceOverrideEnabled ||
 		(b.BootSourceOverrideMode != "" && b.BootSourceOverrideMode != mode) {
 		return fmt.Errorf("set one-time pxe boot: %w (target %q, enabled %q, mode %q)",
@@ -246,6 +245,45 @@ func (c *Client) SetPXEOnce(ctx context.Context, uefi bool) error {
 	}
 
 	return nil
+}
+
+// effectiveBoot returns the Boot the next boot will use: a system with a settings object
+// (@Redfish.Settings, AMI's ".../SD") may hold the change there until its next reset.
+func (c *Client) effectiveBoot(ctx context.Context) (schemas.Boot, error) {
+	sys, err := c.system(ctx)
+	if err != nil {
+		return schemas.Boot{}, err
+	}
+
+	var raw struct {
+		Settings struct {
+			SettingsObject struct {
+				ID string `json:"@odata.id"`
+			}
+		} `json:"@Redfish.Settings"`
+	}
+
+	if json.Unmarshal(sys.RawData, &raw) != nil || raw.Settings.SettingsObject.ID == "" || raw.Settings.SettingsObject.ID == sys.ODataID {
+		return sys.Boot, nil
+	}
+
+	resp, err := c.api.WithContext(ctx).Get(raw.Settings.SettingsObject.ID)
+	if err != nil {
+		return schemas.Boot{}, fmt.Errorf("read settings object: %w", shorten(err))
+	}
+	defer resp.Body.Close() //nolint:errcheck
+
+	var pending struct{ Boot *schemas.Boot }
+
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxBody)).Decode(&pending); err != nil {
+		return schemas.Boot{}, fmt.Errorf("read settings object: %w", err)
+	}
+
+	if pending.Boot == nil || pending.Boot.BootSourceOverrideEnabled == "" {
+		return sys.Boot, nil
+	}
+
+	return *pending.Boot, nil
 }
 
 // ClearOverride removes any boot override.
@@ -262,14 +300,13 @@ func (c *Client) ClearOverride(ctx context.Context) error {
 	return nil
 }
 
-// BootOverride returns the current override: whether one is set, whether it is PXE, and UEFI mode.
+// BootOverride returns the override the next boot uses (a pending one from the settings object
+// included): whether one is set, whether it is PXE, and UEFI mode.
 func (c *Client) BootOverride(ctx context.Context) (set, pxe, uefi bool, err error) {
-	sys, err := c.system(ctx)
+	b, err := c.effectiveBoot(ctx)
 	if err != nil {
 		return false, false, false, err
 	}
-
-	b := sys.Boot
 
 	return b.BootSourceOverrideEnabled != schemas.DisabledBootSourceOverrideEnabled && b.BootSourceOverrideEnabled != "",
 		b.BootSourceOverrideTarget == schemas.PxeBootSource, b.BootSourceOverrideMode == schemas.UEFIBootSourceOverrideMode, nil

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
@@ -64,6 +65,7 @@ func run(ctx context.Context, log *zap.Logger, iface, ip, state, assets, ipxeDir
 	defer jrnl.Close() //nolint:errcheck
 
 	rec := journal.NewRecorder(jrnl, log)
+	metrics := prometheus.NewRegistry()
 
 	dcfg := dhcp.Default()
 	dcfg.Interface, dcfg.ServerIP = iface, ip
@@ -73,12 +75,12 @@ func run(ctx context.Context, log *zap.Logger, iface, ip, state, assets, ipxeDir
 		return err
 	}
 
-	dhcpSrv, err := dhcp.New(dcfg, log, dhcp.Deps{Bootable: catalog.Has, Prefs: table, Observer: rec})
+	dhcpSrv, err := dhcp.New(dcfg, log, dhcp.Deps{Bootable: catalog.Has, Prefs: table, Observer: rec, Registerer: metrics})
 	if err != nil {
 		return err
 	}
 
-	tftpSrv, err := tftp.New(tftp.Default(), log, catalog, tftp.Deps{Observer: rec})
+	tftpSrv, err := tftp.New(tftp.Default(), log, catalog, tftp.Deps{Observer: rec, Registerer: metrics})
 	if err != nil {
 		return err
 	}
@@ -86,7 +88,7 @@ func run(ctx context.Context, log *zap.Logger, iface, ip, state, assets, ipxeDir
 	hcfg := ipxe.Default()
 	hcfg.AssetsDir = assets
 
-	httpSrv, err := ipxe.New(hcfg, log, ipxe.Deps{Table: table, Catalog: catalog, Observer: rec})
+	httpSrv, err := ipxe.New(hcfg, log, ipxe.Deps{Table: table, Catalog: catalog, Observer: rec, Registerer: metrics, Gatherer: metrics})
 	if err != nil {
 		return err
 	}
