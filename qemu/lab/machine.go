@@ -296,7 +296,7 @@ func (m *Machine) serveRedfish(ctx context.Context) error {
 
 	srv := &http.Server{
 		Handler: m.redfish, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute,
-		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
+		TLSConfig:   &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
 		BaseContext: func(net.Listener) context.Context { return ctx },
 	}
 

@@ -5,12 +5,14 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	agentpb "github.com/siderolabs/talos-metal-agent/api/agent"
 	"github.com/siderolabs/omni/client/api/omni/specs"
+	agentpb "github.com/siderolabs/talos-metal-agent/api/agent"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/metadata"
 
@@ -41,6 +43,8 @@ func TestMachineSide(t *testing.T) {
 
 	joinConfig, err := o.JoinConfig(ctx)
 	require.NoError(t, err)
+
+	tl := lab.NewTimeline(filepath.Join(l.Dir, "timeline.md"))
 
 	for i, c := range []struct {
 		name     string
@@ -77,8 +81,12 @@ func TestMachineSide(t *testing.T) {
 			start := time.Now()
 
 			require.NoError(t, m.PowerOn(ctx))
-			require.NoError(t, m.WaitSerial(ctx, 0, "OUTPOST-PROVISIONED", 4*time.Minute))
-			t.Logf("%s: power-on to provisioned in %s", c.name, time.Since(start).Round(100*time.Millisecond))
+			err = m.WaitSerial(ctx, 0, "OUTPOST-AGENT-START", 4*time.Minute)
+			tl.Step("power-on to agent start (edge)", c.name, start, err)
+			require.NoError(t, err)
+			err = m.WaitSerial(ctx, 0, "OUTPOST-PROVISIONED", time.Minute)
+			tl.Step("power-on to joined Omni (edge)", c.name, start, err)
+			require.NoError(t, err)
 
 			ms, err := o.Admin.List(ctx)
 			require.NoError(t, err)
@@ -150,8 +158,9 @@ func TestMachineSide(t *testing.T) {
 			require.NoError(t, err)
 
 			marker := "OUTPOST-INSTALLED-OS " + uuid + " " + string(c.firmware)
-			require.NoError(t, m.WaitSerial(ctx, from, marker, 2*time.Minute))
-			t.Logf("%s: allocate to disk boot in %s", c.name, time.Since(start).Round(100*time.Millisecond))
+			err = m.WaitSerial(ctx, from, marker, 2*time.Minute)
+			tl.Step("install plan to installed OS booted from disk", c.name, start, err)
+			require.NoError(t, err)
 
 			last := m.LastBoot()
 			require.Equal(t, "guest-reboot", last.Reason)
@@ -180,7 +189,33 @@ func TestMachineSide(t *testing.T) {
 			m.PowerOffNow()
 			require.NoError(t, m.Failures())
 		})
+
+		// The same machine booted by a bare dnsmasq (DHCP + TFTP) and static files, for comparison.
+		t.Run("bare-"+string(c.firmware), func(t *testing.T) {
+			site, err := l.AddBareSite(ctx, 8+i, images)
+			require.NoError(t, err)
+
+			m, err := site.AddMachine(ctx, lab.MachineSpec{
+				Name: "bare-" + string(c.firmware), UUID: fmt.Sprintf("0e5a1ab0-0000-4000-8000-0000000000%02d", i+1),
+				MAC: fmt.Sprintf("52:54:00:0e:00:%02d", i+1), Firmware: c.firmware, BMC: c.bmc,
+			})
+			require.NoError(t, err)
+
+			start := time.Now()
+
+			require.NoError(t, m.PowerOn(ctx))
+			err = m.WaitSerial(ctx, 0, "OUTPOST-AGENT-START", 4*time.Minute)
+			tl.Step("power-on to agent start (bare dnsmasq + static files)", m.Spec.Name, start, err)
+			require.NoError(t, err)
+			m.PowerOffNow()
+		})
 	}
+
+	require.NoError(t, tl.Write())
+
+	b, err := os.ReadFile(tl.Path)
+	require.NoError(t, err)
+	t.Logf("\n%s", b)
 }
 
 func randomPassword(t *testing.T) string {

@@ -68,7 +68,14 @@ func (s *Site) Subnet() string { return fmt.Sprintf("10.77.%d.0/24", s.Index) }
 
 // AddSite creates site number index (1, 2, ...) linked to core, with dnsmasq running.
 func (l *Lab) AddSite(core *Core, index int) (*Site, error) {
+	return l.addSite(core, index, nil)
+}
+
+func (l *Lab) addSite(core *Core, index int, dnsmasqExtra []string) (*Site, error) {
 	name := fmt.Sprintf("site%d", index)
+	if core == nil {
+		name = fmt.Sprintf("bare%d", index)
+	}
 
 	s := &Site{Index: index, Name: name, Dir: filepath.Join(l.Dir, name), lab: l}
 	if err := os.MkdirAll(s.Dir, 0o755); err != nil {
@@ -85,7 +92,6 @@ func (l *Lab) AddSite(core *Core, index int) (*Site, error) {
 	}
 
 	v6 := fmt.Sprintf("fd77:%d::", index)
-	coreIf := fmt.Sprintf("wan%d", index)
 
 	for _, args := range [][]string{
 		{"-n", s.NS, "link", "add", "br0", "type", "bridge", "forward_delay", "0", "stp_state", "0"},
@@ -97,16 +103,14 @@ func (l *Lab) AddSite(core *Core, index int) (*Site, error) {
 		{"-n", s.DHCPNS, "addr", "add", s.dhcpIP() + "/24", "dev", "dh1"},
 		{"-n", s.DHCPNS, "-6", "addr", "add", v6 + "1/64", "dev", "dh1", "nodad"},
 		{"-n", s.DHCPNS, "link", "set", "dh1", "up"},
-		// The WAN: a veth pair to the core; the site routes everything else there.
-		{"-n", s.NS, "link", "add", "wan", "type", "veth", "peer", "name", coreIf, "netns", core.NS},
-		{"-n", s.NS, "addr", "add", s.wanIP() + "/30", "dev", "wan"},
-		{"-n", s.NS, "link", "set", "wan", "up"},
-		{"-n", s.NS, "route", "add", "default", "via", s.coreWanIP()},
-		{"-n", core.NS, "addr", "add", s.coreWanIP() + "/30", "dev", coreIf},
-		{"-n", core.NS, "link", "set", coreIf, "up"},
-		{"-n", core.NS, "route", "add", s.Subnet(), "via", s.wanIP()},
 	} {
 		if err := l.IP(args...); err != nil {
+			return nil, err
+		}
+	}
+
+	if core != nil {
+		if err := l.addWAN(s, core); err != nil {
 			return nil, err
 		}
 	}
@@ -116,11 +120,9 @@ func (l *Lab) AddSite(core *Core, index int) (*Site, error) {
 		return nil, fmt.Errorf("enable forwarding in %s: %w: %s", s.NS, err, out)
 	}
 
-	s.wanUp = true
-
 	dhcp, err := l.Start(ProcSpec{
 		Name: name + "/dnsmasq", NS: s.DHCPNS, Cmd: "dnsmasq",
-		Args: []string{
+		Args: append([]string{
 			"--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv", "--no-hosts",
 			"--port=0", "--interface=dh1", "--bind-interfaces", "--user=root", "--pid-file=",
 			fmt.Sprintf("--dhcp-range=10.77.%d.100,10.77.%d.150,255.255.255.0,1h", index, index),
@@ -129,7 +131,7 @@ func (l *Lab) AddSite(core *Core, index int) (*Site, error) {
 			// No dhcp-option=encap:175,176,1b ("no-pxedhcp"): with it iPXE ignores the edge's ProxyDHCP offer
 			// and finds nothing to boot (measured with Debian's iPXE); RA and no-ping are what keep it fast.
 			"--dhcp-leasefile=" + filepath.Join(s.Dir, "dnsmasq.leases"), "--no-ping", "--log-dhcp", "--log-facility=-",
-		},
+		}, dnsmasqExtra...),
 	})
 	if err != nil {
 		return nil, err
@@ -189,4 +191,28 @@ func (s *Site) AddBMCAddress() (string, error) {
 	}
 
 	return ip, nil
+}
+
+// addWAN links the site to the core with a veth pair and routes between them.
+func (l *Lab) addWAN(s *Site, core *Core) error {
+	coreIf := fmt.Sprintf("wan%d", s.Index)
+
+	for _, args := range [][]string{
+		// The WAN: a veth pair to the core; the site routes everything else there.
+		{"-n", s.NS, "link", "add", "wan", "type", "veth", "peer", "name", coreIf, "netns", core.NS},
+		{"-n", s.NS, "addr", "add", s.wanIP() + "/30", "dev", "wan"},
+		{"-n", s.NS, "link", "set", "wan", "up"},
+		{"-n", s.NS, "route", "add", "default", "via", s.coreWanIP()},
+		{"-n", core.NS, "addr", "add", s.coreWanIP() + "/30", "dev", coreIf},
+		{"-n", core.NS, "link", "set", coreIf, "up"},
+		{"-n", core.NS, "route", "add", s.Subnet(), "via", s.wanIP()},
+	} {
+		if err := l.IP(args...); err != nil {
+			return err
+		}
+	}
+
+	s.wanUp = true
+
+	return nil
 }

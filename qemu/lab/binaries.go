@@ -1,0 +1,185 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/outpost-metal/outpost/controller/assets"
+)
+
+// ControllerPort is the controller's uplink port in the core namespace.
+const ControllerPort = 8443
+
+// Controller is the running controller binary.
+type Controller struct {
+	Proc     *Proc
+	Bin      string
+	StateDir string
+}
+
+// ControllerOptions are the lab's settings for the controller.
+type ControllerOptions struct {
+	// LocalAssetsDir is the controller's local boot-asset directory (LocalAssets builds it).
+	LocalAssetsDir string
+	// PowerCooldown replaces the five-minute production cooldown between power actions.
+	PowerCooldown time.Duration
+}
+
+// StartController runs the controller binary in the core namespace against o. The flags and variables it
+// passes are the interface the lab needs from the controller binary:
+//
+//	OMNI_ENDPOINT, OMNI_SERVICE_ACCOUNT_KEY, OMNI_PROVIDER_ID      the Omni connection
+//	--state-dir, --uplink-listen, --http-listen                    as today
+//	--local-assets-dir (OUTPOST_LOCAL_ASSETS_DIR)                  install and agent assets from a local directory
+//	--power-cooldown (OUTPOST_POWER_COOLDOWN)                      the lifecycle's power cooldown
+func (l *Lab) StartController(ctx context.Context, core *Core, bin string, o *Omni, opts ControllerOptions) (*Controller, error) {
+	c := &Controller{Bin: bin, StateDir: filepath.Join(l.Dir, "controller-state")}
+
+	args := []string{
+		"--state-dir", c.StateDir, "--uplink-listen", fmt.Sprintf("%s:%d", CoreAddr, ControllerPort),
+		"--http-listen", "", "--log-level", "debug", "--server-name", CoreAddr,
+	}
+	env := []string{"OMNI_ENDPOINT=" + o.Endpoint, "OMNI_SERVICE_ACCOUNT_KEY=" + o.ProviderKey, "OMNI_PROVIDER_ID=" + ProviderID}
+
+	if opts.LocalAssetsDir != "" {
+		env = append(env, "OUTPOST_LOCAL_ASSETS_DIR="+opts.LocalAssetsDir)
+	}
+
+	if opts.PowerCooldown > 0 {
+		env = append(env, "OUTPOST_POWER_COOLDOWN="+opts.PowerCooldown.String())
+	}
+
+	p, err := l.Start(ProcSpec{Name: "controller", NS: core.NS, Cmd: bin, Args: args, Env: env})
+	if err != nil {
+		return nil, err
+	}
+
+	c.Proc = p
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := os.Stat(filepath.Join(c.StateDir, "admin.sock")); err == nil {
+			return c, nil
+		}
+
+		select {
+		case <-p.Done():
+			return nil, fmt.Errorf("controller exited at start (%v):\n%s", p.Err(), p.Log.Tail(3000))
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("controller admin socket missing after 30s:\n%s", p.Log.Tail(3000))
+		}
+	}
+}
+
+// CreateSite creates a site on the controller (`controller site create`) and returns its join token.
+func (c *Controller) CreateSite(ctx context.Context, name string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+
+	var stdout, stderr bytes.Buffer
+
+	cmd := exec.CommandContext(ctx, c.Bin, "site", "create", name, "--state-dir", c.StateDir, "--description", "lab "+name)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("controller site create %s: %w: %s", name, err, stderr.String())
+	}
+
+	return strings.TrimSpace(stdout.String()), nil
+}
+
+// EdgeAPIPort is the edge's agent tunnel port.
+const EdgeAPIPort = 50042
+
+// StartEdge runs the edge binary on the site, enrolled with token. Flags used: --state-dir, --controller,
+// --join-token, --interface, --server-ip, --http-listen, --tftp-listen, --api-listen, --ipxe-dir,
+// --kernel-args.
+func (s *Site) StartEdge(ctx context.Context, bin, token string, restart bool) (*Proc, error) {
+	p, err := s.lab.Start(ProcSpec{Name: s.Name + "/edge", NS: s.NS, Cmd: bin, Append: restart, Args: []string{
+		"--state-dir", filepath.Join(s.Dir, "edge-state"),
+		"--controller", fmt.Sprintf("%s:%d", CoreAddr, ControllerPort), "--join-token", token,
+		"--interface", "br0", "--server-ip", s.EdgeIP(), "--http-listen", s.EdgeIP() + ":80",
+		"--tftp-listen", s.EdgeIP() + ":69", "--api-listen", fmt.Sprintf("%s:%d", s.EdgeIP(), EdgeAPIPort),
+		"--ipxe-dir", IPXEDir, "--kernel-args", "console=ttyS0", "--log-level", "debug",
+	}})
+	if err != nil {
+		return nil, err
+	}
+
+	// Ready when the HTTP server accepts connections from inside the site.
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		dctx, cancel := context.WithTimeout(ctx, time.Second)
+		conn, err := DialerIn(s.NS)(dctx, s.EdgeIP()+":80")
+		cancel()
+
+		if err == nil {
+			conn.Close() //nolint:errcheck,gosec
+
+			return p, nil
+		}
+
+		select {
+		case <-p.Done():
+			return nil, fmt.Errorf("edge of %s exited at start (%v):\n%s", s.Name, p.Err(), p.Log.Tail(3000))
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+
+	return nil, fmt.Errorf("edge of %s not serving HTTP after 30s:\n%s", s.Name, p.Log.Tail(3000))
+}
+
+// LabTalosVersion is the Talos version the lab allocates machines with (and the agent's).
+const LabTalosVersion = "v1.11.0"
+
+// LocalAssets lays the lab images out as the controller's local asset directory expects
+// (<schematic>/<version>/kernel-amd64, initramfs-amd64.xz) for the agent profile (the metal agent
+// extension) and the install profile (no extensions), both Talos LabTalosVersion.
+func LocalAssets(images Images, dir string) error {
+	for _, p := range []assets.Profile{
+		{TalosVersion: LabTalosVersion, Extensions: []string{"siderolabs/metal-agent"}},
+		{TalosVersion: LabTalosVersion},
+	} {
+		id, err := assets.SchematicID(p)
+		if err != nil {
+			return err
+		}
+
+		d := filepath.Join(dir, id, LabTalosVersion)
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+
+		if err := copyFile(images.Kernel, filepath.Join(d, "kernel-amd64")); err != nil {
+			return err
+		}
+
+		if err := copyFile(images.Initramfs, filepath.Join(d, "initramfs-amd64.xz")); err != nil {
+			return err
+		}
+	}
+
+	return nil
+}
+
+// ControllerSupportsOmni reports whether the controller binary has its Omni connection wired (it mentions
+// OMNI_ENDPOINT in its help), with the reason when not.
+func ControllerSupportsOmni(ctx context.Context, bin string) (bool, string) {
+	out, _ := exec.CommandContext(ctx, bin, "--help").CombinedOutput() //nolint:errcheck
+	if !strings.Contains(string(out), "OMNI_ENDPOINT") {
+		return false, "the controller binary has no Omni connection yet (no OMNI_ENDPOINT in --help)"
+	}
+
+	return true, ""
+}
