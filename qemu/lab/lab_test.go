@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outpost-metal/outpost/qemu/bootlab"
@@ -33,7 +34,7 @@ func newLab(t *testing.T, name string) (*lab.Lab, lab.Images, string) {
 
 	root := bootlab.RepoRoot(t)
 
-	l, err := lab.New(filepath.Join(root, "_out", name), zaptest.NewLogger(t))
+	l, err := lab.New(filepath.Join(root, "_out", name), zapLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,4 +71,9 @@ func ipmitool(t *testing.T, ns, host, user, password string, args ...string) (st
 	out, err := exec.Command("ip", full...).CombinedOutput()
 
 	return string(out), err
+}
+
+// zapLogger logs the lab's own lines at info level and above (debug lines of every process go to their log files).
+func zapLogger(t *testing.T) *zap.Logger {
+	return zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))
 }

@@ -104,6 +104,7 @@ type Machine struct {
 	boots    []BootRecord
 	failures []error
 	runs     int
+	users    []string
 }
 
 // AddMachine creates a machine on the site (powered off): its disk (filled with a junk pattern, so a wipe
@@ -386,6 +387,10 @@ func (m *Machine) channel(ctx context.Context, conn net.Conn) {
 				m.redfish.SetAccount(fields[1], fields[2])
 			}
 
+			m.mu.Lock()
+			m.users = append(m.users, fields[1])
+			m.mu.Unlock()
+
 			m.log.Info("bmc user set in-band", zap.String("username", fields[1]))
 		case fields[0] == "INSTALLED":
 			m.log.Info("machine reports an installed os")
@@ -625,4 +630,12 @@ func (m *Machine) WaitSerial(ctx context.Context, from int64, needle string, tim
 			}
 		}
 	}
+}
+
+// BMCUsersSet returns the BMC users the machine's agent created in-band, in order.
+func (m *Machine) BMCUsersSet() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+
+	return append([]string(nil), m.users...)
 }

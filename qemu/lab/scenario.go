@@ -1,0 +1,500 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/siderolabs/omni/client/api/omni/specs"
+	"go.uber.org/zap"
+
+	"github.com/outpost-metal/outpost/qemu/vbmc"
+)
+
+// Env is a running lab: the core with Omni (the stand-in) and the controller, two sites with their edges,
+// and two machines per site (BIOS with an IPMI BMC, UEFI with a Redfish BMC).
+type Env struct {
+	Lab        *Lab
+	Core       *Core
+	Omni       *Omni
+	Controller *Controller
+	Sites      []*Site
+	Edges      []*Proc
+	Machines   []*Machine
+	Timeline   *Timeline
+
+	edgeBin string
+	tokens  []string
+}
+
+// Binaries are the programs the lab runs.
+type Binaries struct {
+	Controller, Edge, StandIn string
+}
+
+// BuildBinaries builds the controller, the edge and the Omni stand-in into dir.
+func BuildBinaries(ctx context.Context, root, dir string) (Binaries, error) {
+	b := Binaries{
+		Controller: filepath.Join(dir, "controller"),
+		Edge:       filepath.Join(dir, "edge"),
+		StandIn:    filepath.Join(dir, "omnistandin"),
+	}
+
+	for pkg, out := range map[string]string{"./controller": b.Controller, "./edge": b.Edge, "./qemu/omni/cmd/omnistandin": b.StandIn} {
+		if err := GoBuild(ctx, root, pkg, out); err != nil {
+			return Binaries{}, err
+		}
+	}
+
+	return b, nil
+}
+
+// Setup brings the whole lab up: core, stand-in, controller, two sites with edges, four machines (off).
+func Setup(ctx context.Context, l *Lab, bins Binaries, images Images) (*Env, error) {
+	e := &Env{Lab: l, Timeline: NewTimeline(filepath.Join(l.Dir, "timeline.md")), edgeBin: bins.Edge}
+
+	var err error
+
+	if e.Core, err = l.AddCore(); err != nil {
+		return nil, err
+	}
+
+	if e.Omni, err = l.StartStandIn(ctx, e.Core, bins.StandIn); err != nil {
+		return nil, err
+	}
+
+	local := filepath.Join(l.Dir, "local-assets")
+	if err := LocalAssets(images, local); err != nil {
+		return nil, err
+	}
+
+	if e.Controller, err = l.StartController(ctx, e.Core, bins.Controller, e.Omni, ControllerOptions{
+		LocalAssetsDir: local, PowerCooldown: 5 * time.Second,
+	}); err != nil {
+		return nil, err
+	}
+
+	for i := 1; i <= 2; i++ {
+		site, err := l.AddSite(e.Core, i)
+		if err != nil {
+			return nil, err
+		}
+
+		token, err := e.Controller.CreateSite(ctx, site.Name)
+		if err != nil {
+			return nil, err
+		}
+
+		edge, err := site.StartEdge(ctx, bins.Edge, token, false)
+		if err != nil {
+			return nil, err
+		}
+
+		e.Sites, e.Edges, e.tokens = append(e.Sites, site), append(e.Edges, edge), append(e.tokens, token)
+
+		for j, kind := range []struct {
+			fw  Firmware
+			bmc BMCKind
+		}{{BIOS, IPMI}, {UEFI, Redfish}} {
+			m, err := site.AddMachine(ctx, MachineSpec{
+				Name: fmt.Sprintf("%s-%s", site.Name, kind.fw), UUID: fmt.Sprintf("0e5a1ab0-0000-4000-8000-0000000%d00%d%d", 0, i, j+1),
+				MAC: fmt.Sprintf("52:54:00:0e:%02d:%02d", i, j+1), Firmware: kind.fw, BMC: kind.bmc,
+			})
+			if err != nil {
+				return nil, err
+			}
+
+			m.OnInstalled = e.reportInstalled
+			e.Machines = append(e.Machines, m)
+		}
+	}
+
+	return e, nil
+}
+
+// reportInstalled plays Talos reporting its installation to Omni (the stand-in counts an install event).
+func (e *Env) reportInstalled(m *Machine) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	if err := e.Omni.Admin.ReportInstalled(ctx, m.Spec.UUID); err != nil {
+		e.Lab.log.Error("report install to omni", errField(err))
+	}
+}
+
+// Step is one step of the lifecycle scenario.
+type Step struct {
+	Name string
+	Run  func(ctx context.Context) error
+}
+
+// Steps returns the lifecycle scenario: discovery and acceptance two machines at a time, allocation of one
+// machine per site, a WAN cut of site 1, and release.
+func (e *Env) Steps() []Step {
+	bySite := func(i, j int) *Machine { return e.Machines[i*2+j] }
+	bios1, uefi1, bios2, uefi2 := bySite(0, 0), bySite(0, 1), bySite(1, 0), bySite(1, 1)
+
+	return []Step{
+		{"discover and accept the BIOS machines", func(ctx context.Context) error { return e.discoverAndAccept(ctx, bios1, bios2) }},
+		{"discover and accept the UEFI machines", func(ctx context.Context) error { return e.discoverAndAccept(ctx, uefi1, uefi2) }},
+		{"allocate one machine per site", func(ctx context.Context) error { return e.allocate(ctx, bios1, uefi2) }},
+		{"cut site 1's WAN: disk boot and agent mode still work", func(ctx context.Context) error { return e.wanCut(ctx, e.Sites[0], bios1, uefi1) }},
+		{"release the allocated machines", func(ctx context.Context) error { return e.release(ctx, bios1, uefi2) }},
+	}
+}
+
+// Run runs the steps in order, stopping at the first failure (returned with the step's name).
+func (e *Env) Run(ctx context.Context, onStep func(name string, err error)) error {
+	for _, s := range e.Steps() {
+		start := time.Now()
+		err := s.Run(ctx)
+
+		e.Timeline.Step(s.Name, "", start, err)
+
+		if onStep != nil {
+			onStep(s.Name, err)
+		}
+
+		if err != nil {
+			return fmt.Errorf("step %q: %w", s.Name, err)
+		}
+	}
+
+	return e.Timeline.Write()
+}
+
+// timed runs fn for each machine in parallel and records its duration on the timeline.
+func (e *Env) timed(step string, ms []*Machine, fn func(m *Machine) error) error {
+	errs := make(chan error, len(ms))
+
+	for _, m := range ms {
+		go func() {
+			start := time.Now()
+			err := fn(m)
+			e.Timeline.Step(step, m.Spec.Name, start, err)
+
+			if err != nil {
+				err = fmt.Errorf("%s: %w", m.Spec.Name, err)
+			}
+
+			errs <- err
+		}()
+	}
+
+	var all []error
+	for range ms {
+		all = append(all, <-errs)
+	}
+
+	return errors.Join(all...)
+}
+
+// poll calls cond until it returns true, an error, or the timeout passes; what says what was awaited.
+func poll(ctx context.Context, timeout time.Duration, what string, m *Machine, cond func() (bool, error)) error {
+	deadline := time.Now().Add(timeout)
+
+	for {
+		ok, err := cond()
+		if err != nil {
+			return err
+		}
+
+		if ok {
+			return nil
+		}
+
+		if m != nil {
+			if err := m.Failures(); err != nil {
+				return err
+			}
+		}
+
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: not within %s", what, timeout)
+		}
+
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// infraMachine returns Omni's view of a machine (nil when it does not exist).
+func (e *Env) infraMachine(ctx context.Context, id string) (*specs.InfraMachineSpec, *specs.InfraMachineStatusSpec, error) {
+	rows, err := e.Omni.Admin.List(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+
+	for _, r := range rows {
+		if r.ID == id {
+			return r.Spec, r.Status, nil
+		}
+	}
+
+	return nil, nil, nil
+}
+
+func (e *Env) discoverAndAccept(ctx context.Context, ms ...*Machine) error {
+	if err := e.timed("power-on to agent tunnel up and pending in Omni", ms, func(m *Machine) error {
+		from := m.Serial.Size()
+		if err := m.PowerOn(ctx); err != nil {
+			return err
+		}
+
+		if err := m.WaitSerial(ctx, from, "OUTPOST-PROVISIONED", 5*time.Minute); err != nil {
+			return err
+		}
+
+		return poll(ctx, time.Minute, "pending InfraMachine", m, func() (bool, error) {
+			spec, _, err := e.infraMachine(ctx, m.Spec.UUID)
+
+			return spec != nil && spec.AcceptanceStatus == specs.InfraMachineConfigSpec_PENDING, err
+		})
+	}); err != nil {
+		return err
+	}
+
+	return e.timed("accept to ready (bmc provisioned, disk zeroed, powered off)", ms, func(m *Machine) error {
+		if err := e.Omni.Admin.Accept(ctx, m.Spec.UUID); err != nil {
+			return err
+		}
+
+		return e.waitReadyAndOff(ctx, m)
+	})
+}
+
+// waitReadyAndOff waits until the machine's disk is zeroed (on the host), its BMC has a user the agent
+// created, Omni reports it ready, and it is powered off.
+func (e *Env) waitReadyAndOff(ctx context.Context, m *Machine) error {
+	if err := poll(ctx, 5*time.Minute, "bmc user provisioned through the agent", m, func() (bool, error) {
+		return len(m.BMCUsersSet()) > 0, nil
+	}); err != nil {
+		return err
+	}
+
+	if err := poll(ctx, 5*time.Minute, "disk zeroed", m, m.DiskZeroed); err != nil {
+		return err
+	}
+
+	if err := poll(ctx, 5*time.Minute, "ready to use in Omni", m, func() (bool, error) {
+		_, st, err := e.infraMachine(ctx, m.Spec.UUID)
+
+		return st != nil && st.ReadyToUse, err
+	}); err != nil {
+		return err
+	}
+
+	return poll(ctx, 5*time.Minute, "powered off", m, func() (bool, error) { return !m.Running(), nil })
+}
+
+func (e *Env) allocate(ctx context.Context, ms ...*Machine) error {
+	return e.timed("allocate to installed OS booted from disk", ms, func(m *Machine) error {
+		from := m.Serial.Size()
+
+		if err := e.Omni.Admin.Allocate(ctx, m.Spec.UUID, "lab", LabTalosVersion, nil, false); err != nil {
+			return err
+		}
+
+		if err := m.WaitSerial(ctx, from, "OUTPOST-INSTALL-REPORTED", 5*time.Minute); err != nil {
+			return err
+		}
+
+		return e.waitDiskBoot(ctx, m, from)
+	})
+}
+
+// waitDiskBoot waits for the installed OS's marker after from, and checks that boot did not use the network.
+func (e *Env) waitDiskBoot(ctx context.Context, m *Machine, from int64) error {
+	marker := "OUTPOST-INSTALLED-OS " + m.Spec.UUID + " " + string(m.Spec.Firmware)
+	if err := m.WaitSerial(ctx, from, marker, 3*time.Minute); err != nil {
+		return err
+	}
+
+	last := m.LastBoot()
+	if last.PXE {
+		return fmt.Errorf("the disk boot had the one-time PXE flag set")
+	}
+
+	out := m.Serial.Since(last.SerialOffset)
+	for _, netboot := range []string{"iPXE", "PXE over IPv4", "Start PXE"} {
+		if bytes.Contains(out, []byte(netboot)) {
+			return fmt.Errorf("the disk boot touched the network (%q on the console)", netboot)
+		}
+	}
+
+	return nil
+}
+
+func (e *Env) wanCut(ctx context.Context, site *Site, installed, idle *Machine) error {
+	if err := site.SetWAN(false); err != nil {
+		return err
+	}
+
+	cutAt := time.Now()
+
+	if err := e.timed("WAN down: installed machine power cycle to disk boot", []*Machine{installed}, func(m *Machine) error {
+		from := m.Serial.Size()
+		if err := m.Chassis.Reset(ctx); err != nil {
+			return err
+		}
+
+		return e.waitDiskBoot(ctx, m, from)
+	}); err != nil {
+		site.SetWAN(true) //nolint:errcheck,gosec
+
+		return err
+	}
+
+	idleFrom := idle.Serial.Size()
+
+	if err := e.timed("WAN down: idle machine power-on (one-time PXE) to agent mode", []*Machine{idle}, func(m *Machine) error {
+		from := idleFrom
+		m.Chassis.SetOverride(pxeOnce)
+
+		if err := m.PowerOn(ctx); err != nil {
+			return err
+		}
+
+		return m.WaitSerial(ctx, from, "OUTPOST-AGENT-START", 5*time.Minute)
+	}); err != nil {
+		site.SetWAN(true) //nolint:errcheck,gosec
+
+		return err
+	}
+
+	// Keep the link down for a minute in all.
+	if wait := time.Minute - time.Since(cutAt); wait > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+
+	start := time.Now()
+
+	if err := site.SetWAN(true); err != nil {
+		return err
+	}
+
+	// Nothing lost: the idle machine joins Omni once the link is back and is powered off again as an accepted,
+	// ready machine; the installed machine stays installed.
+	err := e.timed("WAN back: idle machine joins and is powered off again", []*Machine{idle}, func(m *Machine) error {
+		if err := m.WaitSerial(ctx, idleFrom, "OUTPOST-PROVISIONED", 3*time.Minute); err != nil {
+			return err
+		}
+
+		return e.waitReadyAndOff(ctx, m)
+	})
+	e.Timeline.Step("WAN back to idle machine settled", site.Name, start, err)
+
+	if err != nil {
+		return err
+	}
+
+	_, st, err := e.infraMachine(ctx, installed.Spec.UUID)
+	if err != nil {
+		return err
+	}
+
+	if st == nil || !st.Installed {
+		return fmt.Errorf("%s lost its installed state after the WAN cut", installed.Spec.Name)
+	}
+
+	return nil
+}
+
+func (e *Env) release(ctx context.Context, ms ...*Machine) error {
+	return e.timed("release to agent mode, wiped, powered off", ms, func(m *Machine) error {
+		from := m.Serial.Size()
+
+		if err := e.Omni.Admin.Release(ctx, m.Spec.UUID); err != nil {
+			return err
+		}
+
+		if err := m.WaitSerial(ctx, from, "OUTPOST-AGENT-START", 5*time.Minute); err != nil {
+			return err
+		}
+
+		return e.waitReadyAndOff(ctx, m)
+	})
+}
+
+// Status is one row of the lab's live table.
+type Status struct {
+	Site, Machine, Power, Phase, LastEvent string
+}
+
+// Statuses returns the live table: each machine's power (its QEMU process), phase (Omni's view) and the last
+// OUTPOST-* line of its serial console.
+func (e *Env) Statuses(ctx context.Context) []Status {
+	rows, _ := e.Omni.Admin.List(ctx) //nolint:errcheck // an empty phase column says Omni did not answer
+
+	out := make([]Status, 0, len(e.Machines))
+
+	for _, m := range e.Machines {
+		s := Status{Site: m.Site.Name, Machine: m.Spec.Name, Power: "off", Phase: "-", LastEvent: lastMarker(m)}
+		if m.Running() {
+			s.Power = "on"
+		}
+
+		for _, r := range rows {
+			if r.ID != m.Spec.UUID {
+				continue
+			}
+
+			s.Phase = phase(r.Spec, r.Status)
+		}
+
+		out = append(out, s)
+	}
+
+	return out
+}
+
+func phase(spec *specs.InfraMachineSpec, st *specs.InfraMachineStatusSpec) string {
+	switch {
+	case spec.AcceptanceStatus == specs.InfraMachineConfigSpec_PENDING:
+		return "pending"
+	case spec.AcceptanceStatus == specs.InfraMachineConfigSpec_REJECTED:
+		return "rejected"
+	case st != nil && st.Installed:
+		return "installed"
+	case spec.ClusterTalosVersion != "":
+		return "allocated"
+	case st != nil && st.ReadyToUse:
+		return "ready"
+	default:
+		return "accepted"
+	}
+}
+
+func lastMarker(m *Machine) string {
+	b := m.Serial.Since(max(m.Serial.Size()-16384, 0))
+	lines := strings.Split(string(b), "\n")
+
+	for i := len(lines) - 1; i >= 0; i-- {
+		if idx := strings.Index(lines[i], "OUTPOST-"); idx >= 0 {
+			return strings.TrimSpace(lines[i][idx:])
+		}
+
+		if idx := strings.Index(lines[i], "disk wiped"); idx >= 0 {
+			return "disk wiped"
+		}
+	}
+
+	return ""
+}
+
+// pxeOnce is the one-time PXE boot override an operator (or the controller) sets before a power-on.
+var pxeOnce = vbmc.Override{Device: vbmc.BootPXE}
+
+func errField(err error) zap.Field { return zap.Error(err) }
