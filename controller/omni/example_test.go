@@ -24,8 +24,8 @@ func Example() {
 	var (
 		power    lifecycle.PowerClient       // BMC operations over the uplink (sites.Server.Conn(site))
 		agent    lifecycle.AgentClient       // management.AgentService through the edge's tunnel proxy
-		pusher   lifecycle.PlanPusher        // boot-plan sync; returns once the edge acknowledged
-		siteDirs bootplans.SiteDirectory     // the edge's /config URL and agent address per site
+		plans    *bootplans.Plans            // the boot service (its OnSession goes into sites.Options.OnSession)
+		siteDirs bootplans.SiteDirectory     // empty Sites: the edge adds its own /config URL and agent address
 		health   func(context.Context) error // e.g. "no site connected"
 	)
 
@@ -50,6 +50,8 @@ func Example() {
 		return
 	}
 
+	pusher := bootplans.NewTablePusher(plans) // lifecycle.PlanPusher: returns once the edge acknowledged
+
 	locations := lifecycle.NewLocations(logger) // fed by the edge event receiver: Seen, AgentConnected, SiteOffline
 
 	ctrls, err := lifecycle.New(lifecycle.Default(), lifecycle.Deps{
@@ -65,7 +67,7 @@ func Example() {
 		return
 	}
 
-	joinConfig := conn.NewJoinConfigWatcher("", func(omni.JoinConfig) { /* send /config content to the edges */ })
+	joinConfig := conn.NewJoinConfigWatcher("", func(jc omni.JoinConfig) { pusher.SetConfig([]byte(jc.Documents)) })
 
 	eg, ctx := errgroup.WithContext(ctx)
 	eg.Go(func() error { return rt.Run(ctx) })
