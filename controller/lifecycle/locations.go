@@ -57,7 +57,7 @@ func (l *Locations) Seen(siteID, machineID string) (moved bool, err error) {
 
 	next := &Location{SiteID: siteID}
 	if ok {
-		next.Arch = cur.Arch
+		next.Arch, next.Firmware = cur.Arch, cur.Firmware
 	}
 
 	l.machines[machineID] = next
@@ -105,6 +105,20 @@ func (l *Locations) SetArch(machineID, arch string) {
 
 	if cur, ok := l.machines[machineID]; ok {
 		cur.Arch = arch
+	}
+}
+
+// SetFirmware records the firmware a machine's PXE request reported ("bios" or "uefi"; others are ignored).
+func (l *Locations) SetFirmware(machineID, firmware string) {
+	if firmware != "bios" && firmware != "uefi" {
+		return
+	}
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+
+	if cur, ok := l.machines[machineID]; ok {
+		cur.Firmware = firmware
 	}
 }
 

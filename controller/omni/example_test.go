@@ -12,6 +12,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/bootplans"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/machineaccess"
 	"github.com/outpost-metal/outpost/controller/omni"
 )
 
@@ -22,8 +23,7 @@ func Example() {
 	logger := zap.NewNop()
 
 	var (
-		power    lifecycle.PowerClient       // BMC operations over the uplink (sites.Server.Conn(site))
-		agent    lifecycle.AgentClient       // management.AgentService through the edge's tunnel proxy
+		access   *machineaccess.Client       // machineaccess.New(sitesServer.Conn, locations)
 		plans    *bootplans.Plans            // the boot service (its OnSession goes into sites.Options.OnSession)
 		siteDirs bootplans.SiteDirectory     // empty Sites: the edge adds its own /config URL and agent address
 		health   func(context.Context) error // e.g. "no site connected"
@@ -52,10 +52,11 @@ func Example() {
 
 	pusher := bootplans.NewTablePusher(plans) // lifecycle.PlanPusher: returns once the edge acknowledged
 
-	locations := lifecycle.NewLocations(logger) // fed by the edge event receiver: Seen, AgentConnected, SiteOffline
+	locations := lifecycle.NewLocations(logger)
+	edges := &lifecycle.EdgeClients{Access: access, Sites: locations} // PowerClient and AgentClient // fed by the edge event receiver: Seen, AgentConnected, SiteOffline
 
 	ctrls, err := lifecycle.New(lifecycle.Default(), lifecycle.Deps{
-		Types: conn.Types(), Power: power, Agent: agent, Sites: locations, Plans: pusher, Planner: planner,
+		Types: conn.Types(), Power: edges, Agent: edges, Sites: locations, Plans: pusher, Planner: planner,
 		Now: time.Now, Rand: rand.Reader, Metrics: lifecycle.NewMetrics(), // register Metrics with prometheus
 	})
 	if err != nil {
