@@ -52,6 +52,8 @@ func Example() {
 
 	pusher := bootplans.NewTablePusher(plans) // lifecycle.PlanPusher: returns once the edge acknowledged
 
+	// fed by the edges' events: bootplans.NewReceiver(logger, locations, sites.SiteFromContext);
+	// call locations.SiteOffline(site) when a site's session ends
 	locations := lifecycle.NewLocations(logger)
 	edges := &lifecycle.EdgeClients{Access: access, Sites: locations} // PowerClient and AgentClient // fed by the edge event receiver: Seen, AgentConnected, SiteOffline
 
