@@ -55,7 +55,7 @@ func Example() {
 	// fed by the edges' events: bootplans.NewReceiver(logger, locations, sites.SiteFromContext);
 	// call locations.SiteOffline(site) when a site's session ends
 	locations := lifecycle.NewLocations(logger)
-	edges := &lifecycle.EdgeClients{Access: access, Sites: locations} // PowerClient and AgentClient // fed by the edge event receiver: Seen, AgentConnected, SiteOffline
+	edges := &lifecycle.EdgeClients{Access: access, Sites: locations} // PowerClient and AgentClient
 
 	ctrls, err := lifecycle.New(lifecycle.Default(), lifecycle.Deps{
 		Types: conn.Types(), Power: edges, Agent: edges, Sites: locations, Plans: pusher, Planner: planner,
