@@ -23,6 +23,10 @@ help: ## this list
 build: ## build the controller and edge binaries into _out/bin
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(OUT)/bin/ ./controller ./edge
 
+.PHONY: image
+image: build ## the edge appliance: Talos extension, OCI image, machine-config patch (MKIMAGE_* env) under _out/image
+	$(GO) run ./image/cmd/mkimage -edge $(OUT)/bin/edge -out $(OUT)/image -version $(VERSION)
+
 .PHONY: deps
 deps: ## install the Debian packages the tests and the lab need (root; skipped with a reason otherwise)
 	hack/deps.sh
@@ -57,8 +61,9 @@ test-unit: ## the fast loop: unit tests only (-short skips lab tests)
 	$(GO) test -short -count=1 ./...
 
 .PHONY: test
-test: deps check-dirty tools ## everything: generated code check, vet, all tests including lab tests (root)
+test: deps check-dirty tools ## everything: generated code check, vet, lint, all tests including lab tests (root)
 	$(GO) vet ./...
+	$(TOOLS)/golangci-lint run ./...
 	$(TOOLS)/gotestsum --format testname -- -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 .PHONY: fuzz

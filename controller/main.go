@@ -81,6 +81,9 @@ func rootCommand() *cobra.Command {
 	f.DurationVar(&cfg.CertValidity, "cert-validity", envDuration("OUTPOST_CERT_VALIDITY", cfg.CertValidity), "lifetime of edge certificates [OUTPOST_CERT_VALIDITY]")
 	f.StringSliceVar(&cfg.ServerNames, "server-name", envList("OUTPOST_SERVER_NAMES", cfg.ServerNames), "extra DNS names for the uplink certificate [OUTPOST_SERVER_NAMES]")
 
+	f.StringVar(&cfg.AssetsDir, "assets-dir", env("OUTPOST_ASSETS_DIR", cfg.AssetsDir), "boot-asset files (named by SHA-256) to relay to edges (default <state-dir>/assets) [OUTPOST_ASSETS_DIR]")
+	f.StringVar(&cfg.DefaultAssetPolicy, "default-asset-policy", env("OUTPOST_DEFAULT_ASSET_POLICY", cfg.DefaultAssetPolicy), "asset policy of sites without their own: passthrough, cache or offline [OUTPOST_DEFAULT_ASSET_POLICY]")
+
 	root.AddCommand(siteCommand(&cfg))
 
 	return root
@@ -166,7 +169,29 @@ func siteCommand(cfg *config.Config) *cobra.Command {
 		},
 	}
 
-	site.AddCommand(create, token, list, revoke, del)
+	show := &cobra.Command{
+		Use:   "show SITE",
+		Short: "Show a site: connection, and boot assets (policy, cached, missing for current plans, bytes relayed)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(func(ctx context.Context, c *admincli.Client) error {
+				return c.ShowSite(ctx, args[0], cmd.OutOrStdout(), time.Now())
+			})(cmd, args)
+		},
+	}
+
+	policy := &cobra.Command{
+		Use:   "policy SITE passthrough|cache|offline",
+		Short: "Set a site's boot-asset policy",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(func(ctx context.Context, c *admincli.Client) error {
+				return c.SetAssetPolicy(ctx, args[0], args[1])
+			})(cmd, args)
+		},
+	}
+
+	site.AddCommand(create, token, list, show, policy, revoke, del)
 
 	return site
 }

@@ -12,8 +12,11 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.uber.org/zap"
 
 	"github.com/outpost-metal/outpost/edge/app"
+	"github.com/outpost-metal/outpost/edge/assets"
+	"github.com/outpost-metal/outpost/edge/assetscli"
 	"github.com/outpost-metal/outpost/edge/config"
 	"github.com/outpost-metal/outpost/shared/logging"
 	"github.com/outpost-metal/outpost/shared/version"
@@ -73,10 +76,36 @@ func rootCommand() *cobra.Command {
 
 	f = root.Flags()
 	f.StringVar(&cfg.LogLevel, "log-level", env("OUTPOST_LOG_LEVEL", cfg.LogLevel), "debug, info, warn or error [OUTPOST_LOG_LEVEL]")
-	f.StringVar(&cfg.HTTPListen, "http-listen", env("OUTPOST_HTTP_LISTEN", cfg.HTTPListen), "address for iPXE scripts, assets, /config, /metrics and /healthz [OUTPOST_HTTP_LISTEN]")
 	f.StringVar(&cfg.Uplink.ControllerAddress, "controller", env("OUTPOST_CONTROLLER", cfg.Uplink.ControllerAddress), "controller uplink address, host:port [OUTPOST_CONTROLLER]")
-	f.StringVar(&cfg.Uplink.JoinToken, "join-token", env("OUTPOST_JOIN_TOKEN", cfg.Uplink.JoinToken), "join token from `controller site create` (needed once, to enrol) [OUTPOST_JOIN_TOKEN]")
+	f.StringVar(&cfg.Uplink.JoinToken, "join-token", env("OUTPOST_JOIN_TOKEN", cfg.Uplink.JoinToken), "join token from 'controller site create' (needed once, to enrol) [OUTPOST_JOIN_TOKEN]")
 	f.DurationVar(&cfg.Uplink.BackoffMax, "reconnect-max", envDuration("OUTPOST_RECONNECT_MAX", cfg.Uplink.BackoffMax), "longest wait between reconnection attempts [OUTPOST_RECONNECT_MAX]")
+	f.StringVar(&cfg.DHCP.Interface, "interface", env("OUTPOST_INTERFACE", cfg.DHCP.Interface), "network interface the ProxyDHCP serves (SO_BINDTODEVICE); empty with no --server-ip turns it off [OUTPOST_INTERFACE]")
+	f.StringVar(&cfg.DHCP.ServerIP, "server-ip", env("OUTPOST_SERVER_IP", cfg.DHCP.ServerIP), "the edge's address machines reach (default: the interface's first IPv4) [OUTPOST_SERVER_IP]")
+	f.StringVar(&cfg.HTTP.Listen, "http-listen", env("OUTPOST_HTTP_LISTEN", cfg.HTTP.Listen), "address for iPXE scripts, binaries, assets, /config, /metrics and /healthz [OUTPOST_HTTP_LISTEN]")
+	f.StringVar(&cfg.HTTP.AdvertiseHost, "advertise-host", env("OUTPOST_ADVERTISE_HOST", cfg.HTTP.AdvertiseHost), "host[:port] machines use for the HTTP server (default: the request's Host) [OUTPOST_ADVERTISE_HOST]")
+	f.StringVar(&cfg.HTTP.AgentAddress, "agent-address", env("OUTPOST_AGENT_ADDRESS", cfg.HTTP.AgentAddress), "metal.provider.address given to agents (default: the advertised host with the API port) [OUTPOST_AGENT_ADDRESS]")
+	f.StringVar(&cfg.TFTP.Listen, "tftp-listen", env("OUTPOST_TFTP_LISTEN", cfg.TFTP.Listen), "TFTP address, empty to turn TFTP off [OUTPOST_TFTP_LISTEN]")
+	f.StringVar(&cfg.APIListen, "api-listen", env("OUTPOST_API_LISTEN", cfg.APIListen), "agent tunnel endpoint (HTTP/2) [OUTPOST_API_LISTEN]")
+	f.StringVar(&cfg.IPXEDir, "ipxe-dir", env("OUTPOST_IPXE_DIR", cfg.IPXEDir), "directory of iPXE binaries (Debian's ipxe package) [OUTPOST_IPXE_DIR]")
+	f.Int64Var(&cfg.Assets.MaxBytes, "assets-max-bytes", cfg.Assets.MaxBytes, "size cap of the boot-asset cache")
+	f.StringVar(&cfg.AssetsPreseedDir, "assets-preseed-dir", env("OUTPOST_ASSETS_PRESEED_DIR", cfg.AssetsPreseedDir), "asset bundle to import at start (baked-in assets) [OUTPOST_ASSETS_PRESEED_DIR]")
+	f.StringSliceVar(&cfg.HTTP.KernelArgs, "kernel-args", cfg.HTTP.KernelArgs, "kernel arguments for every PXE boot unless the controller sets them (consoles)")
+
+	root.AddCommand(assetscli.NewCommand(func() (assets.Config, error) {
+		c := cfg.Resolved().Assets
+		if err := c.Validate(); err != nil {
+			return c, fmt.Errorf("asset cache configuration: %w", err)
+		}
+
+		return c, nil
+	}, func() *zap.Logger {
+		log, err := logging.New(os.Stderr, "info")
+		if err != nil {
+			return zap.NewNop()
+		}
+
+		return log
+	}))
 
 	return root
 }

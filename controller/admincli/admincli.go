@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/outpost-metal/outpost/controller/assets"
 	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
 )
 
@@ -151,4 +152,42 @@ func describe(what string, err error) error {
 	}
 
 	return fmt.Errorf("%s: %s", what, st.Message())
+}
+
+// ShowSite prints one site with its boot-asset state.
+func (c *Client) ShowSite(ctx context.Context, siteID string, out io.Writer, now time.Time) error {
+	resp, err := c.api.ShowSite(ctx, &adminpb.ShowSiteRequest{SiteId: siteID})
+	if err != nil {
+		return describe("show site", err)
+	}
+
+	s := resp.GetSite()
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "state:\t%s\n", siteState(s))
+	fmt.Fprintf(tw, "description:\t%s\n", s.GetDescription())
+	fmt.Fprintf(tw, "edge version:\t%s\n", dash(s.GetEdgeVersion()))
+	fmt.Fprintf(tw, "last seen:\t%s\n", ago(s.GetLastSeen(), now))
+	fmt.Fprintf(tw, "remote:\t%s\n", dash(s.GetRemoteAddress()))
+
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+
+	if resp.GetAssets() == nil {
+		return nil
+	}
+
+	return assets.WriteSiteAssets(out, resp.GetAssets())
+}
+
+// SetAssetPolicy sets a site's boot-asset policy (passthrough, cache or offline).
+func (c *Client) SetAssetPolicy(ctx context.Context, siteID, policy string) error {
+	p, err := assets.ParsePolicy(policy)
+	if err != nil {
+		return err
+	}
+
+	_, err = c.api.SetAssetPolicy(ctx, &adminpb.SetAssetPolicyRequest{SiteId: siteID, Policy: p})
+
+	return describe("set asset policy", err)
 }

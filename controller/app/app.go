@@ -27,10 +27,12 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
+	"github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/config"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/sites"
 	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
+	assetspb "github.com/outpost-metal/outpost/shared/api/assets"
 )
 
 // Run runs the controller until ctx is done.
@@ -63,6 +65,11 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 
 	registry := sites.NewRegistry(st, ca, rand.Reader, time.Now)
 
+	catalog, relay, err := assetCatalog(ctx, cfg, registry, log)
+	if err != nil {
+		return err
+	}
+
 	uplinkServer, err := sites.NewServer(sites.Options{
 		Logger:       log,
 		Registry:     registry,
@@ -71,6 +78,8 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		Metrics:      metrics,
 		CertValidity: cfg.CertValidity,
 		ServerNames:  cfg.ServerNames,
+		Register:     []func(grpc.ServiceRegistrar){relay.Register},
+		OnSession:    []sites.SessionFunc{catalog.OnSession},
 	})
 	if err != nil {
 		return err
@@ -89,7 +98,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	}
 
 	adminServer := grpc.NewServer()
-	adminpb.RegisterAdminServer(adminServer, sites.NewAdmin(registry, uplinkServer, st))
+	adminpb.RegisterAdminServer(adminServer, sites.NewAdmin(registry, uplinkServer, st, catalogState{catalog}))
 
 	log.Info("controller starting",
 		zap.String("uplink", uplinkLn.Addr().String()),
@@ -112,6 +121,53 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	}
 
 	return eg.Wait()
+}
+
+// assetCatalog builds the per-site asset bookkeeping, with each site's stored policy, and the relay
+// that streams the controller's asset files to edges.
+func assetCatalog(ctx context.Context, cfg config.Config, registry *sites.Registry, log *zap.Logger) (*assets.Catalog, *assets.Relay, error) {
+	defaultPolicy, err := assets.ParsePolicy(cfg.DefaultAssetPolicy)
+	if err != nil {
+		return nil, nil, err
+	}
+
+	catalog := assets.NewCatalog(defaultPolicy, time.Now)
+
+	list, err := registry.List(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+
+	for _, site := range list {
+		if p := assetspb.Policy(site.TypedSpec().Value.GetAssetPolicy()); p != assetspb.Policy_POLICY_UNSPECIFIED {
+			if err := catalog.SetPolicy(site.Metadata().ID(), p); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+
+	dir := cfg.AssetsDir
+	if dir == "" {
+		dir = filepath.Join(cfg.StateDir, "assets")
+	}
+
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, nil, fmt.Errorf("asset directory: %w", err)
+	}
+
+	relay, err := assets.NewRelay(assets.DefaultRelay(), assets.DirFiles{Dir: dir}, catalog, sites.SiteFromContext, log)
+	if err != nil {
+		return nil, nil, err
+	}
+
+	return catalog, relay, nil
+}
+
+// catalogState adapts the asset catalog to what the admin API needs.
+type catalogState struct{ *assets.Catalog }
+
+func (c catalogState) SiteAssets(siteID string) *assetspb.SiteAssetState {
+	return c.Site(siteID).Proto()
 }
 
 // openState returns COSI state whose controller namespace is persisted in a bolt file; other

@@ -28,6 +28,11 @@ type Config struct {
 	CertValidity time.Duration
 	// ServerNames are extra DNS names in the uplink server certificate.
 	ServerNames []string
+	// AssetsDir holds boot-asset files named by their SHA-256, which the controller relays to edges
+	// that cannot fetch them themselves (air-gapped sites); empty means <StateDir>/assets.
+	AssetsDir string
+	// DefaultAssetPolicy applies to sites without their own: passthrough, cache or offline.
+	DefaultAssetPolicy string
 }
 
 // Default returns the default configuration.
@@ -38,6 +43,8 @@ func Default() Config {
 		HTTPListen:   "127.0.0.1:9464",
 		LogLevel:     "info",
 		CertValidity: 30 * 24 * time.Hour,
+		// Caching is what a site wants unless told otherwise: it keeps booting when the WAN is down.
+		DefaultAssetPolicy: "cache",
 	}
 }
 
@@ -74,6 +81,12 @@ func (c Config) Validate() error {
 
 	if c.CertValidity < time.Hour {
 		errs = append(errs, fmt.Errorf("certificate validity %s is shorter than an hour", c.CertValidity))
+	}
+
+	switch c.DefaultAssetPolicy {
+	case "passthrough", "cache", "offline":
+	default:
+		errs = append(errs, fmt.Errorf("default asset policy %q is not passthrough, cache or offline", c.DefaultAssetPolicy))
 	}
 
 	return errors.Join(errs...)

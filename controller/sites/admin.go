@@ -9,7 +9,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/outpost-metal/outpost/controller/resources"
 	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
+	assetspb "github.com/outpost-metal/outpost/shared/api/assets"
 	"github.com/outpost-metal/outpost/shared/uplink"
 )
 
@@ -20,11 +22,18 @@ type Admin struct {
 	registry *Registry
 	server   *Server
 	statuses state.State
+	assets   AssetState
 }
 
-// NewAdmin returns the operator API over a registry and the uplink server.
-func NewAdmin(registry *Registry, server *Server, statuses state.State) *Admin {
-	return &Admin{registry: registry, server: server, statuses: statuses}
+// AssetState is what the operator API needs of the boot-asset catalog.
+type AssetState interface {
+	SiteAssets(siteID string) *assetspb.SiteAssetState
+	SetPolicy(siteID string, policy assetspb.Policy) error
+}
+
+// NewAdmin returns the operator API over a registry, the uplink server and (optionally, nil) the asset catalog.
+func NewAdmin(registry *Registry, server *Server, statuses state.State, assets AssetState) *Admin {
+	return &Admin{registry: registry, server: server, statuses: statuses, assets: assets}
 }
 
 // CreateSite implements adminpb.AdminServer.
@@ -71,31 +80,82 @@ func (a *Admin) ListSites(ctx context.Context, _ *adminpb.ListSitesRequest) (*ad
 	out := &adminpb.ListSitesResponse{}
 
 	for _, site := range list {
-		spec := site.TypedSpec().Value
-
-		st, err := Status(ctx, a.statuses, site.Metadata().ID())
+		view, err := a.view(ctx, site)
 		if err != nil {
-			return nil, status.Error(codes.Internal, err.Error())
+			return nil, err
 		}
 
-		live := st.TypedSpec().Value
-
-		out.Sites = append(out.Sites, &adminpb.Site{
-			SiteId:         site.Metadata().ID(),
-			Description:    spec.GetDescription(),
-			Revoked:        spec.GetRevoked(),
-			Connected:      a.server.Connected(site.Metadata().ID()),
-			EdgeVersion:    live.GetEdgeVersion(),
-			LastSeen:       live.GetLastSeen(),
-			ConnectedSince: live.GetConnectedSince(),
-			RemoteAddress:  live.GetRemoteAddress(),
-			TokenExpires:   spec.GetTokenExpires(),
-			TokenUsed:      spec.GetTokenUsed(),
-			Enrolled:       len(spec.GetCertificateSerials()) > 0,
-		})
+		out.Sites = append(out.Sites, view)
 	}
 
 	return out, nil
+}
+
+func (a *Admin) view(ctx context.Context, site *resources.Site) (*adminpb.Site, error) {
+	spec := site.TypedSpec().Value
+
+	st, err := Status(ctx, a.statuses, site.Metadata().ID())
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+
+	live := st.TypedSpec().Value
+
+	return &adminpb.Site{
+		SiteId:         site.Metadata().ID(),
+		Description:    spec.GetDescription(),
+		Revoked:        spec.GetRevoked(),
+		Connected:      a.server.Connected(site.Metadata().ID()),
+		EdgeVersion:    live.GetEdgeVersion(),
+		LastSeen:       live.GetLastSeen(),
+		ConnectedSince: live.GetConnectedSince(),
+		RemoteAddress:  live.GetRemoteAddress(),
+		TokenExpires:   spec.GetTokenExpires(),
+		TokenUsed:      spec.GetTokenUsed(),
+		Enrolled:       len(spec.GetCertificateSerials()) > 0,
+	}, nil
+}
+
+// ShowSite implements adminpb.AdminServer.
+func (a *Admin) ShowSite(ctx context.Context, req *adminpb.ShowSiteRequest) (*adminpb.ShowSiteResponse, error) {
+	site, err := a.registry.Get(ctx, req.GetSiteId())
+	if err != nil {
+		return nil, registryStatus(err)
+	}
+
+	view, err := a.view(ctx, site)
+	if err != nil {
+		return nil, err
+	}
+
+	out := &adminpb.ShowSiteResponse{Site: view}
+
+	if a.assets != nil {
+		out.Assets = a.assets.SiteAssets(req.GetSiteId())
+	}
+
+	return out, nil
+}
+
+// SetAssetPolicy implements adminpb.AdminServer: the policy is stored with the site and pushed to its edge.
+func (a *Admin) SetAssetPolicy(ctx context.Context, req *adminpb.SetAssetPolicyRequest) (*adminpb.SetAssetPolicyResponse, error) {
+	if _, ok := assetspb.Policy_name[int32(req.GetPolicy())]; !ok || req.GetPolicy() == assetspb.Policy_POLICY_UNSPECIFIED {
+		return nil, status.Errorf(codes.InvalidArgument, "asset policy %v is not passthrough, cache or offline", req.GetPolicy())
+	}
+
+	if a.assets == nil {
+		return nil, status.Error(codes.Unimplemented, "this controller has no asset catalog")
+	}
+
+	if err := a.registry.SetAssetPolicy(ctx, req.GetSiteId(), int32(req.GetPolicy())); err != nil {
+		return nil, registryStatus(err)
+	}
+
+	if err := a.assets.SetPolicy(req.GetSiteId(), req.GetPolicy()); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+
+	return &adminpb.SetAssetPolicyResponse{}, nil
 }
 
 // RevokeSite implements adminpb.AdminServer: the site's certificates stop working and its session ends now.

@@ -209,10 +209,12 @@ func (ca *CA) SignClient(csrDER []byte, siteID string, now time.Time, validity t
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
 		Subject:      pkix.Name{CommonName: siteID, Organization: []string{"outpost-site"}},
-		NotBefore:    now.Add(-5 * time.Minute),
-		NotAfter:     now.Add(validity),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		// Backdated for clock skew, but by little enough that the edge's renewal at two thirds of
+		// the lifetime stays in the future even for short-lived certificates.
+		NotBefore:   now.Add(-min(5*time.Minute, validity/10)),
+		NotAfter:    now.Add(validity),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}
 
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, csr.PublicKey, ca.key)

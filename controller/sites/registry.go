@@ -216,6 +216,17 @@ func (r *Registry) Revoke(ctx context.Context, siteID string) error {
 	return err
 }
 
+// SetAssetPolicy stores the site's boot-asset policy (an outpost.assets.Policy value).
+func (r *Registry) SetAssetPolicy(ctx context.Context, siteID string, policy int32) error {
+	_, err := r.update(ctx, siteID, func(site *resources.Site) error {
+		site.TypedSpec().Value.AssetPolicy = policy
+
+		return nil
+	})
+
+	return err
+}
+
 // Delete removes a site.
 func (r *Registry) Delete(ctx context.Context, siteID string) error {
 	if err := r.st.Destroy(ctx, resources.NewSite(siteID).Metadata()); err != nil {

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/cosi-project/runtime/pkg/state"
+
 	uplinkpb "github.com/outpost-metal/outpost/shared/api/uplink"
 	"github.com/outpost-metal/outpost/shared/uplink"
 	"github.com/outpost-metal/outpost/shared/version"

@@ -6,19 +6,44 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
+	"strconv"
 
+	"github.com/outpost-metal/outpost/edge/assets"
+	"github.com/outpost-metal/outpost/edge/bmc"
+	"github.com/outpost-metal/outpost/edge/dhcp"
+	"github.com/outpost-metal/outpost/edge/ipxe"
+	"github.com/outpost-metal/outpost/edge/tftp"
 	"github.com/outpost-metal/outpost/edge/uplink"
 	"github.com/outpost-metal/outpost/shared/logging"
 )
 
-// Config is everything the edge process needs.
+// Config is everything the edge process needs. Component sections hold the components' own configurations;
+// StateDir fills in their directories.
 type Config struct {
-	// StateDir holds the edge's identity and everything it must keep across restarts.
+	// StateDir holds the edge's identity, boot table, event journal and asset cache.
 	StateDir string
 	// LogLevel is debug, info, warn or error.
 	LogLevel string
-	// HTTPListen serves iPXE scripts, assets, /config, /metrics and /healthz.
-	HTTPListen string
+	// IPXEDir holds the iPXE binaries served over TFTP and HTTP (Debian's ipxe package).
+	IPXEDir string
+	// APIListen is the agents' tunnel endpoint (plain HTTP/2); machines get metal.provider.address for it.
+	APIListen string
+	// AssetsPreseedDir is an asset bundle imported into the cache at start (appliances with baked-in assets).
+	AssetsPreseedDir string
+
+	// DHCP is the ProxyDHCP; it is off unless an interface or a server address is given.
+	DHCP dhcp.Config
+	// TFTP serves the iPXE binaries; an empty Listen turns it off.
+	TFTP tftp.Config
+	// HTTP serves iPXE scripts, binaries, assets, /config, /metrics and /healthz.
+	HTTP ipxe.Config
+	// Assets is the boot-asset cache.
+	Assets assets.Config
+	// Fetcher fills the cache according to the site's policy.
+	Fetcher assets.FetcherConfig
+	// BMC is how the edge talks to BMCs.
+	BMC bmc.Config
 	// Uplink is the connection to the controller.
 	Uplink uplink.Config
 }
@@ -26,15 +51,52 @@ type Config struct {
 // Default returns the default configuration.
 func Default() Config {
 	return Config{
-		StateDir:   "/var/lib/outpost-edge",
-		LogLevel:   "info",
-		HTTPListen: ":8080",
-		Uplink:     uplink.Default(),
+		StateDir:  "/var/lib/outpost-edge",
+		LogLevel:  "info",
+		IPXEDir:   tftp.DefaultDir,
+		APIListen: ":50042",
+		DHCP:      dhcp.Default(),
+		TFTP:      tftp.Default(),
+		HTTP:      ipxe.Default(),
+		Assets:    assets.Default(),
+		Fetcher:   assets.DefaultFetcher(),
+		BMC:       bmc.Default(),
+		Uplink:    uplink.Default(),
 	}
+}
+
+// DHCPEnabled reports whether the ProxyDHCP runs.
+func (c Config) DHCPEnabled() bool {
+	return c.DHCP.Interface != "" || c.DHCP.ServerIP != ""
+}
+
+// Resolved returns the configuration with the component directories and ports derived from the edge-wide
+// settings: the state directory, the iPXE directory and the HTTP and API ports.
+func (c Config) Resolved() Config {
+	c.Uplink.StateDir = c.StateDir
+	c.Assets.Dir = filepath.Join(c.StateDir, "assets")
+	c.HTTP.AssetsDir = filepath.Join(c.StateDir, "files")
+	c.TFTP.Dir = c.IPXEDir
+
+	if _, port, err := net.SplitHostPort(c.HTTP.Listen); err == nil {
+		if p, err := strconv.Atoi(port); err == nil && p > 0 {
+			c.DHCP.HTTPPort = p
+		}
+	}
+
+	if _, port, err := net.SplitHostPort(c.APIListen); err == nil && c.HTTP.AgentAddress == "" {
+		if p, err := strconv.Atoi(port); err == nil && p > 0 {
+			c.HTTP.AgentPort = p
+		}
+	}
+
+	return c
 }
 
 // Validate checks the configuration and says what is wrong with it.
 func (c Config) Validate() error {
+	c = c.Resolved()
+
 	var errs []error
 
 	if c.StateDir == "" {
@@ -45,15 +107,34 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 
-	if _, _, err := net.SplitHostPort(c.HTTPListen); err != nil {
-		errs = append(errs, fmt.Errorf("http listen address %q: %w", c.HTTPListen, err))
+	if _, _, err := net.SplitHostPort(c.APIListen); err != nil {
+		errs = append(errs, fmt.Errorf("agent API listen address %q: %w", c.APIListen, err))
 	}
 
-	uc := c.Uplink
-	uc.StateDir = c.StateDir
+	type validator interface{ Validate() error }
 
-	if err := uc.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("uplink: %w", err))
+	sections := []struct {
+		name string
+		v    validator
+		on   bool
+	}{
+		{"dhcp", c.DHCP, c.DHCPEnabled()},
+		{"tftp", c.TFTP, c.TFTP.Listen != ""},
+		{"http", c.HTTP, true},
+		{"assets", c.Assets, true},
+		{"asset fetcher", c.Fetcher, true},
+		{"bmc", c.BMC, true},
+		{"uplink", c.Uplink, true},
+	}
+
+	for _, s := range sections {
+		if !s.on {
+			continue
+		}
+
+		if err := s.v.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", s.name, err))
+		}
 	}
 
 	return errors.Join(errs...)

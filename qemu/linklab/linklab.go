@@ -101,7 +101,7 @@ func StartController(t testing.TB, opts ControllerOptions) *Controller {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Controller{
-		Server: srv, Registry: registry, Admin: sites.NewAdmin(registry, srv, st), CA: ca, State: st,
+		Server: srv, Registry: registry, Admin: sites.NewAdmin(registry, srv, st, nil), CA: ca, State: st,
 		Metrics: metrics, Addr: ln.Addr().String(), cancel: cancel, done: make(chan error, 1),
 	}
 

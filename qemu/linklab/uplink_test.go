@@ -540,3 +540,39 @@ func fakeController(t *testing.T, ca *sites.CA, fn func(net.Conn)) string {
 	return ln.Addr().String()
 }
 
+func TestCertificateRenewal(t *testing.T) {
+	t.Parallel()
+
+	// Certificates live four seconds, so the edge renews after about two and a half.
+	ctrl := linklab.StartController(t, linklab.ControllerOptions{CertValidity: 4 * time.Second})
+	proxy := linklab.StartProxy(t, ctrl.Addr)
+	edge := linklab.StartEdge(t, proxy.Addr, ctrl.CreateSite(t, "renew", sites.TokenOptions{}), linklab.EdgeOptions{})
+	ctrl.WaitConnected(t, "renew")
+
+	first, err := edgeuplink.LoadIdentity(edge.StateDir)
+	require.NoError(t, err)
+
+	var renewed *edgeuplink.Identity
+
+	require.Eventually(t, func() bool {
+		id, err := edgeuplink.LoadIdentity(edge.StateDir)
+		if err != nil || id.Cert.Leaf.SerialNumber.Cmp(first.Cert.Leaf.SerialNumber) == 0 {
+			return false
+		}
+
+		renewed = id
+
+		return true
+	}, 15*time.Second, 20*time.Millisecond, "the edge never renewed its certificate")
+
+	require.True(t, renewed.Cert.Leaf.NotAfter.After(first.Cert.Leaf.NotAfter))
+
+	// The next session (after a WAN blip) authenticates with the renewed certificate.
+	proxy.Cut()
+	require.Eventually(t, func() bool {
+		st, err := sites.Status(t.Context(), ctrl.State, "renew")
+
+		return err == nil && st.TypedSpec().Value.GetSessions() >= 2 && ctrl.Server.Connected("renew")
+	}, 15*time.Second, 20*time.Millisecond)
+	require.Zero(t, rejectedCount(t, ctrl, "bad_certificate"))
+}

@@ -38,8 +38,10 @@ type SiteSpec struct {
 	// the newest and the one it replaced, so a renewal in flight does not lock the edge out.
 	CertificateSerials []string               `protobuf:"bytes,7,rep,name=certificate_serials,json=certificateSerials,proto3" json:"certificate_serials,omitempty"`
 	Created            *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=created,proto3" json:"created,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// asset_policy is the site's boot-asset policy (outpost.assets.Policy); 0 means the controller's default.
+	AssetPolicy   int32 `protobuf:"varint,9,opt,name=asset_policy,json=assetPolicy,proto3" json:"asset_policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SiteSpec) Reset() {
@@ -126,6 +128,13 @@ func (x *SiteSpec) GetCreated() *timestamppb.Timestamp {
 		return x.Created
 	}
 	return nil
+}
+
+func (x *SiteSpec) GetAssetPolicy() int32 {
+	if x != nil {
+		return x.AssetPolicy
+	}
+	return 0
 }
 
 // SiteStatusSpec is the live connection state of a site (ephemeral).
@@ -225,7 +234,7 @@ var File_controller_resources_specs_specs_proto protoreflect.FileDescriptor
 
 const file_controller_resources_specs_specs_proto_rawDesc = "" +
 	"\n" +
-	"&controller/resources/specs/specs.proto\x12\x17outpost.resources.specs\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd3\x02\n" +
+	"&controller/resources/specs/specs.proto\x12\x17outpost.resources.specs\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf6\x02\n" +
 	"\bSiteSpec\x12 \n" +
 	"\vdescription\x18\x01 \x01(\tR\vdescription\x12\x1d\n" +
 	"\n" +
@@ -236,7 +245,8 @@ const file_controller_resources_specs_specs_proto_rawDesc = "" +
 	"token_used\x18\x05 \x01(\bR\ttokenUsed\x12\x18\n" +
 	"\arevoked\x18\x06 \x01(\bR\arevoked\x12/\n" +
 	"\x13certificate_serials\x18\a \x03(\tR\x12certificateSerials\x124\n" +
-	"\acreated\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\acreated\"\xe2\x02\n" +
+	"\acreated\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\acreated\x12!\n" +
+	"\fasset_policy\x18\t \x01(\x05R\vassetPolicy\"\xe2\x02\n" +
 	"\x0eSiteStatusSpec\x12\x1c\n" +
 	"\tconnected\x18\x01 \x01(\bR\tconnected\x12!\n" +
 	"\fedge_version\x18\x02 \x01(\tR\vedgeVersion\x12C\n" +

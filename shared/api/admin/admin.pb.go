@@ -9,6 +9,7 @@
 package admin
 
 import (
+	assets "github.com/outpost-metal/outpost/shared/api/assets"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
@@ -579,11 +580,195 @@ func (*DeleteSiteResponse) Descriptor() ([]byte, []int) {
 	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{9}
 }
 
+type ShowSiteRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SiteId        string                 `protobuf:"bytes,1,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShowSiteRequest) Reset() {
+	*x = ShowSiteRequest{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShowSiteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShowSiteRequest) ProtoMessage() {}
+
+func (x *ShowSiteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShowSiteRequest.ProtoReflect.Descriptor instead.
+func (*ShowSiteRequest) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ShowSiteRequest) GetSiteId() string {
+	if x != nil {
+		return x.SiteId
+	}
+	return ""
+}
+
+type ShowSiteResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Site          *Site                  `protobuf:"bytes,1,opt,name=site,proto3" json:"site,omitempty"`
+	Assets        *assets.SiteAssetState `protobuf:"bytes,2,opt,name=assets,proto3" json:"assets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShowSiteResponse) Reset() {
+	*x = ShowSiteResponse{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShowSiteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShowSiteResponse) ProtoMessage() {}
+
+func (x *ShowSiteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShowSiteResponse.ProtoReflect.Descriptor instead.
+func (*ShowSiteResponse) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ShowSiteResponse) GetSite() *Site {
+	if x != nil {
+		return x.Site
+	}
+	return nil
+}
+
+func (x *ShowSiteResponse) GetAssets() *assets.SiteAssetState {
+	if x != nil {
+		return x.Assets
+	}
+	return nil
+}
+
+type SetAssetPolicyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SiteId        string                 `protobuf:"bytes,1,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
+	Policy        assets.Policy          `protobuf:"varint,2,opt,name=policy,proto3,enum=outpost.assets.Policy" json:"policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetAssetPolicyRequest) Reset() {
+	*x = SetAssetPolicyRequest{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetAssetPolicyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetAssetPolicyRequest) ProtoMessage() {}
+
+func (x *SetAssetPolicyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetAssetPolicyRequest.ProtoReflect.Descriptor instead.
+func (*SetAssetPolicyRequest) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *SetAssetPolicyRequest) GetSiteId() string {
+	if x != nil {
+		return x.SiteId
+	}
+	return ""
+}
+
+func (x *SetAssetPolicyRequest) GetPolicy() assets.Policy {
+	if x != nil {
+		return x.Policy
+	}
+	return assets.Policy(0)
+}
+
+type SetAssetPolicyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetAssetPolicyResponse) Reset() {
+	*x = SetAssetPolicyResponse{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetAssetPolicyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetAssetPolicyResponse) ProtoMessage() {}
+
+func (x *SetAssetPolicyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetAssetPolicyResponse.ProtoReflect.Descriptor instead.
+func (*SetAssetPolicyResponse) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{13}
+}
+
 var File_shared_api_admin_admin_proto protoreflect.FileDescriptor
 
 const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x1cshared/api/admin/admin.proto\x12\routpost.admin\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa2\x01\n" +
+	"\x1cshared/api/admin/admin.proto\x12\routpost.admin\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1eshared/api/assets/assets.proto\"\xa2\x01\n" +
 	"\x11CreateSiteRequest\x12\x17\n" +
 	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x126\n" +
@@ -620,7 +805,16 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\x12RevokeSiteResponse\",\n" +
 	"\x11DeleteSiteRequest\x12\x17\n" +
 	"\asite_id\x18\x01 \x01(\tR\x06siteId\"\x14\n" +
-	"\x12DeleteSiteResponse2\xa7\x03\n" +
+	"\x12DeleteSiteResponse\"*\n" +
+	"\x0fShowSiteRequest\x12\x17\n" +
+	"\asite_id\x18\x01 \x01(\tR\x06siteId\"s\n" +
+	"\x10ShowSiteResponse\x12'\n" +
+	"\x04site\x18\x01 \x01(\v2\x13.outpost.admin.SiteR\x04site\x126\n" +
+	"\x06assets\x18\x02 \x01(\v2\x1e.outpost.assets.SiteAssetStateR\x06assets\"`\n" +
+	"\x15SetAssetPolicyRequest\x12\x17\n" +
+	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12.\n" +
+	"\x06policy\x18\x02 \x01(\x0e2\x16.outpost.assets.PolicyR\x06policy\"\x18\n" +
+	"\x16SetAssetPolicyResponse2\xd3\x04\n" +
 	"\x05Admin\x12Q\n" +
 	"\n" +
 	"CreateSite\x12 .outpost.admin.CreateSiteRequest\x1a!.outpost.admin.CreateSiteResponse\x12U\n" +
@@ -629,7 +823,9 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\n" +
 	"RevokeSite\x12 .outpost.admin.RevokeSiteRequest\x1a!.outpost.admin.RevokeSiteResponse\x12Q\n" +
 	"\n" +
-	"DeleteSite\x12 .outpost.admin.DeleteSiteRequest\x1a!.outpost.admin.DeleteSiteResponseB3Z1github.com/outpost-metal/outpost/shared/api/adminb\x06proto3"
+	"DeleteSite\x12 .outpost.admin.DeleteSiteRequest\x1a!.outpost.admin.DeleteSiteResponse\x12K\n" +
+	"\bShowSite\x12\x1e.outpost.admin.ShowSiteRequest\x1a\x1f.outpost.admin.ShowSiteResponse\x12]\n" +
+	"\x0eSetAssetPolicy\x12$.outpost.admin.SetAssetPolicyRequest\x1a%.outpost.admin.SetAssetPolicyResponseB3Z1github.com/outpost-metal/outpost/shared/api/adminb\x06proto3"
 
 var (
 	file_shared_api_admin_admin_proto_rawDescOnce sync.Once
@@ -643,44 +839,57 @@ func file_shared_api_admin_admin_proto_rawDescGZIP() []byte {
 	return file_shared_api_admin_admin_proto_rawDescData
 }
 
-var file_shared_api_admin_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_shared_api_admin_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_shared_api_admin_admin_proto_goTypes = []any{
-	(*CreateSiteRequest)(nil),     // 0: outpost.admin.CreateSiteRequest
-	(*CreateSiteResponse)(nil),    // 1: outpost.admin.CreateSiteResponse
-	(*NewJoinTokenRequest)(nil),   // 2: outpost.admin.NewJoinTokenRequest
-	(*ListSitesRequest)(nil),      // 3: outpost.admin.ListSitesRequest
-	(*Site)(nil),                  // 4: outpost.admin.Site
-	(*ListSitesResponse)(nil),     // 5: outpost.admin.ListSitesResponse
-	(*RevokeSiteRequest)(nil),     // 6: outpost.admin.RevokeSiteRequest
-	(*RevokeSiteResponse)(nil),    // 7: outpost.admin.RevokeSiteResponse
-	(*DeleteSiteRequest)(nil),     // 8: outpost.admin.DeleteSiteRequest
-	(*DeleteSiteResponse)(nil),    // 9: outpost.admin.DeleteSiteResponse
-	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*CreateSiteRequest)(nil),      // 0: outpost.admin.CreateSiteRequest
+	(*CreateSiteResponse)(nil),     // 1: outpost.admin.CreateSiteResponse
+	(*NewJoinTokenRequest)(nil),    // 2: outpost.admin.NewJoinTokenRequest
+	(*ListSitesRequest)(nil),       // 3: outpost.admin.ListSitesRequest
+	(*Site)(nil),                   // 4: outpost.admin.Site
+	(*ListSitesResponse)(nil),      // 5: outpost.admin.ListSitesResponse
+	(*RevokeSiteRequest)(nil),      // 6: outpost.admin.RevokeSiteRequest
+	(*RevokeSiteResponse)(nil),     // 7: outpost.admin.RevokeSiteResponse
+	(*DeleteSiteRequest)(nil),      // 8: outpost.admin.DeleteSiteRequest
+	(*DeleteSiteResponse)(nil),     // 9: outpost.admin.DeleteSiteResponse
+	(*ShowSiteRequest)(nil),        // 10: outpost.admin.ShowSiteRequest
+	(*ShowSiteResponse)(nil),       // 11: outpost.admin.ShowSiteResponse
+	(*SetAssetPolicyRequest)(nil),  // 12: outpost.admin.SetAssetPolicyRequest
+	(*SetAssetPolicyResponse)(nil), // 13: outpost.admin.SetAssetPolicyResponse
+	(*durationpb.Duration)(nil),    // 14: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 15: google.protobuf.Timestamp
+	(*assets.SiteAssetState)(nil),  // 16: outpost.assets.SiteAssetState
+	(assets.Policy)(0),             // 17: outpost.assets.Policy
 }
 var file_shared_api_admin_admin_proto_depIdxs = []int32{
-	10, // 0: outpost.admin.CreateSiteRequest.token_ttl:type_name -> google.protobuf.Duration
-	11, // 1: outpost.admin.CreateSiteResponse.token_expires:type_name -> google.protobuf.Timestamp
-	10, // 2: outpost.admin.NewJoinTokenRequest.token_ttl:type_name -> google.protobuf.Duration
-	11, // 3: outpost.admin.Site.last_seen:type_name -> google.protobuf.Timestamp
-	11, // 4: outpost.admin.Site.connected_since:type_name -> google.protobuf.Timestamp
-	11, // 5: outpost.admin.Site.token_expires:type_name -> google.protobuf.Timestamp
+	14, // 0: outpost.admin.CreateSiteRequest.token_ttl:type_name -> google.protobuf.Duration
+	15, // 1: outpost.admin.CreateSiteResponse.token_expires:type_name -> google.protobuf.Timestamp
+	14, // 2: outpost.admin.NewJoinTokenRequest.token_ttl:type_name -> google.protobuf.Duration
+	15, // 3: outpost.admin.Site.last_seen:type_name -> google.protobuf.Timestamp
+	15, // 4: outpost.admin.Site.connected_since:type_name -> google.protobuf.Timestamp
+	15, // 5: outpost.admin.Site.token_expires:type_name -> google.protobuf.Timestamp
 	4,  // 6: outpost.admin.ListSitesResponse.sites:type_name -> outpost.admin.Site
-	0,  // 7: outpost.admin.Admin.CreateSite:input_type -> outpost.admin.CreateSiteRequest
-	2,  // 8: outpost.admin.Admin.NewJoinToken:input_type -> outpost.admin.NewJoinTokenRequest
-	3,  // 9: outpost.admin.Admin.ListSites:input_type -> outpost.admin.ListSitesRequest
-	6,  // 10: outpost.admin.Admin.RevokeSite:input_type -> outpost.admin.RevokeSiteRequest
-	8,  // 11: outpost.admin.Admin.DeleteSite:input_type -> outpost.admin.DeleteSiteRequest
-	1,  // 12: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
-	1,  // 13: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
-	5,  // 14: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
-	7,  // 15: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
-	9,  // 16: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
-	12, // [12:17] is the sub-list for method output_type
-	7,  // [7:12] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	4,  // 7: outpost.admin.ShowSiteResponse.site:type_name -> outpost.admin.Site
+	16, // 8: outpost.admin.ShowSiteResponse.assets:type_name -> outpost.assets.SiteAssetState
+	17, // 9: outpost.admin.SetAssetPolicyRequest.policy:type_name -> outpost.assets.Policy
+	0,  // 10: outpost.admin.Admin.CreateSite:input_type -> outpost.admin.CreateSiteRequest
+	2,  // 11: outpost.admin.Admin.NewJoinToken:input_type -> outpost.admin.NewJoinTokenRequest
+	3,  // 12: outpost.admin.Admin.ListSites:input_type -> outpost.admin.ListSitesRequest
+	6,  // 13: outpost.admin.Admin.RevokeSite:input_type -> outpost.admin.RevokeSiteRequest
+	8,  // 14: outpost.admin.Admin.DeleteSite:input_type -> outpost.admin.DeleteSiteRequest
+	10, // 15: outpost.admin.Admin.ShowSite:input_type -> outpost.admin.ShowSiteRequest
+	12, // 16: outpost.admin.Admin.SetAssetPolicy:input_type -> outpost.admin.SetAssetPolicyRequest
+	1,  // 17: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
+	1,  // 18: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
+	5,  // 19: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
+	7,  // 20: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
+	9,  // 21: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
+	11, // 22: outpost.admin.Admin.ShowSite:output_type -> outpost.admin.ShowSiteResponse
+	13, // 23: outpost.admin.Admin.SetAssetPolicy:output_type -> outpost.admin.SetAssetPolicyResponse
+	17, // [17:24] is the sub-list for method output_type
+	10, // [10:17] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_admin_admin_proto_init() }
@@ -694,7 +903,7 @@ func file_shared_api_admin_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_admin_admin_proto_rawDesc), len(file_shared_api_admin_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

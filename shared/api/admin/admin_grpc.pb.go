@@ -21,11 +21,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Admin_CreateSite_FullMethodName   = "/outpost.admin.Admin/CreateSite"
-	Admin_NewJoinToken_FullMethodName = "/outpost.admin.Admin/NewJoinToken"
-	Admin_ListSites_FullMethodName    = "/outpost.admin.Admin/ListSites"
-	Admin_RevokeSite_FullMethodName   = "/outpost.admin.Admin/RevokeSite"
-	Admin_DeleteSite_FullMethodName   = "/outpost.admin.Admin/DeleteSite"
+	Admin_CreateSite_FullMethodName     = "/outpost.admin.Admin/CreateSite"
+	Admin_NewJoinToken_FullMethodName   = "/outpost.admin.Admin/NewJoinToken"
+	Admin_ListSites_FullMethodName      = "/outpost.admin.Admin/ListSites"
+	Admin_RevokeSite_FullMethodName     = "/outpost.admin.Admin/RevokeSite"
+	Admin_DeleteSite_FullMethodName     = "/outpost.admin.Admin/DeleteSite"
+	Admin_ShowSite_FullMethodName       = "/outpost.admin.Admin/ShowSite"
+	Admin_SetAssetPolicy_FullMethodName = "/outpost.admin.Admin/SetAssetPolicy"
 )
 
 // AdminClient is the client API for Admin service.
@@ -44,6 +46,10 @@ type AdminClient interface {
 	RevokeSite(ctx context.Context, in *RevokeSiteRequest, opts ...grpc.CallOption) (*RevokeSiteResponse, error)
 	// DeleteSite removes a site entirely.
 	DeleteSite(ctx context.Context, in *DeleteSiteRequest, opts ...grpc.CallOption) (*DeleteSiteResponse, error)
+	// ShowSite returns one site with its boot-asset state.
+	ShowSite(ctx context.Context, in *ShowSiteRequest, opts ...grpc.CallOption) (*ShowSiteResponse, error)
+	// SetAssetPolicy sets a site's boot-asset policy: passthrough, cache or offline.
+	SetAssetPolicy(ctx context.Context, in *SetAssetPolicyRequest, opts ...grpc.CallOption) (*SetAssetPolicyResponse, error)
 }
 
 type adminClient struct {
@@ -104,6 +110,26 @@ func (c *adminClient) DeleteSite(ctx context.Context, in *DeleteSiteRequest, opt
 	return out, nil
 }
 
+func (c *adminClient) ShowSite(ctx context.Context, in *ShowSiteRequest, opts ...grpc.CallOption) (*ShowSiteResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ShowSiteResponse)
+	err := c.cc.Invoke(ctx, Admin_ShowSite_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) SetAssetPolicy(ctx context.Context, in *SetAssetPolicyRequest, opts ...grpc.CallOption) (*SetAssetPolicyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetAssetPolicyResponse)
+	err := c.cc.Invoke(ctx, Admin_SetAssetPolicy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -120,6 +146,10 @@ type AdminServer interface {
 	RevokeSite(context.Context, *RevokeSiteRequest) (*RevokeSiteResponse, error)
 	// DeleteSite removes a site entirely.
 	DeleteSite(context.Context, *DeleteSiteRequest) (*DeleteSiteResponse, error)
+	// ShowSite returns one site with its boot-asset state.
+	ShowSite(context.Context, *ShowSiteRequest) (*ShowSiteResponse, error)
+	// SetAssetPolicy sets a site's boot-asset policy: passthrough, cache or offline.
+	SetAssetPolicy(context.Context, *SetAssetPolicyRequest) (*SetAssetPolicyResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -144,6 +174,12 @@ func (UnimplementedAdminServer) RevokeSite(context.Context, *RevokeSiteRequest) 
 }
 func (UnimplementedAdminServer) DeleteSite(context.Context, *DeleteSiteRequest) (*DeleteSiteResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteSite not implemented")
+}
+func (UnimplementedAdminServer) ShowSite(context.Context, *ShowSiteRequest) (*ShowSiteResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ShowSite not implemented")
+}
+func (UnimplementedAdminServer) SetAssetPolicy(context.Context, *SetAssetPolicyRequest) (*SetAssetPolicyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetAssetPolicy not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -256,6 +292,42 @@ func _Admin_DeleteSite_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_ShowSite_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ShowSiteRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ShowSite(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ShowSite_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ShowSite(ctx, req.(*ShowSiteRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_SetAssetPolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetAssetPolicyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).SetAssetPolicy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_SetAssetPolicy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).SetAssetPolicy(ctx, req.(*SetAssetPolicyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -282,6 +354,14 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteSite",
 			Handler:    _Admin_DeleteSite_Handler,
+		},
+		{
+			MethodName: "ShowSite",
+			Handler:    _Admin_ShowSite_Handler,
+		},
+		{
+			MethodName: "SetAssetPolicy",
+			Handler:    _Admin_SetAssetPolicy_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -823,6 +823,7 @@ type Event struct {
 	//	*Event_DhcpSeen
 	//	*Event_PxeSeen
 	//	*Event_BootServed
+	//	*Event_AgentTunnel
 	Kind          isEvent_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -906,6 +907,15 @@ func (x *Event) GetBootServed() *BootServed {
 	return nil
 }
 
+func (x *Event) GetAgentTunnel() *AgentTunnel {
+	if x != nil {
+		if x, ok := x.Kind.(*Event_AgentTunnel); ok {
+			return x.AgentTunnel
+		}
+	}
+	return nil
+}
+
 type isEvent_Kind interface {
 	isEvent_Kind()
 }
@@ -922,11 +932,17 @@ type Event_BootServed struct {
 	BootServed *BootServed `protobuf:"bytes,12,opt,name=boot_served,json=bootServed,proto3,oneof"`
 }
 
+type Event_AgentTunnel struct {
+	AgentTunnel *AgentTunnel `protobuf:"bytes,13,opt,name=agent_tunnel,json=agentTunnel,proto3,oneof"`
+}
+
 func (*Event_DhcpSeen) isEvent_Kind() {}
 
 func (*Event_PxeSeen) isEvent_Kind() {}
 
 func (*Event_BootServed) isEvent_Kind() {}
+
+func (*Event_AgentTunnel) isEvent_Kind() {}
 
 // DHCPSeen: the ProxyDHCP answered a PXE client.
 type DHCPSeen struct {
@@ -1167,6 +1183,87 @@ func (x *BootServed) GetTableVersion() uint64 {
 	return 0
 }
 
+// AgentTunnel: a machine's agent opened or closed its reverse tunnel at the edge.
+type AgentTunnel struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// machine_id is the agent's machine-id (the SMBIOS UUID, lower case).
+	MachineId string `protobuf:"bytes,1,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
+	Open      bool   `protobuf:"varint,2,opt,name=open,proto3" json:"open,omitempty"`
+	// remote_ip is the tunnel connection's source address.
+	RemoteIp string `protobuf:"bytes,3,opt,name=remote_ip,json=remoteIp,proto3" json:"remote_ip,omitempty"`
+	// seen_ip is the address the edge's boot service last saw for this machine ("" when unknown).
+	SeenIp string `protobuf:"bytes,4,opt,name=seen_ip,json=seenIp,proto3" json:"seen_ip,omitempty"`
+	// address_mismatch is set when seen_ip is known and differs from remote_ip.
+	AddressMismatch bool `protobuf:"varint,5,opt,name=address_mismatch,json=addressMismatch,proto3" json:"address_mismatch,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *AgentTunnel) Reset() {
+	*x = AgentTunnel{}
+	mi := &file_shared_api_boot_boot_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AgentTunnel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AgentTunnel) ProtoMessage() {}
+
+func (x *AgentTunnel) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_boot_boot_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AgentTunnel.ProtoReflect.Descriptor instead.
+func (*AgentTunnel) Descriptor() ([]byte, []int) {
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *AgentTunnel) GetMachineId() string {
+	if x != nil {
+		return x.MachineId
+	}
+	return ""
+}
+
+func (x *AgentTunnel) GetOpen() bool {
+	if x != nil {
+		return x.Open
+	}
+	return false
+}
+
+func (x *AgentTunnel) GetRemoteIp() string {
+	if x != nil {
+		return x.RemoteIp
+	}
+	return ""
+}
+
+func (x *AgentTunnel) GetSeenIp() string {
+	if x != nil {
+		return x.SeenIp
+	}
+	return ""
+}
+
+func (x *AgentTunnel) GetAddressMismatch() bool {
+	if x != nil {
+		return x.AddressMismatch
+	}
+	return false
+}
+
 var File_shared_api_boot_boot_proto protoreflect.FileDescriptor
 
 const file_shared_api_boot_boot_proto_rawDesc = "" +
@@ -1231,7 +1328,7 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"journal_id\x18\x01 \x01(\tR\tjournalId\x12+\n" +
 	"\x06events\x18\x02 \x03(\v2\x13.outpost.boot.EventR\x06events\"'\n" +
 	"\x0fPublishResponse\x12\x14\n" +
-	"\x05acked\x18\x01 \x01(\x04R\x05acked\"\x83\x02\n" +
+	"\x05acked\x18\x01 \x01(\x04R\x05acked\"\xc3\x02\n" +
 	"\x05Event\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\x04R\bsequence\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x125\n" +
@@ -1239,7 +1336,8 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	" \x01(\v2\x16.outpost.boot.DHCPSeenH\x00R\bdhcpSeen\x122\n" +
 	"\bpxe_seen\x18\v \x01(\v2\x15.outpost.boot.PXESeenH\x00R\apxeSeen\x12;\n" +
 	"\vboot_served\x18\f \x01(\v2\x18.outpost.boot.BootServedH\x00R\n" +
-	"bootServedB\x06\n" +
+	"bootServed\x12>\n" +
+	"\fagent_tunnel\x18\r \x01(\v2\x19.outpost.boot.AgentTunnelH\x00R\vagentTunnelB\x06\n" +
 	"\x04kind\"v\n" +
 	"\bDHCPSeen\x12\x10\n" +
 	"\x03mac\x18\x01 \x01(\tR\x03mac\x12\x1a\n" +
@@ -1259,7 +1357,14 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\x04arch\x18\x03 \x01(\tR\x04arch\x12\x12\n" +
 	"\x04mode\x18\x04 \x01(\tR\x04mode\x12\x1b\n" +
 	"\tremote_ip\x18\x05 \x01(\tR\bremoteIp\x12#\n" +
-	"\rtable_version\x18\x06 \x01(\x04R\ftableVersion*F\n" +
+	"\rtable_version\x18\x06 \x01(\x04R\ftableVersion\"\xa1\x01\n" +
+	"\vAgentTunnel\x12\x1d\n" +
+	"\n" +
+	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x12\n" +
+	"\x04open\x18\x02 \x01(\bR\x04open\x12\x1b\n" +
+	"\tremote_ip\x18\x03 \x01(\tR\bremoteIp\x12\x17\n" +
+	"\aseen_ip\x18\x04 \x01(\tR\x06seenIp\x12)\n" +
+	"\x10address_mismatch\x18\x05 \x01(\bR\x0faddressMismatch*F\n" +
 	"\x04Mode\x12\x0e\n" +
 	"\n" +
 	"MODE_AGENT\x10\x00\x12\x10\n" +
@@ -1290,7 +1395,7 @@ func file_shared_api_boot_boot_proto_rawDescGZIP() []byte {
 }
 
 var file_shared_api_boot_boot_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_shared_api_boot_boot_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_shared_api_boot_boot_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_shared_api_boot_boot_proto_goTypes = []any{
 	(Mode)(0),                     // 0: outpost.boot.Mode
 	(DiskMethod)(0),               // 1: outpost.boot.DiskMethod
@@ -1308,38 +1413,40 @@ var file_shared_api_boot_boot_proto_goTypes = []any{
 	(*DHCPSeen)(nil),              // 13: outpost.boot.DHCPSeen
 	(*PXESeen)(nil),               // 14: outpost.boot.PXESeen
 	(*BootServed)(nil),            // 15: outpost.boot.BootServed
-	nil,                           // 16: outpost.boot.Table.AgentEntry
-	nil,                           // 17: outpost.boot.Delta.AgentEntry
-	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
+	(*AgentTunnel)(nil),           // 16: outpost.boot.AgentTunnel
+	nil,                           // 17: outpost.boot.Table.AgentEntry
+	nil,                           // 18: outpost.boot.Delta.AgentEntry
+	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
 }
 var file_shared_api_boot_boot_proto_depIdxs = []int32{
 	0,  // 0: outpost.boot.Plan.mode:type_name -> outpost.boot.Mode
 	1,  // 1: outpost.boot.Plan.disk_method:type_name -> outpost.boot.DiskMethod
 	4,  // 2: outpost.boot.Plan.install:type_name -> outpost.boot.Kernel
 	5,  // 3: outpost.boot.Table.plans:type_name -> outpost.boot.Plan
-	16, // 4: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
+	17, // 4: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
 	5,  // 5: outpost.boot.Delta.upsert:type_name -> outpost.boot.Plan
-	17, // 6: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
+	18, // 6: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
 	6,  // 7: outpost.boot.ApplyRequest.snapshot:type_name -> outpost.boot.Table
 	7,  // 8: outpost.boot.ApplyRequest.delta:type_name -> outpost.boot.Delta
 	12, // 9: outpost.boot.PublishRequest.events:type_name -> outpost.boot.Event
-	18, // 10: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
+	19, // 10: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
 	13, // 11: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
 	14, // 12: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
 	15, // 13: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
-	4,  // 14: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
-	4,  // 15: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
-	2,  // 16: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
-	8,  // 17: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
-	10, // 18: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
-	3,  // 19: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
-	9,  // 20: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
-	11, // 21: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
-	19, // [19:22] is the sub-list for method output_type
-	16, // [16:19] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	16, // 14: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
+	4,  // 15: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
+	4,  // 16: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
+	2,  // 17: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
+	8,  // 18: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
+	10, // 19: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
+	3,  // 20: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
+	9,  // 21: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
+	11, // 22: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
+	20, // [20:23] is the sub-list for method output_type
+	17, // [17:20] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_boot_boot_proto_init() }
@@ -1355,6 +1462,7 @@ func file_shared_api_boot_boot_proto_init() {
 		(*Event_DhcpSeen)(nil),
 		(*Event_PxeSeen)(nil),
 		(*Event_BootServed)(nil),
+		(*Event_AgentTunnel)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1362,7 +1470,7 @@ func file_shared_api_boot_boot_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_boot_boot_proto_rawDesc), len(file_shared_api_boot_boot_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -1,0 +1,154 @@
+package assets_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+
+	"github.com/siderolabs/image-factory/pkg/schematic"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-metal/outpost/controller/assets"
+)
+
+// fakeFactory is an in-process image factory: it stores schematics by their real ID and counts creations.
+type fakeFactory struct {
+	created atomic.Int32
+	fail    atomic.Bool
+	last    atomic.Pointer[schematic.Schematic]
+}
+
+func (f *fakeFactory) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost || r.URL.Path != "/schematics" {
+		http.NotFound(w, r)
+
+		return
+	}
+
+	if f.fail.Load() {
+		http.Error(w, "factory down", http.StatusServiceUnavailable)
+
+		return
+	}
+
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+
+		return
+	}
+
+	sc, err := schematic.Unmarshal(body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+
+		return
+	}
+
+	id, err := sc.ID()
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+
+		return
+	}
+
+	f.created.Add(1)
+	f.last.Store(sc)
+
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(map[string]string{"id": id, "schematic": string(body)}) //nolint:errcheck
+}
+
+func TestFactoryResolver(t *testing.T) {
+	t.Parallel()
+
+	fake := &fakeFactory{}
+	srv := httptest.NewServer(fake)
+	t.Cleanup(srv.Close)
+
+	r, err := assets.NewFactoryResolver(srv.URL, "https://pxe.example")
+	require.NoError(t, err)
+
+	ctx := context.Background()
+	p := assets.Profile{TalosVersion: "v1.11.0", Extensions: []string{"siderolabs/metal-agent", "siderolabs/iscsi-tools"}, KernelArgs: []string{"console=ttyS0"}}
+
+	b, err := r.Resolve(ctx, p)
+	require.NoError(t, err)
+
+	want := &schematic.Schematic{Customization: schematic.Customization{
+		ExtraKernelArgs:  []string{"console=ttyS0"},
+		SystemExtensions: schematic.SystemExtensions{OfficialExtensions: []string{"siderolabs/iscsi-tools", "siderolabs/metal-agent"}},
+	}}
+	wantID, err := want.ID()
+	require.NoError(t, err)
+
+	require.Equal(t, wantID, b.SchematicID)
+	require.Equal(t, "https://pxe.example/pxe/"+wantID+"/v1.11.0/metal-amd64", b.ScriptURL)
+	require.Equal(t, "https://pxe.example/image/"+wantID+"/v1.11.0/kernel-amd64", b.KernelURL)
+
+	// the same profile (extensions in another order) reuses the schematic
+	p.Extensions = []string{"siderolabs/iscsi-tools", "siderolabs/metal-agent"}
+	_, err = r.Resolve(ctx, p)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, fake.created.Load())
+
+	// a factory failure is an error, not a plan
+	fake.fail.Store(true)
+
+	_, err = r.Resolve(ctx, assets.Profile{TalosVersion: "v1.10.0"})
+	require.Error(t, err)
+
+	for _, bad := range []assets.Profile{{TalosVersion: "1.11"}, {TalosVersion: "v1.11.0/../x"}, {TalosVersion: "v1.11.0", Arch: "mips"}} {
+		_, err = r.Resolve(ctx, bad)
+		require.ErrorIs(t, err, assets.ErrNotAvailable, bad)
+	}
+}
+
+func TestLocalResolver(t *testing.T) {
+	t.Parallel()
+
+	dir := t.TempDir()
+	p := assets.Profile{TalosVersion: "v1.11.0", Extensions: []string{"siderolabs/metal-agent"}, KernelArgs: []string{"talos.config=http://edge/config?u=${uuid}"}}
+
+	r, err := assets.NewLocalResolver(dir, "http://edge/assets/")
+	require.NoError(t, err)
+
+	_, err = r.Resolve(context.Background(), p)
+	require.ErrorIs(t, err, assets.ErrNotAvailable)
+
+	id, err := assets.SchematicID(p)
+	require.NoError(t, err)
+
+	vdir := filepath.Join(dir, id, "v1.11.0")
+	require.NoError(t, os.MkdirAll(vdir, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(vdir, "kernel-amd64"), []byte("k"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(vdir, "initramfs-amd64.xz"), []byte("i"), 0o644))
+
+	b, err := r.Resolve(context.Background(), p)
+	require.NoError(t, err)
+	require.Equal(t, "http://edge/assets/"+id+"/v1.11.0/kernel-amd64", b.KernelURL)
+	require.Equal(t, "http://edge/assets/"+id+"/v1.11.0/initramfs-amd64.xz", b.InitrdURL)
+	require.Equal(t, p.KernelArgs, b.KernelArgs)
+	require.Empty(t, b.ScriptURL)
+}
+
+func FuzzProfileResolve(f *testing.F) {
+	dir := f.TempDir()
+
+	r, err := assets.NewLocalResolver(dir, "http://edge/assets")
+	require.NoError(f, err)
+
+	f.Add("v1.11.0", "amd64", "siderolabs/metal-agent")
+	f.Add("../../etc", "arm64", "")
+
+	f.Fuzz(func(t *testing.T, version, arch, ext string) {
+		_, err := r.Resolve(context.Background(), assets.Profile{TalosVersion: version, Arch: arch, Extensions: []string{ext}})
+		require.Error(t, err) // the directory is empty: nothing resolves, nothing panics
+	})
+}

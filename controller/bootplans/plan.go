@@ -1,0 +1,228 @@
+// Boot-plan computation: what the site's edge answers when a machine network-boots (agent mode, Talos install,
+// boot from disk, or deny), decided from the lifecycle state as a static Omni provider must.
+// (The package comment lives in receiver.go, the other half of this package.)
+
+package bootplans
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/outpost-metal/outpost/controller/assets"
+)
+
+// Mode is what a machine boots into next.
+type Mode string
+
+// Boot modes.
+const (
+	// ModeAgent boots the discovery/maintenance image with the metal agent.
+	ModeAgent Mode = "agent"
+	// ModeInstall boots the Talos installer for the machine's cluster.
+	ModeInstall Mode = "install"
+	// ModeDisk makes the machine boot from its disk.
+	ModeDisk Mode = "disk"
+	// ModeDeny refuses network boot (rejected machines).
+	ModeDeny Mode = "deny"
+)
+
+// PXE reports whether the mode boots over the network (so a one-time PXE boot must be set before power-on).
+func (m Mode) PXE() bool { return m == ModeAgent || m == ModeInstall }
+
+// DiskMethod is how the edge makes a machine boot from disk.
+type DiskMethod string
+
+// Disk boot methods (the edge implements them).
+const (
+	DiskIPXEExit    DiskMethod = "ipxe-exit"
+	DiskHTTP404     DiskMethod = "http-404"
+	DiskIPXESanboot DiskMethod = "ipxe-sanboot"
+)
+
+// Acceptance mirrors Omni's acceptance status of a machine.
+type Acceptance int
+
+// Acceptance states.
+const (
+	Pending Acceptance = iota
+	Accepted
+	Rejected
+)
+
+// Situation is what the boot decision depends on, as the lifecycle sees a machine.
+type Situation struct {
+	Acceptance    Acceptance
+	Deleting      bool
+	Allocated     bool
+	BMCConfigured bool
+	RequiresWipe  bool
+	Installed     bool
+}
+
+// Decide is the boot decision of a static Omni provider, first match wins: rejected -> deny; pending, being
+// deleted, not allocated, no BMC yet, or a wipe pending -> agent; installed -> disk; otherwise -> install.
+func Decide(s Situation) Mode {
+	switch {
+	case s.Acceptance == Rejected:
+		return ModeDeny
+	case s.Acceptance == Pending, s.Deleting, !s.Allocated, !s.BMCConfigured, s.RequiresWipe:
+		return ModeAgent
+	case s.Installed:
+		return ModeDisk
+	default:
+		return ModeInstall
+	}
+}
+
+// Plan is one machine's boot plan as pushed to its site's edge.
+type Plan struct {
+	MachineID string
+	Mode      Mode
+	// ScriptURL is an iPXE script to chain (image factory); empty for local assets.
+	ScriptURL string
+	// KernelURL and InitrdURL are the kernel and initramfs to boot (local assets).
+	KernelURL, InitrdURL string
+	// KernelArgs is the full extra kernel command line (agent/install).
+	KernelArgs []string
+	// DiskMethod is set for ModeDisk.
+	DiskMethod DiskMethod
+}
+
+// Equal reports whether two plans are the same.
+func (p Plan) Equal(o Plan) bool {
+	return p.MachineID == o.MachineID && p.Mode == o.Mode && p.ScriptURL == o.ScriptURL && p.KernelURL == o.KernelURL &&
+		p.InitrdURL == o.InitrdURL && slices.Equal(p.KernelArgs, o.KernelArgs) && p.DiskMethod == o.DiskMethod
+}
+
+// Site is what a plan needs to know about the site the machine is at.
+type Site struct {
+	// ConfigURL is where the machine fetches its Talos config documents (the edge's /config), without query.
+	ConfigURL string
+	// AgentAddress is where the metal agent dials its tunnel (host:port, https:// prefix for TLS).
+	AgentAddress string
+}
+
+// Machine is the per-machine input of a plan.
+type Machine struct {
+	ID              string
+	Situation       Situation
+	TalosVersion    string
+	Extensions      []string
+	ExtraKernelArgs string
+	Arch            string
+}
+
+// PlannerConfig configures a Planner.
+type PlannerConfig struct {
+	// AgentTalosVersion is the Talos version booted in agent mode; its extension catalog must hold the metal agent.
+	AgentTalosVersion string
+	// AgentExtensions are the extensions of the agent-mode image (default: siderolabs/metal-agent).
+	AgentExtensions []string
+	// Console is the console kernel argument (e.g. ttyS0,115200).
+	Console string
+	// DiskMethod is how machines boot from disk.
+	DiskMethod DiskMethod
+}
+
+// DefaultPlannerConfig returns the planner defaults.
+func DefaultPlannerConfig() PlannerConfig {
+	return PlannerConfig{
+		AgentTalosVersion: "v1.11.0",
+		AgentExtensions:   []string{"siderolabs/metal-agent"},
+		Console:           "ttyS0,115200",
+		DiskMethod:        DiskHTTP404,
+	}
+}
+
+// Validate reports a configuration that cannot work.
+func (c PlannerConfig) Validate() error {
+	if c.AgentTalosVersion == "" {
+		return fmt.Errorf("agent talos version is empty")
+	}
+
+	switch c.DiskMethod {
+	case DiskIPXEExit, DiskHTTP404, DiskIPXESanboot:
+	default:
+		return fmt.Errorf("disk method %q: want ipxe-exit, http-404 or ipxe-sanboot", c.DiskMethod)
+	}
+
+	return nil
+}
+
+// SiteDirectory tells the planner the addresses of a site's edge.
+type SiteDirectory interface {
+	Site(siteID string) (Site, error)
+}
+
+// Planner computes boot plans, resolving install assets with an assets.Resolver.
+type Planner struct {
+	cfg      PlannerConfig
+	resolver assets.Resolver
+	sites    SiteDirectory
+}
+
+// NewPlanner returns a Planner.
+func NewPlanner(cfg PlannerConfig, resolver assets.Resolver, sites SiteDirectory) (*Planner, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("planner config: %w", err)
+	}
+
+	return &Planner{cfg: cfg, resolver: resolver, sites: sites}, nil
+}
+
+// Plan computes machine m's plan at site siteID.
+func (p *Planner) Plan(ctx context.Context, siteID string, m Machine) (Plan, error) {
+	mode := Decide(m.Situation)
+	plan := Plan{MachineID: m.ID, Mode: mode}
+
+	extra := strings.Fields(m.ExtraKernelArgs)
+
+	var profile assets.Profile
+
+	switch mode {
+	case ModeDeny:
+		return plan, nil
+	case ModeDisk:
+		plan.DiskMethod = p.cfg.DiskMethod
+
+		return plan, nil
+	case ModeAgent:
+		s, err := p.sites.Site(siteID)
+		if err != nil {
+			return Plan{}, fmt.Errorf("site %s of %s: %w", siteID, m.ID, err)
+		}
+
+		args := []string{
+			"talos.platform=metal",
+			"talos.config=" + s.ConfigURL + "?u=${uuid}",
+			"metal.provider.address=" + s.AgentAddress,
+		}
+
+		if p.cfg.Console != "" {
+			args = append(args, "console="+p.cfg.Console)
+		}
+
+		profile = assets.Profile{TalosVersion: p.cfg.AgentTalosVersion, Extensions: p.cfg.AgentExtensions, KernelArgs: append(args, extra...), Arch: m.Arch}
+	case ModeInstall:
+		args := []string{"talos.platform=metal"}
+		if p.cfg.Console != "" {
+			args = append(args, "console="+p.cfg.Console)
+		}
+
+		profile = assets.Profile{TalosVersion: m.TalosVersion, Extensions: m.Extensions, KernelArgs: append(args, extra...), Arch: m.Arch}
+	}
+
+	boot, err := p.resolver.Resolve(ctx, profile.Normalize())
+	if err != nil {
+		return Plan{}, fmt.Errorf("resolve %s assets of %s (talos %s): %w", mode, m.ID, profile.TalosVersion, err)
+	}
+
+	plan.ScriptURL = boot.ScriptURL
+	plan.KernelURL = boot.KernelURL
+	plan.InitrdURL = boot.InitrdURL
+	plan.KernelArgs = boot.KernelArgs
+
+	return plan, nil
+}

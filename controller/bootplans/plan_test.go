@@ -1,0 +1,90 @@
+package bootplans_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-metal/outpost/controller/assets"
+	"github.com/outpost-metal/outpost/controller/bootplans"
+)
+
+func TestDecide(t *testing.T) {
+	t.Parallel()
+
+	ready := bootplans.Situation{Acceptance: bootplans.Accepted, Allocated: true, BMCConfigured: true}
+
+	for _, tc := range []struct {
+		name string
+		mod  func(*bootplans.Situation)
+		want bootplans.Mode
+	}{
+		{name: "rejected", want: bootplans.ModeDeny, mod: func(s *bootplans.Situation) { s.Acceptance = bootplans.Rejected }},
+		{name: "pending", want: bootplans.ModeAgent, mod: func(s *bootplans.Situation) { s.Acceptance = bootplans.Pending }},
+		{name: "deleting", want: bootplans.ModeAgent, mod: func(s *bootplans.Situation) { s.Deleting = true }},
+		{name: "not allocated", want: bootplans.ModeAgent, mod: func(s *bootplans.Situation) { s.Allocated = false }},
+		{name: "no bmc", want: bootplans.ModeAgent, mod: func(s *bootplans.Situation) { s.BMCConfigured = false }},
+		{name: "wipe pending beats installed", want: bootplans.ModeAgent, mod: func(s *bootplans.Situation) { s.RequiresWipe, s.Installed = true, true }},
+		{name: "installed", want: bootplans.ModeDisk, mod: func(s *bootplans.Situation) { s.Installed = true }},
+		{name: "allocated, not installed", want: bootplans.ModeInstall, mod: func(*bootplans.Situation) {}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+
+			s := ready
+			tc.mod(&s)
+			require.Equal(t, tc.want, bootplans.Decide(s))
+		})
+	}
+}
+
+type sites struct{}
+
+func (sites) Site(id string) (bootplans.Site, error) {
+	return bootplans.Site{ConfigURL: "http://" + id + "/config", AgentAddress: id + ":8081"}, nil
+}
+
+type resolver struct{ last assets.Profile }
+
+func (r *resolver) Resolve(_ context.Context, p assets.Profile) (assets.Boot, error) {
+	r.last = p
+
+	return assets.Boot{KernelURL: "k/" + p.TalosVersion, InitrdURL: "i/" + p.TalosVersion, KernelArgs: p.KernelArgs}, nil
+}
+
+func TestPlanner(t *testing.T) {
+	t.Parallel()
+
+	res := &resolver{}
+	p, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), res, sites{})
+	require.NoError(t, err)
+
+	ctx := context.Background()
+
+	agent, err := p.Plan(ctx, "site-a", bootplans.Machine{ID: "m1", ExtraKernelArgs: "foo=bar  baz"})
+	require.NoError(t, err)
+	require.Equal(t, bootplans.ModeAgent, agent.Mode)
+	require.Equal(t, []string{"talos.platform=metal", "talos.config=http://site-a/config?u=${uuid}", "metal.provider.address=site-a:8081", "console=ttyS0,115200", "foo=bar", "baz"}, agent.KernelArgs)
+	require.Equal(t, []string{"siderolabs/metal-agent"}, res.last.Extensions)
+	require.Equal(t, "amd64", res.last.Arch)
+
+	install, err := p.Plan(ctx, "site-a", bootplans.Machine{ID: "m1", TalosVersion: "v1.11.0", Extensions: []string{"b", "a", "a"},
+		Situation: bootplans.Situation{Acceptance: bootplans.Accepted, Allocated: true, BMCConfigured: true}})
+	require.NoError(t, err)
+	require.Equal(t, bootplans.ModeInstall, install.Mode)
+	require.Equal(t, "k/v1.11.0", install.KernelURL)
+	require.Equal(t, []string{"a", "b"}, res.last.Extensions)
+
+	disk, err := p.Plan(ctx, "site-a", bootplans.Machine{ID: "m1",
+		Situation: bootplans.Situation{Acceptance: bootplans.Accepted, Allocated: true, BMCConfigured: true, Installed: true}})
+	require.NoError(t, err)
+	require.Equal(t, bootplans.Plan{MachineID: "m1", Mode: bootplans.ModeDisk, DiskMethod: bootplans.DiskHTTP404}, disk)
+
+	deny, err := p.Plan(ctx, "site-a", bootplans.Machine{ID: "m1", Situation: bootplans.Situation{Acceptance: bootplans.Rejected}})
+	require.NoError(t, err)
+	require.Equal(t, bootplans.ModeDeny, deny.Mode)
+
+	_, err = bootplans.NewPlanner(bootplans.PlannerConfig{AgentTalosVersion: "v1", DiskMethod: "bogus"}, res, sites{})
+	require.Error(t, err)
+}

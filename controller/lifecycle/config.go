@@ -1,0 +1,126 @@
+// Package lifecycle holds the controller's machine lifecycle as COSI QControllers on Omni's state, one per file:
+// machine observation (power via BMC, agent reachability), BMC configuration, wipe, power, reboot, boot plans,
+// InfraMachineStatus and teardown, with the semantics Omni expects from a static infra provider.
+// Edge access goes through the small interfaces of edge.go.
+package lifecycle
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/cosi-project/runtime/pkg/controller"
+
+	"github.com/outpost-metal/outpost/controller/resources"
+)
+
+// Config tunes the lifecycle.
+type Config struct {
+	// Cooldown is the minimum time between a power-on or reboot and the next power-off or reboot decided by the
+	// controller (user requests aside).
+	Cooldown time.Duration
+	// PollInterval is how often a machine's power state and agent presence are refreshed.
+	PollInterval time.Duration
+	// WipeTimeout bounds one disk wipe (generous: zeroing disks takes long).
+	WipeTimeout time.Duration
+	// CallTimeout bounds every other edge call.
+	CallTimeout time.Duration
+	// IPMIUsername is the IPMI user the controller creates through the agent.
+	IPMIUsername string
+	// Concurrency is how many machines each controller handles at once.
+	Concurrency uint
+}
+
+// Default returns the lifecycle defaults.
+func Default() Config {
+	return Config{
+		Cooldown:     5 * time.Minute,
+		PollInterval: 30 * time.Second,
+		WipeTimeout:  2 * time.Hour,
+		CallTimeout:  time.Minute,
+		IPMIUsername: "outpost",
+		Concurrency:  8,
+	}
+}
+
+// Validate reports settings that cannot work.
+func (c Config) Validate() error {
+	switch {
+	case c.PollInterval <= 0:
+		return errors.New("poll interval must be positive")
+	case c.WipeTimeout <= 0 || c.CallTimeout <= 0:
+		return errors.New("timeouts must be positive")
+	case c.Cooldown < 0:
+		return errors.New("cooldown must not be negative")
+	case c.IPMIUsername == "" || len(c.IPMIUsername) > 16:
+		return errors.New("ipmi username must have 1 to 16 characters")
+	case c.Concurrency == 0:
+		return errors.New("concurrency must be positive")
+	}
+
+	return nil
+}
+
+// Deps are the lifecycle's collaborators.
+type Deps struct {
+	Types   resources.Types
+	Power   PowerClient
+	Agent   AgentClient
+	Sites   SiteLocator
+	Plans   PlanPusher
+	Planner Planner
+	// Now is the clock; Rand is the source of generated BMC passwords.
+	Now  func() time.Time
+	Rand io.Reader
+	// Metrics counts problems (optional: unregistered metrics when nil).
+	Metrics *Metrics
+}
+
+func (d Deps) validate() error {
+	if d.Power == nil || d.Agent == nil || d.Sites == nil || d.Plans == nil || d.Planner == nil || d.Now == nil || d.Rand == nil {
+		return errors.New("a lifecycle dependency is missing")
+	}
+
+	if d.Types.ProviderID == "" {
+		return errors.New("resource types have no provider ID")
+	}
+
+	return nil
+}
+
+// New returns all lifecycle controllers, to register with the runtime on Omni's state.
+func New(cfg Config, deps Deps) ([]controller.QController, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("lifecycle config: %w", err)
+	}
+
+	if err := deps.validate(); err != nil {
+		return nil, fmt.Errorf("lifecycle: %w", err)
+	}
+
+	if deps.Metrics == nil {
+		deps.Metrics = NewMetrics()
+	}
+
+	env := &env{cfg: cfg, Deps: deps, gate: newPlanGate(deps.Plans)}
+
+	return []controller.QController{
+		newMachineObservationController(env),
+		newBMCConfigurationController(env),
+		newWipeController(env),
+		newBootPlanController(env),
+		newPowerController(env),
+		newRebootController(env),
+		newInfraMachineStatusController(env),
+		newTeardownController(env),
+	}, nil
+}
+
+// env is what every lifecycle controller shares.
+type env struct {
+	Deps
+
+	cfg  Config
+	gate *planGate
+}

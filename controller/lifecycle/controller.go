@@ -1,0 +1,161 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/cosi-project/runtime/pkg/controller"
+	"github.com/cosi-project/runtime/pkg/resource"
+	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/cosi-project/runtime/pkg/state"
+	"github.com/siderolabs/gen/optional"
+	omniresources "github.com/siderolabs/omni/client/pkg/omni/resources"
+	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
+	"go.uber.org/zap"
+)
+
+// step is one lifecycle controller's logic; machineController runs it for every InfraMachine of the provider.
+type step interface {
+	// reconcile acts on a live machine and writes the step's output.
+	reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view) error
+	// teardown runs once the InfraMachine is being deleted, before the step's output is destroyed (best effort).
+	teardown(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view) error
+}
+
+// machineController is a QController with the InfraMachine as primary input, the other lifecycle records as
+// mapped inputs (same machine ID), one output type (optional) and a finalizer on the InfraMachine that
+// holds it until the output is gone.
+type machineController struct {
+	env    *env
+	name   string
+	output resource.Type // "" for none
+	outNS  resource.Namespace
+	step   step
+}
+
+func newMachineController(e *env, name string, output resource.Type, outNS resource.Namespace, s step) *machineController {
+	return &machineController{env: e, name: name, output: output, outNS: outNS, step: s}
+}
+
+// Name implements controller.QController.
+func (c *machineController) Name() string { return c.name }
+
+// Settings implements controller.QController.
+func (c *machineController) Settings() controller.QSettings {
+	t := c.env.Types
+
+	inputs := []controller.Input{
+		{Namespace: omniresources.InfraProviderNamespace, Type: infra.InfraMachineType, Kind: controller.InputQPrimary},
+		{Namespace: omniresources.InfraProviderNamespace, Type: infra.BMCConfigType, Kind: controller.InputQMapped},
+	}
+
+	for _, typ := range t.All() {
+		if typ != c.output {
+			inputs = append(inputs, controller.Input{Namespace: t.Namespace, Type: typ, Kind: controller.InputQMapped})
+		}
+	}
+
+	var outputs []controller.Output
+	if c.output != "" {
+		outputs = []controller.Output{{Type: c.output, Kind: controller.OutputExclusive}}
+	}
+
+	return controller.QSettings{
+		Inputs:      inputs,
+		Outputs:     outputs,
+		Concurrency: optional.Some(c.env.cfg.Concurrency),
+	}
+}
+
+// MapInput implements controller.QController: every record maps to the InfraMachine with the same ID.
+func (c *machineController) MapInput(_ context.Context, _ *zap.Logger, _ controller.QRuntime, md controller.ReducedResourceMetadata) ([]resource.Pointer, error) {
+	return []resource.Pointer{infra.NewMachine(md.ID()).Metadata()}, nil
+}
+
+// Reconcile implements controller.QController.
+func (c *machineController) Reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, ptr resource.Pointer) error {
+	logger = logger.With(zap.String("machine", ptr.ID()))
+
+	m, err := safe.ReaderGet[*infra.Machine](ctx, r, ptr)
+	if err != nil {
+		if state.IsNotFoundError(err) {
+			return c.destroyOutput(ctx, r, ptr.ID())
+		}
+
+		return fmt.Errorf("read infra machine: %w", err)
+	}
+
+	if !c.env.ours(m) {
+		return nil
+	}
+
+	if m.Metadata().Phase() == resource.PhaseTearingDown {
+		return c.tearDown(ctx, logger, r, m)
+	}
+
+	if !m.Metadata().Finalizers().Has(c.name) {
+		if err = r.AddFinalizer(ctx, m.Metadata(), c.name); err != nil {
+			return fmt.Errorf("add finalizer: %w", err)
+		}
+	}
+
+	v, err := loadView(ctx, r, c.env.Types, m)
+	if err != nil {
+		return err
+	}
+
+	return c.step.reconcile(ctx, logger, r, v)
+}
+
+func (c *machineController) tearDown(ctx context.Context, logger *zap.Logger, r controller.QRuntime, m *infra.Machine) error {
+	if !m.Metadata().Finalizers().Has(c.name) {
+		return nil
+	}
+
+	v, err := loadView(ctx, r, c.env.Types, m)
+	if err != nil {
+		return err
+	}
+
+	v.finalizers = *m.Metadata().Finalizers()
+
+	if err = c.step.teardown(ctx, logger, r, v); err != nil {
+		if errors.As(err, new(*controller.RequeueError)) {
+			return err
+		}
+
+		logger.Warn("teardown step failed, continuing", zap.Error(err))
+	}
+
+	if err = c.destroyOutput(ctx, r, m.Metadata().ID()); err != nil {
+		return err
+	}
+
+	if err = r.RemoveFinalizer(ctx, m.Metadata(), c.name); err != nil && !state.IsNotFoundError(err) {
+		return fmt.Errorf("remove finalizer: %w", err)
+	}
+
+	return nil
+}
+
+func (c *machineController) destroyOutput(ctx context.Context, r controller.QRuntime, id string) error {
+	if c.output == "" {
+		return nil
+	}
+
+	md := resource.NewMetadata(c.outNS, c.output, id, resource.VersionUndefined)
+
+	if err := r.Destroy(ctx, md); err != nil && !state.IsNotFoundError(err) {
+		return fmt.Errorf("destroy %s: %w", c.output, err)
+	}
+
+	return nil
+}
+
+// noTeardown is embedded by steps with nothing to do on deletion beyond destroying their output.
+type noTeardown struct{}
+
+func (noTeardown) teardown(context.Context, *zap.Logger, controller.QRuntime, *view) error {
+	return nil
+}

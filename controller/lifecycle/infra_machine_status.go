@@ -1,0 +1,80 @@
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/cosi-project/runtime/pkg/controller"
+	"github.com/cosi-project/runtime/pkg/safe"
+	omnispecs "github.com/siderolabs/omni/client/api/omni/specs"
+	omniresources "github.com/siderolabs/omni/client/pkg/omni/resources"
+	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
+	omnires "github.com/siderolabs/omni/client/pkg/omni/resources/omni"
+	"go.uber.org/zap"
+
+	"github.com/outpost-metal/outpost/controller/resources/specs"
+)
+
+// mirroredLabels are copied from the InfraMachine to its InfraMachineStatus.
+var mirroredLabels = []string{omnires.LabelCluster, omnires.LabelMachineSet, omnires.LabelControlPlaneRole, omnires.LabelWorkerRole}
+
+// infraMachineStatus reports the lifecycle back to Omni in InfraMachineStatus: power state, ready to use,
+// installed, last reboot, wiped node token and the power-off request being honoured; cluster labels mirrored.
+type infraMachineStatus struct {
+	noTeardown
+
+	env *env
+}
+
+func newInfraMachineStatusController(e *env) *machineController {
+	return newMachineController(e, "lifecycle.InfraMachineStatusController", infra.InfraMachineStatusType,
+		omniresources.InfraProviderNamespace, &infraMachineStatus{env: e})
+}
+
+func (s *infraMachineStatus) reconcile(ctx context.Context, _ *zap.Logger, r controller.QRuntime, v *view) error {
+	if err := safe.WriterModify(ctx, r, infra.NewMachineStatus(v.id), func(st *infra.MachineStatus) error {
+		spec := st.TypedSpec().Value
+
+		switch v.powerState() {
+		case specs.MachineObservationSpec_POWER_STATE_ON:
+			spec.PowerState = omnispecs.InfraMachineStatusSpec_POWER_STATE_ON
+		case specs.MachineObservationSpec_POWER_STATE_OFF:
+			spec.PowerState = omnispecs.InfraMachineStatusSpec_POWER_STATE_OFF
+		default:
+			spec.PowerState = omnispecs.InfraMachineStatusSpec_POWER_STATE_UNKNOWN
+		}
+
+		spec.ReadyToUse = v.readyToUse()
+		spec.Installed = v.installed()
+
+		if v.reboot != nil {
+			spec.LastRebootId = v.reboot.GetLastRebootId()
+			spec.LastRebootTimestamp = v.reboot.GetLastReboot()
+		}
+
+		if v.wipe != nil {
+			spec.WipedNodeUniqueToken = v.wipe.GetWipedNodeUniqueToken()
+		}
+
+		spec.LastPowerOffId = ""
+		if v.powerOffActive() {
+			spec.LastPowerOffId = v.machine.GetPowerOffRequestId()
+		}
+
+		for _, key := range mirroredLabels {
+			if value, ok := v.labels.Get(key); ok {
+				st.Metadata().Labels().Set(key, value)
+			} else {
+				st.Metadata().Labels().Delete(key)
+			}
+		}
+
+		st.Metadata().Labels().Set(omnires.LabelInfraProviderID, s.env.Types.ProviderID)
+
+		return nil
+	}); err != nil {
+		return fmt.Errorf("write infra machine status: %w", err)
+	}
+
+	return nil
+}

@@ -1,0 +1,476 @@
+package lifecycle_test
+
+import (
+	"context"
+	"crypto/rand"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cosi-project/runtime/pkg/controller/runtime"
+	"github.com/cosi-project/runtime/pkg/resource"
+	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/cosi-project/runtime/pkg/state"
+	"github.com/cosi-project/runtime/pkg/state/impl/inmem"
+	"github.com/cosi-project/runtime/pkg/state/impl/namespaced"
+	omnispecs "github.com/siderolabs/omni/client/api/omni/specs"
+	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
+	omnires "github.com/siderolabs/omni/client/pkg/omni/resources/omni"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/lifecycle/lifecycletest"
+	"github.com/outpost-metal/outpost/controller/resources"
+)
+
+const (
+	providerID = "bare-metal"
+	waitFor    = 15 * time.Second
+	tick       = 10 * time.Millisecond
+	cooldown   = time.Hour // never passes by itself: tests advance the clock
+)
+
+type fakeClock struct {
+	mu     sync.Mutex
+	offset time.Duration
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+
+	return time.Now().Add(c.offset)
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+
+	c.offset += d
+}
+
+// harness runs the lifecycle controllers on in-memory state that the test fills as Omni would.
+type harness struct {
+	t     *testing.T
+	st    state.State
+	edge  *lifecycletest.FakeEdge
+	clock *fakeClock
+	types resources.Types
+	stats *lifecycle.Metrics
+
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+
+	h := &harness{
+		t:     t,
+		st:    state.WrapCore(namespaced.NewState(inmem.Build)),
+		edge:  lifecycletest.NewFakeEdge(),
+		clock: &fakeClock{},
+		types: resources.NewTypes(providerID),
+		stats: lifecycle.NewMetrics(),
+	}
+
+	require.NoError(t, h.types.Register())
+	h.start()
+	t.Cleanup(h.stop)
+
+	return h
+}
+
+func (h *harness) start() {
+	h.t.Helper()
+
+	cfg := lifecycle.Default()
+	cfg.Cooldown = cooldown
+	cfg.PollInterval = 20 * time.Millisecond
+	cfg.CallTimeout = 2 * time.Second
+	cfg.WipeTimeout = 5 * time.Second
+
+	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), lifecycletest.FakeResolver{}, h.edge)
+	require.NoError(h.t, err)
+
+	ctrls, err := lifecycle.New(cfg, lifecycle.Deps{
+		Types: h.types, Power: h.edge, Agent: h.edge, Sites: h.edge, Plans: h.edge, Planner: planner,
+		Now: h.clock.Now, Rand: rand.Reader, Metrics: h.stats,
+	})
+	require.NoError(h.t, err)
+
+	rt, err := runtime.NewRuntime(h.st, zaptest.NewLogger(h.t))
+	require.NoError(h.t, err)
+
+	for _, c := range ctrls {
+		require.NoError(h.t, rt.RegisterQController(c))
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel, h.done = cancel, make(chan error, 1)
+
+	go func() { h.done <- rt.Run(ctx) }()
+}
+
+func (h *harness) stop() {
+	if h.cancel == nil {
+		return
+	}
+
+	h.cancel()
+	require.NoError(h.t, <-h.done)
+	h.cancel = nil
+}
+
+// omni plays Omni: it writes the InfraMachine.
+func (h *harness) omni(id string, fn func(*omnispecs.InfraMachineSpec)) {
+	h.t.Helper()
+
+	err := safe.StateModify(h.t.Context(), h.st, infra.NewMachine(id), func(m *infra.Machine) error {
+		m.Metadata().Labels().Set(omnires.LabelInfraProviderID, providerID)
+		fn(m.TypedSpec().Value)
+
+		return nil
+	})
+	require.NoError(h.t, err)
+}
+
+func (h *harness) status(id string) *omnispecs.InfraMachineStatusSpec {
+	st, err := safe.StateGetByID[*infra.MachineStatus](context.Background(), h.st, id)
+	if err != nil {
+		return nil
+	}
+
+	return st.TypedSpec().Value
+}
+
+func (h *harness) eventually(what string, cond func() bool) {
+	h.t.Helper()
+	require.Eventually(h.t, cond, waitFor, tick, what)
+}
+
+// never asserts cond stays false for a while (used for "nothing happens").
+func (h *harness) never(what string, cond func() bool) {
+	h.t.Helper()
+	require.Never(h.t, cond, 300*time.Millisecond, tick, what)
+}
+
+func accepted(s *omnispecs.InfraMachineSpec) {
+	s.AcceptanceStatus = omnispecs.InfraMachineConfigSpec_ACCEPTED
+	s.NodeUniqueToken = "node-token"
+}
+
+// ready takes a fresh machine through accept -> BMC -> wipe -> ready -> powered off.
+func (h *harness) ready(id, site string) {
+	h.t.Helper()
+
+	h.edge.Add(id, site)
+	h.omni(id, accepted)
+
+	h.eventually("ready to use", func() bool { s := h.status(id); return s != nil && s.ReadyToUse })
+	h.clock.Advance(2 * cooldown)
+	h.eventually("powered off after cooldown", func() bool { return !h.edge.Machine(id).Power })
+	h.eventually("power state reported off", func() bool {
+		return h.status(id).PowerState == omnispecs.InfraMachineStatusSpec_POWER_STATE_OFF
+	})
+}
+
+// installed takes a ready machine through allocate -> install -> disk.
+func (h *harness) installed(id, site string) {
+	h.t.Helper()
+
+	h.ready(id, site)
+	h.omni(id, func(s *omnispecs.InfraMachineSpec) { s.ClusterTalosVersion = "v1.11.0" })
+	h.eventually("booted the installer", func() bool { return h.edge.Machine(id).Booted == "install" })
+	h.edge.InstallToDisk(id)
+	h.omni(id, func(s *omnispecs.InfraMachineSpec) { s.InstallEventId++ })
+	h.eventually("installed reported", func() bool { return h.status(id).Installed })
+	h.eventually("disk plan acknowledged", func() bool { return h.edge.Machine(id).Acked.Mode == bootplans.ModeDisk })
+}
+
+func TestAcceptToReadyThenPowerOff(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.edge.Add("m1", "site-a")
+
+	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.NodeUniqueToken = "node-token" }) // pending
+	h.eventually("pending machine gets the agent plan", func() bool { return h.edge.Machine("m1").Acked.Mode == bootplans.ModeAgent })
+	h.never("pending machine is not touched", func() bool {
+		return h.edge.Count("m1", "GetPowerManagement")+h.edge.Count("m1", "WipeDisks")+h.edge.Count("m1", "Power") > 0
+	})
+
+	h.omni("m1", accepted)
+	h.eventually("ready to use", func() bool { s := h.status("m1"); return s != nil && s.ReadyToUse })
+
+	m := h.edge.Machine("m1")
+	require.Equal(t, "outpost", m.IPMIUser)
+	require.Len(t, m.IPMIPass, 16)
+	require.Equal(t, []string{"SetPowerManagement outpost"}, h.edge.Calls("m1", "SetPowerManagement"))
+	require.Equal(t, 1, h.edge.Count("m1", "WipeDisks"))
+	require.Equal(t, "node-token", h.status("m1").WipedNodeUniqueToken)
+
+	h.never("not powered off before the cooldown", func() bool { return h.edge.Count("m1", "PowerOff") > 0 })
+	h.clock.Advance(2 * cooldown)
+	h.eventually("powered off after the cooldown", func() bool { return !h.edge.Machine("m1").Power })
+	h.eventually("off reported", func() bool {
+		return h.status("m1").PowerState == omnispecs.InfraMachineStatusSpec_POWER_STATE_OFF
+	})
+	h.never("no further power actions", func() bool { return h.edge.Count("m1", "Power") > 1 })
+}
+
+func TestAllocateInstallsThenBootsFromDisk(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.ready("m1", "site-a")
+
+	h.omni("m1", func(s *omnispecs.InfraMachineSpec) {
+		s.ClusterTalosVersion = "v1.11.0"
+		s.Extensions = []string{"siderolabs/iscsi-tools"}
+	})
+	h.eventually("powered on into the installer", func() bool { return h.edge.Machine("m1").Booted == "install" })
+	require.Equal(t, []string{"PowerOn acked=install pxe=true"}, h.edge.Calls("m1", "PowerOn"),
+		"one-time PXE set and the install plan acknowledged before power-on")
+
+	h.edge.InstallToDisk("m1")
+	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.InstallEventId = 1 })
+	h.eventually("disk plan", func() bool { return h.edge.Machine("m1").Acked.Mode == bootplans.ModeDisk })
+	h.eventually("installed reported", func() bool { return h.status("m1").Installed })
+
+	h.clock.Advance(2 * cooldown)
+	h.never("no further reboots or power changes", func() bool {
+		return h.edge.Count("m1", "PowerCycle")+h.edge.Count("m1", "PowerOff") > 1 || h.edge.Count("m1", "PowerOn") > 1
+	})
+	require.True(t, h.edge.Machine("m1").Power)
+}
+
+func TestReleaseRebootsToAgentWipesAndPowersOff(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.installed("m1", "site-a")
+	h.clock.Advance(2 * cooldown)
+
+	h.omni("m1", func(s *omnispecs.InfraMachineSpec) {
+		s.ClusterTalosVersion = ""
+		s.WipeId = "wipe-2"
+		s.NodeUniqueToken = "node-token-2"
+	})
+	h.eventually("rebooted into agent mode", func() bool {
+		return len(h.edge.Calls("m1", "PowerCycle acked=agent pxe=true")) == 1
+	})
+	h.eventually("wiped again", func() bool { return h.edge.Count("m1", "WipeDisks") == 2 })
+	h.eventually("wiped token reported, installed forgotten", func() bool {
+		s := h.status("m1")
+
+		return s.WipedNodeUniqueToken == "node-token-2" && !s.Installed && s.ReadyToUse
+	})
+	h.clock.Advance(2 * cooldown)
+	h.eventually("powered off", func() bool { return !h.edge.Machine("m1").Power })
+}
+
+func TestUserReboot(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.installed("m1", "site-a")
+
+	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.RequestedRebootId = "reboot-1" })
+	h.eventually("reboot reported", func() bool { return h.status("m1").LastRebootId == "reboot-1" })
+	require.Equal(t, []string{"PowerCycle acked=disk pxe=false"}, h.edge.Calls("m1", "PowerCycle"))
+	h.never("rebooted once", func() bool { return h.edge.Count("m1", "PowerCycle") > 1 })
+}
+
+func TestPowerOffRequestHonouredAndNeverUndone(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.installed("m1", "site-a")
+
+	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.PowerOffRequestId = "off-1" })
+	h.eventually("powered off", func() bool { return !h.edge.Machine("m1").Power })
+	h.eventually("power-off reported", func() bool { return h.status("m1").LastPowerOffId == "off-1" })
+
+	h.clock.Advance(2 * cooldown)
+	h.never("not powered on again although allocated", func() bool { return h.edge.Count("m1", "PowerOn") > 1 })
+}
+
+func TestPreferredPowerOn(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.ready("m1", "site-a")
+
+	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.PreferredPowerState = omnispecs.InfraMachineSpec_POWER_STATE_ON })
+	h.eventually("powered on", func() bool { return h.edge.Machine("m1").Power })
+	require.Equal(t, []string{"PowerOn acked=agent pxe=true"}, h.edge.Calls("m1", "PowerOn"))
+
+	h.clock.Advance(2 * cooldown)
+	h.never("stays on", func() bool { return !h.edge.Machine("m1").Power })
+}
+
+func TestRejectDeniesBoot(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.edge.Add("m1", "site-a")
+
+	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.AcceptanceStatus = omnispecs.InfraMachineConfigSpec_REJECTED })
+	h.eventually("deny plan", func() bool { return h.edge.Machine("m1").Acked.Mode == bootplans.ModeDeny })
+	h.never("nothing else", func() bool {
+		return h.edge.Count("m1", "GetPowerManagement")+h.edge.Count("m1", "WipeDisks")+h.edge.Count("m1", "Power") > 0
+	})
+}
+
+func TestCordonTouchesNothing(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.edge.Add("m1", "site-a")
+
+	h.omni("m1", func(s *omnispecs.InfraMachineSpec) {
+		accepted(s)
+		s.Cordoned = true
+	})
+	h.never("no call at all", func() bool { return len(h.edge.Log()) > 0 })
+}
+
+func TestDeletionRemovesOwnResources(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.installed("m1", "site-a")
+
+	ctx := t.Context()
+	_, err := h.st.Teardown(ctx, infra.NewMachine("m1").Metadata())
+	require.NoError(t, err)
+
+	h.eventually("finalizers released", func() bool {
+		m, err := h.st.Get(ctx, infra.NewMachine("m1").Metadata())
+
+		return err == nil && m.Metadata().Finalizers().Empty()
+	})
+	require.NoError(t, h.st.Destroy(ctx, infra.NewMachine("m1").Metadata()))
+
+	for _, typ := range h.types.All() {
+		list, err := h.st.List(ctx, resource.NewMetadata(h.types.Namespace, typ, "", resource.VersionUndefined))
+		require.NoError(t, err)
+		require.Empty(t, list.Items, typ)
+	}
+
+	_, err = h.st.Get(ctx, infra.NewMachineStatus("m1").Metadata())
+	require.True(t, state.IsNotFoundError(err))
+	require.Equal(t, bootplans.ModeAgent, h.edge.Machine("m1").Acked.Mode, "left in agent mode")
+}
+
+func TestSiteOfflineWaitsAndCompletesOnce(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.ready("m1", "site-a")
+
+	h.edge.SetOffline("site-a", true)
+	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.ClusterTalosVersion = "v1.11.0" })
+	h.never("nothing while offline", func() bool { return h.edge.Count("m1", "PowerOn") > 0 })
+
+	require.Positive(t, h.stats.Count(lifecycle.ReasonSiteOffline), "offline waits are counted")
+
+	h.edge.SetOffline("site-a", false)
+	h.eventually("powered on after reconnection", func() bool { return h.edge.Count("m1", "PowerOn") == 1 })
+	h.never("exactly once", func() bool { return h.edge.Count("m1", "PowerOn") > 1 })
+}
+
+func TestPowerOnWaitsForPlanAck(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.ready("m1", "site-a")
+
+	release := make(chan struct{})
+
+	h.edge.HoldAcks(release)
+
+	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.ClusterTalosVersion = "v1.11.0" })
+	h.eventually("install plan pushed", func() bool { return h.edge.Count("m1", "Push install") > 0 })
+	h.never("no power-on before the ack", func() bool { return h.edge.Count("m1", "PowerOn") > 0 })
+
+	close(release)
+	h.eventually("powered on after the ack", func() bool { return h.edge.Count("m1", "PowerOn") == 1 })
+	require.Equal(t, []string{"PowerOn acked=install pxe=true"}, h.edge.Calls("m1", "PowerOn"))
+}
+
+func TestRestartResumesWithoutRewipe(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.installed("m1", "site-a")
+
+	h.stop()
+	h.start()
+
+	h.clock.Advance(2 * cooldown)
+	h.never("no second wipe, no reboot after restart", func() bool {
+		return h.edge.Count("m1", "WipeDisks") > 1 || h.edge.Count("m1", "PowerCycle") > 0 || h.edge.Count("m1", "PowerOff") > 1
+	})
+	require.True(t, h.status("m1").Installed)
+}
+
+func TestMachineNoEdgeHasSeenWaits(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.omni("ghost", accepted)
+
+	h.eventually("waiting reason recorded", func() bool {
+		o, err := safe.StateGet[*resources.MachineObservation](t.Context(), h.st, h.types.NewMachineObservation("ghost").Metadata())
+
+		return err == nil && o.TypedSpec().Value.WaitingReason == "no edge has reported this machine yet"
+	})
+
+	require.Positive(t, h.stats.Count(lifecycle.ReasonMachineNotLocated))
+
+	// it shows up later and proceeds
+	h.edge.Add("ghost", "site-b")
+	h.eventually("ready once seen", func() bool { s := h.status("ghost"); return s != nil && s.ReadyToUse })
+}
+
+func TestNonsenseBMCConfigLeavesMachineAlone(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.edge.Add("m1", "site-a")
+
+	bmc := infra.NewBMCConfig("m1")
+	bmc.TypedSpec().Value.Config = &omnispecs.InfraMachineBMCConfigSpec{Ipmi: &omnispecs.InfraMachineBMCConfigSpec_IPMI{
+		Address: "not an address!", Port: 70000,
+	}}
+	require.NoError(t, h.st.Create(t.Context(), bmc))
+
+	h.omni("m1", accepted)
+	h.never("no BMC, no wipe, no power", func() bool {
+		return h.edge.Count("m1", "WipeDisks")+h.edge.Count("m1", "Power")+h.edge.Count("m1", "SetPowerManagement") > 0
+	})
+	require.False(t, h.status("m1").ReadyToUse)
+	require.Positive(t, h.stats.Count(lifecycle.ReasonInvalidBMCConfig))
+}
+
+func TestOtherProvidersMachinesIgnored(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.edge.Add("m1", "site-a")
+
+	m := infra.NewMachine("m1")
+	m.Metadata().Labels().Set(omnires.LabelInfraProviderID, "someone-else")
+	accepted(m.TypedSpec().Value)
+	require.NoError(t, h.st.Create(t.Context(), m))
+
+	h.never("nothing done for another provider's machine", func() bool {
+		cur, err := h.st.Get(t.Context(), m.Metadata())
+
+		return len(h.edge.Log()) > 0 || err != nil || !cur.Metadata().Finalizers().Empty() || h.status("m1") != nil
+	})
+}

@@ -1,0 +1,390 @@
+// Package lifecycletest holds a hand-written fake of the sites' edges for lifecycle tests: machines with power,
+// a one-time PXE flag, an agent and acknowledged boot plans, modelled as state, with every call logged.
+package lifecycletest
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+
+	agentpb "github.com/siderolabs/talos-metal-agent/api/agent"
+
+	"github.com/outpost-metal/outpost/controller/assets"
+	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/resources/specs"
+)
+
+// Machine is a machine as the fake edge models it.
+type Machine struct {
+	Site      string
+	Power     bool
+	Agent     bool
+	PXEOnce   bool
+	OnDisk    bool   // Talos installed on disk (the machine boots it without PXE)
+	Booted    string // mode the machine last booted into
+	IPMIUser  string
+	IPMIPass  string
+	Acked     bootplans.Plan
+	AckedSeen bool
+}
+
+// FakeEdge models the sites' edges: machines with power, PXE-once flag, agent and acknowledged plans.
+// It logs every call as "<machine> <Call> [detail]" so tests assert on order and counts.
+type FakeEdge struct {
+	mu       sync.Mutex
+	machines map[string]*Machine
+	offline  map[string]bool
+	version  uint64
+	log      []string
+	holdAck  chan struct{} // when non-nil, Push waits for it before acknowledging
+}
+
+// NewFakeEdge returns a fake edge with no machines.
+func NewFakeEdge() *FakeEdge {
+	return &FakeEdge{machines: map[string]*Machine{}, offline: map[string]bool{}}
+}
+
+// Add puts a machine at site, running its agent (a freshly joined machine).
+func (f *FakeEdge) Add(id, site string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	f.machines[id] = &Machine{Site: site, Power: true, Agent: true, Booted: "agent"}
+}
+
+func (f *FakeEdge) SetOffline(site string, offline bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	f.offline[site] = offline
+}
+
+// HoldAcks makes Push wait for release to be closed before acknowledging (nil: acknowledge at once).
+func (f *FakeEdge) HoldAcks(release chan struct{}) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	f.holdAck = release
+}
+
+// Log returns every call logged so far.
+func (f *FakeEdge) Log() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	return append([]string(nil), f.log...)
+}
+
+func (f *FakeEdge) record(id, call string) {
+	f.log = append(f.log, id+" "+call)
+}
+
+// Calls returns the logged calls of machine id whose name starts with prefix.
+func (f *FakeEdge) Calls(id, prefix string) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	var out []string
+
+	for _, l := range f.log {
+		if rest, ok := strings.CutPrefix(l, id+" "); ok && strings.HasPrefix(rest, prefix) {
+			out = append(out, rest)
+		}
+	}
+
+	return out
+}
+
+// Count returns how many calls of machine id start with prefix.
+func (f *FakeEdge) Count(id, prefix string) int { return len(f.Calls(id, prefix)) }
+
+// Machine returns a snapshot of machine id.
+func (f *FakeEdge) Machine(id string) Machine {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	return *f.machines[id]
+}
+
+// InstallToDisk plays the Talos installer finishing on machine id.
+func (f *FakeEdge) InstallToDisk(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	f.machines[id].OnDisk = true
+}
+
+func (f *FakeEdge) get(site, id string) (*Machine, error) {
+	m, ok := f.machines[id]
+
+	switch {
+	case f.offline[site]:
+		return nil, fmt.Errorf("site %s: %w", site, lifecycle.ErrSiteOffline)
+	case !ok || m.Site != site:
+		return nil, fmt.Errorf("machine %s is not at site %s", id, site)
+	}
+
+	return m, nil
+}
+
+// boot models a machine starting: PXE-once boots the acknowledged plan; otherwise it boots its disk if Talos is
+// installed, or network boots the acknowledged plan.
+func (m *Machine) boot() {
+	mode := "disk"
+
+	if m.PXEOnce || !m.OnDisk {
+		mode = string(m.Acked.Mode)
+		if !m.AckedSeen {
+			mode = string(bootplans.ModeAgent) // unknown machines boot agent mode
+		}
+
+		if mode == string(bootplans.ModeDisk) && !m.OnDisk {
+			mode = "nothing"
+		}
+	}
+
+	m.PXEOnce = false
+	m.Power = true
+	m.Booted = mode
+	m.Agent = mode == string(bootplans.ModeAgent)
+}
+
+// Locate implements lifecycle.SiteLocator.
+func (f *FakeEdge) Locate(id string) (lifecycle.Location, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	m, ok := f.machines[id]
+	if !ok {
+		return lifecycle.Location{}, false
+	}
+
+	return lifecycle.Location{SiteID: m.Site, AgentConnected: m.Agent && m.Power}, true
+}
+
+// Site implements bootplans.SiteDirectory.
+func (f *FakeEdge) Site(id string) (bootplans.Site, error) {
+	return bootplans.Site{ConfigURL: "http://" + id + ".edge/config", AgentAddress: id + ".edge:8081"}, nil
+}
+
+// Push implements lifecycle.PlanPusher.
+func (f *FakeEdge) Push(ctx context.Context, site string, plan bootplans.Plan) (uint64, error) {
+	f.mu.Lock()
+	hold := f.holdAck
+
+	if f.offline[site] {
+		f.mu.Unlock()
+
+		return 0, fmt.Errorf("push to %s: %w", site, lifecycle.ErrSiteOffline)
+	}
+
+	f.record(plan.MachineID, "Push "+string(plan.Mode))
+	f.mu.Unlock()
+
+	if hold != nil {
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	f.version++
+
+	if m, ok := f.machines[plan.MachineID]; ok && m.Site == site {
+		m.Acked = plan
+		m.AckedSeen = true
+	}
+
+	f.record(plan.MachineID, "Ack "+string(plan.Mode))
+
+	return f.version, nil
+}
+
+// PowerStatus implements lifecycle.PowerClient.
+func (f *FakeEdge) PowerStatus(_ context.Context, site, id string, _ *specs.BMCConfigurationSpec) (lifecycle.PowerState, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	m, err := f.get(site, id)
+	if err != nil {
+		return lifecycle.PowerUnknown, err
+	}
+
+	if m.Power {
+		return lifecycle.PowerOn, nil
+	}
+
+	return lifecycle.PowerOff, nil
+}
+
+// PowerOn implements lifecycle.PowerClient: the machine boots (see boot).
+func (f *FakeEdge) PowerOn(_ context.Context, site, id string, _ *specs.BMCConfigurationSpec) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	m, err := f.get(site, id)
+	if err != nil {
+		return err
+	}
+
+	f.record(id, fmt.Sprintf("PowerOn acked=%s pxe=%v", m.Acked.Mode, m.PXEOnce))
+	m.boot()
+
+	return nil
+}
+
+// PowerOff implements lifecycle.PowerClient.
+func (f *FakeEdge) PowerOff(_ context.Context, site, id string, _ *specs.BMCConfigurationSpec) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	m, err := f.get(site, id)
+	if err != nil {
+		return err
+	}
+
+	f.record(id, "PowerOff")
+	m.Power, m.Agent, m.Booted = false, false, ""
+
+	return nil
+}
+
+// PowerCycle implements lifecycle.PowerClient.
+func (f *FakeEdge) PowerCycle(_ context.Context, site, id string, _ *specs.BMCConfigurationSpec) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	m, err := f.get(site, id)
+	if err != nil {
+		return err
+	}
+
+	f.record(id, fmt.Sprintf("PowerCycle acked=%s pxe=%v", m.Acked.Mode, m.PXEOnce))
+	m.boot()
+
+	return nil
+}
+
+// SetPXEOnce implements lifecycle.PowerClient.
+func (f *FakeEdge) SetPXEOnce(_ context.Context, site, id string, _ *specs.BMCConfigurationSpec) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	m, err := f.get(site, id)
+	if err != nil {
+		return err
+	}
+
+	f.record(id, "SetPXEOnce")
+	m.PXEOnce = true
+
+	return nil
+}
+
+func (f *FakeEdge) agentMachine(site, id string) (*Machine, error) {
+	m, err := f.get(site, id)
+	if err != nil {
+		return nil, err
+	}
+
+	if !m.Power || !m.Agent {
+		return nil, fmt.Errorf("agent of %s: %w", id, lifecycle.ErrSiteOffline)
+	}
+
+	return m, nil
+}
+
+// Hello implements lifecycle.AgentClient.
+func (f *FakeEdge) Hello(_ context.Context, site, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	if _, err := f.agentMachine(site, id); err != nil {
+		return err
+	}
+
+	f.record(id, "Hello")
+
+	return nil
+}
+
+// GetPowerManagement implements lifecycle.AgentClient.
+func (f *FakeEdge) GetPowerManagement(_ context.Context, site, id string, _ *agentpb.GetPowerManagementRequest) (*agentpb.GetPowerManagementResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	m, err := f.agentMachine(site, id)
+	if err != nil {
+		return nil, err
+	}
+
+	f.record(id, "GetPowerManagement")
+
+	return &agentpb.GetPowerManagementResponse{Ipmi: &agentpb.GetPowerManagementResponse_IPMI{
+		Address: "10.0.0." + id[len(id)-1:], Port: 623, UserExists: m.IPMIUser != "",
+	}}, nil
+}
+
+// SetPowerManagement implements lifecycle.AgentClient.
+func (f *FakeEdge) SetPowerManagement(_ context.Context, site, id string, req *agentpb.SetPowerManagementRequest) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	m, err := f.agentMachine(site, id)
+	if err != nil {
+		return err
+	}
+
+	f.record(id, "SetPowerManagement "+req.GetIpmi().GetUsername())
+	m.IPMIUser, m.IPMIPass = req.GetIpmi().GetUsername(), req.GetIpmi().GetPassword()
+
+	return nil
+}
+
+// WipeDisks implements lifecycle.AgentClient.
+func (f *FakeEdge) WipeDisks(_ context.Context, site, id string, _ bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	m, err := f.agentMachine(site, id)
+	if err != nil {
+		return err
+	}
+
+	f.record(id, "WipeDisks")
+	m.OnDisk = false
+
+	return nil
+}
+
+// Reboot implements lifecycle.AgentClient.
+func (f *FakeEdge) Reboot(_ context.Context, site, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	m, err := f.agentMachine(site, id)
+	if err != nil {
+		return err
+	}
+
+	f.record(id, "AgentReboot")
+	m.boot()
+
+	return nil
+}
+
+// FakeResolver resolves every profile to local-looking URLs.
+type FakeResolver struct{}
+
+// Resolve implements assets.Resolver.
+func (FakeResolver) Resolve(_ context.Context, p assets.Profile) (assets.Boot, error) {
+	base := "http://assets/" + p.TalosVersion + "/" + p.Arch
+
+	return assets.Boot{KernelURL: base + "/vmlinuz", InitrdURL: base + "/initramfs.xz", KernelArgs: p.KernelArgs}, nil
+}

@@ -1,0 +1,91 @@
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/cosi-project/runtime/pkg/controller"
+	"github.com/cosi-project/runtime/pkg/safe"
+	"go.uber.org/zap"
+
+	"github.com/outpost-metal/outpost/controller/resources"
+	"github.com/outpost-metal/outpost/controller/resources/specs"
+)
+
+// machineObservation keeps MachineObservation true: the machine's site (from edge events), its power state
+// (from the BMC, once configured) and whether its agent answers (tunnel open and Hello succeeds).
+// It polls every PollInterval and writes only changes.
+type machineObservation struct {
+	noTeardown
+
+	env *env
+}
+
+func newMachineObservationController(e *env) *machineController {
+	return newMachineController(e, "lifecycle.MachineObservationController", e.Types.MachineObservation, e.Types.Namespace,
+		&machineObservation{env: e})
+}
+
+func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view) error {
+	obs := &specs.MachineObservationSpec{}
+
+	loc, known := s.env.Sites.Locate(v.id)
+
+	switch {
+	case !known:
+		obs.WaitingReason = "no edge has reported this machine yet"
+
+		s.env.Metrics.inc(ReasonMachineNotLocated)
+	default:
+		obs.SiteId = loc.SiteID
+
+		if v.managed() && v.bmc != nil {
+			obs.PowerState = s.powerState(ctx, logger, loc.SiteID, v, obs)
+		}
+
+		if loc.AgentConnected && !v.machine.GetCordoned() {
+			callCtx, cancel := context.WithTimeout(ctx, s.env.cfg.CallTimeout)
+			err := s.env.Agent.Hello(callCtx, loc.SiteID, v.id)
+
+			cancel()
+
+			if err == nil {
+				obs.AgentConnected = true
+			} else {
+				logger.Debug("agent tunnel open but hello failed", zap.Error(err))
+			}
+		}
+	}
+
+	if err := safe.WriterModify(ctx, r, s.env.Types.NewMachineObservation(v.id), func(o *resources.MachineObservation) error {
+		o.TypedSpec().Value = obs
+
+		return nil
+	}); err != nil {
+		return fmt.Errorf("write machine observation: %w", err)
+	}
+
+	return controller.NewRequeueInterval(s.env.cfg.PollInterval)
+}
+
+func (s *machineObservation) powerState(ctx context.Context, logger *zap.Logger, site string, v *view, obs *specs.MachineObservationSpec) specs.MachineObservationSpec_PowerState {
+	callCtx, cancel := context.WithTimeout(ctx, s.env.cfg.CallTimeout)
+	defer cancel()
+
+	ps, err := s.env.Power.PowerStatus(callCtx, site, v.id, v.bmc)
+	if err != nil {
+		logger.Info("power state unknown", zap.String("site", site), zap.Error(err))
+		obs.WaitingReason = "power state unknown: " + err.Error()
+
+		return specs.MachineObservationSpec_POWER_STATE_UNKNOWN
+	}
+
+	switch ps {
+	case PowerOn:
+		return specs.MachineObservationSpec_POWER_STATE_ON
+	case PowerOff:
+		return specs.MachineObservationSpec_POWER_STATE_OFF
+	default:
+		return specs.MachineObservationSpec_POWER_STATE_UNKNOWN
+	}
+}

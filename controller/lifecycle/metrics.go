@@ -1,0 +1,52 @@
+package lifecycle
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// Reasons counted by Metrics.
+const (
+	ReasonSiteOffline       = "site_offline"
+	ReasonEdgeCallFailed    = "edge_call_failed"
+	ReasonInvalidBMCConfig  = "invalid_bmc_config"
+	ReasonMachineNotLocated = "machine_not_located"
+)
+
+// Metrics counts what the lifecycle could not do, by reason; register it with a prometheus registry.
+type Metrics struct {
+	problems *prometheus.CounterVec
+}
+
+// NewMetrics returns unregistered lifecycle metrics.
+func NewMetrics() *Metrics {
+	return &Metrics{problems: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "outpost",
+		Subsystem: "lifecycle",
+		Name:      "problems_total",
+		Help:      "Lifecycle operations that could not proceed, by reason.",
+	}, []string{"reason"})}
+}
+
+// Describe implements prometheus.Collector.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) { m.problems.Describe(ch) }
+
+// Collect implements prometheus.Collector.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) { m.problems.Collect(ch) }
+
+// Count returns the count of reason (for tests and status pages).
+func (m *Metrics) Count(reason string) float64 {
+	return testutil.ToFloat64(m.problems.WithLabelValues(reason))
+}
+
+func (m *Metrics) inc(reason string) { m.problems.WithLabelValues(reason).Inc() }
+
+func (m *Metrics) edgeFailure(err error) {
+	if errors.Is(err, ErrSiteOffline) {
+		m.inc(ReasonSiteOffline)
+	} else {
+		m.inc(ReasonEdgeCallFailed)
+	}
+}

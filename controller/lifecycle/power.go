@@ -1,0 +1,140 @@
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/cosi-project/runtime/pkg/controller"
+	"github.com/cosi-project/runtime/pkg/safe"
+	"go.uber.org/zap"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/outpost-metal/outpost/controller/resources"
+	"github.com/outpost-metal/outpost/controller/resources/specs"
+)
+
+// power makes a machine's power follow its work: on when it must work (allocated, installed or a wipe pending)
+// or Omni prefers it on, off when idle and preferred off, after the cooldown. A user power-off request is
+// honoured at once and never undone while it is active. A power-on that network boots waits until the edge
+// acknowledged the plan it boots into, then sets a one-time PXE boot.
+type power struct {
+	noTeardown
+
+	env *env
+}
+
+func newPowerController(e *env) *machineController {
+	return newMachineController(e, "lifecycle.PowerController", e.Types.PowerOperation, e.Types.Namespace, &power{env: e})
+}
+
+func (s *power) reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view) error {
+	if !v.managed() || !v.bmcConfigured() {
+		return nil
+	}
+
+	site, ok := v.site()
+	if !ok {
+		return s.env.waitFor(logger, "machine not seen at any site")
+	}
+
+	op := &specs.PowerOperationSpec{}
+	if v.power != nil {
+		op = proto.Clone(v.power).(*specs.PowerOperationSpec) //nolint:forcetypeassert
+	}
+
+	req := v.machine.GetPowerOffRequestId()
+	newRequest := req != "" && op.GetPowerOffRequestId() != req
+
+	wantOn := !newRequest && !v.powerOffActive() && (v.requiresPowerOn() || v.preferredOn())
+	wantOff := newRequest || (!v.requiresPowerOn() && !v.preferredOn() && !v.powerOffActive())
+
+	if !wantOn && !wantOff {
+		return nil
+	}
+
+	// decide on the BMC's current word, not on the last observation
+	callCtx, cancel := context.WithTimeout(ctx, s.env.cfg.CallTimeout)
+	defer cancel()
+
+	ps, err := s.env.Power.PowerStatus(callCtx, site, v.id, v.bmc)
+	if err != nil {
+		return s.env.failed(fmt.Errorf("power status of %s at site %s: %w", v.id, site, err))
+	}
+
+	switch {
+	case newRequest:
+		if ps != PowerOff {
+			if err = s.env.Power.PowerOff(callCtx, site, v.id, v.bmc); err != nil {
+				return s.env.failed(fmt.Errorf("power off %s at site %s (user request): %w", v.id, site, err))
+			}
+
+			op.LastPowerOff = timestamppb.New(s.env.Now())
+		}
+
+		op.PowerOffRequestId = req
+		op.PowerOffWipeId = v.machine.GetWipeId()
+
+		logger.Info("power-off request honoured", zap.String("site", site), zap.String("request", req))
+	case wantOn && ps == PowerOff:
+		if err = s.env.powerOnInto(ctx, logger, site, v); err != nil {
+			return err
+		}
+
+		op.LastPowerOn = timestamppb.New(s.env.Now())
+	case wantOff && ps == PowerOn:
+		if left := s.env.cooldownLeft(v); left > 0 {
+			return controller.NewRequeueInterval(min(left, s.env.cfg.PollInterval))
+		}
+
+		if err = s.env.Power.PowerOff(callCtx, site, v.id, v.bmc); err != nil {
+			return s.env.failed(fmt.Errorf("power off idle %s at site %s: %w", v.id, site, err))
+		}
+
+		op.LastPowerOff = timestamppb.New(s.env.Now())
+
+		logger.Info("powered off idle machine", zap.String("site", site))
+	default:
+		return nil
+	}
+
+	if err = safe.WriterModify(ctx, r, s.env.Types.NewPowerOperation(v.id), func(p *resources.PowerOperation) error {
+		p.TypedSpec().Value = op
+
+		return nil
+	}); err != nil {
+		return fmt.Errorf("record power operation: %w", err)
+	}
+
+	return nil
+}
+
+// powerOnInto pushes the machine's plan, waits for the edge's acknowledgement, sets a one-time PXE boot when
+// the plan network boots, and powers the machine on.
+func (e *env) powerOnInto(ctx context.Context, logger *zap.Logger, site string, v *view) error {
+	plan, err := e.plan(ctx, site, v, false)
+	if err != nil {
+		return e.failed(fmt.Errorf("plan of %s: %w", v.id, err))
+	}
+
+	if err = e.gate.ensure(ctx, site, plan); err != nil {
+		return e.failed(err)
+	}
+
+	callCtx, cancel := context.WithTimeout(ctx, e.cfg.CallTimeout)
+	defer cancel()
+
+	if plan.Mode.PXE() {
+		if err = e.Power.SetPXEOnce(callCtx, site, v.id, v.bmc); err != nil {
+			return e.failed(fmt.Errorf("set one-time pxe boot of %s at site %s: %w", v.id, site, err))
+		}
+	}
+
+	if err = e.Power.PowerOn(callCtx, site, v.id, v.bmc); err != nil {
+		return e.failed(fmt.Errorf("power on %s at site %s: %w", v.id, site, err))
+	}
+
+	logger.Info("powered on", zap.String("site", site), zap.String("mode", string(plan.Mode)))
+
+	return nil
+}

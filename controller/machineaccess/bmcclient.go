@@ -1,0 +1,135 @@
+package machineaccess
+
+import (
+	"context"
+	"fmt"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+)
+
+// BMC is the controller's view of one machine's BMC, reached through its site's edge.
+type BMC struct {
+	c                 *Client
+	siteID, machineID string
+	target            *bmcpb.Target
+}
+
+// BMC returns the BMC of machineID at siteID. target names the BMC and carries the credentials;
+// its machine_id is set from machineID.
+func (c *Client) BMC(siteID, machineID string, target *bmcpb.Target) *BMC {
+	t := &bmcpb.Target{}
+	if target != nil {
+		t = copyTarget(target)
+	}
+
+	t.MachineId = machineID
+
+	return &BMC{c: c, siteID: siteID, machineID: machineID, target: t}
+}
+
+func copyTarget(t *bmcpb.Target) *bmcpb.Target {
+	return &bmcpb.Target{
+		MachineId: t.GetMachineId(), Host: t.GetHost(), IpmiPort: t.GetIpmiPort(), RedfishEndpoint: t.GetRedfishEndpoint(),
+		Protocol: t.GetProtocol(), Username: t.GetUsername(), Password: t.GetPassword(),
+	}
+}
+
+func (b *BMC) client() (bmcpb.BMCClient, error) {
+	if err := b.c.check(b.siteID, b.machineID); err != nil {
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
+
+	conn, err := b.c.conn(b.siteID)
+	if err != nil {
+		return nil, status.Error(codes.Unavailable, fmt.Sprintf("reach bmc of machine %s at site %s: %v", b.machineID, b.siteID, err))
+	}
+
+	return bmcpb.NewBMCClient(conn), nil
+}
+
+func (b *BMC) req() *bmcpb.PowerRequest { return &bmcpb.PowerRequest{Target: b.target} }
+
+// PowerStatus reports whether the machine is on.
+func (b *BMC) PowerStatus(ctx context.Context) (bool, error) {
+	cl, err := b.client()
+	if err != nil {
+		return false, err
+	}
+
+	resp, err := cl.PowerStatus(ctx, b.req())
+	if err != nil {
+		return false, err
+	}
+
+	return resp.GetOn(), nil
+}
+
+func (b *BMC) call(ctx context.Context, op func(bmcpb.BMCClient, context.Context, *bmcpb.PowerRequest) error) error {
+	cl, err := b.client()
+	if err != nil {
+		return err
+	}
+
+	return op(cl, ctx, b.req())
+}
+
+// PowerOn powers the machine on.
+func (b *BMC) PowerOn(ctx context.Context) error {
+	return b.call(ctx, func(cl bmcpb.BMCClient, ctx context.Context, r *bmcpb.PowerRequest) error {
+		_, err := cl.PowerOn(ctx, r)
+
+		return err
+	})
+}
+
+// PowerOff powers the machine off.
+func (b *BMC) PowerOff(ctx context.Context) error {
+	return b.call(ctx, func(cl bmcpb.BMCClient, ctx context.Context, r *bmcpb.PowerRequest) error {
+		_, err := cl.PowerOff(ctx, r)
+
+		return err
+	})
+}
+
+// PowerCycle power-cycles the machine (or powers it on when off).
+func (b *BMC) PowerCycle(ctx context.Context) error {
+	return b.call(ctx, func(cl bmcpb.BMCClient, ctx context.Context, r *bmcpb.PowerRequest) error {
+		_, err := cl.PowerCycle(ctx, r)
+
+		return err
+	})
+}
+
+// ClearBootOverride removes any boot override.
+func (b *BMC) ClearBootOverride(ctx context.Context) error {
+	return b.call(ctx, func(cl bmcpb.BMCClient, ctx context.Context, r *bmcpb.PowerRequest) error {
+		_, err := cl.ClearBootOverride(ctx, r)
+
+		return err
+	})
+}
+
+// SetPXEOnce sets a one-time network boot in the given mode (read back by the edge).
+func (b *BMC) SetPXEOnce(ctx context.Context, mode bmcpb.BootMode) error {
+	cl, err := b.client()
+	if err != nil {
+		return err
+	}
+
+	_, err = cl.SetPXEOnce(ctx, &bmcpb.SetPXEOnceRequest{Target: b.target, Mode: mode})
+
+	return err
+}
+
+// GetBootOverride reads the current boot override.
+func (b *BMC) GetBootOverride(ctx context.Context) (*bmcpb.GetBootOverrideResponse, error) {
+	cl, err := b.client()
+	if err != nil {
+		return nil, err
+	}
+
+	return cl.GetBootOverride(ctx, b.req())
+}

@@ -1,0 +1,137 @@
+// Lifecycle resources: in Omni mode they live in the provider's
+// namespace (infra-provider:<id>) and their type names carry the provider ID, as Omni expects of infra providers
+// (<Name>.<id>.infraprovider.sidero.dev); Types builds them for one provider ID.
+
+package resources
+
+import (
+	"strings"
+
+	"github.com/cosi-project/runtime/pkg/resource"
+	"github.com/cosi-project/runtime/pkg/resource/meta"
+	"github.com/cosi-project/runtime/pkg/resource/protobuf"
+	"github.com/cosi-project/runtime/pkg/resource/typed"
+	"github.com/siderolabs/omni/client/pkg/infra"
+
+	"github.com/outpost-metal/outpost/controller/resources/specs"
+)
+
+// BMCConfiguration is how the controller reaches a machine's BMC (ID = machine UUID).
+type BMCConfiguration = typed.Resource[BMCConfigurationSpec, lifecycleExtension]
+
+// BMCConfigurationSpec wraps specs.BMCConfigurationSpec.
+type BMCConfigurationSpec = protobuf.ResourceSpec[specs.BMCConfigurationSpec, *specs.BMCConfigurationSpec]
+
+// WipeStatus is the last completed wipe of a machine (ID = machine UUID).
+type WipeStatus = typed.Resource[WipeStatusSpec, lifecycleExtension]
+
+// WipeStatusSpec wraps specs.WipeStatusSpec.
+type WipeStatusSpec = protobuf.ResourceSpec[specs.WipeStatusSpec, *specs.WipeStatusSpec]
+
+// PowerOperation records the controller's power decisions for a machine (ID = machine UUID).
+type PowerOperation = typed.Resource[PowerOperationSpec, lifecycleExtension]
+
+// PowerOperationSpec wraps specs.PowerOperationSpec.
+type PowerOperationSpec = protobuf.ResourceSpec[specs.PowerOperationSpec, *specs.PowerOperationSpec]
+
+// RebootStatus records the last reboot the controller issued (ID = machine UUID).
+type RebootStatus = typed.Resource[RebootStatusSpec, lifecycleExtension]
+
+// RebootStatusSpec wraps specs.RebootStatusSpec.
+type RebootStatusSpec = protobuf.ResourceSpec[specs.RebootStatusSpec, *specs.RebootStatusSpec]
+
+// MachineObservation is what the controller last observed about a machine through its site (ID = machine UUID).
+type MachineObservation = typed.Resource[MachineObservationSpec, lifecycleExtension]
+
+// MachineObservationSpec wraps specs.MachineObservationSpec.
+type MachineObservationSpec = protobuf.ResourceSpec[specs.MachineObservationSpec, *specs.MachineObservationSpec]
+
+// lifecycleExtension gives the lifecycle resources a resource definition. Their real type names depend on
+// the provider ID and are carried by each resource's metadata (see Types); the definition is informational.
+type lifecycleExtension struct{}
+
+// ResourceDefinition implements typed.Extension.
+func (lifecycleExtension) ResourceDefinition() meta.ResourceDefinitionSpec {
+	return meta.ResourceDefinitionSpec{Type: "LifecycleResources.outpost.infraprovider.sidero.dev"}
+}
+
+// Types names the lifecycle resources of one provider ID and creates them in its namespace.
+type Types struct {
+	ProviderID         string
+	Namespace          resource.Namespace
+	BMCConfiguration   resource.Type
+	WipeStatus         resource.Type
+	PowerOperation     resource.Type
+	RebootStatus       resource.Type
+	MachineObservation resource.Type
+}
+
+// NewTypes returns the resource types of provider providerID.
+func NewTypes(providerID string) Types {
+	return Types{
+		ProviderID:         providerID,
+		Namespace:          infra.ResourceNamespace(providerID),
+		BMCConfiguration:   infra.ResourceType("BMCConfiguration", providerID),
+		WipeStatus:         infra.ResourceType("WipeStatus", providerID),
+		PowerOperation:     infra.ResourceType("PowerOperation", providerID),
+		RebootStatus:       infra.ResourceType("RebootStatus", providerID),
+		MachineObservation: infra.ResourceType("MachineObservation", providerID),
+	}
+}
+
+// All lists the lifecycle resource types.
+func (t Types) All() []resource.Type {
+	return []resource.Type{t.BMCConfiguration, t.WipeStatus, t.PowerOperation, t.RebootStatus, t.MachineObservation}
+}
+
+// Register registers the protobuf codecs of the lifecycle types (needed before they cross gRPC); registering
+// the same provider's types twice is fine.
+func (t Types) Register() error {
+	for _, err := range []error{
+		protobuf.RegisterResource(t.BMCConfiguration, t.NewBMCConfiguration("")),
+		protobuf.RegisterResource(t.WipeStatus, t.NewWipeStatus("")),
+		protobuf.RegisterResource(t.PowerOperation, t.NewPowerOperation("")),
+		protobuf.RegisterResource(t.RebootStatus, t.NewRebootStatus("")),
+		protobuf.RegisterResource(t.MachineObservation, t.NewMachineObservation("")),
+	} {
+		if err != nil && !strings.Contains(err.Error(), "already registered") {
+			return err
+		}
+	}
+
+	return nil
+}
+
+func (t Types) md(typ resource.Type, id string) resource.Metadata {
+	return resource.NewMetadata(t.Namespace, typ, id, resource.VersionUndefined)
+}
+
+// NewBMCConfiguration returns an empty BMCConfiguration for machine id.
+func (t Types) NewBMCConfiguration(id string) *BMCConfiguration {
+	return typed.NewResource[BMCConfigurationSpec, lifecycleExtension](t.md(t.BMCConfiguration, id),
+		protobuf.NewResourceSpec(&specs.BMCConfigurationSpec{}))
+}
+
+// NewWipeStatus returns an empty WipeStatus for machine id.
+func (t Types) NewWipeStatus(id string) *WipeStatus {
+	return typed.NewResource[WipeStatusSpec, lifecycleExtension](t.md(t.WipeStatus, id),
+		protobuf.NewResourceSpec(&specs.WipeStatusSpec{}))
+}
+
+// NewPowerOperation returns an empty PowerOperation for machine id.
+func (t Types) NewPowerOperation(id string) *PowerOperation {
+	return typed.NewResource[PowerOperationSpec, lifecycleExtension](t.md(t.PowerOperation, id),
+		protobuf.NewResourceSpec(&specs.PowerOperationSpec{}))
+}
+
+// NewRebootStatus returns an empty RebootStatus for machine id.
+func (t Types) NewRebootStatus(id string) *RebootStatus {
+	return typed.NewResource[RebootStatusSpec, lifecycleExtension](t.md(t.RebootStatus, id),
+		protobuf.NewResourceSpec(&specs.RebootStatusSpec{}))
+}
+
+// NewMachineObservation returns an empty MachineObservation for machine id.
+func (t Types) NewMachineObservation(id string) *MachineObservation {
+	return typed.NewResource[MachineObservationSpec, lifecycleExtension](t.md(t.MachineObservation, id),
+		protobuf.NewResourceSpec(&specs.MachineObservationSpec{}))
+}

@@ -1,0 +1,349 @@
+package assets_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-metal/outpost/edge/assets"
+)
+
+type tarEntry struct {
+	name     string
+	body     []byte
+	typeflag byte
+	link     string
+}
+
+func writeTar(t *testing.T, path string, gz bool, entries []tarEntry) {
+	t.Helper()
+
+	var buf bytes.Buffer
+
+	var w io.Writer = &buf
+
+	var zw *gzip.Writer
+	if gz {
+		zw = gzip.NewWriter(&buf)
+		w = zw
+	}
+
+	tw := tar.NewWriter(w)
+
+	for _, e := range entries {
+		tf := e.typeflag
+		if tf == 0 {
+			tf = tar.TypeReg
+		}
+
+		require.NoError(t, tw.WriteHeader(&tar.Header{Name: e.name, Typeflag: tf, Size: int64(len(e.body)), Mode: 0o644, Linkname: e.link}))
+		_, err := tw.Write(e.body)
+		require.NoError(t, err)
+	}
+
+	require.NoError(t, tw.Close())
+
+	if zw != nil {
+		require.NoError(t, zw.Close())
+	}
+
+	require.NoError(t, os.WriteFile(path, buf.Bytes(), 0o644))
+}
+
+func bundleJSON(t *testing.T, items ...assets.BundleAsset) []byte {
+	t.Helper()
+
+	b, err := json.Marshal(assets.Bundle{Version: 1, Assets: items})
+	require.NoError(t, err)
+
+	return b
+}
+
+func TestImportTarball(t *testing.T) {
+	t.Parallel()
+
+	kernel, kSum := blob(t, 5000)
+	initrd, iSum := blob(t, 7000)
+	good := []assets.BundleAsset{
+		{Name: "agent/amd64/kernel", SHA256: kSum, Size: 5000, Path: "agent/vmlinuz"},
+		{Name: "agent/amd64/initramfs", SHA256: iSum, Size: 7000, Path: "./agent/initramfs.xz"},
+	}
+
+	for _, gz := range []bool{false, true} {
+		t.Run(map[bool]string{false: "tar", true: "tar.gz"}[gz], func(t *testing.T) {
+			t.Parallel()
+
+			dir := t.TempDir()
+			s := newStore(t, filepath.Join(dir, "cache"), 1<<30, nil)
+			file := filepath.Join(dir, "bundle.tar")
+			// files before the manifest, and a directory entry
+			writeTar(t, file, gz, []tarEntry{
+				{name: "agent/", typeflag: tar.TypeDir},
+				{name: "agent/vmlinuz", body: kernel},
+				{name: "agent/initramfs.xz", body: initrd},
+				{name: assets.BundleManifestName, body: bundleJSON(t, good...)},
+			})
+
+			refs, err := s.Import(t.Context(), file)
+			require.NoError(t, err)
+			require.Len(t, refs, 2)
+
+			f, _, err := s.Open("agent/amd64/initramfs")
+			require.NoError(t, err)
+
+			got, err := io.ReadAll(f)
+			require.NoError(t, err)
+			require.NoError(t, f.Close())
+			require.Equal(t, initrd, got)
+			require.Empty(t, visibleTmp(t, filepath.Join(dir, "cache")))
+		})
+	}
+}
+
+func visibleTmp(t *testing.T, cache string) []os.DirEntry {
+	t.Helper()
+
+	items, err := os.ReadDir(filepath.Join(cache, "tmp"))
+	require.NoError(t, err)
+
+	return items
+}
+
+func TestImportTarballRefused(t *testing.T) {
+	t.Parallel()
+
+	kernel, kSum := blob(t, 5000)
+	entry := assets.BundleAsset{Name: "agent/amd64/kernel", SHA256: kSum, Size: 5000, Path: "vmlinuz"}
+
+	tests := []struct {
+		name    string
+		entries []tarEntry
+		want    error
+		msg     string
+	}{
+		{
+			name: "entry escaping with dotdot",
+			entries: []tarEntry{
+				{name: "../../escape", body: kernel},
+				{name: assets.BundleManifestName, body: bundleJSON(t, entry)},
+			},
+			want: assets.ErrTraversal,
+		},
+		{
+			name:    "absolute entry",
+			entries: []tarEntry{{name: "/etc/cron.d/x", body: kernel}},
+			want:    assets.ErrTraversal,
+		},
+		{
+			name: "symlink entry",
+			entries: []tarEntry{
+				{name: "vmlinuz", typeflag: tar.TypeSymlink, link: "/etc/shadow"},
+				{name: assets.BundleManifestName, body: bundleJSON(t, entry)},
+			},
+			want: assets.ErrTraversal,
+		},
+		{
+			name: "manifest path escaping",
+			entries: []tarEntry{
+				{name: "vmlinuz", body: kernel},
+				{name: assets.BundleManifestName, body: bundleJSON(t, assets.BundleAsset{Name: entry.Name, SHA256: kSum, Size: 5000, Path: "../vmlinuz"})},
+			},
+			want: assets.ErrTraversal,
+		},
+		{
+			name: "asset name with dotdot",
+			entries: []tarEntry{
+				{name: "vmlinuz", body: kernel},
+				{name: assets.BundleManifestName, body: bundleJSON(t, assets.BundleAsset{Name: "agent/../../x", SHA256: kSum, Size: 5000, Path: "vmlinuz"})},
+			},
+			want: assets.ErrBadName,
+		},
+		{
+			name: "manifest lying about size",
+			entries: []tarEntry{
+				{name: "vmlinuz", body: kernel},
+				{name: assets.BundleManifestName, body: bundleJSON(t, assets.BundleAsset{Name: entry.Name, SHA256: kSum, Size: 4000, Path: "vmlinuz"})},
+			},
+			want: assets.ErrSizeMismatch,
+			msg:  "manifest says 4000 bytes, vmlinuz has 5000",
+		},
+		{
+			name: "manifest lying about digest",
+			entries: []tarEntry{
+				{name: "vmlinuz", body: append([]byte{0}, kernel[1:]...)},
+				{name: assets.BundleManifestName, body: bundleJSON(t, entry)},
+			},
+			want: assets.ErrDigestMismatch,
+		},
+		{
+			name:    "no manifest",
+			entries: []tarEntry{{name: "vmlinuz", body: kernel}},
+			msg:     "outpost-assets.json missing",
+		},
+	}
+
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+
+			dir := t.TempDir()
+			cache := filepath.Join(dir, "cache")
+			s := newStore(t, cache, 1<<30, nil)
+
+			// something already cached must survive a refused import
+			old, oldSum := blob(t, 100)
+			require.NoError(t, s.Put(t.Context(), assets.Ref{Name: "agent/arm64/cmdline", SHA256: oldSum, Size: 100}, &bytesSource{data: old}))
+
+			file := filepath.Join(dir, "bad.tar")
+			writeTar(t, file, false, tt.entries)
+
+			_, err := s.Import(t.Context(), file)
+			require.Error(t, err)
+
+			if tt.want != nil {
+				require.ErrorIs(t, err, tt.want)
+			}
+
+			if tt.msg != "" {
+				require.Contains(t, err.Error(), tt.msg)
+			}
+
+			entries, _ := s.List()
+			require.Len(t, entries, 1)
+			require.Equal(t, oldSum, entries[0].SHA256)
+			require.False(t, s.Has(kSum))
+			require.Empty(t, visibleTmp(t, cache))
+			_, err = os.Stat(filepath.Join(dir, "escape"))
+			require.ErrorIs(t, err, os.ErrNotExist)
+		})
+	}
+}
+
+func TestImportDirectory(t *testing.T) {
+	t.Parallel()
+
+	kernel, kSum := blob(t, 3000)
+
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, dir string) []assets.BundleAsset
+		want  error
+	}{
+		{
+			name: "good",
+			setup: func(t *testing.T, dir string) []assets.BundleAsset {
+				require.NoError(t, os.WriteFile(filepath.Join(dir, "vmlinuz"), kernel, 0o644))
+
+				return []assets.BundleAsset{{Name: "agent/amd64/kernel", SHA256: kSum, Size: 3000, Path: "vmlinuz"}}
+			},
+		},
+		{
+			name: "symlink out of the directory",
+			setup: func(t *testing.T, dir string) []assets.BundleAsset {
+				outside := filepath.Join(t.TempDir(), "secret")
+				require.NoError(t, os.WriteFile(outside, kernel, 0o644))
+				require.NoError(t, os.Symlink(outside, filepath.Join(dir, "vmlinuz")))
+
+				return []assets.BundleAsset{{Name: "agent/amd64/kernel", SHA256: kSum, Size: 3000, Path: "vmlinuz"}}
+			},
+			want: assets.ErrTraversal,
+		},
+		{
+			name: "directory symlink out",
+			setup: func(t *testing.T, dir string) []assets.BundleAsset {
+				outside := t.TempDir()
+				require.NoError(t, os.WriteFile(filepath.Join(outside, "vmlinuz"), kernel, 0o644))
+				require.NoError(t, os.Symlink(outside, filepath.Join(dir, "sub")))
+
+				return []assets.BundleAsset{{Name: "agent/amd64/kernel", SHA256: kSum, Size: 3000, Path: "sub/vmlinuz"}}
+			},
+			want: assets.ErrTraversal,
+		},
+		{
+			name: "size lie",
+			setup: func(t *testing.T, dir string) []assets.BundleAsset {
+				require.NoError(t, os.WriteFile(filepath.Join(dir, "vmlinuz"), kernel, 0o644))
+
+				return []assets.BundleAsset{{Name: "agent/amd64/kernel", SHA256: kSum, Size: 30000, Path: "vmlinuz"}}
+			},
+			want: assets.ErrSizeMismatch,
+		},
+	}
+
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+
+			src := t.TempDir()
+			items := tt.setup(t, src)
+			require.NoError(t, os.WriteFile(filepath.Join(src, assets.BundleManifestName), bundleJSON(t, items...), 0o644))
+
+			s := newStore(t, t.TempDir(), 1<<30, nil)
+			_, err := s.Import(t.Context(), src)
+
+			if tt.want != nil {
+				require.ErrorIs(t, err, tt.want)
+				require.False(t, s.Has(kSum))
+
+				return
+			}
+
+			require.NoError(t, err)
+			require.True(t, s.Has(kSum))
+		})
+	}
+}
+
+func FuzzParseBundle(f *testing.F) {
+	f.Add([]byte(`{"version":1,"assets":[{"name":"agent/amd64/kernel","sha256":"` + string(bytes.Repeat([]byte("a"), 64)) + `","size":1,"path":"k"}]}`))
+	f.Add([]byte(`{"version":1,"assets":[{"name":"x","path":"../k"}]}`))
+
+	f.Fuzz(func(t *testing.T, data []byte) {
+		b, err := assets.ParseBundle(data)
+		if err != nil {
+			return
+		}
+
+		for _, a := range b.Assets {
+			if !filepath.IsLocal(filepath.Clean(a.Path)) {
+				t.Fatalf("accepted escaping path %q", a.Path)
+			}
+		}
+	})
+}
+
+func FuzzImportTarball(f *testing.F) {
+	var buf bytes.Buffer
+
+	tw := tar.NewWriter(&buf)
+	_ = tw.WriteHeader(&tar.Header{Name: "k", Typeflag: tar.TypeReg, Size: 1, Mode: 0o644})
+	_, _ = tw.Write([]byte("k"))
+	_ = tw.Close()
+
+	f.Add(buf.Bytes())
+	f.Add([]byte{0x1f, 0x8b, 0, 0})
+
+	f.Fuzz(func(t *testing.T, data []byte) {
+		dir := t.TempDir()
+		file := filepath.Join(dir, "in.tar")
+		require.NoError(t, os.WriteFile(file, data, 0o644))
+
+		s := newStore(t, filepath.Join(dir, "cache"), 1<<20, nil)
+		_, _ = s.Import(t.Context(), file)
+
+		// whatever happened, nothing may be left outside the cache or half-written inside it
+		require.Empty(t, visibleTmp(t, filepath.Join(dir, "cache")))
+
+		entries, _ := s.List()
+		for _, e := range entries {
+			require.NoError(t, s.Check(e.SHA256, true))
+		}
+	})
+}

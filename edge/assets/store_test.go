@@ -1,0 +1,420 @@
+package assets_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/outpost-metal/outpost/edge/assets"
+)
+
+func blob(t testing.TB, n int) ([]byte, string) {
+	t.Helper()
+
+	b := make([]byte, n)
+	_, err := rand.Read(b)
+	require.NoError(t, err)
+
+	sum := sha256.Sum256(b)
+
+	return b, hex.EncodeToString(sum[:])
+}
+
+type neededSet struct {
+	mu      sync.Mutex
+	digests []string
+}
+
+func (n *neededSet) NeededDigests() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+
+	return append([]string(nil), n.digests...)
+}
+
+func newStore(t testing.TB, dir string, maxBytes int64, needed assets.NeededSet) *assets.Store {
+	t.Helper()
+
+	cfg := assets.Default()
+	cfg.Dir = dir
+	cfg.MaxBytes = maxBytes
+	cfg.RetryBackoff = time.Millisecond
+	cfg.Attempts = 3
+
+	s, err := assets.New(cfg, zaptest.NewLogger(t), needed, nil)
+	require.NoError(t, err)
+
+	return s
+}
+
+// bytesSource serves a byte slice, optionally breaking off after cut bytes on its first Open calls.
+type bytesSource struct {
+	data    []byte
+	mu      sync.Mutex
+	cuts    int   // how many Opens break off early
+	cutAt   int64 // bytes served per broken Open
+	offsets []int64
+}
+
+func (b *bytesSource) Name() string { return "test" }
+
+func (b *bytesSource) Open(_ context.Context, _ assets.Ref, offset int64) (io.ReadCloser, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	b.offsets = append(b.offsets, offset)
+	rest := b.data[offset:]
+
+	if b.cuts > 0 {
+		b.cuts--
+
+		n := min(b.cutAt, int64(len(rest)))
+
+		return io.NopCloser(io.MultiReader(bytes.NewReader(rest[:n]), errReader{})), nil
+	}
+
+	return io.NopCloser(bytes.NewReader(rest)), nil
+}
+
+type errReader struct{}
+
+func (errReader) Read([]byte) (int, error) { return 0, errors.New("connection reset") }
+
+// blockingSource serves half the content, then blocks until the context ends.
+type blockingSource struct {
+	data    []byte
+	started chan struct{}
+}
+
+func (b *blockingSource) Name() string { return "blocking" }
+
+func (b *blockingSource) Open(ctx context.Context, _ assets.Ref, offset int64) (io.ReadCloser, error) {
+	pr, pw := io.Pipe()
+
+	go func() {
+		pw.Write(b.data[offset : len(b.data)/2]) //nolint:errcheck
+		close(b.started)
+		<-ctx.Done()
+		pw.CloseWithError(ctx.Err())
+	}()
+
+	return pr, nil
+}
+
+func visibleFiles(t *testing.T, dir string) []string {
+	t.Helper()
+
+	var files []string
+
+	for _, sub := range []string{"blobs/sha256", "tmp"} {
+		items, err := os.ReadDir(filepath.Join(dir, sub))
+		require.NoError(t, err)
+
+		for _, it := range items {
+			files = append(files, filepath.Join(sub, it.Name()))
+		}
+	}
+
+	return files
+}
+
+func TestInterruptedDownloadLeavesNoVisibleAsset(t *testing.T) {
+	t.Parallel()
+
+	dir := t.TempDir()
+	s := newStore(t, dir, 1<<30, nil)
+	data, sum := blob(t, 1<<20)
+	ref := assets.Ref{Name: assets.AgentName("amd64", assets.KindKernel), SHA256: sum, Size: int64(len(data))}
+
+	ctx, cancel := context.WithCancel(t.Context())
+	src := &blockingSource{data: data, started: make(chan struct{})}
+	errc := make(chan error, 1)
+
+	go func() { errc <- s.Put(ctx, ref, src) }()
+
+	<-src.started
+	cancel()
+
+	err := <-errc
+	require.ErrorIs(t, err, context.Canceled)
+	require.False(t, s.Has(sum))
+
+	_, _, err = s.Open(ref.Name)
+	require.ErrorIs(t, err, assets.ErrNotFound)
+	require.Empty(t, visibleFiles(t, dir), "partial download left behind")
+
+	// a new store over the same directory sees nothing either
+	s2 := newStore(t, dir, 1<<30, nil)
+	entries, used := s2.List()
+	require.Empty(t, entries)
+	require.Zero(t, used)
+}
+
+func TestPutResumesAfterCut(t *testing.T) {
+	t.Parallel()
+
+	s := newStore(t, t.TempDir(), 1<<30, nil)
+	data, sum := blob(t, 300<<10)
+	src := &bytesSource{data: data, cuts: 3, cutAt: 64 << 10}
+	ref := assets.Ref{Name: "agent/amd64/initramfs", SHA256: sum, Size: int64(len(data))}
+
+	require.NoError(t, s.Put(t.Context(), ref, src))
+	require.Equal(t, []int64{0, 64 << 10, 128 << 10, 192 << 10}, src.offsets)
+
+	f, e, err := s.Open(ref.Name)
+	require.NoError(t, err)
+
+	defer f.Close() //nolint:errcheck
+
+	got, err := io.ReadAll(f)
+	require.NoError(t, err)
+	require.Equal(t, data, got)
+	require.Equal(t, []string{ref.Name}, e.Names)
+}
+
+func TestPutRefusesBadContent(t *testing.T) {
+	t.Parallel()
+
+	data, sum := blob(t, 4096)
+
+	tests := []struct {
+		name   string
+		ref    assets.Ref
+		src    []byte
+		want   error
+		reason string
+	}{
+		{name: "digest mismatch", ref: assets.Ref{Name: "a/kernel", SHA256: sum, Size: 4096}, src: append([]byte{1}, data[1:]...), want: assets.ErrDigestMismatch, reason: "digest_mismatch"},
+		{name: "source longer than size", ref: assets.Ref{Name: "a/kernel", SHA256: sum, Size: 4000}, src: data, want: assets.ErrSizeMismatch, reason: "size_mismatch"},
+		{name: "traversal in name", ref: assets.Ref{Name: "../../etc/passwd", SHA256: sum, Size: 4096}, src: data, want: assets.ErrBadName, reason: "bad_ref"},
+		{name: "bad digest", ref: assets.Ref{Name: "a/kernel", SHA256: "abc", Size: 4096}, src: data, want: assets.ErrBadDigest, reason: "bad_ref"},
+	}
+
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+
+			dir := t.TempDir()
+			s := newStore(t, dir, 1<<30, nil)
+
+			err := s.Put(t.Context(), tt.ref, &bytesSource{data: tt.src})
+			require.ErrorIs(t, err, tt.want)
+			require.Equal(t, 1.0, s.ErrorCount(tt.reason))
+			require.Empty(t, visibleFiles(t, dir))
+
+			entries, _ := s.List()
+			require.Empty(t, entries)
+		})
+	}
+}
+
+func TestEvictionNeverRemovesNeeded(t *testing.T) {
+	t.Parallel()
+
+	now := time.Unix(1_700_000_000, 0)
+	clock := func() time.Time { now = now.Add(time.Second); return now }
+
+	needed := &neededSet{}
+	cfg := assets.Default()
+	cfg.Dir = t.TempDir()
+	cfg.MaxBytes = 3 << 20
+
+	s, err := assets.New(cfg, zaptest.NewLogger(t), needed, clock)
+	require.NoError(t, err)
+
+	put := func(name string) string {
+		data, sum := blob(t, 1<<20)
+		require.NoError(t, s.Put(t.Context(), assets.Ref{Name: name, SHA256: sum, Size: int64(len(data))}, &bytesSource{data: data}))
+
+		return sum
+	}
+
+	a := put("agent/amd64/kernel") // oldest
+	b := put("agent/amd64/initramfs")
+	c := put("agent/arm64/kernel")
+
+	needed.digests = []string{a}
+
+	// touch b so that c is the least recently used evictable asset after a
+	f, _, err := s.Open(b)
+	require.NoError(t, err)
+	f.Close() //nolint:errcheck
+
+	d := put("agent/arm64/initramfs")
+
+	require.True(t, s.Has(a), "needed asset evicted")
+	require.True(t, s.Has(b))
+	require.False(t, s.Has(c), "least recently used evictable asset kept")
+	require.True(t, s.Has(d))
+
+	// everything needed: a new asset does not fit and nothing is evicted
+	needed.digests = []string{a, b, d}
+	data, sum := blob(t, 1<<20)
+	err = s.Put(t.Context(), assets.Ref{Name: "talos/v1.9.3/abc/amd64/kernel", SHA256: sum, Size: int64(len(data))}, &bytesSource{data: data})
+	require.ErrorIs(t, err, assets.ErrNoSpace)
+	require.True(t, s.Has(a) && s.Has(b) && s.Has(d))
+
+	// explicit eviction of a needed asset is refused
+	evicted, refused, err := s.Evict(a, c)
+	require.NoError(t, err)
+	require.Empty(t, evicted)
+	require.ErrorIs(t, refused[a], assets.ErrNeeded)
+	require.ErrorIs(t, refused[c], assets.ErrNotFound)
+}
+
+func TestCheckDetectsCorruption(t *testing.T) {
+	t.Parallel()
+
+	dir := t.TempDir()
+	s := newStore(t, dir, 1<<30, nil)
+	data, sum := blob(t, 8192)
+	require.NoError(t, s.Put(t.Context(), assets.Ref{Name: "a/k", SHA256: sum, Size: 8192}, &bytesSource{data: data}))
+	require.NoError(t, s.Check(sum, false))
+
+	corrupt(t, filepath.Join(dir, "blobs", "sha256", sum))
+
+	require.ErrorIs(t, s.Check(sum, false), assets.ErrCorrupt)
+	require.False(t, s.Has(sum))
+	require.Equal(t, 1.0, s.ErrorCount("corrupt"))
+}
+
+// corrupt flips the first byte of a (read-only) cached file, keeping its size.
+func corrupt(t *testing.T, path string) {
+	t.Helper()
+
+	require.NoError(t, os.Chmod(path, 0o644))
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	require.NoError(t, err)
+
+	b := make([]byte, 1)
+	_, err = f.ReadAt(b, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt([]byte{b[0] ^ 0xff}, 0)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	// make sure the modification time differs even on coarse clocks
+	require.NoError(t, os.Chtimes(path, time.Now(), time.Now().Add(time.Hour)))
+}
+
+func TestDiskFullMidDownload(t *testing.T) {
+	t.Parallel()
+
+	if testing.Short() {
+		t.Skip("mounts a tmpfs; skipped under -short")
+	}
+
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a small tmpfs")
+	}
+
+	dir := t.TempDir()
+	out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=1m", "oa-assets-test", dir).CombinedOutput()
+	if err != nil {
+		t.Skipf("cannot mount tmpfs: %v: %s", err, out)
+	}
+
+	t.Cleanup(func() { _ = exec.Command("umount", dir).Run() })
+
+	s := newStore(t, dir, 1<<30, nil)
+
+	small, smallSum := blob(t, 100<<10)
+	require.NoError(t, s.Put(t.Context(), assets.Ref{Name: "agent/amd64/cmdline", SHA256: smallSum, Size: int64(len(small))}, &bytesSource{data: small}))
+
+	big, bigSum := blob(t, 2<<20)
+	err = s.Put(t.Context(), assets.Ref{Name: "agent/amd64/initramfs", SHA256: bigSum, Size: int64(len(big))}, &bytesSource{data: big})
+	require.Error(t, err)
+	require.True(t, assets.IsDiskFull(err), "want a disk-full error, got %v", err)
+	require.Contains(t, err.Error(), "no space left on device")
+	require.Equal(t, 1.0, s.ErrorCount("disk_full"))
+	require.False(t, s.Has(bigSum))
+	require.ElementsMatch(t, []string{filepath.Join("blobs/sha256", smallSum)}, visibleFiles(t, dir))
+
+	// the cache keeps serving what it has
+	f, _, err := s.Open("agent/amd64/cmdline")
+	require.NoError(t, err)
+
+	got, err := io.ReadAll(f)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	require.Equal(t, small, got)
+}
+
+func TestSecondProcessSeesImport(t *testing.T) {
+	t.Parallel()
+
+	dir := t.TempDir()
+	edge := newStore(t, dir, 1<<30, nil)
+	tool := newStore(t, dir, 1<<30, nil)
+
+	data, sum := blob(t, 1000)
+	require.NoError(t, tool.Put(t.Context(), assets.Ref{Name: "agent/amd64/kernel", SHA256: sum, Size: 1000}, &bytesSource{data: data}))
+
+	e, err := edge.Lookup("agent/amd64/kernel")
+	require.NoError(t, err)
+	require.Equal(t, sum, e.SHA256)
+}
+
+func TestValidateName(t *testing.T) {
+	t.Parallel()
+
+	tests := []struct {
+		name string
+		in   string
+		ok   bool
+	}{
+		{name: "agent", in: "agent/amd64/kernel", ok: true},
+		{name: "talos", in: "talos/v1.9.3/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba/arm64/initramfs", ok: true},
+		{name: "dotdot", in: "agent/../../etc/passwd"},
+		{name: "only dotdot", in: ".."},
+		{name: "absolute", in: "/etc/passwd"},
+		{name: "hidden", in: "agent/.x"},
+		{name: "empty segment", in: "agent//kernel"},
+		{name: "backslash", in: `agent\..\kernel`},
+		{name: "trailing slash", in: "agent/"},
+		{name: "empty", in: ""},
+		{name: "nul", in: "agent/\x00"},
+		{name: "percent encoding", in: "agent/%2e%2e"},
+	}
+
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+
+			err := assets.ValidateName(tt.in)
+			if tt.ok {
+				require.NoError(t, err)
+			} else {
+				require.ErrorIs(t, err, assets.ErrBadName)
+			}
+		})
+	}
+}
+
+func FuzzValidateName(f *testing.F) {
+	for _, s := range []string{"agent/amd64/kernel", "../x", "a/./b", "a/b/"} {
+		f.Add(s)
+	}
+
+	f.Fuzz(func(t *testing.T, name string) {
+		if assets.ValidateName(name) != nil {
+			return
+		}
+
+		if !filepath.IsLocal(name) || filepath.Clean(name) != name {
+			t.Fatalf("accepted name %q is not a clean local path", name)
+		}
+	})
+}

@@ -1,0 +1,332 @@
+// Package redfish drives a BMC's ComputerSystem over Redfish (DSP0266) with stmcginnis/gofish:
+// one session per client (logged out on Close), boot override mode patched only when it must
+// change, the settings-object (@Redfish.Settings, AMI "SD") variant with ETag, and read-back
+// after every boot override change.
+package redfish
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/stmcginnis/gofish"
+	"github.com/stmcginnis/gofish/schemas"
+)
+
+// ErrReadBack is returned when the boot override read back differs from what was set.
+var ErrReadBack = errors.New("boot override read back differs from what was set")
+
+// ErrNotRedfish is returned by Probe for an endpoint that is not a Redfish service.
+var ErrNotRedfish = errors.New("not a redfish service")
+
+// Config says how to reach one BMC.
+type Config struct {
+	// Endpoint is the service's base URL, e.g. "https://10.0.0.5".
+	Endpoint string
+	Username string
+	Password string
+	// Insecure skips TLS verification (BMCs almost always present self-signed certificates).
+	Insecure bool
+	// Timeout bounds each HTTP request (default 10s).
+	Timeout time.Duration
+}
+
+// HTTPClient returns the HTTP client a Config implies.
+func (c Config) HTTPClient() *http.Client {
+	timeout := c.Timeout
+	if timeout <= 0 {
+		timeout = 10 * time.Second
+	}
+
+	return &http.Client{
+		Timeout: timeout,
+		Transport: &http.Transport{
+			DialContext:           (&net.Dialer{Timeout: timeout}).DialContext,
+			TLSClientConfig:       &tls.Config{InsecureSkipVerify: c.Insecure, MinVersion: tls.VersionTLS12}, //nolint:gosec // BMC certificates are self-signed
+			TLSHandshakeTimeout:   timeout,
+			ResponseHeaderTimeout: timeout,
+			MaxIdleConnsPerHost:   1,
+			IdleConnTimeout:       time.Minute,
+		},
+	}
+}
+
+// maxBody bounds what is read from a probe answer.
+const maxBody = 1 << 16
+
+// Probe checks, without credentials, that endpoint serves a Redfish service root.
+func Probe(ctx context.Context, hc *http.Client, endpoint string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(endpoint, "/")+schemas.DefaultServiceRoot, nil)
+	if err != nil {
+		return fmt.Errorf("probe redfish: %w", err)
+	}
+
+	req.Header.Set("Accept", "application/json")
+
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("probe redfish: %w", err)
+	}
+	defer resp.Body.Close() //nolint:errcheck
+
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("probe redfish: %w: http status %d", ErrNotRedfish, resp.StatusCode)
+	}
+
+	var root struct {
+		ID             string `json:"@odata.id"`
+		RedfishVersion string
+	}
+
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxBody)).Decode(&root); err != nil {
+		return fmt.Errorf("probe redfish: %w: service root is not JSON", ErrNotRedfish)
+	}
+
+	if root.ID == "" && root.RedfishVersion == "" {
+		return fmt.Errorf("probe redfish: %w: no service root", ErrNotRedfish)
+	}
+
+	return nil
+}
+
+// Client is a Redfish session on one BMC with its (first) ComputerSystem. Not safe for concurrent use.
+type Client struct {
+	api *gofish.APIClient
+	hc  *http.Client
+}
+
+// Dial logs in (a Redfish session) and finds the ComputerSystem. Errors never contain the credentials.
+func Dial(ctx context.Context, cfg Config) (*Client, error) {
+	hc := cfg.HTTPClient()
+
+	api, err := gofish.ConnectContext(ctx, gofish.ClientConfig{
+		Endpoint:         strings.TrimSuffix(cfg.Endpoint, "/"),
+		Username:         cfg.Username,
+		Password:         cfg.Password,
+		HTTPClient:       hc,
+		ReuseConnections: true,
+	})
+	if err != nil {
+		hc.CloseIdleConnections()
+
+		return nil, fmt.Errorf("open redfish session: %w", shorten(err))
+	}
+
+	return &Client{api: api, hc: hc}, nil
+}
+
+// Close logs the session out.
+func (c *Client) Close(ctx context.Context) error {
+	c.api.WithContext(ctx).Logout()
+	c.hc.CloseIdleConnections()
+
+	return nil
+}
+
+func (c *Client) system(ctx context.Context) (*schemas.ComputerSystem, error) {
+	systems, err := c.api.WithContext(ctx).Service.Systems()
+	if err != nil {
+		return nil, fmt.Errorf("list systems: %w", shorten(err))
+	}
+
+	if len(systems) == 0 {
+		return nil, errors.New("list systems: the service has no ComputerSystem")
+	}
+
+	return systems[0], nil
+}
+
+// PowerStatus reports whether the machine is on.
+func (c *Client) PowerStatus(ctx context.Context) (bool, error) {
+	sys, err := c.system(ctx)
+	if err != nil {
+		return false, err
+	}
+
+	return sys.PowerState == schemas.OnPowerState, nil
+}
+
+func (c *Client) reset(ctx context.Context, types ...schemas.ResetType) error {
+	sys, err := c.system(ctx)
+	if err != nil {
+		return err
+	}
+
+	// Use the first reset type the system allows.
+	rt := types[0]
+
+	if allowed, err := sys.GetSupportedResetTypes(); err == nil && len(allowed) > 0 {
+		for _, want := range types {
+			for _, a := range allowed {
+				if a == want {
+					rt = want
+
+					goto found
+				}
+			}
+		}
+	}
+
+found:
+	if _, err := sys.Reset(rt); err != nil {
+		return fmt.Errorf("reset %s: %w", rt, shorten(err))
+	}
+
+	return nil
+}
+
+// PowerOn powers the machine on.
+func (c *Client) PowerOn(ctx context.Context) error {
+	return c.reset(ctx, schemas.OnResetType, schemas.ForceOnResetType)
+}
+
+// PowerOff powers the machine off hard.
+func (c *Client) PowerOff(ctx context.Context) error {
+	return c.reset(ctx, schemas.ForceOffResetType)
+}
+
+// PowerCycle power-cycles a running machine and powers on one that is off.
+func (c *Client) PowerCycle(ctx context.Context) error {
+	on, err := c.PowerStatus(ctx)
+	if err != nil {
+		return err
+	}
+
+	if !on {
+		return c.PowerOn(ctx)
+	}
+
+	return c.reset(ctx, schemas.PowerCycleResetType, schemas.ForceRestartResetType)
+}
+
+// SetPXEOnce sets a one-time network boot in BIOS (Legacy) or UEFI mode and reads it back.
+// The mode is only sent when it must change: some BMCs refuse a PATCH that names it.
+func (c *Client) SetPXEOnce(ctx context.Context, uefi bool) error {
+	sys, err := c.system(ctx)
+	if err != nil {
+		return err
+	}
+
+	mode := schemas.LegacyBootSourceOverrideMode
+	if uefi {
+		mode = schemas.UEFIBootSourceOverrideMode
+	}
+
+	boot := &schemas.Boot{
+		BootSourceOverrideEnabled: schemas.OnceBootSourceOverrideEnabled,
+		BootSourceOverrideTarget:  schemas.PxeBootSource,
+	}
+
+	if sys.Boot.BootSourceOverrideMode != mode {
+		boot.BootSourceOverrideMode = mode
+	}
+
+	// gofish patches the system and falls back to its @Redfish.Settings object with If-Match.
+	if err := sys.SetBoot(boot); err != nil {
+		return fmt.Errorf("set one-time pxe boot: %w", shorten(err))
+	}
+
+	b, err := c.effectiveBoot(ctx)
+	if err != nil {
+		return fmt.Errorf("read back boot override: %w", err)
+	}
+
+	if b.BootSourceOverrideTarget != schemas.PxeBootSource || b.BootSourceOverrideEnabled != schemas.OnceBootSourceOverrideEnabled ||
+		(b.BootSourceOverrideMode != "" && b.BootSourceOverrideMode != mode) {
+		return fmt.Errorf("set one-time pxe boot: %w (target %q, enabled %q, mode %q)",
+			ErrReadBack, b.BootSourceOverrideTarget, b.BootSourceOverrideEnabled, b.BootSourceOverrideMode)
+	}
+
+	return nil
+}
+
+// effectiveBoot returns the Boot the next boot will use: a system with a settings object
+// (@Redfish.Settings, AMI's ".../SD") may hold the change there until its next reset.
+func (c *Client) effectiveBoot(ctx context.Context) (schemas.Boot, error) {
+	sys, err := c.system(ctx)
+	if err != nil {
+		return schemas.Boot{}, err
+	}
+
+	var raw struct {
+		Settings struct {
+			SettingsObject struct {
+				ID string `json:"@odata.id"`
+			}
+		} `json:"@Redfish.Settings"`
+	}
+
+	if json.Unmarshal(sys.RawData, &raw) != nil || raw.Settings.SettingsObject.ID == "" || raw.Settings.SettingsObject.ID == sys.ODataID {
+		return sys.Boot, nil
+	}
+
+	resp, err := c.api.WithContext(ctx).Get(raw.Settings.SettingsObject.ID)
+	if err != nil {
+		return schemas.Boot{}, fmt.Errorf("read settings object: %w", shorten(err))
+	}
+	defer resp.Body.Close() //nolint:errcheck
+
+	var pending struct{ Boot *schemas.Boot }
+
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxBody)).Decode(&pending); err != nil {
+		return schemas.Boot{}, fmt.Errorf("read settings object: %w", err)
+	}
+
+	if pending.Boot == nil || pending.Boot.BootSourceOverrideEnabled == "" {
+		return sys.Boot, nil
+	}
+
+	return *pending.Boot, nil
+}
+
+// ClearOverride removes any boot override.
+func (c *Client) ClearOverride(ctx context.Context) error {
+	sys, err := c.system(ctx)
+	if err != nil {
+		return err
+	}
+
+	if err := sys.SetBoot(&schemas.Boot{BootSourceOverrideEnabled: schemas.DisabledBootSourceOverrideEnabled}); err != nil {
+		return fmt.Errorf("clear boot override: %w", shorten(err))
+	}
+
+	return nil
+}
+
+// BootOverride returns the override the next boot uses (a pending one from the settings object
+// included): whether one is set, whether it is PXE, and UEFI mode.
+func (c *Client) BootOverride(ctx context.Context) (set, pxe, uefi bool, err error) {
+	b, err := c.effectiveBoot(ctx)
+	if err != nil {
+		return false, false, false, err
+	}
+
+	return b.BootSourceOverrideEnabled != schemas.DisabledBootSourceOverrideEnabled && b.BootSourceOverrideEnabled != "",
+		b.BootSourceOverrideTarget == schemas.PxeBootSource, b.BootSourceOverrideMode == schemas.UEFIBootSourceOverrideMode, nil
+}
+
+// shorten bounds an error's text: gofish puts the whole response body (say, an HTML page) into it.
+func shorten(err error) error {
+	const maxLen = 300
+
+	if msg := err.Error(); len(msg) > maxLen {
+		return &shortError{msg: msg[:maxLen] + "...", err: err}
+	}
+
+	return err
+}
+
+type shortError struct {
+	msg string
+	err error
+}
+
+func (e *shortError) Error() string { return e.msg }
+func (e *shortError) Unwrap() error { return e.err }

@@ -1,0 +1,151 @@
+package bmc
+
+import (
+	"context"
+	"errors"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/outpost-metal/outpost/edge/bmc/ipmi"
+	"github.com/outpost-metal/outpost/edge/bmc/redfish"
+	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+)
+
+// Service serves the BMC gRPC API (shared/api/bmc) from a Manager. It never logs a request: they
+// carry credentials.
+type Service struct {
+	bmcpb.UnimplementedBMCServer
+
+	m   *Manager
+	log *zap.Logger
+}
+
+// NewService returns the gRPC service for m.
+func NewService(m *Manager) *Service {
+	return &Service{m: m, log: m.log}
+}
+
+// Register registers the service on r (the edge's uplink server).
+func (s *Service) Register(r grpc.ServiceRegistrar) {
+	bmcpb.RegisterBMCServer(r, s)
+}
+
+func fromProto(t *bmcpb.Target) (Target, Credentials) {
+	proto := ProtocolAuto
+
+	switch t.GetProtocol() {
+	case bmcpb.Protocol_PROTOCOL_IPMI:
+		proto = ProtocolIPMI
+	case bmcpb.Protocol_PROTOCOL_REDFISH:
+		proto = ProtocolRedfish
+	case bmcpb.Protocol_PROTOCOL_AUTO:
+	}
+
+	return Target{
+			Host: t.GetHost(), IPMIPort: int(min(t.GetIpmiPort(), 1<<20)), RedfishEndpoint: t.GetRedfishEndpoint(), Protocol: proto,
+		}, Credentials{
+			Username: t.GetUsername(), Password: t.GetPassword(),
+		}
+}
+
+// statusError maps a Manager error to a gRPC status; the text is already free of credentials.
+func (s *Service) statusError(t *bmcpb.Target, err error) error {
+	code := codes.Unavailable
+
+	switch {
+	case errors.Is(err, ErrInvalidTarget):
+		code = codes.InvalidArgument
+	case errors.Is(err, ErrTimeout):
+		code = codes.DeadlineExceeded
+	case errors.Is(err, ipmi.ErrReadBack), errors.Is(err, redfish.ErrReadBack):
+		code = codes.Aborted
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	}
+
+	s.log.Info("bmc operation failed", zap.String("machine_id", t.GetMachineId()), zap.String("bmc", t.GetHost()), zap.Error(err))
+
+	return status.Error(code, err.Error())
+}
+
+func (s *Service) power(ctx context.Context, req *bmcpb.PowerRequest, op func(*Manager, context.Context, Target, Credentials) error) (*bmcpb.PowerResponse, error) {
+	t, c := fromProto(req.GetTarget())
+	if err := op(s.m, ctx, t, c); err != nil {
+		return nil, s.statusError(req.GetTarget(), err)
+	}
+
+	return &bmcpb.PowerResponse{}, nil
+}
+
+// PowerStatus implements bmcpb.BMCServer.
+func (s *Service) PowerStatus(ctx context.Context, req *bmcpb.PowerRequest) (*bmcpb.PowerStatusResponse, error) {
+	t, c := fromProto(req.GetTarget())
+
+	on, err := s.m.PowerStatus(ctx, t, c)
+	if err != nil {
+		return nil, s.statusError(req.GetTarget(), err)
+	}
+
+	return &bmcpb.PowerStatusResponse{On: on}, nil
+}
+
+// PowerOn implements bmcpb.BMCServer.
+func (s *Service) PowerOn(ctx context.Context, req *bmcpb.PowerRequest) (*bmcpb.PowerResponse, error) {
+	return s.power(ctx, req, (*Manager).PowerOn)
+}
+
+// PowerOff implements bmcpb.BMCServer.
+func (s *Service) PowerOff(ctx context.Context, req *bmcpb.PowerRequest) (*bmcpb.PowerResponse, error) {
+	return s.power(ctx, req, (*Manager).PowerOff)
+}
+
+// PowerCycle implements bmcpb.BMCServer.
+func (s *Service) PowerCycle(ctx context.Context, req *bmcpb.PowerRequest) (*bmcpb.PowerResponse, error) {
+	return s.power(ctx, req, (*Manager).PowerCycle)
+}
+
+// ClearBootOverride implements bmcpb.BMCServer.
+func (s *Service) ClearBootOverride(ctx context.Context, req *bmcpb.PowerRequest) (*bmcpb.PowerResponse, error) {
+	return s.power(ctx, req, (*Manager).ClearOverride)
+}
+
+// SetPXEOnce implements bmcpb.BMCServer.
+func (s *Service) SetPXEOnce(ctx context.Context, req *bmcpb.SetPXEOnceRequest) (*bmcpb.PowerResponse, error) {
+	var mode BootMode
+
+	switch req.GetMode() {
+	case bmcpb.BootMode_BOOT_MODE_BIOS:
+		mode = BootModeBIOS
+	case bmcpb.BootMode_BOOT_MODE_UEFI:
+		mode = BootModeUEFI
+	case bmcpb.BootMode_BOOT_MODE_UNSPECIFIED:
+		return nil, status.Error(codes.InvalidArgument, "set one-time pxe boot: boot mode is required")
+	}
+
+	t, c := fromProto(req.GetTarget())
+	if err := s.m.SetPXEOnce(ctx, t, c, mode); err != nil {
+		return nil, s.statusError(req.GetTarget(), err)
+	}
+
+	return &bmcpb.PowerResponse{}, nil
+}
+
+// GetBootOverride implements bmcpb.BMCServer.
+func (s *Service) GetBootOverride(ctx context.Context, req *bmcpb.PowerRequest) (*bmcpb.GetBootOverrideResponse, error) {
+	t, c := fromProto(req.GetTarget())
+
+	set, pxe, mode, err := s.m.BootOverride(ctx, t, c)
+	if err != nil {
+		return nil, s.statusError(req.GetTarget(), err)
+	}
+
+	resp := &bmcpb.GetBootOverrideResponse{Set: set, Pxe: pxe, Mode: bmcpb.BootMode_BOOT_MODE_BIOS}
+	if mode == BootModeUEFI {
+		resp.Mode = bmcpb.BootMode_BOOT_MODE_UEFI
+	}
+
+	return resp, nil
+}

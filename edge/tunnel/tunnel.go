@@ -1,0 +1,327 @@
+// Package tunnel terminates the machine agents' reverse gRPC tunnels (jhump/grpctunnel) on the edge
+// and forwards the controller's /management.AgentService/* calls to the tunnel of the machine named
+// in the call's machine-id metadata.
+package tunnel
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/jhump/grpctunnel"
+	"github.com/jhump/grpctunnel/tunnelpb"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+)
+
+// MachineIDKey is the metadata key naming the machine, both on the agent's tunnel and on proxied calls
+// (the talos-metal-agent's constants.MachineIDMetadataKey).
+const MachineIDKey = "machine-id"
+
+// ErrMalformedMachineID is returned for a machine-id that is missing or not an SMBIOS UUID.
+var ErrMalformedMachineID = errors.New("malformed machine-id")
+
+// Event describes a tunnel opening or closing.
+type Event struct {
+	// MachineID is the normalized (lower-case) SMBIOS UUID of the machine.
+	MachineID string
+	// RemoteAddr is the source address of the tunnel's connection.
+	RemoteAddr netip.AddrPort
+	// SeenAddr is the address DHCP or PXE last saw for this machine (invalid when unknown).
+	SeenAddr netip.Addr
+	// AddressMismatch is set when SeenAddr is known and differs from the tunnel's source address.
+	AddressMismatch bool
+	// Time is when the tunnel opened or closed.
+	Time time.Time
+}
+
+// EventSink receives tunnel events; the edge journals them for the controller.
+// Its methods are called synchronously on the tunnel's goroutine and must not block.
+type EventSink interface {
+	// TunnelOpened is called once a machine's agent has opened its tunnel.
+	TunnelOpened(Event)
+	// TunnelClosed is called when that tunnel has gone.
+	TunnelClosed(Event)
+}
+
+// AddressBook tells which address DHCP or PXE last saw for a machine.
+type AddressBook interface {
+	// SeenAddr returns the address last seen for the machine, if any.
+	SeenAddr(machineID string) (netip.Addr, bool)
+}
+
+// Options configures a Server.
+type Options struct {
+	// Logger is required.
+	Logger *zap.Logger
+	// Events receives tunnel open and close events (optional).
+	Events EventSink
+	// Addresses compares each tunnel's source with what DHCP/PXE saw (optional).
+	Addresses AddressBook
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+	// DefaultCallTimeout bounds a proxied call whose caller set no deadline (default 10 minutes).
+	DefaultCallTimeout time.Duration
+}
+
+// Server is the agent tunnel endpoint and the agent call proxy.
+type Server struct {
+	log      *zap.Logger
+	events   EventSink
+	book     AddressBook
+	now      func() time.Time
+	timeout  time.Duration
+	handler  *grpctunnel.TunnelServiceHandler
+	rejected *prometheus.CounterVec
+	failures *prometheus.CounterVec
+}
+
+// New returns a Server.
+func New(opts Options) *Server {
+	if opts.Logger == nil {
+		panic("tunnel: Options.Logger is required")
+	}
+
+	s := &Server{
+		log:     opts.Logger.With(zap.String("component", "tunnel")),
+		events:  opts.Events,
+		book:    opts.Addresses,
+		now:     opts.Now,
+		timeout: opts.DefaultCallTimeout,
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outpost_edge_agent_tunnels_rejected_total",
+			Help: "Agent tunnels refused, by reason.",
+		}, []string{"reason"}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outpost_edge_agent_calls_failed_total",
+			Help: "Proxied agent calls that failed at the edge, by reason.",
+		}, []string{"reason"}),
+	}
+
+	if s.now == nil {
+		s.now = time.Now
+	}
+
+	if s.timeout <= 0 {
+		s.timeout = 10 * time.Minute
+	}
+
+	s.handler = grpctunnel.NewTunnelServiceHandler(grpctunnel.TunnelServiceHandlerOptions{
+		OnReverseTunnelOpen:  s.opened,
+		OnReverseTunnelClose: s.closed,
+		AffinityKey:          affinityKey,
+	})
+
+	return s
+}
+
+// Collectors returns the Server's prometheus counters for the caller to register.
+func (s *Server) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{s.rejected, s.failures}
+}
+
+// Register registers the TunnelService (reverse tunnels only) on r.
+func (s *Server) Register(r grpc.ServiceRegistrar) {
+	tunnelpb.RegisterTunnelServiceServer(r, guardedService{inner: s.handler.Service(), s: s})
+}
+
+// Serve serves the TunnelService over plain HTTP/2 (h2c) on ln until ctx ends.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	return s.serve(ctx, ln)
+}
+
+// ServeTLS serves the TunnelService over TLS with cfg on ln until ctx ends.
+func (s *Server) ServeTLS(ctx context.Context, ln net.Listener, cfg *tls.Config) error {
+	return s.serve(ctx, ln, grpc.Creds(credentials.NewTLS(cfg)))
+}
+
+func (s *Server) serve(ctx context.Context, ln net.Listener, opts ...grpc.ServerOption) error {
+	opts = append(opts,
+		// A dead agent (machine powered off) must free its tunnel within seconds.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+	)
+
+	srv := grpc.NewServer(opts...)
+	s.Register(srv)
+
+	errCh := make(chan error, 1)
+
+	go func() { errCh <- srv.Serve(ln) }()
+
+	select {
+	case <-ctx.Done():
+		s.handler.InitiateShutdown()
+		srv.Stop()
+
+		if err := <-errCh; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			return fmt.Errorf("serve agent tunnels on %s: %w", ln.Addr(), err)
+		}
+
+		return nil
+	case err := <-errCh:
+		if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			return fmt.Errorf("serve agent tunnels on %s: %w", ln.Addr(), err)
+		}
+
+		return nil
+	}
+}
+
+// Channel returns the direct channel to a machine's agent (a call on it goes through the tunnel
+// without the proxy). Calls fail with Unavailable when the machine has no tunnel.
+func (s *Server) Channel(machineID string) grpc.ClientConnInterface {
+	return s.handler.KeyAsChannel(strings.ToLower(machineID))
+}
+
+// Connected reports whether the machine's agent has a tunnel open.
+func (s *Server) Connected(machineID string) bool {
+	return s.handler.KeyAsChannel(strings.ToLower(machineID)).Ready()
+}
+
+// guardedService refuses forward tunnels and reverse tunnels without a valid machine-id before
+// grpctunnel registers them.
+type guardedService struct {
+	tunnelpb.UnimplementedTunnelServiceServer
+
+	inner tunnelpb.TunnelServiceServer
+	s     *Server
+}
+
+func (g guardedService) OpenTunnel(tunnelpb.TunnelService_OpenTunnelServer) error {
+	g.s.rejected.WithLabelValues("forward_tunnel").Inc()
+
+	return status.Error(codes.Unimplemented, "forward tunnels are not offered")
+}
+
+func (g guardedService) OpenReverseTunnel(stream tunnelpb.TunnelService_OpenReverseTunnelServer) error {
+	md, _ := metadata.FromIncomingContext(stream.Context())
+
+	if _, err := MachineIDFromMetadata(md); err != nil {
+		g.s.rejected.WithLabelValues("machine_id").Inc()
+		g.s.log.Debug("agent tunnel refused", zap.Stringer("remote", remoteAddr(stream.Context())), zap.Error(err))
+
+		return status.Errorf(codes.InvalidArgument, "open agent tunnel: %v", err)
+	}
+
+	return g.inner.OpenReverseTunnel(stream)
+}
+
+// MachineIDFromMetadata returns the normalized machine-id from md, or ErrMalformedMachineID.
+func MachineIDFromMetadata(md metadata.MD) (string, error) {
+	vals := md.Get(MachineIDKey)
+	if len(vals) != 1 {
+		return "", fmt.Errorf("%w: want exactly one %s value, got %d", ErrMalformedMachineID, MachineIDKey, len(vals))
+	}
+
+	return ParseMachineID(vals[0])
+}
+
+// ParseMachineID checks that id is an SMBIOS UUID (8-4-4-4-12 hex digits) and returns it in lower case.
+func ParseMachineID(id string) (string, error) {
+	const uuidLen = 36
+
+	if len(id) != uuidLen {
+		return "", fmt.Errorf("%w: length %d, want a UUID", ErrMalformedMachineID, len(id))
+	}
+
+	for i := range len(id) {
+		c := id[i]
+
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return "", fmt.Errorf("%w: want a UUID", ErrMalformedMachineID)
+			}
+		default:
+			if !isHex(c) {
+				return "", fmt.Errorf("%w: want a UUID", ErrMalformedMachineID)
+			}
+		}
+	}
+
+	return strings.ToLower(id), nil
+}
+
+func isHex(c byte) bool {
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
+}
+
+func affinityKey(ch grpctunnel.TunnelChannel) any {
+	md, _ := metadata.FromIncomingContext(ch.Context())
+
+	id, err := MachineIDFromMetadata(md)
+	if err != nil {
+		// Unreachable: guardedService refused such tunnels already.
+		return nil
+	}
+
+	return id
+}
+
+func (s *Server) event(ch grpctunnel.TunnelChannel) Event {
+	id, _ := affinityKey(ch).(string)
+
+	ev := Event{MachineID: id, RemoteAddr: remoteAddr(ch.Context()), Time: s.now()}
+
+	if s.book != nil {
+		if seen, ok := s.book.SeenAddr(id); ok {
+			ev.SeenAddr = seen
+			ev.AddressMismatch = seen.Unmap() != ev.RemoteAddr.Addr().Unmap()
+		}
+	}
+
+	return ev
+}
+
+func (s *Server) opened(ch grpctunnel.TunnelChannel) {
+	ev := s.event(ch)
+
+	fields := []zap.Field{zap.String("machine_id", ev.MachineID), zap.Stringer("remote", ev.RemoteAddr)}
+	if ev.AddressMismatch {
+		fields = append(fields, zap.Stringer("seen_addr", ev.SeenAddr))
+		s.log.Warn("agent tunnel opened from an address other than DHCP/PXE saw", fields...)
+	} else {
+		s.log.Info("agent tunnel opened", fields...)
+	}
+
+	if s.events != nil {
+		s.events.TunnelOpened(ev)
+	}
+}
+
+func (s *Server) closed(ch grpctunnel.TunnelChannel) {
+	ev := s.event(ch)
+
+	s.log.Info("agent tunnel closed", zap.String("machine_id", ev.MachineID), zap.Stringer("remote", ev.RemoteAddr))
+
+	if s.events != nil {
+		s.events.TunnelClosed(ev)
+	}
+}
+
+func remoteAddr(ctx context.Context) netip.AddrPort {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return netip.AddrPort{}
+	}
+
+	ap, err := netip.ParseAddrPort(p.Addr.String())
+	if err != nil {
+		return netip.AddrPort{}
+	}
+
+	return ap
+}

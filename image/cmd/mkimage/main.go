@@ -1,0 +1,111 @@
+// Command mkimage builds the edge appliance artifacts under _out/image/ (`make image` runs it): the Talos
+// system extension tree, the same as an OCI image layout and archive, and, when a controller address and join
+// token are given, a validated Talos machine-config patch.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"strings"
+
+	"github.com/outpost-metal/outpost/image"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "mkimage:", err)
+		os.Exit(1)
+	}
+}
+
+func env(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+
+	return def
+}
+
+func run(args []string) error {
+	cfg := image.Default()
+	fs := flag.NewFlagSet("mkimage", flag.ContinueOnError)
+
+	out := fs.String("out", env("MKIMAGE_OUT", "_out/image"), "output directory (MKIMAGE_OUT)")
+	fs.StringVar(&cfg.Version, "version", env("MKIMAGE_VERSION", cfg.Version), "extension version (MKIMAGE_VERSION)")
+	fs.StringVar(&cfg.Arch, "arch", env("MKIMAGE_ARCH", cfg.Arch), "target architecture (MKIMAGE_ARCH)")
+	fs.StringVar(&cfg.EdgeBinary, "edge", env("MKIMAGE_EDGE", cfg.EdgeBinary), "static edge binary (MKIMAGE_EDGE)")
+	fs.StringVar(&cfg.IPXEDir, "ipxe-dir", env("MKIMAGE_IPXE_DIR", cfg.IPXEDir), "iPXE binaries (MKIMAGE_IPXE_DIR)")
+	fs.StringVar(&cfg.PreseedDir, "preseed", env("MKIMAGE_PRESEED", ""), "asset import bundle to bake in (MKIMAGE_PRESEED)")
+	fs.StringVar(&cfg.TalosVersion, "talos-version", env("MKIMAGE_TALOS_VERSION", cfg.TalosVersion), "Talos version constraint (MKIMAGE_TALOS_VERSION)")
+
+	var p image.PatchConfig
+
+	fs.StringVar(&p.ControllerAddress, "controller", env("MKIMAGE_CONTROLLER", ""), "controller uplink address host:port; with -token writes the machine-config patch (MKIMAGE_CONTROLLER)")
+	fs.StringVar(&p.JoinToken, "token", env("MKIMAGE_TOKEN", ""), "site join token (MKIMAGE_TOKEN)")
+	fs.StringVar(&p.Hostname, "hostname", env("MKIMAGE_HOSTNAME", ""), "appliance host name (MKIMAGE_HOSTNAME)")
+	fs.StringVar(&p.Interface, "interface", env("MKIMAGE_INTERFACE", ""), "link for a static address (MKIMAGE_INTERFACE)")
+	addrs := fs.String("address", env("MKIMAGE_ADDRESS", ""), "static addresses, comma-separated CIDR (MKIMAGE_ADDRESS)")
+	gw := fs.String("gateway", env("MKIMAGE_GATEWAY", ""), "default gateway (MKIMAGE_GATEWAY)")
+	dns := fs.String("dns", env("MKIMAGE_DNS", ""), "name servers, comma-separated (MKIMAGE_DNS)")
+
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+
+	for a := range strings.SplitSeq(*addrs, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			pfx, err := netip.ParsePrefix(a)
+			if err != nil {
+				return fmt.Errorf("address %q: %w", a, err)
+			}
+
+			p.Addresses = append(p.Addresses, pfx)
+		}
+	}
+
+	if *gw != "" {
+		g, err := netip.ParseAddr(*gw)
+		if err != nil {
+			return fmt.Errorf("gateway %q: %w", *gw, err)
+		}
+
+		p.Gateway = g
+	}
+
+	for a := range strings.SplitSeq(*dns, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			ns, err := netip.ParseAddr(a)
+			if err != nil {
+				return fmt.Errorf("name server %q: %w", a, err)
+			}
+
+			p.Nameservers = append(p.Nameservers, ns)
+		}
+	}
+
+	var patch *image.PatchConfig
+	if p.ControllerAddress != "" || p.JoinToken != "" {
+		patch = &p
+	}
+
+	if err := os.MkdirAll(*out, 0o755); err != nil {
+		return err
+	}
+
+	res, err := image.Build(cfg, patch, *out)
+	if err != nil {
+		return err
+	}
+
+	fmt.Printf("extension:   %s\noci layout:  %s\noci archive: %s\n", res.ExtensionDir, res.OCILayout, res.OCIArchive)
+
+	if res.Patch != "" {
+		fmt.Printf("patch:       %s\n", res.Patch)
+	} else {
+		fmt.Println("patch:       skipped (give -controller and -token)")
+	}
+
+	return nil
+}

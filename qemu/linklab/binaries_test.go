@@ -1,0 +1,169 @@
+package linklab_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// syncBuffer collects a process's output for assertions while it runs.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	return b.buf.String()
+}
+
+// TestBinariesEnrolListRevoke runs the real controller and edge binaries: an operator creates a site,
+// the edge enrols with the printed token, `site list` shows it connected, and a revocation disconnects it.
+func TestBinariesEnrolListRevoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds both binaries; skipped with -short")
+	}
+
+	t.Parallel()
+
+	bin := t.TempDir()
+	build := exec.Command("go", "build", "-o", bin+"/", "./controller", "./edge")
+	build.Dir = "../.."
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+
+	stateDir := t.TempDir()
+	controllerBin, edgeBin := filepath.Join(bin, "controller"), filepath.Join(bin, "edge")
+
+	ctl := exec.Command(controllerBin, "--state-dir", stateDir, "--uplink-listen", "127.0.0.1:0", "--http-listen", "")
+	ctlErr, err := ctl.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, ctl.Start())
+
+	t.Cleanup(func() { ctl.Process.Kill() }) //nolint:errcheck
+
+	var ctlLog syncBuffer
+
+	addr := make(chan string, 1)
+
+	go func() {
+		sc := bufio.NewScanner(ctlErr)
+		for sc.Scan() {
+			ctlLog.Write(append(sc.Bytes(), '\n')) //nolint:errcheck
+
+			var line struct {
+				Msg    string `json:"msg"`
+				Uplink string `json:"uplink"`
+			}
+
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "controller starting" {
+				addr <- line.Uplink
+			}
+		}
+	}()
+
+	var uplinkAddr string
+
+	select {
+	case uplinkAddr = <-addr:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("controller did not start: %s", ctlLog.String())
+	}
+
+	site := func(args ...string) (string, error) {
+		cmd := exec.Command(controllerBin, append([]string{"--state-dir", stateDir, "site"}, args...)...)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+
+		return stdout.String() + stderr.String(), err
+	}
+
+	out2, err := site("create", "BAD_ID")
+	require.Error(t, err)
+	require.Contains(t, out2, "not a lower-case DNS label")
+
+	tokenOut, err := site("create", "shop-12", "--description", "Shop 12, back office")
+	require.NoError(t, err, tokenOut)
+
+	token := strings.SplitN(tokenOut, "\n", 2)[0]
+	require.True(t, strings.HasPrefix(token, "outpost1.shop-12."), tokenOut)
+
+	var edgeLog syncBuffer
+
+	// Stand-ins for the iPXE binaries: the edge only checks that the files it serves exist.
+	ipxeDir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(ipxeDir, "undionly.kpxe"), []byte("not really iPXE"), 0o644))
+
+	edge := exec.Command(edgeBin, "--state-dir", t.TempDir(), "--controller", uplinkAddr, "--join-token", token,
+		"--http-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0", "--tftp-listen", "", "--ipxe-dir", ipxeDir)
+	edge.Stderr = &edgeLog
+	require.NoError(t, edge.Start())
+
+	t.Cleanup(func() { edge.Process.Kill() }) //nolint:errcheck
+
+	require.Eventually(t, func() bool {
+		list, err := site("list")
+
+		return err == nil && strings.Contains(list, "shop-12") && strings.Contains(list, "connected")
+	}, 30*time.Second, 100*time.Millisecond, "edge never showed as connected; edge log:\n%s", edgeLog.String())
+
+	_, err = site("policy", "shop-12", "sometimes")
+	require.Error(t, err)
+
+	_, err = site("policy", "shop-12", "offline")
+	require.NoError(t, err)
+
+	show, err := site("show", "shop-12")
+	require.NoError(t, err)
+	require.Contains(t, show, "asset policy:  offline")
+	require.Contains(t, show, "Shop 12, back office")
+
+	_, err = site("revoke", "shop-12")
+	require.NoError(t, err)
+
+	require.Eventually(t, func() bool {
+		return strings.Contains(edgeLog.String(), `site \"shop-12\" has been revoked`)
+	}, 30*time.Second, 100*time.Millisecond, "edge log:\n%s", edgeLog.String())
+
+	list, err := site("list")
+	require.NoError(t, err)
+	require.Contains(t, list, "revoked")
+
+	for _, p := range []*exec.Cmd{edge, ctl} {
+		require.NoError(t, p.Process.Signal(syscall.SIGTERM))
+
+		done := make(chan error, 1)
+
+		go func() { done <- p.Wait() }()
+
+		select {
+		case err := <-done:
+			require.NoError(t, err, "%s did not exit cleanly", p.Path)
+		case <-time.After(15 * time.Second):
+			t.Fatalf("%s did not stop within 15s of SIGTERM", p.Path)
+		}
+	}
+
+	_, err = os.Stat(filepath.Join(stateDir, "outpost.db"))
+	require.NoError(t, err)
+}

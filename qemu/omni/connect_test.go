@@ -1,0 +1,182 @@
+package omni_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/cosi-project/runtime/pkg/resource"
+	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/cosi-project/runtime/pkg/state"
+	"github.com/siderolabs/go-api-signature/pkg/pgp"
+	"github.com/siderolabs/go-api-signature/pkg/serviceaccount"
+	"github.com/siderolabs/omni/client/pkg/jointoken"
+	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
+	omnires "github.com/siderolabs/omni/client/pkg/omni/resources/omni"
+	"github.com/siderolabs/omni/client/pkg/omni/resources/siderolink"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	controlleromni "github.com/outpost-metal/outpost/controller/omni"
+	"github.com/outpost-metal/outpost/qemu/omni"
+)
+
+func connectConfig(s *standIn, key string) controlleromni.Config {
+	cfg := controlleromni.Default()
+	cfg.Endpoint = s.endpoint
+	cfg.ServiceAccountKey = key
+	cfg.HealthInterval = 50 * time.Millisecond
+	cfg.RetryMin = 20 * time.Millisecond
+	cfg.RetryMax = 100 * time.Millisecond
+
+	return cfg
+}
+
+func TestControllerRegistersAndHeartbeats(t *testing.T) {
+	t.Parallel()
+
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+
+	s := startStandIn(t, omni.Default())
+
+	conn, err := controlleromni.Connect(ctx, connectConfig(s, s.ProviderKey()), zaptest.NewLogger(t))
+	require.NoError(t, err)
+
+	defer conn.Close() //nolint:errcheck
+
+	ps, err := safe.StateGetByID[*infra.ProviderStatus](ctx, s.State(), "bare-metal")
+	require.NoError(t, err)
+	require.Contains(t, ps.Metadata().Labels().Raw(), omnires.LabelIsStaticInfraProvider)
+	require.Equal(t, "Outpost", ps.TypedSpec().Value.Name)
+
+	rt, err := conn.NewRuntime(func(context.Context) error { return errors.New("no site connected") })
+	require.NoError(t, err)
+
+	rctx, rcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+
+	go func() { done <- rt.Run(rctx) }()
+
+	// two distinct heartbeats
+	var first time.Time
+
+	_, err = s.State().WatchFor(ctx, infra.NewProviderHealthStatus("bare-metal").Metadata(), state.WithCondition(func(r resource.Resource) (bool, error) {
+		hs, ok := r.(*infra.ProviderHealthStatus)
+		if !ok {
+			return false, nil // not written yet
+		}
+
+		hb := hs.TypedSpec().Value.LastHeartbeatTimestamp.AsTime()
+		if first.IsZero() {
+			first = hb
+		}
+
+		return hb.After(first) && hs.TypedSpec().Value.Error == "no site connected", nil
+	}))
+	require.NoError(t, err)
+
+	rcancel()
+	require.NoError(t, <-done)
+}
+
+func TestControllerStartUpErrors(t *testing.T) {
+	t.Parallel()
+
+	s := startStandIn(t, omni.Default())
+
+	strangerKey := func() string {
+		key, err := pgp.GenerateKey(omni.ProviderIdentity("bare-metal"), "", omni.ProviderIdentity("bare-metal"), time.Hour)
+		require.NoError(t, err)
+
+		enc, err := serviceaccount.Encode(omni.ProviderIdentity("bare-metal"), key)
+		require.NoError(t, err)
+
+		return enc
+	}()
+
+	// a port nothing listens on
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+
+	deadAddr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+
+	for _, tc := range []struct {
+		name   string
+		modify func(*controlleromni.Config)
+		want   error
+	}{
+		{name: "unreachable", want: controlleromni.ErrUnreachable, modify: func(c *controlleromni.Config) {
+			c.Endpoint = "grpc://" + deadAddr
+			c.ConnectTimeout = 300 * time.Millisecond
+		}},
+		{name: "unregistered key", want: controlleromni.ErrBadKey, modify: func(c *controlleromni.Config) { c.ServiceAccountKey = strangerKey }},
+		{name: "undecodable key", want: controlleromni.ErrBadKey, modify: func(c *controlleromni.Config) { c.ServiceAccountKey = "bm9wZQ==" }},
+		{name: "wrong provider id", want: controlleromni.ErrWrongProviderID, modify: func(c *controlleromni.Config) { c.ProviderID = "other" }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+
+			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			defer cancel()
+
+			cfg := connectConfig(s, s.ProviderKey())
+			tc.modify(&cfg)
+
+			_, err := controlleromni.Connect(ctx, cfg, zaptest.NewLogger(t))
+			require.ErrorIs(t, err, tc.want)
+			t.Log(err)
+		})
+	}
+}
+
+func TestJoinConfigFollowsOmni(t *testing.T) {
+	t.Parallel()
+
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+
+	s := startStandIn(t, omni.Default())
+
+	conn, err := controlleromni.Connect(ctx, connectConfig(s, s.ProviderKey()), zaptest.NewLogger(t))
+	require.NoError(t, err)
+
+	defer conn.Close() //nolint:errcheck
+
+	changes := make(chan controlleromni.JoinConfig, 4)
+	w := conn.NewJoinConfigWatcher("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----", func(jc controlleromni.JoinConfig) { changes <- jc })
+
+	wctx, wcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+
+	go func() { done <- w.Run(wctx) }()
+
+	defer func() { wcancel(); require.NoError(t, <-done) }()
+
+	jc := <-changes
+	require.Contains(t, jc.Documents, "kind: SideroLinkConfig")
+	require.Contains(t, jc.Documents, "kind: EventSinkConfig")
+	require.Contains(t, jc.Documents, "kind: TrustedRootsConfig")
+
+	tok, err := jointoken.Parse(jc.JoinToken)
+	require.NoError(t, err)
+	require.Equal(t, "bare-metal", tok.ExtraData[omnires.LabelInfraProviderID], "the join token names the provider")
+
+	// Omni changes it: the watcher follows
+	_, err = safe.StateUpdateWithConflicts(ctx, s.State(), siderolink.NewProviderJoinConfig("bare-metal").Metadata(), func(r *siderolink.ProviderJoinConfig) error {
+		r.TypedSpec().Value.Config.Config += "---\napiVersion: v1alpha1\nkind: KmsgLogConfig\nname: extra\nurl: tcp://[fdae::1]:1\n"
+
+		return nil
+	})
+	require.NoError(t, err)
+
+	jc = <-changes
+	require.Contains(t, jc.Documents, "name: extra")
+
+	cur, ok := w.Current()
+	require.True(t, ok)
+	require.Equal(t, jc, cur)
+}

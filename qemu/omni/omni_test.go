@@ -1,0 +1,294 @@
+package omni_test
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/cosi-project/runtime/pkg/resource"
+	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/cosi-project/runtime/pkg/state"
+	"github.com/siderolabs/go-api-signature/pkg/pgp"
+	"github.com/siderolabs/go-api-signature/pkg/serviceaccount"
+	"github.com/siderolabs/omni/client/api/omni/specs"
+	"github.com/siderolabs/omni/client/pkg/client"
+	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
+	omnires "github.com/siderolabs/omni/client/pkg/omni/resources/omni"
+	"github.com/siderolabs/omni/client/pkg/omni/resources/siderolink"
+	pb "github.com/siderolabs/siderolink/api/siderolink"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/outpost-metal/outpost/qemu/omni"
+)
+
+// standIn is a running stand-in on loopback.
+type standIn struct {
+	*omni.Server
+	endpoint string
+	addr     string
+	cancel   context.CancelFunc
+	done     chan error
+}
+
+func startStandIn(t *testing.T, cfg omni.Config) *standIn {
+	t.Helper()
+
+	if cfg.Logger == nil {
+		cfg.Logger = zaptest.NewLogger(t)
+	}
+
+	srv, err := omni.New(cfg)
+	require.NoError(t, err)
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &standIn{Server: srv, endpoint: "grpc://" + ln.Addr().String(), addr: ln.Addr().String(), cancel: cancel, done: make(chan error, 1)}
+
+	go func() { s.done <- srv.Serve(ctx, ln) }()
+
+	t.Cleanup(s.stop)
+
+	// serving starts by seeding Omni's resources
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+
+	_, err = s.State().WatchFor(wctx, siderolink.NewProviderJoinConfig(cfg.ProviderID).Metadata(), state.WithEventTypes(state.Created, state.Updated))
+	require.NoError(t, err)
+
+	return s
+}
+
+func (s *standIn) stop() {
+	if s.cancel == nil {
+		return
+	}
+
+	s.cancel()
+	<-s.done
+	s.Close() //nolint:errcheck
+	s.cancel = nil
+}
+
+func (s *standIn) client(t *testing.T, key string) state.State {
+	t.Helper()
+
+	c, err := client.New(s.endpoint, client.WithServiceAccount(key))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() }) //nolint:errcheck
+
+	return c.Omni().State()
+}
+
+// provision calls SideroLink Provision as a machine's agent does, with the provider's join token.
+func (s *standIn) provision(t *testing.T, ctx context.Context, uuid string) (*pb.ProvisionResponse, error) {
+	t.Helper()
+
+	jc, err := safe.StateGetByID[*siderolink.ProviderJoinConfig](ctx, s.State(), "bare-metal")
+	require.NoError(t, err)
+
+	return provisionWith(ctx, s.addr, uuid, jc.TypedSpec().Value.JoinToken)
+}
+
+func provisionWith(ctx context.Context, addr, uuid, token string) (*pb.ProvisionResponse, error) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+
+	defer conn.Close() //nolint:errcheck
+
+	return pb.NewProvisionServiceClient(conn).Provision(ctx, &pb.ProvisionRequest{
+		NodeUuid: uuid, NodePublicKey: "cHVibGljLWtleQ==", JoinToken: &token, NodeUniqueToken: new("node-token-" + uuid),
+		TalosVersion: new("v1.11.0"),
+	})
+}
+
+func TestProvisionCreatesPendingInfraMachine(t *testing.T) {
+	t.Parallel()
+
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+
+	s := startStandIn(t, omni.Default())
+
+	_, err := s.provision(t, ctx, "m-1")
+	require.NoError(t, err)
+
+	m, err := safe.StateWatchFor[*infra.Machine](ctx, s.State(), infra.NewMachine("m-1").Metadata(), state.WithEventTypes(state.Created, state.Updated))
+	require.NoError(t, err)
+
+	require.Equal(t, "bare-metal", m.Metadata().Labels().Raw()[omnires.LabelInfraProviderID])
+	require.Contains(t, m.Metadata().Labels().Raw(), omnires.LabelMachinePendingAccept)
+	require.Equal(t, specs.InfraMachineConfigSpec_PENDING, m.TypedSpec().Value.AcceptanceStatus)
+	require.Equal(t, "node-token-m-1", m.TypedSpec().Value.NodeUniqueToken)
+
+	// a bad join token is refused
+	conn, err := grpc.NewClient(s.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+
+	defer conn.Close() //nolint:errcheck
+
+	_, err = pb.NewProvisionServiceClient(conn).Provision(ctx, &pb.ProvisionRequest{NodeUuid: "m-2", JoinToken: new("garbage")})
+	require.Error(t, err)
+}
+
+func TestProviderIsScoped(t *testing.T) {
+	t.Parallel()
+
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+
+	s := startStandIn(t, omni.Default())
+	prov := s.client(t, s.ProviderKey())
+
+	for _, tc := range []struct {
+		name string
+		do   func() error
+		ok   bool
+	}{
+		{name: "own provider status", ok: true, do: func() error { return prov.Create(ctx, infra.NewProviderStatus("bare-metal")) }},
+		{name: "other provider status", do: func() error { return prov.Create(ctx, infra.NewProviderStatus("other")) }},
+		{name: "create infra machine", do: func() error { return prov.Create(ctx, infra.NewMachine("x")) }},
+		{name: "status of an unknown machine", do: func() error { return prov.Create(ctx, infra.NewMachineStatus("x")) }},
+		{name: "read default namespace", do: func() error {
+			_, err := prov.List(ctx, siderolink.NewLink("", nil).Metadata())
+
+			return err
+		}},
+		{name: "read join config", ok: true, do: func() error {
+			_, err := prov.Get(ctx, siderolink.NewProviderJoinConfig("bare-metal").Metadata())
+
+			return err
+		}},
+		{name: "other provider namespace", do: func() error {
+			_, err := prov.List(ctx, resource.NewMetadata("infra-provider:other", "X.other.infraprovider.sidero.dev", "", resource.VersionUndefined))
+
+			return err
+		}},
+	} {
+		err := tc.do()
+		if tc.ok {
+			require.NoError(t, err, tc.name)
+		} else {
+			require.Error(t, err, tc.name)
+		}
+	}
+
+	// the provider may add finalizers to an InfraMachine but not change it
+	_, err := s.provision(t, ctx, "m-1")
+	require.NoError(t, err)
+
+	_, err = safe.StateWatchFor[*infra.Machine](ctx, s.State(), infra.NewMachine("m-1").Metadata(), state.WithEventTypes(state.Created))
+	require.NoError(t, err)
+	require.NoError(t, prov.AddFinalizer(ctx, infra.NewMachine("m-1").Metadata(), "outpost"))
+	require.NoError(t, prov.Create(ctx, infra.NewMachineStatus("m-1")), "status of its own machine")
+
+	_, err = safe.StateUpdateWithConflicts(ctx, prov, infra.NewMachine("m-1").Metadata(), func(m *infra.Machine) error {
+		m.TypedSpec().Value.Cordoned = true
+
+		return nil
+	})
+	require.Error(t, err)
+
+	// an unknown key is refused
+	key, err := pgp.GenerateKey(omni.ProviderIdentity("bare-metal"), "", omni.ProviderIdentity("bare-metal"), time.Hour)
+	require.NoError(t, err)
+	enc, err := serviceaccount.Encode(omni.ProviderIdentity("bare-metal"), key)
+	require.NoError(t, err)
+
+	_, err = s.client(t, enc).Get(ctx, infra.NewProviderStatus("bare-metal").Metadata())
+	require.ErrorContains(t, err, "Unauthenticated")
+}
+
+func TestDerivation(t *testing.T) {
+	t.Parallel()
+
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+
+	cfg := omni.Default()
+	cfg.CollectInfoOnProvision = false
+	s := startStandIn(t, cfg)
+	admin := omni.NewAdmin(s.client(t, s.AdminKey()))
+
+	_, err := s.provision(t, ctx, "m-1")
+	require.NoError(t, err)
+
+	waitMachine := func(name string, cond func(*infra.Machine) bool) *infra.Machine {
+		t.Helper()
+
+		m, err := safe.StateWatchFor[*infra.Machine](ctx, s.State(), infra.NewMachine("m-1").Metadata(),
+			state.WithCondition(func(r resource.Resource) (bool, error) { return cond(r.(*infra.Machine)), nil })) //nolint:forcetypeassert
+		require.NoError(t, err, name)
+
+		return m
+	}
+
+	require.NoError(t, admin.Accept(ctx, "m-1"))
+	waitMachine("accepted, forced on before info", func(m *infra.Machine) bool {
+		return m.TypedSpec().Value.AcceptanceStatus == specs.InfraMachineConfigSpec_ACCEPTED &&
+			m.TypedSpec().Value.PreferredPowerState == specs.InfraMachineSpec_POWER_STATE_ON
+	})
+
+	require.NoError(t, admin.CollectInfo(ctx, "m-1", "v1.11.0"))
+	waitMachine("default power off after info", func(m *infra.Machine) bool {
+		return m.TypedSpec().Value.PreferredPowerState == specs.InfraMachineSpec_POWER_STATE_OFF
+	})
+
+	_, err = admin.PowerOff(ctx, "m-1")
+	require.NoError(t, err)
+
+	require.NoError(t, admin.Allocate(ctx, "m-1", "c1", "v1.11.0", []string{"siderolabs/iscsi-tools"}, true))
+	m := waitMachine("allocated", func(m *infra.Machine) bool { return m.TypedSpec().Value.ClusterTalosVersion == "v1.11.0" })
+	require.Equal(t, []string{"siderolabs/iscsi-tools"}, m.TypedSpec().Value.Extensions)
+	require.NotEmpty(t, m.TypedSpec().Value.PowerOffRequestId, "power-off request kept while allocated")
+	require.Equal(t, "c1", m.Metadata().Labels().Raw()[omnires.LabelCluster])
+	require.Contains(t, m.Metadata().Labels().Raw(), omnires.LabelControlPlaneRole)
+
+	wipeBefore := m.TypedSpec().Value.WipeId
+
+	require.NoError(t, admin.ReportInstalled(ctx, "m-1"))
+	waitMachine("install counted", func(m *infra.Machine) bool { return m.TypedSpec().Value.InstallEventId == 1 })
+
+	require.NoError(t, admin.Release(ctx, "m-1"))
+	m = waitMachine("released", func(m *infra.Machine) bool { return m.TypedSpec().Value.ClusterTalosVersion == "" })
+	require.NotEqual(t, wipeBefore, m.TypedSpec().Value.WipeId, "new wipe ID on release")
+	require.Empty(t, m.TypedSpec().Value.PowerOffRequestId, "power-off request cleared while unallocated")
+	require.NotContains(t, m.Metadata().Labels().Raw(), omnires.LabelCluster)
+
+	require.NoError(t, admin.Delete(ctx, "m-1"))
+	_, err = s.State().WatchFor(ctx, infra.NewMachine("m-1").Metadata(), state.WithEventTypes(state.Destroyed))
+	require.NoError(t, err)
+}
+
+func TestPersistence(t *testing.T) {
+	t.Parallel()
+
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+
+	cfg := omni.Default()
+	cfg.StateDir = t.TempDir()
+
+	s := startStandIn(t, cfg)
+	key := s.ProviderKey()
+
+	_, err := s.provision(t, ctx, "m-1")
+	require.NoError(t, err)
+
+	_, err = safe.StateWatchFor[*infra.Machine](ctx, s.State(), infra.NewMachine("m-1").Metadata(), state.WithEventTypes(state.Created))
+	require.NoError(t, err)
+	s.stop()
+
+	s2 := startStandIn(t, cfg)
+	require.Equal(t, key, s2.ProviderKey(), "keys survive a restart")
+
+	_, err = safe.StateGetByID[*infra.Machine](ctx, s2.State(), "m-1")
+	require.NoError(t, err)
+}

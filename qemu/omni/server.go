@@ -1,0 +1,235 @@
+// Package omni is an Omni stand-in for tests and the emulation lab: it serves Omni's COSI State gRPC API
+// with Omni's own resource types, enforces the access rules Omni applies to an infra provider's service
+// account, serves SideroLink's Provision RPC and plays Omni's side of the static-provider lifecycle
+// (InfraMachine derived from the link, the user's InfraMachineConfig and the allocation), as Omni v1.9.3 does.
+//
+// It is test tooling: nothing in the product imports it.
+package omni
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/cosi-project/runtime/api/v1alpha1"
+	"github.com/cosi-project/runtime/pkg/resource"
+	"github.com/cosi-project/runtime/pkg/state"
+	"github.com/cosi-project/runtime/pkg/state/impl/inmem"
+	"github.com/cosi-project/runtime/pkg/state/impl/namespaced"
+	"github.com/cosi-project/runtime/pkg/state/impl/store"
+	"github.com/cosi-project/runtime/pkg/state/impl/store/bolt"
+	"github.com/cosi-project/runtime/pkg/state/protobuf/server"
+	"github.com/siderolabs/omni/client/pkg/omni/resources/system"
+	pb "github.com/siderolabs/siderolink/api/siderolink"
+	"go.etcd.io/bbolt"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+
+	// Omni's client compresses every call with gzip; without the codec every call fails with Unimplemented.
+	_ "google.golang.org/grpc/encoding/gzip"
+
+	// Registering Omni's resource types lets the stand-in read and persist their specs.
+	_ "github.com/siderolabs/omni/client/pkg/omni/resources/infra"
+	_ "github.com/siderolabs/omni/client/pkg/omni/resources/omni"
+	_ "github.com/siderolabs/omni/client/pkg/omni/resources/siderolink"
+)
+
+// BackendVersion is the Omni version the stand-in reports in system.SysVersion.
+const BackendVersion = "v1.9.3"
+
+// Config configures the stand-in.
+type Config struct {
+	// ProviderID is the infra provider whose service account the stand-in issues (omnictl infraprovider create <id>).
+	ProviderID string
+	// StateDir persists state (bolt) and keys; empty keeps everything in memory.
+	StateDir string
+	// AdvertiseAddress is the host:port machines use to reach the stand-in (SideroLink API); empty uses the listener's.
+	AdvertiseAddress string
+	// CollectInfoOnProvision marks a machine's information as collected as soon as it provisions, as Omni does
+	// once the machine's Talos reports in over SideroLink. With false, tests call Admin.CollectInfo.
+	CollectInfoOnProvision bool
+	Logger                 *zap.Logger
+}
+
+// Default returns the stand-in's default configuration.
+func Default() Config {
+	return Config{ProviderID: "bare-metal", CollectInfoOnProvision: true, Logger: zap.NewNop()}
+}
+
+// Validate reports a configuration the stand-in cannot run with.
+func (c Config) Validate() error {
+	if c.ProviderID == "" {
+		return errors.New("provider ID is empty")
+	}
+
+	if c.Logger == nil {
+		return errors.New("logger is nil")
+	}
+
+	return nil
+}
+
+// Server is a running Omni stand-in's state and keys; Serve exposes them over gRPC.
+type Server struct {
+	cfg   Config
+	st    state.State // unfiltered: Omni's own view
+	keys  *keyring
+	bolt  *bolt.BackingStore
+	token string
+}
+
+// New opens (or creates) the stand-in's state and service-account keys.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("omni stand-in config: %w", err)
+	}
+
+	s := &Server{cfg: cfg}
+
+	var core state.CoreState
+
+	if cfg.StateDir == "" {
+		core = namespaced.NewState(inmem.Build)
+	} else {
+		if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+			return nil, fmt.Errorf("create state directory: %w", err)
+		}
+
+		bs, err := bolt.NewBackingStore(func() (*bbolt.DB, error) {
+			return bbolt.Open(filepath.Join(cfg.StateDir, "omni.db"), 0o600, &bbolt.Options{Timeout: 5 * time.Second})
+		}, store.ProtobufMarshaler{})
+		if err != nil {
+			return nil, fmt.Errorf("open bolt store: %w", err)
+		}
+
+		s.bolt = bs
+		core = namespaced.NewState(func(ns resource.Namespace) state.CoreState {
+			return inmem.NewStateWithOptions(inmem.WithBackingStore(bs.WithNamespace(ns)))(ns)
+		})
+	}
+
+	s.st = state.WrapCore(core)
+
+	keys, err := loadOrCreateKeys(cfg.StateDir, cfg.ProviderID)
+	if err != nil {
+		s.Close() //nolint:errcheck
+
+		return nil, err
+	}
+
+	s.keys = keys
+	s.token = keys.JoinToken
+
+	return s, nil
+}
+
+// Close releases the persisted store.
+func (s *Server) Close() error {
+	if s.bolt != nil {
+		return s.bolt.Close()
+	}
+
+	return nil
+}
+
+// State is Omni's own unfiltered state (what Omni's controllers see).
+func (s *Server) State() state.State { return s.st }
+
+// ProviderKey is the base64 service-account key of the provider (as printed by `omnictl infraprovider create`).
+func (s *Server) ProviderKey() string { return s.keys.Provider }
+
+// AdminKey is the base64 service-account key of an admin identity (what Omni's UI and omnictl act as).
+func (s *Server) AdminKey() string { return s.keys.Admin }
+
+// Serve serves the COSI State API, with provider-scoped authorization, and SideroLink's Provision on ln,
+// and runs Omni's InfraMachine derivation until ctx ends.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	advertise := s.cfg.AdvertiseAddress
+	if advertise == "" {
+		advertise = ln.Addr().String()
+	}
+
+	if err := s.seed(ctx, advertise); err != nil {
+		return err
+	}
+
+	auth, err := newAuthenticator(s.keys)
+	if err != nil {
+		return err
+	}
+
+	srv := grpc.NewServer(
+		grpc.ChainUnaryInterceptor(auth.unary),
+		grpc.ChainStreamInterceptor(auth.stream),
+	)
+
+	v1alpha1.RegisterStateServer(srv, server.NewState(authorize(s.st, s.cfg.ProviderID)))
+	pb.RegisterProvisionServiceServer(srv, &provisioner{s: s})
+
+	eg, ctx := errgroup.WithContext(ctx)
+
+	eg.Go(func() error {
+		err := srv.Serve(ln)
+		if errors.Is(err, grpc.ErrServerStopped) {
+			return nil
+		}
+
+		return err
+	})
+
+	eg.Go(func() error {
+		<-ctx.Done()
+		srv.Stop()
+
+		return nil
+	})
+
+	eg.Go(func() error {
+		return newDeriver(s.st, s.cfg.Logger.With(zap.String("component", "omni_infra_machine"))).Run(ctx)
+	})
+
+	return eg.Wait()
+}
+
+func (s *Server) seed(ctx context.Context, advertise string) error {
+	v := system.NewSysVersion(system.SysVersionID)
+	v.TypedSpec().Value.BackendVersion = BackendVersion
+	v.TypedSpec().Value.InstanceName = "omni-stand-in"
+	v.TypedSpec().Value.BackendApiVersion = 1
+
+	if err := createOrUpdate(ctx, s.st, v); err != nil {
+		return fmt.Errorf("seed sysversion: %w", err)
+	}
+
+	jc, err := providerJoinConfig(s.cfg.ProviderID, s.token, advertise)
+	if err != nil {
+		return err
+	}
+
+	if err = createOrUpdate(ctx, s.st, jc); err != nil {
+		return fmt.Errorf("seed provider join config: %w", err)
+	}
+
+	return nil
+}
+
+func createOrUpdate(ctx context.Context, st state.State, r resource.Resource) error {
+	err := st.Create(ctx, r)
+	if err == nil || !state.IsConflictError(err) {
+		return err
+	}
+
+	cur, err := st.Get(ctx, r.Metadata())
+	if err != nil {
+		return err
+	}
+
+	r.Metadata().SetVersion(cur.Metadata().Version())
+
+	return st.Update(ctx, r)
+}
