@@ -36,6 +36,8 @@ type Config struct {
 	Workers int `json:"workers"`
 	// QueueSize bounds the requests waiting for a worker; beyond it requests are dropped.
 	QueueSize int `json:"queue_size"`
+	// ReadBuffer is the sockets' kernel receive buffer in bytes (absorbs bursts before the queue).
+	ReadBuffer int `json:"read_buffer"`
 	// RatePerMAC and RateBurst limit requests per client MAC (a token bucket per MAC).
 	RatePerMAC float64 `json:"rate_per_mac"`
 	RateBurst  int     `json:"rate_burst"`
@@ -55,6 +57,7 @@ func Default() Config {
 		Files:          DefaultBootFiles(),
 		Workers:        4,
 		QueueSize:      1024,
+		ReadBuffer:     4 << 20,
 		RatePerMAC:     5,
 		RateBurst:      10,
 		MaxTrackedMACs: 65536,
@@ -83,6 +86,10 @@ func (c Config) Validate() error {
 		if p <= 0 || p > 65535 {
 			errs = append(errs, fmt.Errorf("%s %d out of range", name, p))
 		}
+	}
+
+	if c.ReadBuffer < 0 {
+		errs = append(errs, errors.New("read_buffer must not be negative"))
 	}
 
 	if c.Workers <= 0 || c.QueueSize <= 0 || c.RatePerMAC <= 0 || c.RateBurst <= 0 || c.MaxTrackedMACs <= 0 {
@@ -270,13 +277,13 @@ func resolveServerIP(cfg Config) (netip.Addr, error) {
 
 // Run opens both ports on the configured interface and serves them until ctx ends.
 func (s *Server) Run(ctx context.Context) error {
-	dhcpConn, err := ListenPacket(ctx, s.cfg.Interface, s.cfg.Port)
+	dhcpConn, err := ListenPacket(ctx, s.cfg.Interface, s.cfg.Port, s.cfg.ReadBuffer)
 	if err != nil {
 		return err
 	}
 	defer dhcpConn.Close() //nolint:errcheck
 
-	pxeConn, err := ListenPacket(ctx, s.cfg.Interface, s.cfg.PXEPort)
+	pxeConn, err := ListenPacket(ctx, s.cfg.Interface, s.cfg.PXEPort, s.cfg.ReadBuffer)
 	if err != nil {
 		return err
 	}

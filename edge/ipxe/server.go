@@ -261,7 +261,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			srv.Close() //nolint:errcheck,gosec
 		}
 
-		<-errc
+		if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serve http: %w", err)
+		}
 
 		return nil
 	}

@@ -159,7 +159,10 @@ func (s *Server) Serve(ctx context.Context, conn net.PacketConn) error {
 		return nil
 	case <-ctx.Done():
 		srv.Shutdown()
-		<-errc
+
+		if err := <-errc; err != nil {
+			return fmt.Errorf("serve tftp: %w", err)
+		}
 
 		return nil
 	}

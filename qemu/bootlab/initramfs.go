@@ -71,7 +71,9 @@ func pad4(b []byte) []byte {
 func (c *CPIOWriter) Dir(name string) { c.entry(name, modeDir|0o755, nil, 0, 0) }
 
 // File adds a regular file with the given permissions.
-func (c *CPIOWriter) File(name string, perm uint32, data []byte) { c.entry(name, modeFile|perm, data, 0, 0) }
+func (c *CPIOWriter) File(name string, perm uint32, data []byte) {
+	c.entry(name, modeFile|perm, data, 0, 0)
+}
 
 // CharDev adds a character device node.
 func (c *CPIOWriter) CharDev(name string, major, minor uint32) {
