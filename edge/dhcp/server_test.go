@@ -151,8 +151,6 @@ func TestServerJunkFloodFromOneMACDoesNotStarveOthers(t *testing.T) {
 	}
 
 	truncated := []byte{1, 1, 6}
-	_, err := env.relay.WriteTo(truncated, env.dhcp.LocalAddr())
-	require.NoError(t, err)
 
 	// Another client is still answered. It retransmits as a real one does: the flood may also have
 	// filled the kernel's socket buffer, which drops datagrams before the server sees them.
@@ -160,8 +158,10 @@ func TestServerJunkFloodFromOneMACDoesNotStarveOthers(t *testing.T) {
 	good := request(t, dhcpv4.MessageTypeDiscover, arch(0), dhcpv4.WithHwAddr(other), dhcpv4.WithGatewayIP(net.IPv4(127, 0, 0, 1)))
 
 	require.Eventually(t, func() bool {
-		if _, err := env.relay.WriteTo(good, env.dhcp.LocalAddr()); err != nil {
-			return false
+		for _, p := range [][]byte{truncated, good} {
+			if _, err := env.relay.WriteTo(p, env.dhcp.LocalAddr()); err != nil {
+				return false
+			}
 		}
 
 		buf := make([]byte, 1500)
@@ -181,13 +181,13 @@ func TestServerJunkFloodFromOneMACDoesNotStarveOthers(t *testing.T) {
 		}
 	}, 10*time.Second, 10*time.Millisecond)
 
+	// The flooding MAC got its burst through (dropped as non-PXE) and no more; the rest was rate limited;
+	// the truncated packets were dropped as malformed. The kernel may have dropped some of the flood too.
 	require.Eventually(t, func() bool {
-		limited := testutil.ToFloat64(env.srv.DropsCounter(dhcp.DropRateLimited)) + testutil.ToFloat64(env.srv.DropsCounter(dhcp.DropQueueFull))
-		malformed := testutil.ToFloat64(env.srv.DropsCounter(dhcp.DropMalformed))
-		notPXE := testutil.ToFloat64(env.srv.DropsCounter(dhcp.DropNotPXE))
-
-		return limited >= 190 && malformed >= 1 && notPXE >= 1
-	}, 5*time.Second, 100*time.Millisecond)
+		return testutil.ToFloat64(env.srv.DropsCounter(dhcp.DropMalformed)) >= 1 &&
+			testutil.ToFloat64(env.srv.DropsCounter(dhcp.DropRateLimited)) >= 50
+	}, 5*time.Second, 10*time.Millisecond)
+	require.LessOrEqual(t, testutil.ToFloat64(env.srv.DropsCounter(dhcp.DropNotPXE)), 5.0+10)
 }
 
 func TestNewNothingBootable(t *testing.T) {

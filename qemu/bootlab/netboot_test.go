@@ -129,8 +129,16 @@ func netboot(t *testing.T, firmware string, timeout time.Duration) {
 		}
 	})
 
-	waitLine(t, lines, "CALLBACK u="+uuid, timeout)
+	seen := waitLine(t, lines, "CALLBACK u="+uuid, timeout)
 	t.Logf("%s: power-on to callback in %s", firmware, time.Since(start).Round(100*time.Millisecond))
+
+	// The chain went the way the firmware class says it must.
+	want := []string{"DHCP 52:54:00:77:00:01 bios ipxe=true", "BOOT " + uuid + " agent"}
+	if firmware == "ovmf" {
+		want = []string{"DHCP 52:54:00:77:00:02 uefi-x86 ipxe=false", "TFTP ipxe.efi", "DHCP 52:54:00:77:00:02 uefi-x86 ipxe=true", "BOOT " + uuid + " agent"}
+	}
+
+	require.Subset(t, seen, want, "edge saw %q", seen)
 }
 
 func tailBytes(b []byte, n int) []byte {
@@ -141,20 +149,24 @@ func tailBytes(b []byte, n int) []byte {
 	return b
 }
 
-// waitLine waits for a line starting with prefix, with a hard deadline.
-func waitLine(t *testing.T, lines <-chan string, prefix string, timeout time.Duration) {
+// waitLine waits for a line starting with prefix, with a hard deadline, and returns the lines seen before it.
+func waitLine(t *testing.T, lines <-chan string, prefix string, timeout time.Duration) []string {
 	t.Helper()
 
 	deadline := time.After(timeout)
+
+	var seen []string
 
 	for {
 		select {
 		case l := <-lines:
 			if strings.HasPrefix(l, prefix) {
-				return
+				return seen
 			}
+
+			seen = append(seen, l)
 		case <-deadline:
-			t.Fatalf("no %q within %s", prefix, timeout)
+			t.Fatalf("no %q within %s; edge printed %q", prefix, timeout, seen)
 		}
 	}
 }

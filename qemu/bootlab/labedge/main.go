@@ -1,6 +1,7 @@
 // Command labedge runs the edge's boot pieces (ProxyDHCP, TFTP, HTTP, boot table, journal) as one process,
 // wired as the edge binary wires them but without an uplink, for the boot lab: the lab starts it inside a
 // site network namespace. It prints "READY" once serving and "CALLBACK u=<uuid>" for every /config request.
+// It also prints "DHCP <mac> <firmware> ipxe=<bool>", "TFTP <file>" and "BOOT <uuid> <mode>" for what it serves.
 // It is test tooling.
 package main
 
@@ -64,7 +65,7 @@ func run(ctx context.Context, log *zap.Logger, iface, ip, state, assets, ipxeDir
 	}
 	defer jrnl.Close() //nolint:errcheck
 
-	rec := journal.NewRecorder(jrnl, log)
+	rec := printer{journal.NewRecorder(jrnl, log)}
 	metrics := prometheus.NewRegistry()
 
 	dcfg := dhcp.Default()
@@ -113,4 +114,27 @@ func run(ctx context.Context, log *zap.Logger, iface, ip, state, assets, ipxeDir
 	fmt.Println("READY")
 
 	return eg.Wait()
+}
+
+// printer records events in the journal and prints them for the lab test to follow the boot chain.
+type printer struct {
+	*journal.Recorder
+}
+
+func (p printer) DHCPSeen(s dhcp.Seen) {
+	fmt.Printf("DHCP %s %s ipxe=%t\n", s.MAC, s.Firmware, s.IPXE)
+	p.Recorder.DHCPSeen(s)
+}
+
+func (p printer) TFTPFetch(f tftp.Fetch) {
+	if f.Err == nil {
+		fmt.Printf("TFTP %s\n", f.Name)
+	}
+
+	p.Recorder.TFTPFetch(f)
+}
+
+func (p printer) BootServed(b ipxe.BootServed) {
+	fmt.Printf("BOOT %s %s\n", b.UUID, b.Mode)
+	p.Recorder.BootServed(b)
 }

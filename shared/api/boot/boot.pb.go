@@ -933,7 +933,7 @@ type Event_BootServed struct {
 }
 
 type Event_AgentTunnel struct {
-	AgentTunnel *AgentTunnel `protobuf:"bytes,13,opt,name=agent_tunnel,json=agentTunnel,proto3,oneof"`
+	AgentTunnel *AgentTunnel `protobuf:"bytes,20,opt,name=agent_tunnel,json=agentTunnel,proto3,oneof"`
 }
 
 func (*Event_DhcpSeen) isEvent_Kind() {}
@@ -1337,7 +1337,7 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\bpxe_seen\x18\v \x01(\v2\x15.outpost.boot.PXESeenH\x00R\apxeSeen\x12;\n" +
 	"\vboot_served\x18\f \x01(\v2\x18.outpost.boot.BootServedH\x00R\n" +
 	"bootServed\x12>\n" +
-	"\fagent_tunnel\x18\r \x01(\v2\x19.outpost.boot.AgentTunnelH\x00R\vagentTunnelB\x06\n" +
+	"\fagent_tunnel\x18\x14 \x01(\v2\x19.outpost.boot.AgentTunnelH\x00R\vagentTunnelB\x06\n" +
 	"\x04kind\"v\n" +
 	"\bDHCPSeen\x12\x10\n" +
 	"\x03mac\x18\x01 \x01(\tR\x03mac\x12\x1a\n" +
