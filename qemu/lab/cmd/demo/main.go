@@ -1,0 +1,169 @@
+// Command demo is `make demo`: it builds everything, brings up the Omni stand-in, the controller and two
+// emulated sites with two machines each (one BIOS, one UEFI), shows a live table (site, machine, power,
+// phase, last event) while it accepts every machine, allocates one per site, cuts a site's WAN for a minute
+// and releases the allocated machines, and tears everything down at the end or on Ctrl-C. Logs and the
+// timeline stay under _out/demo. It needs root, QEMU and the Debian packages of `make deps`.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/outpost-metal/outpost/qemu/bootlab"
+	"github.com/outpost-metal/outpost/qemu/lab"
+)
+
+func main() {
+	out := flag.String("out", "_out/demo", "directory for logs, state and the timeline")
+	keep := flag.Bool("keep", false, "keep the lab running after the scenario until Ctrl-C")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	if err := run(ctx, *out, *keep); err != nil && !errors.Is(err, context.Canceled) {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, out string, keep bool) error {
+	if os.Geteuid() != 0 {
+		return errors.New("the lab needs root (network namespaces, taps)")
+	}
+
+	root, err := os.Getwd()
+	if err != nil {
+		return err
+	}
+
+	dir, err := filepath.Abs(out)
+	if err != nil {
+		return err
+	}
+
+	logFile, err := os.Create(filepath.Join(os.TempDir(), "outpost-demo.log"))
+	if err != nil {
+		return err
+	}
+	defer logFile.Close() //nolint:errcheck
+
+	log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), logFile, zap.InfoLevel))
+
+	l, err := lab.New(dir, log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		fmt.Println("tearing the lab down...")
+		l.Close()
+	}()
+
+	say("building the controller, the edge, the Omni stand-in and the machine images")
+
+	bins, err := lab.BuildBinaries(ctx, root, filepath.Join(dir, "bin"))
+	if err != nil {
+		return err
+	}
+
+	if ok, reason := lab.ControllerSupportsOmni(ctx, bins.Controller); !ok {
+		return errors.New(reason)
+	}
+
+	images, err := lab.BuildImages(ctx, root, filepath.Join(dir, "images"))
+	if errors.Is(err, bootlab.ErrNoKernel) {
+		return fmt.Errorf("%w (the guest kernel comes from `apt-get download`; run make deps)", err)
+	}
+
+	if err != nil {
+		return err
+	}
+
+	say("starting the Omni stand-in, the controller and two sites")
+
+	env, err := lab.Setup(ctx, l, bins, images)
+	if err != nil {
+		return err
+	}
+
+	var current atomic.Value
+
+	current.Store("running the scenario")
+
+	done := make(chan error, 1)
+
+	go func() {
+		done <- env.Run(ctx, func(name string, err error) {
+			if err != nil {
+				current.Store("FAILED: " + name)
+			} else {
+				current.Store("done: " + name)
+			}
+		})
+	}()
+
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-done:
+			draw(ctx, env, "scenario finished")
+
+			if b, rerr := os.ReadFile(env.Timeline.Path); rerr == nil {
+				fmt.Printf("\n%s\nlogs: %s\n", b, dir)
+			}
+
+			if err != nil || !keep {
+				return err
+			}
+
+			fmt.Println("lab kept running; Ctrl-C tears it down")
+			<-ctx.Done()
+
+			return nil
+		case <-tick.C:
+			draw(ctx, env, current.Load().(string)) //nolint:forcetypeassert // only strings are stored
+		}
+	}
+}
+
+func say(s string) { fmt.Printf("==> %s\n", s) }
+
+// draw repaints the live table.
+func draw(ctx context.Context, env *lab.Env, step string) {
+	var b strings.Builder
+
+	b.WriteString("\033[H\033[2J")
+	fmt.Fprintf(&b, "Outpost lab  %s  (logs: %s; Ctrl-C tears down)\nstep: %s\n\n", time.Now().Format("15:04:05"), env.Lab.Dir, step)
+
+	tw := tabwriter.NewWriter(&b, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SITE\tMACHINE\tPOWER\tPHASE\tLAST EVENT") //nolint:errcheck
+
+	for _, s := range env.Statuses(ctx) {
+		ev := s.LastEvent
+		if len(ev) > 70 {
+			ev = ev[:70] + "..."
+		}
+
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Site, s.Machine, s.Power, s.Phase, ev) //nolint:errcheck
+	}
+
+	tw.Flush() //nolint:errcheck,gosec
+	fmt.Print(b.String())
+}
