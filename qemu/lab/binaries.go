@@ -70,7 +70,7 @@ func (l *Lab) StartController(ctx context.Context, core *Core, bin string, o *Om
 
 		select {
 		case <-p.Done():
-			return nil, fmt.Errorf("controller exited at start (%v):\n%s", p.Err(), p.Log.Tail(3000))
+			return nil, fmt.Errorf("controller exited at start (%w):\n%s", p.Err(), p.Log.Tail(3000))
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-time.After(200 * time.Millisecond):
@@ -132,7 +132,7 @@ func (s *Site) StartEdge(ctx context.Context, bin, token string, restart bool) (
 
 		select {
 		case <-p.Done():
-			return nil, fmt.Errorf("edge of %s exited at start (%v):\n%s", s.Name, p.Err(), p.Log.Tail(3000))
+			return nil, fmt.Errorf("edge of %s exited at start (%w):\n%s", s.Name, p.Err(), p.Log.Tail(3000))
 		case <-time.After(300 * time.Millisecond):
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"time"
 
 	"github.com/outpost-metal/outpost/qemu/bootlab"
@@ -29,7 +28,7 @@ var InitModules = []string{"virtio_pci", "virtio_net", "virtio_blk", "virtio_rng
 
 // GoBuild builds a package of the module at root statically into out.
 func GoBuild(ctx context.Context, root, pkg, out string) error {
-	cmd := exec.CommandContext(ctx, filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-trimpath", "-ldflags", "-s -w", "-o", out, pkg)
+	cmd := exec.CommandContext(ctx, goTool(), "build", "-trimpath", "-ldflags", "-s -w", "-o", out, pkg)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 
@@ -38,6 +37,19 @@ func GoBuild(ctx context.Context, root, pkg, out string) error {
 	}
 
 	return nil
+}
+
+// goTool finds the go command: on PATH (go test and go run put their own first), else under GOROOT.
+func goTool() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+
+	if root := os.Getenv("GOROOT"); root != "" {
+		return filepath.Join(root, "bin", "go")
+	}
+
+	return "go"
 }
 
 // BuildImages fetches the kernel (cached under root/_out/bootlab, shared with the boot lab; wraps

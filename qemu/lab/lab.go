@@ -350,7 +350,7 @@ func (p *Proc) WaitFor(ctx context.Context, needle string, timeout time.Duration
 				return nil
 			}
 
-			return fmt.Errorf("%s exited (%v) before logging %q; log tail:\n%s", p.Name, p.err, needle, p.Log.Tail(2048))
+			return fmt.Errorf("%s exited (%w) before logging %q; log tail:\n%s", p.Name, p.err, needle, p.Log.Tail(2048))
 		case <-ctx.Done():
 			return fmt.Errorf("%s did not log %q within %s; log tail:\n%s", p.Name, needle, timeout, p.Log.Tail(2048))
 		case <-time.After(100 * time.Millisecond):

@@ -543,7 +543,7 @@ func (m *Machine) watch(p *Proc) {
 
 		m.mu.Lock()
 	} else if p.Err() != nil && !bytes.Contains(out, []byte("reboot: Power down")) {
-		m.failures = append(m.failures, fmt.Errorf("machine %s: QEMU exited: %v; log:\n%s", m.Spec.Name, p.Err(), p.Log.Tail(1000)))
+		m.failures = append(m.failures, fmt.Errorf("machine %s: QEMU exited: %w; log:\n%s", m.Spec.Name, p.Err(), p.Log.Tail(1000)))
 	}
 
 	m.mu.Unlock()

@@ -2,7 +2,6 @@ package lab
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -154,6 +153,3 @@ func (s *Site) StartInterimEdge(ctx context.Context, bin, assetsDir string) (*Ed
 
 	return &Edge{Proc: p, Conn: conn, BootPlans: bootpb.NewBootPlansClient(conn)}, nil
 }
-
-// errNoKey is returned when a real Omni is configured without the keys the lab needs.
-var errNoKey = errors.New("OMNI_SERVICE_ACCOUNT_KEY and OMNI_ADMIN_KEY are required with OMNI_ENDPOINT")
