@@ -99,20 +99,36 @@ func (c *Controller) CreateSite(ctx context.Context, name string) (string, error
 	return strings.TrimSpace(stdout.String()), nil
 }
 
+// EdgeOptions are the lab's settings for an edge.
+type EdgeOptions struct {
+	// Token is the site's join token (used once, to enrol).
+	Token string
+	// PreseedDir is an asset bundle (PreseedBundle) the edge imports at start.
+	PreseedDir string
+	// Restart appends to the existing log (an edge restarted mid-run).
+	Restart bool
+}
+
 // EdgeAPIPort is the edge's agent tunnel port.
 const EdgeAPIPort = 50042
 
 // StartEdge runs the edge binary on the site, enrolled with token. Flags used: --state-dir, --controller,
 // --join-token, --interface, --server-ip, --http-listen, --tftp-listen, --api-listen, --ipxe-dir,
-// --kernel-args.
-func (s *Site) StartEdge(ctx context.Context, bin, token string, restart bool) (*Proc, error) {
-	p, err := s.lab.Start(ProcSpec{Name: s.Name + "/edge", NS: s.NS, Cmd: bin, Append: restart, Args: []string{
+// --kernel-args, --assets-preseed-dir.
+func (s *Site) StartEdge(ctx context.Context, bin string, opts EdgeOptions) (*Proc, error) {
+	args := []string{
 		"--state-dir", filepath.Join(s.Dir, "edge-state"),
-		"--controller", fmt.Sprintf("%s:%d", CoreAddr, ControllerPort), "--join-token", token,
+		"--controller", fmt.Sprintf("%s:%d", CoreAddr, ControllerPort), "--join-token", opts.Token,
 		"--interface", "br0", "--server-ip", s.EdgeIP(), "--http-listen", s.EdgeIP() + ":80",
 		"--tftp-listen", s.EdgeIP() + ":69", "--api-listen", fmt.Sprintf("%s:%d", s.EdgeIP(), EdgeAPIPort),
 		"--ipxe-dir", IPXEDir, "--kernel-args", "console=ttyS0", "--log-level", "debug",
-	}})
+	}
+
+	if opts.PreseedDir != "" {
+		args = append(args, "--assets-preseed-dir", opts.PreseedDir)
+	}
+
+	p, err := s.lab.Start(ProcSpec{Name: s.Name + "/edge", NS: s.NS, Cmd: bin, Append: opts.Restart, Args: args})
 	if err != nil {
 		return nil, err
 	}

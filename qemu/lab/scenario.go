@@ -29,6 +29,7 @@ type Env struct {
 	Timeline   *Timeline
 
 	edgeBin string
+	preseed string
 	tokens  []string
 }
 
@@ -73,6 +74,11 @@ func Setup(ctx context.Context, l *Lab, bins Binaries, images Images) (*Env, err
 		return nil, err
 	}
 
+	e.preseed = filepath.Join(l.Dir, "edge-preseed")
+	if err := PreseedBundle(images, e.preseed); err != nil {
+		return nil, err
+	}
+
 	if e.Controller, err = l.StartController(ctx, e.Core, bins.Controller, e.Omni, ControllerOptions{
 		LocalAssetsDir: local, PowerCooldown: 5 * time.Second,
 	}); err != nil {
@@ -90,7 +96,7 @@ func Setup(ctx context.Context, l *Lab, bins Binaries, images Images) (*Env, err
 			return nil, err
 		}
 
-		edge, err := site.StartEdge(ctx, bins.Edge, token, false)
+		edge, err := site.StartEdge(ctx, bins.Edge, EdgeOptions{Token: token, PreseedDir: e.preseed})
 		if err != nil {
 			return nil, err
 		}
