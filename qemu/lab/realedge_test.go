@@ -63,5 +63,13 @@ func TestRealEdgeAgentMode(t *testing.T) {
 		m.PowerOffNow()
 	}
 
+	// An edge killed mid-run comes back with its enrolled identity (the used token is not needed again).
+	from := edge.Log.Size()
+	edge.Kill()
+
+	edge, err = site.StartEdge(ctx, bins.Edge, lab.EdgeOptions{Token: token, PreseedDir: preseed, Restart: true})
+	require.NoError(t, err)
+	require.NoError(t, edge.Log.WaitFor(ctx, from, `"uplink connected"`, time.Minute))
+
 	require.NoError(t, tl.Write())
 }

@@ -140,7 +140,7 @@ type Step struct {
 }
 
 // Steps returns the lifecycle scenario: discovery and acceptance two machines at a time, allocation of one
-// machine per site, a WAN cut of site 1, and release.
+// machine per site, a WAN cut of site 1, a crash and restart of site 2's edge, and release.
 func (e *Env) Steps() []Step {
 	bySite := func(i, j int) *Machine { return e.Machines[i*2+j] }
 	bios1, uefi1, bios2, uefi2 := bySite(0, 0), bySite(0, 1), bySite(1, 0), bySite(1, 1)
@@ -150,6 +150,7 @@ func (e *Env) Steps() []Step {
 		{"discover and accept the UEFI machines", func(ctx context.Context) error { return e.discoverAndAccept(ctx, uefi1, uefi2) }},
 		{"allocate one machine per site", func(ctx context.Context) error { return e.allocate(ctx, bios1, uefi2) }},
 		{"cut site 1's WAN: disk boot and agent mode still work", func(ctx context.Context) error { return e.wanCut(ctx, e.Sites[0], bios1, uefi1) }},
+		{"kill site 2's edge and restart it", func(ctx context.Context) error { return e.restartEdge(ctx, 1) }},
 		{"release the allocated machines", func(ctx context.Context) error { return e.release(ctx, bios1, uefi2) }},
 	}
 }
@@ -416,6 +417,32 @@ func (e *Env) wanCut(ctx context.Context, site *Site, installed, idle *Machine) 
 	}
 
 	return nil
+}
+
+// restartEdge kills a site's edge (a crash), leaves it down a few seconds and starts it again; it must
+// reconnect with its enrolled identity. The release step that follows proves the controller recovered.
+func (e *Env) restartEdge(ctx context.Context, i int) error {
+	start := time.Now()
+	from := e.Edges[i].Log.Size()
+
+	e.Edges[i].Kill()
+
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(5 * time.Second):
+	}
+
+	p, err := e.Sites[i].StartEdge(ctx, e.edgeBin, EdgeOptions{Token: e.tokens[i], PreseedDir: e.preseed, Restart: true})
+	if err != nil {
+		return err
+	}
+
+	e.Edges[i] = p
+	err = p.Log.WaitFor(ctx, from, `"uplink connected"`, 2*time.Minute)
+	e.Timeline.Step("edge killed to uplink back", e.Sites[i].Name, start, err)
+
+	return err
 }
 
 func (e *Env) release(ctx context.Context, ms ...*Machine) error {
