@@ -90,13 +90,26 @@ func TestFactoryResolver(t *testing.T) {
 
 	require.Equal(t, wantID, b.SchematicID)
 	require.Equal(t, "https://pxe.example/pxe/"+wantID+"/v1.11.0/metal-amd64", b.ScriptURL)
-	require.Equal(t, "https://pxe.example/image/"+wantID+"/v1.11.0/kernel-amd64", b.KernelURL)
+	imageOnly := &schematic.Schematic{Customization: schematic.Customization{
+		SystemExtensions: schematic.SystemExtensions{OfficialExtensions: []string{"siderolabs/iscsi-tools", "siderolabs/metal-agent"}},
+	}}
+	imageID, err := imageOnly.ID()
+	require.NoError(t, err)
+	require.Equal(t, "https://pxe.example/image/"+imageID+"/v1.11.0/kernel-amd64", b.KernelURL, "kernel from the extensions-only schematic")
 
-	// the same profile (extensions in another order) reuses the schematic
+	// the same profile (extensions in another order) reuses the schematics
 	p.Extensions = []string{"siderolabs/iscsi-tools", "siderolabs/metal-agent"}
 	_, err = r.Resolve(ctx, p)
 	require.NoError(t, err)
-	require.EqualValues(t, 1, fake.created.Load())
+	require.EqualValues(t, 2, fake.created.Load())
+
+	// another machine's kernel args: a new script schematic, the same kernel
+	p.KernelArgs = []string{"console=ttyS1"}
+	b2, err := r.Resolve(ctx, p)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, fake.created.Load())
+	require.Equal(t, b.KernelURL, b2.KernelURL)
+	require.NotEqual(t, b.ScriptURL, b2.ScriptURL)
 
 	// a factory failure is an error, not a plan
 	fake.fail.Store(true)

@@ -25,7 +25,7 @@ type FactoryResolver struct {
 	pxeBase string
 
 	mu    sync.Mutex
-	cache map[string]string // profile key -> schematic ID
+	cache map[string]string // extensions|kernel args -> schematic ID
 }
 
 // NewFactoryResolver returns a resolver using the image factory at factoryURL; pxeBaseURL is where it serves
@@ -53,11 +53,9 @@ func NewFactoryResolverWith(factory SchematicCreator, pxeBaseURL, factoryURL str
 	return &FactoryResolver{factory: factory, pxeBase: strings.TrimSuffix(pxeBaseURL, "/"), cache: map[string]string{}}, nil
 }
 
-func profileKey(p Profile) string {
-	return p.TalosVersion + "|" + strings.Join(p.Extensions, ",") + "|" + strings.Join(p.KernelArgs, " ")
-}
-
-// Resolve implements Resolver.
+// Resolve implements Resolver. The PXE script comes from a schematic with the extensions and kernel arguments;
+// the kernel and initramfs from an extensions-only schematic, so they are the same for every machine booting
+// that Talos version with those extensions (the edge caches them once; it appends the kernel arguments itself).
 func (r *FactoryResolver) Resolve(ctx context.Context, p Profile) (Boot, error) {
 	p = p.Normalize()
 
@@ -65,35 +63,48 @@ func (r *FactoryResolver) Resolve(ctx context.Context, p Profile) (Boot, error) 
 		return Boot{}, fmt.Errorf("%w: talos version %q, arch %q", ErrNotAvailable, p.TalosVersion, p.Arch)
 	}
 
-	key := profileKey(p)
+	scriptID, err := r.schematic(ctx, p.Extensions, p.KernelArgs)
+	if err != nil {
+		return Boot{}, fmt.Errorf("create schematic for talos %s with %v: %w", p.TalosVersion, p.Extensions, err)
+	}
+
+	imageID, err := r.schematic(ctx, p.Extensions, nil)
+	if err != nil {
+		return Boot{}, fmt.Errorf("create schematic for talos %s with %v: %w", p.TalosVersion, p.Extensions, err)
+	}
+
+	return Boot{
+		SchematicID: scriptID,
+		ScriptURL:   fmt.Sprintf("%s/pxe/%s/%s/metal-%s", r.pxeBase, scriptID, p.TalosVersion, p.Arch),
+		KernelURL:   fmt.Sprintf("%s/image/%s/%s/kernel-%s", r.pxeBase, imageID, p.TalosVersion, p.Arch),
+		InitrdURL:   fmt.Sprintf("%s/image/%s/%s/initramfs-%s.xz", r.pxeBase, imageID, p.TalosVersion, p.Arch),
+		KernelArgs:  p.KernelArgs,
+	}, nil
+}
+
+// schematic returns the ID of the schematic with extensions and kernel args, creating it once.
+func (r *FactoryResolver) schematic(ctx context.Context, extensions, kernelArgs []string) (string, error) {
+	key := strings.Join(extensions, ",") + "|" + strings.Join(kernelArgs, " ")
 
 	r.mu.Lock()
 	id, ok := r.cache[key]
 	r.mu.Unlock()
 
-	if !ok {
-		sc := schematic.Schematic{Customization: schematic.Customization{
-			ExtraKernelArgs:  p.KernelArgs,
-			SystemExtensions: schematic.SystemExtensions{OfficialExtensions: p.Extensions},
-		}}
-
-		var err error
-
-		id, _, err = r.factory.SchematicCreate(ctx, sc)
-		if err != nil {
-			return Boot{}, fmt.Errorf("create schematic for talos %s with %v: %w", p.TalosVersion, p.Extensions, err)
-		}
-
-		r.mu.Lock()
-		r.cache[key] = id
-		r.mu.Unlock()
+	if ok {
+		return id, nil
 	}
 
-	return Boot{
-		SchematicID: id,
-		ScriptURL:   fmt.Sprintf("%s/pxe/%s/%s/metal-%s", r.pxeBase, id, p.TalosVersion, p.Arch),
-		KernelURL:   fmt.Sprintf("%s/image/%s/%s/kernel-%s", r.pxeBase, id, p.TalosVersion, p.Arch),
-		InitrdURL:   fmt.Sprintf("%s/image/%s/%s/initramfs-%s.xz", r.pxeBase, id, p.TalosVersion, p.Arch),
-		KernelArgs:  p.KernelArgs,
-	}, nil
+	id, _, err := r.factory.SchematicCreate(ctx, schematic.Schematic{Customization: schematic.Customization{
+		ExtraKernelArgs:  kernelArgs,
+		SystemExtensions: schematic.SystemExtensions{OfficialExtensions: extensions},
+	}})
+	if err != nil {
+		return "", err
+	}
+
+	r.mu.Lock()
+	r.cache[key] = id
+	r.mu.Unlock()
+
+	return id, nil
 }

@@ -88,15 +88,18 @@ type Plan struct {
 	KernelArgs []string
 	// DiskMethod is set for ModeDisk.
 	DiskMethod DiskMethod
+	// Arch is the architecture the assets are for (amd64, arm64).
+	Arch string
 }
 
 // Equal reports whether two plans are the same.
 func (p Plan) Equal(o Plan) bool {
 	return p.MachineID == o.MachineID && p.Mode == o.Mode && p.ScriptURL == o.ScriptURL && p.KernelURL == o.KernelURL &&
-		p.InitrdURL == o.InitrdURL && slices.Equal(p.KernelArgs, o.KernelArgs) && p.DiskMethod == o.DiskMethod
+		p.InitrdURL == o.InitrdURL && slices.Equal(p.KernelArgs, o.KernelArgs) && p.DiskMethod == o.DiskMethod && p.Arch == o.Arch
 }
 
-// Site is what a plan needs to know about the site the machine is at.
+// Site is what a plan needs to know about the site the machine is at. Empty fields are left to the edge
+// (which adds talos.config and metal.provider.address pointing at itself in agent mode).
 type Site struct {
 	// ConfigURL is where the machine fetches its Talos config documents (the edge's /config), without query.
 	ConfigURL string
@@ -194,10 +197,14 @@ func (p *Planner) Plan(ctx context.Context, siteID string, m Machine) (Plan, err
 			return Plan{}, fmt.Errorf("site %s of %s: %w", siteID, m.ID, err)
 		}
 
-		args := []string{
-			"talos.platform=metal",
-			"talos.config=" + s.ConfigURL + "?u=${uuid}",
-			"metal.provider.address=" + s.AgentAddress,
+		args := []string{"talos.platform=metal"}
+
+		if s.ConfigURL != "" {
+			args = append(args, "talos.config="+s.ConfigURL+"?u=${uuid}")
+		}
+
+		if s.AgentAddress != "" {
+			args = append(args, "metal.provider.address="+s.AgentAddress)
 		}
 
 		if p.cfg.Console != "" {
@@ -219,6 +226,7 @@ func (p *Planner) Plan(ctx context.Context, siteID string, m Machine) (Plan, err
 		return Plan{}, fmt.Errorf("resolve %s assets of %s (talos %s): %w", mode, m.ID, profile.TalosVersion, err)
 	}
 
+	plan.Arch = profile.Normalize().Arch
 	plan.ScriptURL = boot.ScriptURL
 	plan.KernelURL = boot.KernelURL
 	plan.InitrdURL = boot.InitrdURL

@@ -24,7 +24,7 @@ type Config struct {
 	PollInterval time.Duration
 	// WipeTimeout bounds one disk wipe (generous: zeroing disks takes long).
 	WipeTimeout time.Duration
-	// CallTimeout bounds every other edge call.
+	// CallTimeout bounds every other edge call, and the wait for an edge to acknowledge a boot plan.
 	CallTimeout time.Duration
 	// IPMIUsername is the IPMI user the controller creates through the agent.
 	IPMIUsername string
@@ -103,7 +103,7 @@ func New(cfg Config, deps Deps) ([]controller.QController, error) {
 		deps.Metrics = NewMetrics()
 	}
 
-	env := &env{cfg: cfg, Deps: deps, gate: newPlanGate(deps.Plans)}
+	env := &env{cfg: cfg, Deps: deps, gate: newPlanGate(deps.Plans, cfg.CallTimeout)}
 
 	return []controller.QController{
 		newMachineObservationController(env),

@@ -50,6 +50,8 @@ type Location struct {
 	AgentConnected bool
 	// Arch is the machine's architecture as its network boot reported it ("amd64", "arm64"; "" when unknown).
 	Arch string
+	// Firmware is "bios" or "uefi" as the machine's PXE request reported it ("" when unknown).
+	Firmware string
 }
 
 // SiteLocator tells which site a machine is at.

@@ -383,6 +383,24 @@ func TestSiteOfflineWaitsAndCompletesOnce(t *testing.T) {
 	h.never("exactly once", func() bool { return h.edge.Count("m1", "PowerOn") > 1 })
 }
 
+func TestSiteDropsMidOperation(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.ready("m1", "site-a")
+
+	h.edge.DropAfterNextAck("site-a")
+	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.ClusterTalosVersion = "v1.11.0" })
+	h.eventually("install plan acknowledged, then the link broke", func() bool { return h.edge.Count("m1", "Ack install") == 1 })
+	h.never("no power-on while offline", func() bool { return h.edge.Count("m1", "PowerOn") > 0 })
+
+	h.edge.SetOffline("site-a", false)
+	h.eventually("completed after reconnection", func() bool { return h.edge.Machine("m1").Booted == "install" })
+	h.never("exactly once, plan not re-sent", func() bool {
+		return h.edge.Count("m1", "PowerOn") != 1 || h.edge.Count("m1", "Ack install") != 1
+	})
+}
+
 func TestPowerOnWaitsForPlanAck(t *testing.T) {
 	t.Parallel()
 

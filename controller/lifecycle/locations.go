@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 )
 
@@ -16,7 +17,8 @@ var ErrBadMachineID = errors.New("machine id is not a uuid")
 // its agent tunnel is open there. A machine that shows up at a second site moves there, with a warning.
 // It is safe for concurrent use.
 type Locations struct {
-	logger *zap.Logger
+	logger   *zap.Logger
+	rejected *prometheus.CounterVec
 
 	mu       sync.Mutex
 	machines map[string]*Location
@@ -24,7 +26,14 @@ type Locations struct {
 
 // NewLocations returns an empty locator.
 func NewLocations(logger *zap.Logger) *Locations {
-	return &Locations{logger: logger.With(zap.String("component", "machine_locations")), machines: map[string]*Location{}}
+	return &Locations{
+		logger:   logger.With(zap.String("component", "machine_locations")),
+		machines: map[string]*Location{},
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "outpost", Subsystem: "lifecycle", Name: "edge_events_rejected_total",
+			Help: "Edge events about machines that were not used, by reason.",
+		}, []string{"reason"}),
+	}
 }
 
 func checkID(machineID string) error {
@@ -57,7 +66,7 @@ func (l *Locations) Seen(siteID, machineID string) (moved bool, err error) {
 
 	next := &Location{SiteID: siteID}
 	if ok {
-		next.Arch = cur.Arch
+		next.Arch, next.Firmware = cur.Arch, cur.Firmware
 	}
 
 	l.machines[machineID] = next
@@ -105,6 +114,20 @@ func (l *Locations) SetArch(machineID, arch string) {
 
 	if cur, ok := l.machines[machineID]; ok {
 		cur.Arch = arch
+	}
+}
+
+// SetFirmware records the firmware a machine's PXE request reported ("bios" or "uefi"; others are ignored).
+func (l *Locations) SetFirmware(machineID, firmware string) {
+	if firmware != "bios" && firmware != "uefi" {
+		return
+	}
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+
+	if cur, ok := l.machines[machineID]; ok {
+		cur.Firmware = firmware
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/outpost-metal/outpost/controller/bootplans"
 )
@@ -12,6 +13,8 @@ import (
 // depends on a plan (power-on, reboot) runs only after the edge holds it, and an unchanged plan is not re-sent.
 type planGate struct {
 	pusher PlanPusher
+	// timeout bounds the wait for an acknowledgement (an offline site is retried later, not waited for).
+	timeout time.Duration
 
 	mu    sync.Mutex
 	acked map[string]ackedPlan // by machine ID
@@ -23,8 +26,8 @@ type ackedPlan struct {
 	version uint64
 }
 
-func newPlanGate(p PlanPusher) *planGate {
-	return &planGate{pusher: p, acked: map[string]ackedPlan{}}
+func newPlanGate(p PlanPusher, timeout time.Duration) *planGate {
+	return &planGate{pusher: p, timeout: timeout, acked: map[string]ackedPlan{}}
 }
 
 // ensure returns once site's edge acknowledged plan for its machine (at once when it already had).
@@ -37,7 +40,10 @@ func (g *planGate) ensure(ctx context.Context, site string, plan bootplans.Plan)
 		return nil
 	}
 
-	version, err := g.pusher.Push(ctx, site, plan)
+	pushCtx, cancel := context.WithTimeout(ctx, g.timeout)
+	defer cancel()
+
+	version, err := g.pusher.Push(pushCtx, site, plan)
 	if err != nil {
 		return fmt.Errorf("push %s plan of %s to site %s: %w", plan.Mode, plan.MachineID, site, err)
 	}

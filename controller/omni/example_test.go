@@ -12,6 +12,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/bootplans"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/machineaccess"
 	"github.com/outpost-metal/outpost/controller/omni"
 )
 
@@ -22,10 +23,9 @@ func Example() {
 	logger := zap.NewNop()
 
 	var (
-		power    lifecycle.PowerClient       // BMC operations over the uplink (sites.Server.Conn(site))
-		agent    lifecycle.AgentClient       // management.AgentService through the edge's tunnel proxy
-		pusher   lifecycle.PlanPusher        // boot-plan sync; returns once the edge acknowledged
-		siteDirs bootplans.SiteDirectory     // the edge's /config URL and agent address per site
+		access   *machineaccess.Client       // machineaccess.New(sitesServer.Conn, locations)
+		plans    *bootplans.Plans            // the boot service (its OnSession goes into sites.Options.OnSession)
+		siteDirs bootplans.SiteDirectory     // empty Sites: the edge adds its own /config URL and agent address
 		health   func(context.Context) error // e.g. "no site connected"
 	)
 
@@ -50,10 +50,15 @@ func Example() {
 		return
 	}
 
-	locations := lifecycle.NewLocations(logger) // fed by the edge event receiver: Seen, AgentConnected, SiteOffline
+	pusher := bootplans.NewTablePusher(plans) // lifecycle.PlanPusher: returns once the edge acknowledged
+
+	// fed by the edges' events: bootplans.NewReceiver(logger, locations, sites.SiteFromContext);
+	// call locations.SiteOffline(site) when a site's session ends
+	locations := lifecycle.NewLocations(logger)
+	edges := &lifecycle.EdgeClients{Access: access, Sites: locations} // PowerClient and AgentClient
 
 	ctrls, err := lifecycle.New(lifecycle.Default(), lifecycle.Deps{
-		Types: conn.Types(), Power: power, Agent: agent, Sites: locations, Plans: pusher, Planner: planner,
+		Types: conn.Types(), Power: edges, Agent: edges, Sites: locations, Plans: pusher, Planner: planner,
 		Now: time.Now, Rand: rand.Reader, Metrics: lifecycle.NewMetrics(), // register Metrics with prometheus
 	})
 	if err != nil {
@@ -65,7 +70,7 @@ func Example() {
 		return
 	}
 
-	joinConfig := conn.NewJoinConfigWatcher("", func(omni.JoinConfig) { /* send /config content to the edges */ })
+	joinConfig := conn.NewJoinConfigWatcher("", func(jc omni.JoinConfig) { pusher.SetConfig([]byte(jc.Documents)) })
 
 	eg, ctx := errgroup.WithContext(ctx)
 	eg.Go(func() error { return rt.Run(ctx) })

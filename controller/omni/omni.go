@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/controller"
@@ -37,6 +38,8 @@ var (
 	ErrBadKey = errors.New("omni refused the service-account key")
 	// ErrWrongProviderID means the key does not belong to the configured provider ID.
 	ErrWrongProviderID = errors.New("service-account key does not belong to this provider ID")
+	// ErrTLS means Omni's TLS certificate was not accepted (unknown CA: trust it, or skip verification in a lab).
+	ErrTLS = errors.New("omni's tls certificate was not accepted")
 )
 
 // Config says how to reach Omni and who the provider is.
@@ -194,7 +197,13 @@ func classify(err error) error {
 	}
 
 	switch status.Code(err) { //nolint:exhaustive
-	case codes.Unavailable, codes.DeadlineExceeded:
+	case codes.Unavailable:
+		if msg := status.Convert(err).Message(); strings.Contains(msg, "certificate") || strings.Contains(msg, "x509") {
+			return fmt.Errorf("%w: %w", ErrTLS, err)
+		}
+
+		return fmt.Errorf("%w: %w", ErrUnreachable, err)
+	case codes.DeadlineExceeded:
 		return fmt.Errorf("%w: %w", ErrUnreachable, err)
 	case codes.Unauthenticated:
 		return fmt.Errorf("%w: %w", ErrBadKey, err)

@@ -180,3 +180,45 @@ func TestJoinConfigFollowsOmni(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, jc, cur)
 }
+
+func TestControllerOverTLS(t *testing.T) {
+	t.Parallel()
+
+	cert, err := omni.SelfSignedCertificate("127.0.0.1")
+	require.NoError(t, err)
+
+	cfg := omni.Default()
+	cfg.TLSCertificate = cert
+	s := startStandIn(t, cfg)
+
+	for _, tc := range []struct {
+		name string
+		skip bool
+		want error
+	}{
+		{name: "insecure skip verify", skip: true},
+		{name: "unknown ca", want: controlleromni.ErrTLS},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+
+			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			defer cancel()
+
+			c := connectConfig(s, s.ProviderKey())
+			c.Endpoint = "https://" + s.addr
+			c.InsecureSkipVerify = tc.skip
+
+			conn, err := controlleromni.Connect(ctx, c, zaptest.NewLogger(t))
+			if tc.want != nil {
+				require.ErrorIs(t, err, tc.want)
+				t.Log(err)
+
+				return
+			}
+
+			require.NoError(t, err)
+			require.NoError(t, conn.Close())
+		})
+	}
+}

@@ -25,7 +25,7 @@ import (
 
 // providerJoinConfig builds the ProviderJoinConfig Omni publishes for a provider: a join token (version 2)
 // whose signed extra data names the provider, and the Talos documents a machine needs to join.
-func providerJoinConfig(providerID, secret, advertise string) (*siderolink.ProviderJoinConfig, error) {
+func providerJoinConfig(providerID, secret, advertise string, tls bool) (*siderolink.ProviderJoinConfig, error) {
 	tok, err := jointoken.NewWithExtraData(secret, jointoken.Version2, map[string]string{
 		omnires.LabelInfraProviderID: providerID,
 	})
@@ -38,7 +38,12 @@ func providerJoinConfig(providerID, secret, advertise string) (*siderolink.Provi
 		return nil, fmt.Errorf("encode join token: %w", err)
 	}
 
-	apiURL, err := url.Parse("grpc://" + advertise + "?jointoken=" + url.QueryEscape(encoded))
+	scheme := "grpc://"
+	if tls {
+		scheme = "https://"
+	}
+
+	apiURL, err := url.Parse(scheme + advertise + "?jointoken=" + url.QueryEscape(encoded))
 	if err != nil {
 		return nil, fmt.Errorf("siderolink api url: %w", err)
 	}

@@ -8,6 +8,7 @@ package omni
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -29,6 +30,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	// Omni's client compresses every call with gzip; without the codec every call fails with Unimplemented.
 	_ "google.golang.org/grpc/encoding/gzip"
@@ -53,7 +55,9 @@ type Config struct {
 	// CollectInfoOnProvision marks a machine's information as collected as soon as it provisions, as Omni does
 	// once the machine's Talos reports in over SideroLink. With false, tests call Admin.CollectInfo.
 	CollectInfoOnProvision bool
-	Logger                 *zap.Logger
+	// TLSCertificate makes the stand-in serve TLS (https:// endpoints); nil serves plaintext gRPC (grpc://).
+	TLSCertificate *tls.Certificate
+	Logger         *zap.Logger
 }
 
 // Default returns the stand-in's default configuration.
@@ -163,10 +167,20 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return err
 	}
 
-	srv := grpc.NewServer(
+	opts := []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(auth.unary),
 		grpc.ChainStreamInterceptor(auth.stream),
-	)
+	}
+
+	if s.cfg.TLSCertificate != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{
+			Certificates: []tls.Certificate{*s.cfg.TLSCertificate},
+			MinVersion:   tls.VersionTLS12,
+			NextProtos:   []string{"h2"},
+		})))
+	}
+
+	srv := grpc.NewServer(opts...)
 
 	v1alpha1.RegisterStateServer(srv, server.NewState(authorize(s.st, s.cfg.ProviderID)))
 	pb.RegisterProvisionServiceServer(srv, &provisioner{s: s})
@@ -206,7 +220,7 @@ func (s *Server) seed(ctx context.Context, advertise string) error {
 		return fmt.Errorf("seed sysversion: %w", err)
 	}
 
-	jc, err := providerJoinConfig(s.cfg.ProviderID, s.token, advertise)
+	jc, err := providerJoinConfig(s.cfg.ProviderID, s.token, advertise, s.cfg.TLSCertificate != nil)
 	if err != nil {
 		return err
 	}

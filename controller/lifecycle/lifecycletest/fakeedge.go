@@ -38,12 +38,13 @@ type FakeEdge struct {
 	offline  map[string]bool
 	version  uint64
 	log      []string
-	holdAck  chan struct{} // when non-nil, Push waits for it before acknowledging
+	holdAck  chan struct{}   // when non-nil, Push waits for it before acknowledging
+	dropAt   map[string]bool // sites that go offline right after their next acknowledgement
 }
 
 // NewFakeEdge returns a fake edge with no machines.
 func NewFakeEdge() *FakeEdge {
-	return &FakeEdge{machines: map[string]*Machine{}, offline: map[string]bool{}}
+	return &FakeEdge{machines: map[string]*Machine{}, offline: map[string]bool{}, dropAt: map[string]bool{}}
 }
 
 // Add puts a machine at site, running its agent (a freshly joined machine).
@@ -67,6 +68,15 @@ func (f *FakeEdge) HoldAcks(release chan struct{}) {
 	defer f.mu.Unlock()
 
 	f.holdAck = release
+}
+
+// DropAfterNextAck makes site go offline right after its edge acknowledges the next plan: the WAN link
+// breaking in the middle of an operation.
+func (f *FakeEdge) DropAfterNextAck(site string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	f.dropAt[site] = true
 }
 
 // Log returns every call logged so far.
@@ -202,6 +212,11 @@ func (f *FakeEdge) Push(ctx context.Context, site string, plan bootplans.Plan) (
 	}
 
 	f.record(plan.MachineID, "Ack "+string(plan.Mode))
+
+	if f.dropAt[site] {
+		delete(f.dropAt, site)
+		f.offline[site] = true
+	}
 
 	return f.version, nil
 }

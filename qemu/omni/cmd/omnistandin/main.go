@@ -14,6 +14,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -31,6 +32,7 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/outpost-metal/outpost/qemu/omni"
@@ -56,10 +58,15 @@ func envOr(key, def string) string {
 }
 
 func root() *cobra.Command {
-	var endpoint, adminKey string
+	var (
+		endpoint, adminKey string
+		insecureSkipVerify bool
+	)
 
 	cmd := &cobra.Command{Use: "omnistandin", Short: "Omni stand-in for the Outpost lab", SilenceUsage: true, SilenceErrors: true}
 	cmd.PersistentFlags().StringVar(&endpoint, "endpoint", envOr("OMNI_ENDPOINT", "grpc://127.0.0.1:8099"), "stand-in endpoint (OMNI_ENDPOINT)")
+	cmd.PersistentFlags().BoolVar(&insecureSkipVerify, "insecure-skip-verify", envOr("OMNI_INSECURE_SKIP_VERIFY", "") == "true",
+		"skip TLS verification of an https:// endpoint (OMNI_INSECURE_SKIP_VERIFY)")
 	cmd.PersistentFlags().StringVar(&adminKey, "admin-key", envOr("OMNI_ADMIN_KEY", ""), "admin service-account key, or @file (OMNI_ADMIN_KEY)")
 
 	admin := func(ctx context.Context, fn func(*omni.Admin) error) error {
@@ -77,7 +84,7 @@ func root() *cobra.Command {
 			return errors.New("no admin key: set --admin-key or OMNI_ADMIN_KEY")
 		}
 
-		c, err := client.New(endpoint, client.WithServiceAccount(key))
+		c, err := client.New(endpoint, client.WithServiceAccount(key), client.WithInsecureSkipTLSVerify(insecureSkipVerify))
 		if err != nil {
 			return fmt.Errorf("connect to %s: %w", endpoint, err)
 		}
@@ -108,7 +115,7 @@ func root() *cobra.Command {
 				return admin(c.Context(), func(a *omni.Admin) error { return a.SetPowerState(c.Context(), args[0], args[1]) })
 			}},
 		allocateCmd(admin),
-		provisionCmd(&endpoint, admin),
+		provisionCmd(&endpoint, &insecureSkipVerify, admin),
 		bmcCmd(admin),
 		&cobra.Command{Use: "list", Short: "list InfraMachines and their status", Args: cobra.NoArgs, RunE: func(c *cobra.Command, _ []string) error {
 			return admin(c.Context(), func(a *omni.Admin) error { return list(c.Context(), a) })
@@ -121,7 +128,10 @@ func root() *cobra.Command {
 func serveCmd() *cobra.Command {
 	cfg := omni.Default()
 
-	var listen, keyDir, level string
+	var (
+		listen, keyDir, level string
+		selfSigned            bool
+	)
 
 	cmd := &cobra.Command{Use: "serve", Short: "serve Omni's State API and SideroLink Provision", Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
@@ -131,6 +141,17 @@ func serveCmd() *cobra.Command {
 			}
 
 			cfg.Logger = logger
+
+			if selfSigned {
+				host, _, err := net.SplitHostPort(listen)
+				if err != nil {
+					return fmt.Errorf("listen address: %w", err)
+				}
+
+				if cfg.TLSCertificate, err = omni.SelfSignedCertificate(host, "localhost"); err != nil {
+					return err
+				}
+			}
 
 			s, err := omni.New(cfg)
 			if err != nil {
@@ -166,6 +187,8 @@ func serveCmd() *cobra.Command {
 	cmd.Flags().StringVar(&cfg.StateDir, "state-dir", envOr("OMNI_STATE_DIR", ""), "persist state here; empty keeps it in memory (OMNI_STATE_DIR)")
 	cmd.Flags().StringVar(&cfg.AdvertiseAddress, "advertise", envOr("OMNI_ADVERTISE", ""), "host:port machines reach SideroLink at (OMNI_ADVERTISE)")
 	cmd.Flags().StringVar(&keyDir, "key-dir", envOr("OMNI_KEY_DIR", ""), "write provider.key and admin.key here (OMNI_KEY_DIR)")
+	cmd.Flags().BoolVar(&selfSigned, "tls-self-signed", envOr("OMNI_TLS_SELF_SIGNED", "") == "true",
+		"serve TLS with a self-signed certificate (clients use https:// and skip verification) (OMNI_TLS_SELF_SIGNED)")
 	cmd.Flags().StringVar(&level, "log-level", envOr("OMNI_LOG_LEVEL", "info"), "log level (OMNI_LOG_LEVEL)")
 
 	return cmd
@@ -233,7 +256,7 @@ func list(ctx context.Context, a *omni.Admin) error {
 	return w.Flush()
 }
 
-func provisionCmd(endpoint *string, admin func(context.Context, func(*omni.Admin) error) error) *cobra.Command {
+func provisionCmd(endpoint *string, insecureSkipVerify *bool, admin func(context.Context, func(*omni.Admin) error) error) *cobra.Command {
 	var providerID, talosVersion string
 
 	cmd := &cobra.Command{Use: "provision <machine-uuid>", Short: "join a machine over SideroLink as its agent would (lab without an agent)",
@@ -249,7 +272,12 @@ func provisionCmd(endpoint *string, admin func(context.Context, func(*omni.Admin
 					return fmt.Errorf("endpoint: %w", err)
 				}
 
-				conn, err := grpc.NewClient(u.Host, grpc.WithTransportCredentials(insecure.NewCredentials()))
+				creds := insecure.NewCredentials()
+				if u.Scheme == "https" {
+					creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: *insecureSkipVerify}) //nolint:gosec // lab flag
+				}
+
+				conn, err := grpc.NewClient(u.Host, grpc.WithTransportCredentials(creds))
 				if err != nil {
 					return fmt.Errorf("dial %s: %w", u.Host, err)
 				}

@@ -1,0 +1,161 @@
+package bootplans
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"google.golang.org/protobuf/proto"
+
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+)
+
+// TablePusher turns per-machine plans into each site's boot table and hands the tables to Plans, which keeps
+// the edges in sync. Push returns once the site's edge acknowledged the table holding the plan (the lifecycle's
+// PlanPusher). A machine lives in one site's table: pushed to a new site, it leaves the old one.
+// It must be the only writer of the tables of the Plans it is given.
+type TablePusher struct {
+	plans *Plans
+
+	mu     sync.Mutex
+	tables map[string]*bootpb.Table // desired table per site (version set by Plans)
+	where  map[string]string        // machine -> site
+	config []byte
+}
+
+// NewTablePusher returns a pusher over plans.
+func NewTablePusher(plans *Plans) *TablePusher {
+	return &TablePusher{plans: plans, tables: map[string]*bootpb.Table{}, where: map[string]string{}}
+}
+
+// Push implements the lifecycle's PlanPusher.
+func (t *TablePusher) Push(ctx context.Context, site string, plan Plan) (uint64, error) {
+	pb, err := ToProto(plan)
+	if err != nil {
+		return 0, err
+	}
+
+	t.mu.Lock()
+
+	if old, ok := t.where[plan.MachineID]; ok && old != site {
+		t.remove(old, pb.GetUuid())
+		t.plans.Set(old, t.tables[old])
+	}
+
+	tbl := t.table(site)
+
+	i := slices.IndexFunc(tbl.Plans, func(p *bootpb.Plan) bool { return p.GetUuid() == pb.GetUuid() })
+	if i >= 0 {
+		tbl.Plans[i] = pb
+	} else {
+		tbl.Plans = append(tbl.Plans, pb)
+		slices.SortFunc(tbl.Plans, func(a, b *bootpb.Plan) int { return strings.Compare(a.GetUuid(), b.GetUuid()) })
+	}
+
+	// agent-mode kernels are per site and architecture, the same for every machine
+	if plan.Mode == ModeAgent && plan.KernelURL != "" {
+		if tbl.Agent == nil {
+			tbl.Agent = map[string]*bootpb.Kernel{}
+		}
+
+		tbl.Agent[ipxeArch(plan.Arch)] = &bootpb.Kernel{KernelUrl: plan.KernelURL, InitrdUrl: plan.InitrdURL}
+	}
+
+	t.where[plan.MachineID] = site
+	version := t.plans.Set(site, tbl)
+
+	t.mu.Unlock()
+
+	if err = t.plans.WaitAcked(ctx, site, version); err != nil {
+		return 0, err
+	}
+
+	return version, nil
+}
+
+// SetConfig sets the Talos config documents every site serves at /config (Omni's join config).
+func (t *TablePusher) SetConfig(config []byte) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+
+	t.config = slices.Clone(config)
+
+	for site, tbl := range t.tables {
+		tbl.Config = t.config
+		t.plans.Set(site, tbl)
+	}
+}
+
+func (t *TablePusher) table(site string) *bootpb.Table {
+	tbl, ok := t.tables[site]
+	if !ok {
+		tbl = &bootpb.Table{Config: t.config}
+		t.tables[site] = tbl
+	}
+
+	return tbl
+}
+
+func (t *TablePusher) remove(site, uuid string) {
+	tbl := t.table(site)
+	tbl.Plans = slices.DeleteFunc(tbl.Plans, func(p *bootpb.Plan) bool { return p.GetUuid() == uuid })
+}
+
+// Table returns a copy of the desired table of site (nil when none).
+func (t *TablePusher) Table(site string) *bootpb.Table {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+
+	tbl, ok := t.tables[site]
+	if !ok {
+		return nil
+	}
+
+	return proto.Clone(tbl).(*bootpb.Table) //nolint:forcetypeassert
+}
+
+// ipxeArch maps an asset architecture to iPXE's ${buildarch} naming used by the boot table.
+func ipxeArch(arch string) string {
+	if arch == "arm64" {
+		return "arm64"
+	}
+
+	return "x86_64"
+}
+
+// ToProto converts a plan to the boot table's form.
+func ToProto(p Plan) (*bootpb.Plan, error) {
+	out := &bootpb.Plan{Uuid: strings.ToLower(p.MachineID)}
+
+	switch p.Mode {
+	case ModeAgent:
+		out.Mode = bootpb.Mode_MODE_AGENT
+		out.ExtraArgs = slices.Clone(p.KernelArgs)
+	case ModeInstall:
+		if p.KernelURL == "" {
+			return nil, fmt.Errorf("install plan of %s has no kernel (script-only assets cannot go into a boot table)", p.MachineID)
+		}
+
+		out.Mode = bootpb.Mode_MODE_INSTALL
+		out.Install = &bootpb.Kernel{KernelUrl: p.KernelURL, InitrdUrl: p.InitrdURL, Args: slices.Clone(p.KernelArgs)}
+	case ModeDisk:
+		out.Mode = bootpb.Mode_MODE_DISK
+
+		switch p.DiskMethod {
+		case DiskHTTP404:
+			out.DiskMethod = bootpb.DiskMethod_DISK_METHOD_HTTP_404
+		case DiskIPXESanboot:
+			out.DiskMethod = bootpb.DiskMethod_DISK_METHOD_IPXE_SANBOOT
+		default:
+			out.DiskMethod = bootpb.DiskMethod_DISK_METHOD_IPXE_EXIT
+		}
+	case ModeDeny:
+		out.Mode = bootpb.Mode_MODE_DENY
+	default:
+		return nil, fmt.Errorf("plan of %s: unknown mode %q", p.MachineID, p.Mode)
+	}
+
+	return out, nil
+}

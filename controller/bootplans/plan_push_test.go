@@ -1,0 +1,138 @@
+package bootplans_test
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/outpost-metal/outpost/controller/bootplans"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+)
+
+// snapshotEdge is a BootPlans server that takes snapshots only (deltas are refused, so snapshots follow).
+type snapshotEdge struct {
+	bootpb.UnimplementedBootPlansServer
+
+	mu  sync.Mutex
+	tbl *bootpb.Table
+}
+
+func (e *snapshotEdge) State(context.Context, *bootpb.StateRequest) (*bootpb.StateResponse, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+
+	return &bootpb.StateResponse{Version: e.tbl.GetVersion()}, nil
+}
+
+func (e *snapshotEdge) Apply(_ context.Context, req *bootpb.ApplyRequest) (*bootpb.ApplyResponse, error) {
+	if req.GetSnapshot() == nil {
+		return nil, status.Error(codes.FailedPrecondition, "snapshots only")
+	}
+
+	e.mu.Lock()
+	defer e.mu.Unlock()
+
+	e.tbl = proto.Clone(req.GetSnapshot()).(*bootpb.Table) //nolint:forcetypeassert
+
+	return &bootpb.ApplyResponse{Version: e.tbl.GetVersion()}, nil
+}
+
+func (e *snapshotEdge) table() *bootpb.Table {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+
+	return proto.Clone(e.tbl).(*bootpb.Table) //nolint:forcetypeassert
+}
+
+// connectEdge serves a snapshotEdge on loopback and keeps site's session running.
+func connectEdge(t *testing.T, plans *bootplans.Plans, site string) *snapshotEdge {
+	t.Helper()
+
+	edge := &snapshotEdge{}
+	srv := grpc.NewServer()
+	bootpb.RegisterBootPlansServer(srv, edge)
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+
+	go srv.Serve(ln) //nolint:errcheck
+
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+
+	go func() { done <- plans.OnSession(ctx, site, conn) }()
+
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+		conn.Close() //nolint:errcheck
+		srv.Stop()
+	})
+
+	return edge
+}
+
+func TestTablePusher(t *testing.T) {
+	t.Parallel()
+
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+
+	plans := bootplans.NewPlans(zaptest.NewLogger(t), nil)
+	siteA := connectEdge(t, plans, "site-a")
+	siteB := connectEdge(t, plans, "site-b")
+	push := bootplans.NewTablePusher(plans)
+
+	const id = "4c4c4544-0042-3510-8052-b4c04f384833"
+
+	push.SetConfig([]byte("kind: SideroLinkConfig\n"))
+
+	v, err := push.Push(ctx, "site-a", bootplans.Plan{MachineID: id, Mode: bootplans.ModeAgent, Arch: "amd64",
+		KernelURL: "http://f/agent/kernel", InitrdURL: "http://f/agent/initrd", KernelArgs: []string{"talos.platform=metal", "foo=1"}})
+	require.NoError(t, err)
+
+	tbl := siteA.table()
+	require.Equal(t, v, tbl.GetVersion(), "Push returns once the edge holds the version")
+	require.Equal(t, "kind: SideroLinkConfig\n", string(tbl.GetConfig()))
+	require.Len(t, tbl.GetPlans(), 1)
+	require.Equal(t, bootpb.Mode_MODE_AGENT, tbl.GetPlans()[0].GetMode())
+	require.Equal(t, []string{"talos.platform=metal", "foo=1"}, tbl.GetPlans()[0].GetExtraArgs())
+	require.Equal(t, "http://f/agent/kernel", tbl.GetAgent()["x86_64"].GetKernelUrl())
+
+	_, err = push.Push(ctx, "site-a", bootplans.Plan{MachineID: id, Mode: bootplans.ModeInstall,
+		KernelURL: "http://f/k", InitrdURL: "http://f/i", KernelArgs: []string{"console=ttyS0"}})
+	require.NoError(t, err)
+
+	p := siteA.table().GetPlans()[0]
+	require.Equal(t, bootpb.Mode_MODE_INSTALL, p.GetMode())
+	require.Equal(t, "http://f/k", p.GetInstall().GetKernelUrl())
+
+	// the machine shows up at site-b: it leaves site-a's table
+	_, err = push.Push(ctx, "site-b", bootplans.Plan{MachineID: id, Mode: bootplans.ModeDisk, DiskMethod: bootplans.DiskIPXESanboot})
+	require.NoError(t, err)
+	require.Equal(t, bootpb.DiskMethod_DISK_METHOD_IPXE_SANBOOT, siteB.table().GetPlans()[0].GetDiskMethod())
+	require.Eventually(t, func() bool { return len(siteA.table().GetPlans()) == 0 }, 10*time.Second, 10*time.Millisecond)
+
+	// no session: Push waits, bounded by its context
+	short, cancelShort := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancelShort()
+
+	_, err = push.Push(short, "site-c", bootplans.Plan{MachineID: id, Mode: bootplans.ModeDeny})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+
+	_, err = bootplans.ToProto(bootplans.Plan{MachineID: id, Mode: bootplans.ModeInstall, ScriptURL: "http://f/pxe"})
+	require.Error(t, err, "script-only install assets cannot go into a boot table")
+}

@@ -1,0 +1,151 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	agentpb "github.com/siderolabs/talos-metal-agent/api/agent"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/outpost-metal/outpost/controller/machineaccess"
+	"github.com/outpost-metal/outpost/controller/resources/specs"
+	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+)
+
+// ErrNoIPMI means the machine's power management is not something the edge's BMC service can drive.
+var ErrNoIPMI = errors.New("machine has no ipmi bmc configuration")
+
+// EdgeClients implements PowerClient and AgentClient over machineaccess (the sites' uplink sessions).
+// An unreachable site surfaces as ErrSiteOffline.
+type EdgeClients struct {
+	Access *machineaccess.Client
+	// Sites tells the firmware mode for one-time PXE boots (optional).
+	Sites SiteLocator
+}
+
+func offline(err error) error {
+	if status.Code(err) == codes.Unavailable {
+		return fmt.Errorf("%w: %w", ErrSiteOffline, err)
+	}
+
+	return err
+}
+
+func target(bmc *specs.BMCConfigurationSpec) (*bmcpb.Target, error) {
+	ipmi := bmc.GetIpmi()
+	if ipmi == nil {
+		return nil, ErrNoIPMI
+	}
+
+	return &bmcpb.Target{
+		Host: ipmi.GetAddress(), IpmiPort: ipmi.GetPort(), Protocol: bmcpb.Protocol_PROTOCOL_IPMI,
+		Username: ipmi.GetUsername(), Password: ipmi.GetPassword(),
+	}, nil
+}
+
+func (c *EdgeClients) bmc(site, id string, bmc *specs.BMCConfigurationSpec) (*machineaccess.BMC, error) {
+	t, err := target(bmc)
+	if err != nil {
+		return nil, fmt.Errorf("bmc of %s: %w", id, err)
+	}
+
+	return c.Access.BMC(site, id, t), nil
+}
+
+// PowerStatus implements PowerClient.
+func (c *EdgeClients) PowerStatus(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) (PowerState, error) {
+	b, err := c.bmc(site, id, bmc)
+	if err != nil {
+		return PowerUnknown, err
+	}
+
+	on, err := b.PowerStatus(ctx)
+	if err != nil {
+		return PowerUnknown, offline(err)
+	}
+
+	if on {
+		return PowerOn, nil
+	}
+
+	return PowerOff, nil
+}
+
+func (c *EdgeClients) do(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec, op func(*machineaccess.BMC, context.Context) error) error {
+	b, err := c.bmc(site, id, bmc)
+	if err != nil {
+		return err
+	}
+
+	return offline(op(b, ctx))
+}
+
+// PowerOn implements PowerClient.
+func (c *EdgeClients) PowerOn(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) error {
+	return c.do(ctx, site, id, bmc, (*machineaccess.BMC).PowerOn)
+}
+
+// PowerOff implements PowerClient.
+func (c *EdgeClients) PowerOff(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) error {
+	return c.do(ctx, site, id, bmc, (*machineaccess.BMC).PowerOff)
+}
+
+// PowerCycle implements PowerClient.
+func (c *EdgeClients) PowerCycle(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) error {
+	return c.do(ctx, site, id, bmc, (*machineaccess.BMC).PowerCycle)
+}
+
+// SetPXEOnce implements PowerClient, in the firmware mode the machine's PXE requests reported.
+func (c *EdgeClients) SetPXEOnce(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) error {
+	mode := bmcpb.BootMode_BOOT_MODE_UNSPECIFIED
+
+	if c.Sites != nil {
+		if loc, ok := c.Sites.Locate(id); ok {
+			switch loc.Firmware {
+			case "uefi":
+				mode = bmcpb.BootMode_BOOT_MODE_UEFI
+			case "bios":
+				mode = bmcpb.BootMode_BOOT_MODE_BIOS
+			}
+		}
+	}
+
+	return c.do(ctx, site, id, bmc, func(b *machineaccess.BMC, ctx context.Context) error { return b.SetPXEOnce(ctx, mode) })
+}
+
+// Hello implements AgentClient.
+func (c *EdgeClients) Hello(ctx context.Context, site, id string) error {
+	_, err := c.Access.Agent(site, id).Hello(ctx, &agentpb.HelloRequest{})
+
+	return offline(err)
+}
+
+// GetPowerManagement implements AgentClient.
+func (c *EdgeClients) GetPowerManagement(ctx context.Context, site, id string, req *agentpb.GetPowerManagementRequest) (*agentpb.GetPowerManagementResponse, error) {
+	resp, err := c.Access.Agent(site, id).GetPowerManagement(ctx, req)
+
+	return resp, offline(err)
+}
+
+// SetPowerManagement implements AgentClient.
+func (c *EdgeClients) SetPowerManagement(ctx context.Context, site, id string, req *agentpb.SetPowerManagementRequest) error {
+	_, err := c.Access.Agent(site, id).SetPowerManagement(ctx, req)
+
+	return offline(err)
+}
+
+// WipeDisks implements AgentClient.
+func (c *EdgeClients) WipeDisks(ctx context.Context, site, id string, zeroes bool) error {
+	_, err := c.Access.Agent(site, id).WipeDisks(ctx, &agentpb.WipeDisksRequest{Zeroes: zeroes})
+
+	return offline(err)
+}
+
+// Reboot implements AgentClient.
+func (c *EdgeClients) Reboot(ctx context.Context, site, id string) error {
+	_, err := c.Access.Agent(site, id).Reboot(ctx, &agentpb.RebootRequest{})
+
+	return offline(err)
+}

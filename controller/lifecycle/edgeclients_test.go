@@ -1,0 +1,141 @@
+package lifecycle_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"testing"
+
+	agentpb "github.com/siderolabs/talos-metal-agent/api/agent"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/machineaccess"
+	"github.com/outpost-metal/outpost/controller/resources/specs"
+	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+)
+
+// siteEdge is one site's edge as gRPC sees it: the BMC service and the agent proxy, recording what arrives.
+type siteEdge struct {
+	bmcpb.UnimplementedBMCServer
+	agentpb.UnimplementedAgentServiceServer
+
+	mu      sync.Mutex
+	on      bool
+	pxeMode bmcpb.BootMode
+	target  *bmcpb.Target
+	hellos  []string // machine-id metadata of agent calls
+}
+
+func (e *siteEdge) PowerStatus(_ context.Context, r *bmcpb.PowerRequest) (*bmcpb.PowerStatusResponse, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+
+	e.target = r.GetTarget()
+
+	return &bmcpb.PowerStatusResponse{On: e.on}, nil
+}
+
+func (e *siteEdge) PowerOn(context.Context, *bmcpb.PowerRequest) (*bmcpb.PowerResponse, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+
+	e.on = true
+
+	return &bmcpb.PowerResponse{}, nil
+}
+
+func (e *siteEdge) SetPXEOnce(_ context.Context, r *bmcpb.SetPXEOnceRequest) (*bmcpb.PowerResponse, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+
+	e.pxeMode = r.GetMode()
+
+	return &bmcpb.PowerResponse{}, nil
+}
+
+func (e *siteEdge) Hello(ctx context.Context, _ *agentpb.HelloRequest) (*agentpb.HelloResponse, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+
+	e.mu.Lock()
+	defer e.mu.Unlock()
+
+	e.hellos = append(e.hellos, md.Get(machineaccess.MachineIDKey)...)
+
+	return &agentpb.HelloResponse{}, nil
+}
+
+var errOffline = errors.New("site offline")
+
+func TestEdgeClientsOverGRPC(t *testing.T) {
+	t.Parallel()
+
+	edge := &siteEdge{}
+	srv := grpc.NewServer()
+	bmcpb.RegisterBMCServer(srv, edge)
+	agentpb.RegisterAgentServiceServer(srv, edge)
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+
+	go srv.Serve(ln) //nolint:errcheck
+
+	t.Cleanup(srv.Stop)
+
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+
+	t.Cleanup(func() { conn.Close() }) //nolint:errcheck
+
+	const id = "4c4c4544-0042-3510-8052-b4c04f384833"
+
+	locs := lifecycle.NewLocations(zaptest.NewLogger(t))
+	_, err = locs.Seen("site-a", id)
+	require.NoError(t, err)
+	locs.SetFirmware(id, "uefi")
+
+	access := machineaccess.New(func(site string) (grpc.ClientConnInterface, error) {
+		if site != "site-a" {
+			return nil, errOffline
+		}
+
+		return conn, nil
+	}, locs)
+
+	c := &lifecycle.EdgeClients{Access: access, Sites: locs}
+	ctx := t.Context()
+	bmc := &specs.BMCConfigurationSpec{Ipmi: &specs.BMCConfigurationSpec_IPMI{Address: "10.0.0.5", Port: 623, Username: "outpost", Password: "pw"}}
+
+	ps, err := c.PowerStatus(ctx, "site-a", id, bmc)
+	require.NoError(t, err)
+	require.Equal(t, lifecycle.PowerOff, ps)
+	require.Equal(t, "10.0.0.5", edge.target.GetHost())
+	require.Equal(t, "outpost", edge.target.GetUsername())
+	require.Equal(t, bmcpb.Protocol_PROTOCOL_IPMI, edge.target.GetProtocol())
+
+	require.NoError(t, c.SetPXEOnce(ctx, "site-a", id, bmc))
+	require.Equal(t, bmcpb.BootMode_BOOT_MODE_UEFI, edge.pxeMode)
+	require.NoError(t, c.PowerOn(ctx, "site-a", id, bmc))
+
+	ps, err = c.PowerStatus(ctx, "site-a", id, bmc)
+	require.NoError(t, err)
+	require.Equal(t, lifecycle.PowerOn, ps)
+
+	require.NoError(t, c.Hello(ctx, "site-a", id))
+	require.Equal(t, []string{id}, edge.hellos)
+
+	// the machine moves to site-b, which is offline: calls are refused or reported offline, never sent to site-a
+	_, err = locs.Seen("site-b", id)
+	require.NoError(t, err)
+	require.ErrorIs(t, c.PowerOn(ctx, "site-b", id, bmc), lifecycle.ErrSiteOffline)
+	require.Error(t, c.PowerOn(ctx, "site-a", id, bmc), "machine is no longer at site-a")
+	require.ErrorIs(t, c.Hello(ctx, "site-b", id), lifecycle.ErrSiteOffline)
+
+	_, err = c.PowerStatus(ctx, "site-a", id, &specs.BMCConfigurationSpec{ApiAddress: "agent"})
+	require.ErrorIs(t, err, lifecycle.ErrNoIPMI)
+}

@@ -1,0 +1,72 @@
+package lifecycle
+
+import (
+	"context"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+)
+
+// HandleEvent feeds an edge event into the locations (it fits bootplans.Handler): a boot answer places the
+// machine at the site and records its architecture, an agent tunnel opening or closing records agent presence,
+// a DHCP request records the firmware of a machine already placed. Events naming no valid machine are logged,
+// counted and dropped: they never fail (which would make the edge resend them forever) and never act on
+// anything.
+func (l *Locations) HandleEvent(_ context.Context, site string, e *bootpb.Event) error {
+	switch k := e.GetKind().(type) {
+	case *bootpb.Event_BootServed:
+		id := strings.ToLower(k.BootServed.GetUuid())
+
+		moved, err := l.Seen(site, id)
+		if err != nil {
+			l.reject(site, "bad_machine_id", err)
+
+			return nil
+		}
+
+		if moved {
+			l.rejected.WithLabelValues("machine_moved").Inc()
+		}
+
+		l.SetArch(id, k.BootServed.GetArch())
+	case *bootpb.Event_AgentTunnel:
+		if err := l.AgentConnected(site, strings.ToLower(k.AgentTunnel.GetMachineId()), k.AgentTunnel.GetOpen()); err != nil {
+			l.reject(site, "bad_machine_id", err)
+		}
+	case *bootpb.Event_DhcpSeen:
+		fw := k.DhcpSeen.GetFirmware()
+
+		switch {
+		case fw == "bios":
+			l.SetFirmware(strings.ToLower(k.DhcpSeen.GetUuid()), "bios")
+		case strings.HasPrefix(fw, "uefi-"), strings.HasPrefix(fw, "http-"):
+			l.SetFirmware(strings.ToLower(k.DhcpSeen.GetUuid()), "uefi")
+		}
+	case *bootpb.Event_PxeSeen:
+		// names no machine
+	default:
+		l.reject(site, "unknown_event", nil)
+	}
+
+	return nil
+}
+
+func (l *Locations) reject(site, reason string, err error) {
+	l.rejected.WithLabelValues(reason).Inc()
+	l.logger.Warn("edge event dropped", zap.String("site", site), zap.String("reason", reason), zap.Error(err))
+}
+
+// Rejected returns how many events were dropped for reason ("machine_moved" counts moves).
+func (l *Locations) Rejected(reason string) float64 {
+	return testutil.ToFloat64(l.rejected.WithLabelValues(reason))
+}
+
+// Describe implements prometheus.Collector.
+func (l *Locations) Describe(ch chan<- *prometheus.Desc) { l.rejected.Describe(ch) }
+
+// Collect implements prometheus.Collector.
+func (l *Locations) Collect(ch chan<- prometheus.Metric) { l.rejected.Collect(ch) }

@@ -1,0 +1,55 @@
+package lifecycle_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/lifecycle"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+)
+
+var _ bootplans.Handler = (*lifecycle.Locations)(nil)
+
+func TestLocationsFromEdgeEvents(t *testing.T) {
+	t.Parallel()
+
+	const id = "4c4c4544-0042-3510-8052-b4c04f384833"
+
+	l := lifecycle.NewLocations(zaptest.NewLogger(t))
+	ctx := t.Context()
+
+	for _, tc := range []struct {
+		name string
+		site string
+		ev   *bootpb.Event
+		want lifecycle.Location
+	}{
+		{name: "boot served", site: "site-a", want: lifecycle.Location{SiteID: "site-a", Arch: "amd64"},
+			ev: &bootpb.Event{Kind: &bootpb.Event_BootServed{BootServed: &bootpb.BootServed{Uuid: "4C4C4544-0042-3510-8052-B4C04F384833", Arch: "x86_64", Mode: "agent"}}}},
+		{name: "dhcp firmware", site: "site-a", want: lifecycle.Location{SiteID: "site-a", Arch: "amd64", Firmware: "uefi"},
+			ev: &bootpb.Event{Kind: &bootpb.Event_DhcpSeen{DhcpSeen: &bootpb.DHCPSeen{Uuid: id, Firmware: "uefi-x86"}}}},
+		{name: "agent tunnel open", site: "site-a", want: lifecycle.Location{SiteID: "site-a", Arch: "amd64", Firmware: "uefi", AgentConnected: true},
+			ev: &bootpb.Event{Kind: &bootpb.Event_AgentTunnel{AgentTunnel: &bootpb.AgentTunnel{MachineId: id, Open: true}}}},
+		{name: "stale close from another site", site: "site-b", want: lifecycle.Location{SiteID: "site-a", Arch: "amd64", Firmware: "uefi", AgentConnected: true},
+			ev: &bootpb.Event{Kind: &bootpb.Event_AgentTunnel{AgentTunnel: &bootpb.AgentTunnel{MachineId: id, Open: false}}}},
+		{name: "garbage uuid dropped", site: "site-b", want: lifecycle.Location{SiteID: "site-a", Arch: "amd64", Firmware: "uefi", AgentConnected: true},
+			ev: &bootpb.Event{Kind: &bootpb.Event_BootServed{BootServed: &bootpb.BootServed{Uuid: "../../../etc/passwd"}}}},
+		{name: "moves to another site", site: "site-b", want: lifecycle.Location{SiteID: "site-b", Arch: "amd64", Firmware: "uefi"},
+			ev: &bootpb.Event{Kind: &bootpb.Event_BootServed{BootServed: &bootpb.BootServed{Uuid: id, Arch: "x86_64"}}}},
+		{name: "empty event dropped", site: "site-b", want: lifecycle.Location{SiteID: "site-b", Arch: "amd64", Firmware: "uefi"},
+			ev: &bootpb.Event{}},
+	} {
+		require.NoError(t, l.HandleEvent(ctx, tc.site, tc.ev), tc.name)
+
+		got, ok := l.Locate(id)
+		require.True(t, ok, tc.name)
+		require.Equal(t, tc.want, got, tc.name)
+	}
+
+	require.Equal(t, 1.0, l.Rejected("bad_machine_id"))
+	require.Equal(t, 1.0, l.Rejected("machine_moved"))
+	require.Equal(t, 1.0, l.Rejected("unknown_event"))
+}
