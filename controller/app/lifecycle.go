@@ -22,35 +22,37 @@ import (
 	"github.com/outpost-metal/outpost/controller/sites"
 )
 
-// edgeWiring is everything between the lifecycle and the edges: where machines are (from edge events),
-// the boot tables pushed to sites, and the clients for BMCs and agents.
+// edgeWiring is everything between the lifecycle and the edges: where machines are (learned from edge
+// events), the boot tables pushed to sites, and the clients for BMCs and agents.
 type edgeWiring struct {
 	locations *lifecycle.Locations
-	machines  *machineBook
 	receiver  *bootplans.Receiver
 	plans     *bootplans.Plans
-	pusher    *planPusher
-	clients   *edgeClients
+	pusher    *bootplans.TablePusher
+	clients   *lifecycle.EdgeClients
 }
 
-func newEdgeWiring(log *zap.Logger, conn machineaccess.ConnFunc, connected connectedFunc) *edgeWiring {
+func newEdgeWiring(log *zap.Logger, conn machineaccess.ConnFunc) *edgeWiring {
 	locations := lifecycle.NewLocations(log)
-	machines := newMachineBook()
 	plans := bootplans.NewPlans(log, nil)
 
 	return &edgeWiring{
 		locations: locations,
-		machines:  machines,
-		receiver:  bootplans.NewReceiver(log, &eventHandler{log: log.With(zap.String("component", "edge_events")), locations: locations, machines: machines}, sites.SiteFromContext),
+		receiver:  bootplans.NewReceiver(log, locations, sites.SiteFromContext),
 		plans:     plans,
-		pusher:    newPlanPusher(plans),
-		clients:   &edgeClients{access: machineaccess.New(conn, locations), connected: connected, machines: machines},
+		pusher:    bootplans.NewTablePusher(plans),
+		clients:   &lifecycle.EdgeClients{Access: machineaccess.New(conn, locations), Sites: locations},
 	}
 }
 
-// sessionStarted gives every connecting site a boot table (with the join config) before any machine is planned.
+// sessionStarted gives every connecting site a boot table, so the join config reaches its edge's /config
+// before any of its machines is known (a new machine needs it to join Omni at all).
+//
+// Agent tunnels are not forgotten when a session ends: the edge journals tunnel closes and delivers them in
+// order after reconnecting, so the controller's view stays right across a WAN outage without rebooting
+// machines whose agents never left.
 func (w *edgeWiring) sessionStarted(_ context.Context, siteID string, _ grpc.ClientConnInterface) error {
-	w.pusher.Site(siteID)
+	w.pusher.EnsureSite(siteID)
 
 	return nil
 }
@@ -63,7 +65,8 @@ func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges
 		return err
 	}
 
-	planner, err := bootplans.NewPlanner(cfg.Planner, agentTolerant{Resolver: resolver, agent: cfg.Planner}, edgeSites{})
+	// An empty site directory: edges write their own /config URL and agent address into agent-mode scripts.
+	planner, err := bootplans.NewPlanner(cfg.Planner, agentTolerant{Resolver: resolver, agent: cfg.Planner}, noSiteAddresses{})
 	if err != nil {
 		return err
 	}
@@ -89,7 +92,7 @@ func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges
 	}
 
 	lifecycleMetrics := lifecycle.NewMetrics()
-	metrics.MustRegister(lifecycleMetrics)
+	metrics.MustRegister(lifecycleMetrics, edges.locations)
 
 	qcs, err := lifecycle.New(cfg.Lifecycle, lifecycle.Deps{
 		Types:   conn.Types(),
@@ -116,7 +119,7 @@ func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges
 	}
 
 	watcher := conn.NewJoinConfigWatcher(trustedRoots, func(jc omni.JoinConfig) {
-		edges.pusher.SetJoinConfig([]byte(jc.Documents), jc.KernelArgs)
+		edges.pusher.SetConfig([]byte(jc.Documents))
 		log.Info("join config from Omni pushed to sites")
 	})
 
@@ -162,3 +165,9 @@ func (a agentTolerant) Resolve(ctx context.Context, p assets.Profile) (assets.Bo
 
 	return boot, err
 }
+
+// noSiteAddresses implements bootplans.SiteDirectory with empty addresses: the edge adds talos.config and
+// metal.provider.address itself, with the address machines reached it at.
+type noSiteAddresses struct{}
+
+func (noSiteAddresses) Site(string) (bootplans.Site, error) { return bootplans.Site{}, nil }
