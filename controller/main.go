@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -35,6 +36,19 @@ func rootCommand() *cobra.Command {
 	cfg := config.Default()
 
 	var envErrors []error
+
+	envBool := func(name string, def bool) bool {
+		if v, ok := os.LookupEnv(name); ok {
+			b, err := strconv.ParseBool(v)
+			if err == nil {
+				return b
+			}
+
+			envErrors = append(envErrors, fmt.Errorf("%s=%q is not a boolean", name, v))
+		}
+
+		return def
+	}
 
 	envDuration := func(name string, def time.Duration) time.Duration {
 		if v, ok := os.LookupEnv(name); ok {
@@ -83,6 +97,23 @@ func rootCommand() *cobra.Command {
 
 	f.StringVar(&cfg.AssetsDir, "assets-dir", env("OUTPOST_ASSETS_DIR", cfg.AssetsDir), "boot-asset files (named by SHA-256) to relay to edges (default <state-dir>/assets) [OUTPOST_ASSETS_DIR]")
 	f.StringVar(&cfg.DefaultAssetPolicy, "default-asset-policy", env("OUTPOST_DEFAULT_ASSET_POLICY", cfg.DefaultAssetPolicy), "asset policy of sites without their own: passthrough, cache or offline [OUTPOST_DEFAULT_ASSET_POLICY]")
+
+	f.StringVar(&cfg.Omni.Endpoint, "omni-endpoint", env("OMNI_ENDPOINT", cfg.Omni.Endpoint), "Omni API URL; empty runs sites and edges only, without the lifecycle [OMNI_ENDPOINT]")
+	f.BoolVar(&cfg.Omni.InsecureSkipVerify, "omni-insecure-skip-verify", envBool("OMNI_INSECURE_SKIP_VERIFY", cfg.Omni.InsecureSkipVerify), "skip TLS verification of Omni (labs only) [OMNI_INSECURE_SKIP_VERIFY]")
+	f.StringVar(&cfg.Omni.ProviderID, "provider-id", env("OUTPOST_PROVIDER_ID", cfg.Omni.ProviderID), "infra provider ID the service account was created for [OUTPOST_PROVIDER_ID]")
+	f.DurationVar(&cfg.Lifecycle.Cooldown, "power-cooldown", envDuration("OUTPOST_POWER_COOLDOWN", cfg.Lifecycle.Cooldown), "minimum time between a power-on or reboot and the next power-off or reboot [OUTPOST_POWER_COOLDOWN]")
+	f.DurationVar(&cfg.Lifecycle.PollInterval, "poll-interval", envDuration("OUTPOST_POLL_INTERVAL", cfg.Lifecycle.PollInterval), "how often power and agent state are refreshed [OUTPOST_POLL_INTERVAL]")
+	f.StringVar(&cfg.Planner.AgentTalosVersion, "agent-talos-version", env("OUTPOST_AGENT_TALOS_VERSION", cfg.Planner.AgentTalosVersion), "Talos version booted in agent mode [OUTPOST_AGENT_TALOS_VERSION]")
+	f.StringVar(&cfg.Planner.Console, "console", env("OUTPOST_CONSOLE", cfg.Planner.Console), "console kernel argument for PXE boots [OUTPOST_CONSOLE]")
+	f.StringVar((*string)(&cfg.Planner.DiskMethod), "disk-method", env("OUTPOST_DISK_METHOD", string(cfg.Planner.DiskMethod)), "how machines boot their disk: ipxe-exit, http-404 or ipxe-sanboot [OUTPOST_DISK_METHOD]")
+	f.StringVar(&cfg.InstallAssetsDir, "install-assets-dir", env("OUTPOST_INSTALL_ASSETS_DIR", cfg.InstallAssetsDir), "local Talos install assets (<schematic>/<version>/kernel-<arch>, initramfs-<arch>.xz) [OUTPOST_INSTALL_ASSETS_DIR]")
+	f.StringVar(&cfg.InstallAssetsURL, "install-assets-url", env("OUTPOST_INSTALL_ASSETS_URL", cfg.InstallAssetsURL), "where machines fetch local install assets (edge-relative path or URL) [OUTPOST_INSTALL_ASSETS_URL]")
+	f.StringVar(&cfg.ImageFactoryURL, "image-factory-url", env("OUTPOST_IMAGE_FACTORY_URL", cfg.ImageFactoryURL), "image factory URL (schematics) when no install assets directory is set [OUTPOST_IMAGE_FACTORY_URL]")
+	f.StringVar(&cfg.PXEBaseURL, "pxe-base-url", env("OUTPOST_PXE_BASE_URL", cfg.PXEBaseURL), "where the image factory serves PXE scripts and images (default: the factory URL) [OUTPOST_PXE_BASE_URL]")
+	f.StringVar(&cfg.TrustedRootsFile, "trusted-roots-file", env("OUTPOST_TRUSTED_ROOTS_FILE", cfg.TrustedRootsFile), "PEM CA bundle added to machines' join config (custom CA in front of Omni) [OUTPOST_TRUSTED_ROOTS_FILE]")
+
+	// The service-account key is a secret: it comes from the environment only, never from a flag (visible in ps).
+	cfg.Omni.ServiceAccountKey = os.Getenv("OMNI_SERVICE_ACCOUNT_KEY")
 
 	root.AddCommand(siteCommand(&cfg))
 

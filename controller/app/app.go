@@ -70,7 +70,12 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		return err
 	}
 
-	uplinkServer, err := sites.NewServer(sites.Options{
+	// The uplink server is created below; the edge clients reach sites through it.
+	var uplinkServer *sites.Server
+
+	edges := newEdgeWiring(log, func(siteID string) (grpc.ClientConnInterface, error) { return uplinkServer.Conn(siteID) })
+
+	uplinkServer, err = sites.NewServer(sites.Options{
 		Logger:       log,
 		Registry:     registry,
 		CA:           ca,
@@ -78,8 +83,8 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		Metrics:      metrics,
 		CertValidity: cfg.CertValidity,
 		ServerNames:  cfg.ServerNames,
-		Register:     []func(grpc.ServiceRegistrar){relay.Register},
-		OnSession:    []sites.SessionFunc{catalog.OnSession},
+		Register:     []func(grpc.ServiceRegistrar){relay.Register, edges.receiver.Register},
+		OnSession:    []sites.SessionFunc{catalog.OnSession, edges.plans.OnSession, edges.sessionStarted},
 	})
 	if err != nil {
 		return err
@@ -110,6 +115,12 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 
 	eg.Go(func() error { return uplinkServer.Serve(ctx, uplinkLn) })
 	eg.Go(func() error { return serveGRPC(ctx, adminServer, adminLn) })
+
+	if cfg.OmniEnabled() {
+		eg.Go(func() error { return runLifecycle(ctx, cfg, log, edges, metrics) })
+	} else {
+		log.Warn("no Omni endpoint configured: sites and edges are served, machines are not managed (set --omni-endpoint)")
+	}
 
 	if cfg.HTTPListen != "" {
 		httpLn, err := net.Listen("tcp", cfg.HTTPListen)

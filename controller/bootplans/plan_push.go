@@ -88,6 +88,16 @@ func (t *TablePusher) SetConfig(config []byte) {
 	}
 }
 
+// EnsureSite gives a site a table (with the join config) even before any of its machines has a plan.
+func (t *TablePusher) EnsureSite(site string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+
+	if _, ok := t.tables[site]; !ok {
+		t.plans.Set(site, t.table(site))
+	}
+}
+
 func (t *TablePusher) table(site string) *bootpb.Table {
 	tbl, ok := t.tables[site]
 	if !ok {

@@ -136,3 +136,23 @@ func TestTablePusher(t *testing.T) {
 	_, err = bootplans.ToProto(bootplans.Plan{MachineID: id, Mode: bootplans.ModeInstall, ScriptURL: "http://f/pxe"})
 	require.Error(t, err, "script-only install assets cannot go into a boot table")
 }
+
+func TestTablePusherEnsureSiteCarriesJoinConfig(t *testing.T) {
+	t.Parallel()
+
+	plans := bootplans.NewPlans(zaptest.NewLogger(t), nil)
+	edge := connectEdge(t, plans, "new-site")
+	push := bootplans.NewTablePusher(plans)
+
+	push.SetConfig([]byte("kind: SideroLinkConfig\n"))
+	push.EnsureSite("new-site")
+
+	require.Eventually(t, func() bool { return string(edge.table().GetConfig()) == "kind: SideroLinkConfig\n" },
+		10*time.Second, 10*time.Millisecond, "a site with no machines yet must still serve the join config")
+	require.Empty(t, edge.table().GetPlans())
+
+	// A later config change reaches the site too.
+	push.SetConfig([]byte("kind: SideroLinkConfig\napiUrl: new\n"))
+	require.Eventually(t, func() bool { return string(edge.table().GetConfig()) == "kind: SideroLinkConfig\napiUrl: new\n" },
+		10*time.Second, 10*time.Millisecond)
+}

@@ -9,6 +9,9 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/omni"
 	"github.com/outpost-metal/outpost/shared/logging"
 )
 
@@ -33,7 +36,27 @@ type Config struct {
 	AssetsDir string
 	// DefaultAssetPolicy applies to sites without their own: passthrough, cache or offline.
 	DefaultAssetPolicy string
+
+	// Omni is the Omni connection; the lifecycle runs only when its endpoint is set.
+	Omni omni.Config
+	// Lifecycle tunes the machine lifecycle.
+	Lifecycle lifecycle.Config
+	// Planner says what agent mode boots and how machines boot from disk.
+	Planner bootplans.PlannerConfig
+	// InstallAssetsDir holds Talos install assets for air-gapped sites and labs, laid out as the image factory
+	// serves them (<schematic>/<version>/kernel-<arch>, initramfs-<arch>.xz); served to machines under
+	// InstallAssetsURL. When empty, ImageFactoryURL resolves install assets.
+	InstallAssetsDir string
+	InstallAssetsURL string
+	// ImageFactoryURL and PXEBaseURL locate the image factory (schematics, PXE scripts and images).
+	ImageFactoryURL string
+	PXEBaseURL      string
+	// TrustedRootsFile is a PEM bundle added to the machines' join config (a custom CA in front of Omni).
+	TrustedRootsFile string
 }
+
+// OmniEnabled reports whether the controller connects to Omni and runs the lifecycle.
+func (c Config) OmniEnabled() bool { return c.Omni.Endpoint != "" }
 
 // Default returns the default configuration.
 func Default() Config {
@@ -45,6 +68,10 @@ func Default() Config {
 		CertValidity: 30 * 24 * time.Hour,
 		// Caching is what a site wants unless told otherwise: it keeps booting when the WAN is down.
 		DefaultAssetPolicy: "cache",
+		Omni:               omni.Default(),
+		Lifecycle:          lifecycle.Default(),
+		Planner:            bootplans.DefaultPlannerConfig(),
+		InstallAssetsURL:   "/assets/install",
 	}
 }
 
@@ -89,5 +116,29 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("default asset policy %q is not passthrough, cache or offline", c.DefaultAssetPolicy))
 	}
 
+	if c.OmniEnabled() {
+		for _, v := range []struct {
+			name string
+			err  error
+		}{
+			{"omni", c.Omni.Validate()},
+			{"lifecycle", c.Lifecycle.Validate()},
+			{"planner", c.Planner.Validate()},
+			{"install assets", c.validateInstallAssets()},
+		} {
+			if v.err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", v.name, v.err))
+			}
+		}
+	}
+
 	return errors.Join(errs...)
+}
+
+func (c Config) validateInstallAssets() error {
+	if c.InstallAssetsDir == "" && c.ImageFactoryURL == "" {
+		return errors.New("set an install assets directory or an image factory URL")
+	}
+
+	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 )
@@ -36,9 +35,22 @@ func NewLocations(logger *zap.Logger) *Locations {
 	}
 }
 
+// checkID accepts the canonical SMBIOS UUID form (8-4-4-4-12 hex digits), as iPXE's ${uuid} and the agent send it.
 func checkID(machineID string) error {
-	if _, err := uuid.Parse(machineID); err != nil {
+	if len(machineID) != 36 {
 		return fmt.Errorf("%w: %q", ErrBadMachineID, machineID)
+	}
+
+	for i, c := range machineID {
+		switch {
+		case i == 8 || i == 13 || i == 18 || i == 23:
+			if c != '-' {
+				return fmt.Errorf("%w: %q", ErrBadMachineID, machineID)
+			}
+		case c >= '0' && c <= '9', c >= 'a' && c <= 'f', c >= 'A' && c <= 'F':
+		default:
+			return fmt.Errorf("%w: %q", ErrBadMachineID, machineID)
+		}
 	}
 
 	return nil

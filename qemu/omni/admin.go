@@ -8,7 +8,6 @@ import (
 	"github.com/cosi-project/runtime/pkg/resource"
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/cosi-project/runtime/pkg/state"
-	"github.com/google/uuid"
 	"github.com/siderolabs/omni/client/api/omni/specs"
 	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
 	omnires "github.com/siderolabs/omni/client/pkg/omni/resources/omni"
@@ -77,14 +76,14 @@ func (a *Admin) SetExtraKernelArgs(ctx context.Context, id, args string) error {
 
 // Reboot requests a reboot and returns the request ID.
 func (a *Admin) Reboot(ctx context.Context, id string) (string, error) {
-	req := uuid.NewString()
+	req := newID()
 
 	return req, a.config(ctx, id, func(s *specs.InfraMachineConfigSpec) { s.RequestedRebootId = req })
 }
 
 // PowerOff requests a shutdown and returns the request ID.
 func (a *Admin) PowerOff(ctx context.Context, id string) (string, error) {
-	req := uuid.NewString()
+	req := newID()
 
 	return req, a.config(ctx, id, func(s *specs.InfraMachineConfigSpec) { s.PowerOffRequestId = req })
 }

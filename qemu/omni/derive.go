@@ -9,7 +9,6 @@ import (
 	"github.com/cosi-project/runtime/pkg/resource"
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/cosi-project/runtime/pkg/state"
-	"github.com/google/uuid"
 	"github.com/siderolabs/omni/client/api/omni/specs"
 	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
 	omnires "github.com/siderolabs/omni/client/pkg/omni/resources/omni"
@@ -261,7 +260,7 @@ func (d *deriver) machine(ctx context.Context, link *siderolink.Link, providerID
 
 		// released: once the machine is reset, a new wipe ID asks the provider to wipe it
 		if prev.TypedSpec().Value.ClusterTalosVersion != "" && talosVersion == "" {
-			want.WipeId = uuid.NewString()
+			want.WipeId = newID()
 		}
 	}
 

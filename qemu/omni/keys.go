@@ -1,6 +1,8 @@
 package omni
 
 import (
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,7 +11,6 @@ import (
 	"path/filepath"
 	"time"
 
-	pgpcrypto "github.com/ProtonMail/gopenpgp/v3/crypto"
 	"github.com/siderolabs/go-api-signature/pkg/pgp"
 	"github.com/siderolabs/go-api-signature/pkg/serviceaccount"
 	"github.com/siderolabs/omni/client/pkg/access"
@@ -115,18 +116,36 @@ func (k *keyring) publicKeys() (map[string]*pgp.Key, error) {
 			return nil, fmt.Errorf("armor public key of %s: %w", sa.Name, err)
 		}
 
-		ck, err := pgpcrypto.NewKeyFromArmored(armored)
+		// parse the armored public key with the library's own decoder (it takes the service-account JSON form)
+		js, err := json.Marshal(serviceaccount.JSON{Name: sa.Name, PGPKey: armored})
+		if err != nil {
+			return nil, fmt.Errorf("encode public key of %s: %w", sa.Name, err)
+		}
+
+		pub, err := serviceaccount.Decode(base64.StdEncoding.EncodeToString(js))
 		if err != nil {
 			return nil, fmt.Errorf("parse public key of %s: %w", sa.Name, err)
 		}
 
-		pub, err := pgp.NewKey(ck)
-		if err != nil {
-			return nil, fmt.Errorf("public key of %s: %w", sa.Name, err)
+		if pub.Key.IsPrivate() {
+			return nil, fmt.Errorf("public key of %s still holds the private key", sa.Name)
 		}
 
-		out[sa.Name] = pub
+		out[sa.Name] = pub.Key
 	}
 
 	return out, nil
+}
+
+// newID returns a random request or wipe ID (UUID v4 text form, as Omni generates them).
+func newID() string {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		panic(fmt.Sprintf("read random bytes: %v", err)) // crypto/rand does not fail on supported platforms
+	}
+
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }

@@ -264,8 +264,8 @@ func (noSiteAddresses) Site(string) (bootplans.Site, error) { return bootplans.S
 
 // TestLifecycleOverTheUplink runs the whole controller side (Omni connection, lifecycle, boot tables, event
 // receiver, machine access) against the Omni stand-in and a fake edge behind the real uplink: the machine
-// joins, is accepted, provisioned, wiped, powered off, then allocated and powered on into the installer only
-// once the edge holds the install plan.
+// joins, is accepted, provisioned, wiped, powered off; the site's WAN link fails and the machine is allocated;
+// once the site is back it is powered on into the installer exactly once, with the edge holding the install plan.
 func TestLifecycleOverTheUplink(t *testing.T) {
 	t.Parallel()
 
@@ -295,7 +295,8 @@ func TestLifecycleOverTheUplink(t *testing.T) {
 
 	// the site's edge
 	edge := newUplinkEdge(id)
-	linklab.StartEdge(t, ctrl.Addr, ctrl.CreateSite(t, "site-a", sites.TokenOptions{}), linklab.EdgeOptions{
+	wan := linklab.StartProxy(t, ctrl.Addr)
+	linklab.StartEdge(t, wan.Addr, ctrl.CreateSite(t, "site-a", sites.TokenOptions{}), linklab.EdgeOptions{
 		Options: edgeuplink.Options{Register: []func(grpc.ServiceRegistrar){edge.register}, OnSession: []edgeuplink.SessionFunc{edge.publish}},
 	})
 	ctrl.WaitConnected(t, "site-a")
@@ -351,8 +352,20 @@ func TestLifecycleOverTheUplink(t *testing.T) {
 	_, _, wipes, _ := edge.snapshot()
 	require.Equal(t, 1, wipes)
 
+	// the site's WAN link fails, then the machine is allocated: nothing happens until the site is back
+	wan.SetDown(true)
+	wan.Cut()
+	require.Eventually(t, func() bool { _, err := ctrl.Server.Conn("site-a"); return err != nil }, 10*time.Second, 10*time.Millisecond)
+
 	require.NoError(t, admin.Allocate(ctx, id, "c1", "v1.11.0", nil, false))
+	require.Never(t, func() bool { _, _, _, ons := edge.snapshot(); return len(ons) > 0 }, 500*time.Millisecond, 20*time.Millisecond,
+		"no power-on while the site is offline")
+
+	wan.SetDown(false)
 	require.Eventually(t, func() bool { _, booted, _, _ := edge.snapshot(); return booted == "install" }, 30*time.Second, 20*time.Millisecond)
+
+	require.Never(t, func() bool { _, _, _, ons := edge.snapshot(); return len(ons) != 1 }, 500*time.Millisecond, 20*time.Millisecond,
+		"powered on exactly once")
 
 	_, _, _, powerOns := edge.snapshot()
 	require.Equal(t, []string{bootpb.Mode_MODE_INSTALL.String()}, powerOns, "the edge held the install plan at power-on")

@@ -1,0 +1,173 @@
+package app
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+
+	"github.com/outpost-metal/outpost/controller/assets"
+	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/config"
+	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/machineaccess"
+	"github.com/outpost-metal/outpost/controller/omni"
+	"github.com/outpost-metal/outpost/controller/sites"
+)
+
+// edgeWiring is everything between the lifecycle and the edges: where machines are (learned from edge
+// events), the boot tables pushed to sites, and the clients for BMCs and agents.
+type edgeWiring struct {
+	locations *lifecycle.Locations
+	receiver  *bootplans.Receiver
+	plans     *bootplans.Plans
+	pusher    *bootplans.TablePusher
+	clients   *lifecycle.EdgeClients
+}
+
+func newEdgeWiring(log *zap.Logger, conn machineaccess.ConnFunc) *edgeWiring {
+	locations := lifecycle.NewLocations(log)
+	plans := bootplans.NewPlans(log, nil)
+
+	return &edgeWiring{
+		locations: locations,
+		receiver:  bootplans.NewReceiver(log, locations, sites.SiteFromContext),
+		plans:     plans,
+		pusher:    bootplans.NewTablePusher(plans),
+		clients:   &lifecycle.EdgeClients{Access: machineaccess.New(conn, locations), Sites: locations},
+	}
+}
+
+// sessionStarted gives every connecting site a boot table, so the join config reaches its edge's /config
+// before any of its machines is known (a new machine needs it to join Omni at all).
+//
+// Agent tunnels are not forgotten when a session ends: the edge journals tunnel closes and delivers them in
+// order after reconnecting, so the controller's view stays right across a WAN outage without rebooting
+// machines whose agents never left.
+func (w *edgeWiring) sessionStarted(_ context.Context, siteID string, _ grpc.ClientConnInterface) error {
+	w.pusher.EnsureSite(siteID)
+
+	return nil
+}
+
+// runLifecycle connects to Omni (retrying while it is unreachable; a refused key ends it), registers the
+// provider and runs the lifecycle controllers and the join config watcher until ctx is done.
+func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges *edgeWiring, metrics *prometheus.Registry) error {
+	resolver, err := installResolver(cfg)
+	if err != nil {
+		return err
+	}
+
+	// An empty site directory: edges write their own /config URL and agent address into agent-mode scripts.
+	planner, err := bootplans.NewPlanner(cfg.Planner, agentTolerant{Resolver: resolver, agent: cfg.Planner}, noSiteAddresses{})
+	if err != nil {
+		return err
+	}
+
+	var trustedRoots string
+
+	if cfg.TrustedRootsFile != "" {
+		pem, err := os.ReadFile(cfg.TrustedRootsFile)
+		if err != nil {
+			return fmt.Errorf("trusted roots: %w", err)
+		}
+
+		trustedRoots = string(pem)
+	}
+
+	conn, err := omni.Connect(ctx, cfg.Omni, log)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+
+		return err
+	}
+
+	lifecycleMetrics := lifecycle.NewMetrics()
+	metrics.MustRegister(lifecycleMetrics, edges.locations)
+
+	qcs, err := lifecycle.New(cfg.Lifecycle, lifecycle.Deps{
+		Types:   conn.Types(),
+		Power:   edges.clients,
+		Agent:   edges.clients,
+		Sites:   edges.locations,
+		Plans:   edges.pusher,
+		Planner: planner,
+		Now:     time.Now,
+		Rand:    rand.Reader,
+		Metrics: lifecycleMetrics,
+	})
+	if err != nil {
+		conn.Close() //nolint:errcheck
+
+		return err
+	}
+
+	rt, err := conn.NewRuntime(nil, qcs...)
+	if err != nil {
+		conn.Close() //nolint:errcheck
+
+		return err
+	}
+
+	watcher := conn.NewJoinConfigWatcher(trustedRoots, func(jc omni.JoinConfig) {
+		edges.pusher.SetConfig([]byte(jc.Documents))
+		log.Info("join config from Omni pushed to sites")
+	})
+
+	defer conn.Close() //nolint:errcheck
+
+	eg, ctx := errgroup.WithContext(ctx)
+
+	eg.Go(func() error {
+		if err := rt.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			return fmt.Errorf("lifecycle runtime: %w", err)
+		}
+
+		return nil
+	})
+	eg.Go(func() error { return watcher.Run(ctx) })
+
+	return eg.Wait()
+}
+
+// installResolver resolves Talos install assets from a local directory (air-gapped sites, labs) or the image factory.
+func installResolver(cfg config.Config) (assets.Resolver, error) {
+	if cfg.InstallAssetsDir != "" {
+		return assets.NewLocalResolver(cfg.InstallAssetsDir, cfg.InstallAssetsURL)
+	}
+
+	return assets.NewFactoryResolver(cfg.ImageFactoryURL, cfg.PXEBaseURL)
+}
+
+// agentTolerant lets agent-mode plans through when the agent image cannot be resolved: edges boot agent mode
+// from their own agent assets (the cache's agent/<arch>/ entries) with their own addresses, so only the
+// machine's kernel arguments matter.
+type agentTolerant struct {
+	assets.Resolver
+
+	agent bootplans.PlannerConfig
+}
+
+func (a agentTolerant) Resolve(ctx context.Context, p assets.Profile) (assets.Boot, error) {
+	boot, err := a.Resolver.Resolve(ctx, p)
+	if err != nil && errors.Is(err, assets.ErrNotAvailable) && p.TalosVersion == a.agent.AgentTalosVersion {
+		return assets.Boot{KernelArgs: p.KernelArgs}, nil
+	}
+
+	return boot, err
+}
+
+// noSiteAddresses implements bootplans.SiteDirectory with empty addresses: the edge adds talos.config and
+// metal.provider.address itself, with the address machines reached it at.
+type noSiteAddresses struct{}
+
+func (noSiteAddresses) Site(string) (bootplans.Site, error) { return bootplans.Site{}, nil }
