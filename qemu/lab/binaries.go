@@ -31,28 +31,24 @@ type ControllerOptions struct {
 	PowerCooldown time.Duration
 }
 
-// StartController runs the controller binary in the core namespace against o. The flags and variables it
-// passes are the interface the lab needs from the controller binary:
-//
-//	OMNI_ENDPOINT, OMNI_SERVICE_ACCOUNT_KEY, OMNI_PROVIDER_ID      the Omni connection
-//	--state-dir, --uplink-listen, --http-listen                    as today
-//	--local-assets-dir (OUTPOST_LOCAL_ASSETS_DIR)                  install and agent assets from a local directory
-//	--power-cooldown (OUTPOST_POWER_COOLDOWN)                      the lifecycle's power cooldown
+// StartController runs the controller binary in the core namespace against o, with the lab's local
+// install assets and short power cooldown and poll interval.
 func (l *Lab) StartController(ctx context.Context, core *Core, bin string, o *Omni, opts ControllerOptions) (*Controller, error) {
 	c := &Controller{Bin: bin, StateDir: filepath.Join(l.Dir, "controller-state")}
 
 	args := []string{
 		"--state-dir", c.StateDir, "--uplink-listen", fmt.Sprintf("%s:%d", CoreAddr, ControllerPort),
-		"--http-listen", "", "--log-level", "debug", "--server-name", CoreAddr,
+		"--http-listen", "", "--log-level", "debug", "--server-name", CoreAddr, "--provider-id", ProviderID,
+		"--agent-talos-version", LabTalosVersion, "--console", "ttyS0",
 	}
-	env := []string{"OMNI_ENDPOINT=" + o.Endpoint, "OMNI_SERVICE_ACCOUNT_KEY=" + o.ProviderKey, "OMNI_PROVIDER_ID=" + ProviderID}
+	env := []string{"OMNI_ENDPOINT=" + o.Endpoint, "OMNI_SERVICE_ACCOUNT_KEY=" + o.ProviderKey}
 
 	if opts.LocalAssetsDir != "" {
-		env = append(env, "OUTPOST_LOCAL_ASSETS_DIR="+opts.LocalAssetsDir)
+		args = append(args, "--install-assets-dir", opts.LocalAssetsDir)
 	}
 
 	if opts.PowerCooldown > 0 {
-		env = append(env, "OUTPOST_POWER_COOLDOWN="+opts.PowerCooldown.String())
+		args = append(args, "--power-cooldown", opts.PowerCooldown.String(), "--poll-interval", opts.PowerCooldown.String())
 	}
 
 	p, err := l.Start(ProcSpec{Name: "controller", NS: core.NS, Cmd: bin, Args: args, Env: env})
