@@ -13,6 +13,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -232,6 +233,37 @@ func (m *Machine) DiskZeroed() (bool, error) {
 			return true, nil //nolint:nilerr // io.EOF ends the scan
 		}
 	}
+}
+
+// DiskWiped reports whether the disk's first and last MiB are zero (checked on the host): what a fast wipe
+// (WipeDisks without zeroes, as Talos's fast wipe) clears, and where the installed OS and partition tables
+// live.
+func (m *Machine) DiskWiped() (bool, error) {
+	f, err := os.Open(m.Disk)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close() //nolint:errcheck
+
+	size, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return false, err
+	}
+
+	buf := make([]byte, 1<<20)
+
+	for _, off := range []int64{0, max(size-int64(len(buf)), 0)} {
+		n, err := f.ReadAt(buf, off)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return false, err
+		}
+
+		if !bytes.Equal(buf[:n], make([]byte, n)) {
+			return false, nil
+		}
+	}
+
+	return true, nil
 }
 
 // DiskHasOS reports whether the disk starts with the installed OS's boot record.

@@ -269,7 +269,7 @@ func (e *Env) discoverAndAccept(ctx context.Context, ms ...*Machine) error {
 		return err
 	}
 
-	return e.timed("accept to ready (bmc provisioned, disk zeroed, powered off)", ms, func(m *Machine) error {
+	return e.timed("accept to ready (bmc provisioned, disk wiped, powered off)", ms, func(m *Machine) error {
 		if err := e.Omni.Admin.Accept(ctx, m.Spec.UUID); err != nil {
 			return err
 		}
@@ -278,7 +278,7 @@ func (e *Env) discoverAndAccept(ctx context.Context, ms ...*Machine) error {
 	})
 }
 
-// waitReadyAndOff waits until the machine's disk is zeroed (on the host), its BMC has a user the agent
+// waitReadyAndOff waits until the machine's disk is wiped (checked on the host), its BMC has a user the agent
 // created, Omni reports it ready, and it is powered off.
 func (e *Env) waitReadyAndOff(ctx context.Context, m *Machine) error {
 	if err := poll(ctx, 5*time.Minute, "bmc user provisioned through the agent", m, func() (bool, error) {
@@ -287,7 +287,7 @@ func (e *Env) waitReadyAndOff(ctx context.Context, m *Machine) error {
 		return err
 	}
 
-	if err := poll(ctx, 5*time.Minute, "disk zeroed", m, m.DiskZeroed); err != nil {
+	if err := poll(ctx, 5*time.Minute, "disk wiped (first and last MiB zero on the host)", m, m.DiskWiped); err != nil {
 		return err
 	}
 
