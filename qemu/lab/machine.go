@@ -563,7 +563,10 @@ func (m *Machine) watch(p *Proc) {
 		err := fmt.Errorf("machine %s: QEMU run exceeded %s; serial tail:\n%s", m.Spec.Name, m.Spec.RunTimeout, m.Serial.Tail(2000))
 		m.failures = append(m.failures, err)
 		m.log.Error("machine timed out", zap.Duration("timeout", m.Spec.RunTimeout))
-	} else if bytes.Contains(out, []byte("OUTPOST-REBOOT")) || bytes.Contains(out, []byte("reboot: Restarting system")) {
+	} else if p.Err() == nil && !bytes.Contains(out, []byte("reboot: Power down")) {
+		// The guest reset itself (the kernel rebooting, iPXE giving up and rebooting, firmware): with
+		// -no-reboot QEMU exits, and the machine starts again as real hardware does, in its own boot order
+		// (a one-time PXE flag was consumed by the boot that just ended).
 		err := m.startLocked("guest-reboot", false)
 		m.mu.Unlock()
 
@@ -574,7 +577,7 @@ func (m *Machine) watch(p *Proc) {
 		}
 
 		m.mu.Lock()
-	} else if p.Err() != nil && !bytes.Contains(out, []byte("reboot: Power down")) {
+	} else if p.Err() != nil {
 		m.failures = append(m.failures, fmt.Errorf("machine %s: QEMU exited: %w; log:\n%s", m.Spec.Name, p.Err(), p.Log.Tail(1000)))
 	}
 

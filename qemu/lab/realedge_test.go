@@ -38,7 +38,7 @@ func TestRealEdgeAgentMode(t *testing.T) {
 	require.NoError(t, err)
 
 	preseed := filepath.Join(l.Dir, "edge-preseed")
-	require.NoError(t, lab.PreseedBundle(images, preseed))
+	require.NoError(t, lab.PreseedBundle(images, "", preseed))
 
 	edge, err := site.StartEdge(ctx, bins.Edge, lab.EdgeOptions{Token: token, PreseedDir: preseed})
 	require.NoError(t, err)

@@ -75,7 +75,7 @@ func Setup(ctx context.Context, l *Lab, bins Binaries, images Images) (*Env, err
 	}
 
 	e.preseed = filepath.Join(l.Dir, "edge-preseed")
-	if err := PreseedBundle(images, e.preseed); err != nil {
+	if err := PreseedBundle(images, local, e.preseed); err != nil {
 		return nil, err
 	}
 
