@@ -109,7 +109,7 @@ type Machine struct {
 }
 
 // AddMachine creates a machine on the site (powered off): its disk (filled with a junk pattern, so a wipe
-// shows), its tap, its BMC address and virtual BMC (IPMI on UDP 623, or Redfish on HTTPS 443), and the
+// shows), its tap, its BMC address and virtual BMC (IPMI on UDP 623, plus Redfish on HTTPS 443), and the
 // in-band BMC channel its /init uses.
 func (s *Site) AddMachine(ctx context.Context, spec MachineSpec) (*Machine, error) {
 	if spec.DiskBytes == 0 {
@@ -154,14 +154,15 @@ func (s *Site) AddMachine(ctx context.Context, spec MachineSpec) (*Machine, erro
 		return nil, err
 	}
 
-	switch spec.BMC {
-	case Redfish:
+	// Every BMC answers IPMI (the agent provisions an IPMI user, and Redfish BMCs speak IPMI too); a Redfish
+	// machine's BMC also serves Redfish over HTTPS with the same account.
+	if err := m.serveIPMI(ctx); err != nil {
+		return nil, err
+	}
+
+	if spec.BMC == Redfish {
 		m.redfish = vbmc.NewRedfish(m.Chassis, vbmc.RedfishOptions{User: "admin", Password: adminPassword})
 		if err := m.serveRedfish(ctx); err != nil {
-			return nil, err
-		}
-	default:
-		if err := m.serveIPMI(ctx); err != nil {
 			return nil, err
 		}
 	}
