@@ -306,7 +306,7 @@ func (e *Env) allocate(ctx context.Context, ms ...*Machine) error {
 	return e.timed("allocate to installed OS booted from disk", ms, func(m *Machine) error {
 		from := m.Serial.Size()
 
-		if err := e.Omni.Admin.Allocate(ctx, m.Spec.UUID, "lab", LabTalosVersion, nil, false); err != nil {
+		if err := e.Omni.Admin.Allocate(ctx, m.Spec.UUID, "lab-"+m.Site.Name, LabTalosVersion, nil, false); err != nil {
 			return err
 		}
 
