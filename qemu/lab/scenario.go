@@ -168,7 +168,7 @@ func (e *Env) Run(ctx context.Context, onStep func(name string, err error)) erro
 		}
 
 		if err != nil {
-			return fmt.Errorf("step %q: %w", s.Name, err)
+			return fmt.Errorf("step %q: %w\nlast controller errors:\n%s", s.Name, err, e.controllerErrors(5))
 		}
 	}
 
@@ -531,3 +531,34 @@ func lastMarker(m *Machine) string {
 var pxeOnce = vbmc.Override{Device: vbmc.BootPXE}
 
 func errField(err error) zap.Field { return zap.Error(err) }
+
+// controllerErrors returns the controller's last n error lines (distinct), for a failing step's report.
+func (e *Env) controllerErrors(n int) string {
+	lines := strings.Split(e.Controller.Proc.Log.Tail(1<<20), "\n")
+	seen := map[string]bool{}
+
+	var out []string
+
+	for i := len(lines) - 1; i >= 0 && len(out) < n; i-- {
+		l := lines[i]
+		if !strings.Contains(l, `"level":"error"`) {
+			continue
+		}
+
+		msg := l
+		if idx := strings.Index(l, `"error":`); idx >= 0 {
+			msg = l[idx:]
+		}
+
+		if len(msg) > 400 {
+			msg = msg[:400]
+		}
+
+		if !seen[msg] {
+			seen[msg] = true
+			out = append(out, "  "+msg)
+		}
+	}
+
+	return strings.Join(out, "\n")
+}
