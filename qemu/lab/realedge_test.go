@@ -28,7 +28,10 @@ func TestRealEdgeAgentMode(t *testing.T) {
 	o, err := l.StartStandIn(ctx, core, bins.StandIn)
 	require.NoError(t, err)
 
-	ctrl, err := l.StartController(ctx, core, bins.Controller, o, lab.ControllerOptions{PowerCooldown: 5 * time.Second})
+	local := filepath.Join(l.Dir, "local-assets")
+	require.NoError(t, lab.LocalAssets(images, local))
+
+	ctrl, err := l.StartController(ctx, core, bins.Controller, o, lab.ControllerOptions{LocalAssetsDir: local, PowerCooldown: 5 * time.Second})
 	require.NoError(t, err)
 
 	site, err := l.AddSite(core, 1)
@@ -38,7 +41,7 @@ func TestRealEdgeAgentMode(t *testing.T) {
 	require.NoError(t, err)
 
 	preseed := filepath.Join(l.Dir, "edge-preseed")
-	require.NoError(t, lab.PreseedBundle(images, "", preseed))
+	require.NoError(t, lab.PreseedBundle(images, local, preseed))
 
 	edge, err := site.StartEdge(ctx, bins.Edge, lab.EdgeOptions{Token: token, PreseedDir: preseed})
 	require.NoError(t, err)
