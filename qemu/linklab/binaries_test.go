@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -36,6 +37,35 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
+var (
+	buildOnce sync.Once
+	buildDir  string
+	buildErr  error
+)
+
+// buildBinaries builds the controller and edge binaries once per test run and returns their directory.
+func buildBinaries(t *testing.T) string {
+	t.Helper()
+
+	buildOnce.Do(func() {
+		buildDir, buildErr = os.MkdirTemp("", "outpost-bin-")
+		if buildErr != nil {
+			return
+		}
+
+		build := exec.Command("go", "build", "-o", buildDir+"/", "./controller", "./edge")
+		build.Dir = "../.."
+
+		if out, err := build.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build: %w: %s", err, out)
+		}
+	})
+
+	require.NoError(t, buildErr)
+
+	return buildDir
+}
+
 // TestBinariesEnrolListRevoke runs the real controller and edge binaries: an operator creates a site,
 // the edge enrols with the printed token, `site list` shows it connected, and a revocation disconnects it.
 func TestBinariesEnrolListRevoke(t *testing.T) {
@@ -45,12 +75,7 @@ func TestBinariesEnrolListRevoke(t *testing.T) {
 
 	t.Parallel()
 
-	bin := t.TempDir()
-	build := exec.Command("go", "build", "-o", bin+"/", "./controller", "./edge")
-	build.Dir = "../.."
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "go build: %s", out)
-
+	bin := buildBinaries(t)
 	stateDir := t.TempDir()
 	controllerBin, edgeBin := filepath.Join(bin, "controller"), filepath.Join(bin, "edge")
 
