@@ -96,6 +96,7 @@ func rootCommand() *cobra.Command {
 	f.StringSliceVar(&cfg.ServerNames, "server-name", envList("OUTPOST_SERVER_NAMES", cfg.ServerNames), "extra DNS names for the uplink certificate [OUTPOST_SERVER_NAMES]")
 
 	f.StringVar(&cfg.AssetsDir, "assets-dir", env("OUTPOST_ASSETS_DIR", cfg.AssetsDir), "boot-asset files (named by SHA-256) to relay to edges (default <state-dir>/assets) [OUTPOST_ASSETS_DIR]")
+	f.StringVar(&cfg.AgentAssetsDir, "agent-assets-dir", env("OUTPOST_AGENT_ASSETS_DIR", cfg.AgentAssetsDir), "agent-mode images (<arch>/vmlinuz, <arch>/initramfs.xz) every site is asked to cache [OUTPOST_AGENT_ASSETS_DIR]")
 	f.StringVar(&cfg.DefaultAssetPolicy, "default-asset-policy", env("OUTPOST_DEFAULT_ASSET_POLICY", cfg.DefaultAssetPolicy), "asset policy of sites without their own: passthrough, cache or offline [OUTPOST_DEFAULT_ASSET_POLICY]")
 
 	f.StringVar(&cfg.Omni.Endpoint, "omni-endpoint", env("OMNI_ENDPOINT", cfg.Omni.Endpoint), "Omni API URL; empty runs sites and edges only, without the lifecycle [OMNI_ENDPOINT]")
