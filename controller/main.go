@@ -199,5 +199,3 @@ func siteCommand(cfg *config.Config) *cobra.Command {
 
 	return site
 }
-
-

@@ -95,4 +95,3 @@ func rootCommand() *cobra.Command {
 
 	return root
 }
-
