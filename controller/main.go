@@ -4,12 +4,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/signal"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -18,6 +15,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/admincli"
 	"github.com/outpost-metal/outpost/controller/app"
 	"github.com/outpost-metal/outpost/controller/config"
+	"github.com/outpost-metal/outpost/shared/envflag"
 	"github.com/outpost-metal/outpost/shared/logging"
 	"github.com/outpost-metal/outpost/shared/version"
 )
@@ -35,33 +33,7 @@ func main() {
 func rootCommand() *cobra.Command {
 	cfg := config.Default()
 
-	var envErrors []error
-
-	envBool := func(name string, def bool) bool {
-		if v, ok := os.LookupEnv(name); ok {
-			b, err := strconv.ParseBool(v)
-			if err == nil {
-				return b
-			}
-
-			envErrors = append(envErrors, fmt.Errorf("%s=%q is not a boolean", name, v))
-		}
-
-		return def
-	}
-
-	envDuration := func(name string, def time.Duration) time.Duration {
-		if v, ok := os.LookupEnv(name); ok {
-			d, err := time.ParseDuration(v)
-			if err == nil {
-				return d
-			}
-
-			envErrors = append(envErrors, fmt.Errorf("%s=%q is not a duration", name, v))
-		}
-
-		return def
-	}
+	env := envflag.New()
 
 	root := &cobra.Command{
 		Use:           "controller",
@@ -71,7 +43,7 @@ func rootCommand() *cobra.Command {
 		SilenceErrors: true,
 		Args:          cobra.NoArgs,
 		PersistentPreRunE: func(*cobra.Command, []string) error {
-			return errors.Join(envErrors...)
+			return env.Err()
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := logging.New(os.Stderr, cfg.LogLevel)
@@ -85,32 +57,33 @@ func rootCommand() *cobra.Command {
 	}
 
 	f := root.PersistentFlags()
-	f.StringVar(&cfg.StateDir, "state-dir", env("OUTPOST_STATE_DIR", cfg.StateDir), "directory for the CA, the site store and the admin socket [OUTPOST_STATE_DIR]")
-	f.StringVar(&cfg.AdminSocket, "admin-socket", env("OUTPOST_ADMIN_SOCKET", cfg.AdminSocket), "admin API unix socket (default <state-dir>/admin.sock) [OUTPOST_ADMIN_SOCKET]")
+	f.StringVar(&cfg.StateDir, "state-dir", env.String("OUTPOST_STATE_DIR", cfg.StateDir), "directory for the CA, the site store and the admin socket [OUTPOST_STATE_DIR]")
+	f.StringVar(&cfg.AdminSocket, "admin-socket", env.String("OUTPOST_ADMIN_SOCKET", cfg.AdminSocket), "admin API unix socket (default <state-dir>/admin.sock) [OUTPOST_ADMIN_SOCKET]")
 
 	f = root.Flags()
-	f.StringVar(&cfg.UplinkListen, "uplink-listen", env("OUTPOST_UPLINK_LISTEN", cfg.UplinkListen), "address edges connect to [OUTPOST_UPLINK_LISTEN]")
-	f.StringVar(&cfg.HTTPListen, "http-listen", env("OUTPOST_HTTP_LISTEN", cfg.HTTPListen), "address for /metrics and /healthz, empty to disable [OUTPOST_HTTP_LISTEN]")
-	f.StringVar(&cfg.LogLevel, "log-level", env("OUTPOST_LOG_LEVEL", cfg.LogLevel), "debug, info, warn or error [OUTPOST_LOG_LEVEL]")
-	f.DurationVar(&cfg.CertValidity, "cert-validity", envDuration("OUTPOST_CERT_VALIDITY", cfg.CertValidity), "lifetime of edge certificates [OUTPOST_CERT_VALIDITY]")
-	f.StringSliceVar(&cfg.ServerNames, "server-name", envList("OUTPOST_SERVER_NAMES", cfg.ServerNames), "extra DNS names for the uplink certificate [OUTPOST_SERVER_NAMES]")
+	f.StringVar(&cfg.UplinkListen, "uplink-listen", env.String("OUTPOST_UPLINK_LISTEN", cfg.UplinkListen), "address edges connect to [OUTPOST_UPLINK_LISTEN]")
+	f.StringVar(&cfg.HTTPListen, "http-listen", env.String("OUTPOST_HTTP_LISTEN", cfg.HTTPListen), "address for /metrics and /healthz, empty to disable [OUTPOST_HTTP_LISTEN]")
+	f.StringVar(&cfg.LogLevel, "log-level", env.String("OUTPOST_LOG_LEVEL", cfg.LogLevel), "debug, info, warn or error [OUTPOST_LOG_LEVEL]")
+	f.DurationVar(&cfg.CertValidity, "cert-validity", env.Duration("OUTPOST_CERT_VALIDITY", cfg.CertValidity), "lifetime of edge certificates [OUTPOST_CERT_VALIDITY]")
+	f.StringSliceVar(&cfg.ServerNames, "server-name", env.List("OUTPOST_SERVER_NAMES", cfg.ServerNames), "extra DNS names for the uplink certificate [OUTPOST_SERVER_NAMES]")
 
-	f.StringVar(&cfg.AssetsDir, "assets-dir", env("OUTPOST_ASSETS_DIR", cfg.AssetsDir), "boot-asset files (named by SHA-256) to relay to edges (default <state-dir>/assets) [OUTPOST_ASSETS_DIR]")
-	f.StringVar(&cfg.DefaultAssetPolicy, "default-asset-policy", env("OUTPOST_DEFAULT_ASSET_POLICY", cfg.DefaultAssetPolicy), "asset policy of sites without their own: passthrough, cache or offline [OUTPOST_DEFAULT_ASSET_POLICY]")
+	f.StringVar(&cfg.AssetsDir, "assets-dir", env.String("OUTPOST_ASSETS_DIR", cfg.AssetsDir), "boot-asset files (named by SHA-256) to relay to edges (default <state-dir>/assets) [OUTPOST_ASSETS_DIR]")
+	f.StringVar(&cfg.AgentAssetsDir, "agent-assets-dir", env.String("OUTPOST_AGENT_ASSETS_DIR", cfg.AgentAssetsDir), "agent-mode images (<arch>/vmlinuz, <arch>/initramfs.xz) every site is asked to cache [OUTPOST_AGENT_ASSETS_DIR]")
+	f.StringVar(&cfg.DefaultAssetPolicy, "default-asset-policy", env.String("OUTPOST_DEFAULT_ASSET_POLICY", cfg.DefaultAssetPolicy), "asset policy of sites without their own: passthrough, cache or offline [OUTPOST_DEFAULT_ASSET_POLICY]")
 
-	f.StringVar(&cfg.Omni.Endpoint, "omni-endpoint", env("OMNI_ENDPOINT", cfg.Omni.Endpoint), "Omni API URL; empty runs sites and edges only, without the lifecycle [OMNI_ENDPOINT]")
-	f.BoolVar(&cfg.Omni.InsecureSkipVerify, "omni-insecure-skip-verify", envBool("OMNI_INSECURE_SKIP_VERIFY", cfg.Omni.InsecureSkipVerify), "skip TLS verification of Omni (labs only) [OMNI_INSECURE_SKIP_VERIFY]")
-	f.StringVar(&cfg.Omni.ProviderID, "provider-id", env("OUTPOST_PROVIDER_ID", cfg.Omni.ProviderID), "infra provider ID the service account was created for [OUTPOST_PROVIDER_ID]")
-	f.DurationVar(&cfg.Lifecycle.Cooldown, "power-cooldown", envDuration("OUTPOST_POWER_COOLDOWN", cfg.Lifecycle.Cooldown), "minimum time between a power-on or reboot and the next power-off or reboot [OUTPOST_POWER_COOLDOWN]")
-	f.DurationVar(&cfg.Lifecycle.PollInterval, "poll-interval", envDuration("OUTPOST_POLL_INTERVAL", cfg.Lifecycle.PollInterval), "how often power and agent state are refreshed [OUTPOST_POLL_INTERVAL]")
-	f.StringVar(&cfg.Planner.AgentTalosVersion, "agent-talos-version", env("OUTPOST_AGENT_TALOS_VERSION", cfg.Planner.AgentTalosVersion), "Talos version booted in agent mode [OUTPOST_AGENT_TALOS_VERSION]")
-	f.StringVar(&cfg.Planner.Console, "console", env("OUTPOST_CONSOLE", cfg.Planner.Console), "console kernel argument for PXE boots [OUTPOST_CONSOLE]")
-	f.StringVar((*string)(&cfg.Planner.DiskMethod), "disk-method", env("OUTPOST_DISK_METHOD", string(cfg.Planner.DiskMethod)), "how machines boot their disk: ipxe-exit, http-404 or ipxe-sanboot [OUTPOST_DISK_METHOD]")
-	f.StringVar(&cfg.InstallAssetsDir, "install-assets-dir", env("OUTPOST_INSTALL_ASSETS_DIR", cfg.InstallAssetsDir), "local Talos install assets (<schematic>/<version>/kernel-<arch>, initramfs-<arch>.xz) [OUTPOST_INSTALL_ASSETS_DIR]")
-	f.StringVar(&cfg.InstallAssetsURL, "install-assets-url", env("OUTPOST_INSTALL_ASSETS_URL", cfg.InstallAssetsURL), "where machines fetch local install assets (edge-relative path or URL) [OUTPOST_INSTALL_ASSETS_URL]")
-	f.StringVar(&cfg.ImageFactoryURL, "image-factory-url", env("OUTPOST_IMAGE_FACTORY_URL", cfg.ImageFactoryURL), "image factory URL (schematics) when no install assets directory is set [OUTPOST_IMAGE_FACTORY_URL]")
-	f.StringVar(&cfg.PXEBaseURL, "pxe-base-url", env("OUTPOST_PXE_BASE_URL", cfg.PXEBaseURL), "where the image factory serves PXE scripts and images (default: the factory URL) [OUTPOST_PXE_BASE_URL]")
-	f.StringVar(&cfg.TrustedRootsFile, "trusted-roots-file", env("OUTPOST_TRUSTED_ROOTS_FILE", cfg.TrustedRootsFile), "PEM CA bundle added to machines' join config (custom CA in front of Omni) [OUTPOST_TRUSTED_ROOTS_FILE]")
+	f.StringVar(&cfg.Omni.Endpoint, "omni-endpoint", env.String("OMNI_ENDPOINT", cfg.Omni.Endpoint), "Omni API URL; empty runs sites and edges only, without the lifecycle [OMNI_ENDPOINT]")
+	f.BoolVar(&cfg.Omni.InsecureSkipVerify, "omni-insecure-skip-verify", env.Bool("OMNI_INSECURE_SKIP_VERIFY", cfg.Omni.InsecureSkipVerify), "skip TLS verification of Omni (labs only) [OMNI_INSECURE_SKIP_VERIFY]")
+	f.StringVar(&cfg.Omni.ProviderID, "provider-id", env.String("OUTPOST_PROVIDER_ID", cfg.Omni.ProviderID), "infra provider ID the service account was created for [OUTPOST_PROVIDER_ID]")
+	f.DurationVar(&cfg.Lifecycle.Cooldown, "power-cooldown", env.Duration("OUTPOST_POWER_COOLDOWN", cfg.Lifecycle.Cooldown), "minimum time between a power-on or reboot and the next power-off or reboot [OUTPOST_POWER_COOLDOWN]")
+	f.DurationVar(&cfg.Lifecycle.PollInterval, "poll-interval", env.Duration("OUTPOST_POLL_INTERVAL", cfg.Lifecycle.PollInterval), "how often power and agent state are refreshed [OUTPOST_POLL_INTERVAL]")
+	f.StringVar(&cfg.Planner.AgentTalosVersion, "agent-talos-version", env.String("OUTPOST_AGENT_TALOS_VERSION", cfg.Planner.AgentTalosVersion), "Talos version booted in agent mode [OUTPOST_AGENT_TALOS_VERSION]")
+	f.StringVar(&cfg.Planner.Console, "console", env.String("OUTPOST_CONSOLE", cfg.Planner.Console), "console kernel argument for PXE boots [OUTPOST_CONSOLE]")
+	f.StringVar((*string)(&cfg.Planner.DiskMethod), "disk-method", env.String("OUTPOST_DISK_METHOD", string(cfg.Planner.DiskMethod)), "how machines boot their disk: ipxe-exit, http-404 or ipxe-sanboot [OUTPOST_DISK_METHOD]")
+	f.StringVar(&cfg.InstallAssetsDir, "install-assets-dir", env.String("OUTPOST_INSTALL_ASSETS_DIR", cfg.InstallAssetsDir), "local Talos install assets (<schematic>/<version>/kernel-<arch>, initramfs-<arch>.xz) [OUTPOST_INSTALL_ASSETS_DIR]")
+	f.StringVar(&cfg.InstallAssetsURL, "install-assets-url", env.String("OUTPOST_INSTALL_ASSETS_URL", cfg.InstallAssetsURL), "where machines fetch local install assets (edge-relative path or URL) [OUTPOST_INSTALL_ASSETS_URL]")
+	f.StringVar(&cfg.ImageFactoryURL, "image-factory-url", env.String("OUTPOST_IMAGE_FACTORY_URL", cfg.ImageFactoryURL), "image factory URL (schematics) when no install assets directory is set [OUTPOST_IMAGE_FACTORY_URL]")
+	f.StringVar(&cfg.PXEBaseURL, "pxe-base-url", env.String("OUTPOST_PXE_BASE_URL", cfg.PXEBaseURL), "where the image factory serves PXE scripts and images (default: the factory URL) [OUTPOST_PXE_BASE_URL]")
+	f.StringVar(&cfg.TrustedRootsFile, "trusted-roots-file", env.String("OUTPOST_TRUSTED_ROOTS_FILE", cfg.TrustedRootsFile), "PEM CA bundle added to machines' join config (custom CA in front of Omni) [OUTPOST_TRUSTED_ROOTS_FILE]")
 
 	// The service-account key is a secret: it comes from the environment only, never from a flag (visible in ps).
 	cfg.Omni.ServiceAccountKey = os.Getenv("OMNI_SERVICE_ACCOUNT_KEY")
@@ -225,20 +198,4 @@ func siteCommand(cfg *config.Config) *cobra.Command {
 	site.AddCommand(create, token, list, show, policy, revoke, del)
 
 	return site
-}
-
-func env(name, def string) string {
-	if v, ok := os.LookupEnv(name); ok {
-		return v
-	}
-
-	return def
-}
-
-func envList(name string, def []string) []string {
-	if v, ok := os.LookupEnv(name); ok && v != "" {
-		return strings.Split(v, ",")
-	}
-
-	return def
 }

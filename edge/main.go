@@ -4,12 +4,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
@@ -18,6 +16,7 @@ import (
 	"github.com/outpost-metal/outpost/edge/assets"
 	"github.com/outpost-metal/outpost/edge/assetscli"
 	"github.com/outpost-metal/outpost/edge/config"
+	"github.com/outpost-metal/outpost/shared/envflag"
 	"github.com/outpost-metal/outpost/shared/logging"
 	"github.com/outpost-metal/outpost/shared/version"
 )
@@ -35,20 +34,7 @@ func main() {
 func rootCommand() *cobra.Command {
 	cfg := config.Default()
 
-	var envErrs []error
-
-	envDuration := func(name string, def time.Duration) time.Duration {
-		if v, ok := os.LookupEnv(name); ok {
-			d, err := time.ParseDuration(v)
-			if err == nil {
-				return d
-			}
-
-			envErrs = append(envErrs, fmt.Errorf("%s=%q is not a duration", name, v))
-		}
-
-		return def
-	}
+	env := envflag.New()
 
 	root := &cobra.Command{
 		Use:           "edge",
@@ -58,7 +44,7 @@ func rootCommand() *cobra.Command {
 		SilenceErrors: true,
 		Args:          cobra.NoArgs,
 		PersistentPreRunE: func(*cobra.Command, []string) error {
-			return errors.Join(envErrs...)
+			return env.Err()
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := logging.New(os.Stderr, cfg.LogLevel)
@@ -72,23 +58,23 @@ func rootCommand() *cobra.Command {
 	}
 
 	f := root.PersistentFlags()
-	f.StringVar(&cfg.StateDir, "state-dir", env("OUTPOST_STATE_DIR", cfg.StateDir), "directory for the edge's identity, boot table, journal and assets [OUTPOST_STATE_DIR]")
+	f.StringVar(&cfg.StateDir, "state-dir", env.String("OUTPOST_STATE_DIR", cfg.StateDir), "directory for the edge's identity, boot table, journal and assets [OUTPOST_STATE_DIR]")
 
 	f = root.Flags()
-	f.StringVar(&cfg.LogLevel, "log-level", env("OUTPOST_LOG_LEVEL", cfg.LogLevel), "debug, info, warn or error [OUTPOST_LOG_LEVEL]")
-	f.StringVar(&cfg.Uplink.ControllerAddress, "controller", env("OUTPOST_CONTROLLER", cfg.Uplink.ControllerAddress), "controller uplink address, host:port [OUTPOST_CONTROLLER]")
-	f.StringVar(&cfg.Uplink.JoinToken, "join-token", env("OUTPOST_JOIN_TOKEN", cfg.Uplink.JoinToken), "join token from 'controller site create' (needed once, to enrol) [OUTPOST_JOIN_TOKEN]")
-	f.DurationVar(&cfg.Uplink.BackoffMax, "reconnect-max", envDuration("OUTPOST_RECONNECT_MAX", cfg.Uplink.BackoffMax), "longest wait between reconnection attempts [OUTPOST_RECONNECT_MAX]")
-	f.StringVar(&cfg.DHCP.Interface, "interface", env("OUTPOST_INTERFACE", cfg.DHCP.Interface), "network interface the ProxyDHCP serves (SO_BINDTODEVICE); empty with no --server-ip turns it off [OUTPOST_INTERFACE]")
-	f.StringVar(&cfg.DHCP.ServerIP, "server-ip", env("OUTPOST_SERVER_IP", cfg.DHCP.ServerIP), "the edge's address machines reach (default: the interface's first IPv4) [OUTPOST_SERVER_IP]")
-	f.StringVar(&cfg.HTTP.Listen, "http-listen", env("OUTPOST_HTTP_LISTEN", cfg.HTTP.Listen), "address for iPXE scripts, binaries, assets, /config, /metrics and /healthz [OUTPOST_HTTP_LISTEN]")
-	f.StringVar(&cfg.HTTP.AdvertiseHost, "advertise-host", env("OUTPOST_ADVERTISE_HOST", cfg.HTTP.AdvertiseHost), "host[:port] machines use for the HTTP server (default: the request's Host) [OUTPOST_ADVERTISE_HOST]")
-	f.StringVar(&cfg.HTTP.AgentAddress, "agent-address", env("OUTPOST_AGENT_ADDRESS", cfg.HTTP.AgentAddress), "metal.provider.address given to agents (default: the advertised host with the API port) [OUTPOST_AGENT_ADDRESS]")
-	f.StringVar(&cfg.TFTP.Listen, "tftp-listen", env("OUTPOST_TFTP_LISTEN", cfg.TFTP.Listen), "TFTP address, empty to turn TFTP off [OUTPOST_TFTP_LISTEN]")
-	f.StringVar(&cfg.APIListen, "api-listen", env("OUTPOST_API_LISTEN", cfg.APIListen), "agent tunnel endpoint (HTTP/2) [OUTPOST_API_LISTEN]")
-	f.StringVar(&cfg.IPXEDir, "ipxe-dir", env("OUTPOST_IPXE_DIR", cfg.IPXEDir), "directory of iPXE binaries (Debian's ipxe package) [OUTPOST_IPXE_DIR]")
+	f.StringVar(&cfg.LogLevel, "log-level", env.String("OUTPOST_LOG_LEVEL", cfg.LogLevel), "debug, info, warn or error [OUTPOST_LOG_LEVEL]")
+	f.StringVar(&cfg.Uplink.ControllerAddress, "controller", env.String("OUTPOST_CONTROLLER", cfg.Uplink.ControllerAddress), "controller uplink address, host:port [OUTPOST_CONTROLLER]")
+	f.StringVar(&cfg.Uplink.JoinToken, "join-token", env.String("OUTPOST_JOIN_TOKEN", cfg.Uplink.JoinToken), "join token from 'controller site create' (needed once, to enrol) [OUTPOST_JOIN_TOKEN]")
+	f.DurationVar(&cfg.Uplink.BackoffMax, "reconnect-max", env.Duration("OUTPOST_RECONNECT_MAX", cfg.Uplink.BackoffMax), "longest wait between reconnection attempts [OUTPOST_RECONNECT_MAX]")
+	f.StringVar(&cfg.DHCP.Interface, "interface", env.String("OUTPOST_INTERFACE", cfg.DHCP.Interface), "network interface the ProxyDHCP serves (SO_BINDTODEVICE); empty with no --server-ip turns it off [OUTPOST_INTERFACE]")
+	f.StringVar(&cfg.DHCP.ServerIP, "server-ip", env.String("OUTPOST_SERVER_IP", cfg.DHCP.ServerIP), "the edge's address machines reach (default: the interface's first IPv4) [OUTPOST_SERVER_IP]")
+	f.StringVar(&cfg.HTTP.Listen, "http-listen", env.String("OUTPOST_HTTP_LISTEN", cfg.HTTP.Listen), "address for iPXE scripts, binaries, assets, /config, /metrics and /healthz [OUTPOST_HTTP_LISTEN]")
+	f.StringVar(&cfg.HTTP.AdvertiseHost, "advertise-host", env.String("OUTPOST_ADVERTISE_HOST", cfg.HTTP.AdvertiseHost), "host[:port] machines use for the HTTP server (default: the request's Host) [OUTPOST_ADVERTISE_HOST]")
+	f.StringVar(&cfg.HTTP.AgentAddress, "agent-address", env.String("OUTPOST_AGENT_ADDRESS", cfg.HTTP.AgentAddress), "metal.provider.address given to agents (default: the advertised host with the API port) [OUTPOST_AGENT_ADDRESS]")
+	f.StringVar(&cfg.TFTP.Listen, "tftp-listen", env.String("OUTPOST_TFTP_LISTEN", cfg.TFTP.Listen), "TFTP address, empty to turn TFTP off [OUTPOST_TFTP_LISTEN]")
+	f.StringVar(&cfg.APIListen, "api-listen", env.String("OUTPOST_API_LISTEN", cfg.APIListen), "agent tunnel endpoint (HTTP/2) [OUTPOST_API_LISTEN]")
+	f.StringVar(&cfg.IPXEDir, "ipxe-dir", env.String("OUTPOST_IPXE_DIR", cfg.IPXEDir), "directory of iPXE binaries (Debian's ipxe package) [OUTPOST_IPXE_DIR]")
 	f.Int64Var(&cfg.Assets.MaxBytes, "assets-max-bytes", cfg.Assets.MaxBytes, "size cap of the boot-asset cache")
-	f.StringVar(&cfg.AssetsPreseedDir, "assets-preseed-dir", env("OUTPOST_ASSETS_PRESEED_DIR", cfg.AssetsPreseedDir), "asset bundle to import at start (baked-in assets) [OUTPOST_ASSETS_PRESEED_DIR]")
+	f.StringVar(&cfg.AssetsPreseedDir, "assets-preseed-dir", env.String("OUTPOST_ASSETS_PRESEED_DIR", cfg.AssetsPreseedDir), "asset bundle to import at start (baked-in assets) [OUTPOST_ASSETS_PRESEED_DIR]")
 	f.StringSliceVar(&cfg.HTTP.KernelArgs, "kernel-args", cfg.HTTP.KernelArgs, "kernel arguments for every PXE boot unless the controller sets them (consoles)")
 
 	root.AddCommand(assetscli.NewCommand(func() (assets.Config, error) {
@@ -108,12 +94,4 @@ func rootCommand() *cobra.Command {
 	}))
 
 	return root
-}
-
-func env(name, def string) string {
-	if v, ok := os.LookupEnv(name); ok {
-		return v
-	}
-
-	return def
 }

@@ -65,7 +65,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 
 	registry := sites.NewRegistry(st, ca, rand.Reader, time.Now)
 
-	catalog, relay, err := assetCatalog(ctx, cfg, registry, log)
+	catalog, relay, agentRefs, err := assetCatalog(ctx, cfg, registry, log)
 	if err != nil {
 		return err
 	}
@@ -84,7 +84,14 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		CertValidity: cfg.CertValidity,
 		ServerNames:  cfg.ServerNames,
 		Register:     []func(grpc.ServiceRegistrar){relay.Register, edges.receiver.Register},
-		OnSession:    []sites.SessionFunc{catalog.OnSession, edges.plans.OnSession, edges.sessionStarted},
+		OnSession: []sites.SessionFunc{catalog.OnSession, edges.plans.OnSession, edges.sessionStarted,
+			func(_ context.Context, siteID string, _ grpc.ClientConnInterface) error {
+				if agentRefs != nil {
+					catalog.SetNeeded(siteID, agentRefs)
+				}
+
+				return nil
+			}},
 	})
 	if err != nil {
 		return err
@@ -136,23 +143,25 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 
 // assetCatalog builds the per-site asset bookkeeping, with each site's stored policy, and the relay
 // that streams the controller's asset files to edges.
-func assetCatalog(ctx context.Context, cfg config.Config, registry *sites.Registry, log *zap.Logger) (*assets.Catalog, *assets.Relay, error) {
+func assetCatalog(ctx context.Context, cfg config.Config, registry *sites.Registry, log *zap.Logger) (*assets.Catalog, *assets.Relay, []*assetspb.AssetRef, error) {
 	defaultPolicy, err := assets.ParsePolicy(cfg.DefaultAssetPolicy)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 
 	catalog := assets.NewCatalog(defaultPolicy, time.Now)
 
+	var agentRefs []*assetspb.AssetRef
+
 	list, err := registry.List(ctx)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 
 	for _, site := range list {
 		if p := assetspb.Policy(site.TypedSpec().Value.GetAssetPolicy()); p != assetspb.Policy_POLICY_UNSPECIFIED {
 			if err := catalog.SetPolicy(site.Metadata().ID(), p); err != nil {
-				return nil, nil, err
+				return nil, nil, nil, err
 			}
 		}
 	}
@@ -163,15 +172,29 @@ func assetCatalog(ctx context.Context, cfg config.Config, registry *sites.Regist
 	}
 
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, nil, fmt.Errorf("asset directory: %w", err)
+		return nil, nil, nil, fmt.Errorf("asset directory: %w", err)
 	}
 
 	relay, err := assets.NewRelay(assets.DefaultRelay(), assets.DirFiles{Dir: dir}, catalog, sites.SiteFromContext, log)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 
-	return catalog, relay, nil
+	if cfg.AgentAssetsDir != "" {
+		refs, err := loadAgentAssets(cfg.AgentAssetsDir, dir)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+
+		for _, site := range list {
+			catalog.SetNeeded(site.Metadata().ID(), refs)
+		}
+
+		agentRefs = refs
+		log.Info("agent-mode assets offered to every site", zap.Int("assets", len(refs)))
+	}
+
+	return catalog, relay, agentRefs, nil
 }
 
 // catalogState adapts the asset catalog to what the admin API needs.

@@ -34,6 +34,9 @@ type Config struct {
 	// AssetsDir holds boot-asset files named by their SHA-256, which the controller relays to edges
 	// that cannot fetch them themselves (air-gapped sites); empty means <StateDir>/assets.
 	AssetsDir string
+	// AgentAssetsDir holds the agent-mode image per iPXE architecture (<arch>/vmlinuz, <arch>/initramfs.xz);
+	// every site is asked to hold it, by relay where it cannot fetch it (air-gapped sites).
+	AgentAssetsDir string
 	// DefaultAssetPolicy applies to sites without their own: passthrough, cache or offline.
 	DefaultAssetPolicy string
 

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/outpost-metal/outpost/shared/atomicfile"
+
 	"go.uber.org/zap"
 )
 
@@ -286,7 +288,7 @@ func (s *Store) install(ref Ref, path string, committed func()) error {
 		s.man.Blobs[ref.SHA256] = &blobEntry{Size: ref.Size, LastUsed: s.now(), Stamp: stampOf(fi)}
 		s.man.Names[ref.Name] = ref.SHA256
 
-		if err := syncDir(s.blobDir()); err != nil {
+		if err := atomicfile.SyncDir(s.blobDir()); err != nil {
 			return fmt.Errorf("put asset %s: sync: %w", ref.Name, err)
 		}
 

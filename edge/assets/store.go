@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/outpost-metal/outpost/shared/atomicfile"
+
 	"go.uber.org/zap"
 )
 
@@ -335,20 +337,8 @@ func (s *Store) saveLocked() error {
 		return fmt.Errorf("encode asset manifest: %w", err)
 	}
 
-	tmp := s.manifestPath() + ".tmp"
-
-	if err := writeFileSync(tmp, data); err != nil {
-		_ = os.Remove(tmp)
-
-		return fmt.Errorf("write asset manifest: %w", err)
-	}
-
-	if err := os.Rename(tmp, s.manifestPath()); err != nil {
-		return fmt.Errorf("replace asset manifest: %w", err)
-	}
-
-	if err := syncDir(s.cfg.Dir); err != nil {
-		return fmt.Errorf("sync asset directory: %w", err)
+	if err := atomicfile.Write(s.manifestPath(), data, 0o644); err != nil {
+		return fmt.Errorf("save asset manifest: %w", err)
 	}
 
 	if fi, err := os.Stat(s.manifestPath()); err == nil {
@@ -358,37 +348,6 @@ func (s *Store) saveLocked() error {
 	s.metrics.bytesUsed.Set(float64(s.usedLocked()))
 
 	return nil
-}
-
-func writeFileSync(path string, data []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return err
-	}
-
-	if _, err := f.Write(data); err != nil {
-		f.Close() //nolint:errcheck
-
-		return err
-	}
-
-	if err := f.Sync(); err != nil {
-		f.Close() //nolint:errcheck
-
-		return err
-	}
-
-	return f.Close()
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close() //nolint:errcheck
-
-	return d.Sync()
 }
 
 // withLock runs fn holding the cross-process lock on the cache directory.

@@ -165,7 +165,7 @@ func TestBoundedAndCompacted(t *testing.T) {
 
 	st, err := os.Stat(filepath.Join(dir, journal.LogName))
 	require.NoError(t, err)
-	require.LessOrEqual(t, st.Size(), int64(2*c.MaxBytes), "file stays bounded")
+	require.LessOrEqual(t, st.Size(), 2*c.MaxBytes, "file stays bounded")
 	require.NoError(t, j.Close())
 
 	j2 := open(t, c)

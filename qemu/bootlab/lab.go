@@ -313,7 +313,7 @@ func EnsureKernel(outDir string) (Kernel, error) {
 		cmd.Dir = outDir
 
 		if b, err := cmd.CombinedOutput(); err != nil {
-			return Kernel{}, fmt.Errorf("apt-get download %s: %v: %s: %w", pkg, err, b, ErrNoKernel)
+			return Kernel{}, fmt.Errorf("apt-get download %s: %w: %s: %w", pkg, err, b, ErrNoKernel)
 		}
 
 		debs, _ = filepath.Glob(filepath.Join(outDir, "linux-image-*-cloud-amd64_*.deb"))
@@ -323,7 +323,7 @@ func EnsureKernel(outDir string) (Kernel, error) {
 	}
 
 	if b, err := exec.Command("dpkg-deb", "-x", debs[len(debs)-1], root).CombinedOutput(); err != nil {
-		return Kernel{}, fmt.Errorf("dpkg-deb -x: %v: %s: %w", err, b, ErrNoKernel)
+		return Kernel{}, fmt.Errorf("dpkg-deb -x: %w: %s: %w", err, b, ErrNoKernel)
 	}
 
 	if k, ok := find(); ok {

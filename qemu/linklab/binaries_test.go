@@ -4,6 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -36,6 +39,35 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
+var (
+	buildOnce sync.Once
+	buildDir  string
+	buildErr  error
+)
+
+// buildBinaries builds the controller and edge binaries once per test run and returns their directory.
+func buildBinaries(t *testing.T) string {
+	t.Helper()
+
+	buildOnce.Do(func() {
+		buildDir, buildErr = os.MkdirTemp("", "outpost-bin-")
+		if buildErr != nil {
+			return
+		}
+
+		build := exec.Command("go", "build", "-o", buildDir+"/", "./controller", "./edge")
+		build.Dir = "../.."
+
+		if out, err := build.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build: %w: %s", err, out)
+		}
+	})
+
+	require.NoError(t, buildErr)
+
+	return buildDir
+}
+
 // TestBinariesEnrolListRevoke runs the real controller and edge binaries: an operator creates a site,
 // the edge enrols with the printed token, `site list` shows it connected, and a revocation disconnects it.
 func TestBinariesEnrolListRevoke(t *testing.T) {
@@ -45,12 +77,7 @@ func TestBinariesEnrolListRevoke(t *testing.T) {
 
 	t.Parallel()
 
-	bin := t.TempDir()
-	build := exec.Command("go", "build", "-o", bin+"/", "./controller", "./edge")
-	build.Dir = "../.."
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "go build: %s", out)
-
+	bin := buildBinaries(t)
 	stateDir := t.TempDir()
 	controllerBin, edgeBin := filepath.Join(bin, "controller"), filepath.Join(bin, "edge")
 
@@ -166,4 +193,69 @@ func TestBinariesEnrolListRevoke(t *testing.T) {
 
 	_, err = os.Stat(filepath.Join(stateDir, "outpost.db"))
 	require.NoError(t, err)
+}
+
+// TestBinariesAirGappedSiteGetsAgentAssetsByRelay: an offline site (no image factory in reach) is asked to hold
+// the controller's agent-mode images, receives them by relay over the uplink, verifies them, and serves them
+// under the names agent-mode boot scripts use.
+func TestBinariesAirGappedSiteGetsAgentAssetsByRelay(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs both binaries; skipped with -short")
+	}
+
+	t.Parallel()
+
+	bin := buildBinaries(t)
+	stateDir := t.TempDir()
+
+	agentDir := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(agentDir, "x86_64"), 0o755))
+
+	kernel := make([]byte, 3<<20+17)
+	initrd := make([]byte, 1<<20+5)
+
+	for i := range kernel {
+		kernel[i] = byte(i * 7)
+	}
+
+	for i := range initrd {
+		initrd[i] = byte(i * 13)
+	}
+
+	require.NoError(t, os.WriteFile(filepath.Join(agentDir, "x86_64", "vmlinuz"), kernel, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(agentDir, "x86_64", "initramfs.xz"), initrd, 0o644))
+
+	ctl := startProcess(t, nil, filepath.Join(bin, "controller"), "--state-dir", stateDir, "--uplink-listen", "127.0.0.1:0",
+		"--http-listen", "", "--agent-assets-dir", agentDir, "--default-asset-policy", "offline")
+	uplinkAddr := ctl.logField(t, "controller starting", "uplink")
+
+	out, err := exec.Command(filepath.Join(bin, "controller"), "--state-dir", stateDir, "site", "create", "bunker").Output()
+	require.NoError(t, err)
+
+	ipxeDir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(ipxeDir, "undionly.kpxe"), []byte("stand-in"), 0o644))
+
+	edge := startProcess(t, nil, filepath.Join(bin, "edge"), "--state-dir", t.TempDir(), "--controller", uplinkAddr,
+		"--join-token", strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0]), "--http-listen", "127.0.0.1:0",
+		"--api-listen", "127.0.0.1:0", "--tftp-listen", "", "--ipxe-dir", ipxeDir)
+	httpAddr := edge.logField(t, "edge started", "http")
+
+	for name, want := range map[string][]byte{"vmlinuz": kernel, "initramfs.xz": initrd} {
+		require.Eventually(t, func() bool {
+			resp, err := http.Get("http://" + httpAddr + "/assets/agent/x86_64/" + name) //nolint:noctx
+			if err != nil {
+				return false
+			}
+			defer resp.Body.Close() //nolint:errcheck
+
+			body, err := io.ReadAll(resp.Body)
+
+			return err == nil && resp.StatusCode == http.StatusOK && bytes.Equal(body, want)
+		}, 60*time.Second, 100*time.Millisecond, "the edge never served agent/x86_64/%s", name)
+	}
+
+	show, err := exec.Command(filepath.Join(bin, "controller"), "--state-dir", stateDir, "site", "show", "bunker").CombinedOutput()
+	require.NoError(t, err, "%s", show)
+	require.Contains(t, string(show), "asset policy:  offline")
+	require.Regexp(t, `relayed:\s+[1-9][0-9]* bytes`, string(show))
 }

@@ -7,6 +7,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -128,7 +129,7 @@ func loadModules(list string) error {
 			continue
 		}
 
-		if err := finitModule(path); err != nil && err != syscall.EEXIST {
+		if err := finitModule(path); err != nil && !errors.Is(err, syscall.EEXIST) {
 			return fmt.Errorf("load %s: %w", path, err)
 		}
 	}

@@ -1,0 +1,309 @@
+package linklab_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/siderolabs/omni/client/api/omni/specs"
+	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
+	pb "github.com/siderolabs/siderolink/api/siderolink"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/outpost-metal/outpost/qemu/omni"
+	"github.com/outpost-metal/outpost/qemu/testagent"
+	"github.com/outpost-metal/outpost/qemu/vbmc"
+)
+
+// process is a started binary whose log the test reads.
+type process struct {
+	cmd *exec.Cmd
+	log syncBuffer
+}
+
+func startProcess(t *testing.T, env []string, name string, args ...string) *process {
+	t.Helper()
+
+	p := &process{cmd: exec.Command(name, args...)}
+	p.cmd.Env = append(os.Environ(), env...)
+	p.cmd.Stderr = &p.log
+	p.cmd.Stdout = &p.log
+	require.NoError(t, p.cmd.Start())
+
+	t.Cleanup(func() {
+		p.cmd.Process.Kill() //nolint:errcheck
+		p.cmd.Wait()         //nolint:errcheck
+
+		if t.Failed() {
+			t.Logf("%s log:\n%s", filepath.Base(name), p.log.String())
+		}
+	})
+
+	return p
+}
+
+// logField waits for a JSON log line with message msg and returns its field.
+func (p *process) logField(t *testing.T, msg, field string) string {
+	t.Helper()
+
+	var value string
+
+	require.Eventually(t, func() bool {
+		sc := bufio.NewScanner(strings.NewReader(p.log.String()))
+		for sc.Scan() {
+			var line map[string]any
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line["msg"] == msg {
+				value, _ = line[field].(string)
+
+				return true
+			}
+		}
+
+		return false
+	}, 60*time.Second, 50*time.Millisecond, "no %q log line", msg)
+
+	return value
+}
+
+// TestBinariesLifecycleWithOmniStandIn runs the real controller and edge binaries against the Omni stand-in on
+// loopback, with a test agent and a virtual IPMI BMC standing in for a machine: the controller registers with
+// Omni and heartbeats, the join config reaches the edge's /config, and an accepted machine is wiped through its
+// agent (the disk file really zeroed), reported ready to use and powered off through its BMC.
+func TestBinariesLifecycleWithOmniStandIn(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs both binaries; skipped with -short")
+	}
+
+	t.Parallel()
+
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+
+	bin := buildBinaries(t)
+
+	// Omni, in process: its state is what the test inspects.
+	ocfg := omni.Default()
+	ocfg.Logger = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	stand, err := omni.New(ocfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { stand.Close() }) //nolint:errcheck
+
+	omniLn, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+
+	omniCtx, stopOmni := context.WithCancel(context.Background())
+	omniDone := make(chan error, 1)
+
+	go func() { omniDone <- stand.Serve(omniCtx, omniLn) }()
+
+	t.Cleanup(func() {
+		stopOmni()
+		<-omniDone
+	})
+
+	// The controller binary, against the stand-in, with short timers.
+	stateDir := t.TempDir()
+	installDir := t.TempDir()
+	ctl := startProcess(t, []string{"OMNI_SERVICE_ACCOUNT_KEY=" + stand.ProviderKey()}, filepath.Join(bin, "controller"),
+		"--state-dir", stateDir, "--uplink-listen", "127.0.0.1:0", "--http-listen", "",
+		"--omni-endpoint", "grpc://"+omniLn.Addr().String(), "--install-assets-dir", installDir,
+		"--poll-interval", "1s", "--power-cooldown", "2s", "--log-level", "debug")
+	uplinkAddr := ctl.logField(t, "controller starting", "uplink")
+
+	require.Eventually(t, func() bool {
+		ps, err := safe.StateGetByID[*infra.ProviderStatus](ctx, stand.State(), "bare-metal")
+
+		return err == nil && ps.TypedSpec().Value.GetName() != ""
+	}, 60*time.Second, 50*time.Millisecond, "the controller never registered its ProviderStatus")
+
+	require.Eventually(t, func() bool {
+		_, err := safe.StateGetByID[*infra.ProviderHealthStatus](ctx, stand.State(), "bare-metal")
+
+		return err == nil
+	}, 60*time.Second, 50*time.Millisecond, "no health heartbeat")
+
+	// A site and its edge binary.
+	out, err := exec.Command(filepath.Join(bin, "controller"), "--state-dir", stateDir, "site", "create", "lab-site").Output()
+	require.NoError(t, err)
+
+	token := strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+
+	ipxeDir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(ipxeDir, "undionly.kpxe"), []byte("stand-in"), 0o644))
+
+	edge := startProcess(t, nil, filepath.Join(bin, "edge"), "--state-dir", t.TempDir(), "--controller", uplinkAddr,
+		"--join-token", token, "--http-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0", "--tftp-listen", "",
+		"--ipxe-dir", ipxeDir, "--log-level", "debug")
+	httpAddr := edge.logField(t, "edge started", "http")
+	apiAddr := edge.logField(t, "edge started", "agent_api")
+
+	const machineID = "5a3e0f1e-8c1b-4bde-9c53-3f2e1a0b7c11"
+
+	// The join config Omni publishes reaches the edge's /config before any machine is known.
+	joinToken, err := omni.NewAdmin(stand.State()).JoinToken(ctx, "bare-metal")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + httpAddr + "/config?u=" + machineID) //nolint:noctx
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close() //nolint:errcheck
+
+		body, _ := io.ReadAll(resp.Body)
+
+		return resp.StatusCode == http.StatusOK && bytes.Contains(body, []byte("jointoken="+url.QueryEscape(joinToken)))
+	}, 60*time.Second, 100*time.Millisecond, "the edge never served Omni's join config")
+
+	// The machine: a disk file, a test agent on the edge's tunnel endpoint, and a virtual IPMI BMC whose
+	// power switches the agent on and off.
+	disk := filepath.Join(t.TempDir(), "disk.img")
+	require.NoError(t, os.WriteFile(disk, bytes.Repeat([]byte{0xa5}, 1<<20), 0o600))
+
+	machine := &fakeMachine{t: t, cfg: testagent.Config{
+		Endpoint: apiAddr, MachineID: machineID, Disks: []string{disk},
+		RetryInterval: 100 * time.Millisecond, Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
+	}}
+	t.Cleanup(machine.stop)
+
+	chassis := vbmc.NewChassis(vbmc.WithHook(machine.hook))
+	require.NoError(t, chassis.SetPower(ctx, true))
+
+	bmc, err := vbmc.NewIPMI(chassis, "admin", "lab-password")
+	require.NoError(t, err)
+
+	bmcConn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+
+	bmcCtx, stopBMC := context.WithCancel(context.Background())
+	bmcDone := make(chan error, 1)
+
+	go func() { bmcDone <- bmc.Serve(bmcCtx, bmcConn) }()
+
+	t.Cleanup(func() {
+		stopBMC()
+		<-bmcDone
+	})
+
+	// The machine joins Omni as its agent would (SideroLink Provision with the join token from /config);
+	// the operator supplies its BMC and accepts it.
+	provision(ctx, t, omniLn.Addr().String(), joinToken, machineID)
+
+	admin := omni.NewAdmin(stand.State())
+	require.NoError(t, admin.SetBMCConfig(ctx, machineID, &specs.InfraMachineBMCConfigSpec_IPMI{
+		Address: "127.0.0.1", Port: uint32(bmcConn.LocalAddr().(*net.UDPAddr).Port), Username: "admin", Password: "lab-password", //nolint:forcetypeassert,gosec
+	}))
+	require.NoError(t, admin.Accept(ctx, machineID))
+
+	// Accept -> BMC configured -> wiped -> ready to use.
+	require.Eventually(t, func() bool {
+		st, err := safe.StateGetByID[*infra.MachineStatus](ctx, stand.State(), machineID)
+
+		return err == nil && st.TypedSpec().Value.GetReadyToUse()
+	}, 2*time.Minute, 100*time.Millisecond, "the machine never became ready to use")
+
+	data, err := os.ReadFile(disk)
+	require.NoError(t, err)
+	require.Equal(t, bytes.Repeat([]byte{0}, 1<<20), data, "the agent's disk was not zeroed")
+
+	// Idle and ready, with the preferred power state OFF: powered off through the BMC after the cooldown.
+	require.Eventually(t, func() bool { return !chassis.PowerState() }, 2*time.Minute, 100*time.Millisecond, "never powered off")
+	require.Eventually(t, func() bool {
+		st, err := safe.StateGetByID[*infra.MachineStatus](ctx, stand.State(), machineID)
+
+		return err == nil && st.TypedSpec().Value.GetPowerState() == specs.InfraMachineStatusSpec_POWER_STATE_OFF
+	}, time.Minute, 100*time.Millisecond, "InfraMachineStatus never said OFF")
+
+	// The BMC password never appears in any log.
+	for _, p := range []*process{ctl, edge} {
+		require.NotContains(t, p.log.String(), "lab-password")
+	}
+}
+
+// provision joins a machine to the stand-in over SideroLink, as the agent image does at boot.
+func provision(ctx context.Context, t *testing.T, omniAddr, joinToken, machineID string) {
+	t.Helper()
+
+	conn, err := grpc.NewClient(omniAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+
+	defer conn.Close() //nolint:errcheck
+
+	talos := "v1.11.0"
+	_, err = pb.NewProvisionServiceClient(conn).Provision(ctx, &pb.ProvisionRequest{
+		NodeUuid: machineID, NodePublicKey: "lab", JoinToken: &joinToken, TalosVersion: &talos,
+	})
+	require.NoError(t, err)
+}
+
+// fakeMachine runs a test agent while its chassis is powered on.
+type fakeMachine struct {
+	t   *testing.T
+	cfg testagent.Config
+
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (m *fakeMachine) hook(_ context.Context, action vbmc.Action, _ vbmc.Override) error {
+	switch action {
+	case vbmc.ActionPowerOff:
+		m.stop()
+	case vbmc.ActionPowerOn, vbmc.ActionReset:
+		m.stop()
+		m.start()
+	}
+
+	return nil
+}
+
+func (m *fakeMachine) start() {
+	agent, err := testagent.New(m.cfg)
+	if err != nil {
+		m.t.Errorf("test agent: %v", err)
+
+		return
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+
+	go func() {
+		defer close(done)
+
+		agent.Run(ctx) //nolint:errcheck
+	}()
+
+	m.mu.Lock()
+	m.cancel, m.done = cancel, done
+	m.mu.Unlock()
+}
+
+func (m *fakeMachine) stop() {
+	m.mu.Lock()
+	cancel, done := m.cancel, m.done
+	m.cancel, m.done = nil, nil
+	m.mu.Unlock()
+
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+}

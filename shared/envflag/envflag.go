@@ -1,0 +1,81 @@
+// Package envflag gives command-line flags their environment-variable fallbacks: every flag's default is
+// taken from its variable when set, and a variable that does not parse is an error, not a silent default.
+package envflag
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Env reads flag defaults from the environment and remembers the variables that did not parse.
+type Env struct {
+	lookup func(string) (string, bool)
+	errs   []error
+}
+
+// New reads the process environment.
+func New() *Env { return &Env{lookup: os.LookupEnv} }
+
+// NewFrom reads a given environment (tests).
+func NewFrom(vars map[string]string) *Env {
+	return &Env{lookup: func(k string) (string, bool) { v, ok := vars[k]; return v, ok }}
+}
+
+// String returns the variable's value, or def when it is unset.
+func (e *Env) String(name, def string) string {
+	if v, ok := e.lookup(name); ok {
+		return v
+	}
+
+	return def
+}
+
+// Duration returns the variable as a duration (e.g. "90s"), or def when it is unset.
+func (e *Env) Duration(name string, def time.Duration) time.Duration {
+	v, ok := e.lookup(name)
+	if !ok {
+		return def
+	}
+
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		e.errs = append(e.errs, fmt.Errorf("%s=%q is not a duration", name, v))
+
+		return def
+	}
+
+	return d
+}
+
+// Bool returns the variable as a boolean, or def when it is unset.
+func (e *Env) Bool(name string, def bool) bool {
+	v, ok := e.lookup(name)
+	if !ok {
+		return def
+	}
+
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		e.errs = append(e.errs, fmt.Errorf("%s=%q is not a boolean", name, v))
+
+		return def
+	}
+
+	return b
+}
+
+// List returns the variable split at commas, or def when it is unset or empty.
+func (e *Env) List(name string, def []string) []string {
+	if v, ok := e.lookup(name); ok && v != "" {
+		return strings.Split(v, ",")
+	}
+
+	return def
+}
+
+// Err returns every variable that did not parse, or nil.
+func (e *Env) Err() error { return errors.Join(e.errs...) }
