@@ -31,6 +31,7 @@ func TestE2E(t *testing.T) {
 	}
 
 	t.Cleanup(l.Close)
+	t.Cleanup(l.CloseOnSignal())
 
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Minute)
 	defer cancel()

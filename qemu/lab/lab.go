@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -360,3 +361,27 @@ func (p *Proc) WaitFor(ctx context.Context, needle string, timeout time.Duration
 
 // sysSetns is setns(2) on linux/amd64 (the syscall package lacks the constant).
 const sysSetns = 308
+
+// CloseOnSignal closes the lab and exits when the process gets SIGINT or SIGTERM (a test binary killed by
+// its runner does not run its cleanups; the lab's namespaces must go anyway). The returned func stops it.
+func (l *Lab) CloseOnSignal() func() {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+
+	done := make(chan struct{})
+
+	go func() {
+		select {
+		case s := <-sig:
+			l.log.Warn("signal: tearing the lab down", zap.Stringer("signal", s))
+			l.Close()
+			os.Exit(1)
+		case <-done:
+		}
+	}()
+
+	return func() {
+		signal.Stop(sig)
+		close(done)
+	}
+}

@@ -40,6 +40,7 @@ func newLab(t *testing.T, name string) (*lab.Lab, lab.Images, string) {
 	}
 
 	t.Cleanup(l.Close)
+	t.Cleanup(l.CloseOnSignal())
 
 	images, err := lab.BuildImages(context.Background(), root, filepath.Join(l.Dir, "images"))
 	if errors.Is(err, bootlab.ErrNoKernel) {
