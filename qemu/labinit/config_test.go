@@ -11,7 +11,7 @@ func TestSiderolinkAPI(t *testing.T) {
 
 	for _, tc := range []struct {
 		name, config, want string
-		wantErr         bool
+		wantErr            bool
 	}{
 		{name: "join config", config: "apiVersion: v1alpha1\nkind: SideroLinkConfig\napiUrl: grpc://10.99.0.1:8099?jointoken=abc\n---\nkind: EventSinkConfig\n", want: "grpc://10.99.0.1:8099?jointoken=abc"},
 		{name: "quoted", config: "apiUrl: \"https://omni.example:8090?jointoken=x\"\n", want: "https://omni.example:8090?jointoken=x"},
