@@ -33,6 +33,10 @@ func (l *Locations) HandleEvent(_ context.Context, site string, e *bootpb.Event)
 		}
 
 		l.SetArch(id, k.BootServed.GetArch())
+
+		if fw, ok := l.firmwareOfMAC(k.BootServed.GetMac()); ok {
+			l.SetFirmware(id, fw)
+		}
 	case *bootpb.Event_AgentTunnel:
 		if err := l.AgentConnected(site, strings.ToLower(k.AgentTunnel.GetMachineId()), k.AgentTunnel.GetOpen()); err != nil {
 			l.reject(site, "bad_machine_id", err)
@@ -42,10 +46,15 @@ func (l *Locations) HandleEvent(_ context.Context, site string, e *bootpb.Event)
 
 		switch {
 		case fw == "bios":
-			l.SetFirmware(strings.ToLower(k.DhcpSeen.GetUuid()), "bios")
+			fw = "bios"
 		case strings.HasPrefix(fw, "uefi-"), strings.HasPrefix(fw, "http-"):
-			l.SetFirmware(strings.ToLower(k.DhcpSeen.GetUuid()), "uefi")
+			fw = "uefi"
+		default:
+			return nil
 		}
+
+		l.SetFirmwareByMAC(k.DhcpSeen.GetMac(), fw)
+		l.SetFirmware(strings.ToLower(k.DhcpSeen.GetUuid()), fw)
 	case *bootpb.Event_PxeSeen:
 		// names no machine
 	default:

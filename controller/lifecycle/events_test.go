@@ -53,3 +53,23 @@ func TestLocationsFromEdgeEvents(t *testing.T) {
 	require.Equal(t, 1.0, l.Rejected("machine_moved"))
 	require.Equal(t, 1.0, l.Rejected("unknown_event"))
 }
+
+func TestFirmwareFromDHCPBeforeTheMachineIsPlaced(t *testing.T) {
+	t.Parallel()
+
+	const id = "8f0e2d3c-1b5a-4c7e-9d2f-6a4b3c2d1e0f"
+
+	l := lifecycle.NewLocations(zaptest.NewLogger(t))
+	ctx := t.Context()
+
+	// Firmware PXE asks first (its option 97 UUID is in the client's byte order: not the machine's ID) ...
+	require.NoError(t, l.HandleEvent(ctx, "site-a", &bootpb.Event{Kind: &bootpb.Event_DhcpSeen{DhcpSeen: &bootpb.DHCPSeen{
+		Mac: "52:54:00:AA:BB:01", Firmware: "bios", Uuid: "3c2d0e8f-5a1b-7e4c-9d2f-6a4b3c2d1e0f"}}}))
+	// ... then iPXE's boot script request ties the machine's UUID to that MAC.
+	require.NoError(t, l.HandleEvent(ctx, "site-a", &bootpb.Event{Kind: &bootpb.Event_BootServed{BootServed: &bootpb.BootServed{
+		Uuid: id, Mac: "52:54:00:aa:bb:01", Arch: "x86_64", Mode: "agent"}}}))
+
+	loc, ok := l.Locate(id)
+	require.True(t, ok)
+	require.Equal(t, lifecycle.Location{SiteID: "site-a", Arch: "amd64", Firmware: "bios"}, loc)
+}

@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,13 +22,20 @@ type Locations struct {
 
 	mu       sync.Mutex
 	machines map[string]*Location
+	// firmwareByMAC is the firmware each MAC's DHCP requests announced; a machine's first boot script ties its
+	// UUID to its MAC. (DHCP's own UUID, option 97, is in the client's byte order and cannot be trusted.)
+	firmwareByMAC map[string]string
 }
+
+// maxTrackedMACs bounds firmwareByMAC; a flood of made-up MACs resets it.
+const maxTrackedMACs = 65536
 
 // NewLocations returns an empty locator.
 func NewLocations(logger *zap.Logger) *Locations {
 	return &Locations{
-		logger:   logger.With(zap.String("component", "machine_locations")),
-		machines: map[string]*Location{},
+		logger:        logger.With(zap.String("component", "machine_locations")),
+		machines:      map[string]*Location{},
+		firmwareByMAC: map[string]string{},
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "outpost", Subsystem: "lifecycle", Name: "edge_events_rejected_total",
 			Help: "Edge events about machines that were not used, by reason.",
@@ -141,6 +149,32 @@ func (l *Locations) SetFirmware(machineID, firmware string) {
 	if cur, ok := l.machines[machineID]; ok {
 		cur.Firmware = firmware
 	}
+}
+
+// SetFirmwareByMAC records the firmware a MAC's DHCP request announced.
+func (l *Locations) SetFirmwareByMAC(mac, firmware string) {
+	if mac == "" || (firmware != "bios" && firmware != "uefi") {
+		return
+	}
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+
+	if len(l.firmwareByMAC) >= maxTrackedMACs {
+		l.firmwareByMAC = map[string]string{}
+	}
+
+	l.firmwareByMAC[strings.ToLower(mac)] = firmware
+}
+
+// firmwareOfMAC returns what SetFirmwareByMAC recorded.
+func (l *Locations) firmwareOfMAC(mac string) (string, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+
+	fw, ok := l.firmwareByMAC[strings.ToLower(mac)]
+
+	return fw, ok
 }
 
 // SiteOffline forgets the agent tunnels of a site whose session ended (they ended with it); locations stay.
