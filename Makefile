@@ -67,11 +67,11 @@ test: deps check-dirty tools ## everything: generated code check, vet, lint, all
 	$(TOOLS)/gotestsum --format testname -- -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 .PHONY: e2e
-e2e: ## the end-to-end lab test: two emulated sites through the whole lifecycle (root, QEMU); logs and timeline.md under _out/e2e
+e2e: deps ## the end-to-end lab test: two emulated sites through the whole lifecycle (root, QEMU); logs and timeline.md under _out/e2e
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) -run '^TestE2E$$' -v ./qemu/lab/
 
 .PHONY: demo
-demo: ## run the lab with a live table (site, machine, power, phase, last event); Ctrl-C tears it down
+demo: deps ## run the lab with a live table (site, machine, power, phase, last event); Ctrl-C tears it down
 	$(GO) run ./qemu/lab/cmd/demo
 
 .PHONY: fuzz
