@@ -40,7 +40,7 @@ func Example() {
 
 	defer conn.Close() //nolint:errcheck
 
-	resolver, err := assets.NewFactoryResolver("https://factory.talos.dev", "") // or assets.NewLocalResolver(dir, url)
+	resolver, err := assets.NewFactoryResolver(os.Getenv("IMAGE_FACTORY_URL"), "") // or assets.NewLocalResolver(dir, url)
 	if err != nil {
 		return
 	}
