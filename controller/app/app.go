@@ -65,10 +65,12 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 
 	registry := sites.NewRegistry(st, ca, rand.Reader, time.Now)
 
-	catalog, relay, agentRefs, err := assetCatalog(ctx, cfg, registry, log)
+	siteAssets, err := newSiteAssets(ctx, cfg, registry, log)
 	if err != nil {
 		return err
 	}
+
+	catalog, relay := siteAssets.catalog, siteAssets.relay
 
 	// The uplink server is created below; the edge clients reach sites through it.
 	var uplinkServer *sites.Server
@@ -84,14 +86,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		CertValidity: cfg.CertValidity,
 		ServerNames:  cfg.ServerNames,
 		Register:     []func(grpc.ServiceRegistrar){relay.Register, edges.receiver.Register},
-		OnSession: []sites.SessionFunc{catalog.OnSession, edges.plans.OnSession, edges.sessionStarted,
-			func(_ context.Context, siteID string, _ grpc.ClientConnInterface) error {
-				if agentRefs != nil {
-					catalog.SetNeeded(siteID, agentRefs)
-				}
-
-				return nil
-			}},
+		OnSession:    []sites.SessionFunc{catalog.OnSession, edges.plans.OnSession, edges.sessionStarted, siteAssets.sessionStarted},
 	})
 	if err != nil {
 		return err
@@ -124,7 +119,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	eg.Go(func() error { return serveGRPC(ctx, adminServer, adminLn) })
 
 	if cfg.OmniEnabled() {
-		eg.Go(func() error { return runLifecycle(ctx, cfg, log, edges, metrics) })
+		eg.Go(func() error { return runLifecycle(ctx, cfg, log, edges, siteAssets, metrics) })
 	} else {
 		log.Warn("no Omni endpoint configured: sites and edges are served, machines are not managed (set --omni-endpoint)")
 	}
@@ -141,27 +136,34 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	return eg.Wait()
 }
 
-// assetCatalog builds the per-site asset bookkeeping, with each site's stored policy, and the relay
-// that streams the controller's asset files to edges.
-func assetCatalog(ctx context.Context, cfg config.Config, registry *sites.Registry, log *zap.Logger) (*assets.Catalog, *assets.Relay, []*assetspb.AssetRef, error) {
+// siteAssets is the controller's side of boot assets: per-site policy and state (the catalog), the relay that
+// streams files to edges, and what each site must hold (the agent image, plus what its plans name).
+type siteAssets struct {
+	catalog  *assets.Catalog
+	relay    *assets.Relay
+	needs    *assets.Needs
+	relayDir string
+}
+
+// newSiteAssets builds the catalog with each site's stored policy, the relay over the controller's asset
+// directory and the needs of every known site.
+func newSiteAssets(ctx context.Context, cfg config.Config, registry *sites.Registry, log *zap.Logger) (*siteAssets, error) {
 	defaultPolicy, err := assets.ParsePolicy(cfg.DefaultAssetPolicy)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
 
 	catalog := assets.NewCatalog(defaultPolicy, time.Now)
 
-	var agentRefs []*assetspb.AssetRef
-
 	list, err := registry.List(ctx)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
 
 	for _, site := range list {
 		if p := assetspb.Policy(site.TypedSpec().Value.GetAssetPolicy()); p != assetspb.Policy_POLICY_UNSPECIFIED {
 			if err := catalog.SetPolicy(site.Metadata().ID(), p); err != nil {
-				return nil, nil, nil, err
+				return nil, err
 			}
 		}
 	}
@@ -172,29 +174,38 @@ func assetCatalog(ctx context.Context, cfg config.Config, registry *sites.Regist
 	}
 
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, nil, nil, fmt.Errorf("asset directory: %w", err)
+		return nil, fmt.Errorf("asset directory: %w", err)
 	}
 
 	relay, err := assets.NewRelay(assets.DefaultRelay(), assets.DirFiles{Dir: dir}, catalog, sites.SiteFromContext, log)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
+
+	var agentRefs []*assetspb.AssetRef
 
 	if cfg.AgentAssetsDir != "" {
-		refs, err := loadAgentAssets(cfg.AgentAssetsDir, dir)
-		if err != nil {
-			return nil, nil, nil, err
+		if agentRefs, err = loadAgentAssets(cfg.AgentAssetsDir, dir); err != nil {
+			return nil, err
 		}
 
-		for _, site := range list {
-			catalog.SetNeeded(site.Metadata().ID(), refs)
-		}
-
-		agentRefs = refs
-		log.Info("agent-mode assets offered to every site", zap.Int("assets", len(refs)))
+		log.Info("agent-mode assets offered to every site", zap.Int("assets", len(agentRefs)))
 	}
 
-	return catalog, relay, agentRefs, nil
+	needs := assets.NewNeeds(catalog, agentRefs)
+
+	for _, site := range list {
+		needs.Site(site.Metadata().ID())
+	}
+
+	return &siteAssets{catalog: catalog, relay: relay, needs: needs, relayDir: dir}, nil
+}
+
+// sessionStarted asks a connecting site for what it must hold.
+func (a *siteAssets) sessionStarted(_ context.Context, siteID string, _ grpc.ClientConnInterface) error {
+	a.needs.Site(siteID)
+
+	return nil
 }
 
 // catalogState adapts the asset catalog to what the admin API needs.

@@ -59,7 +59,7 @@ func (w *edgeWiring) sessionStarted(_ context.Context, siteID string, _ grpc.Cli
 
 // runLifecycle connects to Omni (retrying while it is unreachable; a refused key ends it), registers the
 // provider and runs the lifecycle controllers and the join config watcher until ctx is done.
-func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges *edgeWiring, metrics *prometheus.Registry) error {
+func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges *edgeWiring, siteAssets *siteAssets, metrics *prometheus.Registry) error {
 	resolver, err := installResolver(cfg)
 	if err != nil {
 		return err
@@ -99,7 +99,7 @@ func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges
 		Power:   edges.clients,
 		Agent:   edges.clients,
 		Sites:   edges.locations,
-		Plans:   edges.pusher,
+		Plans:   &assetAwarePusher{next: edges.pusher, needs: siteAssets.needs, install: newInstallFiles(cfg, siteAssets.relayDir)},
 		Planner: planner,
 		Now:     time.Now,
 		Rand:    rand.Reader,
