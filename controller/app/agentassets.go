@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	assetspb "github.com/outpost-metal/outpost/shared/api/assets"
 )
@@ -55,16 +56,7 @@ func loadAgentAssets(dir, relayDir string) ([]*assetspb.AssetRef, error) {
 		return nil, fmt.Errorf("agent assets: no <arch>/vmlinuz or <arch>/initramfs.xz in %s", dir)
 	}
 
-	slices.SortFunc(refs, func(a, b *assetspb.AssetRef) int {
-		switch {
-		case a.GetName() < b.GetName():
-			return -1
-		case a.GetName() > b.GetName():
-			return 1
-		default:
-			return 0
-		}
-	})
+	slices.SortFunc(refs, func(a, b *assetspb.AssetRef) int { return strings.Compare(a.GetName(), b.GetName()) })
 
 	return refs, nil
 }

@@ -25,7 +25,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
-	"unsafe"
+
+	"github.com/outpost-metal/outpost/qemu/guestinit"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -69,7 +70,7 @@ func run() error {
 		}
 	}
 
-	if err := loadModules("/modules.order"); err != nil {
+	if err := guestinit.LoadModules("/modules.order"); err != nil {
 		return err
 	}
 
@@ -95,9 +96,12 @@ func run() error {
 
 	fmt.Printf("OUTPOST-INIT uuid=%s mode=%s\n", uuid, mode)
 
-	if err := network(); err != nil {
+	lease, err := guestinit.Network(30 * time.Second)
+	if err != nil {
 		return err
 	}
+
+	fmt.Println("OUTPOST-INIT address", lease.Address, "router", lease.Routers)
 
 	bmc, err := openBMCChannel("/dev/ttyS1")
 	if err != nil {
@@ -274,46 +278,4 @@ func siderolinkAPI(config []byte) (*url.URL, error) {
 	}
 
 	return nil, errors.New("machine config has no SideroLinkConfig apiUrl")
-}
-
-func loadModules(list string) error {
-	f, err := os.Open(list)
-	if err != nil {
-		return err
-	}
-	defer f.Close() //nolint:errcheck
-
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		path := strings.TrimSpace(sc.Text())
-		if path == "" {
-			continue
-		}
-
-		if err := finitModule(path); err != nil && !errors.Is(err, syscall.EEXIST) {
-			return fmt.Errorf("load %s: %w", path, err)
-		}
-	}
-
-	return sc.Err()
-}
-
-// sysFinitModule is finit_module(2) on linux/amd64.
-const sysFinitModule = 313
-
-func finitModule(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close() //nolint:errcheck
-
-	params := []byte{0}
-
-	_, _, errno := syscall.Syscall(sysFinitModule, f.Fd(), uintptr(unsafe.Pointer(&params[0])), 0)
-	if errno != 0 {
-		return errno
-	}
-
-	return nil
 }

@@ -5,22 +5,16 @@
 package main
 
 import (
-	"bufio"
-	"context"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"strings"
 	"syscall"
 	"time"
-	"unsafe"
 
-	"github.com/insomniacslk/dhcp/dhcpv4/nclient4"
-	"github.com/vishvananda/netlink"
+	"github.com/outpost-metal/outpost/qemu/guestinit"
 )
 
 func main() {
@@ -48,7 +42,7 @@ func run() error {
 		}
 	}
 
-	if err := loadModules("/modules.order"); err != nil {
+	if err := guestinit.LoadModules("/modules.order"); err != nil {
 		return err
 	}
 
@@ -69,14 +63,12 @@ func run() error {
 		return err
 	}
 
-	ifname, err := waitLink(30 * time.Second)
+	lease, err := guestinit.Network(30 * time.Second)
 	if err != nil {
 		return err
 	}
 
-	if err := dhcp(ifname); err != nil {
-		return err
-	}
+	fmt.Println("OUTPOST-INIT address", lease.Address)
 
 	cb := "http://" + edge + "/config?u=" + url.QueryEscape(strings.ToLower(strings.TrimSpace(string(uuid))))
 
@@ -113,107 +105,4 @@ func edgeFromCmdline(cmdline string) (string, error) {
 	}
 
 	return "", fmt.Errorf("no talos.config= on the command line")
-}
-
-func loadModules(list string) error {
-	f, err := os.Open(list)
-	if err != nil {
-		return err
-	}
-	defer f.Close() //nolint:errcheck
-
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		path := strings.TrimSpace(sc.Text())
-		if path == "" {
-			continue
-		}
-
-		if err := finitModule(path); err != nil && !errors.Is(err, syscall.EEXIST) {
-			return fmt.Errorf("load %s: %w", path, err)
-		}
-	}
-
-	return sc.Err()
-}
-
-// sysFinitModule is finit_module(2) on linux/amd64 (the syscall package lacks the constant).
-const sysFinitModule = 313
-
-func finitModule(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close() //nolint:errcheck
-
-	params := []byte{0}
-
-	_, _, errno := syscall.Syscall(sysFinitModule, f.Fd(), uintptr(unsafe.Pointer(&params[0])), 0)
-	if errno != 0 {
-		return errno
-	}
-
-	return nil
-}
-
-func waitLink(timeout time.Duration) (string, error) {
-	deadline := time.Now().Add(timeout)
-
-	for time.Now().Before(deadline) {
-		links, err := netlink.LinkList()
-		if err == nil {
-			for _, l := range links {
-				if l.Type() == "device" && l.Attrs().Name != "lo" && len(l.Attrs().HardwareAddr) == 6 {
-					lo, _ := netlink.LinkByName("lo")
-					if lo != nil {
-						netlink.LinkSetUp(lo) //nolint:errcheck
-					}
-
-					if err := netlink.LinkSetUp(l); err != nil {
-						return "", fmt.Errorf("link up %s: %w", l.Attrs().Name, err)
-					}
-
-					return l.Attrs().Name, nil
-				}
-			}
-		}
-
-		time.Sleep(200 * time.Millisecond)
-	}
-
-	return "", fmt.Errorf("no network interface within %s", timeout)
-}
-
-func dhcp(ifname string) error {
-	c, err := nclient4.New(ifname, nclient4.WithTimeout(3*time.Second), nclient4.WithRetry(5))
-	if err != nil {
-		return fmt.Errorf("dhcp client: %w", err)
-	}
-	defer c.Close() //nolint:errcheck
-
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
-	defer cancel()
-
-	lease, err := c.Request(ctx)
-	if err != nil {
-		return fmt.Errorf("dhcp: %w", err)
-	}
-
-	ack := lease.ACK
-	ones, _ := ack.SubnetMask().Size()
-
-	link, err := netlink.LinkByName(ifname)
-	if err != nil {
-		return err
-	}
-
-	addr := &netlink.Addr{IPNet: &net.IPNet{IP: ack.YourIPAddr, Mask: net.CIDRMask(ones, 32)}}
-	if err := netlink.AddrAdd(link, addr); err != nil {
-		return fmt.Errorf("add %s: %w", addr, err)
-	}
-
-	fmt.Println("OUTPOST-INIT address", addr)
-
-	return nil
 }
