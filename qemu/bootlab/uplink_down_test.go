@@ -74,9 +74,9 @@ func bootScript(t *testing.T, base, uuid string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// TestBootWithUplinkDown runs the edge boot service over the real uplink: the controller pushes a boot table,
-// the WAN link goes down, machines still boot from the persisted table (disk to disk, unknown to agent mode),
-// and the events recorded meanwhile reach the controller after the link returns, in order, once.
+// TestBootWithUplinkDown runs the edge boot service over the real uplink: the controller pushes a boot table
+// and stops, machines still boot from the persisted table (disk to disk, unknown to agent mode), and the
+// events recorded meanwhile reach the controller after it returns, in order, once.
 func TestBootWithUplinkDown(t *testing.T) {
 	t.Parallel()
 
@@ -91,7 +91,6 @@ func TestBootWithUplinkDown(t *testing.T) {
 		OnSession: []sites.SessionFunc{plans.OnSession},
 	})
 	token := ctrl.CreateSite(t, "branch", sites.TokenOptions{})
-	wan := linklab.StartProxy(t, ctrl.Addr)
 
 	// The edge's boot pieces, wired as the edge app wires them.
 	stateDir := t.TempDir()
@@ -116,7 +115,7 @@ func TestBootWithUplinkDown(t *testing.T) {
 	web := httptest.NewServer(httpSrv.Handler())
 	t.Cleanup(web.Close)
 
-	linklab.StartEdge(t, wan.Addr, token, linklab.EdgeOptions{Options: edgeuplink.Options{
+	linklab.StartEdge(t, ctrl.Addr, token, linklab.EdgeOptions{Options: edgeuplink.Options{
 		Logger:   log,
 		Register: []func(grpc.ServiceRegistrar){boot.NewService(table).Register},
 		OnSession: []edgeuplink.SessionFunc{func(ctx context.Context, conn grpc.ClientConnInterface) error {
@@ -136,34 +135,48 @@ func TestBootWithUplinkDown(t *testing.T) {
 	require.NoError(t, plans.WaitAcked(ctx, "branch", version))
 	require.Equal(t, version, table.Version())
 
-	// The WAN link goes down.
-	wan.SetDown(true)
-	wan.Cut()
-	require.Eventually(t, func() bool { return !ctrl.Server.Connected("branch") }, 10*time.Second, 10*time.Millisecond)
+	// The controller stops (as its process would), and comes back later on the same address with the same
+	// state and CA; its in-memory parts (event receiver, plan pusher) start afresh.
+	receiver2 := bootplans.NewReceiver(log, events, sites.SiteFromContext)
+	plans2 := bootplans.NewPlans(log, nil)
 
-	// Machines keep booting from the persisted table.
-	code, body := bootScript(t, web.URL, diskUUID)
-	require.Equal(t, http.StatusOK, code)
-	require.Contains(t, body, "exit 1", "a machine marked disk is handed to its disk")
+	ctrl = ctrl.Restart(t, linklab.ControllerOptions{
+		Logger:    log,
+		Register:  []func(grpc.ServiceRegistrar){receiver2.Register},
+		OnSession: []sites.SessionFunc{plans2.OnSession},
+	}, func() {
+		// Machines keep booting from the persisted table.
+		code, body := bootScript(t, web.URL, diskUUID)
+		require.Equal(t, http.StatusOK, code)
+		require.Contains(t, body, "exit 1", "a machine marked disk is handed to its disk")
 
-	code, body = bootScript(t, web.URL, unknownUUID)
-	require.Equal(t, http.StatusOK, code)
-	require.Contains(t, body, "metal.provider.address=", "an unknown machine gets agent mode")
+		code, body = bootScript(t, web.URL, unknownUUID)
+		require.Equal(t, http.StatusOK, code)
+		require.Contains(t, body, "metal.provider.address=", "an unknown machine gets agent mode")
 
-	recorder.DHCPSeen(dhcp.Seen{MAC: net.HardwareAddr{0x52, 0x54, 0, 0, 0, 1}, Firmware: dhcp.FirmwareUEFIx86})
-	recorder.TFTPFetch(tftp.Fetch{Name: "ipxe.efi"})
+		recorder.DHCPSeen(dhcp.Seen{MAC: net.HardwareAddr{0x52, 0x54, 0, 0, 0, 1}, Firmware: dhcp.FirmwareUEFIx86})
+		recorder.TFTPFetch(tftp.Fetch{Name: "ipxe.efi"})
 
-	// The boot table survives an edge restart too (reopened from the state directory).
-	reopened, err := boot.Open(boot.Config{StateDir: stateDir}, log)
-	require.NoError(t, err)
-	require.Equal(t, bootpb.Mode_MODE_DISK, reopened.Lookup(diskUUID, nil, "x86_64").Mode)
+		// The boot table survives an edge restart too (reopened from the state directory).
+		reopened, err := boot.Open(boot.Config{StateDir: stateDir}, log)
+		require.NoError(t, err)
+		require.Equal(t, bootpb.Mode_MODE_DISK, reopened.Lookup(diskUUID, nil, "x86_64").Mode)
 
-	seqs, _ := events.snapshot()
-	require.Empty(t, seqs, "nothing reaches the controller while the link is down")
+		// The journal holds the four events while nothing can take them.
+		require.Eventually(t, func() bool { return jrnl.Counters()["journal_pending"] == 4 }, 5*time.Second, 10*time.Millisecond)
 
-	// The link returns: the events arrive in order, once.
-	wan.SetDown(false)
+		seqs, _ := events.snapshot()
+		require.Empty(t, seqs, "nothing reaches the controller while it is down")
+	})
 
+	// The restarted controller plans the same table from its state and pushes it as a snapshot.
+	version = plans2.Set("branch", &bootpb.Table{
+		Plans:      []*bootpb.Plan{{Uuid: diskUUID, Mode: bootpb.Mode_MODE_DISK}},
+		KernelArgs: []string{"console=ttyS0"},
+	})
+	require.NoError(t, plans2.WaitAcked(ctx, "branch", version))
+
+	// The events arrive in order, once.
 	require.Eventually(t, func() bool { s, _ := events.snapshot(); return len(s) >= 4 }, 15*time.Second, 10*time.Millisecond)
 
 	// Give a duplicate, if there were one, the chance to arrive before checking.
@@ -189,5 +202,5 @@ func TestBootWithUplinkDown(t *testing.T) {
 
 	require.ElementsMatch(t, []string{"boot-served disk", "boot-served agent", "dhcp-seen uefi-x86", "pxe-seen ipxe.efi"}, kinds)
 	require.Equal(t, "marker", evs[4].GetPxeSeen().GetFile())
-	require.Equal(t, uint64(5), receiver.Acked("branch", jrnl.ID()))
+	require.Equal(t, uint64(5), receiver2.Acked("branch", jrnl.ID()))
 }

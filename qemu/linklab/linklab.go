@@ -35,6 +35,9 @@ type ControllerOptions struct {
 	CertValidity  time.Duration
 	// Listener is used instead of a new 127.0.0.1:0 listener.
 	Listener net.Listener
+	// State and CA are used instead of new ones (a restarted controller keeps both).
+	State state.State
+	CA    *sites.CA
 }
 
 // Controller is a running uplink server with its registry.
@@ -71,10 +74,18 @@ func StartController(t testing.TB, opts ControllerOptions) *Controller {
 		opts.Now = time.Now
 	}
 
-	st := NewState(t)
+	st := opts.State
+	if st == nil {
+		st = NewState(t)
+	}
 
-	ca, _, _, err := sites.NewCA(opts.Now())
-	require.NoError(t, err)
+	ca := opts.CA
+	if ca == nil {
+		var err error
+
+		ca, _, _, err = sites.NewCA(opts.Now())
+		require.NoError(t, err)
+	}
 
 	registry := sites.NewRegistry(st, ca, rand.Reader, opts.Now)
 	metrics := prometheus.NewRegistry()
@@ -123,6 +134,26 @@ func (c *Controller) Stop() {
 			panic(err)
 		}
 	}
+}
+
+// Restart stops the controller and starts a new one on the same address with the same state and CA, as a
+// restarted controller process would come back; opts gives the new one's services (its in-memory parts
+// start afresh). down runs while no controller listens.
+func (c *Controller) Restart(t testing.TB, opts ControllerOptions, down func()) *Controller {
+	t.Helper()
+
+	c.Stop()
+
+	if down != nil {
+		down()
+	}
+
+	ln, err := net.Listen("tcp", c.Addr)
+	require.NoError(t, err, "listen again on the controller's address")
+
+	opts.Listener, opts.State, opts.CA = ln, c.State, c.CA
+
+	return StartController(t, opts)
 }
 
 // CreateSite creates a site and returns its join token.
