@@ -25,8 +25,12 @@ type EdgeClients struct {
 	Sites SiteLocator
 }
 
-func offline(err error) error {
-	if status.Code(err) == codes.Unavailable {
+// classify marks a failed call as ErrSiteOffline when it failed because the site has no live session.
+// Unavailable alone does not say that: the edge answers Unavailable itself for a BMC that does not answer
+// or a machine without an agent tunnel, and calling those "site offline" would send an operator to the
+// wrong place.
+func (c *EdgeClients) classify(site string, err error) error {
+	if status.Code(err) == codes.Unavailable && !c.Access.Online(site) {
 		return fmt.Errorf("%w: %w", ErrSiteOffline, err)
 	}
 
@@ -63,7 +67,7 @@ func (c *EdgeClients) PowerStatus(ctx context.Context, site, id string, bmc *spe
 
 	on, err := b.PowerStatus(ctx)
 	if err != nil {
-		return PowerUnknown, offline(err)
+		return PowerUnknown, c.classify(site, err)
 	}
 
 	if on {
@@ -79,7 +83,7 @@ func (c *EdgeClients) do(ctx context.Context, site, id string, bmc *specs.BMCCon
 		return err
 	}
 
-	return offline(op(b, ctx))
+	return c.classify(site, op(b, ctx))
 }
 
 // PowerOn implements PowerClient.
@@ -119,33 +123,33 @@ func (c *EdgeClients) SetPXEOnce(ctx context.Context, site, id string, bmc *spec
 func (c *EdgeClients) Hello(ctx context.Context, site, id string) error {
 	_, err := c.Access.Agent(site, id).Hello(ctx, &agentpb.HelloRequest{})
 
-	return offline(err)
+	return c.classify(site, err)
 }
 
 // GetPowerManagement implements AgentClient.
 func (c *EdgeClients) GetPowerManagement(ctx context.Context, site, id string, req *agentpb.GetPowerManagementRequest) (*agentpb.GetPowerManagementResponse, error) {
 	resp, err := c.Access.Agent(site, id).GetPowerManagement(ctx, req)
 
-	return resp, offline(err)
+	return resp, c.classify(site, err)
 }
 
 // SetPowerManagement implements AgentClient.
 func (c *EdgeClients) SetPowerManagement(ctx context.Context, site, id string, req *agentpb.SetPowerManagementRequest) error {
 	_, err := c.Access.Agent(site, id).SetPowerManagement(ctx, req)
 
-	return offline(err)
+	return c.classify(site, err)
 }
 
 // WipeDisks implements AgentClient.
 func (c *EdgeClients) WipeDisks(ctx context.Context, site, id string, zeroes bool) error {
 	_, err := c.Access.Agent(site, id).WipeDisks(ctx, &agentpb.WipeDisksRequest{Zeroes: zeroes})
 
-	return offline(err)
+	return c.classify(site, err)
 }
 
 // Reboot implements AgentClient.
 func (c *EdgeClients) Reboot(ctx context.Context, site, id string) error {
 	_, err := c.Access.Agent(site, id).Reboot(ctx, &agentpb.RebootRequest{})
 
-	return offline(err)
+	return c.classify(site, err)
 }

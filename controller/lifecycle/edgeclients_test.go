@@ -11,8 +11,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/machineaccess"
@@ -30,6 +32,8 @@ type siteEdge struct {
 	pxeMode bmcpb.BootMode
 	target  *bmcpb.Target
 	hellos  []string // machine-id metadata of agent calls
+	// bmcSilent makes the BMC calls fail as the edge's BMC service does when the BMC does not answer.
+	bmcSilent bool
 }
 
 func (e *siteEdge) PowerStatus(_ context.Context, r *bmcpb.PowerRequest) (*bmcpb.PowerStatusResponse, error) {
@@ -37,6 +41,10 @@ func (e *siteEdge) PowerStatus(_ context.Context, r *bmcpb.PowerRequest) (*bmcpb
 	defer e.mu.Unlock()
 
 	e.target = r.GetTarget()
+
+	if e.bmcSilent {
+		return nil, status.Error(codes.Unavailable, "power status on bmc "+r.GetTarget().GetHost()+": no answer from the bmc")
+	}
 
 	return &bmcpb.PowerStatusResponse{On: e.on}, nil
 }
@@ -128,6 +136,22 @@ func TestEdgeClientsOverGRPC(t *testing.T) {
 
 	require.NoError(t, c.Hello(ctx, "site-a", id))
 	require.Equal(t, []string{id}, edge.hellos)
+
+	// A BMC that does not answer: the edge says Unavailable, but the site is online, so it is not
+	// reported as an offline site.
+	edge.mu.Lock()
+	edge.bmcSilent = true
+	edge.mu.Unlock()
+
+	_, err = c.PowerStatus(ctx, "site-a", id, bmc)
+	require.Error(t, err)
+	require.NotErrorIs(t, err, lifecycle.ErrSiteOffline)
+	require.Equal(t, codes.Unavailable, status.Code(err))
+	require.ErrorContains(t, err, "no answer from the bmc")
+
+	edge.mu.Lock()
+	edge.bmcSilent = false
+	edge.mu.Unlock()
 
 	// the machine moves to site-b, which is offline: calls are refused or reported offline, never sent to site-a
 	_, err = locs.Seen("site-b", id)

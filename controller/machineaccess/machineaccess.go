@@ -54,3 +54,11 @@ func (c *Client) check(siteID, machineID string) error {
 
 	return nil
 }
+
+// Online tells whether the site has a live session to its edge now. Callers use it to tell a site that is
+// gone from an edge that answered with an error of its own (a BMC or agent it cannot reach).
+func (c *Client) Online(siteID string) bool {
+	_, err := c.conn(siteID)
+
+	return err == nil
+}

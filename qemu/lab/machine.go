@@ -106,6 +106,8 @@ type Machine struct {
 	failures []error
 	runs     int
 	users    []string
+	// bmcSilent is set while the BMC's address is off the network (SetBMCAnswering).
+	bmcSilent bool
 }
 
 // AddMachine creates a machine on the site (powered off): its disk (filled with a junk pattern, so a wipe
@@ -674,4 +676,29 @@ func (m *Machine) BMCUsersSet() []string {
 	defer m.mu.Unlock()
 
 	return append([]string(nil), m.users...)
+}
+
+// SetBMCAnswering takes the BMC's address off the site network (false) or puts it back (true): a BMC that
+// stops answering, as a hung or unplugged one does. Its servers keep their sockets and answer again once
+// the address is back. Setting the state it is in does nothing.
+func (m *Machine) SetBMCAnswering(answering bool) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+
+	if m.bmcSilent == !answering {
+		return nil
+	}
+
+	op := "del"
+	if answering {
+		op = "add"
+	}
+
+	if err := m.lab.IP("-n", m.Site.NS, "addr", op, m.BMCAddress+"/32", "dev", "br0"); err != nil {
+		return err
+	}
+
+	m.bmcSilent = !answering
+
+	return nil
 }

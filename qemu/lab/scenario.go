@@ -26,7 +26,10 @@ type Env struct {
 	Sites      []*Site
 	Edges      []*Proc
 	Machines   []*Machine
-	Timeline   *Timeline
+	// Bare are the same two kinds of machine on a site without an edge (dnsmasq + static files), booted
+	// once for comparison.
+	Bare     []*Machine
+	Timeline *Timeline
 
 	edgeBin string
 	preseed string
@@ -120,6 +123,23 @@ func Setup(ctx context.Context, l *Lab, bins Binaries, images Images) (*Env, err
 		}
 	}
 
+	bare, err := l.AddBareSite(ctx, 3, images)
+	if err != nil {
+		return nil, err
+	}
+
+	for j, fw := range []Firmware{BIOS, UEFI} {
+		m, err := bare.AddMachine(ctx, MachineSpec{
+			Name: fmt.Sprintf("%s-%s", bare.Name, fw), UUID: fmt.Sprintf("0e5a1ab0-0000-4000-8000-0000000003%02d", j+1),
+			MAC: fmt.Sprintf("52:54:00:0e:03:%02d", j+1), Firmware: fw, BMC: IPMI,
+		})
+		if err != nil {
+			return nil, err
+		}
+
+		e.Bare = append(e.Bare, m)
+	}
+
 	return e, nil
 }
 
@@ -139,19 +159,23 @@ type Step struct {
 	Run  func(ctx context.Context) error
 }
 
-// Steps returns the lifecycle scenario: discovery and acceptance two machines at a time, allocation of one
-// machine per site, a WAN cut of site 1, a crash and restart of site 2's edge, and release.
+// Steps returns the lifecycle scenario: a bare dnsmasq boot of the same kinds of machine for comparison,
+// discovery and acceptance two machines at a time, allocation of one machine per site, a WAN cut of site 1,
+// a crash and restart of site 2's edge, and release while one BMC does not answer for a while.
 func (e *Env) Steps() []Step {
 	bySite := func(i, j int) *Machine { return e.Machines[i*2+j] }
 	bios1, uefi1, bios2, uefi2 := bySite(0, 0), bySite(0, 1), bySite(1, 0), bySite(1, 1)
 
 	return []Step{
+		{"for comparison: the same kinds of machine booted by bare dnsmasq + static files", e.bareBoot},
 		{"discover and accept the BIOS machines", func(ctx context.Context) error { return e.discoverAndAccept(ctx, bios1, bios2) }},
 		{"discover and accept the UEFI machines", func(ctx context.Context) error { return e.discoverAndAccept(ctx, uefi1, uefi2) }},
 		{"allocate one machine per site", func(ctx context.Context) error { return e.allocate(ctx, bios1, uefi2) }},
 		{"cut site 1's WAN: disk boot and agent mode still work", func(ctx context.Context) error { return e.wanCut(ctx, e.Sites[0], bios1, uefi1) }},
 		{"kill site 2's edge and restart it", func(ctx context.Context) error { return e.restartEdge(ctx, 1) }},
-		{"release the allocated machines", func(ctx context.Context) error { return e.release(ctx, bios1, uefi2) }},
+		{"release the allocated machines (site 1's BMC stops answering for a while)", func(ctx context.Context) error {
+			return e.release(ctx, bios1, bios1, uefi2)
+		}},
 	}
 }
 
@@ -252,7 +276,17 @@ func (e *Env) infraMachine(ctx context.Context, id string) (*specs.InfraMachineS
 func (e *Env) discoverAndAccept(ctx context.Context, ms ...*Machine) error {
 	if err := e.timed("power-on to agent tunnel up and pending in Omni", ms, func(m *Machine) error {
 		from := m.Serial.Size()
+		start := time.Now()
+
 		if err := m.PowerOn(ctx); err != nil {
+			return err
+		}
+
+		// The same measure as the bare comparison's.
+		err := m.WaitSerial(ctx, from, "OUTPOST-AGENT-START", 5*time.Minute)
+		e.Timeline.Step(agentStartStep+" (edge)", m.Spec.Name, start, err)
+
+		if err != nil {
 			return err
 		}
 
@@ -445,12 +479,28 @@ func (e *Env) restartEdge(ctx context.Context, i int) error {
 	return err
 }
 
-func (e *Env) release(ctx context.Context, ms ...*Machine) error {
+// release releases the machines; silentBMC's BMC stops answering before its release and returns only
+// after Omni showed its power as unknown and the controller held off for half a minute.
+func (e *Env) release(ctx context.Context, silentBMC *Machine, ms ...*Machine) error {
 	return e.timed("release to agent mode, wiped, powered off", ms, func(m *Machine) error {
 		from := m.Serial.Size()
 
+		if m == silentBMC {
+			if err := m.SetBMCAnswering(false); err != nil {
+				return err
+			}
+
+			defer m.SetBMCAnswering(true) //nolint:errcheck // restored below; this covers a failure
+		}
+
 		if err := e.Omni.Admin.Release(ctx, m.Spec.UUID); err != nil {
 			return err
+		}
+
+		if m == silentBMC {
+			if err := e.bmcOutage(ctx, m, from); err != nil {
+				return err
+			}
 		}
 
 		if err := m.WaitSerial(ctx, from, "OUTPOST-AGENT-START", 5*time.Minute); err != nil {
@@ -458,6 +508,85 @@ func (e *Env) release(ctx context.Context, ms ...*Machine) error {
 		}
 
 		return e.waitReadyAndOff(ctx, m)
+	})
+}
+
+// bmcOutage runs while m's BMC does not answer: Omni must show the machine's power as unknown, the
+// controller must say why in its log, and nothing may happen to the machine; then the BMC answers again.
+func (e *Env) bmcOutage(ctx context.Context, m *Machine, serialFrom int64) error {
+	start := time.Now()
+	logFrom := e.Controller.Proc.Log.Size()
+	boots := len(m.Boots())
+
+	err := poll(ctx, 2*time.Minute, "power state unknown in Omni while the BMC is silent", m, func() (bool, error) {
+		_, st, err := e.infraMachine(ctx, m.Spec.UUID)
+
+		return st != nil && st.PowerState == specs.InfraMachineStatusSpec_POWER_STATE_UNKNOWN, err
+	})
+	e.Timeline.Step("BMC silent to power unknown in Omni", m.Spec.Name, start, err)
+
+	if err != nil {
+		return err
+	}
+
+	if err := poll(ctx, time.Minute, "the controller logging why it cannot reach the BMC", m, func() (bool, error) {
+		return bmcUnreachableLogged(e.Controller.Proc.Log.Since(logFrom), m.Spec.UUID), nil
+	}); err != nil {
+		return err
+	}
+
+	// Hold the outage for half a minute in all: the release cannot be carried out, so nothing may happen.
+	if wait := 30*time.Second - time.Since(start); wait > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+
+	if n := len(m.Boots()); n != boots || m.Serial.Contains(serialFrom, "OUTPOST-AGENT-START") {
+		return fmt.Errorf("the machine was restarted while its BMC did not answer (%d boots, was %d)", n, boots)
+	}
+
+	back := time.Now()
+
+	if err := m.SetBMCAnswering(true); err != nil {
+		return err
+	}
+
+	err = m.WaitSerial(ctx, serialFrom, "OUTPOST-AGENT-START", 5*time.Minute)
+	e.Timeline.Step("BMC back to the release's reboot reaching agent mode", m.Spec.Name, back, err)
+
+	return err
+}
+
+// bmcUnreachableLogged tells whether a controller log names the machine with an error from its BMC (and
+// does not blame the site, whose uplink is up).
+func bmcUnreachableLogged(log []byte, uuid string) bool {
+	for _, line := range strings.Split(string(log), "\n") {
+		if strings.Contains(line, `"machine":"`+uuid+`"`) && strings.Contains(line, `"power state unknown"`) &&
+			strings.Contains(line, `"error":"`) && strings.Contains(line, "on bmc ") && !strings.Contains(line, "site offline") {
+			return true
+		}
+	}
+
+	return false
+}
+
+// agentStartStep is the step both the edge and the bare comparison measure.
+const agentStartStep = "power-on to agent start"
+
+// bareBoot boots the bare site's machines to their agent start, the classic dnsmasq + static files set-up,
+// to compare with the edge's boots of the same kinds of machine in this run; then turns them off.
+func (e *Env) bareBoot(ctx context.Context) error {
+	return e.timed(agentStartStep+" (bare dnsmasq + static files)", e.Bare, func(m *Machine) error {
+		defer m.PowerOffNow()
+
+		if err := m.PowerOn(ctx); err != nil {
+			return err
+		}
+
+		return m.WaitSerial(ctx, 0, "OUTPOST-AGENT-START", 4*time.Minute)
 	})
 }
 
