@@ -420,6 +420,41 @@ func TestPowerOnWaitsForPlanAck(t *testing.T) {
 	require.Equal(t, []string{"PowerOn acked=install pxe=true"}, h.edge.Calls("m1", "PowerOn"))
 }
 
+// TestNoRebootOnStateReadBeforeWaiting: a reboot decided on a running machine waits for the edge's
+// acknowledgement of the plan; meanwhile the machine goes off. The reboot must not be carried out on what
+// was read before the wait: the machine is powered on into its plan instead, once.
+func TestNoRebootOnStateReadBeforeWaiting(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.edge.Add("m1", "site-a")
+	h.omni("m1", accepted)
+	h.eventually("ready to use, still on", func() bool { s := h.status("m1"); return s != nil && s.ReadyToUse && h.edge.Machine("m1").Power })
+
+	release := make(chan struct{})
+
+	h.edge.HoldAcks(release)
+
+	// Allocated while its agent runs: the wrong mode. The boot plan controller pushes the install plan
+	// (held); once the cooldown since the wipe has passed, the reboot controller decides to reboot into the
+	// installer and waits for the edge too.
+	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.ClusterTalosVersion = "v1.11.0" })
+	h.eventually("install plan pushed, not yet acknowledged", func() bool { return h.edge.Count("m1", "Push install") == 1 })
+	h.clock.Advance(2 * cooldown)
+	h.eventually("the reboot waits for the edge", func() bool { return h.edge.Count("m1", "Push install") == 2 })
+
+	h.edge.PullPlug("m1")
+	h.eventually("off reported", func() bool {
+		return h.status("m1").PowerState == omnispecs.InfraMachineStatusSpec_POWER_STATE_OFF
+	})
+
+	close(release)
+	h.eventually("powered on into the installer", func() bool { return h.edge.Machine("m1").Booted == "install" })
+	h.never("no reboot, one power-on", func() bool {
+		return h.edge.Count("m1", "PowerCycle") > 0 || h.edge.Count("m1", "PowerOn") != 1
+	})
+}
+
 func TestRestartResumesWithoutRewipe(t *testing.T) {
 	t.Parallel()
 

@@ -6,6 +6,7 @@ import (
 
 	"github.com/cosi-project/runtime/pkg/controller"
 	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -30,13 +31,9 @@ func newRebootController(e *env) *machineController {
 }
 
 func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view) error {
-	if !v.managed() || !v.bmcConfigured() || v.powerOffActive() || v.powerState() != specs.MachineObservationSpec_POWER_STATE_ON {
-		return nil
-	}
-
-	site, ok := v.site()
-	if !ok {
-		return nil
+	site, reason, wait := s.decide(v)
+	if reason == "" {
+		return wait
 	}
 
 	rs := &specs.RebootStatusSpec{}
@@ -44,20 +41,9 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 		rs = proto.Clone(v.reboot).(*specs.RebootStatusSpec) //nolint:forcetypeassert
 	}
 
-	req := v.machine.GetRequestedRebootId()
-
-	switch {
-	case req != "" && req != rs.GetLastRebootId():
-		rs.LastRebootId = req
-		rs.Reason = "requested"
-	case v.requiresPowerOn() && wrongMode(v):
-		if left := s.env.cooldownLeft(v); left > 0 {
-			return controller.NewRequeueInterval(min(left, s.env.cfg.PollInterval))
-		}
-
-		rs.Reason = "wrong-mode"
-	default:
-		return nil
+	rs.Reason = reason
+	if reason == reasonRequested {
+		rs.LastRebootId = v.machine.GetRequestedRebootId()
 	}
 
 	plan, err := s.env.plan(ctx, site, v, false)
@@ -67,6 +53,12 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 
 	if err = s.env.gate.ensure(ctx, site, plan); err != nil {
 		return s.env.failed(err)
+	}
+
+	// The gate may have waited long (for the site to come back, for the edge's acknowledgement): what was
+	// read before is stale. Decide again on fresh state and on the BMC's current word.
+	if again, err := s.stillNeeded(ctx, r, v, site, reason); err != nil || !again {
+		return err
 	}
 
 	callCtx, cancel := context.WithTimeout(ctx, s.env.cfg.CallTimeout)
@@ -95,6 +87,71 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 	}
 
 	return nil
+}
+
+// Reboot reasons recorded in RebootStatus.
+const (
+	reasonRequested = "requested"
+	reasonWrongMode = "wrong-mode"
+)
+
+// decide tells whether v must be rebooted now and why; with no reason, wait is what reconcile returns
+// (nil, or a requeue while the cooldown runs).
+func (s *reboot) decide(v *view) (site, reason string, wait error) {
+	if !v.managed() || !v.bmcConfigured() || v.powerOffActive() || v.powerState() != specs.MachineObservationSpec_POWER_STATE_ON {
+		return "", "", nil
+	}
+
+	site, ok := v.site()
+	if !ok {
+		return "", "", nil
+	}
+
+	switch req := v.machine.GetRequestedRebootId(); {
+	case req != "" && req != v.reboot.GetLastRebootId():
+		return site, reasonRequested, nil
+	case v.requiresPowerOn() && wrongMode(v):
+		if left := s.env.cooldownLeft(v); left > 0 {
+			return "", "", controller.NewRequeueInterval(min(left, s.env.cfg.PollInterval))
+		}
+
+		return site, reasonWrongMode, nil
+	default:
+		return "", "", nil
+	}
+}
+
+// stillNeeded re-reads the machine and its state and asks the BMC whether it is on; the reboot goes ahead
+// only if the same decision holds on both. Otherwise the next reconcile decides afresh.
+func (s *reboot) stillNeeded(ctx context.Context, r controller.QRuntime, v *view, site, reason string) (bool, error) {
+	m, err := safe.ReaderGetByID[*infra.Machine](ctx, r, v.id)
+	if err != nil {
+		return false, fmt.Errorf("read infra machine again: %w", err)
+	}
+
+	fresh, err := loadView(ctx, r, s.env.Types, m)
+	if err != nil {
+		return false, err
+	}
+
+	if freshSite, freshReason, _ := s.decide(fresh); freshSite != site || freshReason != reason {
+		return false, controller.NewRequeueInterval(s.env.cfg.PollInterval)
+	}
+
+	callCtx, cancel := context.WithTimeout(ctx, s.env.cfg.CallTimeout)
+	defer cancel()
+
+	ps, err := s.env.Power.PowerStatus(callCtx, site, v.id, fresh.bmc)
+	if err != nil {
+		return false, s.env.failed(fmt.Errorf("power status of %s at site %s before a reboot: %w", v.id, site, err))
+	}
+
+	if ps != PowerOn {
+		// Off after all: powering it on into its plan is the power controller's work, not a reboot.
+		return false, nil
+	}
+
+	return true, nil
 }
 
 // wrongMode: the machine should run the agent but its agent is not connected, or should install Talos but its

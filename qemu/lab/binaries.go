@@ -29,6 +29,11 @@ type ControllerOptions struct {
 	LocalAssetsDir string
 	// PowerCooldown replaces the five-minute production cooldown between power actions.
 	PowerCooldown time.Duration
+	// AgentAssetsDir holds agent-mode images (<arch>/vmlinuz, <arch>/initramfs.xz; AgentAssets builds it)
+	// every site is asked to cache, relayed to sites that cannot fetch them.
+	AgentAssetsDir string
+	// AssetPolicy is the sites' default asset policy (passthrough, cache, offline); empty keeps the default.
+	AssetPolicy string
 }
 
 // StartController runs the controller binary in the core namespace against o, with the lab's local
@@ -45,6 +50,14 @@ func (l *Lab) StartController(ctx context.Context, core *Core, bin string, o *Om
 
 	if opts.LocalAssetsDir != "" {
 		args = append(args, "--install-assets-dir", opts.LocalAssetsDir)
+	}
+
+	if opts.AgentAssetsDir != "" {
+		args = append(args, "--agent-assets-dir", opts.AgentAssetsDir)
+	}
+
+	if opts.AssetPolicy != "" {
+		args = append(args, "--default-asset-policy", opts.AssetPolicy)
 	}
 
 	if opts.PowerCooldown > 0 {
@@ -93,6 +106,19 @@ func (c *Controller) CreateSite(ctx context.Context, name string) (string, error
 	}
 
 	return strings.TrimSpace(stdout.String()), nil
+}
+
+// SiteShow returns `controller site show <name>`: the site's state and its asset catalog.
+func (c *Controller) SiteShow(ctx context.Context, name string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+
+	out, err := exec.CommandContext(ctx, c.Bin, "site", "show", name, "--state-dir", c.StateDir).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("controller site show %s: %w: %s", name, err, out)
+	}
+
+	return string(out), nil
 }
 
 // EdgeOptions are the lab's settings for an edge.
@@ -183,6 +209,20 @@ func LocalAssets(images Images, dir string) error {
 	}
 
 	return nil
+}
+
+// AgentAssets lays the lab's agent-mode kernel and initramfs out for the controller's --agent-assets-dir.
+func AgentAssets(images Images, dir string) error {
+	d := filepath.Join(dir, "x86_64")
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		return err
+	}
+
+	if err := copyFile(images.Kernel, filepath.Join(d, "vmlinuz")); err != nil {
+		return err
+	}
+
+	return copyFile(images.Initramfs, filepath.Join(d, "initramfs.xz"))
 }
 
 // ControllerSupportsOmni reports whether the controller binary has its Omni connection wired (it mentions

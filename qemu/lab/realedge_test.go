@@ -2,6 +2,7 @@ package lab_test
 
 import (
 	"path/filepath"
+	"regexp"
 	"testing"
 	"time"
 
@@ -11,8 +12,10 @@ import (
 )
 
 // TestRealEdgeAgentMode runs the real controller and edge binaries (enrolled over the uplink, across the
-// site's WAN link) and PXE-boots a BIOS and a UEFI machine into agent mode through the edge, with the agent
-// kernel and initramfs pre-seeded into the edge's asset cache; each agent's tunnel opens at the edge. It needs no Omni: unknown machines boot agent mode.
+// site's WAN link) and PXE-boots a BIOS and a UEFI machine into agent mode through the edge; each agent's
+// tunnel opens at the edge. The site is air-gapped: policy offline, no image factory in reach (the lab's
+// namespaces have no route out), nothing pre-seeded; the agent kernel and initramfs reach the edge only by
+// relay from the controller over the uplink. Unknown machines boot agent mode, so no machine needs Omni.
 func TestRealEdgeAgentMode(t *testing.T) {
 	skipUnlessLab(t)
 
@@ -31,7 +34,12 @@ func TestRealEdgeAgentMode(t *testing.T) {
 	local := filepath.Join(l.Dir, "local-assets")
 	require.NoError(t, lab.LocalAssets(images, local))
 
-	ctrl, err := l.StartController(ctx, core, bins.Controller, o, lab.ControllerOptions{LocalAssetsDir: local, PowerCooldown: 5 * time.Second})
+	agentAssets := filepath.Join(l.Dir, "agent-assets")
+	require.NoError(t, lab.AgentAssets(images, agentAssets))
+
+	ctrl, err := l.StartController(ctx, core, bins.Controller, o, lab.ControllerOptions{
+		LocalAssetsDir: local, PowerCooldown: 5 * time.Second, AgentAssetsDir: agentAssets, AssetPolicy: "offline",
+	})
 	require.NoError(t, err)
 
 	site, err := l.AddSite(core, 1)
@@ -40,13 +48,33 @@ func TestRealEdgeAgentMode(t *testing.T) {
 	token, err := ctrl.CreateSite(ctx, site.Name)
 	require.NoError(t, err)
 
-	preseed := filepath.Join(l.Dir, "edge-preseed")
-	require.NoError(t, lab.PreseedBundle(images, local, preseed))
+	tl := lab.NewTimeline(filepath.Join(l.Dir, "timeline.md"))
+	start := time.Now()
 
-	edge, err := site.StartEdge(ctx, bins.Edge, lab.EdgeOptions{Token: token, PreseedDir: preseed})
+	edge, err := site.StartEdge(ctx, bins.Edge, lab.EdgeOptions{Token: token})
 	require.NoError(t, err)
 
-	tl := lab.NewTimeline(filepath.Join(l.Dir, "timeline.md"))
+	// The controller relays the agent images; the site reports them cached (and nothing needed missing).
+	var show string
+
+	require.Eventually(t, func() bool {
+		out, err := ctrl.SiteShow(ctx, site.Name)
+		if err != nil {
+			t.Logf("%v", err)
+
+			return false
+		}
+
+		show = out
+
+		return regexp.MustCompile(`(?m)^cached\s+agent/x86_64/vmlinuz\s`).MatchString(show) &&
+			regexp.MustCompile(`(?m)^cached\s+agent/x86_64/initramfs\.xz\s`).MatchString(show)
+	}, 2*time.Minute, time.Second, "the agent images never reached the site by relay")
+	tl.Step("edge start to agent images cached by relay", site.Name, start, nil)
+	t.Logf("controller site show %s:\n%s", site.Name, show)
+	require.Contains(t, show, "asset policy:  offline")
+	require.Regexp(t, `relayed:\s+[1-9][0-9]* bytes`, show)
+	require.NotRegexp(t, `(?m)^missing\s+agent/`, show)
 
 	for i, fw := range []lab.Firmware{lab.BIOS, lab.UEFI} {
 		m, err := site.AddMachine(ctx, lab.MachineSpec{
@@ -70,7 +98,7 @@ func TestRealEdgeAgentMode(t *testing.T) {
 	from := edge.Log.Size()
 	edge.Kill()
 
-	edge, err = site.StartEdge(ctx, bins.Edge, lab.EdgeOptions{Token: token, PreseedDir: preseed, Restart: true})
+	edge, err = site.StartEdge(ctx, bins.Edge, lab.EdgeOptions{Token: token, Restart: true})
 	require.NoError(t, err)
 	require.NoError(t, edge.Log.WaitFor(ctx, from, `"uplink connected"`, time.Minute))
 

@@ -118,6 +118,15 @@ func (f *FakeEdge) Machine(id string) Machine {
 	return *f.machines[id]
 }
 
+// PullPlug turns machine id off behind the controller's back (a person at the rack, a power failure).
+func (f *FakeEdge) PullPlug(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	m := f.machines[id]
+	m.Power, m.Agent, m.Booted = false, false, ""
+}
+
 // InstallToDisk plays the Talos installer finishing on machine id.
 func (f *FakeEdge) InstallToDisk(id string) {
 	f.mu.Lock()
