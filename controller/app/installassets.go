@@ -17,8 +17,8 @@ import (
 )
 
 // assetAwarePusher tells a site which assets a machine's plan needs before handing the plan to the edge, so
-// the site caches (or receives by relay) the install kernel and initramfs served from the controller's local
-// install assets, and never evicts them while a plan names them.
+// the site caches (or receives by relay) the kernel and initramfs the plan names from the controller's local
+// install assets (install or agent mode), and never evicts them while a plan names them.
 type assetAwarePusher struct {
 	next    lifecycle.PlanPusher
 	needs   *assets.Needs
@@ -67,7 +67,9 @@ func newInstallFiles(cfg config.Config, relayDir string) *installFiles {
 }
 
 func (f *installFiles) refs(plan bootplans.Plan) ([]*assetspb.AssetRef, error) {
-	if f.dir == "" || plan.Mode != bootplans.ModeInstall {
+	// Agent-mode plans count too: without agent images of its own (--agent-assets-dir) the controller
+	// resolves agent mode from these same local assets (the metal-agent schematic).
+	if f.dir == "" || !plan.Mode.PXE() {
 		return nil, nil
 	}
 

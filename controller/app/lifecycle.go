@@ -65,8 +65,12 @@ func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges
 		return err
 	}
 
+	// With agent images of its own the controller hands them to every site, and agent-mode plans use them.
+	plannerCfg := cfg.Planner
+	plannerCfg.EdgeAgentImage = cfg.AgentAssetsDir != ""
+
 	// An empty site directory: edges write their own /config URL and agent address into agent-mode scripts.
-	planner, err := bootplans.NewPlanner(cfg.Planner, agentTolerant{Resolver: resolver, agent: cfg.Planner}, noSiteAddresses{})
+	planner, err := bootplans.NewPlanner(plannerCfg, agentTolerant{Resolver: resolver, agent: plannerCfg}, noSiteAddresses{})
 	if err != nil {
 		return err
 	}

@@ -127,6 +127,10 @@ type PlannerConfig struct {
 	Console string
 	// DiskMethod is how machines boot from disk.
 	DiskMethod DiskMethod
+	// EdgeAgentImage makes agent-mode plans name no kernel: edges boot the agent image they hold under their
+	// default names (/assets/agent/<arch>/...), the one the controller hands every site (--agent-assets-dir),
+	// instead of one resolved from AgentTalosVersion and AgentExtensions.
+	EdgeAgentImage bool
 }
 
 // DefaultPlannerConfig returns the planner defaults.
@@ -212,6 +216,13 @@ func (p *Planner) Plan(ctx context.Context, siteID string, m Machine) (Plan, err
 		}
 
 		profile = assets.Profile{TalosVersion: p.cfg.AgentTalosVersion, Extensions: p.cfg.AgentExtensions, KernelArgs: append(args, extra...), Arch: m.Arch}
+
+		if p.cfg.EdgeAgentImage {
+			profile = profile.Normalize()
+			plan.Arch, plan.KernelArgs = profile.Arch, profile.KernelArgs
+
+			return plan, nil
+		}
 	case ModeInstall:
 		args := []string{"talos.platform=metal"}
 		if p.cfg.Console != "" {

@@ -88,3 +88,29 @@ func TestPlanner(t *testing.T) {
 	_, err = bootplans.NewPlanner(bootplans.PlannerConfig{AgentTalosVersion: "v1", DiskMethod: "bogus"}, res, sites{})
 	require.Error(t, err)
 }
+
+// With the edges' own agent image, agent-mode plans name no kernel (the edge boots /assets/agent/<arch>/...)
+// and resolve nothing; install plans still resolve.
+func TestPlannerEdgeAgentImage(t *testing.T) {
+	t.Parallel()
+
+	cfg := bootplans.DefaultPlannerConfig()
+	cfg.EdgeAgentImage = true
+
+	res := &resolver{}
+	p, err := bootplans.NewPlanner(cfg, res, sites{})
+	require.NoError(t, err)
+
+	agent, err := p.Plan(t.Context(), "site-a", bootplans.Machine{ID: "m1", ExtraKernelArgs: "foo=bar"})
+	require.NoError(t, err)
+	require.Equal(t, bootplans.ModeAgent, agent.Mode)
+	require.Empty(t, agent.KernelURL+agent.InitrdURL+agent.ScriptURL)
+	require.Equal(t, "amd64", agent.Arch)
+	require.Equal(t, []string{"talos.platform=metal", "talos.config=http://site-a/config?u=${uuid}", "metal.provider.address=site-a:8081", "console=ttyS0,115200", "foo=bar"}, agent.KernelArgs)
+	require.Empty(t, res.last.TalosVersion, "nothing resolved for agent mode")
+
+	install, err := p.Plan(t.Context(), "site-a", bootplans.Machine{ID: "m1", TalosVersion: "v1.11.0",
+		Situation: bootplans.Situation{Acceptance: bootplans.Accepted, Allocated: true, BMCConfigured: true}})
+	require.NoError(t, err)
+	require.Equal(t, "k/v1.11.0", install.KernelURL)
+}
