@@ -169,6 +169,9 @@ func TestBootWithUplinkDown(t *testing.T) {
 		require.Empty(t, seqs, "nothing reaches the controller while it is down")
 	})
 
+	// The edge reconnects to the restarted controller with its enrolled identity.
+	ctrl.WaitConnected(t, "branch")
+
 	// The restarted controller plans the same table from its state and pushes it as a snapshot.
 	version = plans2.Set("branch", &bootpb.Table{
 		Plans:      []*bootpb.Plan{{Uuid: diskUUID, Mode: bootpb.Mode_MODE_DISK}},
