@@ -152,6 +152,9 @@ func (s *Server) serve(ctx context.Context, ln net.Listener, opts ...grpc.Server
 		// A dead agent (machine powered off) must free its tunnel within seconds.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		// Stop returns only once every tunnel handler has finished (and reported its close), so nothing of
+		// the server runs after Serve returned.
+		grpc.WaitForHandlers(true),
 	)
 
 	srv := grpc.NewServer(opts...)
