@@ -400,6 +400,8 @@ func (s *Server) serveSession(ctx context.Context, conn *tls.Conn, hello *uplink
 	log.Info("site connected", zap.String("edge_version", live.edgeVersion))
 
 	srv := grpc.NewServer(append([]grpc.ServerOption{
+		// The session is over only when every call the edge made on it has returned.
+		grpc.WaitForHandlers(true),
 		grpc.ChainUnaryInterceptor(siteUnaryInterceptor(siteID)),
 		grpc.ChainStreamInterceptor(siteStreamInterceptor(siteID)),
 	}, s.opts.ServerOptions...)...)

@@ -391,7 +391,8 @@ func (c *Client) runSession(ctx context.Context) error {
 	log := c.log.With(zap.Int64("session", n))
 	log.Info("uplink connected", zap.String("site", id.SiteID), zap.String("controller", c.cfg.ControllerAddress))
 
-	srv := grpc.NewServer(c.opts.ServerOptions...)
+	// WaitForHandlers: the session is over only when every call the controller made on it has returned.
+	srv := grpc.NewServer(append([]grpc.ServerOption{grpc.WaitForHandlers(true)}, c.opts.ServerOptions...)...)
 	uplinkpb.RegisterEdgeServer(srv, &edgeStatus{client: c})
 
 	for _, register := range c.opts.Register {
