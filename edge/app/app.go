@@ -99,6 +99,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		Table:      table,
 		Catalog:    catalog,
 		Observer:   bootObserver{Recorder: recorder, book: book},
+		Assets:     cachedAssets{store},
 		Registerer: metrics,
 		Gatherer:   metrics,
 	})
@@ -197,6 +198,15 @@ func factoryClient() *http.Client {
 		ResponseHeaderTimeout: time.Minute,
 		IdleConnTimeout:       90 * time.Second,
 	}}
+}
+
+// cachedAssets tells the boot scripts which /assets/ names the content-addressed cache holds.
+type cachedAssets struct{ store *assets.Store }
+
+func (c cachedAssets) Has(name string) bool {
+	_, err := c.store.Lookup(name)
+
+	return err == nil
 }
 
 // httpHandler serves /assets/ from the content-addressed cache when it holds the asset, and everything else

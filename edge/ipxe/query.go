@@ -88,6 +88,21 @@ func (q BootQuery) KernelArch() string {
 	return q.Arch
 }
 
+// Encode returns the query in the form ParseBootQuery reads (the MAC hyphenated, as init.ipxe sends it).
+func (q BootQuery) Encode() string {
+	v := url.Values{"arch": {q.Arch}}
+
+	if q.UUID != "" {
+		v.Set("uuid", q.UUID)
+	}
+
+	if q.MAC != nil {
+		v.Set("mac", strings.ReplaceAll(q.MAC.String(), ":", "-"))
+	}
+
+	return v.Encode()
+}
+
 func truncate(s string) string {
 	if len(s) > 40 {
 		return s[:40] + "..."

@@ -77,6 +77,18 @@ sleep 10
 reboot
 `))
 
+// waitScript keeps a machine whose boot assets have not reached the site yet in iPXE: it waits, then asks for
+// its boot script again, and boots once the assets are there. It never boots anything else meanwhile.
+var waitScript = template.Must(template.New("wait").Parse(`#!ipxe
+# Outpost edge: {{.Mode}} boot waits for {{.Missing}} boot asset(s) this site does not hold yet
+echo outpost: waiting for {{.Missing}} boot asset(s) to reach this site, asking again in {{.Seconds}} s
+sleep {{.Seconds}}
+chain --replace {{.Again}} ||
+echo outpost: the edge did not answer, rebooting in 10 s
+sleep 10
+reboot
+`))
+
 const (
 	exitScript    = "#!ipxe\n# Outpost edge: boot from disk\nexit 1\n"
 	sanbootScript = "#!ipxe\n# Outpost edge: boot from disk\nsanboot --no-describe --drive 0x80 || exit 1\n"
@@ -90,6 +102,20 @@ func renderInit(base string, retries int) []byte {
 		Retries int
 	}{base, retries}); err != nil {
 		panic(err) // the template is static: a failure is a programming error
+	}
+
+	return b.Bytes()
+}
+
+func renderWait(mode string, missing int, again string, seconds int) []byte {
+	var b bytes.Buffer
+	if err := waitScript.Execute(&b, struct {
+		Mode    string
+		Missing int
+		Again   string
+		Seconds int
+	}{mode, missing, again, seconds}); err != nil {
+		panic(fmt.Sprintf("render wait script: %v", err))
 	}
 
 	return b.Bytes()

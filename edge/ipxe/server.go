@@ -48,6 +48,8 @@ type Config struct {
 	AgentInitrd string `json:"agent_initrd"`
 	// Retries bounds DHCP, probe and download attempts in the scripts.
 	Retries int `json:"retries"`
+	// AssetWait is how long a machine whose boot assets are not at the site yet waits before asking again.
+	AssetWait time.Duration `json:"asset_wait"`
 	// ReadHeaderTimeout, ReadTimeout, WriteTimeout and IdleTimeout are the http.Server timeouts.
 	ReadHeaderTimeout time.Duration `json:"read_header_timeout"`
 	ReadTimeout       time.Duration `json:"read_timeout"`
@@ -65,6 +67,7 @@ func Default() Config {
 		AgentKernel:       "/assets/agent/{arch}/vmlinuz",
 		AgentInitrd:       "/assets/agent/{arch}/initramfs.xz",
 		Retries:           5,
+		AssetWait:         30 * time.Second,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Minute,
@@ -90,6 +93,10 @@ func (c Config) Validate() error {
 
 	if c.Retries <= 0 {
 		errs = append(errs, errors.New("retries must be positive"))
+	}
+
+	if c.AssetWait < time.Second {
+		errs = append(errs, fmt.Errorf("asset_wait %s: at least 1s", c.AssetWait))
 	}
 
 	if c.ReadHeaderTimeout <= 0 || c.ReadTimeout <= 0 || c.WriteTimeout <= 0 || c.IdleTimeout <= 0 {
@@ -125,11 +132,20 @@ type Observer interface {
 type Deps struct {
 	Table   Table
 	Catalog *tftp.Catalog
+	// Assets tells whether the asset cache holds a name under /assets/ (optional; files in AssetsDir count
+	// too). A boot whose edge-local kernel or initrd is in neither gets a script that waits for them.
+	Assets AssetIndex
 	// Observer is optional.
 	Observer Observer
 	// Registerer receives this server's metrics; Gatherer is what /metrics serves (usually the same registry).
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer
+}
+
+// AssetIndex is the edge's asset cache as the boot scripts see it.
+type AssetIndex interface {
+	// Has reports whether the cache holds the asset served at /assets/<name>.
+	Has(name string) bool
 }
 
 // Server is the edge's HTTP server.
@@ -445,6 +461,10 @@ func (s *Server) bootScript(e boot.Entry, q BootQuery, base, agentAddr string) (
 			return []byte(exitScript), "disk"
 		}
 	case bootpb.Mode_MODE_INSTALL:
+		if missing := s.missing(e.Install); len(missing) > 0 {
+			return s.wait("install", e.UUID, q, base, missing), "wait"
+		}
+
 		all := append(append([]string(nil), e.Install.GetArgs()...), args...)
 
 		return renderKernel("install "+e.UUID, absolute(base, e.Install), all, s.cfg.Retries), "install"
@@ -458,6 +478,10 @@ func (s *Server) bootScript(e boot.Entry, q BootQuery, base, agentAddr string) (
 			}
 		}
 
+		if missing := s.missing(k); len(missing) > 0 {
+			return s.wait("agent", e.UUID, q, base, missing), "wait"
+		}
+
 		all := append([]string{
 			"metal.provider.address=" + agentAddr,
 			"talos.config=" + base + "/config?u=${uuid}",
@@ -466,6 +490,39 @@ func (s *Server) bootScript(e boot.Entry, q BootQuery, base, agentAddr string) (
 
 		return renderKernel("agent mode", absolute(base, k), all, s.cfg.Retries), "agent"
 	}
+}
+
+// missing returns the edge-local (/assets/...) kernel and initrd of k that the edge cannot serve now: neither
+// in the asset cache nor a file in the assets directory. URLs elsewhere (the image factory) are not checked.
+func (s *Server) missing(k *bootpb.Kernel) []string {
+	var out []string
+
+	for _, u := range []string{k.GetKernelUrl(), k.GetInitrdUrl()} {
+		name, ok := strings.CutPrefix(u, "/assets/")
+		if !ok || name == "" {
+			continue
+		}
+
+		if s.deps.Assets != nil && s.deps.Assets.Has(name) {
+			continue
+		}
+
+		if st, err := s.root.Stat(name); err == nil && st.Mode().IsRegular() {
+			continue
+		}
+
+		out = append(out, name)
+	}
+
+	return out
+}
+
+// wait answers a boot whose assets have not reached the site: the machine waits in iPXE and asks again.
+func (s *Server) wait(mode, uuid string, q BootQuery, base string, missing []string) []byte {
+	s.log.Warn("boot waits for assets the site does not hold", zap.String("mode", mode), zap.String("uuid", uuid),
+		zap.Strings("missing", missing))
+
+	return renderWait(mode, len(missing), base+"/ipxe/boot.ipxe?"+q.Encode(), int(s.cfg.AssetWait.Seconds()))
 }
 
 // absolute makes edge-relative kernel and initrd paths absolute URLs.

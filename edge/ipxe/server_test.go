@@ -55,6 +55,8 @@ type env struct {
 	reg    *prometheus.Registry
 	obs    *recorder
 	assets string
+	tbl    *boot.Table
+	cache  *assetIndex
 }
 
 func newEnv(t *testing.T) *env {
@@ -83,6 +85,13 @@ func newEnv(t *testing.T) *env {
 	require.NoError(t, os.MkdirAll(filepath.Join(assets, "agent/x86_64"), 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(assets, "agent/x86_64/vmlinuz"), []byte("0123456789abcdef"), 0o644))
 
+	// The other files the table's scripts name; agent/arm64 is in the cache (fake index) rather than the directory.
+	require.NoError(t, os.WriteFile(filepath.Join(assets, "agent/x86_64/initramfs.xz"), []byte("initrd"), 0o644))
+	require.NoError(t, os.MkdirAll(filepath.Join(assets, "talos"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(assets, "talos/initramfs.xz"), []byte("talos initrd"), 0o644))
+
+	cache := &assetIndex{names: map[string]bool{"agent/arm64/vmlinuz": true, "agent/arm64/initramfs.xz": true}}
+
 	reg := prometheus.NewRegistry()
 	obs := &recorder{}
 	cfg := ipxe.Default()
@@ -90,7 +99,7 @@ func newEnv(t *testing.T) *env {
 
 	srv, err := ipxe.New(cfg, zaptest.NewLogger(t), ipxe.Deps{
 		Table: tbl, Catalog: tftp.NewCatalog(map[string][]byte{"ipxe.efi": []byte("EFI-BINARY")}),
-		Observer: obs, Registerer: reg, Gatherer: reg,
+		Observer: obs, Registerer: reg, Gatherer: reg, Assets: cache,
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { srv.Close() }) //nolint:errcheck
@@ -98,7 +107,27 @@ func newEnv(t *testing.T) *env {
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
 
-	return &env{srv: srv, ts: ts, reg: reg, obs: obs, assets: assets}
+	return &env{srv: srv, ts: ts, reg: reg, obs: obs, assets: assets, tbl: tbl, cache: cache}
+}
+
+// assetIndex plays the edge's asset cache for the boot scripts.
+type assetIndex struct {
+	mu    sync.Mutex
+	names map[string]bool
+}
+
+func (a *assetIndex) Has(name string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+
+	return a.names[name]
+}
+
+func (a *assetIndex) add(name string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+
+	a.names[name] = true
 }
 
 func get(t *testing.T, url string, hdr map[string]string) (*http.Response, string) {
@@ -191,6 +220,48 @@ func TestBootScript(t *testing.T) {
 			require.GreaterOrEqual(t, testutil.ToFloat64(e.srv.ServedCounter(tc.mode)), 1.0)
 		})
 	}
+}
+
+// An install plan whose assets have not reached the site: the machine gets a script that waits and asks for
+// its boot script again (never a kernel that is not there, never something else); once the asset is in the
+// cache, the same request boots it.
+func TestBootWaitsForAssetsTheSiteLacks(t *testing.T) {
+	t.Parallel()
+
+	e := newEnv(t)
+
+	const uuid = "11111111-2222-3333-4444-00000000000a"
+
+	_, err := e.tbl.Apply(&bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Delta{Delta: &bootpb.Delta{
+		BaseVersion: 3, Version: 4,
+		Upsert: []*bootpb.Plan{{Uuid: uuid, Mode: bootpb.Mode_MODE_INSTALL, Install: &bootpb.Kernel{
+			KernelUrl: "/assets/install/abc/v1.11.0/kernel-amd64", InitrdUrl: "/assets/talos/initramfs.xz",
+		}}},
+	}}})
+	require.NoError(t, err)
+
+	query := "uuid=" + uuid + "&mac=52-54-00-12-34-0a&arch=x86_64"
+
+	resp, body := get(t, e.ts.URL+"/ipxe/boot.ipxe?"+query, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.True(t, strings.HasPrefix(body, "#!ipxe\n"))
+	require.NotContains(t, body, "kernel ")
+	require.Contains(t, body, "waits for 1 boot asset(s)")
+	require.Contains(t, body, "sleep 30\nchain --replace "+e.ts.URL+"/ipxe/boot.ipxe?arch=x86_64&mac=52-54-00-12-34-0a&uuid="+uuid+" ||")
+	require.InDelta(t, 1, testutil.ToFloat64(e.srv.ServedCounter("wait")), 0)
+
+	// The chain back parses to the same request.
+	again := body[strings.Index(body, "boot.ipxe?")+len("boot.ipxe?") : strings.Index(body, " ||")]
+	q, err := ipxe.ParseBootQuery(again)
+	require.NoError(t, err)
+	require.Equal(t, uuid, q.UUID)
+	require.Equal(t, "52:54:00:12:34:0a", q.MAC.String())
+
+	e.cache.add("install/abc/v1.11.0/kernel-amd64")
+
+	_, body = get(t, e.ts.URL+"/ipxe/boot.ipxe?"+query, nil)
+	require.Contains(t, body, "kernel "+e.ts.URL+"/assets/install/abc/v1.11.0/kernel-amd64 initrd=initrd")
+	require.Contains(t, body, "initrd --name initrd "+e.ts.URL+"/assets/talos/initramfs.xz")
 }
 
 func TestBootScriptBadInput(t *testing.T) {
@@ -355,6 +426,17 @@ func FuzzParseBootQuery(f *testing.F) {
 			if strings.ContainsAny(s, "\n\r &${}") || bytes.ContainsRune([]byte(s), 0) {
 				t.Fatalf("unsafe value %q accepted", s)
 			}
+		}
+
+		// What the wait script chains back to is safe in a script line and parses to the same request.
+		enc := q.Encode()
+		if strings.ContainsAny(enc, "\n\r ${}") {
+			t.Fatalf("unsafe encoding %q", enc)
+		}
+
+		back, err := ipxe.ParseBootQuery(enc)
+		if err != nil || back.UUID != q.UUID || back.MAC.String() != q.MAC.String() || back.Arch != q.Arch {
+			t.Fatalf("%q -> %q -> %+v, %v; want %+v", raw, enc, back, err, q)
 		}
 	})
 }
