@@ -6,6 +6,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -108,6 +110,13 @@ func TestBootWithUplinkDown(t *testing.T) {
 
 	hcfg := ipxe.Default()
 	hcfg.AssetsDir = t.TempDir()
+
+	// The agent image the edge serves unknown machines (without it they would wait for it).
+	require.NoError(t, os.MkdirAll(filepath.Join(hcfg.AssetsDir, "agent", "x86_64"), 0o755))
+
+	for _, f := range []string{"vmlinuz", "initramfs.xz"} {
+		require.NoError(t, os.WriteFile(filepath.Join(hcfg.AssetsDir, "agent", "x86_64", f), []byte(f), 0o644))
+	}
 	httpSrv, err := ipxe.New(hcfg, log, ipxe.Deps{Table: table, Catalog: tftp.NewCatalog(map[string][]byte{"ipxe.efi": []byte("x")}), Observer: recorder})
 	require.NoError(t, err)
 	t.Cleanup(func() { httpSrv.Close() }) //nolint:errcheck
