@@ -596,13 +596,14 @@ type Status struct {
 }
 
 // Statuses returns the live table: each machine's power (its QEMU process), phase (Omni's view) and the last
-// OUTPOST-* line of its serial console.
+// OUTPOST-* line of its serial console; the bare comparison machines come last.
 func (e *Env) Statuses(ctx context.Context) []Status {
 	rows, _ := e.Omni.Admin.List(ctx) //nolint:errcheck // an empty phase column says Omni did not answer
 
-	out := make([]Status, 0, len(e.Machines))
+	out := make([]Status, 0, len(e.Machines)+len(e.Bare))
 
-	for _, m := range e.Machines {
+	// The bare comparison machines are not in Omni: their phase stays "-".
+	for _, m := range append(append([]*Machine(nil), e.Machines...), e.Bare...) {
 		s := Status{Site: m.Site.Name, Machine: m.Spec.Name, Power: "off", Phase: "-", LastEvent: lastMarker(m)}
 		if m.Running() {
 			s.Power = "on"
