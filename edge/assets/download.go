@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/outpost-metal/outpost/shared/atomicfile"
@@ -145,21 +146,31 @@ func (s *Store) finish(ref Ref, err error) {
 func (s *Store) download(ctx context.Context, ref Ref, src Source) error {
 	log := s.log.With(zap.String("asset", ref.Name), zap.String("sha256", ref.SHA256), zap.String("source", src.Name()))
 
-	tmp, err := os.CreateTemp(s.tmpDir(), ref.SHA256+".*.partial")
+	tmp, w, err := s.openPartial(ref)
 	if err != nil {
-		return fmt.Errorf("put asset %s: create temporary file: %w", ref.Name, err)
+		return fmt.Errorf("put asset %s: %w", ref.Name, err)
 	}
 
-	committed := false
+	if w.n > 0 {
+		log.Info("resuming a partial download", zap.Int64("offset", w.n))
+	}
+
+	// A download that is cut short (the edge stops, the source stays away) keeps its partial file for the
+	// next attempt, also after a restart; one that went wrong for good starts afresh next time.
+	committed, keep := false, false
 
 	defer func() {
-		if !committed {
-			tmp.Close()           //nolint:errcheck
+		if committed {
+			return
+		}
+
+		tmp.Close() //nolint:errcheck // closing also releases the file's lock
+
+		if !keep {
 			os.Remove(tmp.Name()) //nolint:errcheck
 		}
 	}()
 
-	w := &hashingFile{f: tmp, h: sha256.New()}
 	failures := 0
 
 	for {
@@ -171,6 +182,8 @@ func (s *Store) download(ctx context.Context, ref Ref, src Source) error {
 		}
 
 		if ctx.Err() != nil {
+			keep = true
+
 			return fmt.Errorf("put asset %s: %w", ref.Name, ctx.Err())
 		}
 
@@ -191,17 +204,70 @@ func (s *Store) download(ctx context.Context, ref Ref, src Source) error {
 		if failures >= s.cfg.Attempts {
 			s.metrics.errors.WithLabelValues("source").Inc()
 
+			keep = true
+
 			return fmt.Errorf("put asset %s from %s after %d attempts: %w", ref.Name, src.Name(), failures, err)
 		}
 
 		log.Info("asset download failed, retrying", zap.Int("attempt", failures), zap.Error(err))
 
 		if err := sleep(ctx, s.cfg.RetryBackoff); err != nil {
+			keep = true
+
 			return fmt.Errorf("put asset %s: %w", ref.Name, err)
 		}
 	}
 
 	return s.commit(ref, tmp, w, src.Name(), func() { committed = true })
+}
+
+// partialSuffix names a download in progress: <tmp>/<sha256>.partial, so a later attempt (also after a
+// restart) finds it and resumes where it stopped.
+const partialSuffix = ".partial"
+
+// openPartial opens ref's partial download, resuming it when one is there: its bytes are hashed again and
+// writing continues at its end. The file is locked while open; when another process holds it, this download
+// uses a private temporary file instead.
+func (s *Store) openPartial(ref Ref) (*os.File, *hashingFile, error) {
+	path := filepath.Join(s.tmpDir(), ref.SHA256+partialSuffix)
+
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open partial download: %w", err)
+	}
+
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close() //nolint:errcheck
+
+		if f, err = os.CreateTemp(s.tmpDir(), ref.SHA256+".*.private"); err != nil {
+			return nil, nil, fmt.Errorf("create temporary file: %w", err)
+		}
+
+		return f, &hashingFile{f: f, h: sha256.New()}, nil
+	}
+
+	w := &hashingFile{f: f, h: sha256.New()}
+
+	n, err := io.Copy(w.h, f)
+	if err == nil && n > ref.Size {
+		err = f.Truncate(0) // not this asset's bytes: start again
+		n = 0
+		w.h.Reset()
+	}
+
+	if err == nil {
+		_, err = f.Seek(n, io.SeekStart)
+	}
+
+	if err != nil {
+		f.Close() //nolint:errcheck
+
+		return nil, nil, fmt.Errorf("read partial download: %w", err)
+	}
+
+	w.n = n
+
+	return f, w, nil
 }
 
 // copyFrom reads from the source at the current offset until the end or an error.

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -150,8 +151,8 @@ func stampOf(fi fs.FileInfo) fileStamp {
 
 const manifestVersion = 1
 
-// New opens (creating if needed) the cache in cfg.Dir. Leftover partial downloads are removed: they are never
-// visible and never resumed across restarts.
+// New opens (creating if needed) the cache in cfg.Dir. Partial downloads are never visible; recent ones are
+// kept and resumed by the next download of the same asset, stale ones removed (cleanTmp).
 func New(cfg Config, log *zap.Logger, needed NeededSet, now func() time.Time) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -198,20 +199,56 @@ func (s *Store) tmpDir() string                { return filepath.Join(s.cfg.Dir,
 func (s *Store) manifestPath() string          { return filepath.Join(s.cfg.Dir, "manifest.json") }
 func (s *Store) blobPath(digest string) string { return filepath.Join(s.blobDir(), digest) }
 
-// cleanTmp removes partial downloads and staging directories older than this process.
+// cleanTmp removes what earlier runs left in the temporary directory, except partial downloads that may be
+// resumed: those younger than partialMaxAge and not in use by another process. Import staging directories and
+// private temporary files are removed once they are an hour old (a running import in another process keeps
+// its own).
 func (s *Store) cleanTmp() error {
 	items, err := os.ReadDir(s.tmpDir())
 	if err != nil {
 		return fmt.Errorf("read asset temp directory: %w", err)
 	}
 
+	now := time.Now()
+
 	for _, it := range items {
-		if err := os.RemoveAll(filepath.Join(s.tmpDir(), it.Name())); err != nil {
+		path := filepath.Join(s.tmpDir(), it.Name())
+
+		info, err := it.Info()
+		if err != nil {
+			continue // gone meanwhile
+		}
+
+		age := now.Sub(info.ModTime())
+
+		if digest, ok := strings.CutSuffix(it.Name(), partialSuffix); ok && ValidateDigest(digest) == nil && it.Type().IsRegular() {
+			if age < partialMaxAge || inUse(path) {
+				continue
+			}
+		} else if age < time.Hour {
+			continue
+		}
+
+		if err := os.RemoveAll(path); err != nil {
 			return fmt.Errorf("remove stale partial download: %w", err)
 		}
 	}
 
 	return nil
+}
+
+// partialMaxAge is how long a partial download is kept for resuming.
+const partialMaxAge = 24 * time.Hour
+
+// inUse tells whether another process holds the file's download lock.
+func inUse(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close() //nolint:errcheck
+
+	return syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil
 }
 
 // reconcile loads the manifest and makes it agree with the blob directory: entries whose file is gone or has

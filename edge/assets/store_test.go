@@ -131,6 +131,8 @@ func visibleFiles(t *testing.T, dir string) []string {
 	return files
 }
 
+// An interrupted download leaves no visible asset; its partial file stays in the temporary directory, and the
+// next download of the asset, also by a new store over the same directory (an edge restart), resumes it.
 func TestInterruptedDownloadLeavesNoVisibleAsset(t *testing.T) {
 	t.Parallel()
 
@@ -154,13 +156,52 @@ func TestInterruptedDownloadLeavesNoVisibleAsset(t *testing.T) {
 
 	_, _, err = s.Open(ref.Name)
 	require.ErrorIs(t, err, assets.ErrNotFound)
-	require.Empty(t, visibleFiles(t, dir), "partial download left behind")
+	require.Equal(t, []string{filepath.Join("tmp", sum+".partial")}, visibleFiles(t, dir), "only the partial file, outside the cache")
 
-	// a new store over the same directory sees nothing either
+	// a new store over the same directory (the edge restarted) shows nothing of it...
 	s2 := newStore(t, dir, 1<<30, nil)
 	entries, used := s2.List()
 	require.Empty(t, entries)
 	require.Zero(t, used)
+
+	// ...and resumes it where it stopped
+	resumed := &bytesSource{data: data}
+	require.NoError(t, s2.Put(t.Context(), ref, resumed))
+	require.Equal(t, []int64{int64(len(data) / 2)}, resumed.offsets)
+	require.Equal(t, []string{filepath.Join("blobs/sha256", sum)}, visibleFiles(t, dir))
+
+	f, _, err := s2.Open(ref.Name)
+	require.NoError(t, err)
+
+	got, err := io.ReadAll(f)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	require.Equal(t, data, got)
+}
+
+// A partial file whose bytes went bad is caught by the digest check at the end, removed, and the next download
+// starts from the beginning.
+func TestCorruptPartialDownloadStartsAfresh(t *testing.T) {
+	t.Parallel()
+
+	dir := t.TempDir()
+	s := newStore(t, dir, 1<<30, nil)
+	data, sum := blob(t, 256<<10)
+	ref := assets.Ref{Name: "agent/amd64/initramfs", SHA256: sum, Size: int64(len(data))}
+
+	bad := append([]byte(nil), data[:100<<10]...)
+	bad[10] ^= 0xff
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "tmp", sum+".partial"), bad, 0o600))
+
+	first := &bytesSource{data: data}
+	require.ErrorIs(t, s.Put(t.Context(), ref, first), assets.ErrDigestMismatch)
+	require.Equal(t, []int64{100 << 10}, first.offsets)
+	require.Empty(t, visibleFiles(t, dir), "the bad partial is gone")
+
+	again := &bytesSource{data: data}
+	require.NoError(t, s.Put(t.Context(), ref, again))
+	require.Equal(t, []int64{0}, again.offsets)
+	require.True(t, s.Has(sum))
 }
 
 func TestPutResumesAfterCut(t *testing.T) {
