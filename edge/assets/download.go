@@ -146,7 +146,7 @@ func (s *Store) finish(ref Ref, err error) {
 func (s *Store) download(ctx context.Context, ref Ref, src Source) error {
 	log := s.log.With(zap.String("asset", ref.Name), zap.String("sha256", ref.SHA256), zap.String("source", src.Name()))
 
-	tmp, w, err := s.openPartial(ref)
+	tmp, w, shared, err := s.openPartial(ref)
 	if err != nil {
 		return fmt.Errorf("put asset %s: %w", ref.Name, err)
 	}
@@ -155,21 +155,23 @@ func (s *Store) download(ctx context.Context, ref Ref, src Source) error {
 		log.Info("resuming a partial download", zap.Int64("offset", w.n))
 	}
 
-	// A download that is cut short (the edge stops, the source stays away) keeps its partial file for the
-	// next attempt, also after a restart; one that went wrong for good starts afresh next time.
+	// A download that is cut short (the edge stops, the source stays away) keeps its shared partial file for
+	// the next attempt, also after a restart; one that went wrong for good starts afresh next time. The file
+	// is removed before it is closed, while its lock is still held.
 	committed, keep := false, false
 
 	defer func() {
-		if committed {
-			return
+		if !committed && (!keep || !shared) {
+			os.Remove(tmp.Name()) //nolint:errcheck
 		}
 
 		tmp.Close() //nolint:errcheck // closing also releases the file's lock
-
-		if !keep {
-			os.Remove(tmp.Name()) //nolint:errcheck
-		}
 	}()
+
+	if w.n == ref.Size {
+		// Complete already (the edge stopped between the last byte and the rename): the digest decides.
+		return s.commit(ref, tmp, w, src.Name(), func() { committed = true })
+	}
 
 	failures := 0
 
@@ -226,27 +228,30 @@ func (s *Store) download(ctx context.Context, ref Ref, src Source) error {
 const partialSuffix = ".partial"
 
 // openPartial opens ref's partial download, resuming it when one is there: its bytes are hashed again and
-// writing continues at its end. The file is locked while open; when another process holds it, this download
-// uses a private temporary file instead.
-func (s *Store) openPartial(ref Ref) (*os.File, *hashingFile, error) {
+// writing continues at its end. The file is locked while open (shared reports that); when another process
+// holds it, this download uses a private temporary file instead, which is never kept.
+func (s *Store) openPartial(ref Ref) (f *os.File, w *hashingFile, shared bool, err error) {
 	path := filepath.Join(s.tmpDir(), ref.SHA256+partialSuffix)
 
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, nil, fmt.Errorf("open partial download: %w", err)
+	for range 3 {
+		if f, err = lockedFile(path); err != nil || f != nil {
+			break
+		}
 	}
 
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close() //nolint:errcheck
+	if err != nil {
+		return nil, nil, false, err
+	}
 
+	if f == nil {
 		if f, err = os.CreateTemp(s.tmpDir(), ref.SHA256+".*.private"); err != nil {
-			return nil, nil, fmt.Errorf("create temporary file: %w", err)
+			return nil, nil, false, fmt.Errorf("create temporary file: %w", err)
 		}
 
-		return f, &hashingFile{f: f, h: sha256.New()}, nil
+		return f, &hashingFile{f: f, h: sha256.New()}, false, nil
 	}
 
-	w := &hashingFile{f: f, h: sha256.New()}
+	w = &hashingFile{f: f, h: sha256.New()}
 
 	n, err := io.Copy(w.h, f)
 	if err == nil && n > ref.Size {
@@ -262,12 +267,39 @@ func (s *Store) openPartial(ref Ref) (*os.File, *hashingFile, error) {
 	if err != nil {
 		f.Close() //nolint:errcheck
 
-		return nil, nil, fmt.Errorf("read partial download: %w", err)
+		return nil, nil, false, fmt.Errorf("read partial download: %w", err)
 	}
 
 	w.n = n
 
-	return f, w, nil
+	return f, w, true, nil
+}
+
+// lockedFile opens (creating) path and locks it; nil without an error when another process holds the lock or
+// the file was replaced while the lock was taken (the caller tries again or works elsewhere).
+func lockedFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open partial download: %w", err)
+	}
+
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close() //nolint:errcheck
+
+		return nil, nil //nolint:nilerr // busy: the caller falls back
+	}
+
+	// The holder before us may have renamed or removed the file after we opened it.
+	held, err1 := f.Stat()
+	now, err2 := os.Stat(path)
+
+	if err1 != nil || err2 != nil || !os.SameFile(held, now) {
+		f.Close() //nolint:errcheck
+
+		return nil, nil
+	}
+
+	return f, nil
 }
 
 // copyFrom reads from the source at the current offset until the end or an error.
@@ -301,7 +333,7 @@ func (s *Store) copyFrom(ctx context.Context, ref Ref, src Source, w *hashingFil
 	return nil
 }
 
-// commit verifies the temporary file and renames it into the cache.
+// commit verifies the temporary file and renames it into the cache (the caller closes it afterwards).
 func (s *Store) commit(ref Ref, tmp *os.File, w *hashingFile, source string, committed func()) error {
 	if w.n != ref.Size {
 		s.metrics.errors.WithLabelValues("size_mismatch").Inc()
@@ -321,10 +353,7 @@ func (s *Store) commit(ref Ref, tmp *os.File, w *hashingFile, source string, com
 		return fmt.Errorf("put asset %s: sync: %w", ref.Name, err)
 	}
 
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("put asset %s: close: %w", ref.Name, err)
-	}
-
+	// Renamed in while still open and locked; the caller closes it.
 	return s.install(ref, tmp.Name(), committed)
 }
 

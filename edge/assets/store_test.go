@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -177,6 +178,55 @@ func TestInterruptedDownloadLeavesNoVisibleAsset(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
 	require.Equal(t, data, got)
+}
+
+// A partial file that is already complete (the edge stopped between the last byte and the rename) is
+// verified and renamed in without asking the source for anything.
+func TestCompletePartialDownloadIsCommitted(t *testing.T) {
+	t.Parallel()
+
+	dir := t.TempDir()
+	s := newStore(t, dir, 1<<30, nil)
+	data, sum := blob(t, 64<<10)
+	ref := assets.Ref{Name: "agent/amd64/initramfs", SHA256: sum, Size: int64(len(data))}
+
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "tmp", sum+".partial"), data, 0o600))
+
+	src := &bytesSource{data: data}
+	require.NoError(t, s.Put(t.Context(), ref, src))
+	require.Empty(t, src.offsets, "nothing asked of the source")
+	require.Equal(t, []string{filepath.Join("blobs/sha256", sum)}, visibleFiles(t, dir))
+}
+
+// While another process holds an asset's partial file, a download of it works in a private file, which is
+// not kept when the download is cut short (it could never be resumed).
+func TestBusyPartialDownloadUsesAPrivateFile(t *testing.T) {
+	t.Parallel()
+
+	dir := t.TempDir()
+	s := newStore(t, dir, 1<<30, nil)
+	data, sum := blob(t, 64<<10)
+	ref := assets.Ref{Name: "agent/amd64/initramfs", SHA256: sum, Size: int64(len(data))}
+
+	held, err := os.OpenFile(filepath.Join(dir, "tmp", sum+".partial"), os.O_RDWR|os.O_CREATE, 0o600)
+	require.NoError(t, err)
+	require.NoError(t, syscall.Flock(int(held.Fd()), syscall.LOCK_EX|syscall.LOCK_NB))
+
+	ctx, cancel := context.WithCancel(t.Context())
+	src := &blockingSource{data: data, started: make(chan struct{})}
+	errc := make(chan error, 1)
+
+	go func() { errc <- s.Put(ctx, ref, src) }()
+
+	<-src.started
+	cancel()
+	require.ErrorIs(t, <-errc, context.Canceled)
+	require.Equal(t, []string{filepath.Join("tmp", sum+".partial")}, visibleFiles(t, dir), "no private file left")
+	require.NoError(t, held.Close())
+
+	// Released: the next download uses the shared file and completes.
+	require.NoError(t, s.Put(t.Context(), ref, &bytesSource{data: data}))
+	require.True(t, s.Has(sum))
 }
 
 // A partial file whose bytes went bad is caught by the digest check at the end, removed, and the next download
