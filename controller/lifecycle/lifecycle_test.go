@@ -53,18 +53,20 @@ func (c *fakeClock) Advance(d time.Duration) {
 
 // harness runs the lifecycle controllers on in-memory state that the test fills as Omni would.
 type harness struct {
-	t     *testing.T
-	st    state.State
-	edge  *lifecycletest.FakeEdge
-	clock *fakeClock
-	types resources.Types
-	stats *lifecycle.Metrics
+	t *testing.T
+	// configure adjusts the lifecycle configuration of this harness.
+	configure []func(*lifecycle.Config)
+	st        state.State
+	edge      *lifecycletest.FakeEdge
+	clock     *fakeClock
+	types     resources.Types
+	stats     *lifecycle.Metrics
 
 	cancel context.CancelFunc
 	done   chan error
 }
 
-func newHarness(t *testing.T) *harness {
+func newHarness(t *testing.T, configure ...func(*lifecycle.Config)) *harness {
 	t.Helper()
 
 	h := &harness{
@@ -75,6 +77,8 @@ func newHarness(t *testing.T) *harness {
 		types: resources.NewTypes(providerID),
 		stats: lifecycle.NewMetrics(),
 	}
+
+	h.configure = configure
 
 	require.NoError(t, h.types.Register())
 	h.start()
@@ -91,6 +95,10 @@ func (h *harness) start() {
 	cfg.PollInterval = 20 * time.Millisecond
 	cfg.CallTimeout = 2 * time.Second
 	cfg.WipeTimeout = 5 * time.Second
+
+	for _, c := range h.configure {
+		c(&cfg)
+	}
 
 	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), lifecycletest.FakeResolver{}, h.edge)
 	require.NoError(h.t, err)
@@ -426,7 +434,9 @@ func TestPowerOnWaitsForPlanAck(t *testing.T) {
 func TestNoRebootOnStateReadBeforeWaiting(t *testing.T) {
 	t.Parallel()
 
-	h := newHarness(t)
+	// Waits for the edge's acknowledgement last as long as the test holds them (a timed-out wait would
+	// re-decide on fresh state by itself and hide the bug).
+	h := newHarness(t, func(cfg *lifecycle.Config) { cfg.CallTimeout = time.Minute })
 	h.edge.Add("m1", "site-a")
 	h.omni("m1", accepted)
 	h.eventually("ready to use, still on", func() bool { s := h.status("m1"); return s != nil && s.ReadyToUse && h.edge.Machine("m1").Power })

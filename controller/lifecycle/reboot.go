@@ -56,27 +56,41 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 	}
 
 	// The gate may have waited long (for the site to come back, for the edge's acknowledgement): what was
-	// read before is stale. Decide again on fresh state and on the BMC's current word.
-	if again, err := s.stillNeeded(ctx, r, v, site, reason); err != nil || !again {
+	// read before is stale. Decide again on fresh state and on the BMC's current word, and act on those.
+	fresh, on, err := s.recheck(ctx, r, v, site, reason)
+	if err != nil || fresh == nil {
 		return err
 	}
 
-	callCtx, cancel := context.WithTimeout(ctx, s.env.cfg.CallTimeout)
-	defer cancel()
+	if reason == reasonRequested {
+		rs.LastRebootId = fresh.machine.GetRequestedRebootId()
+	}
 
-	if plan.Mode.PXE() {
-		if err = s.env.Power.SetPXEOnce(callCtx, site, v.id, v.bmc); err != nil {
-			return s.env.failed(fmt.Errorf("set one-time pxe boot of %s at site %s: %w", v.id, site, err))
+	switch {
+	case on:
+		callCtx, cancel := context.WithTimeout(ctx, s.env.cfg.CallTimeout)
+		defer cancel()
+
+		if plan.Mode.PXE() {
+			if err = s.env.Power.SetPXEOnce(callCtx, site, v.id, fresh.bmc); err != nil {
+				return s.env.failed(fmt.Errorf("set one-time pxe boot of %s at site %s: %w", v.id, site, err))
+			}
 		}
+
+		if err = s.env.Power.PowerCycle(callCtx, site, v.id, fresh.bmc); err != nil {
+			return s.env.failed(fmt.Errorf("reboot %s at site %s: %w", v.id, site, err))
+		}
+
+		rs.LastReboot = timestamppb.New(s.env.Now())
+
+		logger.Info("rebooted", zap.String("site", site), zap.String("reason", rs.Reason), zap.String("mode", string(plan.Mode)))
+	case reason == reasonRequested:
+		// Off after all: its next start is the fresh boot the user asked for; recorded so it is not repeated.
+		logger.Info("reboot requested of a machine that is off: nothing to reboot", zap.String("site", site))
+	default:
+		// Off after all: powering it on into its plan is the power controller's work, not a reboot.
+		return nil
 	}
-
-	if err = s.env.Power.PowerCycle(callCtx, site, v.id, v.bmc); err != nil {
-		return s.env.failed(fmt.Errorf("reboot %s at site %s: %w", v.id, site, err))
-	}
-
-	rs.LastReboot = timestamppb.New(s.env.Now())
-
-	logger.Info("rebooted", zap.String("site", site), zap.String("reason", rs.Reason), zap.String("mode", string(plan.Mode)))
 
 	if err = safe.WriterModify(ctx, r, s.env.Types.NewRebootStatus(v.id), func(res *resources.RebootStatus) error {
 		res.TypedSpec().Value = rs
@@ -121,21 +135,21 @@ func (s *reboot) decide(v *view) (site, reason string, wait error) {
 	}
 }
 
-// stillNeeded re-reads the machine and its state and asks the BMC whether it is on; the reboot goes ahead
-// only if the same decision holds on both. Otherwise the next reconcile decides afresh.
-func (s *reboot) stillNeeded(ctx context.Context, r controller.QRuntime, v *view, site, reason string) (bool, error) {
+// recheck re-reads the machine and its state and asks the BMC whether it is on. fresh is nil when the same
+// decision no longer holds (the next reconcile decides afresh); otherwise on is the BMC's word.
+func (s *reboot) recheck(ctx context.Context, r controller.QRuntime, v *view, site, reason string) (fresh *view, on bool, err error) {
 	m, err := safe.ReaderGetByID[*infra.Machine](ctx, r, v.id)
 	if err != nil {
-		return false, fmt.Errorf("read infra machine again: %w", err)
+		return nil, false, fmt.Errorf("read infra machine again: %w", err)
 	}
 
-	fresh, err := loadView(ctx, r, s.env.Types, m)
+	fresh, err = loadView(ctx, r, s.env.Types, m)
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
 
 	if freshSite, freshReason, _ := s.decide(fresh); freshSite != site || freshReason != reason {
-		return false, controller.NewRequeueInterval(s.env.cfg.PollInterval)
+		return nil, false, controller.NewRequeueInterval(s.env.cfg.PollInterval)
 	}
 
 	callCtx, cancel := context.WithTimeout(ctx, s.env.cfg.CallTimeout)
@@ -143,15 +157,10 @@ func (s *reboot) stillNeeded(ctx context.Context, r controller.QRuntime, v *view
 
 	ps, err := s.env.Power.PowerStatus(callCtx, site, v.id, fresh.bmc)
 	if err != nil {
-		return false, s.env.failed(fmt.Errorf("power status of %s at site %s before a reboot: %w", v.id, site, err))
+		return nil, false, s.env.failed(fmt.Errorf("power status of %s at site %s before a reboot: %w", v.id, site, err))
 	}
 
-	if ps != PowerOn {
-		// Off after all: powering it on into its plan is the power controller's work, not a reboot.
-		return false, nil
-	}
-
-	return true, nil
+	return fresh, ps == PowerOn, nil
 }
 
 // wrongMode: the machine should run the agent but its agent is not connected, or should install Talos but its
