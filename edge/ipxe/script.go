@@ -78,15 +78,16 @@ reboot
 `))
 
 // waitScript keeps a machine whose boot assets have not reached the site yet in iPXE: it waits, then asks for
-// its boot script again, and boots once the assets are there. It never boots anything else meanwhile.
+// its boot script again, and boots once the assets are there. It never boots anything else meanwhile. When the
+// chain fails (the plan changed to disk by HTTP 404, or deny), it leaves the machine to the firmware as
+// init.ipxe does.
 var waitScript = template.Must(template.New("wait").Parse(`#!ipxe
 # Outpost edge: {{.Mode}} boot waits for {{.Missing}} boot asset(s) this site does not hold yet
 echo outpost: waiting for {{.Missing}} boot asset(s) to reach this site, asking again in {{.Seconds}} s
 sleep {{.Seconds}}
 chain --replace {{.Again}} ||
-echo outpost: the edge did not answer, rebooting in 10 s
-sleep 10
-reboot
+echo outpost: no boot script for this machine now, leaving it to the firmware
+exit 1
 `))
 
 const (

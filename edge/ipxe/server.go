@@ -17,6 +17,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -158,6 +159,9 @@ type Server struct {
 	requests *prometheus.CounterVec
 	rejected *prometheus.CounterVec
 	served   *prometheus.CounterVec
+
+	// waits remembers which waiting machines were reported lately.
+	waits waitReports
 
 	handler http.Handler
 }
@@ -421,7 +425,7 @@ func (s *Server) serveBoot(w http.ResponseWriter, r *http.Request) {
 	}
 
 	e := s.deps.Table.Lookup(q.UUID, q.MAC, q.KernelArch())
-	script, mode := s.bootScript(e, q, base, s.agentAddress(r))
+	script, mode, report := s.bootScript(e, q, base, s.agentAddress(r))
 
 	if script == nil {
 		// Deny, or disk by HTTP 404: the chain fails and the firmware moves on.
@@ -432,15 +436,16 @@ func (s *Server) serveBoot(w http.ResponseWriter, r *http.Request) {
 
 	s.served.WithLabelValues(mode).Inc()
 
-	if s.deps.Observer != nil {
+	if s.deps.Observer != nil && report {
 		s.deps.Observer.BootServed(BootServed{
 			UUID: q.UUID, MAC: q.MAC, Arch: q.Arch, Mode: mode, Remote: remoteAddr(r), TableVersion: e.Version,
 		})
 	}
 }
 
-// bootScript renders the answer for an entry; nil means answer 404.
-func (s *Server) bootScript(e boot.Entry, q BootQuery, base, agentAddr string) ([]byte, string) {
+// bootScript renders the answer for an entry (nil means answer 404), its mode, and whether to report it
+// (every boot but the repeats of a machine waiting for assets).
+func (s *Server) bootScript(e boot.Entry, q BootQuery, base, agentAddr string) ([]byte, string, bool) {
 	args := e.KernelArgs
 	if len(args) == 0 {
 		args = s.cfg.KernelArgs
@@ -450,24 +455,26 @@ func (s *Server) bootScript(e boot.Entry, q BootQuery, base, agentAddr string) (
 
 	switch e.Mode {
 	case bootpb.Mode_MODE_DENY:
-		return nil, "deny"
+		return nil, "deny", true
 	case bootpb.Mode_MODE_DISK:
 		switch e.DiskMethod {
 		case bootpb.DiskMethod_DISK_METHOD_HTTP_404:
-			return nil, "disk"
+			return nil, "disk", true
 		case bootpb.DiskMethod_DISK_METHOD_IPXE_SANBOOT:
-			return []byte(sanbootScript), "disk"
+			return []byte(sanbootScript), "disk", true
 		default:
-			return []byte(exitScript), "disk"
+			return []byte(exitScript), "disk", true
 		}
 	case bootpb.Mode_MODE_INSTALL:
 		if missing := s.missing(e.Install); len(missing) > 0 {
-			return s.wait("install", e.UUID, q, base, missing), "wait"
+			script, report := s.wait("install", e.UUID, q, base, missing)
+
+			return script, "wait", report
 		}
 
 		all := append(append([]string(nil), e.Install.GetArgs()...), args...)
 
-		return renderKernel("install "+e.UUID, absolute(base, e.Install), all, s.cfg.Retries), "install"
+		return renderKernel("install "+e.UUID, absolute(base, e.Install), all, s.cfg.Retries), "install", true
 	default:
 		k := e.Agent
 		if k.GetKernelUrl() == "" {
@@ -479,7 +486,9 @@ func (s *Server) bootScript(e boot.Entry, q BootQuery, base, agentAddr string) (
 		}
 
 		if missing := s.missing(k); len(missing) > 0 {
-			return s.wait("agent", e.UUID, q, base, missing), "wait"
+			script, report := s.wait("agent", e.UUID, q, base, missing)
+
+			return script, "wait", report
 		}
 
 		all := append([]string{
@@ -488,7 +497,7 @@ func (s *Server) bootScript(e boot.Entry, q BootQuery, base, agentAddr string) (
 		}, k.GetArgs()...)
 		all = append(all, args...)
 
-		return renderKernel("agent mode", absolute(base, k), all, s.cfg.Retries), "agent"
+		return renderKernel("agent mode", absolute(base, k), all, s.cfg.Retries), "agent", true
 	}
 }
 
@@ -517,12 +526,51 @@ func (s *Server) missing(k *bootpb.Kernel) []string {
 	return out
 }
 
-// wait answers a boot whose assets have not reached the site: the machine waits in iPXE and asks again.
-func (s *Server) wait(mode, uuid string, q BootQuery, base string, missing []string) []byte {
-	s.log.Warn("boot waits for assets the site does not hold", zap.String("mode", mode), zap.String("uuid", uuid),
-		zap.Strings("missing", missing))
+// wait answers a boot whose assets have not reached the site: the machine waits in iPXE and asks again. A
+// waiting machine is logged (and its boot reported, report) once per waitReportEvery, not at every retry.
+func (s *Server) wait(mode, uuid string, q BootQuery, base string, missing []string) (script []byte, report bool) {
+	report = s.waits.first(q.UUID+"|"+q.MAC.String(), time.Now())
+	if report {
+		s.log.Warn("boot waits for assets the site does not hold", zap.String("mode", mode), zap.String("uuid", uuid),
+			zap.Strings("missing", missing))
+	}
 
-	return renderWait(mode, len(missing), base+"/ipxe/boot.ipxe?"+q.Encode(), int(s.cfg.AssetWait.Seconds()))
+	return renderWait(mode, len(missing), base+"/ipxe/boot.ipxe?"+q.Encode(), int(s.cfg.AssetWait.Seconds())), report
+}
+
+// waitReportEvery is how often a machine that keeps waiting for assets is logged and reported.
+const waitReportEvery = 10 * time.Minute
+
+// waitReports remembers when each waiting machine was last reported (bounded: old entries go first).
+type waitReports struct {
+	mu   sync.Mutex
+	last map[string]time.Time
+}
+
+// first reports whether key is due a report at now, and records it when so.
+func (w *waitReports) first(key string, now time.Time) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+
+	if t, ok := w.last[key]; ok && now.Sub(t) < waitReportEvery {
+		return false
+	}
+
+	if w.last == nil || len(w.last) >= 4096 {
+		for k, t := range w.last {
+			if now.Sub(t) >= waitReportEvery {
+				delete(w.last, k)
+			}
+		}
+
+		if w.last == nil || len(w.last) >= 4096 {
+			w.last = map[string]time.Time{}
+		}
+	}
+
+	w.last[key] = now
+
+	return true
 }
 
 // absolute makes edge-relative kernel and initrd paths absolute URLs.

@@ -43,6 +43,23 @@ func (r *recorder) BootServed(b ipxe.BootServed) {
 	defer r.mu.Unlock()
 	r.served = append(r.served, b)
 }
+
+// modes returns the modes of the boots served to uuid, in order.
+func (r *recorder) modes(uuid string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	var out []string
+
+	for _, b := range r.served {
+		if b.UUID == uuid {
+			out = append(out, b.Mode)
+		}
+	}
+
+	return out
+}
+
 func (r *recorder) HTTPFetch(f tftp.Fetch) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -250,6 +267,13 @@ func TestBootWaitsForAssetsTheSiteLacks(t *testing.T) {
 	require.Contains(t, body, "sleep 30\nchain --replace "+e.ts.URL+"/ipxe/boot.ipxe?arch=x86_64&mac=52-54-00-12-34-0a&uuid="+uuid+" ||")
 	require.InDelta(t, 1, testutil.ToFloat64(e.srv.ServedCounter("wait")), 0)
 
+	require.Contains(t, body, " ||\necho outpost: no boot script for this machine now, leaving it to the firmware\nexit 1\n")
+
+	// Asking again while still waiting: the same answer, but not reported (or logged) at every retry.
+	_, again2 := get(t, e.ts.URL+"/ipxe/boot.ipxe?"+query, nil)
+	require.Equal(t, body, again2)
+	require.Equal(t, []string{"wait"}, e.obs.modes(uuid))
+
 	// The chain back parses to the same request.
 	again := body[strings.Index(body, "boot.ipxe?")+len("boot.ipxe?") : strings.Index(body, " ||")]
 	q, err := ipxe.ParseBootQuery(again)
@@ -262,6 +286,7 @@ func TestBootWaitsForAssetsTheSiteLacks(t *testing.T) {
 	_, body = get(t, e.ts.URL+"/ipxe/boot.ipxe?"+query, nil)
 	require.Contains(t, body, "kernel "+e.ts.URL+"/assets/install/abc/v1.11.0/kernel-amd64 initrd=initrd")
 	require.Contains(t, body, "initrd --name initrd "+e.ts.URL+"/assets/talos/initramfs.xz")
+	require.Equal(t, []string{"wait", "install"}, e.obs.modes(uuid))
 }
 
 func TestBootScriptBadInput(t *testing.T) {

@@ -175,6 +175,8 @@ func (s *Server) serve(ctx context.Context, ln net.Listener, opts ...grpc.Server
 
 		return nil
 	case err := <-errCh:
+		srv.Stop() // the listener failed: end the tunnels too, so nothing runs after Serve returns
+
 		if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			return fmt.Errorf("serve agent tunnels on %s: %w", ln.Addr(), err)
 		}
