@@ -8,9 +8,11 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -234,7 +236,9 @@ func TestBootScript(t *testing.T) {
 				require.Contains(t, body, c)
 			}
 
-			require.GreaterOrEqual(t, testutil.ToFloat64(e.srv.ServedCounter(tc.mode)), 1.0)
+			// The answer is flushed before it is counted: the counter may trail the response a moment.
+			require.Eventually(t, func() bool { return testutil.ToFloat64(e.srv.ServedCounter(tc.mode)) >= 1 },
+				5*time.Second, time.Millisecond)
 		})
 	}
 }
@@ -265,14 +269,15 @@ func TestBootWaitsForAssetsTheSiteLacks(t *testing.T) {
 	require.NotContains(t, body, "kernel ")
 	require.Contains(t, body, "waits for 1 boot asset(s)")
 	require.Contains(t, body, "sleep 30\nchain --replace "+e.ts.URL+"/ipxe/boot.ipxe?arch=x86_64&mac=52-54-00-12-34-0a&uuid="+uuid+" ||")
-	require.InDelta(t, 1, testutil.ToFloat64(e.srv.ServedCounter("wait")), 0)
+	require.Eventually(t, func() bool { return testutil.ToFloat64(e.srv.ServedCounter("wait")) == 1 }, 5*time.Second, time.Millisecond)
 
 	require.Contains(t, body, " ||\necho outpost: no boot script for this machine now, leaving it to the firmware\nexit 1\n")
 
 	// Asking again while still waiting: the same answer, but not reported (or logged) at every retry.
 	_, again2 := get(t, e.ts.URL+"/ipxe/boot.ipxe?"+query, nil)
 	require.Equal(t, body, again2)
-	require.Equal(t, []string{"wait"}, e.obs.modes(uuid))
+	require.Eventually(t, func() bool { return testutil.ToFloat64(e.srv.ServedCounter("wait")) == 2 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return slices.Equal([]string{"wait"}, e.obs.modes(uuid)) }, 5*time.Second, time.Millisecond)
 
 	// The chain back parses to the same request.
 	again := body[strings.Index(body, "boot.ipxe?")+len("boot.ipxe?") : strings.Index(body, " ||")]
@@ -286,7 +291,8 @@ func TestBootWaitsForAssetsTheSiteLacks(t *testing.T) {
 	_, body = get(t, e.ts.URL+"/ipxe/boot.ipxe?"+query, nil)
 	require.Contains(t, body, "kernel "+e.ts.URL+"/assets/install/abc/v1.11.0/kernel-amd64 initrd=initrd")
 	require.Contains(t, body, "initrd --name initrd "+e.ts.URL+"/assets/talos/initramfs.xz")
-	require.Equal(t, []string{"wait", "install"}, e.obs.modes(uuid))
+	require.Eventually(t, func() bool { return slices.Equal([]string{"wait", "install"}, e.obs.modes(uuid)) },
+		5*time.Second, time.Millisecond)
 }
 
 func TestBootScriptBadInput(t *testing.T) {
@@ -319,6 +325,9 @@ func TestBootServedEvent(t *testing.T) {
 	e := newEnv(t)
 	resp, _ := get(t, e.ts.URL+"/ipxe/boot.ipxe?uuid="+uuidDisk+"&mac=52-54-00-12-34-56&arch=x86_64", nil)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	// The event is recorded after the answer is flushed.
+	require.Eventually(t, func() bool { return len(e.obs.modes(uuidDisk)) == 1 }, 5*time.Second, time.Millisecond)
 
 	e.obs.mu.Lock()
 	defer e.obs.mu.Unlock()
