@@ -239,6 +239,9 @@ func TestDeliverInOrderWithRetries(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return len(ctl.received()) == 4 }, 5*time.Second, 5*time.Millisecond)
 
+	// The controller has event 4; the journal acknowledges it when Publish returns.
+	require.Eventually(t, func() bool { return j.Counters()["journal_pending"] == 0 }, 5*time.Second, 5*time.Millisecond)
+
 	cancel()
 	require.NoError(t, <-done)
 	require.Equal(t, []uint64{1, 2, 3, 4}, ctl.received(), "in order, once")

@@ -238,8 +238,8 @@ func TestProxyAgentCalls(t *testing.T) {
 	require.InDelta(t, 42*time.Second, agent.deadline, float64(2*time.Second))
 	agent.mu.Unlock()
 
-	opened, _ := h.events.counts()
-	require.Equal(t, 1, opened)
+	// grpctunnel makes the tunnel usable before it reports the open: the event may trail a moment.
+	require.Eventually(t, func() bool { o, _ := h.events.counts(); return o == 1 }, 5*time.Second, 5*time.Millisecond)
 	h.events.mu.Lock()
 	require.Equal(t, machineA, h.events.opened[0].MachineID)
 	require.False(t, h.events.opened[0].AddressMismatch)
@@ -277,18 +277,18 @@ func TestProxyDisconnectAndReconnect(t *testing.T) {
 	select {
 	case err := <-callErr:
 		require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
-	case <-time.After(time.Second):
-		t.Fatal("in-flight call did not end within a second of the agent disconnecting")
+	case <-time.After(3 * time.Second): // it ends in milliseconds; the margin is for a loaded CI machine
+		t.Fatal("in-flight call did not end within seconds of the agent disconnecting")
 	}
 
-	require.Eventually(t, func() bool { _, c := h.events.counts(); return c == 1 }, time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { _, c := h.events.counts(); return c == 1 }, 5*time.Second, 5*time.Millisecond)
 
-	// No tunnel: Unavailable at once.
+	// No tunnel: Unavailable at once (no waiting for one to appear).
 	start := time.Now()
 	_, err := client.Hello(machineCtx(t.Context(), machineA), &agentpb.HelloRequest{})
 	require.Equal(t, codes.Unavailable, status.Code(err))
 	require.Contains(t, err.Error(), "no agent tunnel")
-	require.Less(t, time.Since(start), time.Second)
+	require.Less(t, time.Since(start), 3*time.Second)
 
 	// Reconnect restores calls.
 	connect(t, h.tunnelAddr, &fakeAgent{}, tunnel.MachineIDKey, machineA)
@@ -297,8 +297,8 @@ func TestProxyDisconnectAndReconnect(t *testing.T) {
 	_, err = client.Hello(machineCtx(t.Context(), machineA), &agentpb.HelloRequest{})
 	require.NoError(t, err)
 
-	opened, _ := h.events.counts()
-	require.Equal(t, 2, opened)
+	require.Eventually(t, func() bool { o, _ := h.events.counts(); return o == 2 }, 5*time.Second, 5*time.Millisecond)
+	require.Never(t, func() bool { o, _ := h.events.counts(); return o > 2 }, 100*time.Millisecond, 10*time.Millisecond)
 }
 
 func TestTunnelBadMachineID(t *testing.T) {

@@ -26,7 +26,7 @@ func TestBMCOverUplinkQueueing(t *testing.T) {
 
 	log, _ := newLogger(t)
 	s := startSite(t, log, func(c *bmc.Config) {
-		c.CallTimeout = 1500 * time.Millisecond
+		c.CallTimeout = 3 * time.Second // a dead BMC's call takes all of it; others must not wait for it
 		c.ProbeTimeout = 500 * time.Millisecond
 		c.IPMIExchangeTimeout = 300 * time.Millisecond
 		c.ProbeTTL = time.Minute
@@ -83,13 +83,13 @@ func TestBMCOverUplinkQueueing(t *testing.T) {
 		t0 := time.Now()
 		_, err = good.PowerStatus(t.Context())
 		require.NoError(t, err)
-		require.Less(t, time.Since(t0), time.Second, "another BMC is not held up")
+		require.Less(t, time.Since(t0), 2*time.Second, "another BMC is not held up")
 
 		err = <-deadErr
 		require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
 		require.ErrorContains(t, err, "did not answer in time")
 		require.NotContains(t, err.Error(), bmcPassword)
-		require.Less(t, time.Since(start), 4*time.Second)
+		require.Less(t, time.Since(start), 8*time.Second)
 	})
 
 	t.Run("probe expires", func(t *testing.T) {

@@ -221,8 +221,9 @@ func TestManagerUnreachableBMCDoesNotBlockOthers(t *testing.T) {
 	dead := bmc.Target{Host: "127.0.0.1", IPMIPort: silent.LocalAddr().(*net.UDPAddr).Port, RedfishEndpoint: deadURL} //nolint:forcetypeassert
 	good := newMachine(t, false)
 
+	// The dead BMC's calls take their whole 3 s; a call to another BMC must be answered well within that.
 	mgr := newManager(t, func(c *bmc.Config) {
-		c.CallTimeout = 1500 * time.Millisecond
+		c.CallTimeout = 3 * time.Second
 		c.ProbeTimeout = 500 * time.Millisecond
 		c.IPMIExchangeTimeout = 300 * time.Millisecond
 	}, nil)
@@ -242,7 +243,7 @@ func TestManagerUnreachableBMCDoesNotBlockOthers(t *testing.T) {
 		t0 := time.Now()
 		_, err := mgr.PowerStatus(t.Context(), good.target(bmc.ProtocolIPMI), creds)
 		require.NoError(t, err)
-		require.Less(t, time.Since(t0), time.Second)
+		require.Less(t, time.Since(t0), 2*time.Second, "not held up by the dead BMC")
 	}
 
 	for range 2 {
@@ -252,7 +253,7 @@ func TestManagerUnreachableBMCDoesNotBlockOthers(t *testing.T) {
 		require.NotContains(t, err.Error(), password)
 	}
 
-	require.Less(t, time.Since(start), 4*time.Second, "bounded wait")
+	require.Less(t, time.Since(start), 8*time.Second, "bounded wait")
 }
 
 func TestManagerProbeExpires(t *testing.T) {
