@@ -212,11 +212,11 @@ func (c cachedAssets) Has(name string) bool {
 // httpHandler serves /assets/ from the content-addressed cache when it holds the asset, and everything else
 // (including plain files placed in <state>/files) from the boot HTTP server.
 func httpHandler(store *assets.Store, boot http.Handler) http.Handler {
-	cached := assets.NewHandler(store, "/assets/")
+	cached, index := assets.NewHandler(store, "/assets/"), cachedAssets{store}
 
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if key, ok := strings.CutPrefix(r.URL.Path, "/assets/"); ok {
-			if _, err := store.Lookup(key); err == nil {
+			if index.Has(key) {
 				cached.ServeHTTP(w, r)
 
 				return

@@ -95,13 +95,7 @@ func TestImportTarball(t *testing.T) {
 			require.NoError(t, err)
 			require.Len(t, refs, 2)
 
-			f, _, err := s.Open("agent/amd64/initramfs")
-			require.NoError(t, err)
-
-			got, err := io.ReadAll(f)
-			require.NoError(t, err)
-			require.NoError(t, f.Close())
-			require.Equal(t, initrd, got)
+			require.Equal(t, initrd, readAsset(t, s, "agent/amd64/initramfs"))
 			require.Empty(t, visibleTmp(t, filepath.Join(dir, "cache")))
 		})
 	}

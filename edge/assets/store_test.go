@@ -115,6 +115,20 @@ func (b *blockingSource) Open(ctx context.Context, _ assets.Ref, offset int64) (
 	return pr, nil
 }
 
+// readAsset returns what the store serves under name.
+func readAsset(t *testing.T, s *assets.Store, name string) []byte {
+	t.Helper()
+
+	f, _, err := s.Open(name)
+	require.NoError(t, err)
+
+	got, err := io.ReadAll(f)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	return got
+}
+
 func visibleFiles(t *testing.T, dir string) []string {
 	t.Helper()
 
@@ -171,13 +185,7 @@ func TestInterruptedDownloadLeavesNoVisibleAsset(t *testing.T) {
 	require.Equal(t, []int64{int64(len(data) / 2)}, resumed.offsets)
 	require.Equal(t, []string{filepath.Join("blobs/sha256", sum)}, visibleFiles(t, dir))
 
-	f, _, err := s2.Open(ref.Name)
-	require.NoError(t, err)
-
-	got, err := io.ReadAll(f)
-	require.NoError(t, err)
-	require.NoError(t, f.Close())
-	require.Equal(t, data, got)
+	require.Equal(t, data, readAsset(t, s2, ref.Name))
 }
 
 // A partial file that is already complete (the edge stopped between the last byte and the rename) is
@@ -265,14 +273,11 @@ func TestPutResumesAfterCut(t *testing.T) {
 	require.NoError(t, s.Put(t.Context(), ref, src))
 	require.Equal(t, []int64{0, 64 << 10, 128 << 10, 192 << 10}, src.offsets)
 
+	require.Equal(t, data, readAsset(t, s, ref.Name))
+
 	f, e, err := s.Open(ref.Name)
 	require.NoError(t, err)
-
-	defer f.Close() //nolint:errcheck
-
-	got, err := io.ReadAll(f)
-	require.NoError(t, err)
-	require.Equal(t, data, got)
+	require.NoError(t, f.Close())
 	require.Equal(t, []string{ref.Name}, e.Names)
 }
 
@@ -434,13 +439,7 @@ func TestDiskFullMidDownload(t *testing.T) {
 	require.ElementsMatch(t, []string{filepath.Join("blobs/sha256", smallSum)}, visibleFiles(t, dir))
 
 	// the cache keeps serving what it has
-	f, _, err := s.Open("agent/amd64/cmdline")
-	require.NoError(t, err)
-
-	got, err := io.ReadAll(f)
-	require.NoError(t, err)
-	require.NoError(t, f.Close())
-	require.Equal(t, small, got)
+	require.Equal(t, small, readAsset(t, s, "agent/amd64/cmdline"))
 }
 
 func TestSecondProcessSeesImport(t *testing.T) {

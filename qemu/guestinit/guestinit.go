@@ -1,5 +1,6 @@
-// Package guestinit holds what the lab's static /init programs do first in a guest: load the kernel modules
-// the initramfs carries and bring up the network with a DHCP lease. It is test tooling (Linux only).
+// Package guestinit holds what the lab's static /init programs do first in a guest: mount the kernel's
+// filesystems, load the kernel modules the initramfs carries, read the machine's identity, and bring up the
+// network with a DHCP lease. It is test tooling (Linux only).
 package guestinit
 
 import (
@@ -17,6 +18,44 @@ import (
 	"github.com/insomniacslk/dhcp/dhcpv4/nclient4"
 	"github.com/vishvananda/netlink"
 )
+
+// Boot is what Start found out about the guest.
+type Boot struct {
+	// UUID is the SMBIOS UUID, lower case.
+	UUID string
+	// Cmdline is the kernel command line.
+	Cmdline string
+}
+
+// Start mounts /proc, /sys and /dev (already mounted is fine), loads the modules listed in /modules.order and
+// reads the SMBIOS UUID and the kernel command line.
+func Start() (Boot, error) {
+	for _, m := range []struct{ src, dst, fs string }{{"proc", "/proc", "proc"}, {"sysfs", "/sys", "sysfs"}, {"devtmpfs", "/dev", "devtmpfs"}} {
+		if err := os.MkdirAll(m.dst, 0o755); err != nil {
+			return Boot{}, err
+		}
+
+		if err := syscall.Mount(m.src, m.dst, m.fs, 0, ""); err != nil && !errors.Is(err, syscall.EBUSY) {
+			return Boot{}, fmt.Errorf("mount %s: %w", m.dst, err)
+		}
+	}
+
+	if err := LoadModules("/modules.order"); err != nil {
+		return Boot{}, err
+	}
+
+	uuid, err := os.ReadFile("/sys/class/dmi/id/product_uuid")
+	if err != nil {
+		return Boot{}, fmt.Errorf("read smbios uuid: %w", err)
+	}
+
+	cmdline, err := os.ReadFile("/proc/cmdline")
+	if err != nil {
+		return Boot{}, fmt.Errorf("read kernel command line: %w", err)
+	}
+
+	return Boot{UUID: strings.ToLower(strings.TrimSpace(string(uuid))), Cmdline: strings.TrimSpace(string(cmdline))}, nil
+}
 
 // LoadModules loads every module listed (one path per line) in list, in order; already loaded ones are fine.
 func LoadModules(list string) error {

@@ -93,32 +93,31 @@ func (l *Lab) StartController(ctx context.Context, core *Core, bin string, o *Om
 
 // CreateSite creates a site on the controller (`controller site create`) and returns its join token.
 func (c *Controller) CreateSite(ctx context.Context, name string) (string, error) {
+	out, err := c.site(ctx, "create", name, "--description", "lab "+name)
+
+	return strings.TrimSpace(out), err
+}
+
+// SiteShow returns `controller site show <name>`: the site's state and its asset catalog.
+func (c *Controller) SiteShow(ctx context.Context, name string) (string, error) {
+	return c.site(ctx, "show", name)
+}
+
+// site runs `controller site <args>` against the lab controller's admin socket and returns its standard output.
+func (c *Controller) site(ctx context.Context, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 
 	var stdout, stderr bytes.Buffer
 
-	cmd := exec.CommandContext(ctx, c.Bin, "site", "create", name, "--state-dir", c.StateDir, "--description", "lab "+name)
+	cmd := exec.CommandContext(ctx, c.Bin, append(append([]string{"site"}, args...), "--state-dir", c.StateDir)...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 
 	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("controller site create %s: %w: %s", name, err, stderr.String())
+		return "", fmt.Errorf("controller site %s: %w: %s", strings.Join(args, " "), err, stderr.String())
 	}
 
-	return strings.TrimSpace(stdout.String()), nil
-}
-
-// SiteShow returns `controller site show <name>`: the site's state and its asset catalog.
-func (c *Controller) SiteShow(ctx context.Context, name string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-
-	out, err := exec.CommandContext(ctx, c.Bin, "site", "show", name, "--state-dir", c.StateDir).CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("controller site show %s: %w: %s", name, err, out)
-	}
-
-	return string(out), nil
+	return stdout.String(), nil
 }
 
 // EdgeOptions are the lab's settings for an edge.

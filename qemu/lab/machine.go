@@ -629,6 +629,20 @@ func (m *Machine) Failures() error {
 // PowerOn presses the power button: the chassis starts the machine with its current boot override.
 func (m *Machine) PowerOn(ctx context.Context) error { return m.Chassis.SetPower(ctx, true) }
 
+// AgentStartMarker is what the lab's /init prints on the serial console when it starts the agent.
+const AgentStartMarker = "OUTPOST-AGENT-START"
+
+// PowerOnToAgent presses the power button and waits until the machine's /init starts the agent: the
+// "power-on to agent start" every boot comparison measures.
+func (m *Machine) PowerOnToAgent(ctx context.Context, timeout time.Duration) error {
+	from := m.Serial.Size()
+	if err := m.PowerOn(ctx); err != nil {
+		return err
+	}
+
+	return m.WaitSerial(ctx, from, AgentStartMarker, timeout)
+}
+
 // PowerOffNow pulls the plug (lab teardown).
 func (m *Machine) PowerOffNow() {
 	m.mu.Lock()

@@ -80,8 +80,7 @@ func TestMachineSide(t *testing.T) {
 
 			start := time.Now()
 
-			require.NoError(t, m.PowerOn(ctx))
-			err = m.WaitSerial(ctx, 0, "OUTPOST-AGENT-START", 4*time.Minute)
+			err = m.PowerOnToAgent(ctx, 4*time.Minute)
 			tl.Step("power-on to agent start (edge)", c.name, start, err)
 			require.NoError(t, err)
 			err = m.WaitSerial(ctx, 0, "OUTPOST-PROVISIONED", time.Minute)
@@ -203,8 +202,7 @@ func TestMachineSide(t *testing.T) {
 
 			start := time.Now()
 
-			require.NoError(t, m.PowerOn(ctx))
-			err = m.WaitSerial(ctx, 0, "OUTPOST-AGENT-START", 4*time.Minute)
+			err = m.PowerOnToAgent(ctx, 4*time.Minute)
 			tl.Step("power-on to agent start (bare dnsmasq + static files)", m.Spec.Name, start, err)
 			require.NoError(t, err)
 			m.PowerOffNow()

@@ -85,8 +85,7 @@ func TestRealEdgeAgentMode(t *testing.T) {
 
 		start := time.Now()
 
-		require.NoError(t, m.PowerOn(ctx))
-		err = m.WaitSerial(ctx, 0, "OUTPOST-AGENT-START", 5*time.Minute)
+		err = m.PowerOnToAgent(ctx, 5*time.Minute)
 		tl.Step("power-on to agent start (real edge)", m.Spec.Name, start, err)
 		require.NoError(t, err)
 

@@ -283,7 +283,7 @@ func (e *Env) discoverAndAccept(ctx context.Context, ms ...*Machine) error {
 		}
 
 		// The same measure as the bare comparison's.
-		err := m.WaitSerial(ctx, from, "OUTPOST-AGENT-START", 5*time.Minute)
+		err := m.WaitSerial(ctx, from, AgentStartMarker, 5*time.Minute)
 		e.Timeline.Step(agentStartStep+" (edge)", m.Spec.Name, start, err)
 
 		if err != nil {
@@ -404,7 +404,7 @@ func (e *Env) wanCut(ctx context.Context, site *Site, installed, idle *Machine) 
 			return err
 		}
 
-		return m.WaitSerial(ctx, from, "OUTPOST-AGENT-START", 5*time.Minute)
+		return m.WaitSerial(ctx, from, AgentStartMarker, 5*time.Minute)
 	}); err != nil {
 		site.SetWAN(true) //nolint:errcheck,gosec
 
@@ -503,7 +503,7 @@ func (e *Env) release(ctx context.Context, silentBMC *Machine, ms ...*Machine) e
 			}
 		}
 
-		if err := m.WaitSerial(ctx, from, "OUTPOST-AGENT-START", 5*time.Minute); err != nil {
+		if err := m.WaitSerial(ctx, from, AgentStartMarker, 5*time.Minute); err != nil {
 			return err
 		}
 
@@ -544,7 +544,7 @@ func (e *Env) bmcOutage(ctx context.Context, m *Machine, serialFrom int64) error
 		}
 	}
 
-	if n := len(m.Boots()); n != boots || m.Serial.Contains(serialFrom, "OUTPOST-AGENT-START") {
+	if n := len(m.Boots()); n != boots || m.Serial.Contains(serialFrom, AgentStartMarker) {
 		return fmt.Errorf("the machine was restarted while its BMC did not answer (%d boots, was %d)", n, boots)
 	}
 
@@ -554,7 +554,7 @@ func (e *Env) bmcOutage(ctx context.Context, m *Machine, serialFrom int64) error
 		return err
 	}
 
-	err = m.WaitSerial(ctx, serialFrom, "OUTPOST-AGENT-START", 5*time.Minute)
+	err = m.WaitSerial(ctx, serialFrom, AgentStartMarker, 5*time.Minute)
 	e.Timeline.Step("BMC back to the release's reboot reaching agent mode", m.Spec.Name, back, err)
 
 	return err
@@ -582,11 +582,7 @@ func (e *Env) bareBoot(ctx context.Context) error {
 	return e.timed(agentStartStep+" (bare dnsmasq + static files)", e.Bare, func(m *Machine) error {
 		defer m.PowerOffNow()
 
-		if err := m.PowerOn(ctx); err != nil {
-			return err
-		}
-
-		return m.WaitSerial(ctx, 0, "OUTPOST-AGENT-START", 4*time.Minute)
+		return m.PowerOnToAgent(ctx, 4*time.Minute)
 	})
 }
 

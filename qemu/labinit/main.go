@@ -60,33 +60,14 @@ func main() {
 var errReboot = errors.New("reboot requested")
 
 func run() error {
-	for _, m := range []struct{ src, dst, fs string }{{"proc", "/proc", "proc"}, {"sysfs", "/sys", "sysfs"}, {"devtmpfs", "/dev", "devtmpfs"}} {
-		if err := os.MkdirAll(m.dst, 0o755); err != nil {
-			return err
-		}
-
-		if err := syscall.Mount(m.src, m.dst, m.fs, 0, ""); err != nil && !errors.Is(err, syscall.EBUSY) {
-			return fmt.Errorf("mount %s: %w", m.dst, err)
-		}
-	}
-
-	if err := guestinit.LoadModules("/modules.order"); err != nil {
-		return err
-	}
-
-	rawUUID, err := os.ReadFile("/sys/class/dmi/id/product_uuid")
-	if err != nil {
-		return fmt.Errorf("read smbios uuid: %w", err)
-	}
-
-	uuid := strings.ToLower(strings.TrimSpace(string(rawUUID)))
-
-	cmdline, err := os.ReadFile("/proc/cmdline")
+	g, err := guestinit.Start()
 	if err != nil {
 		return err
 	}
 
-	args := parseCmdline(string(cmdline))
+	uuid := g.UUID
+
+	args := parseCmdline(g.Cmdline)
 	_, agentMode := args["metal.provider.address"]
 
 	mode := "install"

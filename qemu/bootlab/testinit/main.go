@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"syscall"
 	"time"
@@ -32,33 +31,14 @@ func main() {
 }
 
 func run() error {
-	for _, m := range []struct{ src, dst, fs string }{{"proc", "/proc", "proc"}, {"sysfs", "/sys", "sysfs"}} {
-		if err := os.MkdirAll(m.dst, 0o755); err != nil {
-			return err
-		}
-
-		if err := syscall.Mount(m.src, m.dst, m.fs, 0, ""); err != nil {
-			return fmt.Errorf("mount %s: %w", m.dst, err)
-		}
-	}
-
-	if err := guestinit.LoadModules("/modules.order"); err != nil {
-		return err
-	}
-
-	uuid, err := os.ReadFile("/sys/class/dmi/id/product_uuid")
-	if err != nil {
-		return fmt.Errorf("read smbios uuid: %w", err)
-	}
-
-	cmdline, err := os.ReadFile("/proc/cmdline")
+	g, err := guestinit.Start()
 	if err != nil {
 		return err
 	}
 
-	fmt.Printf("OUTPOST-INIT uuid=%s cmdline=%s\n", strings.TrimSpace(string(uuid)), strings.TrimSpace(string(cmdline)))
+	fmt.Printf("OUTPOST-INIT uuid=%s cmdline=%s\n", g.UUID, g.Cmdline)
 
-	edge, err := edgeFromCmdline(string(cmdline))
+	edge, err := edgeFromCmdline(g.Cmdline)
 	if err != nil {
 		return err
 	}
@@ -70,7 +50,7 @@ func run() error {
 
 	fmt.Println("OUTPOST-INIT address", lease.Address)
 
-	cb := "http://" + edge + "/config?u=" + url.QueryEscape(strings.ToLower(strings.TrimSpace(string(uuid))))
+	cb := "http://" + edge + "/config?u=" + url.QueryEscape(g.UUID)
 
 	var last error
 
