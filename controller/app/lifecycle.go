@@ -163,7 +163,7 @@ type agentTolerant struct {
 
 func (a agentTolerant) Resolve(ctx context.Context, p assets.Profile) (assets.Boot, error) {
 	boot, err := a.Resolver.Resolve(ctx, p)
-	if err != nil && errors.Is(err, assets.ErrNotAvailable) && p.TalosVersion == a.agent.AgentTalosVersion {
+	if err != nil && errors.Is(err, assets.ErrNotAvailable) && p.Normalize().TalosVersion == (assets.Profile{TalosVersion: a.agent.AgentTalosVersion}).Normalize().TalosVersion {
 		return assets.Boot{KernelArgs: p.KernelArgs}, nil
 	}
 

@@ -7,6 +7,8 @@ package assets
 import (
 	"context"
 	"errors"
+	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 )
@@ -24,9 +26,14 @@ type Profile struct {
 	Arch string
 }
 
-// Normalize returns the profile with sorted, de-duplicated extensions and the default arch, so that equal
-// profiles resolve to the same schematic.
+// Normalize returns the profile with its Talos version in canonical form (with the leading v), sorted and
+// de-duplicated extensions and the default arch, so that equal profiles resolve to the same schematic. A version
+// that is not a Talos version is left as it is (Resolve refuses it).
 func (p Profile) Normalize() Profile {
+	if v, err := CanonicalTalosVersion(p.TalosVersion); err == nil {
+		p.TalosVersion = v
+	}
+
 	ext := slices.Clone(p.Extensions)
 	slices.Sort(ext)
 	p.Extensions = slices.Compact(ext)
@@ -61,6 +68,26 @@ func validArch(arch string) bool {
 	return arch == "amd64" || arch == "arm64"
 }
 
+// talosVersion is a Talos release version: major.minor.patch with an optional pre-release (1.14.0-alpha.2),
+// with or without the leading v.
+var talosVersion = regexp.MustCompile(`^v?[0-9]{1,4}\.[0-9]{1,4}\.[0-9]{1,4}(-[0-9A-Za-z]+(\.[0-9A-Za-z]+)*)?$`)
+
+// CanonicalTalosVersion returns a Talos version in the form the image factory and this project use everywhere
+// (v1.11.5). Omni writes a cluster's version without the v (1.11.5); both are accepted.
+func CanonicalTalosVersion(v string) (string, error) {
+	if len(v) > 64 || !talosVersion.MatchString(v) {
+		return "", fmt.Errorf("talos version %q: want major.minor.patch, e.g. 1.11.5 or v1.11.5", v)
+	}
+
+	if !strings.HasPrefix(v, "v") {
+		v = "v" + v
+	}
+
+	return v, nil
+}
+
 func validVersion(v string) bool {
-	return strings.HasPrefix(v, "v") && len(v) > 1 && !strings.ContainsAny(v, "/\\ ") && !strings.Contains(v, "..")
+	_, err := CanonicalTalosVersion(v)
+
+	return err == nil && strings.HasPrefix(v, "v")
 }

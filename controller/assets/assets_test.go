@@ -111,6 +111,15 @@ func TestFactoryResolver(t *testing.T) {
 	require.Equal(t, b.KernelURL, b2.KernelURL)
 	require.NotEqual(t, b.ScriptURL, b2.ScriptURL)
 
+	// Omni's form of the version (no v) is the same profile: same schematics, same URLs
+	omniStyle := p
+	omniStyle.TalosVersion = "1.11.0"
+	b3, err := r.Resolve(ctx, omniStyle)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, fake.created.Load())
+	require.Equal(t, b2, b3)
+	require.Contains(t, b3.KernelURL, "/v1.11.0/kernel-amd64")
+
 	// a factory failure is an error, not a plan
 	fake.fail.Store(true)
 
@@ -145,10 +154,51 @@ func TestLocalResolver(t *testing.T) {
 
 	b, err := r.Resolve(context.Background(), p)
 	require.NoError(t, err)
+
+	// Omni writes a cluster's Talos version without the v: the same files
+	omniStyle := p
+	omniStyle.TalosVersion = "1.11.0"
+	b2, err := r.Resolve(context.Background(), omniStyle)
+	require.NoError(t, err)
+	require.Equal(t, b, b2)
+
 	require.Equal(t, "http://edge/assets/"+id+"/v1.11.0/kernel-amd64", b.KernelURL)
 	require.Equal(t, "http://edge/assets/"+id+"/v1.11.0/initramfs-amd64.xz", b.InitrdURL)
 	require.Equal(t, p.KernelArgs, b.KernelArgs)
 	require.Empty(t, b.ScriptURL)
+}
+
+func TestCanonicalTalosVersion(t *testing.T) {
+	t.Parallel()
+
+	for _, tc := range []struct {
+		name, in, want string
+	}{
+		{name: "omni form", in: "1.11.5", want: "v1.11.5"},
+		{name: "factory form", in: "v1.11.5", want: "v1.11.5"},
+		{name: "pre-release", in: "1.14.0-alpha.2", want: "v1.14.0-alpha.2"},
+		{name: "two parts", in: "1.11"},
+		{name: "empty", in: ""},
+		{name: "only v", in: "v"},
+		{name: "path", in: "v1.11.0/../x"},
+		{name: "double v", in: "vv1.11.0"},
+		{name: "space", in: "1.11.5 "},
+		{name: "query", in: "1.11.5?x=1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+
+			got, err := assets.CanonicalTalosVersion(tc.in)
+			if tc.want == "" {
+				require.Error(t, err)
+
+				return
+			}
+
+			require.NoError(t, err)
+			require.Equal(t, tc.want, got)
+		})
+	}
 }
 
 func FuzzProfileResolve(f *testing.F) {

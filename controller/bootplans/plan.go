@@ -99,7 +99,8 @@ func (p Plan) Equal(o Plan) bool {
 }
 
 // Site is what a plan needs to know about the site the machine is at. Empty fields are left to the edge
-// (which adds talos.config and metal.provider.address pointing at itself in agent mode).
+// (which adds talos.config pointing at itself to agent and install boots, and metal.provider.address to agent
+// boots).
 type Site struct {
 	// ConfigURL is where the machine fetches its Talos config documents (the edge's /config), without query.
 	ConfigURL string
@@ -145,8 +146,8 @@ func DefaultPlannerConfig() PlannerConfig {
 
 // Validate reports a configuration that cannot work.
 func (c PlannerConfig) Validate() error {
-	if c.AgentTalosVersion == "" {
-		return fmt.Errorf("agent talos version is empty")
+	if _, err := assets.CanonicalTalosVersion(c.AgentTalosVersion); err != nil {
+		return fmt.Errorf("agent %w", err)
 	}
 
 	switch c.DiskMethod {
@@ -176,6 +177,9 @@ func NewPlanner(cfg PlannerConfig, resolver assets.Resolver, sites SiteDirectory
 		return nil, fmt.Errorf("planner config: %w", err)
 	}
 
+	// validated above: the version is well-formed
+	cfg.AgentTalosVersion, _ = assets.CanonicalTalosVersion(cfg.AgentTalosVersion)
+
 	return &Planner{cfg: cfg, resolver: resolver, sites: sites}, nil
 }
 
@@ -195,19 +199,21 @@ func (p *Planner) Plan(ctx context.Context, siteID string, m Machine) (Plan, err
 		plan.DiskMethod = p.cfg.DiskMethod
 
 		return plan, nil
-	case ModeAgent:
+	case ModeAgent, ModeInstall:
 		s, err := p.sites.Site(siteID)
 		if err != nil {
 			return Plan{}, fmt.Errorf("site %s of %s: %w", siteID, m.ID, err)
 		}
 
+		// Both PXE modes carry talos.config: an agent needs it to join Omni, and so does the Talos that the
+		// install boot puts on disk (it fetches the join config once, then reaches Omni over SideroLink).
 		args := []string{"talos.platform=metal"}
 
 		if s.ConfigURL != "" {
 			args = append(args, "talos.config="+s.ConfigURL+"?u=${uuid}")
 		}
 
-		if s.AgentAddress != "" {
+		if mode == ModeAgent && s.AgentAddress != "" {
 			args = append(args, "metal.provider.address="+s.AgentAddress)
 		}
 
@@ -215,7 +221,15 @@ func (p *Planner) Plan(ctx context.Context, siteID string, m Machine) (Plan, err
 			args = append(args, "console="+p.cfg.Console)
 		}
 
-		profile = assets.Profile{TalosVersion: p.cfg.AgentTalosVersion, Extensions: p.cfg.AgentExtensions, KernelArgs: append(args, extra...), Arch: m.Arch}
+		args = append(args, extra...)
+
+		if mode == ModeInstall {
+			profile = assets.Profile{TalosVersion: m.TalosVersion, Extensions: m.Extensions, KernelArgs: args, Arch: m.Arch}
+
+			break
+		}
+
+		profile = assets.Profile{TalosVersion: p.cfg.AgentTalosVersion, Extensions: p.cfg.AgentExtensions, KernelArgs: args, Arch: m.Arch}
 
 		if p.cfg.EdgeAgentImage {
 			profile = profile.Normalize()
@@ -223,13 +237,6 @@ func (p *Planner) Plan(ctx context.Context, siteID string, m Machine) (Plan, err
 
 			return plan, nil
 		}
-	case ModeInstall:
-		args := []string{"talos.platform=metal"}
-		if p.cfg.Console != "" {
-			args = append(args, "console="+p.cfg.Console)
-		}
-
-		profile = assets.Profile{TalosVersion: m.TalosVersion, Extensions: m.Extensions, KernelArgs: append(args, extra...), Arch: m.Arch}
 	}
 
 	boot, err := p.resolver.Resolve(ctx, profile.Normalize())

@@ -69,12 +69,15 @@ func TestPlanner(t *testing.T) {
 	require.Equal(t, []string{"siderolabs/metal-agent"}, res.last.Extensions)
 	require.Equal(t, "amd64", res.last.Arch)
 
-	install, err := p.Plan(ctx, "site-a", bootplans.Machine{ID: "m1", TalosVersion: "v1.11.0", Extensions: []string{"b", "a", "a"},
-		Situation: bootplans.Situation{Acceptance: bootplans.Accepted, Allocated: true, BMCConfigured: true}})
+	// Omni writes the cluster's Talos version without the v
+	install, err := p.Plan(ctx, "site-a", bootplans.Machine{ID: "m1", TalosVersion: "1.11.0", Extensions: []string{"b", "a", "a"},
+		ExtraKernelArgs: "foo=bar", Situation: bootplans.Situation{Acceptance: bootplans.Accepted, Allocated: true, BMCConfigured: true}})
 	require.NoError(t, err)
 	require.Equal(t, bootplans.ModeInstall, install.Mode)
 	require.Equal(t, "k/v1.11.0", install.KernelURL)
 	require.Equal(t, []string{"a", "b"}, res.last.Extensions)
+	require.Equal(t, []string{"talos.platform=metal", "talos.config=http://site-a/config?u=${uuid}", "console=ttyS0,115200", "foo=bar"}, install.KernelArgs,
+		"the installed Talos finds its way back to Omni through the edge's /config; no agent address")
 
 	disk, err := p.Plan(ctx, "site-a", bootplans.Machine{ID: "m1",
 		Situation: bootplans.Situation{Acceptance: bootplans.Accepted, Allocated: true, BMCConfigured: true, Installed: true}})

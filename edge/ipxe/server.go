@@ -16,6 +16,7 @@ import (
 	"path"
 	"regexp"
 	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -472,7 +473,9 @@ func (s *Server) bootScript(e boot.Entry, q BootQuery, base, agentAddr string) (
 			return script, "wait", report
 		}
 
-		all := append(append([]string(nil), e.Install.GetArgs()...), args...)
+		// The installed Talos fetches its join config from this edge once, then reaches Omni over SideroLink.
+		all := withDefaultArgs(append(append([]string(nil), e.Install.GetArgs()...), args...),
+			"talos.config="+base+"/config?u=${uuid}")
 
 		return renderKernel("install "+e.UUID, absolute(base, e.Install), all, s.cfg.Retries), "install", true
 	default:
@@ -491,14 +494,26 @@ func (s *Server) bootScript(e boot.Entry, q BootQuery, base, agentAddr string) (
 			return script, "wait", report
 		}
 
-		all := append([]string{
-			"metal.provider.address=" + agentAddr,
-			"talos.config=" + base + "/config?u=${uuid}",
-		}, k.GetArgs()...)
-		all = append(all, args...)
+		all := withDefaultArgs(append(append([]string(nil), k.GetArgs()...), args...),
+			"metal.provider.address="+agentAddr, "talos.config="+base+"/config?u=${uuid}")
 
 		return renderKernel("agent mode", absolute(base, k), all, s.cfg.Retries), "agent", true
 	}
+}
+
+// withDefaultArgs puts each key=value default in front of args unless args already set that key (the
+// controller named an address of its own).
+func withDefaultArgs(args []string, defaults ...string) []string {
+	var front []string
+
+	for _, d := range defaults {
+		key, _, _ := strings.Cut(d, "=")
+		if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, key+"=") }) {
+			front = append(front, d)
+		}
+	}
+
+	return append(front, args...)
 }
 
 // missing returns the edge-local (/assets/...) kernel and initrd of k that the edge cannot serve now: neither

@@ -216,7 +216,7 @@ func TestBootScript(t *testing.T) {
 		{
 			name: "install", query: "uuid=" + uuidInstall + "&arch=x86_64", code: 200, mode: "install",
 			contains: []string{
-				"kernel https://factory.example/vmlinuz initrd=initrd talos.platform=metal console=tty0 console=ttyS0 talos.dashboard.disabled=1",
+				"kernel https://factory.example/vmlinuz initrd=initrd talos.config=" + e.ts.URL + "/config?u=${uuid} talos.platform=metal console=tty0 console=ttyS0 talos.dashboard.disabled=1",
 				"initrd --name initrd " + e.ts.URL + "/assets/talos/initramfs.xz",
 			},
 		},
