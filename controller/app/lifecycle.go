@@ -19,6 +19,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/machineaccess"
 	"github.com/outpost-metal/outpost/controller/omni"
+	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/sites"
 )
 
@@ -57,8 +58,10 @@ func (w *edgeWiring) sessionStarted(_ context.Context, siteID string, _ grpc.Cli
 	return nil
 }
 
-// runLifecycle connects to Omni (retrying while it is unreachable; a refused key ends it), registers the
-// provider and runs the lifecycle controllers and the join config watcher until ctx is done.
+// runLifecycle keeps the controller connected to Omni and the lifecycle running on it until ctx is done. The
+// lifecycle controllers are built once; every connection gets a fresh COSI runtime (with the health heartbeat)
+// and join config watcher on them, rebuilt with backoff whenever Omni goes away, at any uptime. Edge sessions,
+// boot tables and machine locations live outside and carry on meanwhile.
 func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges *edgeWiring, siteAssets *siteAssets, metrics *prometheus.Registry) error {
 	resolver, err := installResolver(cfg)
 	if err != nil {
@@ -86,20 +89,12 @@ func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges
 		trustedRoots = string(pem)
 	}
 
-	conn, err := omni.Connect(ctx, cfg.Omni, log)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-
-		return err
-	}
-
 	lifecycleMetrics := lifecycle.NewMetrics()
-	metrics.MustRegister(lifecycleMetrics, edges.locations)
+	keeperMetrics := omni.NewKeeperMetrics()
+	metrics.MustRegister(lifecycleMetrics, edges.locations, keeperMetrics)
 
 	qcs, err := lifecycle.New(cfg.Lifecycle, lifecycle.Deps{
-		Types:   conn.Types(),
+		Types:   resources.NewTypes(cfg.Omni.ProviderID),
 		Power:   edges.clients,
 		Agent:   edges.clients,
 		Sites:   edges.locations,
@@ -110,37 +105,38 @@ func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges
 		Metrics: lifecycleMetrics,
 	})
 	if err != nil {
-		conn.Close() //nolint:errcheck
-
 		return err
 	}
 
-	rt, err := conn.NewRuntime(nil, qcs...)
-	if err != nil {
-		conn.Close() //nolint:errcheck
-
-		return err
-	}
-
-	watcher := conn.NewJoinConfigWatcher(trustedRoots, func(jc omni.JoinConfig) {
-		edges.pusher.SetConfig([]byte(jc.Documents))
-		log.Info("join config from Omni pushed to sites")
-	})
-
-	defer conn.Close() //nolint:errcheck
-
-	eg, ctx := errgroup.WithContext(ctx)
-
-	eg.Go(func() error {
-		if err := rt.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
-			return fmt.Errorf("lifecycle runtime: %w", err)
+	keeper, err := omni.NewKeeper(cfg.Omni, log, keeperMetrics, func(ctx context.Context, conn *omni.Connection) error {
+		rt, err := conn.NewRuntime(nil, qcs...)
+		if err != nil {
+			return err
 		}
 
-		return nil
-	})
-	eg.Go(func() error { return watcher.Run(ctx) })
+		watcher := conn.NewJoinConfigWatcher(trustedRoots, func(jc omni.JoinConfig) {
+			edges.pusher.SetConfig([]byte(jc.Documents))
+			log.Info("join config from Omni pushed to sites")
+		})
 
-	return eg.Wait()
+		eg, ctx := errgroup.WithContext(ctx)
+
+		eg.Go(func() error {
+			if err := rt.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				return fmt.Errorf("lifecycle runtime: %w", err)
+			}
+
+			return nil
+		})
+		eg.Go(func() error { return watcher.Run(ctx) })
+
+		return eg.Wait()
+	})
+	if err != nil {
+		return err
+	}
+
+	return keeper.Run(ctx)
 }
 
 // installResolver resolves Talos install assets from a local directory (air-gapped sites, labs) or the image factory.

@@ -103,7 +103,7 @@ func New(cfg Config, deps Deps) ([]controller.QController, error) {
 		deps.Metrics = NewMetrics()
 	}
 
-	env := &env{cfg: cfg, Deps: deps, gate: newPlanGate(deps.Plans, cfg.CallTimeout)}
+	env := &env{cfg: cfg, Deps: deps, gate: newPlanGate(deps.Plans, cfg.CallTimeout), outbox: newOutbox(), jobs: newJobs()}
 
 	return []controller.QController{
 		newMachineObservationController(env),
@@ -123,4 +123,7 @@ type env struct {
 
 	cfg  Config
 	gate *planGate
+	// outbox and jobs outlive a runtime rebuilt on a new Omni connection: see outbox.go.
+	outbox *outbox
+	jobs   *jobs
 }

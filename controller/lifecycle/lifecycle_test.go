@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cosi-project/runtime/pkg/controller"
 	"github.com/cosi-project/runtime/pkg/controller/runtime"
 	"github.com/cosi-project/runtime/pkg/resource"
 	"github.com/cosi-project/runtime/pkg/safe"
@@ -62,6 +63,8 @@ type harness struct {
 	types     resources.Types
 	stats     *lifecycle.Metrics
 
+	ctrls  []controller.QController
+
 	cancel context.CancelFunc
 	done   chan error
 }
@@ -103,16 +106,30 @@ func (h *harness) start() {
 	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), lifecycletest.FakeResolver{}, h.edge)
 	require.NoError(h.t, err)
 
-	ctrls, err := lifecycle.New(cfg, lifecycle.Deps{
+	h.ctrls, err = lifecycle.New(cfg, lifecycle.Deps{
 		Types: h.types, Power: h.edge, Agent: h.edge, Sites: h.edge, Plans: h.edge, Planner: planner,
 		Now: h.clock.Now, Rand: rand.Reader, Metrics: h.stats,
 	})
 	require.NoError(h.t, err)
 
+	h.run()
+}
+
+// rebuild stops the runtime and runs a new one with the same controllers, as the controller does when its
+// Omni connection is rebuilt (the process and its in-memory state stay).
+func (h *harness) rebuild() {
+	h.t.Helper()
+	h.stop()
+	h.run()
+}
+
+func (h *harness) run() {
+	h.t.Helper()
+
 	rt, err := runtime.NewRuntime(h.st, zaptest.NewLogger(h.t))
 	require.NoError(h.t, err)
 
-	for _, c := range ctrls {
+	for _, c := range h.ctrls {
 		require.NoError(h.t, rt.RegisterQController(c))
 	}
 
@@ -479,6 +496,27 @@ func TestRestartResumesWithoutRewipe(t *testing.T) {
 		return h.edge.Count("m1", "WipeDisks") > 1 || h.edge.Count("m1", "PowerCycle") > 0 || h.edge.Count("m1", "PowerOff") > 1
 	})
 	require.True(t, h.status("m1").Installed)
+}
+
+// Omni goes away in the middle of a wipe: the runtime is rebuilt on a new connection while the agent is still
+// wiping. The wipe finishes once, is recorded by the new runtime, and is not started again.
+func TestOmniLostMidWipeWipesOnce(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	release := make(chan struct{})
+	h.edge.HoldWipes(release)
+
+	h.edge.Add("m1", "site-a")
+	h.omni("m1", accepted)
+	h.eventually("wipe in flight", func() bool { return h.edge.Count("m1", "WipeDisks") == 1 })
+
+	h.rebuild()
+	close(release)
+
+	h.eventually("ready to use", func() bool { s := h.status("m1"); return s != nil && s.ReadyToUse })
+	require.Equal(t, "node-token", h.status("m1").WipedNodeUniqueToken)
+	h.never("the wipe is not repeated", func() bool { return h.edge.Count("m1", "WipeDisks") > 1 })
 }
 
 func TestMachineNoEdgeHasSeenWaits(t *testing.T) {

@@ -31,6 +31,20 @@ func newRebootController(e *env) *machineController {
 }
 
 func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view) error {
+	key := outboxKey("reboot", v.id)
+
+	// A reboot carried out while its record could not be written (Omni went away) is recorded first, so the
+	// same request or the cooldown it started is not lost and the machine is not power-cycled again.
+	if rec, ok := s.env.outbox.get(key); ok {
+		rs := rec.(*specs.RebootStatusSpec) //nolint:forcetypeassert // only reboots are kept here
+		if err := s.record(ctx, r, v.id, key, rs); err != nil {
+			return err
+		}
+
+		logger.Info("recorded a reboot done before the omni connection broke", zap.String("reason", rs.GetReason()))
+		v.reboot = rs
+	}
+
 	site, reason, wait := s.decide(v)
 	if reason == "" {
 		return wait
@@ -82,6 +96,7 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 		}
 
 		rs.LastReboot = timestamppb.New(s.env.Now())
+		s.env.outbox.put(key, rs)
 
 		logger.Info("rebooted", zap.String("site", site), zap.String("reason", rs.Reason), zap.String("mode", string(plan.Mode)))
 	case reason == reasonRequested:
@@ -92,13 +107,20 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 		return nil
 	}
 
-	if err = safe.WriterModify(ctx, r, s.env.Types.NewRebootStatus(v.id), func(res *resources.RebootStatus) error {
+	return s.record(ctx, r, v.id, key, rs)
+}
+
+// record writes the reboot status and drops it from the outbox.
+func (s *reboot) record(ctx context.Context, r controller.QRuntime, id, key string, rs *specs.RebootStatusSpec) error {
+	if err := safe.WriterModify(ctx, r, s.env.Types.NewRebootStatus(id), func(res *resources.RebootStatus) error {
 		res.TypedSpec().Value = rs
 
 		return nil
 	}); err != nil {
 		return fmt.Errorf("record reboot: %w", err)
 	}
+
+	s.env.outbox.done(key, rs)
 
 	return nil
 }

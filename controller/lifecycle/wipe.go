@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/cosi-project/runtime/pkg/controller"
 	"github.com/cosi-project/runtime/pkg/safe"
@@ -26,6 +27,15 @@ func newWipeController(e *env) *machineController {
 }
 
 func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view) error {
+	key := outboxKey("wipe", v.id)
+
+	// A wipe that finished while its record could not be written (Omni went away) is recorded, not repeated.
+	if rec, ok := s.env.outbox.get(key); ok {
+		if w := rec.(*specs.WipeStatusSpec); w.GetLastWipeId() == v.machine.GetWipeId() { //nolint:forcetypeassert // only wipes are kept here
+			return s.record(ctx, logger, r, v.id, w, "recorded a wipe done before the omni connection broke")
+		}
+	}
+
 	if !v.managed() || !v.bmcConfigured() || !v.requiresWipe() {
 		return nil
 	}
@@ -39,29 +49,59 @@ func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.Q
 		return s.env.waitFor(logger, "wipe waits for the agent") // the reboot controller brings it to agent mode
 	}
 
-	logger.Info("wiping disks", zap.String("site", site), zap.String("wipe_id", v.machine.GetWipeId()))
+	wipeID, installEvents, token := v.machine.GetWipeId(), v.machine.GetInstallEventId(), v.machine.GetNodeUniqueToken()
 
-	wipeCtx, cancel := context.WithTimeout(ctx, s.env.cfg.WipeTimeout)
-	defer cancel()
+	// The wipe runs apart from this reconcile: when the runtime is rebuilt meanwhile (Omni restarted), it goes
+	// on, and the next reconcile joins it rather than wiping again.
+	jb := s.env.jobs.start(ctx, key, wipeID, s.env.cfg.WipeTimeout, func(ctx context.Context) error {
+		logger.Info("wiping disks", zap.String("site", site), zap.String("wipe_id", wipeID))
 
-	if err := s.env.Agent.WipeDisks(wipeCtx, site, v.id, false); err != nil {
-		return s.env.failed(fmt.Errorf("wipe %s at site %s: %w", v.id, site, err))
+		if err := s.env.Agent.WipeDisks(ctx, site, v.id, false); err != nil {
+			return err
+		}
+
+		s.env.outbox.put(key, &specs.WipeStatusSpec{
+			LastWipeId:           wipeID,
+			InstallEventIdAtWipe: installEvents,
+			WipedNodeUniqueToken: token,
+			WipedAt:              timestamppb.New(s.env.Now()),
+		})
+
+		return nil
+	})
+
+	select {
+	case <-jb.done:
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 
-	if err := safe.WriterModify(ctx, r, s.env.Types.NewWipeStatus(v.id), func(w *resources.WipeStatus) error {
-		w.TypedSpec().Value = &specs.WipeStatusSpec{
-			LastWipeId:           v.machine.GetWipeId(),
-			InstallEventIdAtWipe: v.machine.GetInstallEventId(),
-			WipedNodeUniqueToken: v.machine.GetNodeUniqueToken(),
-			WipedAt:              timestamppb.New(s.env.Now()),
-		}
+	s.env.jobs.collect(jb)
+
+	if jb.err != nil {
+		return s.env.failed(fmt.Errorf("wipe %s at site %s: %w", v.id, site, jb.err))
+	}
+
+	rec, ok := s.env.outbox.get(key)
+	if !ok {
+		return controller.NewRequeueInterval(time.Second) // recorded by a concurrent reconcile meanwhile
+	}
+
+	return s.record(ctx, logger, r, v.id, rec.(*specs.WipeStatusSpec), "disks wiped") //nolint:forcetypeassert // only wipes are kept here
+}
+
+// record writes a finished wipe to WipeStatus and drops it from the outbox.
+func (s *wipe) record(ctx context.Context, logger *zap.Logger, r controller.QRuntime, id string, w *specs.WipeStatusSpec, msg string) error {
+	if err := safe.WriterModify(ctx, r, s.env.Types.NewWipeStatus(id), func(res *resources.WipeStatus) error {
+		res.TypedSpec().Value = w
 
 		return nil
 	}); err != nil {
 		return fmt.Errorf("record wipe: %w", err)
 	}
 
-	logger.Info("disks wiped", zap.String("site", site))
+	s.env.outbox.done(outboxKey("wipe", id), w)
+	logger.Info(msg, zap.String("wipe_id", w.GetLastWipeId()))
 
 	return nil
 }

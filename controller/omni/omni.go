@@ -125,6 +125,7 @@ type Connection struct {
 
 // Connect opens the Omni API and registers the provider, retrying with backoff while Omni is unreachable.
 // A refused key or a key of another provider fails at once with ErrBadKey or ErrWrongProviderID.
+// A controller that must survive Omni going away at any time runs a Keeper instead.
 func Connect(ctx context.Context, cfg Config, logger *zap.Logger) (*Connection, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("omni config: %w", err)
@@ -132,21 +133,10 @@ func Connect(ctx context.Context, cfg Config, logger *zap.Logger) (*Connection, 
 
 	logger = logger.With(zap.String("component", "omni"))
 
-	types := resources.NewTypes(cfg.ProviderID)
-	if err := types.Register(); err != nil {
-		return nil, fmt.Errorf("register resource types: %w", err)
-	}
-
-	c, err := client.New(cfg.Endpoint,
-		client.WithServiceAccount(cfg.ServiceAccountKey),
-		client.WithInsecureSkipTLSVerify(cfg.InsecureSkipVerify),
-		client.WithOmniClientOptions(clientomni.WithProviderID(cfg.ProviderID)),
-	)
+	conn, err := dial(ctx, cfg, logger)
 	if err != nil {
-		return nil, fmt.Errorf("create omni client for %s: %w", cfg.Endpoint, err)
+		return nil, err
 	}
-
-	conn := &Connection{cfg: cfg, client: c, logger: logger, types: types}
 
 	if cfg.ConnectTimeout > 0 {
 		var cancel context.CancelFunc
@@ -166,7 +156,7 @@ func Connect(ctx context.Context, cfg Config, logger *zap.Logger) (*Connection, 
 		}
 
 		if !errors.Is(err, ErrUnreachable) {
-			c.Close() //nolint:errcheck
+			conn.Close() //nolint:errcheck
 
 			return nil, err
 		}
@@ -175,7 +165,7 @@ func Connect(ctx context.Context, cfg Config, logger *zap.Logger) (*Connection, 
 
 		select {
 		case <-ctx.Done():
-			c.Close() //nolint:errcheck
+			conn.Close() //nolint:errcheck
 
 			return nil, fmt.Errorf("connect to omni at %s: %w", cfg.Endpoint, err)
 		case <-time.After(backoff):
@@ -183,6 +173,25 @@ func Connect(ctx context.Context, cfg Config, logger *zap.Logger) (*Connection, 
 
 		backoff = min(2*backoff, cfg.RetryMax)
 	}
+}
+
+// dial creates the Omni client (no RPC is made yet) and registers the provider's own resource types.
+func dial(_ context.Context, cfg Config, logger *zap.Logger) (*Connection, error) {
+	types := resources.NewTypes(cfg.ProviderID)
+	if err := types.Register(); err != nil {
+		return nil, fmt.Errorf("register resource types: %w", err)
+	}
+
+	c, err := client.New(cfg.Endpoint,
+		client.WithServiceAccount(cfg.ServiceAccountKey),
+		client.WithInsecureSkipTLSVerify(cfg.InsecureSkipVerify),
+		client.WithOmniClientOptions(clientomni.WithProviderID(cfg.ProviderID), clientomni.WithRetryLogger(logger)),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("create omni client for %s: %w", cfg.Endpoint, err)
+	}
+
+	return &Connection{cfg: cfg, client: c, logger: logger, types: types}, nil
 }
 
 // classify maps an Omni API error to the sentinel errors.

@@ -16,6 +16,7 @@ import (
 	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
 	omnires "github.com/siderolabs/omni/client/pkg/omni/resources/omni"
 	"github.com/siderolabs/omni/client/pkg/omni/resources/siderolink"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
@@ -82,20 +83,25 @@ func TestControllerRegistersAndHeartbeats(t *testing.T) {
 	require.NoError(t, <-done)
 }
 
+// strangerKey is a well-formed provider key Omni never issued.
+func strangerKey(t *testing.T) string {
+	t.Helper()
+
+	key, err := pgp.GenerateKey(omni.ProviderIdentity("bare-metal"), "", omni.ProviderIdentity("bare-metal"), time.Hour)
+	require.NoError(t, err)
+
+	enc, err := serviceaccount.Encode(omni.ProviderIdentity("bare-metal"), key)
+	require.NoError(t, err)
+
+	return enc
+}
+
 func TestControllerStartUpErrors(t *testing.T) {
 	t.Parallel()
 
 	s := startStandIn(t, omni.Default())
 
-	strangerKey := func() string {
-		key, err := pgp.GenerateKey(omni.ProviderIdentity("bare-metal"), "", omni.ProviderIdentity("bare-metal"), time.Hour)
-		require.NoError(t, err)
-
-		enc, err := serviceaccount.Encode(omni.ProviderIdentity("bare-metal"), key)
-		require.NoError(t, err)
-
-		return enc
-	}()
+	strangerKey := strangerKey(t)
 
 	// a port nothing listens on
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -131,6 +137,67 @@ func TestControllerStartUpErrors(t *testing.T) {
 			t.Log(err)
 		})
 	}
+}
+
+// A running controller never gives up on Omni: a key Omni refuses is retried with backoff (an operator may be
+// fixing it in Omni), each failure counted by reason, and no session runs on it.
+func TestKeeperRetriesRefusedKey(t *testing.T) {
+	t.Parallel()
+
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+
+	s := startStandIn(t, omni.Default())
+
+	cfg := connectConfig(s, strangerKey(t))
+
+	metrics := controlleromni.NewKeeperMetrics()
+	sessions := make(chan struct{}, 1)
+
+	keeper, err := controlleromni.NewKeeper(cfg, zaptest.NewLogger(t), metrics, func(ctx context.Context, _ *controlleromni.Connection) error {
+		sessions <- struct{}{}
+		<-ctx.Done()
+
+		return nil
+	})
+	require.NoError(t, err)
+
+	kctx, kcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+
+	go func() { done <- keeper.Run(kctx) }()
+
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(metrics.SessionsEnded("bad_key")) >= 3
+	}, 20*time.Second, 10*time.Millisecond, "refusals retried and counted")
+	require.Empty(t, sessions, "no session on a refused key")
+
+	kcancel()
+	require.NoError(t, <-done)
+
+	// with the key Omni issued, the session runs
+	cfg.ServiceAccountKey = s.ProviderKey()
+	keeper, err = controlleromni.NewKeeper(cfg, zaptest.NewLogger(t), nil, func(ctx context.Context, _ *controlleromni.Connection) error {
+		sessions <- struct{}{}
+		<-ctx.Done()
+
+		return nil
+	})
+	require.NoError(t, err)
+
+	kctx, kcancel = context.WithCancel(ctx)
+	defer kcancel()
+
+	go func() { done <- keeper.Run(kctx) }()
+
+	select {
+	case <-sessions:
+	case <-ctx.Done():
+		t.Fatal("no session with a working key")
+	}
+
+	kcancel()
+	require.NoError(t, <-done)
 }
 
 func TestJoinConfigFollowsOmni(t *testing.T) {

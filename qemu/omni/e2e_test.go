@@ -19,17 +19,16 @@ import (
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/lifecycle/lifecycletest"
 	controlleromni "github.com/outpost-metal/outpost/controller/omni"
+	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/qemu/omni"
 )
 
-// runController connects the controller to the stand-in and runs its runtime until the returned stop is called.
+// runController runs the controller's Omni side as the binary does (a Keeper that rebuilds the connection and
+// the runtime whenever Omni goes away) against the stand-in, until the returned stop is called.
 func runController(t *testing.T, s *standIn, edge *lifecycletest.FakeEdge) (stop func()) {
 	t.Helper()
 
 	ctx, cancel := context.WithCancel(context.Background())
-
-	conn, err := controlleromni.Connect(ctx, connectConfig(s, s.ProviderKey()), zaptest.NewLogger(t))
-	require.NoError(t, err)
 
 	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), lifecycletest.FakeResolver{}, edge)
 	require.NoError(t, err)
@@ -40,16 +39,25 @@ func runController(t *testing.T, s *standIn, edge *lifecycletest.FakeEdge) (stop
 	cfg.CallTimeout = 2 * time.Second
 
 	ctrls, err := lifecycle.New(cfg, lifecycle.Deps{
-		Types: conn.Types(), Power: edge, Agent: edge, Sites: edge, Plans: edge, Planner: planner, Now: time.Now, Rand: rand.Reader,
+		Types: resources.NewTypes("bare-metal"), Power: edge, Agent: edge, Sites: edge, Plans: edge, Planner: planner,
+		Now: time.Now, Rand: rand.Reader,
 	})
 	require.NoError(t, err)
 
-	rt, err := conn.NewRuntime(nil, ctrls...)
+	keeper, err := controlleromni.NewKeeper(connectConfig(s, s.ProviderKey()), zaptest.NewLogger(t), nil,
+		func(ctx context.Context, conn *controlleromni.Connection) error {
+			rt, err := conn.NewRuntime(nil, ctrls...)
+			if err != nil {
+				return err
+			}
+
+			return rt.Run(ctx)
+		})
 	require.NoError(t, err)
 
 	done := make(chan error, 1)
 
-	go func() { done <- rt.Run(ctx) }()
+	go func() { done <- keeper.Run(ctx) }()
 
 	stopped := false
 	stop = func() {
@@ -61,7 +69,6 @@ func runController(t *testing.T, s *standIn, edge *lifecycletest.FakeEdge) (stop
 
 		cancel()
 		require.NoError(t, <-done)
-		require.NoError(t, conn.Close())
 	}
 
 	t.Cleanup(stop)
@@ -133,10 +140,28 @@ func TestControllerAgainstStandIn(t *testing.T) {
 }
 
 // TestControllerSurvivesOmniRestart: Omni goes away mid-run and comes back; the controller carries on
-// (heartbeats resume) without being restarted.
+// (heartbeats resume, a new machine is driven to ready) without being restarted. In the second case Omni comes
+// back unable to resume any watch (its store was compacted or restored): the COSI runtime stops on that at
+// once, as it does when a quiet watch outlives the client's 15-minute retry budget, and the controller must
+// rebuild its connection and runtime. The controller of the first wave exited there.
 func TestControllerSurvivesOmniRestart(t *testing.T) {
 	t.Parallel()
 
+	for _, tc := range []struct {
+		name          string
+		refuseResumed bool
+	}{
+		{name: "watches resume"},
+		{name: "watches cannot resume", refuseResumed: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			testOmniRestart(t, tc.refuseResumed)
+		})
+	}
+}
+
+func testOmniRestart(t *testing.T, refuseResumed bool) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 
@@ -147,15 +172,28 @@ func TestControllerSurvivesOmniRestart(t *testing.T) {
 	edge := lifecycletest.NewFakeEdge()
 	runController(t, s, edge)
 
-	_, err := s.State().WatchFor(ctx, infra.NewProviderHealthStatus("bare-metal").Metadata(), state.WithEventTypes(state.Created))
+	// a machine ready before the restart must not be touched again after it
+	edge.Add("m-1", "site-a")
+	_, err := s.provision(t, ctx, "m-1")
 	require.NoError(t, err)
+
+	_, err = s.State().WatchFor(ctx, infra.NewMachine("m-1").Metadata(), state.WithEventTypes(state.Created, state.Updated))
+	require.NoError(t, err)
+	require.NoError(t, omni.NewAdmin(s.State()).Accept(ctx, "m-1"))
+	require.Eventually(t, func() bool { st := imStatus(ctx, s, "m-1"); return st != nil && st.ReadyToUse }, 30*time.Second, 20*time.Millisecond)
 
 	addr := s.addr
 	s.stop()
 
 	time.Sleep(300 * time.Millisecond) //nolint:forbidigo // Omni stays away for a while on purpose
 
-	srv, err := omni.New(func() omni.Config { c := cfg; c.Logger = zaptest.NewLogger(t); return c }())
+	srv, err := omni.New(func() omni.Config {
+		c := cfg
+		c.Logger = zaptest.NewLogger(t)
+		c.RefuseResumedWatches = refuseResumed
+
+		return c
+	}())
 	require.NoError(t, err)
 
 	t.Cleanup(func() { srv.Close() }) //nolint:errcheck
@@ -201,4 +239,7 @@ func TestControllerSurvivesOmniRestart(t *testing.T) {
 
 		return err == nil && st.TypedSpec().Value.ReadyToUse
 	}, 30*time.Second, 50*time.Millisecond, "machine driven to ready after omni came back")
+
+	require.Equal(t, 1, edge.Count("m-1", "WipeDisks"), "the machine ready before the restart is not wiped again")
+	require.Zero(t, edge.Count("m-1", "PowerCycle"), "nor rebooted")
 }

@@ -30,7 +30,9 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 
 	// Omni's client compresses every call with gzip; without the codec every call fails with Unimplemented.
 	_ "google.golang.org/grpc/encoding/gzip"
@@ -55,6 +57,10 @@ type Config struct {
 	// CollectInfoOnProvision marks a machine's information as collected as soon as it provisions, as Omni does
 	// once the machine's Talos reports in over SideroLink. With false, tests call Admin.CollectInfo.
 	CollectInfoOnProvision bool
+	// RefuseResumedWatches answers a watch resumed from a bookmark with FailedPrecondition ("invalid watch
+	// bookmark"), as an Omni whose store was compacted or restored from a backup does: the client cannot resume
+	// any watch and must start over. The COSI runtime stops on it; a controller must rebuild its connection.
+	RefuseResumedWatches bool
 	// TLSCertificate makes the stand-in serve TLS (https:// endpoints); nil serves plaintext gRPC (grpc://).
 	TLSCertificate *tls.Certificate
 	Logger         *zap.Logger
@@ -167,9 +173,14 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return err
 	}
 
+	streams := []grpc.StreamServerInterceptor{auth.stream}
+	if s.cfg.RefuseResumedWatches {
+		streams = append(streams, refuseResumedWatches)
+	}
+
 	opts := []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(auth.unary),
-		grpc.ChainStreamInterceptor(auth.stream),
+		grpc.ChainStreamInterceptor(streams...),
 	}
 
 	if s.cfg.TLSCertificate != nil {
@@ -208,6 +219,29 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	})
 
 	return eg.Wait()
+}
+
+// refuseResumedWatches fails every State/Watch whose request resumes from a bookmark.
+func refuseResumedWatches(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if info.FullMethod != v1alpha1.State_Watch_FullMethodName {
+		return handler(srv, ss)
+	}
+
+	return handler(srv, &bookmarkGuard{ServerStream: ss})
+}
+
+type bookmarkGuard struct{ grpc.ServerStream }
+
+func (g *bookmarkGuard) RecvMsg(m any) error {
+	if err := g.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+
+	if req, ok := m.(*v1alpha1.WatchRequest); ok && len(req.GetOptions().GetStartFromBookmark()) > 0 {
+		return status.Error(codes.FailedPrecondition, "invalid watch bookmark: the store no longer holds it")
+	}
+
+	return nil
 }
 
 func (s *Server) seed(ctx context.Context, advertise string) error {

@@ -39,6 +39,7 @@ type FakeEdge struct {
 	version  uint64
 	log      []string
 	holdAck  chan struct{}   // when non-nil, Push waits for it before acknowledging
+	holdWipe chan struct{}   // when non-nil, WipeDisks waits for it (or its context) before wiping
 	dropAt   map[string]bool // sites that go offline right after their next acknowledgement
 }
 
@@ -68,6 +69,15 @@ func (f *FakeEdge) HoldAcks(release chan struct{}) {
 	defer f.mu.Unlock()
 
 	f.holdAck = release
+}
+
+// HoldWipes makes WipeDisks wait for release to be closed (or its context to end, as a real agent call does)
+// before the disks are wiped: a long wipe still running when something else happens.
+func (f *FakeEdge) HoldWipes(release chan struct{}) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	f.holdWipe = release
 }
 
 // DropAfterNextAck makes site go offline right after its edge acknowledges the next plan: the WAN link
@@ -372,7 +382,7 @@ func (f *FakeEdge) SetPowerManagement(_ context.Context, site, id string, req *a
 }
 
 // WipeDisks implements lifecycle.AgentClient.
-func (f *FakeEdge) WipeDisks(_ context.Context, site, id string, _ bool) error {
+func (f *FakeEdge) WipeDisks(ctx context.Context, site, id string, _ bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 
@@ -382,6 +392,20 @@ func (f *FakeEdge) WipeDisks(_ context.Context, site, id string, _ bool) error {
 	}
 
 	f.record(id, "WipeDisks")
+
+	if hold := f.holdWipe; hold != nil {
+		f.mu.Unlock()
+		select {
+		case <-hold:
+		case <-ctx.Done():
+		}
+		f.mu.Lock()
+
+		if ctx.Err() != nil {
+			return fmt.Errorf("wipe of %s interrupted: %w", id, ctx.Err())
+		}
+	}
+
 	m.OnDisk = false
 
 	return nil

@@ -1,0 +1,103 @@
+package lifecycle
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+)
+
+// outbox keeps the record of an action that was carried out (a disk wipe, a power cycle) until it is written to
+// Omni. When Omni goes away between the action and the write, the lifecycle runtime is rebuilt on a new
+// connection; the controllers, and this outbox with them, stay. The next reconcile writes the kept record first
+// instead of acting again, so a wipe or a reboot is never repeated because its record was lost in transit.
+type outbox struct {
+	mu      sync.Mutex
+	records map[string]proto.Message
+}
+
+func newOutbox() *outbox { return &outbox{records: map[string]proto.Message{}} }
+
+func outboxKey(kind, machineID string) string { return kind + "/" + machineID }
+
+// put keeps rec under key until done is called with it.
+func (o *outbox) put(key string, rec proto.Message) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+
+	o.records[key] = rec
+}
+
+// get returns the record kept under key.
+func (o *outbox) get(key string) (proto.Message, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+
+	rec, ok := o.records[key]
+
+	return rec, ok
+}
+
+// done drops rec once written (a newer record put meanwhile stays).
+func (o *outbox) done(key string, rec proto.Message) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+
+	if o.records[key] == rec {
+		delete(o.records, key)
+	}
+}
+
+// jobs runs long actions (disk wipes) apart from the reconcile that started them: when the reconcile's context
+// ends because the runtime is rebuilt, the action goes on under its own timeout, and the next reconcile joins
+// it instead of starting another.
+type jobs struct {
+	mu      sync.Mutex
+	running map[string]*job
+}
+
+// job is one running or finished action; done is closed when err is set.
+type job struct {
+	key  string
+	tag  string
+	done chan struct{}
+	err  error
+}
+
+func newJobs() *jobs { return &jobs{running: map[string]*job{}} }
+
+// start runs fn under key with the given timeout, detached from ctx's cancellation, unless a job with the same
+// key and tag runs (or finished and was not collected): then that job is returned. A job under key with another
+// tag (a newer wipe ID) is left to finish and replaced.
+func (j *jobs) start(ctx context.Context, key, tag string, timeout time.Duration, fn func(context.Context) error) *job {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+
+	if cur, ok := j.running[key]; ok && cur.tag == tag {
+		return cur
+	}
+
+	jb := &job{key: key, tag: tag, done: make(chan struct{})}
+	j.running[key] = jb
+
+	go func() {
+		jctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+		defer cancel()
+
+		jb.err = fn(jctx)
+		close(jb.done)
+	}()
+
+	return jb
+}
+
+// collect forgets a finished job, so the next start runs afresh.
+func (j *jobs) collect(jb *job) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+
+	if j.running[jb.key] == jb {
+		delete(j.running, jb.key)
+	}
+}
