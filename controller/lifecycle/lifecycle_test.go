@@ -63,7 +63,7 @@ type harness struct {
 	types     resources.Types
 	stats     *lifecycle.Metrics
 
-	ctrls  []controller.QController
+	ctrls []controller.QController
 
 	cancel context.CancelFunc
 	done   chan error
