@@ -21,7 +21,6 @@ import (
 type JoinConfig struct {
 	Documents  string
 	KernelArgs []string
-	JoinToken  string
 }
 
 // JoinConfigWatcher follows Omni's ProviderJoinConfig of the provider and reports every change.
@@ -151,5 +150,5 @@ func (w *JoinConfigWatcher) build(jc *siderolink.ProviderJoinConfig) (JoinConfig
 		docs += "\n---\n" + strings.TrimSpace(extra)
 	}
 
-	return JoinConfig{Documents: docs + "\n", KernelArgs: spec.GetConfig().GetKernelArgs(), JoinToken: spec.GetJoinToken()}, nil
+	return JoinConfig{Documents: docs + "\n", KernelArgs: spec.GetConfig().GetKernelArgs()}, nil
 }

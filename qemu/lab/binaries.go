@@ -177,8 +177,9 @@ func (s *Site) StartEdge(ctx context.Context, bin string, opts EdgeOptions) (*Pr
 	return nil, fmt.Errorf("edge of %s not serving HTTP after 30s:\n%s", s.Name, p.Log.Tail(3000))
 }
 
-// LabTalosVersion is the Talos version the lab allocates machines with (and the agent's).
-const LabTalosVersion = "v1.11.0"
+// LabTalosVersion is the Talos version the lab allocates machines with (and the agent's), in the form Omni
+// writes it (no v); the controller accepts both.
+const LabTalosVersion = "1.11.5"
 
 // LocalAssets lays the lab images out as the controller's local asset directory expects
 // (<schematic>/<version>/kernel-amd64, initramfs-amd64.xz) for the agent profile (the metal agent
@@ -193,7 +194,12 @@ func LocalAssets(images Images, dir string) error {
 			return err
 		}
 
-		d := filepath.Join(dir, id, LabTalosVersion)
+		version, err := assets.CanonicalTalosVersion(LabTalosVersion)
+		if err != nil {
+			return err
+		}
+
+		d := filepath.Join(dir, id, version)
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
 		}

@@ -49,6 +49,9 @@ func (l *Lab) StartStandIn(ctx context.Context, core *Core, bin string) (*Omni, 
 
 	p, err := l.Start(ProcSpec{Name: "omni-stand-in", NS: core.NS, Cmd: bin, Args: []string{
 		"serve", "--listen", addr, "--advertise", addr, "--key-dir", keyDir, "--provider-id", ProviderID,
+		// A real Omni collects a machine's information only from a real Talos over SideroLink, and keeps the
+		// machine powered on until then; the lab's machines are not Talos, so the stand-in counts provisioning.
+		"--collect-info-on-provision",
 	}})
 	if err != nil {
 		return nil, err

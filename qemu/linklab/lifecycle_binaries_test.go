@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -222,7 +223,9 @@ func TestBinariesLifecycleWithOmniStandIn(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, bytes.Repeat([]byte{0}, 1<<20), data, "the agent's disk was not zeroed")
 
-	// Idle and ready, with the preferred power state OFF: powered off through the BMC after the cooldown.
+	// Idle and ready, with the preferred power state OFF: powered off through the BMC after the cooldown, once
+	// Omni has collected the machine's information (a real Talos reports in over SideroLink; the stand-in is told).
+	require.NoError(t, admin.CollectInfo(ctx, machineID, "v1.11.5"))
 	require.Eventually(t, func() bool { return !chassis.PowerState() }, 2*time.Minute, 100*time.Millisecond, "never powered off")
 	require.Eventually(t, func() bool {
 		st, err := safe.StateGetByID[*infra.MachineStatus](ctx, stand.State(), machineID)
@@ -245,9 +248,13 @@ func provision(ctx context.Context, t *testing.T, omniAddr, joinToken, machineID
 
 	defer conn.Close() //nolint:errcheck
 
-	talos := "v1.11.0"
+	key, err := wgtypes.GeneratePrivateKey()
+	require.NoError(t, err)
+
+	talos, unique := "v1.11.5", `{"Fingerprint":"lab","Token":"token-`+machineID+`"}`
 	_, err = pb.NewProvisionServiceClient(conn).Provision(ctx, &pb.ProvisionRequest{
-		NodeUuid: machineID, NodePublicKey: "lab", JoinToken: &joinToken, TalosVersion: &talos,
+		NodeUuid: machineID, NodePublicKey: key.PublicKey().String(), JoinToken: &joinToken, TalosVersion: &talos,
+		NodeUniqueToken: &unique,
 	})
 	require.NoError(t, err)
 }

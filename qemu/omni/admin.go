@@ -3,7 +3,9 @@ package omni
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"strconv"
+	"strings"
 
 	"github.com/cosi-project/runtime/pkg/resource"
 	"github.com/cosi-project/runtime/pkg/safe"
@@ -153,7 +155,8 @@ func (a *Admin) ReportInstalled(ctx context.Context, id string) error {
 	return nil
 }
 
-// CollectInfo records that Omni collected the machine's information (its Talos reported in).
+// CollectInfo records that Omni collected the machine's information, as when its Talos reports in over the
+// Talos API through SideroLink: Omni counts it collected once MachineStatus.security_state is set.
 func (a *Admin) CollectInfo(ctx context.Context, id, talosVersion string) error {
 	if talosVersion == "" {
 		talosVersion = "unknown"
@@ -162,6 +165,7 @@ func (a *Admin) CollectInfo(ctx context.Context, id, talosVersion string) error 
 	if err := safe.StateModify(ctx, a.st, omnires.NewMachineStatus(id), func(ms *omnires.MachineStatus) error {
 		ms.TypedSpec().Value.TalosVersion = talosVersion
 		ms.TypedSpec().Value.Connected = true
+		ms.TypedSpec().Value.SecurityState = &specs.SecurityState{}
 
 		return nil
 	}); err != nil {
@@ -243,5 +247,27 @@ func (a *Admin) JoinToken(ctx context.Context, providerID string) (string, error
 		return "", fmt.Errorf("get join config of %s: %w", providerID, err)
 	}
 
-	return jc.TypedSpec().Value.JoinToken, nil
+	return MachineJoinToken(jc)
+}
+
+// MachineJoinToken returns the join token a machine presents to Provision: the one in the siderolink.api
+// kernel argument of the provider's join config (the spec's join_token is the provider's raw secret).
+func MachineJoinToken(jc *siderolink.ProviderJoinConfig) (string, error) {
+	for _, arg := range jc.TypedSpec().Value.GetConfig().GetKernelArgs() {
+		v, ok := strings.CutPrefix(arg, "siderolink.api=")
+		if !ok {
+			continue
+		}
+
+		u, err := url.Parse(v)
+		if err != nil {
+			return "", fmt.Errorf("siderolink.api of %s: %w", jc.Metadata().ID(), err)
+		}
+
+		if tok := u.Query().Get("jointoken"); tok != "" {
+			return tok, nil
+		}
+	}
+
+	return "", fmt.Errorf("join config of %s has no siderolink.api with a join token", jc.Metadata().ID())
 }

@@ -7,9 +7,11 @@ import (
 	"github.com/cosi-project/runtime/pkg/resource"
 	"github.com/cosi-project/runtime/pkg/resource/meta"
 	"github.com/cosi-project/runtime/pkg/resource/protobuf"
+	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/cosi-project/runtime/pkg/state"
 	"github.com/siderolabs/go-api-signature/pkg/message"
 	"github.com/siderolabs/go-api-signature/pkg/pgp"
+	"github.com/siderolabs/omni/client/api/omni/specs"
 	"github.com/siderolabs/omni/client/pkg/omni/resources"
 	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
 	omnires "github.com/siderolabs/omni/client/pkg/omni/resources/omni"
@@ -211,6 +213,12 @@ type infraMachineGuard struct {
 }
 
 func (g *infraMachineGuard) Update(ctx context.Context, r resource.Resource, opts ...state.UpdateOption) error {
+	if cfg, ok := r.(*omnires.InfraMachineConfig); ok {
+		if err := g.validateConfig(ctx, cfg); err != nil {
+			return err
+		}
+	}
+
 	if identityFrom(ctx) != AdminIdentity && r.Metadata().Type() == infra.InfraMachineType {
 		cur, err := g.full.Get(ctx, r.Metadata())
 		if err != nil {
@@ -223,6 +231,35 @@ func (g *infraMachineGuard) Update(ctx context.Context, r resource.Resource, opt
 	}
 
 	return g.CoreState.Update(ctx, r, opts...)
+}
+
+// maxRequestIDLength is Omni's cap on the request IDs of an InfraMachineConfig.
+const maxRequestIDLength = 128
+
+// validateConfig applies Omni's checks to an InfraMachineConfig update: accepted is final, request IDs are
+// bounded.
+func (g *infraMachineGuard) validateConfig(ctx context.Context, cfg *omnires.InfraMachineConfig) error {
+	spec := cfg.TypedSpec().Value
+
+	if len(spec.GetRequestedRebootId()) > maxRequestIDLength || len(spec.GetPowerOffRequestId()) > maxRequestIDLength {
+		return status.Errorf(codes.InvalidArgument, "request ID longer than %d bytes", maxRequestIDLength)
+	}
+
+	cur, err := safe.StateGet[*omnires.InfraMachineConfig](ctx, g.full, cfg.Metadata())
+	if err != nil {
+		if state.IsNotFoundError(err) {
+			return nil
+		}
+
+		return err
+	}
+
+	if cur.TypedSpec().Value.GetAcceptanceStatus() == specs.InfraMachineConfigSpec_ACCEPTED &&
+		spec.GetAcceptanceStatus() != specs.InfraMachineConfigSpec_ACCEPTED {
+		return status.Error(codes.InvalidArgument, "an accepted machine cannot be rejected or set back to pending acceptance")
+	}
+
+	return nil
 }
 
 func sameButFinalizers(a, b resource.Resource) bool {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -228,7 +230,19 @@ func TestJoinConfigFollowsOmni(t *testing.T) {
 	require.Contains(t, jc.Documents, "kind: EventSinkConfig")
 	require.Contains(t, jc.Documents, "kind: TrustedRootsConfig")
 
-	tok, err := jointoken.Parse(jc.JoinToken)
+	// the machine-facing token is in the siderolink.api argument (the spec's join_token is the raw secret)
+	var machineToken string
+
+	for _, a := range jc.KernelArgs {
+		if v, ok := strings.CutPrefix(a, "siderolink.api="); ok {
+			u, err := url.Parse(v)
+			require.NoError(t, err)
+
+			machineToken = u.Query().Get("jointoken")
+		}
+	}
+
+	tok, err := jointoken.Parse(machineToken)
 	require.NoError(t, err)
 	require.Equal(t, "bare-metal", tok.ExtraData[omnires.LabelInfraProviderID], "the join token names the provider")
 

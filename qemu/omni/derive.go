@@ -174,7 +174,7 @@ func (d *deriver) machine(ctx context.Context, link *siderolink.Link, providerID
 		return err
 	}
 
-	collected = collected && ms.TypedSpec().Value.TalosVersion != ""
+	collected = collected && ms.TypedSpec().Value.SecurityState != nil // what Omni waits for
 
 	cm, allocated, err := getOptional[*omnires.ClusterMachine](ctx, d.st, omnires.NewClusterMachine(id).Metadata())
 	if err != nil {

@@ -113,9 +113,15 @@ func TestControllerAgainstStandIn(t *testing.T) {
 	require.Eventually(t, func() bool {
 		st := imStatus(ctx, s, "m-1")
 
-		return st != nil && st.ReadyToUse && st.WipedNodeUniqueToken == "node-token-m-1"
+		return st != nil && st.ReadyToUse && st.WipedNodeUniqueToken == nodeToken("m-1")
 	}, 20*time.Second, 20*time.Millisecond, "ready to use")
 	require.Equal(t, 1, edge.Count("m-1", "WipeDisks"))
+
+	// Omni keeps an accepted machine on until it has collected its information (a real Talos reports in over
+	// SideroLink); past the cooldown it stays on.
+	require.Never(t, func() bool { return !edge.Machine("m-1").Power }, time.Second, 20*time.Millisecond,
+		"kept on while Omni has not collected the machine's information")
+	require.NoError(t, admin.CollectInfo(ctx, "m-1", "v1.11.0"))
 
 	require.Eventually(t, func() bool {
 		st := imStatus(ctx, s, "m-1")
@@ -123,7 +129,7 @@ func TestControllerAgainstStandIn(t *testing.T) {
 		return !edge.Machine("m-1").Power && st.PowerState == omnispecs.InfraMachineStatusSpec_POWER_STATE_OFF
 	}, 20*time.Second, 20*time.Millisecond, "powered off after the cooldown")
 
-	require.NoError(t, admin.Allocate(ctx, "m-1", "c1", "v1.11.0", nil, false))
+	require.NoError(t, admin.Allocate(ctx, "m-1", "c1", "1.11.5", nil, false)) // Omni's form: no v
 	require.Eventually(t, func() bool { return edge.Machine("m-1").Booted == "install" }, 20*time.Second, 20*time.Millisecond)
 
 	edge.InstallToDisk("m-1")

@@ -19,8 +19,11 @@ import (
 	pb "github.com/siderolabs/siderolink/api/siderolink"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/outpost-metal/outpost/qemu/omni"
 )
@@ -92,7 +95,15 @@ func (s *standIn) provision(t *testing.T, ctx context.Context, uuid string) (*pb
 	jc, err := safe.StateGetByID[*siderolink.ProviderJoinConfig](ctx, s.State(), "bare-metal")
 	require.NoError(t, err)
 
-	return provisionWith(ctx, s.addr, uuid, jc.TypedSpec().Value.JoinToken)
+	token, err := omni.MachineJoinToken(jc)
+	require.NoError(t, err)
+
+	return provisionWith(ctx, s.addr, uuid, token)
+}
+
+// nodeToken is the node unique token a machine sends, as Talos does: JSON with a fingerprint and a token.
+func nodeToken(uuid string) string {
+	return `{"Fingerprint":"fp-` + uuid + `","Token":"node-token-` + uuid + `"}`
 }
 
 func provisionWith(ctx context.Context, addr, uuid, token string) (*pb.ProvisionResponse, error) {
@@ -103,8 +114,13 @@ func provisionWith(ctx context.Context, addr, uuid, token string) (*pb.Provision
 
 	defer conn.Close() //nolint:errcheck
 
+	key, err := wgtypes.GeneratePrivateKey()
+	if err != nil {
+		return nil, err
+	}
+
 	return pb.NewProvisionServiceClient(conn).Provision(ctx, &pb.ProvisionRequest{
-		NodeUuid: uuid, NodePublicKey: "cHVibGljLWtleQ==", JoinToken: &token, NodeUniqueToken: new("node-token-" + uuid),
+		NodeUuid: uuid, NodePublicKey: key.PublicKey().String(), JoinToken: &token, NodeUniqueToken: new(nodeToken(uuid)),
 		TalosVersion: new("v1.11.0"),
 	})
 }
@@ -126,7 +142,7 @@ func TestProvisionCreatesPendingInfraMachine(t *testing.T) {
 	require.Equal(t, "bare-metal", m.Metadata().Labels().Raw()[omnires.LabelInfraProviderID])
 	require.Contains(t, m.Metadata().Labels().Raw(), omnires.LabelMachinePendingAccept)
 	require.Equal(t, specs.InfraMachineConfigSpec_PENDING, m.TypedSpec().Value.AcceptanceStatus)
-	require.Equal(t, "node-token-m-1", m.TypedSpec().Value.NodeUniqueToken)
+	require.Equal(t, nodeToken("m-1"), m.TypedSpec().Value.NodeUniqueToken)
 
 	// a bad join token is refused
 	conn, err := grpc.NewClient(s.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -291,4 +307,79 @@ func TestPersistence(t *testing.T) {
 
 	_, err = safe.StateGetByID[*infra.Machine](ctx, s2.State(), "m-1")
 	require.NoError(t, err)
+}
+
+// Provision checks what Omni checks: the node unique token is Talos's JSON, the public key a WireGuard key, the
+// join token the machine-facing one (the spec's join_token is the provider's raw secret and is refused).
+func TestProvisionIsStrict(t *testing.T) {
+	t.Parallel()
+
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+
+	s := startStandIn(t, omni.Default())
+
+	jc, err := safe.StateGetByID[*siderolink.ProviderJoinConfig](ctx, s.State(), "bare-metal")
+	require.NoError(t, err)
+
+	machineToken, err := omni.MachineJoinToken(jc)
+	require.NoError(t, err)
+	require.NotContains(t, jc.TypedSpec().Value.JoinToken, ":", "the spec holds the raw secret, not a versioned token")
+	require.InDelta(t, 44, len(jc.TypedSpec().Value.JoinToken), 2, "a base62 secret of 32 bytes")
+	require.NotEqual(t, machineToken, jc.TypedSpec().Value.JoinToken)
+
+	key, err := wgtypes.GeneratePrivateKey()
+	require.NoError(t, err)
+
+	conn, err := grpc.NewClient(s.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+
+	defer conn.Close() //nolint:errcheck
+
+	for _, tc := range []struct {
+		name                  string
+		token, unique, pubkey string
+		code                  codes.Code
+		contains              string
+	}{
+		{name: "as talos does", token: machineToken, unique: nodeToken("m-ok"), pubkey: key.PublicKey().String(), code: codes.OK},
+		{name: "hex node token", token: machineToken, unique: "a1b2c3d4e5f60718", pubkey: key.PublicKey().String(),
+			code: codes.PermissionDenied, contains: "invalid character"},
+		{name: "not a wireguard key", token: machineToken, unique: nodeToken("m-1"), pubkey: "cHVibGljLWtleQ==",
+			code: codes.InvalidArgument, contains: "error parsing Wireguard key"},
+		{name: "raw secret as join token", token: jc.TypedSpec().Value.JoinToken, unique: nodeToken("m-1"), pubkey: key.PublicKey().String(),
+			code: codes.PermissionDenied},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := pb.NewProvisionServiceClient(conn).Provision(ctx, &pb.ProvisionRequest{
+				NodeUuid: "m-1", NodePublicKey: tc.pubkey, JoinToken: &tc.token, NodeUniqueToken: &tc.unique, TalosVersion: new("v1.11.5"),
+			})
+			require.Equal(t, tc.code, status.Code(err), "%v", err)
+
+			if tc.contains != "" {
+				require.ErrorContains(t, err, tc.contains)
+			}
+		})
+	}
+}
+
+// Accepted is final in Omni: an accepted machine cannot be rejected or set back to pending.
+func TestAcceptedIsFinal(t *testing.T) {
+	t.Parallel()
+
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+
+	s := startStandIn(t, omni.Default())
+	admin := omni.NewAdmin(s.client(t, s.AdminKey()))
+
+	_, err := s.provision(t, ctx, "m-1")
+	require.NoError(t, err)
+
+	require.NoError(t, admin.Reject(ctx, "m-1"), "a pending machine can be rejected")
+	require.NoError(t, admin.Accept(ctx, "m-1"), "and accepted after all")
+
+	err = admin.Reject(ctx, "m-1")
+	require.ErrorContains(t, err, "InvalidArgument")
+	require.ErrorContains(t, err, "an accepted machine cannot be rejected")
 }

@@ -2,8 +2,6 @@ package omni
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"fmt"
 	"net/url"
 
@@ -19,6 +17,7 @@ import (
 	talosruntime "github.com/siderolabs/talos/pkg/machinery/config/types/runtime"
 	talossiderolink "github.com/siderolabs/talos/pkg/machinery/config/types/siderolink"
 	"go.uber.org/zap"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -73,9 +72,11 @@ func providerJoinConfig(providerID, secret, advertise string, tls bool) (*sidero
 		return nil, fmt.Errorf("encode join config documents: %w", err)
 	}
 
+	// As Omni does: the spec's join token is the provider's raw secret; the machine-facing (v2, signed) token
+	// appears only inside the documents and kernel arguments.
 	jc := siderolink.NewProviderJoinConfig(providerID)
 	jc.Metadata().Labels().Set(omnires.LabelInfraProviderID, providerID)
-	jc.TypedSpec().Value.JoinToken = encoded
+	jc.TypedSpec().Value.JoinToken = secret
 	jc.TypedSpec().Value.Config = &specs.JoinConfig{
 		Config: doc,
 		KernelArgs: []string{
@@ -96,15 +97,31 @@ type provisioner struct {
 	s *Server
 }
 
-// Provision implements pb.ProvisionServiceServer.
+// Provision implements pb.ProvisionServiceServer. Its checks are Omni's: a join token that parses and is
+// valid for the provider it names, a node unique token that is the JSON Talos sends, a real WireGuard key.
 func (p *provisioner) Provision(ctx context.Context, req *pb.ProvisionRequest) (*pb.ProvisionResponse, error) {
 	if req.GetNodeUuid() == "" {
 		return nil, status.Error(codes.InvalidArgument, "node uuid is empty")
 	}
 
 	tok, err := jointoken.Parse(req.GetJoinToken())
-	if err != nil || !tok.IsValid(p.s.token) {
-		return nil, status.Error(codes.PermissionDenied, "invalid join token")
+	if err != nil {
+		return nil, status.Errorf(codes.PermissionDenied, "invalid join token %s", err)
+	}
+
+	// A provider's machines present the v2 token naming the provider; a plain token would be checked against
+	// Omni's own join tokens, which the stand-in does not issue.
+	if tok.Version != jointoken.Version2 || !tok.IsValid(p.s.token) {
+		return nil, status.Error(codes.PermissionDenied, "unauthorized")
+	}
+
+	// Omni parses the token before anything else; its error text is what a machine sending hex gets.
+	if _, err = jointoken.ParseNodeUniqueToken(req.GetNodeUniqueToken()); err != nil {
+		return nil, err //nolint:wrapcheck // already the status Omni answers with
+	}
+
+	if _, err = wgtypes.ParseKey(req.GetNodePublicKey()); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "error parsing Wireguard key: %s", err)
 	}
 
 	providerID := tok.ExtraData[omnires.LabelInfraProviderID]
@@ -145,14 +162,14 @@ func (p *provisioner) Provision(ctx context.Context, req *pb.ProvisionRequest) (
 	p.s.cfg.Logger.Info("machine provisioned", zap.String("component", "omni_siderolink"),
 		zap.String("machine", req.GetNodeUuid()), zap.String("provider", providerID))
 
-	serverKey := make([]byte, 32)
-	if _, err = rand.Read(serverKey); err != nil {
+	serverKey, err := wgtypes.GeneratePrivateKey()
+	if err != nil {
 		return nil, status.Errorf(codes.Internal, "server key: %v", err)
 	}
 
 	return &pb.ProvisionResponse{
 		ServerEndpoint:    []string{"127.0.0.1:50180"},
-		ServerPublicKey:   base64.StdEncoding.EncodeToString(serverKey),
+		ServerPublicKey:   serverKey.PublicKey().String(),
 		NodeAddressPrefix: "fdae:41e4:649b:9303::100/64",
 		ServerAddress:     "fdae:41e4:649b:9303::1",
 	}, nil

@@ -347,6 +347,9 @@ func TestLifecycleOverTheUplink(t *testing.T) {
 		return err == nil && st.TypedSpec().Value.ReadyToUse
 	}, 30*time.Second, 20*time.Millisecond, "ready over the uplink")
 
+	// Omni keeps the machine on until it has collected its information, which only a real Talos reporting in
+	// over SideroLink gives it; the stand-in is told here.
+	require.NoError(t, admin.CollectInfo(ctx, id, "v1.11.0"))
 	require.Eventually(t, func() bool { power, _, _, _ := edge.snapshot(); return !power }, 30*time.Second, 20*time.Millisecond, "powered off")
 
 	_, _, wipes, _ := edge.snapshot()

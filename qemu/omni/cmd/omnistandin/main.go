@@ -186,6 +186,8 @@ func serveCmd() *cobra.Command {
 	cmd.Flags().StringVar(&cfg.ProviderID, "provider-id", envOr("OMNI_PROVIDER_ID", cfg.ProviderID), "infra provider ID (OMNI_PROVIDER_ID)")
 	cmd.Flags().StringVar(&cfg.StateDir, "state-dir", envOr("OMNI_STATE_DIR", ""), "persist state here; empty keeps it in memory (OMNI_STATE_DIR)")
 	cmd.Flags().StringVar(&cfg.AdvertiseAddress, "advertise", envOr("OMNI_ADVERTISE", ""), "host:port machines reach SideroLink at (OMNI_ADVERTISE)")
+	cmd.Flags().BoolVar(&cfg.CollectInfoOnProvision, "collect-info-on-provision", envOr("OMNI_COLLECT_INFO_ON_PROVISION", "") == "true",
+		"count a machine's information as collected when it provisions (a real Omni needs a real Talos for that) (OMNI_COLLECT_INFO_ON_PROVISION)")
 	cmd.Flags().StringVar(&keyDir, "key-dir", envOr("OMNI_KEY_DIR", ""), "write provider.key and admin.key here (OMNI_KEY_DIR)")
 	cmd.Flags().BoolVar(&selfSigned, "tls-self-signed", envOr("OMNI_TLS_SELF_SIGNED", "") == "true",
 		"serve TLS with a self-signed certificate (clients use https:// and skip verification) (OMNI_TLS_SELF_SIGNED)")
@@ -209,7 +211,7 @@ func allocateCmd(admin func(context.Context, func(*omni.Admin) error) error) *co
 		}}
 
 	cmd.Flags().StringVar(&cluster, "cluster", "lab", "cluster name")
-	cmd.Flags().StringVar(&talosVersion, "talos-version", "v1.11.0", "cluster Talos version")
+	cmd.Flags().StringVar(&talosVersion, "talos-version", "1.11.5", "cluster Talos version (Omni's form, without v)")
 	cmd.Flags().StringSliceVar(&extensions, "extensions", nil, "system extensions, e.g. siderolabs/iscsi-tools")
 	cmd.Flags().BoolVar(&controlPlane, "control-plane", false, "allocate as a control plane node")
 
