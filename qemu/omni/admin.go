@@ -91,7 +91,8 @@ func (a *Admin) PowerOff(ctx context.Context, id string) (string, error) {
 }
 
 // Allocate adds the machine to cluster (created with talosVersion when missing) with the given extensions,
-// as a control plane or worker node.
+// as a control plane or worker node, the way `omnictl cluster template sync` does: it writes the Cluster, the
+// machine set and a MachineSetNode for the machine; Omni makes the ClusterMachine from them.
 func (a *Admin) Allocate(ctx context.Context, id, cluster, talosVersion string, extensions []string, controlPlane bool) error {
 	if err := safe.StateModify(ctx, a.st, omnires.NewCluster(cluster), func(c *omnires.Cluster) error {
 		c.TypedSpec().Value.TalosVersion = talosVersion
@@ -99,6 +100,22 @@ func (a *Admin) Allocate(ctx context.Context, id, cluster, talosVersion string, 
 		return nil
 	}); err != nil {
 		return fmt.Errorf("create cluster %s: %w", cluster, err)
+	}
+
+	setID, role := omnires.WorkersResourceID(cluster), omnires.LabelWorkerRole
+	if controlPlane {
+		setID, role = omnires.ControlPlanesResourceID(cluster), omnires.LabelControlPlaneRole
+	}
+
+	set := omnires.NewMachineSet(setID)
+
+	if err := safe.StateModify(ctx, a.st, set, func(ms *omnires.MachineSet) error {
+		ms.Metadata().Labels().Set(omnires.LabelCluster, cluster)
+		ms.Metadata().Labels().Set(role, "")
+
+		return nil
+	}); err != nil {
+		return fmt.Errorf("create machine set %s: %w", setID, err)
 	}
 
 	if err := safe.StateModify(ctx, a.st, omnires.NewMachineExtensions(id), func(e *omnires.MachineExtensions) error {
@@ -110,16 +127,9 @@ func (a *Admin) Allocate(ctx context.Context, id, cluster, talosVersion string, 
 		return fmt.Errorf("set extensions of %s: %w", id, err)
 	}
 
-	if err := safe.StateModify(ctx, a.st, omnires.NewClusterMachine(id), func(cm *omnires.ClusterMachine) error {
-		cm.Metadata().Labels().Set(omnires.LabelCluster, cluster)
-
-		if controlPlane {
-			cm.Metadata().Labels().Set(omnires.LabelMachineSet, omnires.ControlPlanesResourceID(cluster))
-			cm.Metadata().Labels().Set(omnires.LabelControlPlaneRole, "")
-		} else {
-			cm.Metadata().Labels().Set(omnires.LabelMachineSet, omnires.WorkersResourceID(cluster))
-			cm.Metadata().Labels().Set(omnires.LabelWorkerRole, "")
-		}
+	if err := safe.StateModify(ctx, a.st, omnires.NewMachineSetNode(id, set), func(n *omnires.MachineSetNode) error {
+		n.Metadata().Labels().Set(omnires.LabelCluster, cluster)
+		n.Metadata().Labels().Set(omnires.LabelMachineSet, setID)
 
 		return nil
 	}); err != nil {
@@ -129,9 +139,11 @@ func (a *Admin) Allocate(ctx context.Context, id, cluster, talosVersion string, 
 	return nil
 }
 
-// Release removes the machine from its cluster; Omni then resets it and sets a new wipe ID.
+// Release removes the machine from its cluster (its MachineSetNode); Omni then resets it and sets a new wipe ID.
 func (a *Admin) Release(ctx context.Context, id string) error {
-	for _, md := range []*resource.Metadata{omnires.NewClusterMachine(id).Metadata(), omnires.NewMachineExtensions(id).Metadata()} {
+	set := omnires.NewMachineSet("")
+
+	for _, md := range []*resource.Metadata{omnires.NewMachineSetNode(id, set).Metadata(), omnires.NewMachineExtensions(id).Metadata()} {
 		if err := a.st.TeardownAndDestroy(ctx, md); err != nil && !state.IsNotFoundError(err) {
 			return fmt.Errorf("release %s: %w", id, err)
 		}

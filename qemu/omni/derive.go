@@ -32,6 +32,7 @@ func newDeriver(st state.State, logger *zap.Logger) *deriver {
 // inputs are the kinds whose changes re-derive the InfraMachines.
 var deriverInputs = []resource.Kind{
 	siderolink.NewLink("", nil).Metadata(),
+	omnires.NewMachineSetNode("", omnires.NewMachineSet("")).Metadata(),
 	omnires.NewInfraMachineConfig("").Metadata(),
 	omnires.NewClusterMachine("").Metadata(),
 	omnires.NewCluster("").Metadata(),
@@ -42,9 +43,25 @@ var deriverInputs = []resource.Kind{
 	infra.NewMachine("").Metadata(),
 }
 
-// Run re-derives all InfraMachines whenever an input changes, until ctx ends.
+// Run re-derives all InfraMachines whenever an input changes, until ctx ends. A watch that breaks (a burst
+// of changes overran it) is set up again, followed by a full pass: nothing is missed.
 func (d *deriver) Run(ctx context.Context) error {
-	events := make(chan state.Event, 64)
+	for {
+		if err := d.watchAndDerive(ctx); err != nil {
+			d.logger.Warn("infra machine watch broke, watching again", zap.Error(err))
+		}
+
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
+}
+
+func (d *deriver) watchAndDerive(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	events := make(chan state.Event, 1024)
 
 	for _, kind := range deriverInputs {
 		if err := d.st.WatchKind(ctx, kind, events); err != nil {
@@ -53,6 +70,10 @@ func (d *deriver) Run(ctx context.Context) error {
 	}
 
 	for {
+		if err := d.allocations(ctx); err != nil && ctx.Err() == nil {
+			d.logger.Warn("derive cluster machines", zap.Error(err))
+		}
+
 		if err := d.reconcile(ctx); err != nil {
 			if ctx.Err() != nil {
 				return nil //nolint:nilerr // shutting down
@@ -61,21 +82,93 @@ func (d *deriver) Run(ctx context.Context) error {
 			d.logger.Warn("derive infra machines", zap.Error(err))
 		}
 
+		var ev state.Event
+
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-events:
+		case ev = <-events:
 		}
 
 		// drain what else arrived: one pass covers them all
 		for drained := false; !drained; {
+			if ev.Type == state.Errored {
+				return ev.Error
+			}
+
 			select {
-			case <-events:
+			case ev = <-events:
 			default:
 				drained = true
 			}
 		}
 	}
+}
+
+// allocations plays Omni's cluster machine controller: every MachineSetNode (what `omnictl cluster template
+// sync` writes for each machine of a machine set) gets a ClusterMachine with the cluster, machine-set and role
+// labels; a ClusterMachine whose node is gone is torn down (Omni resets the machine) and destroyed.
+func (d *deriver) allocations(ctx context.Context) error {
+	nodes, err := safe.StateListAll[*omnires.MachineSetNode](ctx, d.st)
+	if err != nil {
+		return fmt.Errorf("list machine set nodes: %w", err)
+	}
+
+	want := map[string]bool{}
+
+	for node := range nodes.All() {
+		id := node.Metadata().ID()
+		want[id] = node.Metadata().Phase() == resource.PhaseRunning
+
+		if !want[id] {
+			continue
+		}
+
+		setID, _ := node.Metadata().Labels().Get(omnires.LabelMachineSet)
+		cluster, _ := node.Metadata().Labels().Get(omnires.LabelCluster)
+
+		set, ok, err := getOptional[*omnires.MachineSet](ctx, d.st, omnires.NewMachineSet(setID).Metadata())
+		if err != nil || !ok {
+			return err
+		}
+
+		if err = safe.StateModify(ctx, d.st, omnires.NewClusterMachine(id), func(cm *omnires.ClusterMachine) error {
+			labels := cm.Metadata().Labels()
+			labels.Set(omnires.LabelCluster, cluster)
+			labels.Set(omnires.LabelMachineSet, setID)
+
+			for _, role := range []string{omnires.LabelControlPlaneRole, omnires.LabelWorkerRole} {
+				if _, ok := set.Metadata().Labels().Get(role); ok {
+					labels.Set(role, "")
+				} else {
+					labels.Delete(role)
+				}
+			}
+
+			return nil
+		}); err != nil {
+			return fmt.Errorf("cluster machine %s: %w", id, err)
+		}
+	}
+
+	machines, err := safe.StateListAll[*omnires.ClusterMachine](ctx, d.st)
+	if err != nil {
+		return fmt.Errorf("list cluster machines: %w", err)
+	}
+
+	for cm := range machines.All() {
+		if want[cm.Metadata().ID()] {
+			continue
+		}
+
+		// Omni resets the machine, then lets the ClusterMachine go; the InfraMachine derivation sees it
+		// deallocating in between.
+		if err = d.st.TeardownAndDestroy(ctx, cm.Metadata()); err != nil && !state.IsNotFoundError(err) {
+			return fmt.Errorf("release cluster machine %s: %w", cm.Metadata().ID(), err)
+		}
+	}
+
+	return nil
 }
 
 func (d *deriver) reconcile(ctx context.Context) error {
