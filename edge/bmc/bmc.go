@@ -1,9 +1,13 @@
 // Package bmc gives the edge one small interface to machines' BMCs: power status, on, off, cycle,
 // one-time PXE boot (BIOS or UEFI) and clearing the override. It chooses Redfish when the BMC
 // answers it (remembered per BMC with a TTL) and IPMI v2 lanplus otherwise, serializes and
-// rate-limits the calls to each BMC, reuses sessions and bounds every call with a timeout.
-// Credentials arrive with each call and live only in memory; they are never logged and never
-// appear in an error.
+// rate-limits the calls to each BMC, reuses sessions and bounds every call with a timeout. An IPMI
+// cipher suite a BMC refuses is remembered per BMC like the protocol choice.
+//
+// Errors say whether retrying can help (IsPermanent: the BMC's completion code or HTTP status decides)
+// and the gRPC service maps that onto codes the controller can branch on. Credentials arrive with each
+// call and live only in memory; they are never logged and never appear in an error: the protocol
+// packages scrub them, as whole words only, from the text their libraries write.
 package bmc
 
 import (
@@ -45,6 +49,18 @@ var (
 	// ErrInvalidTarget means the target or credentials are unusable.
 	ErrInvalidTarget = errors.New("invalid bmc target")
 )
+
+// IsPermanent reports whether err is a refusal the BMC will repeat for the same request, so that retrying cannot
+// help until someone changes the request, the credentials or the BMC: an invalid target, an IPMI completion code
+// such as CCh "invalid data field in request" or D4h "insufficient privilege", a refused RMCP+ session (wrong
+// password, no common cipher suite), a Redfish 4xx status other than 408, 412 and 429, or an HTML page where
+// Redfish JSON was expected. Everything else (no answer, node busy, 5xx, a transport error, a read-back mismatch)
+// is retryable. The tables are in ipmi.CompletionCodeError, ipmi.SessionError and redfish.StatusError.
+func IsPermanent(err error) bool {
+	var p interface{ Permanent() bool }
+
+	return errors.Is(err, ErrInvalidTarget) || (errors.As(err, &p) && p.Permanent())
+}
 
 // Target names one BMC.
 type Target struct {
@@ -97,17 +113,28 @@ func (t Target) redfishEndpoint() string {
 // String names the BMC for logs and errors.
 func (t Target) String() string { return t.Host }
 
-// Credentials are a BMC user. They format as "[redacted]" everywhere (fmt, zap's reflection).
+// Credentials are a BMC user. As a whole value they format as "[redacted]" everywhere: fmt with any verb,
+// zap (as a Stringer or by reflection), encoding/json and other text encoders. The fields themselves are plain
+// strings: never log them.
 type Credentials struct {
 	Username string
 	Password string
 }
 
+// redacted replaces a credential value.
+const redacted = "[redacted]"
+
 // String implements fmt.Stringer without revealing anything.
-func (Credentials) String() string { return "[redacted]" }
+func (Credentials) String() string { return redacted }
 
 // GoString implements fmt.GoStringer without revealing anything.
-func (Credentials) GoString() string { return "[redacted]" }
+func (Credentials) GoString() string { return redacted }
+
+// Format implements fmt.Formatter: every verb (%d, %x, %+v included) prints "[redacted]".
+func (Credentials) Format(f fmt.State, _ rune) { fmt.Fprint(f, redacted) }
+
+// MarshalText implements encoding.TextMarshaler without revealing anything (encoding/json, zap.Reflect).
+func (Credentials) MarshalText() ([]byte, error) { return []byte(redacted), nil }
 
 // Validate checks the credentials.
 func (c Credentials) Validate() error {
@@ -136,14 +163,14 @@ type Config struct {
 	CallTimeout time.Duration
 	// ProbeTimeout bounds the Redfish probe.
 	ProbeTimeout time.Duration
-	// ProbeTTL is how long a protocol choice is remembered.
+	// ProbeTTL is how long a protocol choice, and an IPMI cipher suite a BMC fell back to, is remembered.
 	ProbeTTL time.Duration
 	// SessionIdle closes a session unused for this long.
 	SessionIdle time.Duration
 	// RatePerSecond and Burst limit the operations sent to one BMC.
 	RatePerSecond float64
 	Burst         int
-	// IPMICipherSuites are tried in order.
+	// IPMICipherSuites are tried in order; a suite a BMC fell back to is tried first for ProbeTTL.
 	IPMICipherSuites []uint8
 	// IPMIExchangeTimeout bounds one RMCP+ exchange.
 	IPMIExchangeTimeout time.Duration

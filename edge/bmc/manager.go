@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strings"
+	"slices"
 	"sync"
 	"time"
 
@@ -39,6 +39,11 @@ type entry struct {
 	session  PowerClient
 	creds    Credentials // of session, memory only
 	lastUsed time.Time
+
+	// suite is the IPMI cipher suite this BMC fell back to (suiteSet), tried first until suiteAt+ProbeTTL.
+	suite    uint8
+	suiteSet bool
+	suiteAt  time.Time
 }
 
 // New returns a Manager. now is the clock (nil: time.Now).
@@ -210,14 +215,27 @@ func (m *Manager) Protocol(t Target) Protocol {
 	return e.proto
 }
 
+// IPMICipherSuite returns the cipher suite t's BMC fell back to when it refused the first configured one
+// (false when it did not, or the memory expired).
+func (m *Manager) IPMICipherSuite(t Target) (uint8, bool) {
+	e := m.entry(t)
+
+	e.turn <- struct{}{}
+	defer func() { <-e.turn }()
+
+	if !e.suiteSet || m.now().Sub(e.suiteAt) >= m.cfg.ProbeTTL {
+		return 0, false
+	}
+
+	return e.suite, true
+}
+
 // do runs op on t's BMC: in turn, rate-limited, with a session, within the call timeout.
 func (m *Manager) do(ctx context.Context, what string, t Target, c Credentials, op func(PowerClient, context.Context) error) error {
 	err := m.doInner(ctx, t, c, op)
 	if err == nil {
 		return nil
 	}
-
-	err = redact(err, c)
 
 	if !errors.Is(err, ErrTimeout) && noAnswer(err) {
 		err = fmt.Errorf("%w: %w", ErrTimeout, err)
@@ -228,6 +246,8 @@ func (m *Manager) do(ctx context.Context, what string, t Target, c Credentials, 
 	switch {
 	case errors.Is(err, ErrInvalidTarget):
 		reason = "invalid"
+	case IsPermanent(err):
+		reason = "refused"
 	case errors.Is(err, ErrTimeout):
 		reason = "timeout"
 	}
@@ -270,7 +290,7 @@ func (m *Manager) doInner(ctx context.Context, t Target, c Credentials, op func(
 	}
 
 	err = op(pc, ctx)
-	if err != nil && reused && ctx.Err() == nil {
+	if err != nil && reused && ctx.Err() == nil && !sessionAnswered(err) {
 		// A reused session may have expired on the BMC: retry once on a fresh one.
 		m.dropSession(e)
 
@@ -333,10 +353,7 @@ func (m *Manager) session(ctx context.Context, e *entry, t Target, c Credentials
 			Insecure: m.cfg.RedfishInsecure, Timeout: m.cfg.CallTimeout,
 		})
 	default:
-		pc, err = ipmi.Dial(ctx, ipmi.Config{
-			Host: t.Host, Port: t.ipmiPort(), Username: c.Username, Password: c.Password,
-			CipherSuites: m.cfg.IPMICipherSuites, Timeout: m.cfg.IPMIExchangeTimeout,
-		})
+		pc, err = m.dialIPMI(ctx, e, t, c)
 	}
 
 	if err != nil {
@@ -348,6 +365,49 @@ func (m *Manager) session(ctx context.Context, e *entry, t Target, c Credentials
 	}
 
 	e.session, e.creds, e.lastUsed = pc, c, m.now()
+
+	return pc, nil
+}
+
+// dialIPMI opens an IPMI session, trying first the cipher suite e's BMC fell back to last time (so a BMC that
+// refuses suite 17 is not asked for it on every session) and remembering a new fallback. e's turn is held.
+func (m *Manager) dialIPMI(ctx context.Context, e *entry, t Target, c Credentials) (PowerClient, error) {
+	suites := m.cfg.IPMICipherSuites
+	remembered := e.suiteSet && m.now().Sub(e.suiteAt) < m.cfg.ProbeTTL
+
+	if remembered {
+		suites = append([]uint8{e.suite}, slices.DeleteFunc(slices.Clone(suites), func(s uint8) bool { return s == e.suite })...)
+	}
+
+	pc, err := ipmi.Dial(ctx, ipmi.Config{
+		Host: t.Host, Port: t.ipmiPort(), Username: c.Username, Password: c.Password,
+		CipherSuites: suites, Timeout: m.cfg.IPMIExchangeTimeout,
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	used := pc.CipherSuite()
+
+	switch {
+	case remembered && used == e.suite:
+		// The remembered suite worked at once: nothing was refused, nothing to say.
+	case used == m.cfg.IPMICipherSuites[0]:
+		e.suiteSet = false // the preferred suite works: nothing to remember
+	default:
+		// A suite tried before used was refused. Say so when the choice is new or changed; when the memory merely
+		// expired and the BMC still refuses, only at debug level.
+		logf := m.log.Info
+		if e.suiteSet && e.suite == used {
+			logf = m.log.Debug
+		}
+
+		logf("bmc refused the preferred ipmi cipher suite; falling back and remembering it",
+			zap.Stringer("bmc", t), zap.Uint8s("refused", suites[:slices.Index(suites, used)]),
+			zap.Uint8("cipher_suite", used), zap.Duration("remembered_for", m.cfg.ProbeTTL))
+
+		e.suite, e.suiteSet, e.suiteAt = used, true, m.now()
+	}
 
 	return pc, nil
 }
@@ -384,40 +444,18 @@ func (c Credentials) equal(o Credentials) bool {
 	return u&p == 1
 }
 
-// redact removes the credentials from an error's text, should a library have put them there.
-func redact(err error, c Credentials) error {
-	msg := err.Error()
-	clean := msg
+// sessionAnswered reports whether err is an answer the BMC gave within the session (an IPMI completion code), so
+// the session is alive and a fresh one would get the same answer.
+func sessionAnswered(err error) bool {
+	var cc *ipmi.CompletionCodeError
 
-	if c.Password != "" {
-		clean = strings.ReplaceAll(clean, c.Password, "[redacted]")
-	}
-
-	if len(c.Username) >= 3 {
-		clean = strings.ReplaceAll(clean, c.Username, "[redacted]")
-	}
-
-	if clean == msg {
-		return err
-	}
-
-	return &redactedError{msg: clean, err: err}
+	return errors.As(err, &cc)
 }
-
-type redactedError struct {
-	msg string
-	err error
-}
-
-func (e *redactedError) Error() string { return e.msg }
-
-// Unwrap keeps errors.Is working for sentinels; the wrapped text is not exposed by Error.
-func (e *redactedError) Unwrap() error { return e.err }
 
 // noAnswer reports whether err means the BMC did not answer (as opposed to answering "no").
 func noAnswer(err error) bool {
 	var ne net.Error
 
-	return errors.Is(err, ipmi.ErrNoAnswer) || errors.Is(err, context.DeadlineExceeded) ||
+	return errors.Is(err, ipmi.ErrNoAnswer) || errors.Is(err, redfish.ErrNoAnswer) || errors.Is(err, context.DeadlineExceeded) ||
 		(errors.As(err, &ne) && ne.Timeout())
 }

@@ -51,22 +51,35 @@ func fromProto(t *bmcpb.Target) (Target, Credentials) {
 		}
 }
 
-// statusError maps a Manager error to a gRPC status; the text is already free of credentials.
+// statusError maps a Manager error to a gRPC status; the text is already free of credentials and names the
+// completion code, RMCP+ status or HTTP status in numbers and words.
+//
+//   - InvalidArgument: the request itself is unusable (no host, a bad port, no user, no boot mode).
+//   - FailedPrecondition: the BMC refused the request for good (IsPermanent: a completion code such as CCh, a wrong
+//     password, a Redfish 4xx). Not InvalidArgument: the request is well formed, and the same request can succeed
+//     once the BMC's state, configuration or the credentials are fixed; FailedPrecondition says exactly that, and
+//     that the caller must not retry until then.
+//   - DeadlineExceeded: the BMC did not answer in time. Aborted: the override read back differs (the BMC took the
+//     set and then reverted it; a new attempt may hold). Unavailable: anything else that may succeed when retried
+//     (node busy, 5xx, a transport error). Canceled: the caller gave up.
 func (s *Service) statusError(t *bmcpb.Target, err error) error {
 	code := codes.Unavailable
 
 	switch {
 	case errors.Is(err, ErrInvalidTarget):
 		code = codes.InvalidArgument
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	case IsPermanent(err):
+		code = codes.FailedPrecondition
 	case errors.Is(err, ErrTimeout):
 		code = codes.DeadlineExceeded
 	case errors.Is(err, ipmi.ErrReadBack), errors.Is(err, redfish.ErrReadBack):
 		code = codes.Aborted
-	case errors.Is(err, context.Canceled):
-		code = codes.Canceled
 	}
 
-	s.log.Info("bmc operation failed", zap.String("machine_id", t.GetMachineId()), zap.String("bmc", t.GetHost()), zap.Error(err))
+	s.log.Info("bmc operation failed", zap.String("machine_id", t.GetMachineId()), zap.String("bmc", t.GetHost()),
+		zap.Stringer("code", code), zap.Error(err))
 
 	return status.Error(code, err.Error())
 }

@@ -2,6 +2,11 @@
 // one session per client (logged out on Close), boot override mode patched only when it must
 // change, the settings-object (@Redfish.Settings, AMI "SD") variant with ETag, and read-back
 // after every boot override change.
+//
+// Errors never wrap gofish's or net/http's error values (gofish puts whole response bodies into its errors): an
+// answer with a failing HTTP status is a *StatusError, an HTML page where JSON was expected matches ErrNotJSON,
+// anything else is text scrubbed of the credentials (internal/scrub) that matches at most ErrNoAnswer or
+// ErrMalformedReply. Each says whether repeating the request can help (Permanent).
 package redfish
 
 import (
@@ -25,6 +30,16 @@ var ErrReadBack = errors.New("boot override read back differs from what was set"
 
 // ErrNotRedfish is returned by Probe for an endpoint that is not a Redfish service.
 var ErrNotRedfish = errors.New("not a redfish service")
+
+// ErrNotJSON is returned when a BMC answered a request with an HTML page where Redfish JSON was expected: the
+// endpoint is a web interface or a proxy's login page rather than the Redfish service. It is permanent.
+var ErrNotJSON = errors.New("the bmc answered an html page where redfish json was expected")
+
+// ErrNoAnswer is returned when the service did not answer in time.
+var ErrNoAnswer = errors.New("no answer from the redfish service")
+
+// ErrMalformedReply is returned when an answer cannot be read as JSON (a truncated body, say).
+var ErrMalformedReply = errors.New("malformed reply from the redfish service")
 
 // Config says how to reach one BMC.
 type Config struct {
@@ -98,13 +113,16 @@ func Probe(ctx context.Context, hc *http.Client, endpoint string) error {
 
 // Client is a Redfish session on one BMC with its (first) ComputerSystem. Not safe for concurrent use.
 type Client struct {
-	api *gofish.APIClient
-	hc  *http.Client
+	api     *gofish.APIClient
+	hc      *http.Client
+	secrets []string
 }
 
 // Dial logs in (a Redfish session) and finds the ComputerSystem. Errors never contain the credentials.
 func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	hc := cfg.HTTPClient()
+	hc.Transport = htmlGuard{next: hc.Transport}
+	secrets := []string{cfg.Password, cfg.Username}
 
 	api, err := gofish.ConnectContext(ctx, gofish.ClientConfig{
 		Endpoint:         strings.TrimSuffix(cfg.Endpoint, "/"),
@@ -116,10 +134,10 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	if err != nil {
 		hc.CloseIdleConnections()
 
-		return nil, fmt.Errorf("open redfish session: %w", shorten(err))
+		return nil, fmt.Errorf("open redfish session: %w", classify(err, secrets))
 	}
 
-	return &Client{api: api, hc: hc}, nil
+	return &Client{api: api, hc: hc, secrets: secrets}, nil
 }
 
 // Close logs the session out.
@@ -133,7 +151,7 @@ func (c *Client) Close(ctx context.Context) error {
 func (c *Client) system(ctx context.Context) (*schemas.ComputerSystem, error) {
 	systems, err := c.api.WithContext(ctx).Service.Systems()
 	if err != nil {
-		return nil, fmt.Errorf("list systems: %w", shorten(err))
+		return nil, fmt.Errorf("list systems: %w", c.fail(err))
 	}
 
 	if len(systems) == 0 {
@@ -176,7 +194,7 @@ func (c *Client) reset(ctx context.Context, types ...schemas.ResetType) error {
 
 found:
 	if _, err := sys.Reset(rt); err != nil {
-		return fmt.Errorf("reset %s: %w", rt, shorten(err))
+		return fmt.Errorf("reset %s: %w", rt, c.fail(err))
 	}
 
 	return nil
@@ -230,7 +248,7 @@ func (c *Client) SetPXEOnce(ctx context.Context, uefi bool) error {
 
 	// gofish patches the system and falls back to its @Redfish.Settings object with If-Match.
 	if err := sys.SetBoot(boot); err != nil {
-		return fmt.Errorf("set one-time pxe boot: %w", shorten(err))
+		return fmt.Errorf("set one-time pxe boot: %w", c.fail(err))
 	}
 
 	b, err := c.effectiveBoot(ctx)
@@ -269,14 +287,14 @@ func (c *Client) effectiveBoot(ctx context.Context) (schemas.Boot, error) {
 
 	resp, err := c.api.WithContext(ctx).Get(raw.Settings.SettingsObject.ID)
 	if err != nil {
-		return schemas.Boot{}, fmt.Errorf("read settings object: %w", shorten(err))
+		return schemas.Boot{}, fmt.Errorf("read settings object: %w", c.fail(err))
 	}
 	defer resp.Body.Close() //nolint:errcheck
 
 	var pending struct{ Boot *schemas.Boot }
 
 	if err := json.NewDecoder(io.LimitReader(resp.Body, maxBody)).Decode(&pending); err != nil {
-		return schemas.Boot{}, fmt.Errorf("read settings object: %w", err)
+		return schemas.Boot{}, fmt.Errorf("read settings object: %w", c.fail(err))
 	}
 
 	if pending.Boot == nil || pending.Boot.BootSourceOverrideEnabled == "" {
@@ -294,7 +312,7 @@ func (c *Client) ClearOverride(ctx context.Context) error {
 	}
 
 	if err := sys.SetBoot(&schemas.Boot{BootSourceOverrideEnabled: schemas.DisabledBootSourceOverrideEnabled}); err != nil {
-		return fmt.Errorf("clear boot override: %w", shorten(err))
+		return fmt.Errorf("clear boot override: %w", c.fail(err))
 	}
 
 	return nil
@@ -312,21 +330,4 @@ func (c *Client) BootOverride(ctx context.Context) (set, pxe, uefi bool, err err
 		b.BootSourceOverrideTarget == schemas.PxeBootSource, b.BootSourceOverrideMode == schemas.UEFIBootSourceOverrideMode, nil
 }
 
-// shorten bounds an error's text: gofish puts the whole response body (say, an HTML page) into it.
-func shorten(err error) error {
-	const maxLen = 300
-
-	if msg := err.Error(); len(msg) > maxLen {
-		return &shortError{msg: msg[:maxLen] + "...", err: err}
-	}
-
-	return err
-}
-
-type shortError struct {
-	msg string
-	err error
-}
-
-func (e *shortError) Error() string { return e.msg }
-func (e *shortError) Unwrap() error { return e.err }
+func (c *Client) fail(err error) error { return classify(err, c.secrets) }

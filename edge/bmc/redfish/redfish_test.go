@@ -3,6 +3,7 @@ package redfish_test
 import (
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -64,5 +65,21 @@ func TestProbe(t *testing.T) {
 				require.ErrorIs(t, err, redfish.ErrNotRedfish)
 			}
 		})
+	}
+}
+
+func TestStatusErrorPermanent(t *testing.T) {
+	t.Parallel()
+
+	for status, permanent := range map[int]bool{
+		http.StatusBadRequest: true, http.StatusUnauthorized: true, http.StatusForbidden: true, http.StatusNotFound: true,
+		http.StatusMethodNotAllowed: true, http.StatusConflict: true, http.StatusUnprocessableEntity: true,
+		http.StatusRequestTimeout: false, http.StatusPreconditionFailed: false, http.StatusTooManyRequests: false,
+		http.StatusInternalServerError: false, http.StatusNotImplemented: false, http.StatusBadGateway: false,
+		http.StatusServiceUnavailable: false, http.StatusGatewayTimeout: false,
+	} {
+		err := &redfish.StatusError{Status: status}
+		require.Equal(t, permanent, err.Permanent(), "%d", status)
+		require.Contains(t, err.Error(), strings.ToLower(http.StatusText(status)))
 	}
 }
