@@ -23,6 +23,7 @@ import (
 	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
 	omnires "github.com/siderolabs/omni/client/pkg/omni/resources/omni"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -60,6 +61,8 @@ type Config struct {
 	ConnectTimeout time.Duration
 	// RetryMin and RetryMax bound the backoff between connection attempts.
 	RetryMin, RetryMax time.Duration
+	// DialOptions are added to the gRPC client's (embedding and tests: a dialer into a network namespace).
+	DialOptions []grpc.DialOption
 }
 
 // Default returns the defaults: provider ID bare-metal, 1 s to 30 s backoff.
@@ -186,6 +189,7 @@ func dial(_ context.Context, cfg Config, logger *zap.Logger) (*Connection, error
 		client.WithServiceAccount(cfg.ServiceAccountKey),
 		client.WithInsecureSkipTLSVerify(cfg.InsecureSkipVerify),
 		client.WithOmniClientOptions(clientomni.WithProviderID(cfg.ProviderID), clientomni.WithRetryLogger(logger)),
+		client.WithGrpcOpts(cfg.DialOptions...),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("create omni client for %s: %w", cfg.Endpoint, err)

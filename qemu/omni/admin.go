@@ -90,6 +90,12 @@ func (a *Admin) PowerOff(ctx context.Context, id string) (string, error) {
 	return req, a.config(ctx, id, func(s *specs.InfraMachineConfigSpec) { s.PowerOffRequestId = req })
 }
 
+// ClearPowerOff withdraws the machine's power-off request. Omni copies the request onto the InfraMachine only
+// while the machine is allocated, so a request left over from before an allocation would power it off then.
+func (a *Admin) ClearPowerOff(ctx context.Context, id string) error {
+	return a.config(ctx, id, func(s *specs.InfraMachineConfigSpec) { s.PowerOffRequestId = "" })
+}
+
 // Allocate adds the machine to cluster (created with talosVersion when missing) with the given extensions,
 // as a control plane or worker node, the way `omnictl cluster template sync` does: it writes the Cluster, the
 // machine set and a MachineSetNode for the machine; Omni makes the ClusterMachine from them.

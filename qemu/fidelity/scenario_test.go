@@ -1,0 +1,361 @@
+package fidelity_test
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cosi-project/runtime/pkg/safe"
+	omnispecs "github.com/siderolabs/omni/client/api/omni/specs"
+	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
+	omnires "github.com/siderolabs/omni/client/pkg/omni/resources/omni"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/lifecycle/lifecycletest"
+	controlleromni "github.com/outpost-metal/outpost/controller/omni"
+	"github.com/outpost-metal/outpost/controller/resources"
+	"github.com/outpost-metal/outpost/qemu/fidelity"
+	"github.com/outpost-metal/outpost/qemu/omni"
+)
+
+// Machine IDs of the scenario (SMBIOS UUIDs, as Talos reports them).
+const (
+	m1 = "0b6e4a4c-1f2d-4c3b-9a8e-5d7f6c1b2a01"
+	m2 = "0b6e4a4c-1f2d-4c3b-9a8e-5d7f6c1b2a02"
+)
+
+// cooldown is the controller's power cooldown in the scenario: long enough to tell "kept on" from "off".
+const cooldown = 2 * time.Second
+
+// transcript is what the controller read and wrote at each step, in order. A step a backend cannot take has
+// the reason instead of observations.
+type transcript struct {
+	mu    sync.Mutex
+	steps []step
+}
+
+type step struct {
+	name     string
+	observed []string
+	skipped  string
+}
+
+func (tr *transcript) add(name string, observed ...string) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+
+	tr.steps = append(tr.steps, step{name: name, observed: observed})
+}
+
+func (tr *transcript) skip(name, reason string) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+
+	tr.steps = append(tr.steps, step{name: name, skipped: reason})
+}
+
+// run is one scenario run: the controller's Omni side (the Keeper, the lifecycle and the join config watcher,
+// as the binary runs them) against a backend, with a fake site edge.
+type run struct {
+	t     *testing.T
+	b     fidelity.Backend
+	edge  *lifecycletest.FakeEdge
+	tr    *transcript
+	admin *omni.Admin
+	jc    chan controlleromni.JoinConfig
+}
+
+const waitFor = 60 * time.Second
+
+// eventually polls cond until it holds, failing the test after the deadline.
+func (r *run) eventually(what string, cond func() bool) {
+	r.t.Helper()
+	require.Eventually(r.t, cond, waitFor, 20*time.Millisecond, "%s: %s", r.b.Name(), what)
+}
+
+func (r *run) machine(ctx context.Context, id string) *infra.Machine {
+	m, err := safe.StateGetByID[*infra.Machine](ctx, r.b.Admin(), id)
+	if err != nil {
+		return nil
+	}
+
+	return m
+}
+
+func (r *run) status(ctx context.Context, id string) *omnispecs.InfraMachineStatusSpec {
+	s, err := safe.StateGetByID[*infra.MachineStatus](ctx, r.b.Admin(), id)
+	if err != nil {
+		return nil
+	}
+
+	return s.TypedSpec().Value
+}
+
+// startController runs the controller's Omni side against r.b until the test ends.
+func (r *run) startController(ctx context.Context) {
+	t := r.t
+
+	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), lifecycletest.FakeResolver{}, r.edge)
+	require.NoError(t, err)
+
+	cfg := lifecycle.Default()
+	cfg.Cooldown = cooldown
+	cfg.PollInterval = 200 * time.Millisecond
+	cfg.CallTimeout = 5 * time.Second
+
+	ocfg := r.b.Controller()
+
+	ctrls, err := lifecycle.New(cfg, lifecycle.Deps{
+		Types: resources.NewTypes(ocfg.ProviderID), Power: r.edge, Agent: r.edge, Sites: r.edge, Plans: r.edge,
+		Planner: planner, Now: time.Now, Rand: rand.Reader,
+	})
+	require.NoError(t, err)
+
+	keeper, err := controlleromni.NewKeeper(ocfg, zaptest.NewLogger(t).Named(r.b.Name()), nil,
+		func(ctx context.Context, conn *controlleromni.Connection) error {
+			rt, err := conn.NewRuntime(nil, ctrls...)
+			if err != nil {
+				return err
+			}
+
+			w := conn.NewJoinConfigWatcher("", func(jc controlleromni.JoinConfig) {
+				select {
+				case r.jc <- jc:
+				default:
+				}
+			})
+
+			eg, ctx := errgroup.WithContext(ctx)
+			eg.Go(func() error { return rt.Run(ctx) })
+			eg.Go(func() error { return w.Run(ctx) })
+
+			return eg.Wait()
+		})
+	require.NoError(t, err)
+
+	kctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+
+	go func() { done <- keeper.Run(kctx) }()
+
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+}
+
+// scenario is the contract: every step the controller takes with Omni, in the order a machine meets them.
+func scenario(t *testing.T, b fidelity.Backend) *transcript {
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
+	defer cancel()
+
+	r := &run{t: t, b: b, edge: lifecycletest.NewFakeEdge(), tr: &transcript{}, admin: omni.NewAdmin(b.Admin()),
+		jc: make(chan controlleromni.JoinConfig, 1)}
+	providerID := b.Controller().ProviderID
+
+	r.startController(ctx)
+
+	// register: the provider's status, marked static
+	r.eventually("provider registered", func() bool {
+		ps, err := safe.StateGetByID[*infra.ProviderStatus](ctx, b.Admin(), providerID)
+
+		return err == nil && ps.TypedSpec().Value.GetName() != ""
+	})
+
+	ps, err := safe.StateGetByID[*infra.ProviderStatus](ctx, b.Admin(), providerID)
+	require.NoError(t, err)
+
+	_, static := ps.Metadata().Labels().Get(omnires.LabelIsStaticInfraProvider)
+	r.tr.add("register", fmt.Sprintf("name=%s", ps.TypedSpec().Value.GetName()), fmt.Sprintf("static=%v", static))
+
+	// heartbeat
+	r.eventually("health heartbeat", func() bool {
+		hs, err := safe.StateGetByID[*infra.ProviderHealthStatus](ctx, b.Admin(), providerID)
+
+		return err == nil && hs.TypedSpec().Value.GetLastHeartbeatTimestamp().IsValid()
+	})
+	r.tr.add("heartbeat", "written=true")
+
+	// join config: the documents the edges serve at /config
+	var jc controlleromni.JoinConfig
+
+	select {
+	case jc = <-r.jc:
+	case <-ctx.Done():
+		t.Fatal("no join config reached the controller")
+	}
+
+	r.tr.add("join config", "documents="+strings.Join(documentKinds(jc.Documents), ","), "kernel_args="+strings.Join(argKeys(jc.KernelArgs), ","),
+		fmt.Sprintf("siderolink_api_has_token=%v", strings.Contains(jc.Documents, "jointoken=")))
+
+	// provision: the machine's Talos joins over SideroLink; Omni makes a pending InfraMachine
+	r.edge.Add(m1, "site-a")
+	token1, err := fidelity.Provision(ctx, b, m1)
+	require.NoError(t, err)
+
+	r.eventually("infra machine created", func() bool { return r.machine(ctx, m1) != nil })
+	m := r.machine(ctx, m1)
+	_, pending := m.Metadata().Labels().Get(omnires.LabelMachinePendingAccept)
+	owner, _ := m.Metadata().Labels().Get(omnires.LabelInfraProviderID)
+	r.tr.add("provision", "acceptance="+m.TypedSpec().Value.GetAcceptanceStatus().String(), fmt.Sprintf("pending_label=%v", pending),
+		"provider_label="+owner, fmt.Sprintf("node_unique_token_as_sent=%v", m.TypedSpec().Value.GetNodeUniqueToken() == token1),
+		"preferred_power="+m.TypedSpec().Value.GetPreferredPowerState().String(), fmt.Sprintf("wipe_id_set=%v", m.TypedSpec().Value.GetWipeId() != ""))
+
+	// pending: agent mode, nothing touched
+	r.eventually("pending machine gets the agent plan", func() bool { return r.edge.Machine(m1).Acked.Mode == bootplans.ModeAgent })
+	r.tr.add("pending", "plan="+string(r.edge.Machine(m1).Acked.Mode), fmt.Sprintf("bmc_or_wipe_calls=%d",
+		r.edge.Count(m1, "GetPowerManagement")+r.edge.Count(m1, "SetPowerManagement")+r.edge.Count(m1, "WipeDisks")))
+
+	// reject a pending machine: it must not network boot
+	require.NoError(t, r.admin.Reject(ctx, m1))
+	r.eventually("rejected plan", func() bool { return r.edge.Machine(m1).Acked.Mode == bootplans.ModeDeny })
+	r.tr.add("reject pending", "acceptance="+r.machine(ctx, m1).TypedSpec().Value.GetAcceptanceStatus().String(),
+		"plan="+string(r.edge.Machine(m1).Acked.Mode))
+
+	// accept: BMC through the agent, wipe, ready
+	require.NoError(t, r.admin.Accept(ctx, m1))
+	r.eventually("ready to use", func() bool { s := r.status(ctx, m1); return s != nil && s.GetReadyToUse() })
+	st := r.status(ctx, m1)
+	r.tr.add("accept", fmt.Sprintf("set_power_management=%d", r.edge.Count(m1, "SetPowerManagement")),
+		fmt.Sprintf("wipes=%d", r.edge.Count(m1, "WipeDisks")), fmt.Sprintf("wiped_token_is_node_token=%v", st.GetWipedNodeUniqueToken() == token1),
+		fmt.Sprintf("ready=%v", st.GetReadyToUse()))
+
+	// accepted is final
+	err = r.admin.Reject(ctx, m1)
+	r.tr.add("reject accepted", fmt.Sprintf("refused=%v", err != nil && strings.Contains(err.Error(), "accepted machine cannot be rejected")))
+
+	// Omni keeps the machine on until it has collected its information: past the cooldown it stays on
+	require.Never(t, func() bool { return !r.edge.Machine(m1).Power }, 2*cooldown, 50*time.Millisecond, "%s: powered off before info collection", b.Name())
+	r.tr.add("kept on", "preferred_power="+r.machine(ctx, m1).TypedSpec().Value.GetPreferredPowerState().String(),
+		fmt.Sprintf("power_on=%v", r.edge.Machine(m1).Power), "reported="+r.status(ctx, m1).GetPowerState().String())
+
+	// BMC from Omni's BMC config: no IPMI user is created through the agent
+	r.edge.Add(m2, "site-a")
+	_, err = fidelity.Provision(ctx, b, m2)
+	require.NoError(t, err)
+	r.eventually("second infra machine", func() bool { return r.machine(ctx, m2) != nil })
+	require.NoError(t, r.admin.SetBMCConfig(ctx, m2, &omnispecs.InfraMachineBMCConfigSpec_IPMI{
+		Address: "10.0.0.9", Port: 623, Username: "operator", Password: "bmc-secret",
+	}))
+	r.eventually("omni's bmc config reaches the provider", func() bool {
+		_, err := safe.StateGetByID[*infra.BMCConfig](ctx, b.Admin(), m2)
+
+		return err == nil
+	})
+	require.NoError(t, r.admin.Accept(ctx, m2))
+	r.eventually("second machine ready", func() bool { s := r.status(ctx, m2); return s != nil && s.GetReadyToUse() })
+	r.tr.add("bmc from omni", fmt.Sprintf("set_power_management=%d", r.edge.Count(m2, "SetPowerManagement")),
+		fmt.Sprintf("wipes=%d", r.edge.Count(m2, "WipeDisks")))
+
+	// cordon: reaches the InfraMachine; a reboot request is then left alone
+	require.NoError(t, r.admin.Cordon(ctx, m2, true))
+	r.eventually("cordoned", func() bool { return r.machine(ctx, m2).TypedSpec().Value.GetCordoned() })
+	_, err = r.admin.Reboot(ctx, m2)
+	require.NoError(t, err)
+	require.Never(t, func() bool { return r.edge.Count(m2, "PowerCycle") > 0 }, time.Second, 50*time.Millisecond, "%s: cordoned machine rebooted", b.Name())
+	r.tr.add("cordon", "cordoned=true", fmt.Sprintf("reboots=%d", r.edge.Count(m2, "PowerCycle")))
+
+	// uncordoned, the reboot asked for meanwhile is carried out
+	require.NoError(t, r.admin.Cordon(ctx, m2, false))
+	r.eventually("reboot after uncordon", func() bool { return r.edge.Count(m2, "PowerCycle") == 1 })
+	r.tr.add("uncordon", fmt.Sprintf("reboots=%d", r.edge.Count(m2, "PowerCycle")))
+
+	// reboot request
+	rebootID, err := r.admin.Reboot(ctx, m1)
+	require.NoError(t, err)
+	r.eventually("rebooted", func() bool { s := r.status(ctx, m1); return s != nil && s.GetLastRebootId() == rebootID })
+	r.tr.add("reboot request", fmt.Sprintf("power_cycles=%d", r.edge.Count(m1, "PowerCycle")), "last_reboot_id=request")
+
+	// power-off request of an unallocated machine: Omni clears it, nothing happens
+	_, err = r.admin.PowerOff(ctx, m1)
+	require.NoError(t, err)
+	require.Never(t, func() bool { return r.machine(ctx, m1).TypedSpec().Value.GetPowerOffRequestId() != "" || r.edge.Count(m1, "PowerOff") > 0 },
+		2*time.Second, 50*time.Millisecond, "%s: power-off of an unallocated machine", b.Name())
+	r.tr.add("power-off unallocated", "request_on_infra_machine=false", fmt.Sprintf("power_offs=%d", r.edge.Count(m1, "PowerOff")))
+
+	// the request stays in the user's config and would take effect on allocation: withdraw it
+	require.NoError(t, r.admin.ClearPowerOff(ctx, m1))
+
+	// allocation through a cluster: the installer boots with a way back to Omni
+	require.NoError(t, b.Allocate(ctx, m1, "fidelity", "1.11.5"))
+	r.eventually("allocated", func() bool { return r.machine(ctx, m1).TypedSpec().Value.GetClusterTalosVersion() != "" })
+	r.eventually("installer booted", func() bool { return r.edge.Machine(m1).Booted == "install" })
+	m = r.machine(ctx, m1)
+	cluster, _ := m.Metadata().Labels().Get(omnires.LabelCluster)
+	plan := r.edge.Machine(m1).Acked
+	r.tr.add("allocate", "talos_version="+m.TypedSpec().Value.GetClusterTalosVersion(), "cluster_label="+cluster,
+		"plan="+string(plan.Mode), fmt.Sprintf("talos_config_arg=%v", slices.ContainsFunc(plan.KernelArgs, func(a string) bool {
+			return strings.HasPrefix(a, "talos.config=")
+		})), "kernel="+plan.KernelURL)
+
+	// release: Omni resets the machine and sets a new wipe ID; the controller wipes it again
+	wipeID := m.TypedSpec().Value.GetWipeId()
+	require.NoError(t, b.Release(ctx, m1, "fidelity"))
+	r.eventually("new wipe id", func() bool {
+		m := r.machine(ctx, m1)
+
+		return m.TypedSpec().Value.GetWipeId() != wipeID && m.TypedSpec().Value.GetClusterTalosVersion() == ""
+	})
+	r.eventually("wiped again and ready", func() bool {
+		s := r.status(ctx, m1)
+
+		return r.edge.Count(m1, "WipeDisks") == 2 && s != nil && s.GetReadyToUse()
+	})
+	_, stillLabelled := r.machine(ctx, m1).Metadata().Labels().Get(omnires.LabelCluster)
+	r.tr.add("release", "wipe_id_changed=true", fmt.Sprintf("cluster_label=%v", stillLabelled), fmt.Sprintf("wipes=%d", r.edge.Count(m1, "WipeDisks")))
+
+	// information collected (a real Talos reports in): the idle machine is powered off after the cooldown
+	switch err = b.CollectInfo(ctx, m2); {
+	case errors.Is(err, fidelity.ErrNotPossible):
+		r.tr.skip("info collected", err.Error())
+	case err != nil:
+		require.NoError(t, err)
+	default:
+		r.eventually("powered off after info collected", func() bool { return !r.edge.Machine(m2).Power })
+		r.tr.add("info collected", "powered_off=true")
+	}
+
+	// removing the machine from Omni tears the provider's side down
+	require.NoError(t, b.RemoveLink(ctx, m2))
+	r.eventually("infra machine gone", func() bool { return r.machine(ctx, m2) == nil })
+	r.tr.add("remove link", "infra_machine_gone=true", fmt.Sprintf("status_gone=%v", r.status(ctx, m2) == nil))
+
+	return r.tr
+}
+
+func documentKinds(docs string) []string {
+	var kinds []string
+
+	for _, line := range strings.Split(docs, "\n") {
+		if k, ok := strings.CutPrefix(line, "kind: "); ok {
+			kinds = append(kinds, strings.TrimSpace(k))
+		}
+	}
+
+	slices.Sort(kinds)
+
+	return kinds
+}
+
+func argKeys(args []string) []string {
+	keys := make([]string, 0, len(args))
+
+	for _, a := range args {
+		k, _, _ := strings.Cut(a, "=")
+		keys = append(keys, k)
+	}
+
+	slices.Sort(keys)
+
+	return keys
+}
