@@ -65,7 +65,9 @@ func (r *Real) Controller() controlleromni.Config {
 func (r *Real) Admin() state.State { return r.admin.Omni().State() }
 
 // Dial implements Backend.
-func (r *Real) Dial(ctx context.Context, addr string) (net.Conn, error) { return r.o.DialContext(ctx, addr) }
+func (r *Real) Dial(ctx context.Context, addr string) (net.Conn, error) {
+	return r.o.DialContext(ctx, addr)
+}
 
 // Allocate implements Backend: a cluster template with the machine as its one worker.
 func (r *Real) Allocate(ctx context.Context, machineID, cluster, talosVersion string) error {

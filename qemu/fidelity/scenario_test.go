@@ -279,7 +279,9 @@ func scenario(t *testing.T, b fidelity.Backend) *transcript {
 	// power-off request of an unallocated machine: Omni clears it, nothing happens
 	_, err = r.admin.PowerOff(ctx, m1)
 	require.NoError(t, err)
-	require.Never(t, func() bool { return r.machine(ctx, m1).TypedSpec().Value.GetPowerOffRequestId() != "" || r.edge.Count(m1, "PowerOff") > 0 },
+	require.Never(t, func() bool {
+		return r.machine(ctx, m1).TypedSpec().Value.GetPowerOffRequestId() != "" || r.edge.Count(m1, "PowerOff") > 0
+	},
 		2*time.Second, 50*time.Millisecond, "%s: power-off of an unallocated machine", b.Name())
 	r.tr.add("power-off unallocated", "request_on_infra_machine=false", fmt.Sprintf("power_offs=%d", r.edge.Count(m1, "PowerOff")))
 
