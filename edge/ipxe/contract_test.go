@@ -164,7 +164,7 @@ func checkHTTPChain(t *testing.T, name, url string, catalog *tftp.Catalog) {
 		// Follow every URL the script names, with iPXE's variables filled in as iPXE would.
 		for _, u := range urlRE.FindAllString(string(body), -1) {
 			u = strings.NewReplacer("${uuid}", "11111111-2222-3333-4444-555555555555", "${net${idx}/mac:hexhyp}", "52-54-00-00-00-01",
-				"${buildarch}", "x86_64").Replace(u)
+				"${buildarch}", "x86_64", "${platform}", "pcbios").Replace(u)
 			script := httpGet(t, u)
 			require.True(t, bytes.HasPrefix(script, []byte("#!ipxe\n")), "%s: %s", name, u)
 

@@ -23,12 +23,17 @@ type BootQuery struct {
 	MAC net.HardwareAddr
 	// Arch is iPXE's ${buildarch}: i386, x86_64 or arm64.
 	Arch string
+	// Platform is iPXE's ${platform}: pcbios or efi, the firmware the machine booted with; empty when not sent.
+	Platform string
 }
 
 var uuidRE = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 
 // knownArch lists iPXE build architectures we boot.
 var knownArch = map[string]bool{"i386": true, "x86_64": true, "arm64": true}
+
+// knownPlatform lists iPXE platforms (${platform}).
+var knownPlatform = map[string]bool{"pcbios": true, "efi": true}
 
 // ParseBootQuery validates a raw boot.ipxe query string. Each parameter may appear at most once.
 func ParseBootQuery(raw string) (BootQuery, error) {
@@ -75,6 +80,10 @@ func ParseBootQuery(raw string) (BootQuery, error) {
 		return q, fmt.Errorf("arch %q: %w", truncate(q.Arch), ErrBadQuery)
 	}
 
+	if q.Platform = vals.Get("platform"); q.Platform != "" && !knownPlatform[q.Platform] {
+		return q, fmt.Errorf("platform %q: %w", truncate(q.Platform), ErrBadQuery)
+	}
+
 	return q, nil
 }
 
@@ -98,6 +107,10 @@ func (q BootQuery) Encode() string {
 
 	if q.MAC != nil {
 		v.Set("mac", strings.ReplaceAll(q.MAC.String(), ":", "-"))
+	}
+
+	if q.Platform != "" {
+		v.Set("platform", q.Platform)
 	}
 
 	return v.Encode()

@@ -37,7 +37,7 @@ sleep 2
 goto probe_retry
 :chain
 imgfree probe ||
-chain {{.Base}}/ipxe/boot.ipxe?uuid=${uuid}&mac=${net${idx}/mac:hexhyp}&arch=${buildarch} ||
+chain {{.Base}}/ipxe/boot.ipxe?uuid=${uuid}&mac=${net${idx}/mac:hexhyp}&arch=${buildarch}&platform=${platform} ||
 echo outpost: no boot script for this machine, leaving it to the firmware
 exit 1
 :next

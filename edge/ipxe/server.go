@@ -119,6 +119,7 @@ type BootServed struct {
 	UUID         string
 	MAC          net.HardwareAddr
 	Arch         string
+	Platform     string
 	Mode         string
 	Remote       netip.Addr
 	TableVersion uint64
@@ -439,7 +440,7 @@ func (s *Server) serveBoot(w http.ResponseWriter, r *http.Request) {
 
 	if s.deps.Observer != nil && report {
 		s.deps.Observer.BootServed(BootServed{
-			UUID: q.UUID, MAC: q.MAC, Arch: q.Arch, Mode: mode, Remote: remoteAddr(r), TableVersion: e.Version,
+			UUID: q.UUID, MAC: q.MAC, Arch: q.Arch, Platform: q.Platform, Mode: mode, Remote: remoteAddr(r), TableVersion: e.Version,
 		})
 	}
 }

@@ -437,7 +437,7 @@ func TestConfigBeforeController(t *testing.T) {
 func FuzzParseBootQuery(f *testing.F) {
 	for _, s := range []string{
 		"uuid=" + uuidDisk + "&mac=52-54-00-12-34-56&arch=x86_64", "", "uuid=&mac=&arch=", "%", "a=b&a=c",
-		"mac=52:54:00:12:34:56:78:9a", strings.Repeat("&", 600),
+		"mac=52:54:00:12:34:56:78:9a", strings.Repeat("&", 600), "arch=x86_64&platform=efi", "platform=uboot",
 	} {
 		f.Add(s)
 	}

@@ -70,7 +70,7 @@ func (r *Recorder) fetch(f tftp.Fetch, via string) {
 
 // BootServed records a boot.ipxe answer.
 func (r *Recorder) BootServed(b ipxe.BootServed) {
-	ev := &bootpb.BootServed{Uuid: b.UUID, Arch: b.Arch, Mode: b.Mode, TableVersion: b.TableVersion}
+	ev := &bootpb.BootServed{Uuid: b.UUID, Arch: b.Arch, Platform: b.Platform, Mode: b.Mode, TableVersion: b.TableVersion}
 	if b.MAC != nil {
 		ev.Mac = b.MAC.String()
 	}

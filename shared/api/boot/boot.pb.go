@@ -1106,7 +1106,9 @@ type BootServed struct {
 	Mode     string `protobuf:"bytes,4,opt,name=mode,proto3" json:"mode,omitempty"`
 	RemoteIp string `protobuf:"bytes,5,opt,name=remote_ip,json=remoteIp,proto3" json:"remote_ip,omitempty"`
 	// table_version is the boot table version the answer came from.
-	TableVersion  uint64 `protobuf:"varint,6,opt,name=table_version,json=tableVersion,proto3" json:"table_version,omitempty"`
+	TableVersion uint64 `protobuf:"varint,6,opt,name=table_version,json=tableVersion,proto3" json:"table_version,omitempty"`
+	// platform is iPXE's ${platform}: "pcbios" or "efi" (the machine's firmware), empty when not sent.
+	Platform      string `protobuf:"bytes,7,opt,name=platform,proto3" json:"platform,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1181,6 +1183,13 @@ func (x *BootServed) GetTableVersion() uint64 {
 		return x.TableVersion
 	}
 	return 0
+}
+
+func (x *BootServed) GetPlatform() string {
+	if x != nil {
+		return x.Platform
+	}
+	return ""
 }
 
 // AgentTunnel: a machine's agent opened or closed its reverse tunnel at the edge.
@@ -1349,7 +1358,7 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\tremote_ip\x18\x01 \x01(\tR\bremoteIp\x12\x12\n" +
 	"\x04file\x18\x02 \x01(\tR\x04file\x12\x10\n" +
 	"\x03via\x18\x03 \x01(\tR\x03via\x12\x14\n" +
-	"\x05error\x18\x04 \x01(\tR\x05error\"\x9c\x01\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"\xb8\x01\n" +
 	"\n" +
 	"BootServed\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x10\n" +
@@ -1357,7 +1366,8 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\x04arch\x18\x03 \x01(\tR\x04arch\x12\x12\n" +
 	"\x04mode\x18\x04 \x01(\tR\x04mode\x12\x1b\n" +
 	"\tremote_ip\x18\x05 \x01(\tR\bremoteIp\x12#\n" +
-	"\rtable_version\x18\x06 \x01(\x04R\ftableVersion\"\xa1\x01\n" +
+	"\rtable_version\x18\x06 \x01(\x04R\ftableVersion\x12\x1a\n" +
+	"\bplatform\x18\a \x01(\tR\bplatform\"\xa1\x01\n" +
 	"\vAgentTunnel\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x12\n" +
