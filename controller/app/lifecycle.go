@@ -39,7 +39,7 @@ func newEdgeWiring(log *zap.Logger, conn machineaccess.ConnFunc) *edgeWiring {
 
 	return &edgeWiring{
 		locations: locations,
-		receiver:  bootplans.NewReceiver(log, locations, sites.SiteFromContext),
+		receiver:  bootplans.NewReceiver(log, locations, sites.SiteFromContext).WithInventory(locations),
 		plans:     plans,
 		pusher:    bootplans.NewTablePusher(plans),
 		clients:   &lifecycle.EdgeClients{Access: machineaccess.New(conn, locations), Sites: locations},
@@ -93,8 +93,10 @@ func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges
 	keeperMetrics := omni.NewKeeperMetrics()
 	metrics.MustRegister(lifecycleMetrics, edges.locations, keeperMetrics)
 
+	types := resources.NewTypes(cfg.Omni.ProviderID)
+
 	qcs, err := lifecycle.New(cfg.Lifecycle, lifecycle.Deps{
-		Types:   resources.NewTypes(cfg.Omni.ProviderID),
+		Types:   types,
 		Power:   edges.clients,
 		Agent:   edges.clients,
 		Sites:   edges.locations,
@@ -109,6 +111,11 @@ func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges
 	}
 
 	keeper, err := omni.NewKeeper(cfg.Omni, log, keeperMetrics, func(ctx context.Context, conn *omni.Connection) error {
+		// Where every machine is comes first: no decision is made on an empty view after a restart.
+		if err := edges.locations.Load(ctx, conn.State(), types); err != nil {
+			return err
+		}
+
 		rt, err := conn.NewRuntime(nil, qcs...)
 		if err != nil {
 			return err
@@ -129,6 +136,7 @@ func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges
 			return nil
 		})
 		eg.Go(func() error { return watcher.Run(ctx) })
+		eg.Go(func() error { return edges.locations.Persist(ctx, conn.State(), types) })
 
 		return eg.Wait()
 	})

@@ -250,3 +250,35 @@ func TestPushAndDiff(t *testing.T) {
 	require.False(t, d.GetReplaceKernelArgs())
 	require.True(t, d.GetReplaceConfig())
 }
+
+type inventoryRecorder struct {
+	site           string
+	tunnels, table []string
+}
+
+func (r *inventoryRecorder) Inventory(site string, tunnels, table []string) int {
+	r.site, r.tunnels, r.table = site, tunnels, table
+
+	return len(tunnels) - 1
+}
+
+func TestReceiverInventory(t *testing.T) {
+	t.Parallel()
+
+	rec := &inventoryRecorder{}
+	r := bootplans.NewReceiver(zaptest.NewLogger(t), bootplans.HandlerFunc(func(context.Context, string, *bootpb.Event) error { return nil }),
+		siteFromCtx).WithInventory(rec)
+
+	_, err := r.Inventory(t.Context(), &bootpb.InventoryRequest{})
+	require.Equal(t, codes.Unauthenticated, status.Code(err), "no site identity")
+
+	ctx := context.WithValue(t.Context(), siteKey{}, "site-a")
+
+	resp, err := r.Inventory(ctx, &bootpb.InventoryRequest{Tunnels: []string{"a", "b"}, Table: []string{"c"}})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, resp.GetRefused())
+	require.Equal(t, inventoryRecorder{site: "site-a", tunnels: []string{"a", "b"}, table: []string{"c"}}, *rec)
+
+	_, err = r.Inventory(ctx, &bootpb.InventoryRequest{Tunnels: make([]string, 1<<16+1)})
+	require.Equal(t, codes.InvalidArgument, status.Code(err), "bounded")
+}

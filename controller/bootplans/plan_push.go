@@ -46,6 +46,8 @@ func (t *TablePusher) Push(ctx context.Context, site string, plan Plan) (uint64,
 
 	tbl := t.table(site)
 
+	tbl.Removed = slices.DeleteFunc(tbl.Removed, func(u string) bool { return u == pb.GetUuid() })
+
 	i := slices.IndexFunc(tbl.Plans, func(p *bootpb.Plan) bool { return p.GetUuid() == pb.GetUuid() })
 	if i >= 0 {
 		tbl.Plans[i] = pb
@@ -108,9 +110,21 @@ func (t *TablePusher) table(site string) *bootpb.Table {
 	return tbl
 }
 
+// maxRemoved bounds the removals a site's table remembers for its edge (newest kept).
+const maxRemoved = 4096
+
+// remove takes a machine out of a site's table on purpose, and names it in the table's removed list so that
+// the edge drops it also from a snapshot (an edge keeps what a snapshot merely leaves out).
 func (t *TablePusher) remove(site, uuid string) {
 	tbl := t.table(site)
 	tbl.Plans = slices.DeleteFunc(tbl.Plans, func(p *bootpb.Plan) bool { return p.GetUuid() == uuid })
+
+	if !slices.Contains(tbl.Removed, uuid) {
+		tbl.Removed = append(tbl.Removed, uuid)
+		if len(tbl.Removed) > maxRemoved {
+			tbl.Removed = slices.Delete(tbl.Removed, 0, len(tbl.Removed)-maxRemoved)
+		}
+	}
 }
 
 // Table returns a copy of the desired table of site (nil when none).

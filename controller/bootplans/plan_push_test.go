@@ -125,6 +125,13 @@ func TestTablePusher(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, bootpb.DiskMethod_DISK_METHOD_IPXE_SANBOOT, siteB.table().GetPlans()[0].GetDiskMethod())
 	require.Eventually(t, func() bool { return len(siteA.table().GetPlans()) == 0 }, 10*time.Second, 10*time.Millisecond)
+	require.Equal(t, []string{id}, siteA.table().GetRemoved(), "the snapshot names it removed, so the edge drops it")
+
+	// back at site-a: no longer named removed there, named removed at site-b
+	_, err = push.Push(ctx, "site-a", bootplans.Plan{MachineID: id, Mode: bootplans.ModeDeny})
+	require.NoError(t, err)
+	require.Empty(t, siteA.table().GetRemoved())
+	require.Eventually(t, func() bool { return len(siteB.table().GetRemoved()) == 1 }, 10*time.Second, 10*time.Millisecond)
 
 	// no session: Push waits, bounded by its context
 	short, cancelShort := context.WithTimeout(ctx, 100*time.Millisecond)

@@ -31,6 +31,15 @@ func (f HandlerFunc) HandleEvent(ctx context.Context, site string, e *bootpb.Eve
 	return f(ctx, site, e)
 }
 
+// InventoryHandler reconciles what a site's edge holds at the start of a session (lifecycle.Locations);
+// it returns how many of the edge's claims it refused.
+type InventoryHandler interface {
+	Inventory(site string, tunnels, table []string) (refused int)
+}
+
+// maxInventory bounds each list of an inventory (an edge serves at most a few thousand machines).
+const maxInventory = 1 << 16
+
 // SiteFunc returns the authenticated site of a call (sites.SiteFromContext).
 type SiteFunc func(ctx context.Context) (string, bool)
 
@@ -40,9 +49,10 @@ type SiteFunc func(ctx context.Context) (string, bool)
 type Receiver struct {
 	bootpb.UnimplementedEventsServer
 
-	log     *zap.Logger
-	handler Handler
-	site    SiteFunc
+	log       *zap.Logger
+	handler   Handler
+	site      SiteFunc
+	inventory InventoryHandler
 
 	mu      sync.Mutex
 	streams map[streamKey]*streamState
@@ -61,6 +71,38 @@ func NewReceiver(logger *zap.Logger, handler Handler, site SiteFunc) *Receiver {
 		log: logger.With(zap.String("component", "bootplans-events")), handler: handler, site: site,
 		streams: map[streamKey]*streamState{},
 	}
+}
+
+// WithInventory makes the receiver hand edges' inventories to h (without it, they are acknowledged and
+// dropped).
+func (r *Receiver) WithInventory(h InventoryHandler) *Receiver {
+	r.inventory = h
+
+	return r
+}
+
+// Inventory implements bootpb.EventsServer: the calling site's edge says what it holds now.
+func (r *Receiver) Inventory(ctx context.Context, req *bootpb.InventoryRequest) (*bootpb.InventoryResponse, error) {
+	site, ok := r.site(ctx)
+	if !ok {
+		return nil, status.Error(codes.Unauthenticated, "no site identity on this call")
+	}
+
+	if len(req.GetTunnels()) > maxInventory || len(req.GetTable()) > maxInventory {
+		return nil, status.Errorf(codes.InvalidArgument, "inventory of %d tunnels and %d plans: at most %d each",
+			len(req.GetTunnels()), len(req.GetTable()), maxInventory)
+	}
+
+	if r.inventory == nil {
+		return &bootpb.InventoryResponse{}, nil
+	}
+
+	refused := r.inventory.Inventory(site, req.GetTunnels(), req.GetTable())
+
+	r.log.Info("edge inventory", zap.String("site", site), zap.Int("tunnels", len(req.GetTunnels())),
+		zap.Int("plans", len(req.GetTable())), zap.Int("refused", refused))
+
+	return &bootpb.InventoryResponse{Refused: uint32(refused)}, nil //nolint:gosec // bounded by maxInventory
 }
 
 // Register registers the Events service (it fits sites.Options.Register).

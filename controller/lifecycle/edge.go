@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"time"
 
 	agentpb "github.com/siderolabs/talos-metal-agent/api/agent"
 
@@ -52,6 +53,12 @@ type Location struct {
 	Arch string
 	// Firmware is "bios" or "uefi" as the machine's PXE request reported it ("" when unknown).
 	Firmware string
+	// FirmwareSource says where Firmware came from: "ipxe" (its own boot script request), "dhcp", "operator".
+	FirmwareSource string
+	// MACs are the interfaces the machine was seen booting from.
+	MACs []string
+	// LastSeen is when its site's edge last reported it.
+	LastSeen time.Time
 }
 
 // SiteLocator tells which site a machine is at.

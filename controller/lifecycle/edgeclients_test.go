@@ -105,7 +105,7 @@ func TestEdgeClientsOverGRPC(t *testing.T) {
 	locs := lifecycle.NewLocations(zaptest.NewLogger(t))
 	_, err = locs.Seen("site-a", id)
 	require.NoError(t, err)
-	locs.SetFirmware(id, "uefi")
+	locs.SetFirmware(id, "uefi", "ipxe")
 
 	access := machineaccess.New(func(site string) (grpc.ClientConnInterface, error) {
 		if site != "site-a" {

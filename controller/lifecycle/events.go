@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -33,12 +34,23 @@ func (l *Locations) HandleEvent(_ context.Context, site string, e *bootpb.Event)
 		}
 
 		l.SetArch(id, k.BootServed.GetArch())
+		l.AddMAC(id, k.BootServed.GetMac())
+
+		switch k.BootServed.GetPlatform() {
+		case "pcbios":
+			l.SetFirmware(id, "bios", "ipxe")
+		case "efi":
+			l.SetFirmware(id, "uefi", "ipxe")
+		}
 
 		if fw, ok := l.firmwareOfMAC(k.BootServed.GetMac()); ok {
-			l.SetFirmware(id, fw)
+			l.SetFirmware(id, fw, "dhcp")
 		}
 	case *bootpb.Event_AgentTunnel:
-		if err := l.AgentConnected(site, strings.ToLower(k.AgentTunnel.GetMachineId()), k.AgentTunnel.GetOpen()); err != nil {
+		switch err := l.AgentConnected(site, strings.ToLower(k.AgentTunnel.GetMachineId()), k.AgentTunnel.GetOpen()); {
+		case errors.Is(err, ErrClaimRefused):
+			l.reject(site, "claim_from_other_site", err)
+		case err != nil:
 			l.reject(site, "bad_machine_id", err)
 		}
 	case *bootpb.Event_DhcpSeen:
@@ -54,7 +66,7 @@ func (l *Locations) HandleEvent(_ context.Context, site string, e *bootpb.Event)
 		}
 
 		l.SetFirmwareByMAC(k.DhcpSeen.GetMac(), fw)
-		l.SetFirmware(strings.ToLower(k.DhcpSeen.GetUuid()), fw)
+		l.SetFirmware(strings.ToLower(k.DhcpSeen.GetUuid()), fw, "dhcp")
 	case *bootpb.Event_PxeSeen:
 		// names no machine
 	default:

@@ -25,30 +25,37 @@ func TestLocationsFromEdgeEvents(t *testing.T) {
 		name string
 		site string
 		ev   *bootpb.Event
-		want lifecycle.Location
+		want where
 	}{
-		{name: "boot served", site: "site-a", want: lifecycle.Location{SiteID: "site-a", Arch: "amd64"},
+		{name: "boot served", site: "site-a", want: where{SiteID: "site-a", Arch: "amd64"},
 			ev: &bootpb.Event{Kind: &bootpb.Event_BootServed{BootServed: &bootpb.BootServed{Uuid: "4C4C4544-0042-3510-8052-B4C04F384833", Arch: "x86_64", Mode: "agent"}}}},
-		{name: "dhcp firmware", site: "site-a", want: lifecycle.Location{SiteID: "site-a", Arch: "amd64", Firmware: "uefi"},
+		{name: "dhcp firmware", site: "site-a", want: where{SiteID: "site-a", Arch: "amd64", Firmware: "uefi", Source: "dhcp"},
 			ev: &bootpb.Event{Kind: &bootpb.Event_DhcpSeen{DhcpSeen: &bootpb.DHCPSeen{Uuid: id, Firmware: "uefi-x86"}}}},
-		{name: "agent tunnel open", site: "site-a", want: lifecycle.Location{SiteID: "site-a", Arch: "amd64", Firmware: "uefi", AgentConnected: true},
+		{name: "agent tunnel open", site: "site-a", want: where{SiteID: "site-a", Arch: "amd64", Firmware: "uefi", Source: "dhcp", AgentConnected: true},
 			ev: &bootpb.Event{Kind: &bootpb.Event_AgentTunnel{AgentTunnel: &bootpb.AgentTunnel{MachineId: id, Open: true}}}},
-		{name: "stale close from another site", site: "site-b", want: lifecycle.Location{SiteID: "site-a", Arch: "amd64", Firmware: "uefi", AgentConnected: true},
+		{name: "a tunnel at another site is a claim, refused", site: "site-b", want: where{SiteID: "site-a", Arch: "amd64", Firmware: "uefi", Source: "dhcp", AgentConnected: true},
+			ev: &bootpb.Event{Kind: &bootpb.Event_AgentTunnel{AgentTunnel: &bootpb.AgentTunnel{MachineId: id, Open: true}}}},
+		{name: "stale close from another site", site: "site-b", want: where{SiteID: "site-a", Arch: "amd64", Firmware: "uefi", Source: "dhcp", AgentConnected: true},
 			ev: &bootpb.Event{Kind: &bootpb.Event_AgentTunnel{AgentTunnel: &bootpb.AgentTunnel{MachineId: id, Open: false}}}},
-		{name: "garbage uuid dropped", site: "site-b", want: lifecycle.Location{SiteID: "site-a", Arch: "amd64", Firmware: "uefi", AgentConnected: true},
+		{name: "garbage uuid dropped", site: "site-b", want: where{SiteID: "site-a", Arch: "amd64", Firmware: "uefi", Source: "dhcp", AgentConnected: true},
 			ev: &bootpb.Event{Kind: &bootpb.Event_BootServed{BootServed: &bootpb.BootServed{Uuid: "../../../etc/passwd"}}}},
-		{name: "moves to another site", site: "site-b", want: lifecycle.Location{SiteID: "site-b", Arch: "amd64", Firmware: "uefi"},
+		{name: "moves to another site on boot evidence", site: "site-b", want: where{SiteID: "site-b", Arch: "amd64", Firmware: "uefi", Source: "dhcp"},
 			ev: &bootpb.Event{Kind: &bootpb.Event_BootServed{BootServed: &bootpb.BootServed{Uuid: id, Arch: "x86_64"}}}},
-		{name: "empty event dropped", site: "site-b", want: lifecycle.Location{SiteID: "site-b", Arch: "amd64", Firmware: "uefi"},
+		{name: "its own boot request says bios", site: "site-b", want: where{SiteID: "site-b", Arch: "amd64", Firmware: "bios", Source: "ipxe"},
+			ev: &bootpb.Event{Kind: &bootpb.Event_BootServed{BootServed: &bootpb.BootServed{Uuid: id, Arch: "x86_64", Platform: "pcbios"}}}},
+		{name: "a dhcp answer does not override the boot request", site: "site-b", want: where{SiteID: "site-b", Arch: "amd64", Firmware: "bios", Source: "ipxe"},
+			ev: &bootpb.Event{Kind: &bootpb.Event_DhcpSeen{DhcpSeen: &bootpb.DHCPSeen{Uuid: id, Firmware: "uefi-x86"}}}},
+		{name: "empty event dropped", site: "site-b", want: where{SiteID: "site-b", Arch: "amd64", Firmware: "bios", Source: "ipxe"},
 			ev: &bootpb.Event{}},
 	} {
 		require.NoError(t, l.HandleEvent(ctx, tc.site, tc.ev), tc.name)
 
 		got, ok := l.Locate(id)
 		require.True(t, ok, tc.name)
-		require.Equal(t, tc.want, got, tc.name)
+		require.Equal(t, tc.want, whereOf(got), tc.name)
 	}
 
+	require.Equal(t, 1.0, l.Rejected("claim_from_other_site"))
 	require.Equal(t, 1.0, l.Rejected("bad_machine_id"))
 	require.Equal(t, 1.0, l.Rejected("machine_moved"))
 	require.Equal(t, 1.0, l.Rejected("unknown_event"))
@@ -71,5 +78,17 @@ func TestFirmwareFromDHCPBeforeTheMachineIsPlaced(t *testing.T) {
 
 	loc, ok := l.Locate(id)
 	require.True(t, ok)
-	require.Equal(t, lifecycle.Location{SiteID: "site-a", Arch: "amd64", Firmware: "bios"}, loc)
+	require.Equal(t, where{SiteID: "site-a", Arch: "amd64", Firmware: "bios", Source: "dhcp"}, whereOf(loc))
+	require.Equal(t, []string{"52:54:00:aa:bb:01"}, loc.MACs)
+	require.False(t, loc.LastSeen.IsZero())
+}
+
+// where is the part of a Location the event tests compare.
+type where struct {
+	SiteID, Arch, Firmware, Source string
+	AgentConnected                 bool
+}
+
+func whereOf(l lifecycle.Location) where {
+	return where{SiteID: l.SiteID, Arch: l.Arch, Firmware: l.Firmware, Source: l.FirmwareSource, AgentConnected: l.AgentConnected}
 }

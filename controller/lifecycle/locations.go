@@ -3,8 +3,11 @@ package lifecycle
 import (
 	"errors"
 	"fmt"
+	"net"
+	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -13,22 +16,35 @@ import (
 // ErrBadMachineID means an edge event named a machine ID that is not an SMBIOS UUID.
 var ErrBadMachineID = errors.New("machine id is not a uuid")
 
-// Locations is an in-memory SiteLocator fed from edge events: where each machine was last seen and whether
-// its agent tunnel is open there. A machine that shows up at a second site moves there, with a warning.
-// It is safe for concurrent use.
+// Locations is the SiteLocator fed from edge events: where each machine was last seen, how it boots and
+// whether its agent tunnel is open there. It is kept in memory for the lifecycle's reads and made durable in
+// Omni (MachineLocation records, see Load and Persist), so a restarted controller knows every machine's site
+// before any edge speaks again. A machine moves to another site only on boot evidence there (its boot script
+// served); an agent tunnel claiming a machine located elsewhere is refused and counted. It is safe for
+// concurrent use.
 type Locations struct {
 	logger   *zap.Logger
 	rejected *prometheus.CounterVec
+	now      func() time.Time
 
 	mu       sync.Mutex
 	machines map[string]*Location
 	// firmwareByMAC is the firmware each MAC's DHCP requests announced; a machine's first boot script ties its
 	// UUID to its MAC. (DHCP's own UUID, option 97, is in the client's byte order and cannot be trusted.)
 	firmwareByMAC map[string]string
+	// dirty are the machines whose record must be written to Omni; changed wakes Persist.
+	dirty   map[string]bool
+	changed chan struct{}
+	// loaded is closed once Load has merged the records kept in Omni.
+	loaded     chan struct{}
+	loadedOnce sync.Once
 }
 
 // maxTrackedMACs bounds firmwareByMAC; a flood of made-up MACs resets it.
 const maxTrackedMACs = 65536
+
+// maxMACsPerMachine bounds the MACs kept per machine.
+const maxMACsPerMachine = 8
 
 // NewLocations returns an empty locator.
 func NewLocations(logger *zap.Logger) *Locations {
@@ -36,10 +52,24 @@ func NewLocations(logger *zap.Logger) *Locations {
 		logger:        logger.With(zap.String("component", "machine_locations")),
 		machines:      map[string]*Location{},
 		firmwareByMAC: map[string]string{},
+		dirty:         map[string]bool{},
+		changed:       make(chan struct{}, 1),
+		loaded:        make(chan struct{}),
+		now:           time.Now,
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "outpost", Subsystem: "lifecycle", Name: "edge_events_rejected_total",
 			Help: "Edge events about machines that were not used, by reason.",
 		}, []string{"reason"}),
+	}
+}
+
+// markLocked records that machineID's record must be written; l.mu is held.
+func (l *Locations) markLocked(machineID string) {
+	l.dirty[machineID] = true
+
+	select {
+	case l.changed <- struct{}{}:
+	default:
 	}
 }
 
@@ -64,8 +94,8 @@ func checkID(machineID string) error {
 	return nil
 }
 
-// Seen records that siteID's edge saw machineID (PXE or DHCP request, agent tunnel). It reports whether the
-// machine moved from another site.
+// Seen records that siteID's edge served machineID its boot script: boot evidence, which places the machine
+// at that site (moving it from another site, with a warning). It reports whether the machine moved.
 func (l *Locations) Seen(siteID, machineID string) (moved bool, err error) {
 	if err = checkID(machineID); err != nil {
 		return false, err
@@ -76,32 +106,36 @@ func (l *Locations) Seen(siteID, machineID string) (moved bool, err error) {
 
 	cur, ok := l.machines[machineID]
 	if ok && cur.SiteID == siteID {
+		cur.LastSeen = l.now()
+		l.markLocked(machineID)
+
 		return false, nil
 	}
 
 	if ok {
-		l.logger.Warn("machine moved to another site", zap.String("machine", machineID),
+		l.logger.Warn("machine moved to another site on boot evidence", zap.String("machine", machineID),
 			zap.String("from_site", cur.SiteID), zap.String("to_site", siteID))
 	}
 
-	next := &Location{SiteID: siteID}
+	next := &Location{SiteID: siteID, LastSeen: l.now()}
 	if ok {
-		next.Arch, next.Firmware = cur.Arch, cur.Firmware
+		next.Arch, next.Firmware, next.FirmwareSource = cur.Arch, cur.Firmware, cur.FirmwareSource
 	}
 
 	l.machines[machineID] = next
+	l.markLocked(machineID)
 
 	return ok, nil
 }
 
-// AgentConnected records an agent tunnel opening or closing at siteID. An open tunnel also means the machine
-// is at that site; a close reported by a site the machine has left is stale and ignored.
+// ErrClaimRefused means an edge claimed a machine the controller knows at another site without boot evidence.
+var ErrClaimRefused = errors.New("machine is located at another site")
+
+// AgentConnected records an agent tunnel opening or closing at siteID. An open tunnel places a machine not
+// located anywhere yet at that site; a tunnel at a site other than the machine's is a claim, refused
+// (ErrClaimRefused), and a close reported by a site the machine has left is stale and ignored.
 func (l *Locations) AgentConnected(siteID, machineID string, connected bool) error {
-	if connected {
-		if _, err := l.Seen(siteID, machineID); err != nil {
-			return err
-		}
-	} else if err := checkID(machineID); err != nil {
+	if err := checkID(machineID); err != nil {
 		return err
 	}
 
@@ -109,11 +143,27 @@ func (l *Locations) AgentConnected(siteID, machineID string, connected bool) err
 	defer l.mu.Unlock()
 
 	cur, ok := l.machines[machineID]
-	if !ok || cur.SiteID != siteID {
+
+	switch {
+	case !ok && connected:
+		cur = &Location{SiteID: siteID}
+		l.machines[machineID] = cur
+	case !ok:
+		return nil
+	case cur.SiteID != siteID && connected:
+		return fmt.Errorf("%w: tunnel for %s at site %s, machine at site %s", ErrClaimRefused, machineID, siteID, cur.SiteID)
+	case cur.SiteID != siteID:
 		return nil
 	}
 
-	cur.AgentConnected = connected
+	if connected {
+		cur.LastSeen = l.now()
+	}
+
+	if cur.AgentConnected != connected || connected {
+		cur.AgentConnected = connected
+		l.markLocked(machineID)
+	}
 
 	return nil
 }
@@ -132,23 +182,61 @@ func (l *Locations) SetArch(machineID, arch string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 
-	if cur, ok := l.machines[machineID]; ok {
+	if cur, ok := l.machines[machineID]; ok && cur.Arch != arch {
 		cur.Arch = arch
+		l.markLocked(machineID)
 	}
 }
 
-// SetFirmware records the firmware a machine's PXE request reported ("bios" or "uefi"; others are ignored).
-func (l *Locations) SetFirmware(machineID, firmware string) {
-	if firmware != "bios" && firmware != "uefi" {
+// firmwareRank orders firmware sources: a machine's own boot request beats a DHCP answer tied to it by MAC;
+// an operator's word beats both.
+var firmwareRank = map[string]int{"dhcp": 1, "ipxe": 2, "operator": 3}
+
+// SetFirmware records the firmware ("bios" or "uefi"; others are ignored) a source reported: "ipxe" (iPXE's
+// ${platform} in the boot request), "dhcp" (option 93) or "operator". A weaker source never overrides a
+// stronger one.
+func (l *Locations) SetFirmware(machineID, firmware, source string) {
+	if (firmware != "bios" && firmware != "uefi") || firmwareRank[source] == 0 {
 		return
 	}
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
 
-	if cur, ok := l.machines[machineID]; ok {
-		cur.Firmware = firmware
+	cur, ok := l.machines[machineID]
+	if !ok || firmwareRank[source] < firmwareRank[cur.FirmwareSource] {
+		return
 	}
+
+	if cur.Firmware != firmware || cur.FirmwareSource != source {
+		cur.Firmware, cur.FirmwareSource = firmware, source
+		l.markLocked(machineID)
+	}
+}
+
+// AddMAC records an interface machineID was seen booting from (bounded per machine).
+func (l *Locations) AddMAC(machineID, mac string) {
+	hw, err := net.ParseMAC(mac)
+	if err != nil || len(hw) != 6 {
+		return
+	}
+
+	mac = hw.String()
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+
+	cur, ok := l.machines[machineID]
+	if !ok || slices.Contains(cur.MACs, mac) {
+		return
+	}
+
+	cur.MACs = append(cur.MACs, mac)
+	if len(cur.MACs) > maxMACsPerMachine {
+		cur.MACs = cur.MACs[len(cur.MACs)-maxMACsPerMachine:]
+	}
+
+	l.markLocked(machineID)
 }
 
 // SetFirmwareByMAC records the firmware a MAC's DHCP request announced.
@@ -182,12 +270,72 @@ func (l *Locations) SiteOffline(siteID string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 
-	for _, loc := range l.machines {
-		if loc.SiteID == siteID {
+	for id, loc := range l.machines {
+		if loc.SiteID == siteID && loc.AgentConnected {
 			loc.AgentConnected = false
+			l.markLocked(id)
 		}
 	}
 }
+
+// Inventory reconciles what siteID's edge holds now (reported at the start of every session) with what the
+// controller knows: the machines whose agent tunnels are open there are connected (and placed there when
+// located nowhere); every other machine located there is not; machines in the edge's boot table that the
+// controller does not know are placed there (the table came from a controller that knew them). Claims on
+// machines located at another site are refused and counted. It returns how many claims were refused.
+func (l *Locations) Inventory(siteID string, tunnels, table []string) (refused int) {
+	open := map[string]bool{}
+
+	for _, id := range tunnels {
+		id = strings.ToLower(id)
+		if err := l.AgentConnected(siteID, id, true); err != nil {
+			l.reject(siteID, "inventory_claim", err)
+			refused++
+
+			continue
+		}
+
+		open[id] = true
+	}
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+
+	for id, loc := range l.machines {
+		if loc.SiteID == siteID && loc.AgentConnected && !open[id] {
+			loc.AgentConnected = false
+			l.markLocked(id)
+		}
+	}
+
+	for _, id := range table {
+		id = strings.ToLower(id)
+		if checkID(id) != nil {
+			continue
+		}
+
+		if _, ok := l.machines[id]; !ok {
+			l.machines[id] = &Location{SiteID: siteID}
+			l.markLocked(id)
+		}
+	}
+
+	return refused
+}
+
+// Forget drops a machine removed from Omni; its record is deleted by Persist.
+func (l *Locations) Forget(machineID string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+
+	if _, ok := l.machines[machineID]; ok {
+		delete(l.machines, machineID)
+		l.markLocked(machineID)
+	}
+}
+
+// Loaded is closed once the records kept in Omni have been merged (Load).
+func (l *Locations) Loaded() <-chan struct{} { return l.loaded }
 
 // Locate implements SiteLocator.
 func (l *Locations) Locate(machineID string) (Location, bool) {
@@ -199,7 +347,28 @@ func (l *Locations) Locate(machineID string) (Location, bool) {
 		return Location{}, false
 	}
 
-	return *cur, true
+	out := *cur
+	out.MACs = slices.Clone(cur.MACs)
+
+	return out, true
+}
+
+// AtSite returns the machines located at siteID.
+func (l *Locations) AtSite(siteID string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+
+	var out []string
+
+	for id, loc := range l.machines {
+		if loc.SiteID == siteID {
+			out = append(out, id)
+		}
+	}
+
+	slices.Sort(out)
+
+	return out
 }
 
 // SiteOf returns the site machineID was last seen at (the machineaccess.Locator shape).

@@ -1,13 +1,21 @@
 package lifecycle_test
 
 import (
+	"context"
 	"testing"
+	"time"
 
+	"github.com/cosi-project/runtime/pkg/resource"
+	"github.com/cosi-project/runtime/pkg/state"
+	"github.com/cosi-project/runtime/pkg/state/impl/inmem"
+	"github.com/cosi-project/runtime/pkg/state/impl/namespaced"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/resources"
+	"github.com/outpost-metal/outpost/controller/resources/specs"
 )
 
 func TestLocations(t *testing.T) {
@@ -53,12 +61,116 @@ func TestLocations(t *testing.T) {
 	}
 }
 
+// must returns a located machine's Location without the time it was last seen (compared separately).
 func must(loc lifecycle.Location, ok bool) lifecycle.Location {
 	if !ok {
 		panic("not located")
 	}
 
+	loc.LastSeen = time.Time{}
+
 	return loc
+}
+
+// Locations persisted in Omni survive a restart: a new Locations loads them before anything else, and edge
+// reports since the start win over the records.
+func TestLocationsPersistAndLoad(t *testing.T) {
+	t.Parallel()
+
+	const (
+		a = "4c4c4544-0042-3510-8052-b4c04f384833"
+		b = "4c4c4544-0042-3510-8052-b4c04f384834"
+	)
+
+	st := state.WrapCore(namespaced.NewState(inmem.Build))
+	types := resources.NewTypes("bare-metal")
+	require.NoError(t, types.Register())
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+
+	first := lifecycle.NewLocations(zaptest.NewLogger(t))
+	done := make(chan error, 1)
+
+	go func() { done <- first.Persist(ctx, st, types) }()
+
+	_, err := first.Seen("site-a", a)
+	require.NoError(t, err)
+	first.SetArch(a, "x86_64")
+	first.SetFirmware(a, "uefi", "ipxe")
+	first.AddMAC(a, "52:54:00:AA:00:01")
+	require.NoError(t, first.AgentConnected("site-b", b, true))
+
+	require.Eventually(t, func() bool {
+		list, err := st.List(ctx, types.NewMachineLocation("").Metadata())
+
+		return err == nil && len(list.Items) == 2
+	}, 5*time.Second, 5*time.Millisecond, "both records written")
+
+	// a record of a newer controller and a garbage record are left alone
+	require.NoError(t, st.Create(ctx, func() resource.Resource {
+		r := types.NewMachineLocation("4c4c4544-0042-3510-8052-b4c04f384899")
+		r.TypedSpec().Value = &specs.MachineLocationSpec{SiteId: "site-x", Schema: resources.MachineLocationSchema + 1}
+
+		return r
+	}()))
+	require.NoError(t, st.Create(ctx, types.NewMachineLocation("not-a-uuid")))
+
+	cancel()
+	require.NoError(t, <-done)
+
+	// the restarted controller: site-b's edge has already said b's tunnel is closed
+	second := lifecycle.NewLocations(zaptest.NewLogger(t))
+	require.NoError(t, second.AgentConnected("site-b", b, true))
+	require.NoError(t, second.AgentConnected("site-b", b, false))
+	require.NoError(t, second.Load(t.Context(), st, types))
+
+	select {
+	case <-second.Loaded():
+	default:
+		t.Fatal("Loaded not closed after Load")
+	}
+
+	require.Equal(t, lifecycle.Location{SiteID: "site-a", Arch: "amd64", Firmware: "uefi", FirmwareSource: "ipxe", MACs: []string{"52:54:00:aa:00:01"}},
+		must(second.Locate(a)))
+	require.Equal(t, lifecycle.Location{SiteID: "site-b"}, must(second.Locate(b)), "what the edge said since the start wins")
+
+	_, ok := second.Locate("4c4c4544-0042-3510-8052-b4c04f384899")
+	require.False(t, ok, "a newer controller's record is not used")
+	require.Equal(t, []string{a}, second.AtSite("site-a"))
+}
+
+// An edge's inventory at session start sets agent presence for its site and places machines its boot table
+// holds; it cannot claim a machine located at another site.
+func TestLocationsInventory(t *testing.T) {
+	t.Parallel()
+
+	const (
+		here     = "4c4c4544-0042-3510-8052-b4c04f384841"
+		gone     = "4c4c4544-0042-3510-8052-b4c04f384842"
+		table    = "4c4c4544-0042-3510-8052-b4c04f384843"
+		elsewere = "4c4c4544-0042-3510-8052-b4c04f384844"
+	)
+
+	l := lifecycle.NewLocations(zaptest.NewLogger(t))
+
+	for _, id := range []string{here, gone} {
+		_, err := l.Seen("site-a", id)
+		require.NoError(t, err)
+		require.NoError(t, l.AgentConnected("site-a", id, true))
+	}
+
+	_, err := l.Seen("site-b", elsewere)
+	require.NoError(t, err)
+
+	refused := l.Inventory("site-a", []string{here, elsewere}, []string{table, "garbage"})
+	require.Equal(t, 1, refused)
+
+	require.True(t, must(l.Locate(here)).AgentConnected)
+	require.False(t, must(l.Locate(gone)).AgentConnected, "a tunnel the edge no longer holds is closed")
+	require.Equal(t, "site-a", must(l.Locate(table)).SiteID, "a machine in the edge's table is placed there")
+	require.Equal(t, lifecycle.Location{SiteID: "site-b"}, must(l.Locate(elsewere)), "a claim does not move a machine")
+	require.Equal(t, 1.0, l.Rejected("inventory_claim"))
 }
 
 func FuzzLocationsSeen(f *testing.F) {

@@ -46,6 +46,16 @@ type MachineObservation = typed.Resource[MachineObservationSpec, lifecycleExtens
 // MachineObservationSpec wraps specs.MachineObservationSpec.
 type MachineObservationSpec = protobuf.ResourceSpec[specs.MachineObservationSpec, *specs.MachineObservationSpec]
 
+// MachineLocation is where a machine was last seen and how it boots (ID = machine UUID): the controller's
+// durable knowledge of machines, loaded before any decision after a restart.
+type MachineLocation = typed.Resource[MachineLocationSpec, lifecycleExtension]
+
+// MachineLocationSpec wraps specs.MachineLocationSpec.
+type MachineLocationSpec = protobuf.ResourceSpec[specs.MachineLocationSpec, *specs.MachineLocationSpec]
+
+// MachineLocationSchema is the MachineLocationSpec format this controller writes and understands.
+const MachineLocationSchema = 1
+
 // lifecycleExtension gives the lifecycle resources a resource definition. Their real type names depend on
 // the provider ID and are carried by each resource's metadata (see Types); the definition is informational.
 type lifecycleExtension struct{}
@@ -64,6 +74,8 @@ type Types struct {
 	PowerOperation     resource.Type
 	RebootStatus       resource.Type
 	MachineObservation resource.Type
+	// MachineLocation is not among All: a location reaches the lifecycle through the SiteLocator.
+	MachineLocation resource.Type
 }
 
 // NewTypes returns the resource types of provider providerID.
@@ -76,6 +88,7 @@ func NewTypes(providerID string) Types {
 		PowerOperation:     infra.ResourceType("PowerOperation", providerID),
 		RebootStatus:       infra.ResourceType("RebootStatus", providerID),
 		MachineObservation: infra.ResourceType("MachineObservation", providerID),
+		MachineLocation:    infra.ResourceType("MachineLocation", providerID),
 	}
 }
 
@@ -93,6 +106,7 @@ func (t Types) Register() error {
 		protobuf.RegisterResource(t.PowerOperation, t.NewPowerOperation("")),
 		protobuf.RegisterResource(t.RebootStatus, t.NewRebootStatus("")),
 		protobuf.RegisterResource(t.MachineObservation, t.NewMachineObservation("")),
+		protobuf.RegisterResource(t.MachineLocation, t.NewMachineLocation("")),
 	} {
 		if err != nil && !strings.Contains(err.Error(), "already registered") {
 			return err
@@ -134,4 +148,10 @@ func (t Types) NewRebootStatus(id string) *RebootStatus {
 func (t Types) NewMachineObservation(id string) *MachineObservation {
 	return typed.NewResource[MachineObservationSpec, lifecycleExtension](t.md(t.MachineObservation, id),
 		protobuf.NewResourceSpec(&specs.MachineObservationSpec{}))
+}
+
+// NewMachineLocation returns an empty MachineLocation for machine id.
+func (t Types) NewMachineLocation(id string) *MachineLocation {
+	return typed.NewResource[MachineLocationSpec, lifecycleExtension](t.md(t.MachineLocation, id),
+		protobuf.NewResourceSpec(&specs.MachineLocationSpec{}))
 }

@@ -108,7 +108,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	}
 	defer httpSrv.Close() //nolint:errcheck
 
-	for _, cs := range [][]prometheus.Collector{tunnels.Collectors(), bmcs.Collectors(), store.Collectors()} {
+	for _, cs := range [][]prometheus.Collector{tunnels.Collectors(), bmcs.Collectors(), store.Collectors(), table.Collectors()} {
 		metrics.MustRegister(cs...)
 	}
 
@@ -123,7 +123,10 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		ServerOptions: []grpc.ServerOption{tunnels.ServerOption()},
 		OnSession: []uplink.SessionFunc{
 			func(ctx context.Context, conn grpc.ClientConnInterface) error {
-				return jrnl.Deliver(ctx, bootpb.NewEventsClient(conn))
+				events := bootpb.NewEventsClient(conn)
+				reportInventory(ctx, events, tunnels, table, log)
+
+				return jrnl.Deliver(ctx, events)
 			},
 			fetcher.OnSession,
 		},
@@ -187,6 +190,23 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	)
 
 	return eg.Wait()
+}
+
+// reportInventory tells the controller what the edge holds at the start of a session: the open agent tunnels
+// and the machines of the boot table, so a restarted controller knows the site at once. A controller that
+// does not know the call, or fails it, is logged; the session goes on (events still arrive through the journal).
+func reportInventory(ctx context.Context, events bootpb.EventsClient, tunnels *tunnel.Server, table *boot.Table, log *zap.Logger) {
+	req := &bootpb.InventoryRequest{Tunnels: tunnels.Open(), Table: table.UUIDs(), TableVersion: table.Version()}
+
+	resp, err := events.Inventory(ctx, req)
+	if err != nil {
+		log.Warn("inventory not taken by the controller", zap.Error(err))
+
+		return
+	}
+
+	log.Info("inventory reported", zap.Int("tunnels", len(req.GetTunnels())), zap.Int("plans", len(req.GetTable())),
+		zap.Uint32("refused_by_controller", resp.GetRefused()))
 }
 
 // factoryClient fetches assets from upstream (the image factory) under the cache policy.

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
 
@@ -57,6 +58,9 @@ type Table struct {
 
 	applyMu sync.Mutex
 	cur     atomic.Pointer[snapshot]
+
+	// kept counts plans a snapshot left out without removing them, which the table kept.
+	kept prometheus.Counter
 }
 
 type snapshot struct {
@@ -76,7 +80,13 @@ func Open(cfg Config, logger *zap.Logger) (*Table, error) {
 		return nil, fmt.Errorf("create state dir: %w", err)
 	}
 
-	t := &Table{path: filepath.Join(cfg.StateDir, FileName), log: logger.With(zap.String("component", "boot-table"))}
+	t := &Table{
+		path: filepath.Join(cfg.StateDir, FileName), log: logger.With(zap.String("component", "boot-table")),
+		kept: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outpost_edge_boot_plans_kept_total",
+			Help: "Plans a boot table snapshot left out without removing them, kept by the edge.",
+		}),
+	}
 
 	data, err := os.ReadFile(t.path)
 
@@ -110,6 +120,18 @@ func (t *Table) Version() uint64 {
 	return t.cur.Load().table.GetVersion()
 }
 
+// UUIDs returns the machine IDs the table holds plans for.
+func (t *Table) UUIDs() []string {
+	plans := t.cur.Load().table.GetPlans()
+	out := make([]string, 0, len(plans))
+
+	for _, p := range plans {
+		out = append(out, p.GetUuid())
+	}
+
+	return out
+}
+
 // Apply applies a snapshot or a delta, persists the result and only then makes it visible.
 // It returns the new version (the acknowledgement).
 func (t *Table) Apply(req *bootpb.ApplyRequest) (uint64, error) {
@@ -123,6 +145,7 @@ func (t *Table) Apply(req *bootpb.ApplyRequest) (uint64, error) {
 	switch {
 	case req.GetSnapshot() != nil:
 		next = proto.Clone(req.GetSnapshot()).(*bootpb.Table) //nolint:forcetypeassert
+		t.keepLeftOut(cur, next)
 	case req.GetDelta() != nil:
 		d := req.GetDelta()
 		if d.GetBaseVersion() != cur.GetVersion() {
@@ -154,6 +177,41 @@ func (t *Table) Apply(req *bootpb.ApplyRequest) (uint64, error) {
 
 	return next.GetVersion(), nil
 }
+
+// keepLeftOut adds to next every plan of cur that the snapshot next neither holds nor names as removed, and
+// clears next's removed list (it is an instruction, not state). A controller that restarted and does not know
+// all of this site's machines yet must not make them boot agent mode instead of their disks.
+func (t *Table) keepLeftOut(cur, next *bootpb.Table) {
+	have, removed := map[string]bool{}, map[string]bool{}
+
+	for _, p := range next.GetPlans() {
+		have[NormalizeUUID(p.GetUuid())] = true
+	}
+
+	for _, u := range next.GetRemoved() {
+		removed[NormalizeUUID(u)] = true
+	}
+
+	next.Removed = nil
+
+	var kept []string
+
+	for _, p := range cur.GetPlans() {
+		if !have[p.GetUuid()] && !removed[p.GetUuid()] {
+			next.Plans = append(next.Plans, proto.Clone(p).(*bootpb.Plan)) //nolint:forcetypeassert
+			kept = append(kept, p.GetUuid())
+		}
+	}
+
+	if len(kept) > 0 {
+		t.kept.Add(float64(len(kept)))
+		t.log.Warn("boot table snapshot leaves out machines this edge holds; their plans are kept until the controller removes them",
+			zap.Int("kept", len(kept)), zap.Strings("machines", kept[:min(len(kept), 20)]))
+	}
+}
+
+// Collectors returns the table's metrics for the caller to register.
+func (t *Table) Collectors() []prometheus.Collector { return []prometheus.Collector{t.kept} }
 
 func applyDelta(cur *bootpb.Table, d *bootpb.Delta) *bootpb.Table {
 	next := proto.Clone(cur).(*bootpb.Table) //nolint:forcetypeassert

@@ -5,8 +5,10 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
@@ -190,4 +192,43 @@ func TestServiceOverGRPC(t *testing.T) {
 
 	_, err = c.Apply(ctx, &bootpb.ApplyRequest{})
 	require.Equal(t, codes.InvalidArgument, status.Code(err))
+}
+
+// A snapshot that leaves out a machine the edge holds keeps its plan (a restarted controller that does not
+// know the machine yet must not turn its disk boot into agent mode); only a machine the snapshot names as
+// removed goes.
+func TestSnapshotNeverDropsByIgnorance(t *testing.T) {
+	t.Parallel()
+
+	dir := t.TempDir()
+	tbl := open(t, dir)
+
+	_, err := tbl.Apply(snapshot())
+	require.NoError(t, err)
+
+	partial := &bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Snapshot{Snapshot: &bootpb.Table{
+		Version: 6,
+		Plans:   []*bootpb.Plan{{Uuid: uuidInstall, Mode: bootpb.Mode_MODE_AGENT}},
+	}}}
+	_, err = tbl.Apply(partial)
+	require.NoError(t, err)
+
+	require.Equal(t, bootpb.Mode_MODE_DISK, tbl.Lookup(uuidDisk, nil, "x86_64").Mode, "left out, kept")
+	require.Equal(t, bootpb.Mode_MODE_AGENT, tbl.Lookup(uuidInstall, nil, "x86_64").Mode, "named, replaced")
+	require.Equal(t, 1.0, testutil.ToFloat64(tbl.Collectors()[0]))
+
+	removing := &bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Snapshot{Snapshot: &bootpb.Table{
+		Version: 7,
+		Plans:   []*bootpb.Plan{{Uuid: uuidInstall, Mode: bootpb.Mode_MODE_AGENT}},
+		Removed: []string{strings.ToUpper(uuidDisk)},
+	}}}
+	_, err = tbl.Apply(removing)
+	require.NoError(t, err)
+
+	require.ElementsMatch(t, []string{uuidInstall}, tbl.UUIDs(), "removed on purpose, gone")
+	require.Equal(t, 1.0, testutil.ToFloat64(tbl.Collectors()[0]))
+
+	// the instruction is not kept as state: a reload holds the plans only
+	reopened := open(t, dir)
+	require.ElementsMatch(t, []string{uuidInstall}, reopened.UUIDs())
 }

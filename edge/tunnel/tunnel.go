@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -189,6 +190,33 @@ func (s *Server) serve(ctx context.Context, ln net.Listener, opts ...grpc.Server
 // without the proxy). Calls fail with Unavailable when the machine has no tunnel.
 func (s *Server) Channel(machineID string) grpc.ClientConnInterface {
 	return s.handler.KeyAsChannel(strings.ToLower(machineID))
+}
+
+// Open returns the machine IDs with an agent tunnel open now, sorted.
+func (s *Server) Open() []string {
+	seen := map[string]bool{}
+
+	var out []string
+
+	for _, ch := range s.handler.AllReverseTunnels() {
+		if id, ok := affinityKey(ch).(string); ok && !seen[id] && !closed(ch) {
+			seen[id] = true
+			out = append(out, id)
+		}
+	}
+
+	slices.Sort(out)
+
+	return out
+}
+
+func closed(ch grpctunnel.TunnelChannel) bool {
+	select {
+	case <-ch.Done():
+		return true
+	default:
+		return false
+	}
 }
 
 // Connected reports whether the machine's agent has a tunnel open.

@@ -418,6 +418,115 @@ func (x *MachineObservationSpec) GetObservedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+// MachineLocationSpec is where the controller knows a machine to be, learned from its site's edge and kept in
+// Omni so a restarted or moved controller knows it before any edge speaks again.
+type MachineLocationSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// site_id is the site whose edge last saw the machine.
+	SiteId string `protobuf:"bytes,1,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
+	// arch is "amd64" or "arm64" as the machine's network boot reported it (empty when unknown).
+	Arch string `protobuf:"bytes,2,opt,name=arch,proto3" json:"arch,omitempty"`
+	// firmware is "bios" or "uefi" (empty when unknown).
+	Firmware string `protobuf:"bytes,3,opt,name=firmware,proto3" json:"firmware,omitempty"`
+	// macs are the machine's network interfaces the edge saw it boot from (lower case, colon separated).
+	Macs     []string               `protobuf:"bytes,4,rep,name=macs,proto3" json:"macs,omitempty"`
+	LastSeen *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=last_seen,json=lastSeen,proto3" json:"last_seen,omitempty"`
+	// agent_connected is whether the machine's agent tunnel was open at the edge when last reported.
+	AgentConnected bool `protobuf:"varint,6,opt,name=agent_connected,json=agentConnected,proto3" json:"agent_connected,omitempty"`
+	// firmware_source says where firmware came from: "dhcp", "ipxe", "bmc" or "operator".
+	FirmwareSource string `protobuf:"bytes,7,opt,name=firmware_source,json=firmwareSource,proto3" json:"firmware_source,omitempty"`
+	// schema is the record's format version; a newer one than the controller knows is left alone.
+	Schema        uint32 `protobuf:"varint,8,opt,name=schema,proto3" json:"schema,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MachineLocationSpec) Reset() {
+	*x = MachineLocationSpec{}
+	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MachineLocationSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MachineLocationSpec) ProtoMessage() {}
+
+func (x *MachineLocationSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MachineLocationSpec.ProtoReflect.Descriptor instead.
+func (*MachineLocationSpec) Descriptor() ([]byte, []int) {
+	return file_controller_resources_specs_lifecycle_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *MachineLocationSpec) GetSiteId() string {
+	if x != nil {
+		return x.SiteId
+	}
+	return ""
+}
+
+func (x *MachineLocationSpec) GetArch() string {
+	if x != nil {
+		return x.Arch
+	}
+	return ""
+}
+
+func (x *MachineLocationSpec) GetFirmware() string {
+	if x != nil {
+		return x.Firmware
+	}
+	return ""
+}
+
+func (x *MachineLocationSpec) GetMacs() []string {
+	if x != nil {
+		return x.Macs
+	}
+	return nil
+}
+
+func (x *MachineLocationSpec) GetLastSeen() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastSeen
+	}
+	return nil
+}
+
+func (x *MachineLocationSpec) GetAgentConnected() bool {
+	if x != nil {
+		return x.AgentConnected
+	}
+	return false
+}
+
+func (x *MachineLocationSpec) GetFirmwareSource() string {
+	if x != nil {
+		return x.FirmwareSource
+	}
+	return ""
+}
+
+func (x *MachineLocationSpec) GetSchema() uint32 {
+	if x != nil {
+		return x.Schema
+	}
+	return 0
+}
+
 // IPMI is an IPMI v2 LAN endpoint with its credentials.
 type BMCConfigurationSpec_IPMI struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -431,7 +540,7 @@ type BMCConfigurationSpec_IPMI struct {
 
 func (x *BMCConfigurationSpec_IPMI) Reset() {
 	*x = BMCConfigurationSpec_IPMI{}
-	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[5]
+	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -443,7 +552,7 @@ func (x *BMCConfigurationSpec_IPMI) String() string {
 func (*BMCConfigurationSpec_IPMI) ProtoMessage() {}
 
 func (x *BMCConfigurationSpec_IPMI) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[5]
+	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -530,7 +639,16 @@ const file_controller_resources_specs_lifecycle_proto_rawDesc = "" +
 	"PowerState\x12\x17\n" +
 	"\x13POWER_STATE_UNKNOWN\x10\x00\x12\x13\n" +
 	"\x0fPOWER_STATE_OFF\x10\x01\x12\x12\n" +
-	"\x0ePOWER_STATE_ON\x10\x02B=Z;github.com/outpost-metal/outpost/controller/resources/specsb\x06proto3"
+	"\x0ePOWER_STATE_ON\x10\x02\"\x95\x02\n" +
+	"\x13MachineLocationSpec\x12\x17\n" +
+	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12\x12\n" +
+	"\x04arch\x18\x02 \x01(\tR\x04arch\x12\x1a\n" +
+	"\bfirmware\x18\x03 \x01(\tR\bfirmware\x12\x12\n" +
+	"\x04macs\x18\x04 \x03(\tR\x04macs\x127\n" +
+	"\tlast_seen\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12'\n" +
+	"\x0fagent_connected\x18\x06 \x01(\bR\x0eagentConnected\x12'\n" +
+	"\x0ffirmware_source\x18\a \x01(\tR\x0efirmwareSource\x12\x16\n" +
+	"\x06schema\x18\b \x01(\rR\x06schemaB=Z;github.com/outpost-metal/outpost/controller/resources/specsb\x06proto3"
 
 var (
 	file_controller_resources_specs_lifecycle_proto_rawDescOnce sync.Once
@@ -545,7 +663,7 @@ func file_controller_resources_specs_lifecycle_proto_rawDescGZIP() []byte {
 }
 
 var file_controller_resources_specs_lifecycle_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_controller_resources_specs_lifecycle_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_controller_resources_specs_lifecycle_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_controller_resources_specs_lifecycle_proto_goTypes = []any{
 	(MachineObservationSpec_PowerState)(0), // 0: outpost.resources.specs.MachineObservationSpec.PowerState
 	(*BMCConfigurationSpec)(nil),           // 1: outpost.resources.specs.BMCConfigurationSpec
@@ -553,22 +671,24 @@ var file_controller_resources_specs_lifecycle_proto_goTypes = []any{
 	(*PowerOperationSpec)(nil),             // 3: outpost.resources.specs.PowerOperationSpec
 	(*RebootStatusSpec)(nil),               // 4: outpost.resources.specs.RebootStatusSpec
 	(*MachineObservationSpec)(nil),         // 5: outpost.resources.specs.MachineObservationSpec
-	(*BMCConfigurationSpec_IPMI)(nil),      // 6: outpost.resources.specs.BMCConfigurationSpec.IPMI
-	(*timestamppb.Timestamp)(nil),          // 7: google.protobuf.Timestamp
+	(*MachineLocationSpec)(nil),            // 6: outpost.resources.specs.MachineLocationSpec
+	(*BMCConfigurationSpec_IPMI)(nil),      // 7: outpost.resources.specs.BMCConfigurationSpec.IPMI
+	(*timestamppb.Timestamp)(nil),          // 8: google.protobuf.Timestamp
 }
 var file_controller_resources_specs_lifecycle_proto_depIdxs = []int32{
-	6, // 0: outpost.resources.specs.BMCConfigurationSpec.ipmi:type_name -> outpost.resources.specs.BMCConfigurationSpec.IPMI
-	7, // 1: outpost.resources.specs.WipeStatusSpec.wiped_at:type_name -> google.protobuf.Timestamp
-	7, // 2: outpost.resources.specs.PowerOperationSpec.last_power_on:type_name -> google.protobuf.Timestamp
-	7, // 3: outpost.resources.specs.PowerOperationSpec.last_power_off:type_name -> google.protobuf.Timestamp
-	7, // 4: outpost.resources.specs.RebootStatusSpec.last_reboot:type_name -> google.protobuf.Timestamp
+	7, // 0: outpost.resources.specs.BMCConfigurationSpec.ipmi:type_name -> outpost.resources.specs.BMCConfigurationSpec.IPMI
+	8, // 1: outpost.resources.specs.WipeStatusSpec.wiped_at:type_name -> google.protobuf.Timestamp
+	8, // 2: outpost.resources.specs.PowerOperationSpec.last_power_on:type_name -> google.protobuf.Timestamp
+	8, // 3: outpost.resources.specs.PowerOperationSpec.last_power_off:type_name -> google.protobuf.Timestamp
+	8, // 4: outpost.resources.specs.RebootStatusSpec.last_reboot:type_name -> google.protobuf.Timestamp
 	0, // 5: outpost.resources.specs.MachineObservationSpec.power_state:type_name -> outpost.resources.specs.MachineObservationSpec.PowerState
-	7, // 6: outpost.resources.specs.MachineObservationSpec.observed_at:type_name -> google.protobuf.Timestamp
-	7, // [7:7] is the sub-list for method output_type
-	7, // [7:7] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	8, // 6: outpost.resources.specs.MachineObservationSpec.observed_at:type_name -> google.protobuf.Timestamp
+	8, // 7: outpost.resources.specs.MachineLocationSpec.last_seen:type_name -> google.protobuf.Timestamp
+	8, // [8:8] is the sub-list for method output_type
+	8, // [8:8] is the sub-list for method input_type
+	8, // [8:8] is the sub-list for extension type_name
+	8, // [8:8] is the sub-list for extension extendee
+	0, // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_controller_resources_specs_lifecycle_proto_init() }
@@ -582,7 +702,7 @@ func file_controller_resources_specs_lifecycle_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_controller_resources_specs_lifecycle_proto_rawDesc), len(file_controller_resources_specs_lifecycle_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

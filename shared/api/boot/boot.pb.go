@@ -395,7 +395,11 @@ type Table struct {
 	// kernel_args are added for every machine (consoles, for example).
 	KernelArgs []string `protobuf:"bytes,4,rep,name=kernel_args,json=kernelArgs,proto3" json:"kernel_args,omitempty"`
 	// config is the Talos machine config served at /config (the join config), until a plan overrides it.
-	Config        []byte `protobuf:"bytes,5,opt,name=config,proto3" json:"config,omitempty"`
+	Config []byte `protobuf:"bytes,5,opt,name=config,proto3" json:"config,omitempty"`
+	// removed, in a snapshot, names machines the controller took out of this site on purpose (moved away,
+	// deleted). An edge keeps every plan a snapshot leaves out unless it is named here: a controller that does
+	// not know a machine (yet) never empties the table by ignorance.
+	Removed       []string `protobuf:"bytes,6,rep,name=removed,proto3" json:"removed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -461,6 +465,13 @@ func (x *Table) GetKernelArgs() []string {
 func (x *Table) GetConfig() []byte {
 	if x != nil {
 		return x.Config
+	}
+	return nil
+}
+
+func (x *Table) GetRemoved() []string {
+	if x != nil {
+		return x.Removed
 	}
 	return nil
 }
@@ -712,6 +723,114 @@ func (x *ApplyResponse) GetVersion() uint64 {
 	return 0
 }
 
+type InventoryRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tunnels are the machine IDs whose agent tunnel is open at the edge now.
+	Tunnels []string `protobuf:"bytes,1,rep,name=tunnels,proto3" json:"tunnels,omitempty"`
+	// table are the machine IDs the edge's boot table holds plans for.
+	Table []string `protobuf:"bytes,2,rep,name=table,proto3" json:"table,omitempty"`
+	// table_version is the version of that table.
+	TableVersion  uint64 `protobuf:"varint,3,opt,name=table_version,json=tableVersion,proto3" json:"table_version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InventoryRequest) Reset() {
+	*x = InventoryRequest{}
+	mi := &file_shared_api_boot_boot_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InventoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InventoryRequest) ProtoMessage() {}
+
+func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_boot_boot_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InventoryRequest.ProtoReflect.Descriptor instead.
+func (*InventoryRequest) Descriptor() ([]byte, []int) {
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *InventoryRequest) GetTunnels() []string {
+	if x != nil {
+		return x.Tunnels
+	}
+	return nil
+}
+
+func (x *InventoryRequest) GetTable() []string {
+	if x != nil {
+		return x.Table
+	}
+	return nil
+}
+
+func (x *InventoryRequest) GetTableVersion() uint64 {
+	if x != nil {
+		return x.TableVersion
+	}
+	return 0
+}
+
+type InventoryResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// refused counts the machines the controller knows at another site (claims it did not accept).
+	Refused       uint32 `protobuf:"varint,1,opt,name=refused,proto3" json:"refused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InventoryResponse) Reset() {
+	*x = InventoryResponse{}
+	mi := &file_shared_api_boot_boot_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InventoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InventoryResponse) ProtoMessage() {}
+
+func (x *InventoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_boot_boot_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InventoryResponse.ProtoReflect.Descriptor instead.
+func (*InventoryResponse) Descriptor() ([]byte, []int) {
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *InventoryResponse) GetRefused() uint32 {
+	if x != nil {
+		return x.Refused
+	}
+	return 0
+}
+
 type PublishRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// journal_id names the edge's journal; it changes only when the journal is recreated (state lost),
@@ -725,7 +844,7 @@ type PublishRequest struct {
 
 func (x *PublishRequest) Reset() {
 	*x = PublishRequest{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[8]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -737,7 +856,7 @@ func (x *PublishRequest) String() string {
 func (*PublishRequest) ProtoMessage() {}
 
 func (x *PublishRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[8]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -750,7 +869,7 @@ func (x *PublishRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishRequest.ProtoReflect.Descriptor instead.
 func (*PublishRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{8}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PublishRequest) GetJournalId() string {
@@ -777,7 +896,7 @@ type PublishResponse struct {
 
 func (x *PublishResponse) Reset() {
 	*x = PublishResponse{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[9]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -789,7 +908,7 @@ func (x *PublishResponse) String() string {
 func (*PublishResponse) ProtoMessage() {}
 
 func (x *PublishResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[9]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -802,7 +921,7 @@ func (x *PublishResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishResponse.ProtoReflect.Descriptor instead.
 func (*PublishResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{9}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PublishResponse) GetAcked() uint64 {
@@ -831,7 +950,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[10]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -843,7 +962,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[10]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -856,7 +975,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{10}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Event) GetSequence() uint64 {
@@ -962,7 +1081,7 @@ type DHCPSeen struct {
 
 func (x *DHCPSeen) Reset() {
 	*x = DHCPSeen{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[11]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -974,7 +1093,7 @@ func (x *DHCPSeen) String() string {
 func (*DHCPSeen) ProtoMessage() {}
 
 func (x *DHCPSeen) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[11]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -987,7 +1106,7 @@ func (x *DHCPSeen) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DHCPSeen.ProtoReflect.Descriptor instead.
 func (*DHCPSeen) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{11}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DHCPSeen) GetMac() string {
@@ -1040,7 +1159,7 @@ type PXESeen struct {
 
 func (x *PXESeen) Reset() {
 	*x = PXESeen{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[12]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1052,7 +1171,7 @@ func (x *PXESeen) String() string {
 func (*PXESeen) ProtoMessage() {}
 
 func (x *PXESeen) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[12]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1065,7 +1184,7 @@ func (x *PXESeen) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PXESeen.ProtoReflect.Descriptor instead.
 func (*PXESeen) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{12}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PXESeen) GetRemoteIp() string {
@@ -1115,7 +1234,7 @@ type BootServed struct {
 
 func (x *BootServed) Reset() {
 	*x = BootServed{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[13]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1127,7 +1246,7 @@ func (x *BootServed) String() string {
 func (*BootServed) ProtoMessage() {}
 
 func (x *BootServed) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[13]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1140,7 +1259,7 @@ func (x *BootServed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootServed.ProtoReflect.Descriptor instead.
 func (*BootServed) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{13}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *BootServed) GetUuid() string {
@@ -1210,7 +1329,7 @@ type AgentTunnel struct {
 
 func (x *AgentTunnel) Reset() {
 	*x = AgentTunnel{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[14]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1222,7 +1341,7 @@ func (x *AgentTunnel) String() string {
 func (*AgentTunnel) ProtoMessage() {}
 
 func (x *AgentTunnel) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[14]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1235,7 +1354,7 @@ func (x *AgentTunnel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentTunnel.ProtoReflect.Descriptor instead.
 func (*AgentTunnel) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{14}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AgentTunnel) GetMachineId() string {
@@ -1297,14 +1416,15 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\n" +
 	"extra_args\x18\x06 \x03(\tR\textraArgs\x12\x19\n" +
 	"\bsnp_only\x18\a \x01(\bR\asnpOnly\x12\x16\n" +
-	"\x06config\x18\b \x01(\fR\x06config\"\x8a\x02\n" +
+	"\x06config\x18\b \x01(\fR\x06config\"\xa4\x02\n" +
 	"\x05Table\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12(\n" +
 	"\x05plans\x18\x02 \x03(\v2\x12.outpost.boot.PlanR\x05plans\x124\n" +
 	"\x05agent\x18\x03 \x03(\v2\x1e.outpost.boot.Table.AgentEntryR\x05agent\x12\x1f\n" +
 	"\vkernel_args\x18\x04 \x03(\tR\n" +
 	"kernelArgs\x12\x16\n" +
-	"\x06config\x18\x05 \x01(\fR\x06config\x1aN\n" +
+	"\x06config\x18\x05 \x01(\fR\x06config\x12\x18\n" +
+	"\aremoved\x18\x06 \x03(\tR\aremoved\x1aN\n" +
 	"\n" +
 	"AgentEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
@@ -1331,7 +1451,13 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\x05delta\x18\x02 \x01(\v2\x13.outpost.boot.DeltaH\x00R\x05deltaB\b\n" +
 	"\x06change\")\n" +
 	"\rApplyResponse\x12\x18\n" +
-	"\aversion\x18\x01 \x01(\x04R\aversion\"\\\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\"g\n" +
+	"\x10InventoryRequest\x12\x18\n" +
+	"\atunnels\x18\x01 \x03(\tR\atunnels\x12\x14\n" +
+	"\x05table\x18\x02 \x03(\tR\x05table\x12#\n" +
+	"\rtable_version\x18\x03 \x01(\x04R\ftableVersion\"-\n" +
+	"\x11InventoryResponse\x12\x18\n" +
+	"\arefused\x18\x01 \x01(\rR\arefused\"\\\n" +
 	"\x0ePublishRequest\x12\x1d\n" +
 	"\n" +
 	"journal_id\x18\x01 \x01(\tR\tjournalId\x12+\n" +
@@ -1388,9 +1514,10 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\x18DISK_METHOD_IPXE_SANBOOT\x10\x022\x8f\x01\n" +
 	"\tBootPlans\x12@\n" +
 	"\x05State\x12\x1a.outpost.boot.StateRequest\x1a\x1b.outpost.boot.StateResponse\x12@\n" +
-	"\x05Apply\x12\x1a.outpost.boot.ApplyRequest\x1a\x1b.outpost.boot.ApplyResponse2P\n" +
+	"\x05Apply\x12\x1a.outpost.boot.ApplyRequest\x1a\x1b.outpost.boot.ApplyResponse2\x9e\x01\n" +
 	"\x06Events\x12F\n" +
-	"\aPublish\x12\x1c.outpost.boot.PublishRequest\x1a\x1d.outpost.boot.PublishResponseB2Z0github.com/outpost-metal/outpost/shared/api/bootb\x06proto3"
+	"\aPublish\x12\x1c.outpost.boot.PublishRequest\x1a\x1d.outpost.boot.PublishResponse\x12L\n" +
+	"\tInventory\x12\x1e.outpost.boot.InventoryRequest\x1a\x1f.outpost.boot.InventoryResponseB2Z0github.com/outpost-metal/outpost/shared/api/bootb\x06proto3"
 
 var (
 	file_shared_api_boot_boot_proto_rawDescOnce sync.Once
@@ -1405,7 +1532,7 @@ func file_shared_api_boot_boot_proto_rawDescGZIP() []byte {
 }
 
 var file_shared_api_boot_boot_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_shared_api_boot_boot_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_shared_api_boot_boot_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_shared_api_boot_boot_proto_goTypes = []any{
 	(Mode)(0),                     // 0: outpost.boot.Mode
 	(DiskMethod)(0),               // 1: outpost.boot.DiskMethod
@@ -1417,43 +1544,47 @@ var file_shared_api_boot_boot_proto_goTypes = []any{
 	(*Delta)(nil),                 // 7: outpost.boot.Delta
 	(*ApplyRequest)(nil),          // 8: outpost.boot.ApplyRequest
 	(*ApplyResponse)(nil),         // 9: outpost.boot.ApplyResponse
-	(*PublishRequest)(nil),        // 10: outpost.boot.PublishRequest
-	(*PublishResponse)(nil),       // 11: outpost.boot.PublishResponse
-	(*Event)(nil),                 // 12: outpost.boot.Event
-	(*DHCPSeen)(nil),              // 13: outpost.boot.DHCPSeen
-	(*PXESeen)(nil),               // 14: outpost.boot.PXESeen
-	(*BootServed)(nil),            // 15: outpost.boot.BootServed
-	(*AgentTunnel)(nil),           // 16: outpost.boot.AgentTunnel
-	nil,                           // 17: outpost.boot.Table.AgentEntry
-	nil,                           // 18: outpost.boot.Delta.AgentEntry
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
+	(*InventoryRequest)(nil),      // 10: outpost.boot.InventoryRequest
+	(*InventoryResponse)(nil),     // 11: outpost.boot.InventoryResponse
+	(*PublishRequest)(nil),        // 12: outpost.boot.PublishRequest
+	(*PublishResponse)(nil),       // 13: outpost.boot.PublishResponse
+	(*Event)(nil),                 // 14: outpost.boot.Event
+	(*DHCPSeen)(nil),              // 15: outpost.boot.DHCPSeen
+	(*PXESeen)(nil),               // 16: outpost.boot.PXESeen
+	(*BootServed)(nil),            // 17: outpost.boot.BootServed
+	(*AgentTunnel)(nil),           // 18: outpost.boot.AgentTunnel
+	nil,                           // 19: outpost.boot.Table.AgentEntry
+	nil,                           // 20: outpost.boot.Delta.AgentEntry
+	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
 }
 var file_shared_api_boot_boot_proto_depIdxs = []int32{
 	0,  // 0: outpost.boot.Plan.mode:type_name -> outpost.boot.Mode
 	1,  // 1: outpost.boot.Plan.disk_method:type_name -> outpost.boot.DiskMethod
 	4,  // 2: outpost.boot.Plan.install:type_name -> outpost.boot.Kernel
 	5,  // 3: outpost.boot.Table.plans:type_name -> outpost.boot.Plan
-	17, // 4: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
+	19, // 4: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
 	5,  // 5: outpost.boot.Delta.upsert:type_name -> outpost.boot.Plan
-	18, // 6: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
+	20, // 6: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
 	6,  // 7: outpost.boot.ApplyRequest.snapshot:type_name -> outpost.boot.Table
 	7,  // 8: outpost.boot.ApplyRequest.delta:type_name -> outpost.boot.Delta
-	12, // 9: outpost.boot.PublishRequest.events:type_name -> outpost.boot.Event
-	19, // 10: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
-	13, // 11: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
-	14, // 12: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
-	15, // 13: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
-	16, // 14: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
+	14, // 9: outpost.boot.PublishRequest.events:type_name -> outpost.boot.Event
+	21, // 10: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
+	15, // 11: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
+	16, // 12: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
+	17, // 13: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
+	18, // 14: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
 	4,  // 15: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
 	4,  // 16: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
 	2,  // 17: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
 	8,  // 18: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
-	10, // 19: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
-	3,  // 20: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
-	9,  // 21: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
-	11, // 22: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
-	20, // [20:23] is the sub-list for method output_type
-	17, // [17:20] is the sub-list for method input_type
+	12, // 19: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
+	10, // 20: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
+	3,  // 21: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
+	9,  // 22: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
+	13, // 23: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
+	11, // 24: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
+	21, // [21:25] is the sub-list for method output_type
+	17, // [17:21] is the sub-list for method input_type
 	17, // [17:17] is the sub-list for extension type_name
 	17, // [17:17] is the sub-list for extension extendee
 	0,  // [0:17] is the sub-list for field type_name
@@ -1468,7 +1599,7 @@ func file_shared_api_boot_boot_proto_init() {
 		(*ApplyRequest_Snapshot)(nil),
 		(*ApplyRequest_Delta)(nil),
 	}
-	file_shared_api_boot_boot_proto_msgTypes[10].OneofWrappers = []any{
+	file_shared_api_boot_boot_proto_msgTypes[12].OneofWrappers = []any{
 		(*Event_DhcpSeen)(nil),
 		(*Event_PxeSeen)(nil),
 		(*Event_BootServed)(nil),
@@ -1480,7 +1611,7 @@ func file_shared_api_boot_boot_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_boot_boot_proto_rawDesc), len(file_shared_api_boot_boot_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   17,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

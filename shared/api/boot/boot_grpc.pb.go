@@ -176,7 +176,8 @@ var BootPlans_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Events_Publish_FullMethodName = "/outpost.boot.Events/Publish"
+	Events_Publish_FullMethodName   = "/outpost.boot.Events/Publish"
+	Events_Inventory_FullMethodName = "/outpost.boot.Events/Inventory"
 )
 
 // EventsClient is the client API for Events service.
@@ -188,6 +189,9 @@ const (
 // edge can resend after a failure without creating duplicates.
 type EventsClient interface {
 	Publish(ctx context.Context, in *PublishRequest, opts ...grpc.CallOption) (*PublishResponse, error)
+	// Inventory is sent by the edge at the start of every session: what it holds now, so a controller that
+	// restarted (or another controller taking over) knows the site without waiting for machines to boot.
+	Inventory(ctx context.Context, in *InventoryRequest, opts ...grpc.CallOption) (*InventoryResponse, error)
 }
 
 type eventsClient struct {
@@ -208,6 +212,16 @@ func (c *eventsClient) Publish(ctx context.Context, in *PublishRequest, opts ...
 	return out, nil
 }
 
+func (c *eventsClient) Inventory(ctx context.Context, in *InventoryRequest, opts ...grpc.CallOption) (*InventoryResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(InventoryResponse)
+	err := c.cc.Invoke(ctx, Events_Inventory_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // EventsServer is the server API for Events service.
 // All implementations must embed UnimplementedEventsServer
 // for forward compatibility.
@@ -217,6 +231,9 @@ func (c *eventsClient) Publish(ctx context.Context, in *PublishRequest, opts ...
 // edge can resend after a failure without creating duplicates.
 type EventsServer interface {
 	Publish(context.Context, *PublishRequest) (*PublishResponse, error)
+	// Inventory is sent by the edge at the start of every session: what it holds now, so a controller that
+	// restarted (or another controller taking over) knows the site without waiting for machines to boot.
+	Inventory(context.Context, *InventoryRequest) (*InventoryResponse, error)
 	mustEmbedUnimplementedEventsServer()
 }
 
@@ -229,6 +246,9 @@ type UnimplementedEventsServer struct{}
 
 func (UnimplementedEventsServer) Publish(context.Context, *PublishRequest) (*PublishResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Publish not implemented")
+}
+func (UnimplementedEventsServer) Inventory(context.Context, *InventoryRequest) (*InventoryResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Inventory not implemented")
 }
 func (UnimplementedEventsServer) mustEmbedUnimplementedEventsServer() {}
 func (UnimplementedEventsServer) testEmbeddedByValue()                {}
@@ -269,6 +289,24 @@ func _Events_Publish_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Events_Inventory_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(InventoryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EventsServer).Inventory(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Events_Inventory_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EventsServer).Inventory(ctx, req.(*InventoryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Events_ServiceDesc is the grpc.ServiceDesc for Events service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -279,6 +317,10 @@ var Events_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Publish",
 			Handler:    _Events_Publish_Handler,
+		},
+		{
+			MethodName: "Inventory",
+			Handler:    _Events_Inventory_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
