@@ -227,20 +227,29 @@ func classify(err error) error {
 	return err
 }
 
-// register writes the ProviderStatus marked as a static provider.
+// register writes the ProviderStatus marked as a static provider. Another controller of the provider (a
+// standby) may write it at the same moment: a conflict is retried on the fresh resource.
 func (c *Connection) register(ctx context.Context) error {
 	attemptCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 
 	ps := infra.NewProviderStatus(c.cfg.ProviderID)
 
-	err := safe.StateModify(attemptCtx, c.State(), ps, func(r *infra.ProviderStatus) error {
-		r.Metadata().Labels().Set(omnires.LabelIsStaticInfraProvider, "")
-		r.TypedSpec().Value.Name = c.cfg.Name
-		r.TypedSpec().Value.Description = c.cfg.Description + " " + version.String()
+	var err error
 
-		return nil
-	})
+	for range 3 {
+		err = safe.StateModify(attemptCtx, c.State(), ps, func(r *infra.ProviderStatus) error {
+			r.Metadata().Labels().Set(omnires.LabelIsStaticInfraProvider, "")
+			r.TypedSpec().Value.Name = c.cfg.Name
+			r.TypedSpec().Value.Description = c.cfg.Description + " " + version.String()
+
+			return nil
+		})
+		if err == nil || !state.IsConflictError(err) {
+			break
+		}
+	}
+
 	if err != nil {
 		return fmt.Errorf("register provider %q: %w", c.cfg.ProviderID, classify(err))
 	}
