@@ -44,7 +44,11 @@ func rootCommand() *cobra.Command {
 		SilenceErrors: true,
 		Args:          cobra.NoArgs,
 		PersistentPreRunE: func(*cobra.Command, []string) error {
-			return env.Err()
+			if err := env.Err(); err != nil {
+				return err
+			}
+
+			return cfg.AbsolutePaths()
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := logging.New(os.Stderr, cfg.LogLevel)

@@ -78,6 +78,29 @@ func Default() Config {
 	}
 }
 
+// AbsolutePaths makes every path setting absolute (relative to the working directory), so the admin socket's
+// address and every file the controller opens mean the same thing wherever they are used.
+func (c *Config) AbsolutePaths() error {
+	return absolute(&c.StateDir, &c.AdminSocket, &c.AssetsDir, &c.AgentAssetsDir, &c.InstallAssetsDir, &c.TrustedRootsFile)
+}
+
+func absolute(paths ...*string) error {
+	for _, p := range paths {
+		if *p == "" || filepath.IsAbs(*p) {
+			continue
+		}
+
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return fmt.Errorf("path %q: %w", *p, err)
+		}
+
+		*p = abs
+	}
+
+	return nil
+}
+
 // AdminSocketPath returns the admin socket path, defaulted from the state directory.
 func (c Config) AdminSocketPath() string {
 	if c.AdminSocket != "" {

@@ -65,6 +65,24 @@ func Default() Config {
 	}
 }
 
+// AbsolutePaths makes every path setting absolute (relative to the working directory).
+func (c *Config) AbsolutePaths() error {
+	for _, p := range []*string{&c.StateDir, &c.IPXEDir, &c.AssetsPreseedDir} {
+		if *p == "" || filepath.IsAbs(*p) {
+			continue
+		}
+
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return fmt.Errorf("path %q: %w", *p, err)
+		}
+
+		*p = abs
+	}
+
+	return nil
+}
+
 // DHCPEnabled reports whether the ProxyDHCP runs.
 func (c Config) DHCPEnabled() bool {
 	return c.DHCP.Interface != "" || c.DHCP.ServerIP != ""
