@@ -33,7 +33,7 @@ type edgeWiring struct {
 	clients   *lifecycle.EdgeClients
 }
 
-func newEdgeWiring(log *zap.Logger, conn machineaccess.ConnFunc) *edgeWiring {
+func newEdgeWiring(log *zap.Logger, conn machineaccess.ConnFunc, defaultBootMode string) *edgeWiring {
 	locations := lifecycle.NewLocations(log)
 	plans := bootplans.NewPlans(log, nil)
 
@@ -42,7 +42,7 @@ func newEdgeWiring(log *zap.Logger, conn machineaccess.ConnFunc) *edgeWiring {
 		receiver:  bootplans.NewReceiver(log, locations, sites.SiteFromContext).WithInventory(locations),
 		plans:     plans,
 		pusher:    bootplans.NewTablePusher(plans),
-		clients:   &lifecycle.EdgeClients{Access: machineaccess.New(conn, locations), Sites: locations},
+		clients:   &lifecycle.EdgeClients{Access: machineaccess.New(conn, locations), Sites: locations, DefaultBootMode: defaultBootMode},
 	}
 }
 

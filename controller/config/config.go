@@ -56,6 +56,9 @@ type Config struct {
 	PXEBaseURL      string
 	// TrustedRootsFile is a PEM bundle added to the machines' join config (a custom CA in front of Omni).
 	TrustedRootsFile string
+	// DefaultBootMode is the firmware mode ("uefi" or "bios") of a one-time PXE boot of a machine whose
+	// firmware neither its boots through the edge nor its BMC have told.
+	DefaultBootMode string
 }
 
 // OmniEnabled reports whether the controller connects to Omni and runs the lifecycle.
@@ -75,6 +78,7 @@ func Default() Config {
 		Lifecycle:          lifecycle.Default(),
 		Planner:            bootplans.DefaultPlannerConfig(),
 		InstallAssetsURL:   "/assets/install",
+		DefaultBootMode:    "uefi",
 	}
 }
 
@@ -134,6 +138,10 @@ func (c Config) Validate() error {
 
 	if c.CertValidity < time.Hour {
 		errs = append(errs, fmt.Errorf("certificate validity %s is shorter than an hour", c.CertValidity))
+	}
+
+	if c.DefaultBootMode != "uefi" && c.DefaultBootMode != "bios" {
+		errs = append(errs, fmt.Errorf("default boot mode %q is not uefi or bios", c.DefaultBootMode))
 	}
 
 	switch c.DefaultAssetPolicy {

@@ -23,6 +23,9 @@ type EdgeClients struct {
 	Access *machineaccess.Client
 	// Sites tells the firmware mode for one-time PXE boots (optional).
 	Sites SiteLocator
+	// DefaultBootMode is the firmware mode of a one-time PXE boot of a machine whose firmware nothing has
+	// reported (no boot through the edge yet, no BMC that says): "uefi" (the default when empty) or "bios".
+	DefaultBootMode string
 }
 
 // classify marks a failed call as ErrSiteOffline when it failed because the site has no live session.
@@ -101,22 +104,51 @@ func (c *EdgeClients) PowerCycle(ctx context.Context, site, id string, bmc *spec
 	return c.do(ctx, site, id, bmc, (*machineaccess.BMC).PowerCycle)
 }
 
-// SetPXEOnce implements PowerClient, in the firmware mode the machine's PXE requests reported.
+// SetPXEOnce implements PowerClient. The firmware mode comes from what the machine reported (its iPXE boot
+// request, its PXE DHCP request); for a machine that never booted through the edge (the site's own DHCP hands
+// out the boot file, or it joined another way) the BMC is asked, and failing that the default mode is used.
 func (c *EdgeClients) SetPXEOnce(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) error {
 	mode := bmcpb.BootMode_BOOT_MODE_UNSPECIFIED
 
 	if c.Sites != nil {
 		if loc, ok := c.Sites.Locate(id); ok {
-			switch loc.Firmware {
-			case "uefi":
-				mode = bmcpb.BootMode_BOOT_MODE_UEFI
-			case "bios":
-				mode = bmcpb.BootMode_BOOT_MODE_BIOS
-			}
+			mode = bootMode(loc.Firmware)
 		}
 	}
 
-	return c.do(ctx, site, id, bmc, func(b *machineaccess.BMC, ctx context.Context) error { return b.SetPXEOnce(ctx, mode) })
+	return c.do(ctx, site, id, bmc, func(b *machineaccess.BMC, ctx context.Context) error {
+		if mode == bmcpb.BootMode_BOOT_MODE_UNSPECIFIED {
+			mode = c.bmcBootMode(ctx, b)
+		}
+
+		return b.SetPXEOnce(ctx, mode)
+	})
+}
+
+// bmcBootMode asks the BMC for the firmware mode it holds: an override in effect says it, and so does a
+// stored EFI flag; otherwise the default mode.
+func (c *EdgeClients) bmcBootMode(ctx context.Context, b *machineaccess.BMC) bmcpb.BootMode {
+	if resp, err := b.GetBootOverride(ctx); err == nil && (resp.GetSet() || resp.GetMode() == bmcpb.BootMode_BOOT_MODE_UEFI) &&
+		resp.GetMode() != bmcpb.BootMode_BOOT_MODE_UNSPECIFIED {
+		return resp.GetMode()
+	}
+
+	if m := bootMode(c.DefaultBootMode); m != bmcpb.BootMode_BOOT_MODE_UNSPECIFIED {
+		return m
+	}
+
+	return bmcpb.BootMode_BOOT_MODE_UEFI
+}
+
+func bootMode(firmware string) bmcpb.BootMode {
+	switch firmware {
+	case "uefi":
+		return bmcpb.BootMode_BOOT_MODE_UEFI
+	case "bios":
+		return bmcpb.BootMode_BOOT_MODE_BIOS
+	default:
+		return bmcpb.BootMode_BOOT_MODE_UNSPECIFIED
+	}
 }
 
 // Hello implements AgentClient.

@@ -34,6 +34,19 @@ type siteEdge struct {
 	hellos  []string // machine-id metadata of agent calls
 	// bmcSilent makes the BMC calls fail as the edge's BMC service does when the BMC does not answer.
 	bmcSilent bool
+	// override is what GetBootOverride answers (nil: Unimplemented, as a BMC that cannot say).
+	override *bmcpb.GetBootOverrideResponse
+}
+
+func (e *siteEdge) GetBootOverride(context.Context, *bmcpb.PowerRequest) (*bmcpb.GetBootOverrideResponse, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+
+	if e.override == nil {
+		return nil, status.Error(codes.Unimplemented, "no boot override read-back")
+	}
+
+	return e.override, nil
 }
 
 func (e *siteEdge) PowerStatus(_ context.Context, r *bmcpb.PowerRequest) (*bmcpb.PowerStatusResponse, error) {
@@ -162,4 +175,61 @@ func TestEdgeClientsOverGRPC(t *testing.T) {
 
 	_, err = c.PowerStatus(ctx, "site-a", id, &specs.BMCConfigurationSpec{ApiAddress: "agent"})
 	require.ErrorIs(t, err, lifecycle.ErrNoIPMI)
+}
+
+// A machine that never booted through the edge (the site's DHCP hands out the boot file): its one-time PXE
+// boot takes the mode the BMC holds, else the configured default; never "boot mode is required".
+func TestSetPXEOnceWithoutKnownFirmware(t *testing.T) {
+	t.Parallel()
+
+	edge := &siteEdge{}
+	srv := grpc.NewServer()
+	bmcpb.RegisterBMCServer(srv, edge)
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+
+	go srv.Serve(ln) //nolint:errcheck
+
+	t.Cleanup(srv.Stop)
+
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+
+	t.Cleanup(func() { conn.Close() }) //nolint:errcheck
+
+	const id = "4c4c4544-0042-3510-8052-b4c04f384835"
+
+	locs := lifecycle.NewLocations(zaptest.NewLogger(t))
+	require.NoError(t, locs.AgentConnected("site-a", id, true)) // joined without a boot through the edge
+
+	access := machineaccess.New(func(string) (grpc.ClientConnInterface, error) { return conn, nil }, locs)
+	bmc := &specs.BMCConfigurationSpec{Ipmi: &specs.BMCConfigurationSpec_IPMI{Address: "10.0.0.5", Port: 623, Username: "u", Password: "p"}}
+
+	for _, tc := range []struct {
+		name     string
+		def      string
+		override *bmcpb.GetBootOverrideResponse
+		want     bmcpb.BootMode
+	}{
+		{name: "bmc cannot say: default uefi", want: bmcpb.BootMode_BOOT_MODE_UEFI},
+		{name: "bmc cannot say: default bios", def: "bios", want: bmcpb.BootMode_BOOT_MODE_BIOS},
+		{name: "bmc holds the efi flag", def: "bios", override: &bmcpb.GetBootOverrideResponse{Mode: bmcpb.BootMode_BOOT_MODE_UEFI},
+			want: bmcpb.BootMode_BOOT_MODE_UEFI},
+		{name: "legacy override in effect", override: &bmcpb.GetBootOverrideResponse{Set: true, Mode: bmcpb.BootMode_BOOT_MODE_BIOS},
+			want: bmcpb.BootMode_BOOT_MODE_BIOS},
+		{name: "no override, no efi flag: the default", override: &bmcpb.GetBootOverrideResponse{Mode: bmcpb.BootMode_BOOT_MODE_BIOS},
+			want: bmcpb.BootMode_BOOT_MODE_UEFI},
+	} {
+		edge.mu.Lock()
+		edge.override, edge.pxeMode = tc.override, bmcpb.BootMode_BOOT_MODE_UNSPECIFIED
+		edge.mu.Unlock()
+
+		c := &lifecycle.EdgeClients{Access: access, Sites: locs, DefaultBootMode: tc.def}
+		require.NoError(t, c.SetPXEOnce(t.Context(), "site-a", id, bmc), tc.name)
+
+		edge.mu.Lock()
+		require.Equal(t, tc.want, edge.pxeMode, tc.name)
+		edge.mu.Unlock()
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -233,8 +234,24 @@ func TestBinariesLifecycleWithOmniStandIn(t *testing.T) {
 		return err == nil && st.TypedSpec().Value.GetPowerState() == specs.InfraMachineStatusSpec_POWER_STATE_OFF
 	}, time.Minute, 100*time.Millisecond, "InfraMachineStatus never said OFF")
 
+	// The controller restarts (same state, same address) while the machine is idle and off. Where the machine
+	// is comes from Omni, not from an edge event: a power-on asked for in Omni reaches its BMC at once.
+	require.NoError(t, ctl.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, ctl.cmd.Wait())
+
+	restarted := time.Now()
+	ctl2 := startProcess(t, []string{"OMNI_SERVICE_ACCOUNT_KEY=" + stand.ProviderKey()}, filepath.Join(bin, "controller"),
+		"--state-dir", stateDir, "--uplink-listen", uplinkAddr, "--http-listen", "",
+		"--omni-endpoint", "grpc://"+omniLn.Addr().String(), "--install-assets-dir", installDir,
+		"--poll-interval", "1s", "--power-cooldown", "2s", "--log-level", "debug")
+	require.NoError(t, admin.SetPowerState(ctx, machineID, "on"))
+	require.Eventually(t, chassis.PowerState, 10*time.Second, 50*time.Millisecond,
+		"the power-on asked for in Omni did not reach the BMC within 10 s of the controller's restart")
+	t.Logf("power-on reached the BMC %s after the controller restarted", time.Since(restarted).Round(10*time.Millisecond))
+	require.NotContains(t, ctl2.log.String(), "machine not seen at any site")
+
 	// The BMC password never appears in any log.
-	for _, p := range []*process{ctl, edge} {
+	for _, p := range []*process{ctl, ctl2, edge} {
 		require.NotContains(t, p.log.String(), "lab-password")
 	}
 }
