@@ -11,6 +11,10 @@ LDFLAGS   := -s -w -X github.com/outpost-metal/outpost/shared/version.stamped=$(
 FUZZTIME  ?= 30s
 BENCHTIME ?= 1s
 TEST_TIMEOUT ?= 60m
+# The lab's Omni for `make e2e` and `make demo`: real (a real Omni v1.9.3, built once into _out/omni) or standin.
+# Unset, the demo uses the real one and the e2e test runs both (all against the real one, then the stand-in for
+# what only it can show).
+OMNI ?=
 export CGO_ENABLED ?= 0
 
 PROTOS := $(shell find shared controller edge qemu -name '*.proto' -not -path '*/_out/*' 2>/dev/null | sort)
@@ -67,12 +71,12 @@ test: deps check-dirty tools ## everything: generated code check, vet, lint, all
 	$(TOOLS)/gotestsum --format testname -- -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 .PHONY: e2e
-e2e: deps ## the end-to-end lab test: two emulated sites through the whole lifecycle (root, QEMU); logs and timeline.md under _out/e2e
-	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) -run '^TestE2E$$' -v ./qemu/lab/
+e2e: deps ## the end-to-end lab test: two emulated sites through the whole lifecycle (root, QEMU; OMNI=real|standin, unset: both); logs and timeline.md under _out/e2e/<mode>
+	OMNI='$(OMNI)' $(GO) test -count=1 -timeout $(TEST_TIMEOUT) -run '^TestE2E$$' -v ./qemu/lab/
 
 .PHONY: demo
-demo: deps ## run the lab with a live table (site, machine, power, phase, last event); Ctrl-C tears it down
-	$(GO) run ./qemu/lab/cmd/demo
+demo: deps ## run the lab with a live table (site, machine, power, phase, last event) against a real Omni (OMNI=standin: the stand-in); Ctrl-C tears it down
+	OMNI='$(OMNI)' $(GO) run ./qemu/lab/cmd/demo
 
 .PHONY: fuzz
 fuzz: ## run every fuzz target for FUZZTIME (default 30s) each

@@ -36,8 +36,8 @@ type ControllerOptions struct {
 	AssetPolicy string
 }
 
-// StartController runs the controller binary in the core namespace against o, with the lab's local
-// install assets and short power cooldown and poll interval.
+// StartController runs the controller binary in the core namespace against o (trusting a real Omni's CA
+// through SSL_CERT_FILE), with the lab's local install assets and short power cooldown and poll interval.
 func (l *Lab) StartController(ctx context.Context, core *Core, bin string, o *Omni, opts ControllerOptions) (*Controller, error) {
 	c := &Controller{Bin: bin, StateDir: filepath.Join(l.Dir, "controller-state")}
 
@@ -47,6 +47,12 @@ func (l *Lab) StartController(ctx context.Context, core *Core, bin string, o *Om
 		"--agent-talos-version", LabTalosVersion, "--console", "ttyS0",
 	}
 	env := []string{"OMNI_ENDPOINT=" + o.Endpoint, "OMNI_SERVICE_ACCOUNT_KEY=" + o.ProviderKey}
+
+	// A real Omni's certificate is self-signed: the controller trusts its CA as an operator's would, through
+	// the system roots Go reads from SSL_CERT_FILE (the controller has no CA flag, and verification stays on).
+	if o.CAFile != "" {
+		env = append(env, "SSL_CERT_FILE="+o.CAFile)
+	}
 
 	if opts.LocalAssetsDir != "" {
 		args = append(args, "--install-assets-dir", opts.LocalAssetsDir)

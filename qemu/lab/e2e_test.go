@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,20 +13,70 @@ import (
 	"github.com/outpost-metal/outpost/qemu/lab"
 )
 
+// e2eRun is one lab run of TestE2E.
+type e2eRun struct {
+	omni lab.OmniMode
+	// standInOnly takes only the steps a real Omni cannot take with lab machines (lab.Options.StandInOnly).
+	standInOnly bool
+}
+
+// e2eRuns are the runs OMNI asks for: one mode, all of its scenario; unset, the whole scenario against a
+// real Omni, then the stand-in for what only it can show.
+func e2eRuns(selector string) ([]e2eRun, error) {
+	if strings.TrimSpace(selector) == "" {
+		return []e2eRun{{omni: lab.RealOmni}, {omni: lab.StandInOmni, standInOnly: true}}, nil
+	}
+
+	mode, err := lab.ParseOmniMode(selector)
+	if err != nil {
+		return nil, err
+	}
+
+	return []e2eRun{{omni: mode}}, nil
+}
+
 // TestE2E is `make e2e`: the whole lifecycle on two emulated sites with the real controller and edge
-// binaries against the Omni stand-in. It stops at the first failing step and names it; logs (every
-// process, every serial console) and timeline.md stay under _out/e2e.
+// binaries. OMNI=real runs it against a real Omni v1.9.3 in the lab's core namespace, OMNI=standin against
+// the Omni stand-in; unset, both run one after the other (subtests real and standin, never two labs at
+// once): everything against the real Omni, then against the stand-in only what a real Omni cannot do with
+// machines that are not Talos (power-off once information is collected, install events, the installed OS
+// booting from disk). Each run stops at its first failing step and names it; logs (every process, every
+// serial console, Omni's) and timeline.md stay under _out/e2e/<real|standin>.
 func TestE2E(t *testing.T) {
 	skipUnlessLab(t)
 
-	if os.Getenv("OMNI_ENDPOINT") != "" {
-		t.Skip("lab e2e: OMNI_ENDPOINT is set, but the lab's namespaces have no route to an outside Omni " +
-			"(machines join over SideroLink and the controller dials Omni from the core namespace); run it against the stand-in")
+	runs, err := e2eRuns(os.Getenv(lab.OmniEnv))
+	if err != nil {
+		t.Fatal(err)
 	}
 
 	root := bootlab.RepoRoot(t)
 
-	l, err := lab.New(filepath.Join(root, "_out", "e2e"), zapLogger(t))
+	for _, run := range runs {
+		t.Run(string(run.omni), func(t *testing.T) { runE2E(t, root, run) })
+	}
+}
+
+func runE2E(t *testing.T, root string, run e2eRun) {
+	ctx := t.Context()
+
+	var bins lab.Binaries
+
+	if run.omni == lab.RealOmni {
+		// Cached under _out/omni; a cold build takes about 13 minutes on two cores, before any lab is up.
+		bctx, cancel := context.WithTimeout(ctx, 40*time.Minute)
+		omniBins, err := lab.BuildRealOmni(bctx, root, zapLogger(t))
+
+		cancel()
+
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		bins.RealOmni = omniBins
+	}
+
+	l, err := lab.New(filepath.Join(root, "_out", "e2e", string(run.omni)), zapLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,15 +84,17 @@ func TestE2E(t *testing.T) {
 	t.Cleanup(l.Close)
 	t.Cleanup(l.CloseOnSignal())
 
-	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
 	defer cancel()
 
-	bins, err := lab.BuildBinaries(ctx, root, filepath.Join(l.Dir, "bin"))
+	built, err := lab.BuildBinaries(ctx, root, filepath.Join(l.Dir, "bin"))
 	if err != nil {
 		t.Fatal(err)
 	}
 
-	if ok, reason := lab.ControllerSupportsOmni(ctx, bins.Controller); !ok {
+	built.RealOmni = bins.RealOmni
+
+	if ok, reason := lab.ControllerSupportsOmni(ctx, built.Controller); !ok {
 		t.Skipf("lab e2e: %s", reason)
 	}
 
@@ -54,7 +107,9 @@ func TestE2E(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	env, err := lab.Setup(ctx, l, bins, images)
+	start := time.Now()
+
+	env, err := lab.Setup(ctx, l, built, images, lab.Options{Omni: run.omni, StandInOnly: run.standInOnly})
 	if err != nil {
 		t.Fatalf("lab set-up: %v (logs under %s)", err, l.Dir)
 	}
@@ -71,7 +126,9 @@ func TestE2E(t *testing.T) {
 		t.Logf("timeline (%s):\n%s", env.Timeline.Path, b)
 	}
 
+	t.Logf("%s run: set-up and scenario took %s", run.omni, time.Since(start).Round(time.Second))
+
 	if err != nil {
-		t.Fatalf("%v\nlogs: %s", err, l.Dir)
+		t.Fatalf("%v\nlogs: %s (Omni's: %s)", err, l.Dir, env.Omni.Log())
 	}
 }

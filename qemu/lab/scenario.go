@@ -5,19 +5,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
-
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/siderolabs/omni/client/api/omni/specs"
 	"go.uber.org/zap"
 
+	"github.com/outpost-metal/outpost/qemu/realomni"
 	"github.com/outpost-metal/outpost/qemu/vbmc"
 )
 
-// Env is a running lab: the core with Omni (the stand-in) and the controller, two sites with their edges,
-// and two machines per site (BIOS with an IPMI BMC, UEFI with a Redfish BMC).
+// Env is a running lab: the core with Omni (a real one or the stand-in) and the controller, two sites with
+// their edges, and two machines per site (BIOS with an IPMI BMC, UEFI with a Redfish BMC).
 type Env struct {
 	Lab        *Lab
 	Core       *Core
@@ -31,6 +32,7 @@ type Env struct {
 	Bare     []*Machine
 	Timeline *Timeline
 
+	opts    Options
 	edgeBin string
 	preseed string
 	tokens  []string
@@ -39,9 +41,12 @@ type Env struct {
 // Binaries are the programs the lab runs.
 type Binaries struct {
 	Controller, Edge, StandIn string
+	// RealOmni is a real Omni and omnictl (BuildRealOmni), needed only against a real Omni.
+	RealOmni realomni.Binaries
 }
 
-// BuildBinaries builds the controller, the edge and the Omni stand-in into dir.
+// BuildBinaries builds the controller, the edge and the Omni stand-in into dir (a real Omni comes from
+// BuildRealOmni).
 func BuildBinaries(ctx context.Context, root, dir string) (Binaries, error) {
 	b := Binaries{
 		Controller: filepath.Join(dir, "controller"),
@@ -58,9 +63,31 @@ func BuildBinaries(ctx context.Context, root, dir string) (Binaries, error) {
 	return b, nil
 }
 
-// Setup brings the whole lab up: core, stand-in, controller, two sites with edges, four machines (off).
-func Setup(ctx context.Context, l *Lab, bins Binaries, images Images) (*Env, error) {
-	e := &Env{Lab: l, Timeline: NewTimeline(filepath.Join(l.Dir, "timeline.md")), edgeBin: bins.Edge}
+// Options say which Omni a lab runs against and which steps it takes.
+type Options struct {
+	// Omni is the lab's Omni (default RealOmni).
+	Omni OmniMode
+	// StandInOnly (with the stand-in) takes only the steps a real Omni cannot take with machines that are not
+	// Talos (power-off once information is collected, install events, installed machines booting their
+	// disk); the others are left to a real-Omni run and the timeline says so.
+	StandInOnly bool
+}
+
+// labCooldown is the controller's power cooldown in the lab (five minutes in production).
+const labCooldown = 5 * time.Second
+
+// Setup brings the whole lab up: core, Omni (real or stand-in), controller, two sites with edges, four
+// machines (off).
+func Setup(ctx context.Context, l *Lab, bins Binaries, images Images, opts Options) (*Env, error) {
+	if opts.Omni == "" {
+		opts.Omni = RealOmni
+	}
+
+	if opts.StandInOnly && opts.Omni != StandInOmni {
+		return nil, fmt.Errorf("lab options: StandInOnly needs the stand-in, not %s", opts.Omni)
+	}
+
+	e := &Env{Lab: l, Timeline: NewTimeline(filepath.Join(l.Dir, "timeline.md")), edgeBin: bins.Edge, opts: opts}
 
 	var err error
 
@@ -68,7 +95,16 @@ func Setup(ctx context.Context, l *Lab, bins Binaries, images Images) (*Env, err
 		return nil, err
 	}
 
-	if e.Omni, err = l.StartStandIn(ctx, e.Core, bins.StandIn); err != nil {
+	switch opts.Omni {
+	case RealOmni:
+		start := time.Now()
+		e.Omni, err = l.StartRealOmni(ctx, e.Core, bins.RealOmni)
+		e.Timeline.Step("real Omni "+realomni.Version+" started, infra provider created", "", start, err)
+	default:
+		e.Omni, err = l.StartStandIn(ctx, e.Core, bins.StandIn)
+	}
+
+	if err != nil {
 		return nil, err
 	}
 
@@ -83,7 +119,7 @@ func Setup(ctx context.Context, l *Lab, bins Binaries, images Images) (*Env, err
 	}
 
 	if e.Controller, err = l.StartController(ctx, e.Core, bins.Controller, e.Omni, ControllerOptions{
-		LocalAssetsDir: local, PowerCooldown: 5 * time.Second,
+		LocalAssetsDir: local, PowerCooldown: labCooldown,
 	}); err != nil {
 		return nil, err
 	}
@@ -123,6 +159,10 @@ func Setup(ctx context.Context, l *Lab, bins Binaries, images Images) (*Env, err
 		}
 	}
 
+	if opts.StandInOnly {
+		return e, nil // the bare comparison is the real-Omni run's
+	}
+
 	bare, err := l.AddBareSite(ctx, 3, images)
 	if err != nil {
 		return nil, err
@@ -143,8 +183,25 @@ func Setup(ctx context.Context, l *Lab, bins Binaries, images Images) (*Env, err
 	return e, nil
 }
 
-// reportInstalled plays Talos reporting its installation to Omni (the stand-in counts an install event).
+// real reports whether the lab runs against a real Omni.
+func (e *Env) real() bool { return e.Omni.Mode == RealOmni }
+
+// whyNoInstallEvent is why a real Omni hears nothing of a lab machine's install.
+const whyNoInstallEvent = "a real Omni counts an install only from the event sink a real Talos reaches over SideroLink"
+
+// whyKeptOn is why a real Omni keeps a lab machine powered on.
+const whyKeptOn = "a real Omni keeps it on until it has collected its information from a real Talos over SideroLink"
+
+// reportInstalled plays Talos reporting its installation to Omni: the stand-in counts an install event. A
+// real Omni counts installs only from a real Talos's event sink, so there it is only logged.
 func (e *Env) reportInstalled(m *Machine) {
+	if e.real() {
+		e.Lab.log.Info("install reported over the bmc channel, not counted by omni: "+whyNoInstallEvent,
+			zap.String("machine", m.Spec.Name))
+
+		return
+	}
+
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -153,35 +210,86 @@ func (e *Env) reportInstalled(m *Machine) {
 	}
 }
 
-// Step is one step of the lifecycle scenario.
+// Step is one step of the lifecycle scenario. A step with Skip set is not taken in this run: the timeline
+// records it with the reason (what cannot happen with this Omni, or which run covers it).
 type Step struct {
 	Name string
 	Run  func(ctx context.Context) error
+	Skip string
 }
 
-// Steps returns the lifecycle scenario: a bare dnsmasq boot of the same kinds of machine for comparison,
-// discovery and acceptance two machines at a time, allocation of one machine per site, a WAN cut of site 1,
-// a crash and restart of site 2's edge, and release while one BMC does not answer for a while.
+// Steps returns the lifecycle scenario for the lab's Omni: a bare dnsmasq boot of the same kinds of machine
+// for comparison, discovery and acceptance two machines at a time, allocation of one machine per site, a WAN
+// cut of site 1, a crash and restart of site 2's edge, and release while one BMC does not answer for a
+// while. Against a real Omni the steps that need a real Talos (information collection, hence power-off
+// after the cooldown; install events) are replaced by what the real Omni does instead, each named with
+// why; with StandInOnly only those steps run, against the stand-in.
 func (e *Env) Steps() []Step {
 	bySite := func(i, j int) *Machine { return e.Machines[i*2+j] }
 	bios1, uefi1, bios2, uefi2 := bySite(0, 0), bySite(0, 1), bySite(1, 0), bySite(1, 1)
 
-	return []Step{
-		{"for comparison: the same kinds of machine booted by bare dnsmasq + static files", e.bareBoot},
-		{"discover and accept the BIOS machines", func(ctx context.Context) error { return e.discoverAndAccept(ctx, bios1, bios2) }},
-		{"discover and accept the UEFI machines", func(ctx context.Context) error { return e.discoverAndAccept(ctx, uefi1, uefi2) }},
-		{"allocate one machine per site", func(ctx context.Context) error { return e.allocate(ctx, bios1, uefi2) }},
-		{"cut site 1's WAN: disk boot and agent mode still work", func(ctx context.Context) error { return e.wanCut(ctx, e.Sites[0], bios1, uefi1) }},
-		{"kill site 2's edge and restart it", func(ctx context.Context) error { return e.restartEdge(ctx, 1) }},
-		{"release the allocated machines (site 1's BMC stops answering for a while)", func(ctx context.Context) error {
-			return e.release(ctx, bios1, bios1, uefi2)
-		}},
+	switch {
+	case e.opts.StandInOnly:
+		covered := "covered by the real-Omni run"
+
+		return []Step{
+			{Name: "for comparison: bare dnsmasq boot, WAN cut, edge restart, release with a silent BMC", Skip: covered},
+			{Name: "discover and accept one machine per site: ready, then powered off after the cooldown (the stand-in counts " +
+				"information collected, as a real Omni does once a real Talos reports in)", Run: func(ctx context.Context) error {
+				return e.discoverAndAccept(ctx, bios1, uefi2)
+			}},
+			{Name: "allocate them: install event counted by Omni (the stand-in is told what a real Talos's event sink " +
+				"reports), installed OS booted from disk", Run: func(ctx context.Context) error { return e.allocate(ctx, bios1, uefi2) }},
+			{Name: "release them: agent mode, wiped, powered off", Run: func(ctx context.Context) error {
+				return e.release(ctx, nil, bios1, uefi2)
+			}},
+		}
+	case e.real():
+		return []Step{
+			{Name: "for comparison: the same kinds of machine booted by bare dnsmasq + static files", Run: e.bareBoot},
+			{Name: "discover and accept the BIOS machines: ready, kept on (" + whyKeptOn + ")", Run: func(ctx context.Context) error {
+				return e.discoverAndAccept(ctx, bios1, bios2)
+			}},
+			{Name: "discover and accept the UEFI machines: ready, kept on", Run: func(ctx context.Context) error {
+				return e.discoverAndAccept(ctx, uefi1, uefi2)
+			}},
+			{Name: "allocate one machine per site (cluster template, Talos " + LabTalosVersion + "): the install plan PXE-booted, " +
+				"talos.config to its edge", Run: func(ctx context.Context) error { return e.allocate(ctx, bios1, uefi2) }},
+			{Name: "install event counted, installed OS booted from disk as installed", Skip: "stand-in run: " + whyNoInstallEvent},
+			{Name: "cut site 1's WAN: the allocated machine boots what its install boot wrote to disk (Omni does not count it " +
+				"installed), the idle one (kept on) is reset into agent mode", Run: func(ctx context.Context) error {
+				return e.wanCut(ctx, e.Sites[0], bios1, uefi1)
+			}},
+			{Name: "kill site 2's edge and restart it", Run: func(ctx context.Context) error { return e.restartEdge(ctx, 1) }},
+			{Name: "release the allocated machines (cluster delete): new wipe ID, wiped again, ready, kept on (site 1's BMC " +
+				"stops answering for a while)", Run: func(ctx context.Context) error { return e.release(ctx, bios1, bios1, uefi2) }},
+		}
+	default:
+		return []Step{
+			{Name: "for comparison: the same kinds of machine booted by bare dnsmasq + static files", Run: e.bareBoot},
+			{Name: "discover and accept the BIOS machines", Run: func(ctx context.Context) error { return e.discoverAndAccept(ctx, bios1, bios2) }},
+			{Name: "discover and accept the UEFI machines", Run: func(ctx context.Context) error { return e.discoverAndAccept(ctx, uefi1, uefi2) }},
+			{Name: "allocate one machine per site", Run: func(ctx context.Context) error { return e.allocate(ctx, bios1, uefi2) }},
+			{Name: "cut site 1's WAN: disk boot and agent mode still work", Run: func(ctx context.Context) error {
+				return e.wanCut(ctx, e.Sites[0], bios1, uefi1)
+			}},
+			{Name: "kill site 2's edge and restart it", Run: func(ctx context.Context) error { return e.restartEdge(ctx, 1) }},
+			{Name: "release the allocated machines (site 1's BMC stops answering for a while)", Run: func(ctx context.Context) error {
+				return e.release(ctx, bios1, bios1, uefi2)
+			}},
+		}
 	}
 }
 
 // Run runs the steps in order, stopping at the first failure (returned with the step's name).
 func (e *Env) Run(ctx context.Context, onStep func(name string, err error)) error {
 	for _, s := range e.Steps() {
+		if s.Skip != "" {
+			e.Timeline.Skip(s.Name, s.Skip)
+
+			continue
+		}
+
 		start := time.Now()
 		err := s.Run(ctx)
 
@@ -303,18 +411,37 @@ func (e *Env) discoverAndAccept(ctx context.Context, ms ...*Machine) error {
 		return err
 	}
 
-	return e.timed("accept to ready (bmc provisioned, disk wiped, powered off)", ms, func(m *Machine) error {
+	step := "accept to ready (bmc provisioned, disk wiped), powered off after the cooldown"
+	if e.real() {
+		step = "accept to ready (bmc provisioned, disk wiped), kept on past the cooldown"
+	}
+
+	return e.timed(step, ms, func(m *Machine) error {
 		if err := e.Omni.Admin.Accept(ctx, m.Spec.UUID); err != nil {
 			return err
 		}
 
-		return e.waitReadyAndOff(ctx, m)
+		return e.waitSettled(ctx, m)
 	})
 }
 
-// waitReadyAndOff waits until the machine's disk is wiped (checked on the host), its BMC has a user the agent
-// created, Omni reports it ready, and it is powered off.
-func (e *Env) waitReadyAndOff(ctx context.Context, m *Machine) error {
+// waitSettled waits until an idle machine is ready and settled: powered off with the stand-in, kept on (and
+// preferred on by Omni) with a real Omni.
+func (e *Env) waitSettled(ctx context.Context, m *Machine) error {
+	if err := e.waitReady(ctx, m); err != nil {
+		return err
+	}
+
+	if e.real() {
+		return e.keptOn(ctx, m)
+	}
+
+	return poll(ctx, 5*time.Minute, "powered off", m, func() (bool, error) { return !m.Running(), nil })
+}
+
+// waitReady waits until the machine's disk is wiped (checked on the host), its BMC has a user the agent
+// created, and Omni reports it ready.
+func (e *Env) waitReady(ctx context.Context, m *Machine) error {
 	if err := poll(ctx, 5*time.Minute, "bmc user provisioned through the agent", m, func() (bool, error) {
 		return len(m.BMCUsersSet()) > 0, nil
 	}); err != nil {
@@ -325,31 +452,149 @@ func (e *Env) waitReadyAndOff(ctx context.Context, m *Machine) error {
 		return err
 	}
 
-	if err := poll(ctx, 5*time.Minute, "ready to use in Omni", m, func() (bool, error) {
+	return poll(ctx, 5*time.Minute, "ready to use in Omni", m, func() (bool, error) {
 		_, st, err := e.infraMachine(ctx, m.Spec.UUID)
 
 		return st != nil && st.ReadyToUse, err
+	})
+}
+
+// keptOn checks what a real Omni does with a ready machine that is not Talos: it prefers it on (it has not
+// collected its information) and the controller keeps it on past twice the cooldown.
+func (e *Env) keptOn(ctx context.Context, m *Machine) error {
+	if err := poll(ctx, time.Minute, "Omni preferring the machine on", m, func() (bool, error) {
+		spec, _, err := e.infraMachine(ctx, m.Spec.UUID)
+
+		return spec != nil && spec.PreferredPowerState == specs.InfraMachineSpec_POWER_STATE_ON, err
 	}); err != nil {
 		return err
 	}
 
-	return poll(ctx, 5*time.Minute, "powered off", m, func() (bool, error) { return !m.Running(), nil })
+	return hold(ctx, 2*labCooldown, "powered on ("+whyKeptOn+")", m, func() (bool, error) { return m.Running(), nil })
 }
 
+// hold checks cond for d, failing as soon as it does not hold (what must stay true, not what is awaited).
+func hold(ctx context.Context, d time.Duration, what string, m *Machine, cond func() (bool, error)) error {
+	deadline := time.Now().Add(d)
+
+	for {
+		ok, err := cond()
+		if err != nil {
+			return err
+		}
+
+		if !ok {
+			return fmt.Errorf("%s: did not hold for %s", what, d)
+		}
+
+		if err := m.Failures(); err != nil {
+			return err
+		}
+
+		if time.Now().After(deadline) {
+			return nil
+		}
+
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// waitPowerOn waits until Omni shows the machine powered on, as the controller read it from its BMC.
+func (e *Env) waitPowerOn(ctx context.Context, m *Machine) error {
+	return poll(ctx, 2*time.Minute, "power state on in Omni", m, func() (bool, error) {
+		_, st, err := e.infraMachine(ctx, m.Spec.UUID)
+
+		return st != nil && st.PowerState == specs.InfraMachineStatusSpec_POWER_STATE_ON, err
+	})
+}
+
+// clusterOf is the cluster the lab allocates a machine to: one per site.
+func clusterOf(m *Machine) string { return "lab-" + m.Site.Name }
+
+// allocate allocates the machines (Omni: a cluster per site, Talos LabTalosVersion) and waits for the
+// install plan's boot, whose kernel command line must carry talos.config pointing at the machine's edge;
+// with the stand-in the install event is counted and the installed OS boots from disk, with a real Omni
+// (which hears of no install: whyNoInstallEvent) the lab's install is only seen written.
 func (e *Env) allocate(ctx context.Context, ms ...*Machine) error {
-	return e.timed("allocate to installed OS booted from disk", ms, func(m *Machine) error {
+	step := "allocate to installed OS booted from disk"
+	if e.real() {
+		step = "allocate (cluster template sync) to the install plan PXE-booted with talos.config to its edge"
+	}
+
+	return e.timed(step, ms, func(m *Machine) error {
 		from := m.Serial.Size()
 
-		if err := e.Omni.Admin.Allocate(ctx, m.Spec.UUID, "lab-"+m.Site.Name, LabTalosVersion, nil, false); err != nil {
+		if err := e.Omni.Allocate(ctx, m.Spec.UUID, clusterOf(m)); err != nil {
 			return err
+		}
+
+		if err := poll(ctx, 2*time.Minute, "allocated in Omni with Talos "+LabTalosVersion, m, func() (bool, error) {
+			spec, _, err := e.infraMachine(ctx, m.Spec.UUID)
+
+			return spec != nil && spec.ClusterTalosVersion == LabTalosVersion, err
+		}); err != nil {
+			return err
+		}
+
+		if err := e.waitInstallBoot(ctx, m, from); err != nil {
+			return err
+		}
+
+		if e.real() {
+			return m.WaitSerial(ctx, from, "OUTPOST-INSTALL-WRITTEN", 3*time.Minute)
 		}
 
 		if err := m.WaitSerial(ctx, from, "OUTPOST-INSTALL-REPORTED", 5*time.Minute); err != nil {
 			return err
 		}
 
+		if err := poll(ctx, time.Minute, "installed in Omni", m, func() (bool, error) {
+			_, st, err := e.infraMachine(ctx, m.Spec.UUID)
+
+			return st != nil && st.Installed, err
+		}); err != nil {
+			return err
+		}
+
 		return e.waitDiskBoot(ctx, m, from)
 	})
+}
+
+// waitInstallBoot waits for the install plan's boot after from and checks its kernel command line (the lab's
+// /init prints it) for talos.config at the machine's edge, with iPXE's ${uuid} filled in: what lets an
+// installed Talos fetch its join config and reach Omni.
+func (e *Env) waitInstallBoot(ctx context.Context, m *Machine, from int64) error {
+	marker := "OUTPOST-INIT uuid=" + m.Spec.UUID + " mode=install cmdline="
+	if err := m.WaitSerial(ctx, from, marker, 5*time.Minute); err != nil {
+		return err
+	}
+
+	cmdline := lineAfter(m.Serial.Since(from), marker)
+	want := "talos.config=http://" + m.Site.EdgeIP() + "/config?u=" + m.Spec.UUID
+
+	if !slices.Contains(strings.Fields(cmdline), want) {
+		return fmt.Errorf("the install boot's kernel command line lacks %s: %s", want, cmdline)
+	}
+
+	e.Lab.log.Info("install boot", zap.String("machine", m.Spec.Name), zap.String("cmdline", cmdline))
+
+	return nil
+}
+
+// lineAfter returns the rest of the first line of b that holds marker, after the marker.
+func lineAfter(b []byte, marker string) string {
+	_, rest, ok := bytes.Cut(b, []byte(marker))
+	if !ok {
+		return ""
+	}
+
+	line, _, _ := bytes.Cut(rest, []byte("\n"))
+
+	return strings.TrimSpace(string(line))
 }
 
 // waitDiskBoot waits for the installed OS's marker after from, and checks that boot did not use the network.
@@ -374,14 +619,25 @@ func (e *Env) waitDiskBoot(ctx context.Context, m *Machine, from int64) error {
 	return nil
 }
 
-func (e *Env) wanCut(ctx context.Context, site *Site, installed, idle *Machine) error {
+// wanCut cuts the site's WAN for a minute: the allocated machine is power cycled and boots its disk, the idle
+// one network-boots agent mode from the edge's cached table; once the link is back the idle machine joins
+// Omni again and settles, and nothing was lost. With the stand-in the idle machine is off (powered on with
+// one-time PXE) and the allocated one is installed in Omni's view; with a real Omni the idle machine is on
+// (reset with one-time PXE) and the allocated one's disk holds what its install boot wrote, which Omni does
+// not count as installed (whyNoInstallEvent).
+func (e *Env) wanCut(ctx context.Context, site *Site, allocated, idle *Machine) error {
 	if err := site.SetWAN(false); err != nil {
 		return err
 	}
 
 	cutAt := time.Now()
 
-	if err := e.timed("WAN down: installed machine power cycle to disk boot", []*Machine{installed}, func(m *Machine) error {
+	diskStep := "WAN down: installed machine power cycle to disk boot"
+	if e.real() {
+		diskStep = "WAN down: allocated machine power cycle to disk boot (the lab's install wrote it; Omni does not count it installed)"
+	}
+
+	if err := e.timed(diskStep, []*Machine{allocated}, func(m *Machine) error {
 		from := m.Serial.Size()
 		if err := m.Chassis.Reset(ctx); err != nil {
 			return err
@@ -396,15 +652,20 @@ func (e *Env) wanCut(ctx context.Context, site *Site, installed, idle *Machine) 
 
 	idleFrom := idle.Serial.Size()
 
-	if err := e.timed("WAN down: idle machine power-on (one-time PXE) to agent mode", []*Machine{idle}, func(m *Machine) error {
-		from := idleFrom
+	idleStep := "WAN down: idle machine power-on (one-time PXE) to agent mode"
+	if e.real() {
+		idleStep = "WAN down: idle machine (kept on) reset with one-time PXE to agent mode"
+	}
+
+	if err := e.timed(idleStep, []*Machine{idle}, func(m *Machine) error {
 		m.Chassis.SetOverride(pxeOnce)
 
-		if err := m.PowerOn(ctx); err != nil {
+		// Kept on by a real Omni, off with the stand-in: Reset powers on a machine that is off.
+		if err := m.Chassis.Reset(ctx); err != nil {
 			return err
 		}
 
-		return m.WaitSerial(ctx, from, AgentStartMarker, 5*time.Minute)
+		return m.WaitSerial(ctx, idleFrom, AgentStartMarker, 5*time.Minute)
 	}); err != nil {
 		site.SetWAN(true) //nolint:errcheck,gosec
 
@@ -421,19 +682,35 @@ func (e *Env) wanCut(ctx context.Context, site *Site, installed, idle *Machine) 
 	}
 
 	start := time.Now()
+	edge := e.Edges[site.Index-1]
+	edgeFrom := edge.Log.Size()
 
 	if err := site.SetWAN(true); err != nil {
 		return err
 	}
 
-	// Nothing lost: the idle machine joins Omni once the link is back and is powered off again as an accepted,
-	// ready machine; the installed machine stays installed.
-	err := e.timed("WAN back: idle machine joins and is powered off again", []*Machine{idle}, func(m *Machine) error {
+	// The edge redials with its backoff (up to a minute); until then the controller cannot reach the site.
+	err := edge.Log.WaitFor(ctx, edgeFrom, `"uplink connected"`, 2*time.Minute)
+	e.Timeline.Step("WAN back to uplink reconnected", site.Name, start, err)
+
+	if err != nil {
+		return err
+	}
+
+	// Nothing lost: the idle machine joins Omni once the link is back and settles again as an accepted,
+	// ready machine (powered off with the stand-in, kept on by a real Omni); the allocated machine stays
+	// installed (stand-in) or allocated (real Omni).
+	backStep := "WAN back: idle machine joins and is powered off again"
+	if e.real() {
+		backStep = "WAN back: idle machine joins Omni again, ready, kept on"
+	}
+
+	err = e.timed(backStep, []*Machine{idle}, func(m *Machine) error {
 		if err := m.WaitSerial(ctx, idleFrom, "OUTPOST-PROVISIONED", 3*time.Minute); err != nil {
 			return err
 		}
 
-		return e.waitReadyAndOff(ctx, m)
+		return e.waitSettled(ctx, m)
 	})
 	e.Timeline.Step("WAN back to idle machine settled", site.Name, start, err)
 
@@ -441,13 +718,21 @@ func (e *Env) wanCut(ctx context.Context, site *Site, installed, idle *Machine) 
 		return err
 	}
 
-	_, st, err := e.infraMachine(ctx, installed.Spec.UUID)
+	// The controller reads the allocated machine's BMC through the edge again.
+	if err := e.waitPowerOn(ctx, allocated); err != nil {
+		return err
+	}
+
+	spec, st, err := e.infraMachine(ctx, allocated.Spec.UUID)
 	if err != nil {
 		return err
 	}
 
-	if st == nil || !st.Installed {
-		return fmt.Errorf("%s lost its installed state after the WAN cut", installed.Spec.Name)
+	switch {
+	case e.real() && (spec == nil || spec.ClusterTalosVersion != LabTalosVersion):
+		return fmt.Errorf("%s lost its allocation after the WAN cut", allocated.Spec.Name)
+	case !e.real() && (st == nil || !st.Installed):
+		return fmt.Errorf("%s lost its installed state after the WAN cut", allocated.Spec.Name)
 	}
 
 	return nil
@@ -479,13 +764,36 @@ func (e *Env) restartEdge(ctx context.Context, i int) error {
 	return err
 }
 
-// release releases the machines; silentBMC's BMC stops answering before its release and returns only
-// after Omni showed its power as unknown and the controller held off for half a minute.
+// release releases the machines (a real Omni's cluster is deleted, the stand-in's node removed): Omni sets a
+// new wipe ID, the controller reboots each into agent mode and wipes it again, and it settles as a ready
+// machine. silentBMC's BMC (nil: none) stops answering before its release and returns only after Omni showed
+// its power as unknown and the controller held off for half a minute.
 func (e *Env) release(ctx context.Context, silentBMC *Machine, ms ...*Machine) error {
-	return e.timed("release to agent mode, wiped, powered off", ms, func(m *Machine) error {
+	step := "release to agent mode, wiped, powered off"
+	if e.real() {
+		step = "release (cluster delete) to a new wipe ID, agent mode, wiped again, ready, kept on"
+	}
+
+	return e.timed(step, ms, func(m *Machine) error {
 		from := m.Serial.Size()
 
+		spec, _, err := e.infraMachine(ctx, m.Spec.UUID)
+		if err != nil {
+			return err
+		}
+
+		if spec == nil {
+			return fmt.Errorf("%s is not in Omni", m.Spec.Name)
+		}
+
+		wipeID := spec.WipeId
+
 		if m == silentBMC {
+			// Known before the BMC goes silent, so that "unknown" is the silence's doing.
+			if err := e.waitPowerOn(ctx, m); err != nil {
+				return err
+			}
+
 			if err := m.SetBMCAnswering(false); err != nil {
 				return err
 			}
@@ -493,7 +801,15 @@ func (e *Env) release(ctx context.Context, silentBMC *Machine, ms ...*Machine) e
 			defer m.SetBMCAnswering(true) //nolint:errcheck // restored below; this covers a failure
 		}
 
-		if err := e.Omni.Admin.Release(ctx, m.Spec.UUID); err != nil {
+		if err := e.Omni.Release(ctx, m.Spec.UUID, clusterOf(m)); err != nil {
+			return err
+		}
+
+		if err := poll(ctx, 2*time.Minute, "a new wipe ID in Omni, no cluster", m, func() (bool, error) {
+			spec, _, err := e.infraMachine(ctx, m.Spec.UUID)
+
+			return spec != nil && spec.WipeId != wipeID && spec.ClusterTalosVersion == "", err
+		}); err != nil {
 			return err
 		}
 
@@ -507,7 +823,7 @@ func (e *Env) release(ctx context.Context, silentBMC *Machine, ms ...*Machine) e
 			return err
 		}
 
-		return e.waitReadyAndOff(ctx, m)
+		return e.waitSettled(ctx, m)
 	})
 }
 

@@ -21,6 +21,7 @@ type timelineRow struct {
 	at                    time.Duration
 	step, machine, status string
 	took                  time.Duration
+	skipped               bool
 }
 
 // NewTimeline returns a timeline written to path.
@@ -42,6 +43,15 @@ func (t *Timeline) Step(step, machine string, start time.Time, err error) {
 	t.Write() //nolint:errcheck // best effort; Write's error is reported at the end of the run
 }
 
+// Skip records a step this run does not take, with the reason (the result column says "not in this run").
+func (t *Timeline) Skip(step, why string) {
+	t.mu.Lock()
+	t.rows = append(t.rows, timelineRow{at: time.Since(t.start), step: step, status: "not in this run: " + why, skipped: true})
+	t.mu.Unlock()
+
+	t.Write() //nolint:errcheck // best effort, as in Step
+}
+
 // Write writes the table.
 func (t *Timeline) Write() error {
 	t.mu.Lock()
@@ -53,8 +63,13 @@ func (t *Timeline) Write() error {
 	b.WriteString("| at | step | machine | took | result |\n|---:|---|---|---:|---|\n")
 
 	for _, r := range t.rows {
+		took := r.took.Round(100 * time.Millisecond).String()
+		if r.skipped {
+			took = "-"
+		}
+
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", r.at.Round(100*time.Millisecond), r.step, r.machine,
-			r.took.Round(100*time.Millisecond), strings.ReplaceAll(r.status, "|", "/"))
+			took, strings.ReplaceAll(r.status, "|", "/"))
 	}
 
 	return os.WriteFile(t.Path, []byte(b.String()), 0o644)

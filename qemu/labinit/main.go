@@ -1,6 +1,6 @@
 // Command labinit is the /init of the lab machines' initramfs, a stand-in for Talos with the metal agent.
 // It loads the virtio modules listed in /modules.order, takes a DHCP lease, reads its SMBIOS UUID and the
-// kernel command line, and then:
+// kernel command line (printed on the console), and then:
 //
 //   - in agent mode (metal.provider.address= on the command line): fetches talos.config (the edge's /config),
 //     joins Omni with SideroLink's Provision RPC and the join token found there (the way Talos does; retried
@@ -75,7 +75,9 @@ func run() error {
 		mode = "agent"
 	}
 
-	fmt.Printf("OUTPOST-INIT uuid=%s mode=%s\n", uuid, mode)
+	// The kernel command line as booted (iPXE has put the machine's UUID into talos.config=...?u=): the lab
+	// checks on the console what the edge served.
+	fmt.Printf("OUTPOST-INIT uuid=%s mode=%s cmdline=%s\n", uuid, mode, g.Cmdline)
 
 	lease, err := guestinit.Network(30 * time.Second)
 	if err != nil {
