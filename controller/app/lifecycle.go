@@ -20,6 +20,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/machineaccess"
 	"github.com/outpost-metal/outpost/controller/omni"
 	"github.com/outpost-metal/outpost/controller/resources"
+	"github.com/outpost-metal/outpost/controller/seal"
 	"github.com/outpost-metal/outpost/controller/sites"
 )
 
@@ -95,6 +96,18 @@ func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges
 
 	types := resources.NewTypes(cfg.Omni.ProviderID)
 
+	// BMC passwords are sealed with a key derived from the provider's service-account key: every controller of
+	// the provider has it, an Omni Reader (who can read the provider's namespace) does not.
+	sealingKey, err := seal.KeyFromServiceAccount(cfg.Omni.ServiceAccountKey, "bmc credentials")
+	if err != nil {
+		return fmt.Errorf("sealing key: %w", err)
+	}
+
+	secrets, err := seal.New(sealingKey, rand.Reader)
+	if err != nil {
+		return err
+	}
+
 	qcs, err := lifecycle.New(cfg.Lifecycle, lifecycle.Deps{
 		Types:   types,
 		Power:   edges.clients,
@@ -105,6 +118,7 @@ func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges
 		Now:     time.Now,
 		Rand:    rand.Reader,
 		Metrics: lifecycleMetrics,
+		Secrets: secrets,
 	})
 	if err != nil {
 		return err

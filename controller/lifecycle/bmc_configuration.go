@@ -13,6 +13,7 @@ import (
 	omnispecs "github.com/siderolabs/omni/client/api/omni/specs"
 	agentpb "github.com/siderolabs/talos-metal-agent/api/agent"
 	"go.uber.org/zap"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
@@ -48,11 +49,27 @@ func (s *bmcConfiguration) reconcile(ctx context.Context, logger *zap.Logger, r 
 			return controller.NewRequeueError(fmt.Errorf("bmc config of %s from omni: %w", v.id, err), 10*s.env.cfg.PollInterval)
 		}
 
+		if proto.Equal(v.bmc, cfg) && !v.clearBMC {
+			return nil // unchanged (compared opened: a sealed value differs at every write)
+		}
+
 		return s.write(ctx, r, v.id, cfg)
 	}
 
 	if v.bmc != nil {
+		if v.clearBMC {
+			logger.Info("bmc password stored in the clear: sealing it")
+
+			return s.write(ctx, r, v.id, v.bmc)
+		}
+
 		return nil // provisioned through the agent before: the credentials stay
+	}
+
+	if v.secretsErr != nil {
+		// sealed with another provider key: provision new credentials through the agent, as for a new machine
+		logger.Warn("stored bmc credentials cannot be opened with this controller's key; provisioning new ones through the agent",
+			zap.Error(v.secretsErr))
 	}
 
 	site, ok := v.site()
@@ -110,8 +127,13 @@ func (s *bmcConfiguration) reconcile(ctx context.Context, logger *zap.Logger, r 
 }
 
 func (s *bmcConfiguration) write(ctx context.Context, r controller.QRuntime, id string, cfg *specs.BMCConfigurationSpec) error {
+	stored, err := s.env.sealBMC(cfg)
+	if err != nil {
+		return err
+	}
+
 	if err := safe.WriterModify(ctx, r, s.env.Types.NewBMCConfiguration(id), func(b *resources.BMCConfiguration) error {
-		b.TypedSpec().Value = cfg
+		b.TypedSpec().Value = stored
 
 		return nil
 	}); err != nil {

@@ -75,6 +75,8 @@ type Deps struct {
 	Rand io.Reader
 	// Metrics counts problems (optional: unregistered metrics when nil).
 	Metrics *Metrics
+	// Secrets seals BMC passwords written to Omni (optional: stored in the clear when nil, for tests).
+	Secrets Secrets
 }
 
 func (d Deps) validate() error {

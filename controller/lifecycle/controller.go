@@ -100,7 +100,7 @@ func (c *machineController) Reconcile(ctx context.Context, logger *zap.Logger, r
 		}
 	}
 
-	v, err := loadView(ctx, r, c.env.Types, m)
+	v, err := c.env.loadView(ctx, r, m)
 	if err != nil {
 		return err
 	}
@@ -113,7 +113,7 @@ func (c *machineController) tearDown(ctx context.Context, logger *zap.Logger, r 
 		return nil
 	}
 
-	v, err := loadView(ctx, r, c.env.Types, m)
+	v, err := c.env.loadView(ctx, r, m)
 	if err != nil {
 		return err
 	}

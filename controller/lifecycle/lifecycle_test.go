@@ -24,6 +24,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/lifecycle/lifecycletest"
 	"github.com/outpost-metal/outpost/controller/resources"
+	"github.com/outpost-metal/outpost/controller/seal"
 )
 
 const (
@@ -32,6 +33,9 @@ const (
 	tick       = 10 * time.Millisecond
 	cooldown   = time.Hour // never passes by itself: tests advance the clock
 )
+
+// sealingKey seals the BMC passwords the lifecycle stores in these tests.
+var sealingKey = []byte("0123456789abcdef0123456789abcdef")
 
 type fakeClock struct {
 	mu     sync.Mutex
@@ -106,9 +110,12 @@ func (h *harness) start() {
 	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), lifecycletest.FakeResolver{}, h.edge)
 	require.NoError(h.t, err)
 
+	box, err := seal.New(sealingKey, rand.Reader)
+	require.NoError(h.t, err)
+
 	h.ctrls, err = lifecycle.New(cfg, lifecycle.Deps{
 		Types: h.types, Power: h.edge, Agent: h.edge, Sites: h.edge, Plans: h.edge, Planner: planner,
-		Now: h.clock.Now, Rand: rand.Reader, Metrics: h.stats,
+		Now: h.clock.Now, Rand: rand.Reader, Metrics: h.stats, Secrets: box,
 	})
 	require.NoError(h.t, err)
 
@@ -234,6 +241,12 @@ func TestAcceptToReadyThenPowerOff(t *testing.T) {
 	require.Equal(t, "outpost", m.IPMIUser)
 	require.Len(t, m.IPMIPass, 16)
 	require.Equal(t, []string{"SetPowerManagement outpost"}, h.edge.Calls("m1", "SetPowerManagement"))
+
+	// what Omni holds (readable by any Omni Reader) is sealed; the BMC got the password itself
+	stored, err := safe.StateGet[*resources.BMCConfiguration](t.Context(), h.st, h.types.NewBMCConfiguration("m1").Metadata())
+	require.NoError(t, err)
+	require.True(t, seal.Sealed(stored.TypedSpec().Value.GetIpmi().GetPassword()))
+	require.NotContains(t, stored.TypedSpec().Value.GetIpmi().GetPassword(), m.IPMIPass)
 	require.Equal(t, 1, h.edge.Count("m1", "WipeDisks"))
 	require.Equal(t, "node-token", h.status("m1").WipedNodeUniqueToken)
 
@@ -556,6 +569,36 @@ func TestNonsenseBMCConfigLeavesMachineAlone(t *testing.T) {
 	})
 	h.eventually("reported not ready", func() bool { s := h.status("m1"); return s != nil && !s.ReadyToUse })
 	h.eventually("nonsense counted", func() bool { return h.stats.Count(lifecycle.ReasonInvalidBMCConfig) > 0 })
+}
+
+// Omni's BMC config is used as given (no IPMI user made through the agent), stored with its password sealed
+// and written once: a sealed value differs at every write, so an unchanged config must not be rewritten.
+func TestOmniBMCConfigSealedAndStable(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.edge.Add("m1", "site-a")
+
+	bmc := infra.NewBMCConfig("m1")
+	bmc.TypedSpec().Value.Config = &omnispecs.InfraMachineBMCConfigSpec{Ipmi: &omnispecs.InfraMachineBMCConfigSpec_IPMI{
+		Address: "10.0.0.9", Port: 623, Username: "operator", Password: "p",
+	}}
+	require.NoError(t, h.st.Create(t.Context(), bmc))
+
+	h.omni("m1", accepted)
+	h.eventually("ready to use", func() bool { s := h.status("m1"); return s != nil && s.ReadyToUse })
+	require.Zero(t, h.edge.Count("m1", "SetPowerManagement"))
+
+	get := func() *resources.BMCConfiguration {
+		r, err := safe.StateGet[*resources.BMCConfiguration](t.Context(), h.st, h.types.NewBMCConfiguration("m1").Metadata())
+		require.NoError(t, err)
+
+		return r
+	}
+
+	first := get()
+	require.True(t, seal.Sealed(first.TypedSpec().Value.GetIpmi().GetPassword()))
+	h.never("rewritten", func() bool { return !get().Metadata().Version().Equal(first.Metadata().Version()) })
 }
 
 func TestOtherProvidersMachinesIgnored(t *testing.T) {

@@ -33,6 +33,12 @@ type view struct {
 	obs     *specs.MachineObservationSpec
 
 	finalizers resource.Finalizers // set during teardown only
+
+	// sealedBMC is a BMC configuration whose password could not be opened (secretsErr says why); clearBMC
+	// marks one stored with its password in the clear (before sealing), to be sealed.
+	sealedBMC  *specs.BMCConfigurationSpec
+	secretsErr error
+	clearBMC   bool
 }
 
 func getSpec[T resource.Resource](ctx context.Context, r controller.Reader, md resource.Metadata) (T, bool, error) {

@@ -165,7 +165,7 @@ func (s *reboot) recheck(ctx context.Context, r controller.QRuntime, v *view, si
 		return nil, false, fmt.Errorf("read infra machine again: %w", err)
 	}
 
-	fresh, err = loadView(ctx, r, s.env.Types, m)
+	fresh, err = s.env.loadView(ctx, r, m)
 	if err != nil {
 		return nil, false, err
 	}

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cosi-project/runtime/pkg/resource"
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/siderolabs/omni/client/api/omni/specs"
 	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
@@ -25,10 +26,13 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	yaml "go.yaml.in/yaml/v4"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/outpost-metal/outpost/controller/resources"
+	"github.com/outpost-metal/outpost/controller/seal"
 	"github.com/outpost-metal/outpost/qemu/omni"
 	"github.com/outpost-metal/outpost/qemu/testagent"
 	"github.com/outpost-metal/outpost/qemu/vbmc"
@@ -249,6 +253,21 @@ func TestBinariesLifecycleWithOmniStandIn(t *testing.T) {
 		"the power-on asked for in Omni did not reach the BMC within 10 s of the controller's restart")
 	t.Logf("power-on reached the BMC %s after the controller restarted", time.Since(restarted).Round(10*time.Millisecond))
 	require.NotContains(t, ctl2.log.String(), "machine not seen at any site")
+
+	// What Omni holds in the provider's namespace (readable by any Omni Reader) has the password sealed.
+	types := resources.NewTypes("bare-metal")
+	require.NoError(t, types.Register())
+
+	stored, err := stand.State().Get(ctx, types.NewBMCConfiguration(machineID).Metadata())
+	require.NoError(t, err)
+
+	asYAML, err := resource.MarshalYAML(stored)
+	require.NoError(t, err)
+
+	dump, err := yaml.Marshal(asYAML)
+	require.NoError(t, err)
+	require.Contains(t, string(dump), seal.Prefix, "the stored password is sealed")
+	require.NotContains(t, string(dump), "lab-password")
 
 	// The BMC password never appears in any log.
 	for _, p := range []*process{ctl, ctl2, edge} {

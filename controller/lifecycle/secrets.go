@@ -1,0 +1,63 @@
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/cosi-project/runtime/pkg/controller"
+	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/outpost-metal/outpost/controller/resources/specs"
+)
+
+// Secrets seals what the lifecycle writes to Omni that must not be read there (BMC passwords: any Omni
+// account with the Reader role can read the provider's namespace) and opens it again (seal.Box).
+type Secrets interface {
+	Seal(v string) (string, error)
+	Open(v string) (string, error)
+}
+
+// loadView reads everything the lifecycle knows of m, with secrets opened for use in memory only. A BMC
+// password that cannot be opened (sealed with another provider key) leaves the machine without a usable BMC
+// configuration, which the BMC configuration step then provisions again.
+func (e *env) loadView(ctx context.Context, r controller.Reader, m *infra.Machine) (*view, error) {
+	v, err := loadView(ctx, r, e.Types, m)
+	if err != nil || e.Secrets == nil || v.bmc.GetIpmi().GetPassword() == "" {
+		return v, err
+	}
+
+	bmc := proto.Clone(v.bmc).(*specs.BMCConfigurationSpec) //nolint:forcetypeassert
+
+	password, err := e.Secrets.Open(bmc.GetIpmi().GetPassword())
+	if err != nil {
+		v.sealedBMC, v.bmc = v.bmc, nil
+		v.secretsErr = fmt.Errorf("bmc password of %s: %w", v.id, err)
+
+		return v, nil
+	}
+
+	v.clearBMC = password == bmc.GetIpmi().GetPassword() // stored before sealing existed
+	bmc.Ipmi.Password = password
+	v.bmc = bmc
+
+	return v, nil
+}
+
+// sealBMC returns cfg as it is stored: its password sealed.
+func (e *env) sealBMC(cfg *specs.BMCConfigurationSpec) (*specs.BMCConfigurationSpec, error) {
+	if e.Secrets == nil || cfg.GetIpmi().GetPassword() == "" {
+		return cfg, nil
+	}
+
+	out := proto.Clone(cfg).(*specs.BMCConfigurationSpec) //nolint:forcetypeassert
+
+	sealed, err := e.Secrets.Seal(out.GetIpmi().GetPassword())
+	if err != nil {
+		return nil, fmt.Errorf("seal bmc password: %w", err)
+	}
+
+	out.Ipmi.Password = sealed
+
+	return out, nil
+}
