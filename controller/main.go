@@ -89,6 +89,7 @@ func rootCommand() *cobra.Command {
 	f.StringVar(&cfg.PXEBaseURL, "pxe-base-url", env.String("OUTPOST_PXE_BASE_URL", cfg.PXEBaseURL), "where the image factory serves PXE scripts and images (default: the factory URL) [OUTPOST_PXE_BASE_URL]")
 	f.StringVar(&cfg.TrustedRootsFile, "trusted-roots-file", env.String("OUTPOST_TRUSTED_ROOTS_FILE", cfg.TrustedRootsFile), "PEM CA bundle added to machines' join config (custom CA in front of Omni) [OUTPOST_TRUSTED_ROOTS_FILE]")
 
+	f.StringSliceVar(&cfg.MachineLabels, "machine-labels", env.List("OUTPOST_MACHINE_LABELS", cfg.MachineLabels), "key=value labels published on every machine in Omni, besides its site label (comma separated) [OUTPOST_MACHINE_LABELS]")
 	f.StringVar(&cfg.DefaultBootMode, "default-boot-mode", env.String("OUTPOST_DEFAULT_BOOT_MODE", cfg.DefaultBootMode), "firmware mode (uefi or bios) for a PXE boot of a machine whose firmware is not known yet [OUTPOST_DEFAULT_BOOT_MODE]")
 
 	// The service-account key is a secret: it comes from the environment only, never from a flag (visible in ps).

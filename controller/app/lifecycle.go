@@ -16,6 +16,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/bootplans"
 	"github.com/outpost-metal/outpost/controller/config"
+	"github.com/outpost-metal/outpost/controller/labels"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/machineaccess"
 	"github.com/outpost-metal/outpost/controller/omni"
@@ -108,7 +109,12 @@ func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges
 		return err
 	}
 
-	qcs, err := lifecycle.New(cfg.Lifecycle, lifecycle.Deps{
+	lifecycleCfg := cfg.Lifecycle
+	if lifecycleCfg.StaticLabels, err = labels.Parse(cfg.MachineLabels); err != nil {
+		return err
+	}
+
+	qcs, err := lifecycle.New(lifecycleCfg, lifecycle.Deps{
 		Types:   types,
 		Power:   edges.clients,
 		Agent:   edges.clients,

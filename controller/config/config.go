@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/labels"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/omni"
 	"github.com/outpost-metal/outpost/shared/logging"
@@ -56,6 +57,8 @@ type Config struct {
 	PXEBaseURL      string
 	// TrustedRootsFile is a PEM bundle added to the machines' join config (a custom CA in front of Omni).
 	TrustedRootsFile string
+	// MachineLabels are key=value labels published on every machine in Omni (besides its site label).
+	MachineLabels []string
 	// DefaultBootMode is the firmware mode ("uefi" or "bios") of a one-time PXE boot of a machine whose
 	// firmware neither its boots through the edge nor its BMC have told.
 	DefaultBootMode string
@@ -138,6 +141,10 @@ func (c Config) Validate() error {
 
 	if c.CertValidity < time.Hour {
 		errs = append(errs, fmt.Errorf("certificate validity %s is shorter than an hour", c.CertValidity))
+	}
+
+	if _, err := labels.Parse(c.MachineLabels); err != nil {
+		errs = append(errs, fmt.Errorf("machine labels: %w", err))
 	}
 
 	if c.DefaultBootMode != "uefi" && c.DefaultBootMode != "bios" {

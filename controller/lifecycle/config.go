@@ -30,6 +30,8 @@ type Config struct {
 	IPMIUsername string
 	// Concurrency is how many machines each controller handles at once.
 	Concurrency uint
+	// StaticLabels are published on every machine's InfraMachineStatus (validated with package labels).
+	StaticLabels map[string]string
 }
 
 // Default returns the lifecycle defaults.
@@ -77,6 +79,13 @@ type Deps struct {
 	Metrics *Metrics
 	// Secrets seals BMC passwords written to Omni (optional: stored in the clear when nil, for tests).
 	Secrets Secrets
+	// SiteLabels gives the labels an operator set on a site (optional).
+	SiteLabels SiteLabels
+}
+
+// SiteLabels tells the labels an operator set on a site, published on its machines.
+type SiteLabels interface {
+	SiteLabels(siteID string) map[string]string
 }
 
 func (d Deps) validate() error {

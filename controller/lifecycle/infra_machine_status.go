@@ -12,6 +12,7 @@ import (
 	omnires "github.com/siderolabs/omni/client/pkg/omni/resources/omni"
 	"go.uber.org/zap"
 
+	"github.com/outpost-metal/outpost/controller/labels"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
 )
 
@@ -70,6 +71,17 @@ func (s *infraMachineStatus) reconcile(ctx context.Context, _ *zap.Logger, r con
 		}
 
 		st.Metadata().Labels().Set(omnires.LabelInfraProviderID, s.env.Types.ProviderID)
+
+		// the site and operator labels, which Omni shows as omni.sidero.dev/infra-provider/<id>/<key>
+		site, _ := v.site()
+
+		var siteLabels map[string]string
+		if s.env.SiteLabels != nil && site != "" {
+			siteLabels = s.env.SiteLabels.SiteLabels(site)
+		}
+
+		labels.Apply(st.Metadata().Labels().Raw(), labels.Machine(s.env.cfg.StaticLabels, siteLabels, site),
+			st.Metadata().Labels().Set, st.Metadata().Labels().Delete)
 
 		return nil
 	}); err != nil {

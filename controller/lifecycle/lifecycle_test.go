@@ -618,3 +618,28 @@ func TestOtherProvidersMachinesIgnored(t *testing.T) {
 		return len(h.edge.Log()) > 0 || err != nil || !cur.Metadata().Finalizers().Empty() || h.status("m1") != nil
 	})
 }
+
+// Every machine's InfraMachineStatus carries its site and the provider's static labels (Omni copies them to
+// its MachineStatus, where MachineClass selectors see them); a label no longer wanted goes.
+func TestStatusLabels(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t, func(c *lifecycle.Config) { c.StaticLabels = map[string]string{"tier": "gold"} })
+	h.edge.Add("m1", "site-a")
+	h.omni("m1", accepted)
+
+	labelsOf := func() map[string]string {
+		st, err := safe.StateGetByID[*infra.MachineStatus](t.Context(), h.st, "m1")
+		if err != nil {
+			return nil
+		}
+
+		return st.Metadata().Labels().Raw()
+	}
+
+	h.eventually("site and static labels", func() bool {
+		l := labelsOf()
+
+		return l["site"] == "site-a" && l["tier"] == "gold" && l[omnires.LabelInfraProviderID] == providerID
+	})
+}

@@ -1,0 +1,118 @@
+// Package labels holds the machine labels the controller publishes to Omni on each machine's
+// InfraMachineStatus: the site a machine is at, labels an operator sets per site, and provider-wide static
+// labels. Omni copies them onto its own MachineStatus as omni.sidero.dev/infra-provider/<provider-id>/<key>,
+// where MachineClass selectors see them. Keys and values follow the label syntax Omni (and Kubernetes)
+// accept; anything else is refused where the operator set it.
+package labels
+
+import (
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"strings"
+)
+
+// Site is the key of the label naming the machine's site.
+const Site = "site"
+
+// systemPrefix is Omni's own label prefix: Omni skips such labels on an InfraMachineStatus.
+const systemPrefix = "omni.sidero.dev/"
+
+var (
+	namePattern   = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`)
+	prefixPattern = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$`)
+	valuePattern  = regexp.MustCompile(`^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$`)
+)
+
+// ValidateKey reports a label key Omni would refuse or ignore.
+func ValidateKey(key string) error {
+	if strings.HasPrefix(key, systemPrefix) {
+		return fmt.Errorf("label key %q: the %s prefix is Omni's own", key, systemPrefix)
+	}
+
+	name := key
+	if prefix, rest, ok := strings.Cut(key, "/"); ok {
+		if len(prefix) > 253 || !prefixPattern.MatchString(prefix) {
+			return fmt.Errorf("label key %q: prefix %q is not a DNS subdomain", key, prefix)
+		}
+
+		name = rest
+	}
+
+	if !namePattern.MatchString(name) {
+		return fmt.Errorf("label key %q: the name must be 1-63 characters of a-z, A-Z, 0-9, '-', '_', '.', starting and ending alphanumeric", key)
+	}
+
+	return nil
+}
+
+// ValidateValue reports a label value Omni would refuse.
+func ValidateValue(value string) error {
+	if !valuePattern.MatchString(value) {
+		return fmt.Errorf("label value %q: at most 63 characters of a-z, A-Z, 0-9, '-', '_', '.', starting and ending alphanumeric", value)
+	}
+
+	return nil
+}
+
+// Parse reads "k=v" pairs (a flag's values); every pair is checked, and one bad pair refuses them all.
+func Parse(pairs []string) (map[string]string, error) {
+	out := map[string]string{}
+
+	for _, p := range pairs {
+		k, v, ok := strings.Cut(strings.TrimSpace(p), "=")
+		if !ok {
+			return nil, fmt.Errorf("label %q: want key=value", p)
+		}
+
+		if err := ValidateKey(k); err != nil {
+			return nil, err
+		}
+
+		if err := ValidateValue(v); err != nil {
+			return nil, err
+		}
+
+		if k == Site {
+			return nil, fmt.Errorf("label key %q is set by the controller to the machine's site", k)
+		}
+
+		out[k] = v
+	}
+
+	return out, nil
+}
+
+// Machine returns the labels of a machine at site: the static labels, then the site's own (which win),
+// then the site label (which always says where the machine is). site may be empty (not located yet).
+func Machine(static, siteLabels map[string]string, site string) map[string]string {
+	out := maps.Clone(static)
+	if out == nil {
+		out = map[string]string{}
+	}
+
+	maps.Copy(out, siteLabels)
+
+	if site != "" {
+		out[Site] = site
+	}
+
+	return out
+}
+
+// Apply makes the non-system labels in current exactly want: the caller's set function adds or changes,
+// remove drops. System labels (omni.sidero.dev/...) are left alone.
+func Apply(current map[string]string, want map[string]string, set func(k, v string), remove func(k string)) {
+	for _, k := range slices.Sorted(maps.Keys(current)) {
+		if _, keep := want[k]; !keep && !strings.HasPrefix(k, systemPrefix) {
+			remove(k)
+		}
+	}
+
+	for _, k := range slices.Sorted(maps.Keys(want)) {
+		if v, ok := current[k]; !ok || v != want[k] {
+			set(k, want[k])
+		}
+	}
+}
