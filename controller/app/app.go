@@ -119,7 +119,21 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	eg.Go(func() error { return serveGRPC(ctx, adminServer, adminLn) })
 
 	if cfg.OmniEnabled() {
-		eg.Go(func() error { return runLifecycle(ctx, cfg, log, edges, siteAssets, metrics) })
+		health := siteHealth(func(ctx context.Context) ([]string, error) {
+			list, err := registry.List(ctx)
+			if err != nil {
+				return nil, err
+			}
+
+			ids := make([]string, 0, len(list))
+			for _, s := range list {
+				ids = append(ids, s.Metadata().ID())
+			}
+
+			return ids, nil
+		}, uplinkServer.Connected)
+
+		eg.Go(func() error { return runLifecycle(ctx, cfg, log, edges, siteAssets, metrics, health) })
 	} else {
 		log.Warn("no Omni endpoint configured: sites and edges are served, machines are not managed (set --omni-endpoint)")
 	}

@@ -64,7 +64,9 @@ func (w *edgeWiring) sessionStarted(_ context.Context, siteID string, _ grpc.Cli
 // lifecycle controllers are built once; every connection gets a fresh COSI runtime (with the health heartbeat)
 // and join config watcher on them, rebuilt with backoff whenever Omni goes away, at any uptime. Edge sessions,
 // boot tables and machine locations live outside and carry on meanwhile.
-func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges *edgeWiring, siteAssets *siteAssets, metrics *prometheus.Registry) error {
+func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges *edgeWiring, siteAssets *siteAssets,
+	metrics *prometheus.Registry, health func(context.Context) error,
+) error {
 	resolver, err := installResolver(cfg)
 	if err != nil {
 		return err
@@ -136,7 +138,7 @@ func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges
 			return err
 		}
 
-		rt, err := conn.NewRuntime(nil, qcs...)
+		rt, err := conn.NewRuntime(health, qcs...)
 		if err != nil {
 			return err
 		}

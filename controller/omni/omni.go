@@ -55,7 +55,7 @@ type Config struct {
 	ProviderID  string
 	Name        string
 	Description string
-	// HealthInterval is how often the health heartbeat is written (Omni's default 30 s when zero).
+	// HealthInterval is how often the health heartbeat (with the sites' state) is written.
 	HealthInterval time.Duration
 	// ConnectTimeout bounds how long Connect keeps retrying an unreachable Omni (0: until ctx ends).
 	ConnectTimeout time.Duration
@@ -73,6 +73,8 @@ func Default() Config {
 		Description: "Multi-site bare-metal provisioning (static infra provider)",
 		RetryMin:    time.Second,
 		RetryMax:    30 * time.Second,
+		// An offline site shows in Omni within the uplink's keepalive (about 30 s) plus this.
+		HealthInterval: 15 * time.Second,
 	}
 }
 
