@@ -40,6 +40,9 @@ func NewReal(ctx context.Context, o *realomni.Omni, providerID string) (*Real, e
 	return &Real{o: o, providerID: providerID, providerKey: key, admin: admin}, nil
 }
 
+// Omni is the running Omni (to restart it).
+func (r *Real) Omni() *realomni.Omni { return r.o }
+
 // Close closes the admin client (the Omni itself is its owner's to stop).
 func (r *Real) Close() error { return r.admin.Close() }
 
