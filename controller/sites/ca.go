@@ -15,6 +15,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/outpost-metal/outpost/shared/atomicfile"
@@ -26,6 +27,8 @@ import (
 type CA struct {
 	cert *x509.Certificate
 	key  crypto.Signer
+	// issued counts the client certificates signed since the CA was loaded.
+	issued atomic.Uint64
 }
 
 const (
@@ -135,6 +138,9 @@ func loadCA(dir string) (*CA, error) {
 	return &CA{cert: pair.Leaf, key: signer}, nil
 }
 
+// Issued returns how many client certificates the CA has signed since it was loaded or created.
+func (ca *CA) Issued() uint64 { return ca.issued.Load() }
+
 // Certificate returns the CA certificate.
 func (ca *CA) Certificate() *x509.Certificate { return ca.cert }
 
@@ -221,6 +227,8 @@ func (ca *CA) SignClient(csrDER []byte, siteID string, now time.Time, validity t
 	if err != nil {
 		return nil, fmt.Errorf("sign client certificate: %w", err)
 	}
+
+	ca.issued.Add(1)
 
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {

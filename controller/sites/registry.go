@@ -138,29 +138,48 @@ func (r *Registry) newToken(siteID string) (uplink.JoinToken, error) {
 	return uplink.JoinToken{SiteID: siteID, Secret: secret, CAFingerprint: r.ca.Fingerprint()}, nil
 }
 
+// CheckToken checks a join token without using it up: what enrolment asks before it signs anything.
+func (r *Registry) CheckToken(ctx context.Context, tok uplink.JoinToken) error {
+	site, err := r.Get(ctx, tok.SiteID)
+	if err != nil {
+		return err
+	}
+
+	return r.tokenError(site, tok)
+}
+
 // ConsumeToken checks a join token and, for a single-use token, marks it used. It is safe against
 // two edges racing with the same token: exactly one wins.
 func (r *Registry) ConsumeToken(ctx context.Context, tok uplink.JoinToken) error {
 	_, err := r.update(ctx, tok.SiteID, func(site *resources.Site) error {
-		spec := site.TypedSpec().Value
-
-		switch {
-		case spec.Revoked:
-			return fmt.Errorf("site %s: %w", tok.SiteID, ErrRevoked)
-		case len(spec.TokenHash) == 0 || subtle.ConstantTimeCompare(spec.TokenHash, tok.SecretHash()) != 1:
-			return fmt.Errorf("site %s: %w: it is not the site's current token (replaced?)", tok.SiteID, ErrTokenRejected)
-		case !r.now().Before(spec.TokenExpires.AsTime()):
-			return fmt.Errorf("site %s: %w at %s", tok.SiteID, ErrTokenExpired, spec.TokenExpires.AsTime().UTC().Format(time.RFC3339))
-		case spec.TokenUsed && !spec.TokenReusable:
-			return fmt.Errorf("site %s: %w (tokens are single use unless created reusable)", tok.SiteID, ErrTokenUsed)
+		if err := r.tokenError(site, tok); err != nil {
+			return err
 		}
 
-		spec.TokenUsed = true
+		site.TypedSpec().Value.TokenUsed = true
 
 		return nil
 	})
 
 	return err
+}
+
+// tokenError says why tok does not enrol an edge of site, or nil.
+func (r *Registry) tokenError(site *resources.Site, tok uplink.JoinToken) error {
+	spec := site.TypedSpec().Value
+
+	switch {
+	case spec.Revoked:
+		return fmt.Errorf("site %s: %w", tok.SiteID, ErrRevoked)
+	case len(spec.TokenHash) == 0 || subtle.ConstantTimeCompare(spec.TokenHash, tok.SecretHash()) != 1:
+		return fmt.Errorf("site %s: %w: it is not the site's current token (replaced?)", tok.SiteID, ErrTokenRejected)
+	case !r.now().Before(spec.TokenExpires.AsTime()):
+		return fmt.Errorf("site %s: %w at %s", tok.SiteID, ErrTokenExpired, spec.TokenExpires.AsTime().UTC().Format(time.RFC3339))
+	case spec.TokenUsed && !spec.TokenReusable:
+		return fmt.Errorf("site %s: %w (tokens are single use unless created reusable)", tok.SiteID, ErrTokenUsed)
+	}
+
+	return nil
 }
 
 // AddCertificate records a certificate issued to the site; older ones beyond the newest two stop working.

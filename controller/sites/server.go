@@ -6,14 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/yamux"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/cosi-project/runtime/pkg/state"
 
@@ -46,21 +50,19 @@ type Options struct {
 
 	// CertValidity is the lifetime of the client certificates issued to edges.
 	CertValidity time.Duration
-	// HandshakeTimeout bounds TLS plus hello for each new connection.
-	HandshakeTimeout time.Duration
-	// MaxHandshakes bounds connections in TLS or hello at once; more are closed and counted.
-	MaxHandshakes int
+	// Limits bound handshakes, enrolment sessions and wrong join tokens; zero fields mean their defaults.
+	Limits Limits
 	// ServerNames are extra DNS names for the server certificate (the fixed uplink name is always there).
 	ServerNames []string
 }
 
 // Defaults for Options.
 const (
-	DefaultCertValidity     = 30 * 24 * time.Hour
-	DefaultHandshakeTimeout = 10 * time.Second
-	DefaultMaxHandshakes    = 128
-	enrollSessionTimeout    = time.Minute
-	lastSeenInterval        = 15 * time.Second
+	DefaultCertValidity = 30 * 24 * time.Hour
+	lastSeenInterval    = 15 * time.Second
+	// enrollLinger is how long an enrolment session stays open after its one Enroll call has returned,
+	// for the answer to reach the edge (which closes the session itself once it has it).
+	enrollLinger = 2 * time.Second
 )
 
 // ErrSiteOffline means the site has no live uplink session; the caller should try again later.
@@ -72,7 +74,8 @@ type Server struct {
 	log       *zap.Logger
 	metrics   *metrics
 	tlsConfig *tls.Config
-	slots     chan struct{}
+	admission *admission
+	rejects   *rejectLog
 	table     sessionTable
 	statuses  *statusKeeper
 }
@@ -91,13 +94,11 @@ func NewServer(opts Options) (*Server, error) {
 		opts.CertValidity = DefaultCertValidity
 	}
 
-	if opts.HandshakeTimeout <= 0 {
-		opts.HandshakeTimeout = DefaultHandshakeTimeout
+	if err := opts.Limits.Validate(); err != nil {
+		return nil, fmt.Errorf("sites server: %w", err)
 	}
 
-	if opts.MaxHandshakes <= 0 {
-		opts.MaxHandshakes = DefaultMaxHandshakes
-	}
+	opts.Limits = opts.Limits.withDefaults()
 
 	if opts.Metrics == nil {
 		opts.Metrics = prometheus.NewRegistry()
@@ -113,9 +114,11 @@ func NewServer(opts Options) (*Server, error) {
 		return nil, err
 	}
 
+	log := opts.Logger.With(zap.String("component", "uplink_server"))
+
 	s := &Server{
 		opts:    opts,
-		log:     opts.Logger.With(zap.String("component", "uplink_server")),
+		log:     log,
 		metrics: m,
 		tlsConfig: &tls.Config{
 			MinVersion:   tls.VersionTLS13,
@@ -124,15 +127,21 @@ func NewServer(opts Options) (*Server, error) {
 			// gets a clear reject reason in the hello reply instead of a bare TLS alert.
 			ClientAuth: tls.RequestClientCert,
 		},
-		slots:    make(chan struct{}, opts.MaxHandshakes),
-		table:    sessionTable{bySite: map[string]*liveSession{}},
-		statuses: &statusKeeper{w: opts.Statuses, now: opts.Now},
+		admission: newAdmission(opts.Limits, opts.Now, m),
+		rejects:   newRejectLog(log, opts.Limits.RejectLogInterval, opts.Now),
+		table:     sessionTable{bySite: map[string]*liveSession{}},
+		statuses:  &statusKeeper{w: opts.Statuses, now: opts.Now},
 	}
 
 	return s, nil
 }
 
 // Serve accepts connections on ln until ctx is done, then closes every session and returns nil.
+//
+// A connection is counted against the handshake limits from accept until its hello is answered: refused at
+// once (closed, counted, logged at most once per reason and interval) when its source or the controller is at
+// a limit, closed when it has not completed TLS within Limits.TLSTimeout or sent its hello within
+// Limits.HandshakeTimeout.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	s.log.Info("uplink listening", zap.Stringer("address", ln.Addr()))
 
@@ -141,6 +150,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
+
+	housekeeping, stopHousekeeping := context.WithCancel(ctx)
+	defer stopHousekeeping()
+
+	wg.Go(func() { s.housekeep(housekeeping) })
+
+	var acceptDelay time.Duration
 
 	for {
 		conn, err := ln.Accept()
@@ -154,21 +170,87 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 				continue
 			}
 
-			return fmt.Errorf("accept uplink connection: %w", err)
+			if !temporaryAcceptError(err) {
+				return fmt.Errorf("accept uplink connection: %w", err)
+			}
+
+			// Out of file descriptors (a flood) or a connection reset before accept: wait a little, as
+			// net/http does, instead of spinning or giving up the port.
+			acceptDelay = min(max(2*acceptDelay, 5*time.Millisecond), time.Second)
+			s.metrics.rejected.WithLabelValues(reasonInternal).Inc()
+			s.rejects.reject(zapcore.WarnLevel, "uplink accept failed", reasonInternal,
+				fmt.Sprintf("%v; retrying in %s (raise the controller's open file limit if this repeats)", err, acceptDelay), "", "")
+
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(acceptDelay):
+			}
+
+			continue
 		}
 
-		select {
-		case s.slots <- struct{}{}:
-		default:
-			s.metrics.rejected.WithLabelValues(reasonOverload).Inc()
-			s.log.Warn("too many uplink handshakes at once; connection closed", zap.Stringer("remote", conn.RemoteAddr()))
+		acceptDelay = 0
+		accepted := time.Now()
+		source := sourceKey(conn.RemoteAddr())
+
+		release, refused := s.admission.admit(source)
+		if refused != nil {
+			s.refuse(refused, conn.RemoteAddr(), "")
 			conn.Close() //nolint:errcheck
 
 			continue
 		}
 
-		wg.Go(func() { s.handle(ctx, conn) })
+		wg.Go(func() { s.handle(ctx, conn, source, accepted, release) })
 	}
+}
+
+// temporaryAcceptError reports whether an accept error will likely pass: out of file descriptors or memory,
+// or a connection aborted before it was accepted.
+func temporaryAcceptError(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ENOBUFS) ||
+		errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.ECONNABORTED)
+}
+
+// housekeep writes the counted refusals every log interval and forgets idle sources.
+func (s *Server) housekeep(ctx context.Context) {
+	ticker := time.NewTicker(s.opts.Limits.RejectLogInterval)
+	defer ticker.Stop()
+
+	for {
+		select {
+		case <-ctx.Done():
+			s.rejects.flush()
+
+			return
+		case <-ticker.C:
+			s.rejects.flush()
+			s.admission.sweep()
+		}
+	}
+}
+
+// refuse counts and logs a refused connection.
+func (s *Server) refuse(r *rejection, remote net.Addr, siteID string) {
+	s.metrics.rejected.WithLabelValues(r.metric).Inc()
+
+	level, msg := zapcore.WarnLevel, "uplink connection rejected"
+
+	switch r.metric {
+	case reasonTLS, reasonTLSTimeout, reasonBadMagic:
+		// Port scanners and stray clients: worth a line, not a warning.
+		level, msg = zapcore.InfoLevel, "uplink TLS handshake failed"
+	case reasonOverload, reasonSourceHandshakes, reasonSourceRate, reasonSourcesFull:
+		msg = "uplink connection refused before TLS"
+	}
+
+	addr := ""
+	if remote != nil {
+		addr = remote.String()
+	}
+
+	s.rejects.reject(level, msg, r.metric, r.reason, addr, siteID)
 }
 
 // Conn returns a connection to the edge of a site, or ErrSiteOffline.
@@ -192,16 +274,8 @@ func (s *Server) Disconnect(siteID string) {
 	}
 }
 
-// handle runs one connection from TLS handshake to the end of its session.
-func (s *Server) handle(ctx context.Context, raw net.Conn) {
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			<-s.slots
-		}
-	}
-
+// handle runs one connection from TLS handshake to the end of its session. release ends its handshake count.
+func (s *Server) handle(ctx context.Context, raw net.Conn, source string, accepted time.Time, release func()) {
 	defer release()
 
 	log := s.log.With(zap.Stringer("remote", raw.RemoteAddr()))
@@ -209,35 +283,51 @@ func (s *Server) handle(ctx context.Context, raw net.Conn) {
 
 	defer conn.Close() //nolint:errcheck
 
-	hctx, cancel := context.WithTimeout(ctx, s.opts.HandshakeTimeout)
-	defer cancel()
+	// Deadlines are wall-clock times on the socket (not the injected clock, which only dates certificates).
+	raw.SetDeadline(accepted.Add(s.opts.Limits.TLSTimeout)) //nolint:errcheck
 
-	if err := conn.HandshakeContext(hctx); err != nil {
-		s.metrics.rejected.WithLabelValues(reasonTLS).Inc()
-		log.Info("uplink TLS handshake failed", zap.Error(err))
+	if err := conn.HandshakeContext(ctx); err != nil {
+		r := &rejection{metric: reasonTLS, reason: err.Error()}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			r = &rejection{metric: reasonTLSTimeout, reason: fmt.Sprintf("TLS handshake not completed within %s of connecting (--uplink-tls-timeout): %v", s.opts.Limits.TLSTimeout, err)}
+		}
 
-		return
-	}
-
-	conn.SetDeadline(time.Now().Add(s.opts.HandshakeTimeout)) //nolint:errcheck
-
-	hello, reject := s.readHello(conn)
-	if reject == nil {
-		reject = s.check(ctx, conn, hello)
-	}
-
-	if reject != nil {
-		s.metrics.rejected.WithLabelValues(reject.metric).Inc()
-		log.Warn("uplink connection rejected", zap.String("site", hello.GetSiteId()), zap.String("reason", reject.reason))
-
-		if reject.reply {
-			s.reply(conn, reject.code, reject.reason) //nolint:errcheck // the peer may be gone; it was logged
+		if ctx.Err() == nil {
+			s.refuse(r, raw.RemoteAddr(), "")
 		}
 
 		return
 	}
 
-	if err := s.reply(conn, uplinkpb.HelloReply_CODE_ACCEPTED, ""); err != nil {
+	conn.SetDeadline(accepted.Add(s.opts.Limits.HandshakeTimeout)) //nolint:errcheck
+
+	hello, reject := s.readHello(conn)
+
+	var releaseEnroll func()
+
+	if reject == nil {
+		if hello.GetPurpose() == uplinkpb.Hello_PURPOSE_ENROLL {
+			releaseEnroll, reject = s.admitEnroll(ctx, source, hello)
+		} else {
+			reject = s.check(ctx, conn, hello)
+		}
+	}
+
+	if reject != nil {
+		s.refuse(reject, raw.RemoteAddr(), hello.GetSiteId())
+
+		if reject.reply {
+			s.reply(conn, reject.code, reject.reason, reject.retryAfter) //nolint:errcheck // the peer may be gone; it was logged
+		}
+
+		return
+	}
+
+	if releaseEnroll != nil {
+		defer releaseEnroll()
+	}
+
+	if err := s.reply(conn, uplinkpb.HelloReply_CODE_ACCEPTED, "", 0); err != nil {
 		log.Info("uplink hello reply failed", zap.Error(err))
 
 		return
@@ -248,7 +338,7 @@ func (s *Server) handle(ctx context.Context, raw net.Conn) {
 
 	switch hello.GetPurpose() {
 	case uplinkpb.Hello_PURPOSE_ENROLL:
-		s.serveEnroll(ctx, conn, hello, log)
+		s.serveEnroll(ctx, conn, source, hello, log)
 	default:
 		s.serveSession(ctx, conn, hello, log)
 	}
@@ -259,13 +349,21 @@ type rejection struct {
 	reason string
 	metric string
 	reply  bool
+	// retryAfter is what the edge is asked to wait before trying again; zero says nothing.
+	retryAfter time.Duration
 }
 
 func (s *Server) readHello(conn *tls.Conn) (*uplinkpb.Hello, *rejection) {
 	frame, err := uplink.ReadFrame(conn)
 	if err != nil {
-		if errors.Is(err, uplink.ErrBadMagic) {
+		switch {
+		case errors.Is(err, uplink.ErrBadMagic):
 			return nil, &rejection{code: uplinkpb.HelloReply_CODE_MALFORMED, reason: err.Error(), metric: reasonBadMagic}
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			return nil, &rejection{
+				metric: reasonHelloTimeout,
+				reason: fmt.Sprintf("no hello within %s of connecting (--uplink-handshake-timeout): %v", s.opts.Limits.HandshakeTimeout, err),
+			}
 		}
 
 		return nil, &rejection{code: uplinkpb.HelloReply_CODE_MALFORMED, reason: err.Error(), metric: reasonMalformed, reply: true}
@@ -289,12 +387,98 @@ func (s *Server) readHello(conn *tls.Conn) (*uplinkpb.Hello, *rejection) {
 	return hello, nil
 }
 
-// check authenticates a session hello against the client certificate and the registry.
-func (s *Server) check(ctx context.Context, conn *tls.Conn, hello *uplinkpb.Hello) *rejection {
-	if hello.GetPurpose() == uplinkpb.Hello_PURPOSE_ENROLL {
-		return nil
+// admitEnroll decides whether an ENROLL hello gets an enrolment session: its source and site are not locked
+// out, its join token is the site's current one, and there is room. Nothing is signed here, and a connection
+// without a valid token never holds a session. The returned release ends the session's count.
+func (s *Server) admitEnroll(ctx context.Context, source string, hello *uplinkpb.Hello) (func(), *rejection) {
+	siteID := hello.GetSiteId()
+
+	if hello.GetJoinToken() == "" {
+		return nil, &rejection{
+			code: uplinkpb.HelloReply_CODE_MALFORMED,
+			reason: fmt.Sprintf("the enrolment hello carries no join token (an edge older than this controller, %s?): run the same release on both",
+				version.String()),
+			metric: reasonNoToken,
+			reply:  true,
+		}
 	}
 
+	if r := s.admission.enrollLockout(source, siteID); r != nil {
+		return nil, r
+	}
+
+	if r := s.checkToken(ctx, source, siteID, hello.GetJoinToken()); r != nil {
+		return nil, r
+	}
+
+	return s.admission.acquireEnroll(source, siteID)
+}
+
+// checkToken checks a join token for the site a connection names, counting a wrong one against its source
+// (and its site, when the site exists) and refusing with the reason the edge and the operator act on.
+func (s *Server) checkToken(ctx context.Context, source, siteID, text string) *rejection {
+	tokenRejected := func(reason string, countSite bool) *rejection {
+		s.tokenFailed(source, siteID, countSite)
+
+		return &rejection{code: uplinkpb.HelloReply_CODE_TOKEN_REJECTED, reason: reason, metric: reasonTokenRejected, reply: true}
+	}
+
+	tok, err := uplink.ParseJoinToken(text)
+	if err != nil {
+		return tokenRejected(err.Error(), false)
+	}
+
+	if tok.SiteID != siteID {
+		return tokenRejected(fmt.Sprintf("the join token is for site %q but the hello names site %q", tok.SiteID, siteID), false)
+	}
+
+	if tok.CAFingerprint != s.opts.CA.Fingerprint() {
+		return tokenRejected("the join token was issued by another controller (CA fingerprint differs)", false)
+	}
+
+	err = s.opts.Registry.CheckToken(ctx, tok)
+
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrTokenRejected):
+		return tokenRejected(err.Error()+"; get a new one with `controller site token "+siteID+"`", true)
+	case errors.Is(err, ErrTokenExpired), errors.Is(err, ErrTokenUsed):
+		// The secret is right: nobody is guessing, nothing to count.
+		return &rejection{code: uplinkpb.HelloReply_CODE_TOKEN_REJECTED, reason: err.Error() + "; get a new one with `controller site token " + siteID + "`", metric: reasonTokenRejected, reply: true}
+	case errors.Is(err, ErrUnknownSite):
+		s.tokenFailed(source, siteID, false)
+
+		return &rejection{code: uplinkpb.HelloReply_CODE_UNKNOWN_SITE, reason: err.Error() + " (deleted? create it again and use its new token)", metric: reasonUnknownSite, reply: true}
+	case errors.Is(err, ErrRevoked):
+		return &rejection{code: uplinkpb.HelloReply_CODE_REVOKED, reason: err.Error(), metric: reasonRevoked, reply: true}
+	default:
+		return &rejection{code: uplinkpb.HelloReply_CODE_OVERLOADED, reason: "check join token: " + err.Error(), metric: reasonInternal, reply: true, retryAfter: s.opts.Limits.RetryAfter}
+	}
+}
+
+// tokenFailed counts a wrong join token and logs the lockouts it starts.
+func (s *Server) tokenFailed(source, siteID string, countSite bool) {
+	started := s.admission.tokenFailed(source, siteID, countSite)
+	lim := s.opts.Limits
+
+	if started.source {
+		s.metrics.lockouts.WithLabelValues("source").Inc()
+		s.rejects.reject(zapcore.WarnLevel, "uplink enrolment locked out", reasonLockedSource, fmt.Sprintf(
+			"%d wrong join tokens from %s within %s: enrolment from this address is refused for %s (--uplink-token-lockout); "+
+				"an edge there with a good token retries by itself after that", lim.SourceTokenFailures, source, lim.TokenFailureWindow, lim.SourceLockout), source, siteID)
+	}
+
+	if started.site {
+		s.metrics.lockouts.WithLabelValues("site").Inc()
+		s.rejects.reject(zapcore.WarnLevel, "uplink enrolment locked out", reasonLockedSite, fmt.Sprintf(
+			"%d wrong join tokens for site %q within %s (someone may be guessing; the last from %s): its enrolment is paused for %s; "+
+				"enrolled edges are not affected", lim.SiteTokenFailures, siteID, lim.TokenFailureWindow, source, lim.SiteLockout), source, siteID)
+	}
+}
+
+// check authenticates a session hello against the client certificate and the registry.
+func (s *Server) check(ctx context.Context, conn *tls.Conn, hello *uplinkpb.Hello) *rejection {
 	leaf, err := s.opts.CA.VerifyClient(conn.ConnectionState().PeerCertificates, s.opts.Now())
 	if err != nil {
 		return &rejection{code: uplinkpb.HelloReply_CODE_BAD_CERTIFICATE, reason: fmt.Sprintf("%v (is it from this controller's CA? re-enrol with a new join token)", err), metric: reasonBadCertificate, reply: true}
@@ -324,16 +508,23 @@ func (s *Server) check(ctx context.Context, conn *tls.Conn, hello *uplinkpb.Hell
 	return nil
 }
 
-func (s *Server) reply(conn net.Conn, code uplinkpb.HelloReply_Code, reason string) error {
-	return uplink.WriteFrame(conn, version.ProtocolVersion, &uplinkpb.HelloReply{
+func (s *Server) reply(conn net.Conn, code uplinkpb.HelloReply_Code, reason string, retryAfter time.Duration) error {
+	msg := &uplinkpb.HelloReply{
 		Code:              code,
 		Reason:            reason,
 		ProtocolVersion:   version.ProtocolVersion,
 		ControllerVersion: version.String(),
-	})
+	}
+
+	if retryAfter > 0 {
+		msg.RetryAfter = durationpb.New(retryAfter)
+	}
+
+	return uplink.WriteFrame(conn, version.ProtocolVersion, msg)
 }
 
-func (s *Server) serveEnroll(ctx context.Context, conn *tls.Conn, hello *uplinkpb.Hello, log *zap.Logger) {
+// serveEnroll serves one enrolment session: one Enroll call, within Limits.EnrollTimeout.
+func (s *Server) serveEnroll(ctx context.Context, conn *tls.Conn, source string, hello *uplinkpb.Hello, log *zap.Logger) {
 	sess, err := yamux.Server(conn, uplink.YamuxConfig(log))
 	if err != nil {
 		log.Warn("enrolment session", zap.Error(err))
@@ -349,11 +540,32 @@ func (s *Server) serveEnroll(ctx context.Context, conn *tls.Conn, hello *uplinkp
 		return
 	}
 
-	ctx, cancel := context.WithTimeout(ctx, enrollSessionTimeout)
+	ctx, cancel := context.WithTimeout(ctx, s.opts.Limits.EnrollTimeout)
+
+	var lingering sync.WaitGroup
+	defer lingering.Wait()
 	defer cancel()
 
+	svc := &enrollService{server: s, hello: hello, source: source, log: log, finished: make(chan struct{})}
+
+	// After its one call the session lingers only for the answer to reach the edge.
+	lingering.Go(func() {
+		select {
+		case <-ctx.Done():
+		case <-svc.finished:
+			linger := time.NewTimer(enrollLinger)
+			defer linger.Stop()
+
+			select {
+			case <-ctx.Done():
+			case <-linger.C:
+				cancel()
+			}
+		}
+	})
+
 	srv := grpc.NewServer()
-	uplinkpb.RegisterEnrollmentServer(srv, &enrollService{server: s, hello: hello, log: log})
+	uplinkpb.RegisterEnrollmentServer(srv, svc)
 
 	if err := peer.Serve(ctx, srv); err != nil {
 		log.Info("enrolment session ended", zap.Error(err))

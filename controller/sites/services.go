@@ -2,11 +2,15 @@ package sites
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -51,59 +55,81 @@ type siteStream struct {
 
 func (s *siteStream) Context() context.Context { return s.ctx }
 
-// enrollService serves Enrollment on an ENROLL connection.
+// enrollService serves Enrollment on an ENROLL connection: one Enroll call, with the join token the hello
+// carried (already checked when the session was given).
 type enrollService struct {
 	uplinkpb.UnimplementedEnrollmentServer
 
 	server *Server
 	hello  *uplinkpb.Hello
+	source string
 	log    *zap.Logger
+
+	called   atomic.Bool
+	finished chan struct{} // closed when the one call has returned
 }
 
 func (e *enrollService) Enroll(ctx context.Context, req *uplinkpb.EnrollRequest) (*uplinkpb.EnrollResponse, error) {
+	if !e.called.CompareAndSwap(false, true) {
+		return nil, status.Error(codes.FailedPrecondition, "one enrolment per connection: connect again")
+	}
+
+	defer close(e.finished)
+
+	siteID := e.hello.GetSiteId()
+
 	resp, err := e.enroll(ctx, req)
 	if err != nil {
 		e.server.metrics.enrollments.WithLabelValues(status.Code(err).String()).Inc()
-		e.log.Warn("enrolment refused", zap.String("site", e.hello.GetSiteId()), zap.String("reason", status.Convert(err).Message()))
+		e.server.rejects.reject(zapcore.WarnLevel, "enrolment refused", "enroll_"+strings.ToLower(status.Code(err).String()),
+			status.Convert(err).Message(), e.source, siteID)
 
 		return nil, err
 	}
 
+	e.server.admission.tokenSucceeded(e.source, siteID)
 	e.server.metrics.enrollments.WithLabelValues("ok").Inc()
-	e.log.Info("edge enrolled", zap.String("site", e.hello.GetSiteId()), zap.String("edge_version", req.GetEdgeVersion()))
+	e.log.Info("edge enrolled", zap.String("site", siteID), zap.String("edge_version", req.GetEdgeVersion()))
 
 	return resp, nil
 }
 
 func (e *enrollService) enroll(ctx context.Context, req *uplinkpb.EnrollRequest) (*uplinkpb.EnrollResponse, error) {
+	// The session was given for the hello's token: the call must carry that one, not a next guess.
+	if subtle.ConstantTimeCompare([]byte(req.GetToken()), []byte(e.hello.GetJoinToken())) != 1 {
+		e.server.tokenFailed(e.source, e.hello.GetSiteId(), false)
+
+		return nil, status.Error(codes.PermissionDenied, "the join token differs from the one in the hello")
+	}
+
 	tok, err := uplink.ParseJoinToken(req.GetToken())
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 
-	if tok.SiteID != e.hello.GetSiteId() {
-		return nil, status.Errorf(codes.InvalidArgument, "the join token is for site %q but the hello names site %q", tok.SiteID, e.hello.GetSiteId())
+	srv := e.server.opts
+
+	// Checked again before anything is signed: the token may have been replaced or used since the hello.
+	if err := srv.Registry.CheckToken(ctx, tok); err != nil {
+		return nil, registryStatus(err)
 	}
 
-	if tok.CAFingerprint != e.server.opts.CA.Fingerprint() {
-		return nil, status.Error(codes.FailedPrecondition, "the join token was issued by another controller (CA fingerprint differs)")
-	}
-
-	// Sign first: a bad request must not burn a single-use token.
-	cert, err := e.server.opts.CA.SignClient(req.GetCsr(), tok.SiteID, e.server.opts.Now(), e.server.opts.CertValidity)
+	// Signed before the token is used up: a bad certificate request must not burn a single-use token.
+	cert, err := srv.CA.SignClient(req.GetCsr(), tok.SiteID, srv.Now(), srv.CertValidity)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 
-	if err := e.server.opts.Registry.ConsumeToken(ctx, tok); err != nil {
+	// A race lost here (two edges, one single-use token) leaves a certificate the registry never lists: it authorizes nothing.
+	if err := srv.Registry.ConsumeToken(ctx, tok); err != nil {
 		return nil, registryStatus(err)
 	}
 
-	if err := e.server.opts.Registry.AddCertificate(ctx, tok.SiteID, cert.SerialNumber.String()); err != nil {
+	if err := srv.Registry.AddCertificate(ctx, tok.SiteID, cert.SerialNumber.String()); err != nil {
 		return nil, registryStatus(err)
 	}
 
-	return &uplinkpb.EnrollResponse{Certificate: cert.Raw, Ca: e.server.opts.CA.Certificate().Raw}, nil
+	return &uplinkpb.EnrollResponse{Certificate: cert.Raw, Ca: srv.CA.Certificate().Raw}, nil
 }
 
 // registryStatus maps registry errors to gRPC status codes with the registry's message.

@@ -8,10 +8,12 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -37,7 +39,9 @@ type Config struct {
 	JoinToken string
 	// DialTimeout bounds TCP connect plus TLS plus hello.
 	DialTimeout time.Duration
-	// BackoffMin and BackoffMax bound the jittered exponential wait between connection attempts.
+	// BackoffMin and BackoffMax bound the jittered exponential wait between connection attempts: the first wait,
+	// right after a session ends or an attempt fails, is drawn from [BackoffMin, 2*BackoffMin], each next from
+	// a range twice as high, up to [BackoffMax/2, BackoffMax]. A controller's "retry after" is honoured on top.
 	BackoffMin time.Duration
 	BackoffMax time.Duration
 }
@@ -100,11 +104,16 @@ type RejectedError struct {
 	Reason            string
 	ControllerVersion string
 	ProtocolVersion   uint32
+	// RetryAfter is how long the controller asked the edge to wait (overloaded, locked out); zero when it did not say.
+	RetryAfter time.Duration
 }
 
 func (e *RejectedError) Error() string {
 	return fmt.Sprintf("controller %s (uplink protocol %d) rejected the connection: %s", e.ControllerVersion, e.ProtocolVersion, e.Reason)
 }
+
+// maxRetryAfter caps the wait a controller can ask for, so that a wrong answer cannot park an edge for good.
+const maxRetryAfter = time.Hour
 
 // EnrollError is a permanent enrolment failure: retrying with the same token cannot succeed.
 type EnrollError struct{ err error }
@@ -193,9 +202,14 @@ func (c *Client) Run(ctx context.Context) error {
 		wait := bo.next()
 
 		var rejected *RejectedError
-		if errors.As(err, &rejected) {
+
+		switch {
+		case errors.As(err, &rejected) && rejected.RetryAfter > 0:
+			wait = honourRetryAfter(wait, rejected.RetryAfter)
+			c.log.Warn("uplink rejected", zap.String("reason", rejected.Reason), zap.Stringer("code", rejected.Code), zap.Duration("retry_in", wait))
+		case rejected != nil:
 			c.log.Error("uplink rejected", zap.String("reason", rejected.Reason), zap.Stringer("code", rejected.Code), zap.Duration("retry_in", wait))
-		} else {
+		default:
 			c.log.Warn("uplink down", zap.Error(err), zap.Duration("retry_in", wait))
 		}
 
@@ -246,6 +260,12 @@ func (c *Client) ensureIdentity(ctx context.Context) error {
 		}
 
 		wait := bo.next()
+
+		var rejected *RejectedError
+		if errors.As(err, &rejected) {
+			wait = honourRetryAfter(wait, rejected.RetryAfter)
+		}
+
 		c.log.Warn("enrolment failed; retrying", zap.Error(err), zap.Duration("retry_in", wait))
 
 		select {
@@ -276,10 +296,17 @@ func (c *Client) enroll(ctx context.Context, tok uplink.JoinToken) (*Identity, e
 		return nil, err
 	}
 
-	peer, err := c.open(ctx, uplink.EnrollTLSConfig(tok.CAFingerprint), tok.SiteID, uplinkpb.Hello_PURPOSE_ENROLL)
+	hello := &uplinkpb.Hello{SiteId: tok.SiteID, EdgeVersion: version.String(), Purpose: uplinkpb.Hello_PURPOSE_ENROLL, JoinToken: tok.String()}
+
+	peer, err := c.open(ctx, uplink.EnrollTLSConfig(tok.CAFingerprint), hello)
 	if err != nil {
-		if errors.Is(err, uplink.ErrPinMismatch) {
+		var rejected *RejectedError
+
+		switch {
+		case errors.Is(err, uplink.ErrPinMismatch):
 			return nil, &EnrollError{err: err}
+		case errors.As(err, &rejected) && permanentEnrollRejection(rejected.Code):
+			return nil, &EnrollError{err: errors.New(rejected.Reason)}
 		}
 
 		return nil, err
@@ -306,8 +333,20 @@ func (c *Client) enroll(ctx context.Context, tok uplink.JoinToken) (*Identity, e
 	return saveIdentity(c.cfg.StateDir, keyPEM, resp.GetCertificate(), resp.GetCa())
 }
 
+// permanentEnrollRejection reports whether an enrolment hello's rejection means the token cannot work (retrying
+// with it is pointless), as opposed to "not now" (overloaded, locked out for a while, shutting down).
+func permanentEnrollRejection(code uplinkpb.HelloReply_Code) bool {
+	switch code {
+	case uplinkpb.HelloReply_CODE_TOKEN_REJECTED, uplinkpb.HelloReply_CODE_UNKNOWN_SITE, uplinkpb.HelloReply_CODE_REVOKED,
+		uplinkpb.HelloReply_CODE_MALFORMED, uplinkpb.HelloReply_CODE_SITE_MISMATCH:
+		return true
+	default:
+		return false
+	}
+}
+
 // open dials the controller, does TLS and the hello, and returns the session's peer.
-func (c *Client) open(ctx context.Context, tlsConfig *tls.Config, siteID string, purpose uplinkpb.Hello_Purpose) (*uplink.Peer, error) {
+func (c *Client) open(ctx context.Context, tlsConfig *tls.Config, hello *uplinkpb.Hello) (*uplink.Peer, error) {
 	dctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
 	defer cancel()
 
@@ -326,13 +365,17 @@ func (c *Client) open(ctx context.Context, tlsConfig *tls.Config, siteID string,
 	}()
 
 	if err := conn.HandshakeContext(dctx); err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
+			return nil, fmt.Errorf("TLS handshake with controller %s: %w (the controller closed the connection before TLS: "+
+				"it may be limiting connections from this address or at once; its outpost_uplink_rejected_total says which)", c.cfg.ControllerAddress, err)
+		}
+
 		return nil, fmt.Errorf("TLS handshake with controller %s: %w", c.cfg.ControllerAddress, err)
 	}
 
 	deadline, _ := dctx.Deadline()
 	conn.SetDeadline(deadline) //nolint:errcheck
 
-	hello := &uplinkpb.Hello{SiteId: siteID, EdgeVersion: version.String(), Purpose: purpose}
 	if err := uplink.WriteFrame(conn, version.ProtocolVersion, hello); err != nil {
 		return nil, err
 	}
@@ -353,6 +396,7 @@ func (c *Client) open(ctx context.Context, tlsConfig *tls.Config, siteID string,
 			Reason:            reply.GetReason(),
 			ControllerVersion: reply.GetControllerVersion(),
 			ProtocolVersion:   reply.GetProtocolVersion(),
+			RetryAfter:        min(max(reply.GetRetryAfter().AsDuration(), 0), maxRetryAfter),
 		}
 	}
 
@@ -379,7 +423,9 @@ func (c *Client) open(ctx context.Context, tlsConfig *tls.Config, siteID string,
 func (c *Client) runSession(ctx context.Context) error {
 	id := c.currentIdentity()
 
-	peer, err := c.open(ctx, uplink.SessionTLSConfig(id.Cert, id.CA), id.SiteID, uplinkpb.Hello_PURPOSE_SESSION)
+	hello := &uplinkpb.Hello{SiteId: id.SiteID, EdgeVersion: version.String(), Purpose: uplinkpb.Hello_PURPOSE_SESSION}
+
+	peer, err := c.open(ctx, uplink.SessionTLSConfig(id.Cert, id.CA), hello)
 	if err != nil {
 		return err
 	}
@@ -511,7 +557,9 @@ func (e *edgeStatus) Status(context.Context, *uplinkpb.EdgeStatusRequest) (*upli
 	}, nil
 }
 
-// backoff is jittered exponential backoff ("full jitter" over a doubling ceiling).
+// backoff is jittered exponential backoff: each wait is drawn uniformly from the upper half of a ceiling that
+// doubles from 2*min up to max, so that edges which lost their sessions at the same moment (a controller
+// restart) spread their attempts from the very first one.
 type backoff struct {
 	min, max, ceiling time.Duration
 }
@@ -519,10 +567,21 @@ type backoff struct {
 func newBackoff(lo, hi time.Duration) *backoff { return &backoff{min: lo, max: hi, ceiling: lo} }
 
 func (b *backoff) next() time.Duration {
-	d := b.min + rand.N(b.ceiling-b.min+1) //nolint:gosec // jitter, not a secret
-	b.ceiling = min(b.ceiling*2, b.max)
+	hi := min(2*b.ceiling, b.max)
+	lo := max(hi/2, b.min)
+	b.ceiling = hi
 
-	return d
+	return lo + rand.N(hi-lo+1) //nolint:gosec // jitter, not a secret
 }
 
 func (b *backoff) reset() { b.ceiling = b.min }
+
+// honourRetryAfter returns the wait before the next attempt when the controller asked for retryAfter: at least
+// that, plus up to half of it again, so that the edges it turned away at once do not all come back at once.
+func honourRetryAfter(wait, retryAfter time.Duration) time.Duration {
+	if retryAfter <= 0 {
+		return wait
+	}
+
+	return max(wait, retryAfter+rand.N(retryAfter/2+1)) //nolint:gosec // jitter, not a secret
+}

@@ -21,6 +21,9 @@ const headerLen = len(Magic) + 2 + 2
 // MaxFramePayload bounds the protobuf payload of a hello frame.
 const MaxFramePayload = 4096
 
+// MaxJoinTokenLen bounds the text form of a join token in a hello; a real one is at most 160 bytes.
+const MaxJoinTokenLen = 256
+
 // ErrBadMagic means the peer does not speak the uplink protocol at all.
 var ErrBadMagic = errors.New("not an outpost uplink hello (bad magic)")
 
@@ -115,6 +118,14 @@ func DecodeHello(payload []byte) (*uplinkpb.Hello, error) {
 
 	if len(hello.GetEdgeVersion()) > 128 {
 		return nil, fmt.Errorf("hello: edge version of %d bytes is too long", len(hello.GetEdgeVersion()))
+	}
+
+	if len(hello.GetJoinToken()) > MaxJoinTokenLen {
+		return nil, fmt.Errorf("hello: join token of %d bytes is too long", len(hello.GetJoinToken()))
+	}
+
+	if hello.GetJoinToken() != "" && hello.GetPurpose() != uplinkpb.Hello_PURPOSE_ENROLL {
+		return nil, errors.New("hello: only an enrolment hello carries a join token")
 	}
 
 	return &hello, nil

@@ -12,6 +12,7 @@ package uplink
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -89,19 +90,28 @@ const (
 	HelloReply_CODE_BAD_CERTIFICATE  HelloReply_Code = 5
 	HelloReply_CODE_SITE_MISMATCH    HelloReply_Code = 6
 	HelloReply_CODE_SHUTTING_DOWN    HelloReply_Code = 7
+	// OVERLOADED: the controller has no room for this connection now (enrolment sessions in use); retry after retry_after.
+	HelloReply_CODE_OVERLOADED HelloReply_Code = 8
+	// LOCKED_OUT: too many wrong join tokens from this address or for this site; retry after retry_after.
+	HelloReply_CODE_LOCKED_OUT HelloReply_Code = 9
+	// TOKEN_REJECTED: the join token of an ENROLL hello is wrong, expired or used; retrying with it cannot succeed.
+	HelloReply_CODE_TOKEN_REJECTED HelloReply_Code = 10
 )
 
 // Enum value maps for HelloReply_Code.
 var (
 	HelloReply_Code_name = map[int32]string{
-		0: "CODE_ACCEPTED",
-		1: "CODE_MALFORMED",
-		2: "CODE_PROTOCOL_VERSION",
-		3: "CODE_UNKNOWN_SITE",
-		4: "CODE_REVOKED",
-		5: "CODE_BAD_CERTIFICATE",
-		6: "CODE_SITE_MISMATCH",
-		7: "CODE_SHUTTING_DOWN",
+		0:  "CODE_ACCEPTED",
+		1:  "CODE_MALFORMED",
+		2:  "CODE_PROTOCOL_VERSION",
+		3:  "CODE_UNKNOWN_SITE",
+		4:  "CODE_REVOKED",
+		5:  "CODE_BAD_CERTIFICATE",
+		6:  "CODE_SITE_MISMATCH",
+		7:  "CODE_SHUTTING_DOWN",
+		8:  "CODE_OVERLOADED",
+		9:  "CODE_LOCKED_OUT",
+		10: "CODE_TOKEN_REJECTED",
 	}
 	HelloReply_Code_value = map[string]int32{
 		"CODE_ACCEPTED":         0,
@@ -112,6 +122,9 @@ var (
 		"CODE_BAD_CERTIFICATE":  5,
 		"CODE_SITE_MISMATCH":    6,
 		"CODE_SHUTTING_DOWN":    7,
+		"CODE_OVERLOADED":       8,
+		"CODE_LOCKED_OUT":       9,
+		"CODE_TOKEN_REJECTED":   10,
 	}
 )
 
@@ -145,10 +158,13 @@ func (HelloReply_Code) EnumDescriptor() ([]byte, []int) {
 // Hello is the first frame an edge sends after the TLS handshake (see shared/uplink for the framing).
 // Fields 1-3 are stable across protocol versions so that a mismatch can always be explained.
 type Hello struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SiteId        string                 `protobuf:"bytes,1,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
-	EdgeVersion   string                 `protobuf:"bytes,2,opt,name=edge_version,json=edgeVersion,proto3" json:"edge_version,omitempty"`
-	Purpose       Hello_Purpose          `protobuf:"varint,3,opt,name=purpose,proto3,enum=outpost.uplink.Hello_Purpose" json:"purpose,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	SiteId      string                 `protobuf:"bytes,1,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
+	EdgeVersion string                 `protobuf:"bytes,2,opt,name=edge_version,json=edgeVersion,proto3" json:"edge_version,omitempty"`
+	Purpose     Hello_Purpose          `protobuf:"varint,3,opt,name=purpose,proto3,enum=outpost.uplink.Hello_Purpose" json:"purpose,omitempty"`
+	// join_token is the join token of an ENROLL hello (empty for SESSION): the controller checks it before it
+	// gives the connection an enrolment session, so that no one without a token holds one.
+	JoinToken     string `protobuf:"bytes,4,opt,name=join_token,json=joinToken,proto3" json:"join_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -204,6 +220,13 @@ func (x *Hello) GetPurpose() Hello_Purpose {
 	return Hello_PURPOSE_UNSPECIFIED
 }
 
+func (x *Hello) GetJoinToken() string {
+	if x != nil {
+		return x.JoinToken
+	}
+	return ""
+}
+
 // HelloReply answers a Hello. Its fields are stable across protocol versions.
 type HelloReply struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -212,8 +235,10 @@ type HelloReply struct {
 	Reason            string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	ProtocolVersion   uint32 `protobuf:"varint,3,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
 	ControllerVersion string `protobuf:"bytes,4,opt,name=controller_version,json=controllerVersion,proto3" json:"controller_version,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// retry_after is how long the edge should wait before its next attempt (OVERLOADED, LOCKED_OUT); unset otherwise.
+	RetryAfter    *durationpb.Duration `protobuf:"bytes,5,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HelloReply) Reset() {
@@ -272,6 +297,13 @@ func (x *HelloReply) GetControllerVersion() string {
 		return x.ControllerVersion
 	}
 	return ""
+}
+
+func (x *HelloReply) GetRetryAfter() *durationpb.Duration {
+	if x != nil {
+		return x.RetryAfter
+	}
+	return nil
 }
 
 type EnrollRequest struct {
@@ -732,21 +764,25 @@ var File_shared_api_uplink_uplink_proto protoreflect.FileDescriptor
 
 const file_shared_api_uplink_uplink_proto_rawDesc = "" +
 	"\n" +
-	"\x1eshared/api/uplink/uplink.proto\x12\x0eoutpost.uplink\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc9\x01\n" +
+	"\x1eshared/api/uplink/uplink.proto\x12\x0eoutpost.uplink\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe8\x01\n" +
 	"\x05Hello\x12\x17\n" +
 	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12!\n" +
 	"\fedge_version\x18\x02 \x01(\tR\vedgeVersion\x127\n" +
-	"\apurpose\x18\x03 \x01(\x0e2\x1d.outpost.uplink.Hello.PurposeR\apurpose\"K\n" +
+	"\apurpose\x18\x03 \x01(\x0e2\x1d.outpost.uplink.Hello.PurposeR\apurpose\x12\x1d\n" +
+	"\n" +
+	"join_token\x18\x04 \x01(\tR\tjoinToken\"K\n" +
 	"\aPurpose\x12\x17\n" +
 	"\x13PURPOSE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fPURPOSE_SESSION\x10\x01\x12\x12\n" +
-	"\x0ePURPOSE_ENROLL\x10\x02\"\xf1\x02\n" +
+	"\x0ePURPOSE_ENROLL\x10\x02\"\xf0\x03\n" +
 	"\n" +
 	"HelloReply\x123\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x1f.outpost.uplink.HelloReply.CodeR\x04code\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12)\n" +
 	"\x10protocol_version\x18\x03 \x01(\rR\x0fprotocolVersion\x12-\n" +
-	"\x12controller_version\x18\x04 \x01(\tR\x11controllerVersion\"\xbb\x01\n" +
+	"\x12controller_version\x18\x04 \x01(\tR\x11controllerVersion\x12:\n" +
+	"\vretry_after\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"retryAfter\"\xfe\x01\n" +
 	"\x04Code\x12\x11\n" +
 	"\rCODE_ACCEPTED\x10\x00\x12\x12\n" +
 	"\x0eCODE_MALFORMED\x10\x01\x12\x19\n" +
@@ -755,7 +791,11 @@ const file_shared_api_uplink_uplink_proto_rawDesc = "" +
 	"\fCODE_REVOKED\x10\x04\x12\x18\n" +
 	"\x14CODE_BAD_CERTIFICATE\x10\x05\x12\x16\n" +
 	"\x12CODE_SITE_MISMATCH\x10\x06\x12\x16\n" +
-	"\x12CODE_SHUTTING_DOWN\x10\a\"Z\n" +
+	"\x12CODE_SHUTTING_DOWN\x10\a\x12\x13\n" +
+	"\x0fCODE_OVERLOADED\x10\b\x12\x13\n" +
+	"\x0fCODE_LOCKED_OUT\x10\t\x12\x17\n" +
+	"\x13CODE_TOKEN_REJECTED\x10\n" +
+	"\"Z\n" +
 	"\rEnrollRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x10\n" +
 	"\x03csr\x18\x02 \x01(\fR\x03csr\x12!\n" +
@@ -827,30 +867,32 @@ var file_shared_api_uplink_uplink_proto_goTypes = []any{
 	(*EdgeStatusRequest)(nil),        // 10: outpost.uplink.EdgeStatusRequest
 	(*EdgeStatus)(nil),               // 11: outpost.uplink.EdgeStatus
 	nil,                              // 12: outpost.uplink.EdgeStatus.CountersEntry
-	(*timestamppb.Timestamp)(nil),    // 13: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),      // 13: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 14: google.protobuf.Timestamp
 }
 var file_shared_api_uplink_uplink_proto_depIdxs = []int32{
 	0,  // 0: outpost.uplink.Hello.purpose:type_name -> outpost.uplink.Hello.Purpose
 	1,  // 1: outpost.uplink.HelloReply.code:type_name -> outpost.uplink.HelloReply.Code
-	13, // 2: outpost.uplink.ControllerStatus.connected_since:type_name -> google.protobuf.Timestamp
-	13, // 3: outpost.uplink.ControllerStatus.last_seen:type_name -> google.protobuf.Timestamp
-	13, // 4: outpost.uplink.ControllerStatus.certificate_not_after:type_name -> google.protobuf.Timestamp
-	13, // 5: outpost.uplink.EdgeStatus.started_at:type_name -> google.protobuf.Timestamp
-	13, // 6: outpost.uplink.EdgeStatus.now:type_name -> google.protobuf.Timestamp
-	12, // 7: outpost.uplink.EdgeStatus.counters:type_name -> outpost.uplink.EdgeStatus.CountersEntry
-	4,  // 8: outpost.uplink.Enrollment.Enroll:input_type -> outpost.uplink.EnrollRequest
-	6,  // 9: outpost.uplink.Controller.Status:input_type -> outpost.uplink.ControllerStatusRequest
-	8,  // 10: outpost.uplink.Controller.RenewCertificate:input_type -> outpost.uplink.RenewCertificateRequest
-	10, // 11: outpost.uplink.Edge.Status:input_type -> outpost.uplink.EdgeStatusRequest
-	5,  // 12: outpost.uplink.Enrollment.Enroll:output_type -> outpost.uplink.EnrollResponse
-	7,  // 13: outpost.uplink.Controller.Status:output_type -> outpost.uplink.ControllerStatus
-	9,  // 14: outpost.uplink.Controller.RenewCertificate:output_type -> outpost.uplink.RenewCertificateResponse
-	11, // 15: outpost.uplink.Edge.Status:output_type -> outpost.uplink.EdgeStatus
-	12, // [12:16] is the sub-list for method output_type
-	8,  // [8:12] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	13, // 2: outpost.uplink.HelloReply.retry_after:type_name -> google.protobuf.Duration
+	14, // 3: outpost.uplink.ControllerStatus.connected_since:type_name -> google.protobuf.Timestamp
+	14, // 4: outpost.uplink.ControllerStatus.last_seen:type_name -> google.protobuf.Timestamp
+	14, // 5: outpost.uplink.ControllerStatus.certificate_not_after:type_name -> google.protobuf.Timestamp
+	14, // 6: outpost.uplink.EdgeStatus.started_at:type_name -> google.protobuf.Timestamp
+	14, // 7: outpost.uplink.EdgeStatus.now:type_name -> google.protobuf.Timestamp
+	12, // 8: outpost.uplink.EdgeStatus.counters:type_name -> outpost.uplink.EdgeStatus.CountersEntry
+	4,  // 9: outpost.uplink.Enrollment.Enroll:input_type -> outpost.uplink.EnrollRequest
+	6,  // 10: outpost.uplink.Controller.Status:input_type -> outpost.uplink.ControllerStatusRequest
+	8,  // 11: outpost.uplink.Controller.RenewCertificate:input_type -> outpost.uplink.RenewCertificateRequest
+	10, // 12: outpost.uplink.Edge.Status:input_type -> outpost.uplink.EdgeStatusRequest
+	5,  // 13: outpost.uplink.Enrollment.Enroll:output_type -> outpost.uplink.EnrollResponse
+	7,  // 14: outpost.uplink.Controller.Status:output_type -> outpost.uplink.ControllerStatus
+	9,  // 15: outpost.uplink.Controller.RenewCertificate:output_type -> outpost.uplink.RenewCertificateResponse
+	11, // 16: outpost.uplink.Edge.Status:output_type -> outpost.uplink.EdgeStatus
+	13, // [13:17] is the sub-list for method output_type
+	9,  // [9:13] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_uplink_uplink_proto_init() }
