@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cosi-project/runtime/pkg/resource"
 	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/cosi-project/runtime/pkg/state"
 	omnispecs "github.com/siderolabs/omni/client/api/omni/specs"
 	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
 	omnires "github.com/siderolabs/omni/client/pkg/omni/resources/omni"
@@ -240,7 +242,7 @@ func scenario(t *testing.T, b fidelity.Backend) *transcript {
 		fmt.Sprintf("power_on=%v", r.edge.Machine(m1).Power), "reported="+r.status(ctx, m1).GetPowerState().String())
 
 	// BMC from Omni's BMC config: no IPMI user is created through the agent
-	r.edge.Add(m2, "site-a")
+	r.edge.Add(m2, "site-b")
 	_, err = fidelity.Provision(ctx, b, m2)
 	require.NoError(t, err)
 	r.eventually("second infra machine", func() bool { return r.machine(ctx, m2) != nil })
@@ -256,6 +258,27 @@ func scenario(t *testing.T, b fidelity.Backend) *transcript {
 	r.eventually("second machine ready", func() bool { s := r.status(ctx, m2); return s != nil && s.GetReadyToUse() })
 	r.tr.add("bmc from omni", fmt.Sprintf("set_power_management=%d", r.edge.Count(m2, "SetPowerManagement")),
 		fmt.Sprintf("wipes=%d", r.edge.Count(m2, "WipeDisks")))
+
+	// site labels: Omni shows them on its MachineStatus, where a selector for one site picks that site's machines
+	siteLabel := fmt.Sprintf(omnires.InfraProviderLabelPrefixFormat, providerID) + "site"
+	bySite := func(site string) []string {
+		list, err := safe.StateListAll[*omnires.MachineStatus](ctx, b.Admin(), state.WithLabelQuery(resource.LabelEqual(siteLabel, site)))
+		if err != nil {
+			return nil
+		}
+
+		var ids []string
+		for ms := range list.All() {
+			ids = append(ids, ms.Metadata().ID())
+		}
+
+		return ids
+	}
+
+	r.eventually("site labels reach omni", func() bool {
+		return slices.Equal(bySite("site-a"), []string{m1}) && slices.Equal(bySite("site-b"), []string{m2})
+	})
+	r.tr.add("site labels", "site-a="+strings.Join(bySite("site-a"), ","), "site-b="+strings.Join(bySite("site-b"), ","))
 
 	// cordon: reaches the InfraMachine; a reboot request is then left alone
 	require.NoError(t, r.admin.Cordon(ctx, m2, true))

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/cosi-project/runtime/pkg/resource"
 	"github.com/cosi-project/runtime/pkg/safe"
@@ -41,6 +42,7 @@ var deriverInputs = []resource.Kind{
 	omnires.NewInfraMachineBMCConfig("").Metadata(),
 	siderolink.NewNodeUniqueToken("").Metadata(),
 	infra.NewMachine("").Metadata(),
+	infra.NewMachineStatus("").Metadata(),
 }
 
 // Run re-derives all InfraMachines whenever an input changes, until ctx ends. A watch that breaks (a burst
@@ -192,6 +194,10 @@ func (d *deriver) reconcile(ctx context.Context) error {
 		}
 
 		if err = d.bmcConfig(ctx, link.Metadata().ID()); err != nil {
+			return err
+		}
+
+		if err = d.providerLabels(ctx, link.Metadata().ID(), providerID); err != nil {
 			return err
 		}
 	}
@@ -382,6 +388,40 @@ func (d *deriver) machine(ctx context.Context, link *siderolink.Link, providerID
 
 		if !proto.Equal(m.TypedSpec().Value, want) {
 			m.TypedSpec().Value = want
+		}
+
+		return nil
+	})
+}
+
+// providerLabels plays Omni's MachineStatus controller for what a provider publishes: the InfraMachineStatus
+// labels outside Omni's own prefix become MachineStatus labels omni.sidero.dev/infra-provider/<id>/<key>, which
+// MachineClass selectors match.
+func (d *deriver) providerLabels(ctx context.Context, id, providerID string) error {
+	ims, ok, err := getOptional[*infra.MachineStatus](ctx, d.st, infra.NewMachineStatus(id).Metadata())
+	if err != nil || !ok {
+		return err
+	}
+
+	prefix := fmt.Sprintf(omnires.InfraProviderLabelPrefixFormat, providerID)
+
+	want := map[string]string{}
+
+	for k, v := range ims.Metadata().Labels().Raw() {
+		if !strings.HasPrefix(k, omnires.SystemLabelPrefix) {
+			want[prefix+k] = v
+		}
+	}
+
+	return safe.StateModify(ctx, d.st, omnires.NewMachineStatus(id), func(ms *omnires.MachineStatus) error {
+		for k := range ms.Metadata().Labels().Raw() {
+			if _, keep := want[k]; strings.HasPrefix(k, prefix) && !keep {
+				ms.Metadata().Labels().Delete(k)
+			}
+		}
+
+		for k, v := range want {
+			ms.Metadata().Labels().Set(k, v)
 		}
 
 		return nil
