@@ -134,3 +134,38 @@ func FuzzJoinToken(f *testing.F) {
 		}
 	})
 }
+
+func TestHelloJoinToken(t *testing.T) {
+	t.Parallel()
+
+	for _, tc := range []struct {
+		name  string
+		hello *uplinkpb.Hello
+		want  string
+	}{
+		{"enrol with token", &uplinkpb.Hello{SiteId: "a", Purpose: uplinkpb.Hello_PURPOSE_ENROLL, JoinToken: "outpost1.a.b.c"}, ""},
+		{"session with token", &uplinkpb.Hello{SiteId: "a", Purpose: uplinkpb.Hello_PURPOSE_SESSION, JoinToken: "outpost1.a.b.c"}, "only an enrolment hello carries a join token"},
+		{"token too long", &uplinkpb.Hello{SiteId: "a", Purpose: uplinkpb.Hello_PURPOSE_ENROLL, JoinToken: strings.Repeat("x", uplink.MaxJoinTokenLen+1)}, "join token of 257 bytes is too long"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+
+			var buf bytes.Buffer
+
+			require.NoError(t, uplink.WriteFrame(&buf, 1, tc.hello))
+
+			frame, err := uplink.ReadFrame(&buf)
+			require.NoError(t, err)
+
+			got, err := uplink.DecodeHello(frame.Payload)
+			if tc.want != "" {
+				require.ErrorContains(t, err, tc.want)
+
+				return
+			}
+
+			require.NoError(t, err)
+			require.Equal(t, tc.hello.GetJoinToken(), got.GetJoinToken())
+		})
+	}
+}

@@ -1,0 +1,18 @@
+package uplink
+
+import "time"
+
+// Backoff is the client's reconnect backoff, for tests.
+type Backoff struct{ b *backoff }
+
+// NewBackoff returns a backoff between lo and hi.
+func NewBackoff(lo, hi time.Duration) *Backoff { return &Backoff{b: newBackoff(lo, hi)} }
+
+// Next returns the next wait.
+func (b *Backoff) Next() time.Duration { return b.b.next() }
+
+// Reset starts again from the shortest waits.
+func (b *Backoff) Reset() { b.b.reset() }
+
+// HonourRetryAfter is honourRetryAfter.
+func HonourRetryAfter(wait, retryAfter time.Duration) time.Duration { return honourRetryAfter(wait, retryAfter) }
