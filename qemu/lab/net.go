@@ -8,10 +8,10 @@ import (
 )
 
 // CoreAddr is the core namespace's service address (on its loopback), reachable from every site over its WAN
-// link: the controller's uplink and the Omni stand-in listen there.
+// link: the controller's uplink and Omni (real or stand-in) listen there.
 const CoreAddr = "10.99.0.1"
 
-// Core is the namespace of the controller and the Omni stand-in.
+// Core is the namespace of the controller and Omni.
 type Core struct {
 	NS string
 }
