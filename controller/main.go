@@ -70,6 +70,17 @@ func rootCommand() *cobra.Command {
 	f.StringVar(&cfg.LogLevel, "log-level", env.String("OUTPOST_LOG_LEVEL", cfg.LogLevel), "debug, info, warn or error [OUTPOST_LOG_LEVEL]")
 	f.DurationVar(&cfg.CertValidity, "cert-validity", env.Duration("OUTPOST_CERT_VALIDITY", cfg.CertValidity), "lifetime of edge certificates [OUTPOST_CERT_VALIDITY]")
 	f.StringSliceVar(&cfg.ServerNames, "server-name", env.List("OUTPOST_SERVER_NAMES", cfg.ServerNames), "extra DNS names for the uplink certificate [OUTPOST_SERVER_NAMES]")
+	ul := &cfg.UplinkLimits
+	f.DurationVar(&ul.TLSTimeout, "uplink-tls-timeout", env.Duration("OUTPOST_UPLINK_TLS_TIMEOUT", ul.TLSTimeout), "a new uplink connection not through TLS this long after connecting is closed [OUTPOST_UPLINK_TLS_TIMEOUT]")
+	f.DurationVar(&ul.HandshakeTimeout, "uplink-handshake-timeout", env.Duration("OUTPOST_UPLINK_HANDSHAKE_TIMEOUT", ul.HandshakeTimeout), "a new uplink connection without a hello this long after connecting is closed [OUTPOST_UPLINK_HANDSHAKE_TIMEOUT]")
+	f.IntVar(&ul.MaxHandshakes, "uplink-max-handshakes", env.Int("OUTPOST_UPLINK_MAX_HANDSHAKES", ul.MaxHandshakes), "uplink connections in TLS or hello at once [OUTPOST_UPLINK_MAX_HANDSHAKES]")
+	f.IntVar(&ul.SourceHandshakes, "uplink-source-handshakes", env.Int("OUTPOST_UPLINK_SOURCE_HANDSHAKES", ul.SourceHandshakes), "uplink connections in TLS or hello at once from one address (IPv6: /64) [OUTPOST_UPLINK_SOURCE_HANDSHAKES]")
+	f.IntVar(&ul.SourceRate, "uplink-source-rate", env.Int("OUTPOST_UPLINK_SOURCE_RATE", ul.SourceRate), "new uplink connections per second from one address [OUTPOST_UPLINK_SOURCE_RATE]")
+	f.IntVar(&ul.SourceBurst, "uplink-source-burst", env.Int("OUTPOST_UPLINK_SOURCE_BURST", ul.SourceBurst), "new uplink connections at once from one address [OUTPOST_UPLINK_SOURCE_BURST]")
+	f.IntVar(&ul.MaxSources, "uplink-max-sources", env.Int("OUTPOST_UPLINK_MAX_SOURCES", ul.MaxSources), "addresses whose uplink connections are counted at once [OUTPOST_UPLINK_MAX_SOURCES]")
+	f.IntVar(&ul.MaxEnrollSessions, "uplink-max-enrollments", env.Int("OUTPOST_UPLINK_MAX_ENROLLMENTS", ul.MaxEnrollSessions), "enrolment sessions at once [OUTPOST_UPLINK_MAX_ENROLLMENTS]")
+	f.IntVar(&ul.SourceEnrollSessions, "uplink-source-enrollments", env.Int("OUTPOST_UPLINK_SOURCE_ENROLLMENTS", ul.SourceEnrollSessions), "enrolment sessions at once from one address [OUTPOST_UPLINK_SOURCE_ENROLLMENTS]")
+	f.DurationVar(&ul.SourceLockout, "uplink-token-lockout", env.Duration("OUTPOST_UPLINK_TOKEN_LOCKOUT", ul.SourceLockout), "how long an address that sent too many wrong join tokens cannot enrol [OUTPOST_UPLINK_TOKEN_LOCKOUT]")
 
 	f.StringVar(&cfg.AssetsDir, "assets-dir", env.String("OUTPOST_ASSETS_DIR", cfg.AssetsDir), "boot-asset files (named by SHA-256) to relay to edges (default <state-dir>/assets) [OUTPOST_ASSETS_DIR]")
 	f.StringVar(&cfg.AgentAssetsDir, "agent-assets-dir", env.String("OUTPOST_AGENT_ASSETS_DIR", cfg.AgentAssetsDir), "agent-mode images (<arch>/vmlinuz, <arch>/initramfs.xz) every site is asked to cache [OUTPOST_AGENT_ASSETS_DIR]")

@@ -68,6 +68,7 @@ func rootCommand() *cobra.Command {
 	f.StringVar(&cfg.LogLevel, "log-level", env.String("OUTPOST_LOG_LEVEL", cfg.LogLevel), "debug, info, warn or error [OUTPOST_LOG_LEVEL]")
 	f.StringVar(&cfg.Uplink.ControllerAddress, "controller", env.String("OUTPOST_CONTROLLER", cfg.Uplink.ControllerAddress), "controller uplink address, host:port [OUTPOST_CONTROLLER]")
 	f.StringVar(&cfg.Uplink.JoinToken, "join-token", env.String("OUTPOST_JOIN_TOKEN", cfg.Uplink.JoinToken), "join token from 'controller site create' (needed once, to enrol) [OUTPOST_JOIN_TOKEN]")
+	f.DurationVar(&cfg.Uplink.BackoffMin, "reconnect-min", env.Duration("OUTPOST_RECONNECT_MIN", cfg.Uplink.BackoffMin), "shortest wait between reconnection attempts (each wait is jittered) [OUTPOST_RECONNECT_MIN]")
 	f.DurationVar(&cfg.Uplink.BackoffMax, "reconnect-max", env.Duration("OUTPOST_RECONNECT_MAX", cfg.Uplink.BackoffMax), "longest wait between reconnection attempts [OUTPOST_RECONNECT_MAX]")
 	f.StringVar(&cfg.DHCP.Interface, "interface", env.String("OUTPOST_INTERFACE", cfg.DHCP.Interface), "network interface the ProxyDHCP serves (SO_BINDTODEVICE); empty with no --server-ip turns it off [OUTPOST_INTERFACE]")
 	f.StringVar(&cfg.DHCP.ServerIP, "server-ip", env.String("OUTPOST_SERVER_IP", cfg.DHCP.ServerIP), "the edge's address machines reach (default: the interface's first IPv4) [OUTPOST_SERVER_IP]")

@@ -84,6 +84,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		Statuses:     st,
 		Metrics:      metrics,
 		CertValidity: cfg.CertValidity,
+		Limits:       cfg.UplinkLimits,
 		ServerNames:  cfg.ServerNames,
 		Register:     []func(grpc.ServiceRegistrar){relay.Register, edges.receiver.Register},
 		OnSession:    []sites.SessionFunc{catalog.OnSession, edges.plans.OnSession, edges.sessionStarted, siteAssets.sessionStarted},

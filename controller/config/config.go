@@ -13,6 +13,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/labels"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/omni"
+	"github.com/outpost-metal/outpost/controller/sites"
 	"github.com/outpost-metal/outpost/shared/logging"
 )
 
@@ -32,6 +33,8 @@ type Config struct {
 	CertValidity time.Duration
 	// ServerNames are extra DNS names in the uplink server certificate.
 	ServerNames []string
+	// UplinkLimits bound what clients not yet authenticated hold on the uplink port, and wrong join tokens.
+	UplinkLimits sites.Limits
 	// AssetsDir holds boot-asset files named by their SHA-256, which the controller relays to edges
 	// that cannot fetch them themselves (air-gapped sites); empty means <StateDir>/assets.
 	AssetsDir string
@@ -75,6 +78,7 @@ func Default() Config {
 		HTTPListen:   "127.0.0.1:9464",
 		LogLevel:     "info",
 		CertValidity: 30 * 24 * time.Hour,
+		UplinkLimits: sites.DefaultLimits(),
 		// Caching is what a site wants unless told otherwise: it keeps booting when the WAN is down.
 		DefaultAssetPolicy: "cache",
 		Omni:               omni.Default(),
@@ -145,6 +149,10 @@ func (c Config) Validate() error {
 
 	if _, err := labels.Parse(c.MachineLabels); err != nil {
 		errs = append(errs, fmt.Errorf("machine labels: %w", err))
+	}
+
+	if err := c.UplinkLimits.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 
 	if c.DefaultBootMode != "uefi" && c.DefaultBootMode != "bios" {

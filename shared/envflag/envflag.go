@@ -51,6 +51,23 @@ func (e *Env) Duration(name string, def time.Duration) time.Duration {
 	return d
 }
 
+// Int returns the variable as a decimal integer, or def when it is unset.
+func (e *Env) Int(name string, def int) int {
+	v, ok := e.lookup(name)
+	if !ok {
+		return def
+	}
+
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		e.errs = append(e.errs, fmt.Errorf("%s=%q is not an integer", name, v))
+
+		return def
+	}
+
+	return n
+}
+
 // Bool returns the variable as a boolean, or def when it is unset.
 func (e *Env) Bool(name string, def bool) bool {
 	v, ok := e.lookup(name)
