@@ -33,6 +33,8 @@ type ControllerOptions struct {
 	OnSession     []sites.SessionFunc
 	Now           func() time.Time
 	CertValidity  time.Duration
+	// Limits are the uplink server's limits; zero fields mean their defaults.
+	Limits sites.Limits
 	// Listener is used instead of a new 127.0.0.1:0 listener.
 	Listener net.Listener
 	// State and CA are used instead of new ones (a restarted controller keeps both).
@@ -101,6 +103,7 @@ func StartController(t testing.TB, opts ControllerOptions) *Controller {
 		ServerOptions: opts.ServerOptions,
 		OnSession:     opts.OnSession,
 		CertValidity:  opts.CertValidity,
+		Limits:        opts.Limits,
 	})
 	require.NoError(t, err)
 
@@ -181,6 +184,17 @@ func (c *Controller) WaitConnected(t testing.TB, siteID string) grpc.ClientConnI
 	}, 10*time.Second, 5*time.Millisecond, "site %s never connected", siteID)
 
 	return conn
+}
+
+// DialFrom returns an edge dialer whose connections leave from the loopback address ip (on Linux every
+// 127.0.0.0/8 address is the loopback without configuration), so that tests can give edges and attackers
+// the distinct sources the controller's per-source limits tell apart.
+func DialFrom(ip string) func(ctx context.Context, address string) (net.Conn, error) {
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+
+	return func(ctx context.Context, address string) (net.Conn, error) {
+		return d.DialContext(ctx, "tcp", address)
+	}
 }
 
 // Edge is a running edge uplink client.
