@@ -140,6 +140,8 @@ func (s *bmcConfiguration) write(ctx context.Context, r controller.QRuntime, id 
 		return fmt.Errorf("write bmc configuration: %w", err)
 	}
 
+	s.env.written.put(kindBMC, id, stored)
+
 	return nil
 }
 

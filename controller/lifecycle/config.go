@@ -114,7 +114,7 @@ func New(cfg Config, deps Deps) ([]controller.QController, error) {
 		deps.Metrics = NewMetrics()
 	}
 
-	env := &env{cfg: cfg, Deps: deps, gate: newPlanGate(deps.Plans, cfg.CallTimeout), outbox: newOutbox(), jobs: newJobs()}
+	env := &env{cfg: cfg, Deps: deps, gate: newPlanGate(deps.Plans, cfg.CallTimeout), outbox: newOutbox(), jobs: newJobs(), written: newWritten()}
 
 	return []controller.QController{
 		newMachineObservationController(env),
@@ -135,6 +135,7 @@ type env struct {
 	cfg  Config
 	gate *planGate
 	// outbox and jobs outlive a runtime rebuilt on a new Omni connection: see outbox.go.
-	outbox *outbox
-	jobs   *jobs
+	outbox  *outbox
+	jobs    *jobs
+	written *written
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/bootplans"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/lifecycle/lifecycletest"
+	"github.com/outpost-metal/outpost/controller/omni"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/seal"
 )
@@ -133,7 +134,8 @@ func (h *harness) rebuild() {
 func (h *harness) run() {
 	h.t.Helper()
 
-	rt, err := runtime.NewRuntime(h.st, zaptest.NewLogger(h.t))
+	// reads come from the watch-fed cache, as against Omni
+	rt, err := runtime.NewRuntime(h.st, zaptest.NewLogger(h.t), omni.CachedInputs(h.ctrls...)...)
 	require.NoError(h.t, err)
 
 	for _, c := range h.ctrls {

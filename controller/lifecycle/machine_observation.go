@@ -65,6 +65,8 @@ func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, 
 		return fmt.Errorf("write machine observation: %w", err)
 	}
 
+	s.env.written.put(kindObservation, v.id, obs)
+
 	return controller.NewRequeueInterval(s.env.cfg.PollInterval)
 }
 

@@ -101,3 +101,41 @@ func (j *jobs) collect(jb *job) {
 		delete(j.running, jb.key)
 	}
 }
+
+// written holds the last record each step wrote for a machine, so the step's next reconcile reads its own
+// write even before the runtime's watch-fed cache has it: a cached read of a wipe or a reboot just recorded
+// would otherwise show it not done yet, and it would be done again. Each record has one writer in the process
+// (its step), so the newest write is the truth until the machine is torn down.
+type written struct {
+	mu      sync.Mutex
+	records map[string]proto.Message
+}
+
+func newWritten() *written { return &written{records: map[string]proto.Message{}} }
+
+func (w *written) put(kind, machineID string, rec proto.Message) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+
+	w.records[outboxKey(kind, machineID)] = proto.Clone(rec)
+}
+
+func (w *written) get(kind, machineID string) (proto.Message, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+
+	rec, ok := w.records[outboxKey(kind, machineID)]
+	if !ok {
+		return nil, false
+	}
+
+	return proto.Clone(rec), true
+}
+
+// forget drops every record of a machine (its outputs are destroyed).
+func (w *written) forget(kind, machineID string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+
+	delete(w.records, outboxKey(kind, machineID))
+}

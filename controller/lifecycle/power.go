@@ -106,6 +106,8 @@ func (s *power) reconcile(ctx context.Context, logger *zap.Logger, r controller.
 		return fmt.Errorf("record power operation: %w", err)
 	}
 
+	s.env.written.put(kindPower, v.id, op)
+
 	return nil
 }
 

@@ -120,6 +120,7 @@ func (s *reboot) record(ctx context.Context, r controller.QRuntime, id, key stri
 		return fmt.Errorf("record reboot: %w", err)
 	}
 
+	s.env.written.put(kindReboot, id, rs)
 	s.env.outbox.done(key, rs)
 
 	return nil

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/cosi-project/runtime/pkg/controller"
+	"github.com/cosi-project/runtime/pkg/resource"
 	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
 	"google.golang.org/protobuf/proto"
 
@@ -23,8 +24,14 @@ type Secrets interface {
 // configuration, which the BMC configuration step then provisions again.
 func (e *env) loadView(ctx context.Context, r controller.Reader, m *infra.Machine) (*view, error) {
 	v, err := loadView(ctx, r, e.Types, m)
-	if err != nil || e.Secrets == nil || v.bmc.GetIpmi().GetPassword() == "" {
-		return v, err
+	if err != nil {
+		return nil, err
+	}
+
+	e.overlayOwnWrites(v)
+
+	if e.Secrets == nil || v.bmc.GetIpmi().GetPassword() == "" {
+		return v, nil
 	}
 
 	bmc := proto.Clone(v.bmc).(*specs.BMCConfigurationSpec) //nolint:forcetypeassert
@@ -60,4 +67,54 @@ func (e *env) sealBMC(cfg *specs.BMCConfigurationSpec) (*specs.BMCConfigurationS
 	out.Ipmi.Password = sealed
 
 	return out, nil
+}
+
+// Kinds of the records steps write (keys of env.written).
+const (
+	kindBMC         = "bmc"
+	kindWipe        = "wipe"
+	kindPower       = "power"
+	kindReboot      = "reboot"
+	kindObservation = "observation"
+)
+
+// kindOf names the written records of an output type ("" for types no step reads back).
+func (e *env) kindOf(typ resource.Type) string {
+	switch typ {
+	case e.Types.BMCConfiguration:
+		return kindBMC
+	case e.Types.WipeStatus:
+		return kindWipe
+	case e.Types.PowerOperation:
+		return kindPower
+	case e.Types.RebootStatus:
+		return kindReboot
+	case e.Types.MachineObservation:
+		return kindObservation
+	default:
+		return ""
+	}
+}
+
+// overlayOwnWrites replaces what was read from the cache with what this process wrote last.
+func (e *env) overlayOwnWrites(v *view) {
+	if rec, ok := e.written.get(kindBMC, v.id); ok {
+		v.bmc = rec.(*specs.BMCConfigurationSpec) //nolint:forcetypeassert
+	}
+
+	if rec, ok := e.written.get(kindWipe, v.id); ok {
+		v.wipe = rec.(*specs.WipeStatusSpec) //nolint:forcetypeassert
+	}
+
+	if rec, ok := e.written.get(kindPower, v.id); ok {
+		v.power = rec.(*specs.PowerOperationSpec) //nolint:forcetypeassert
+	}
+
+	if rec, ok := e.written.get(kindReboot, v.id); ok {
+		v.reboot = rec.(*specs.RebootStatusSpec) //nolint:forcetypeassert
+	}
+
+	if rec, ok := e.written.get(kindObservation, v.id); ok {
+		v.obs = rec.(*specs.MachineObservationSpec) //nolint:forcetypeassert
+	}
 }

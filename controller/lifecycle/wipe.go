@@ -100,6 +100,7 @@ func (s *wipe) record(ctx context.Context, logger *zap.Logger, r controller.QRun
 		return fmt.Errorf("record wipe: %w", err)
 	}
 
+	s.env.written.put(kindWipe, id, w)
 	s.env.outbox.done(outboxKey("wipe", id), w)
 	logger.Info(msg, zap.String("wipe_id", w.GetLastWipeId()))
 

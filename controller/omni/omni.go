@@ -13,6 +13,8 @@ import (
 
 	"github.com/cosi-project/runtime/pkg/controller"
 	"github.com/cosi-project/runtime/pkg/controller/runtime"
+	"github.com/cosi-project/runtime/pkg/controller/runtime/options"
+	"github.com/cosi-project/runtime/pkg/resource"
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/cosi-project/runtime/pkg/state"
 	"github.com/siderolabs/go-api-signature/pkg/serviceaccount"
@@ -268,11 +270,41 @@ func (c *Connection) Types() resources.Types { return c.types }
 // Close closes the connection.
 func (c *Connection) Close() error { return c.client.Close() }
 
+// CachedInputs returns the runtime options that serve every input kind of the controllers from the runtime's
+// watch-fed cache.
+func CachedInputs(qcontrollers ...controller.QController) []options.Option {
+	type kind struct {
+		ns  resource.Namespace
+		typ resource.Type
+	}
+
+	var opts []options.Option
+
+	cached := map[kind]bool{}
+
+	for _, qc := range qcontrollers {
+		for _, in := range qc.Settings().Inputs {
+			if k := (kind{in.Namespace, in.Type}); !cached[k] {
+				cached[k] = true
+
+				opts = append(opts, options.WithCachedResource(in.Namespace, in.Type))
+			}
+		}
+	}
+
+	return opts
+}
+
 // NewRuntime returns a COSI runtime on Omni's state with the health heartbeat controller and the given
 // controllers registered; run it with Run(ctx). health (optional) is checked before every heartbeat; its error
 // is what Omni shows as the provider's health (e.g. "no site connected").
+//
+// Every kind a controller declares as an input is read from the runtime's watch-fed cache, not from Omni: a
+// reconcile's reads cost no round trip, and Omni serves one watch per kind however many machines there are.
 func (c *Connection) NewRuntime(health func(context.Context) error, qcontrollers ...controller.QController) (*runtime.Runtime, error) {
-	rt, err := runtime.NewRuntime(c.State(), c.logger)
+	opts := CachedInputs(qcontrollers...)
+
+	rt, err := runtime.NewRuntime(c.State(), c.logger, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("create runtime: %w", err)
 	}
