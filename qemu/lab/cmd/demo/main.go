@@ -196,7 +196,13 @@ func draw(ctx context.Context, env *lab.Env, step string) {
 	var b strings.Builder
 
 	b.WriteString("\033[H\033[2J")
-	fmt.Fprintf(&b, "Outpost lab  %s  (logs: %s; Ctrl-C tears down)\nstep: %s\n\n", time.Now().Format("15:04:05"), env.Lab.Dir, step)
+	omni := "the Omni stand-in"
+	if env.Omni.Mode == lab.RealOmni {
+		omni = "a real Omni " + realomni.Version
+	}
+
+	fmt.Fprintf(&b, "Outpost lab against %s  %s  (logs: %s; Ctrl-C tears down)\nstep: %s\n\n", omni,
+		time.Now().Format("15:04:05"), env.Lab.Dir, step)
 
 	tw := tabwriter.NewWriter(&b, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SITE\tMACHINE\tPOWER\tPHASE\tLAST EVENT") //nolint:errcheck
