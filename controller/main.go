@@ -101,6 +101,7 @@ func rootCommand() *cobra.Command {
 	f.StringVar(&cfg.TrustedRootsFile, "trusted-roots-file", env.String("OUTPOST_TRUSTED_ROOTS_FILE", cfg.TrustedRootsFile), "PEM CA bundle added to machines' join config (custom CA in front of Omni) [OUTPOST_TRUSTED_ROOTS_FILE]")
 
 	f.StringSliceVar(&cfg.MachineLabels, "machine-labels", env.List("OUTPOST_MACHINE_LABELS", cfg.MachineLabels), "key=value labels published on every machine in Omni, besides its site label (comma separated) [OUTPOST_MACHINE_LABELS]")
+	f.StringVar(&cfg.BMCProtocol, "bmc-protocol", env.String("OUTPOST_BMC_PROTOCOL", cfg.BMCProtocol), "how edges talk to BMCs: auto (Redfish when it answers, else IPMI), ipmi or redfish [OUTPOST_BMC_PROTOCOL]")
 	f.StringVar(&cfg.DefaultBootMode, "default-boot-mode", env.String("OUTPOST_DEFAULT_BOOT_MODE", cfg.DefaultBootMode), "firmware mode (uefi or bios) for a PXE boot of a machine whose firmware is not known yet [OUTPOST_DEFAULT_BOOT_MODE]")
 
 	// The service-account key is a secret: it comes from the environment only, never from a flag (visible in ps).

@@ -75,7 +75,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	// The uplink server is created below; the edge clients reach sites through it.
 	var uplinkServer *sites.Server
 
-	edges := newEdgeWiring(log, func(siteID string) (grpc.ClientConnInterface, error) { return uplinkServer.Conn(siteID) }, cfg.DefaultBootMode)
+	edges := newEdgeWiring(log, func(siteID string) (grpc.ClientConnInterface, error) { return uplinkServer.Conn(siteID) }, cfg)
 
 	uplinkServer, err = sites.NewServer(sites.Options{
 		Logger:       log,

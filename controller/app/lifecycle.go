@@ -35,7 +35,7 @@ type edgeWiring struct {
 	clients   *lifecycle.EdgeClients
 }
 
-func newEdgeWiring(log *zap.Logger, conn machineaccess.ConnFunc, defaultBootMode string) *edgeWiring {
+func newEdgeWiring(log *zap.Logger, conn machineaccess.ConnFunc, cfg config.Config) *edgeWiring {
 	locations := lifecycle.NewLocations(log)
 	plans := bootplans.NewPlans(log, nil)
 
@@ -44,7 +44,8 @@ func newEdgeWiring(log *zap.Logger, conn machineaccess.ConnFunc, defaultBootMode
 		receiver:  bootplans.NewReceiver(log, locations, sites.SiteFromContext).WithInventory(locations),
 		plans:     plans,
 		pusher:    bootplans.NewTablePusher(plans),
-		clients:   &lifecycle.EdgeClients{Access: machineaccess.New(conn, locations), Sites: locations, DefaultBootMode: defaultBootMode},
+		clients: &lifecycle.EdgeClients{Access: machineaccess.New(conn, locations), Sites: locations,
+			DefaultBootMode: cfg.DefaultBootMode, BMCProtocol: cfg.BMCProtocol},
 	}
 }
 

@@ -60,6 +60,8 @@ type Config struct {
 	PXEBaseURL      string
 	// TrustedRootsFile is a PEM bundle added to the machines' join config (a custom CA in front of Omni).
 	TrustedRootsFile string
+	// BMCProtocol is how edges talk to BMCs: auto (Redfish when it answers, else IPMI), ipmi or redfish.
+	BMCProtocol string
 	// MachineLabels are key=value labels published on every machine in Omni (besides its site label).
 	MachineLabels []string
 	// DefaultBootMode is the firmware mode ("uefi" or "bios") of a one-time PXE boot of a machine whose
@@ -86,6 +88,7 @@ func Default() Config {
 		Planner:            bootplans.DefaultPlannerConfig(),
 		InstallAssetsURL:   "/assets/install",
 		DefaultBootMode:    "uefi",
+		BMCProtocol:        "auto",
 	}
 }
 
@@ -145,6 +148,10 @@ func (c Config) Validate() error {
 
 	if c.CertValidity < time.Hour {
 		errs = append(errs, fmt.Errorf("certificate validity %s is shorter than an hour", c.CertValidity))
+	}
+
+	if _, err := lifecycle.ParseBMCProtocol(c.BMCProtocol); err != nil {
+		errs = append(errs, err)
 	}
 
 	if _, err := labels.Parse(c.MachineLabels); err != nil {

@@ -26,6 +26,23 @@ type EdgeClients struct {
 	// DefaultBootMode is the firmware mode of a one-time PXE boot of a machine whose firmware nothing has
 	// reported (no boot through the edge yet, no BMC that says): "uefi" (the default when empty) or "bios".
 	DefaultBootMode string
+	// BMCProtocol is how the edge talks to BMCs: "auto" (Redfish when it answers, else IPMI; the default when
+	// empty), "ipmi" or "redfish".
+	BMCProtocol string
+}
+
+// ParseBMCProtocol checks a BMC protocol setting: auto, ipmi or redfish.
+func ParseBMCProtocol(s string) (bmcpb.Protocol, error) {
+	switch s {
+	case "", "auto":
+		return bmcpb.Protocol_PROTOCOL_AUTO, nil
+	case "ipmi":
+		return bmcpb.Protocol_PROTOCOL_IPMI, nil
+	case "redfish":
+		return bmcpb.Protocol_PROTOCOL_REDFISH, nil
+	default:
+		return 0, fmt.Errorf("bmc protocol %q: want auto, ipmi or redfish", s)
+	}
 }
 
 // classify marks a failed call as ErrSiteOffline when it failed because the site has no live session.
@@ -40,20 +57,27 @@ func (c *EdgeClients) classify(site string, err error) error {
 	return err
 }
 
-func target(bmc *specs.BMCConfigurationSpec) (*bmcpb.Target, error) {
+// target is the BMC of a machine as the edge's BMC service takes it. The same credentials serve IPMI and
+// Redfish (BMCs keep one user database); with auto the edge probes Redfish and falls back to IPMI.
+func target(bmc *specs.BMCConfigurationSpec, proto bmcpb.Protocol) (*bmcpb.Target, error) {
 	ipmi := bmc.GetIpmi()
 	if ipmi == nil {
 		return nil, ErrNoIPMI
 	}
 
 	return &bmcpb.Target{
-		Host: ipmi.GetAddress(), IpmiPort: ipmi.GetPort(), Protocol: bmcpb.Protocol_PROTOCOL_IPMI,
+		Host: ipmi.GetAddress(), IpmiPort: ipmi.GetPort(), Protocol: proto,
 		Username: ipmi.GetUsername(), Password: ipmi.GetPassword(),
 	}, nil
 }
 
 func (c *EdgeClients) bmc(site, id string, bmc *specs.BMCConfigurationSpec) (*machineaccess.BMC, error) {
-	t, err := target(bmc)
+	proto, err := ParseBMCProtocol(c.BMCProtocol)
+	if err != nil {
+		return nil, err
+	}
+
+	t, err := target(bmc, proto)
 	if err != nil {
 		return nil, fmt.Errorf("bmc of %s: %w", id, err)
 	}

@@ -137,7 +137,20 @@ func TestEdgeClientsOverGRPC(t *testing.T) {
 	require.Equal(t, lifecycle.PowerOff, ps)
 	require.Equal(t, "10.0.0.5", edge.target.GetHost())
 	require.Equal(t, "outpost", edge.target.GetUsername())
-	require.Equal(t, bmcpb.Protocol_PROTOCOL_IPMI, edge.target.GetProtocol())
+	require.Equal(t, bmcpb.Protocol_PROTOCOL_AUTO, edge.target.GetProtocol(), "by default the edge probes Redfish, then IPMI")
+
+	for _, tc := range []struct {
+		setting string
+		want    bmcpb.Protocol
+	}{{"ipmi", bmcpb.Protocol_PROTOCOL_IPMI}, {"redfish", bmcpb.Protocol_PROTOCOL_REDFISH}, {"auto", bmcpb.Protocol_PROTOCOL_AUTO}} {
+		pc := &lifecycle.EdgeClients{Access: access, Sites: locs, BMCProtocol: tc.setting}
+		_, err = pc.PowerStatus(ctx, "site-a", id, bmc)
+		require.NoError(t, err)
+		require.Equal(t, tc.want, edge.target.GetProtocol(), tc.setting)
+	}
+
+	_, err = (&lifecycle.EdgeClients{Access: access, Sites: locs, BMCProtocol: "smoke-signals"}).PowerStatus(ctx, "site-a", id, bmc)
+	require.ErrorContains(t, err, "want auto, ipmi or redfish")
 
 	require.NoError(t, c.SetPXEOnce(ctx, "site-a", id, bmc))
 	require.Equal(t, bmcpb.BootMode_BOOT_MODE_UEFI, edge.pxeMode)
