@@ -1,5 +1,7 @@
-// Package tftp serves the iPXE binaries read-only over TFTP (pin/tftp/v3), with blksize and tsize negotiation,
-// and holds the Catalog of those binaries that the HTTP server's /tftp/ path serves as well.
+// Package tftp serves the iPXE binaries read-only over TFTP (RFC 1350, with the blksize and tsize options of
+// RFC 2347, 2348 and 2349), within bounds the site network cannot exceed: transfers per client address and in
+// total, resends per packet and per transfer, error replies and journal events per second. It also holds the
+// Catalog of those binaries that the HTTP server's /tftp/ path serves as well.
 package tftp
 
 import (
