@@ -22,8 +22,13 @@ type Config struct {
 	Cooldown time.Duration
 	// PollInterval is how often a machine's power state and agent presence are refreshed.
 	PollInterval time.Duration
-	// WipeTimeout bounds one disk wipe (generous: zeroing disks takes long).
+	// WipeMethod is how disks are wiped: "fast" (the agent drops partition tables and signatures) or "zeroes"
+	// (every byte overwritten: bounded by WipeTimeout, which must fit the largest disks).
+	WipeMethod string
+	// WipeTimeout bounds one fast disk wipe.
 	WipeTimeout time.Duration
+	// ZeroesWipeTimeout bounds one zeroes wipe (hours: a 10 TB spinning disk at 200 MB/s takes 14 h).
+	ZeroesWipeTimeout time.Duration
 	// CallTimeout bounds every other edge call, and the wait for an edge to acknowledge a boot plan.
 	CallTimeout time.Duration
 	// IPMIUsername is the IPMI user the controller creates through the agent.
@@ -39,7 +44,9 @@ func Default() Config {
 	return Config{
 		Cooldown:     5 * time.Minute,
 		PollInterval: 30 * time.Second,
-		WipeTimeout:  2 * time.Hour,
+		WipeMethod:        "fast",
+		WipeTimeout:       time.Hour,
+		ZeroesWipeTimeout: 24 * time.Hour,
 		CallTimeout:  time.Minute,
 		IPMIUsername: "outpost",
 		Concurrency:  8,
@@ -51,7 +58,9 @@ func (c Config) Validate() error {
 	switch {
 	case c.PollInterval <= 0:
 		return errors.New("poll interval must be positive")
-	case c.WipeTimeout <= 0 || c.CallTimeout <= 0:
+	case c.WipeMethod != "fast" && c.WipeMethod != "zeroes":
+		return fmt.Errorf("wipe method %q: want fast or zeroes", c.WipeMethod)
+	case c.WipeTimeout <= 0 || c.ZeroesWipeTimeout <= 0 || c.CallTimeout <= 0:
 		return errors.New("timeouts must be positive")
 	case c.Cooldown < 0:
 		return errors.New("cooldown must not be negative")

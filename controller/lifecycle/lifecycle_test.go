@@ -645,3 +645,27 @@ func TestStatusLabels(t *testing.T) {
 		return l["site"] == "site-a" && l["tier"] == "gold" && l[omnires.LabelInfraProviderID] == providerID
 	})
 }
+
+// With the zeroes method the agent overwrites every byte, under its own (long) timeout; a wipe that outlives
+// it is an error and is tried again, not counted done.
+func TestZeroesWipe(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t, func(c *lifecycle.Config) {
+		c.WipeMethod = "zeroes"
+		c.ZeroesWipeTimeout = 200 * time.Millisecond
+	})
+
+	release := make(chan struct{})
+	h.edge.HoldWipes(release)
+	h.edge.Add("m1", "site-a")
+	h.omni("m1", accepted)
+
+	h.eventually("a wipe outlived its timeout and was tried again", func() bool { return h.edge.Count("m1", "WipeDisks zeroes") >= 2 })
+	require.False(t, h.status("m1").GetReadyToUse(), "not ready while no wipe finished")
+
+	h.edge.HoldWipes(nil)
+	close(release)
+	h.eventually("ready once a zeroes wipe finished", func() bool { s := h.status("m1"); return s != nil && s.ReadyToUse })
+	require.Empty(t, h.edge.Calls("m1", "WipeDisks\n"), "every wipe was a zeroes wipe")
+}

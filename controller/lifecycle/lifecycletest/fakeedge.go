@@ -382,7 +382,7 @@ func (f *FakeEdge) SetPowerManagement(_ context.Context, site, id string, req *a
 }
 
 // WipeDisks implements lifecycle.AgentClient.
-func (f *FakeEdge) WipeDisks(ctx context.Context, site, id string, _ bool) error {
+func (f *FakeEdge) WipeDisks(ctx context.Context, site, id string, zeroes bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 
@@ -391,7 +391,11 @@ func (f *FakeEdge) WipeDisks(ctx context.Context, site, id string, _ bool) error
 		return err
 	}
 
-	f.record(id, "WipeDisks")
+	if zeroes {
+		f.record(id, "WipeDisks zeroes")
+	} else {
+		f.record(id, "WipeDisks")
+	}
 
 	if hold := f.holdWipe; hold != nil {
 		f.mu.Unlock()
