@@ -42,14 +42,14 @@ type Config struct {
 // Default returns the lifecycle defaults.
 func Default() Config {
 	return Config{
-		Cooldown:     5 * time.Minute,
-		PollInterval: 30 * time.Second,
+		Cooldown:          5 * time.Minute,
+		PollInterval:      30 * time.Second,
 		WipeMethod:        "fast",
 		WipeTimeout:       time.Hour,
 		ZeroesWipeTimeout: 24 * time.Hour,
-		CallTimeout:  time.Minute,
-		IPMIUsername: "outpost",
-		Concurrency:  8,
+		CallTimeout:       time.Minute,
+		IPMIUsername:      "outpost",
+		Concurrency:       8,
 	}
 }
 
