@@ -13,6 +13,8 @@ import (
 	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
 	omnires "github.com/siderolabs/omni/client/pkg/omni/resources/omni"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/outpost-metal/outpost/controller/bootplans"
 	"github.com/outpost-metal/outpost/controller/resources"
@@ -242,6 +244,13 @@ func (e *env) waitFor(logger *zap.Logger, reason string) error {
 // failed is a requeue for an edge call that failed: logged, retried with backoff, never acted on elsewhere.
 func (e *env) failed(err error) error {
 	e.Metrics.edgeFailure(err)
+
+	// A BMC's permanent refusal (wrong credentials, a command it does not support: the edge says
+	// FailedPrecondition) is not retried at the poll interval: that locks BMC accounts and floods logs. It
+	// waits ten intervals, for an operator to fix it.
+	if status.Code(err) == codes.FailedPrecondition {
+		return controller.NewRequeueError(fmt.Errorf("permanent, retried slowly: %w", err), 10*e.cfg.PollInterval)
+	}
 
 	return controller.NewRequeueError(err, e.cfg.PollInterval)
 }

@@ -5,6 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Reasons counted by Metrics.
@@ -13,6 +15,7 @@ const (
 	ReasonEdgeCallFailed    = "edge_call_failed"
 	ReasonInvalidBMCConfig  = "invalid_bmc_config"
 	ReasonMachineNotLocated = "machine_not_located"
+	ReasonBMCRefused        = "bmc_refused"
 )
 
 // Metrics counts what the lifecycle could not do, by reason; register it with a prometheus registry.
@@ -44,9 +47,12 @@ func (m *Metrics) Count(reason string) float64 {
 func (m *Metrics) inc(reason string) { m.problems.WithLabelValues(reason).Inc() }
 
 func (m *Metrics) edgeFailure(err error) {
-	if errors.Is(err, ErrSiteOffline) {
+	switch {
+	case errors.Is(err, ErrSiteOffline):
 		m.inc(ReasonSiteOffline)
-	} else {
+	case status.Code(err) == codes.FailedPrecondition:
+		m.inc(ReasonBMCRefused)
+	default:
 		m.inc(ReasonEdgeCallFailed)
 	}
 }

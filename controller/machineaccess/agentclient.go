@@ -12,7 +12,7 @@ import (
 )
 
 // Agent returns a client for the agent of machineID at siteID. Every call checks that the machine
-// is still at that site (FailedPrecondition otherwise, before anything is sent), looks up the
+// is still at that site (Aborted otherwise, before anything is sent: the caller decides again), looks up the
 // site's current connection (Unavailable when the site is offline) and carries machine-id metadata.
 func (c *Client) Agent(siteID, machineID string) agentpb.AgentServiceClient {
 	return agentpb.NewAgentServiceClient(&agentConn{c: c, siteID: siteID, machineID: machineID})
@@ -26,7 +26,7 @@ type agentConn struct {
 
 func (a *agentConn) route(ctx context.Context) (context.Context, grpc.ClientConnInterface, error) {
 	if err := a.c.check(a.siteID, a.machineID); err != nil {
-		return nil, nil, status.Error(codes.FailedPrecondition, err.Error())
+		return nil, nil, status.Error(codes.Aborted, err.Error())
 	}
 
 	conn, err := a.c.conn(a.siteID)

@@ -39,7 +39,7 @@ func copyTarget(t *bmcpb.Target) *bmcpb.Target {
 
 func (b *BMC) client() (bmcpb.BMCClient, error) {
 	if err := b.c.check(b.siteID, b.machineID); err != nil {
-		return nil, status.Error(codes.FailedPrecondition, err.Error())
+		return nil, status.Error(codes.Aborted, err.Error())
 	}
 
 	conn, err := b.c.conn(b.siteID)

@@ -67,8 +67,8 @@ func TestAgentRouting(t *testing.T) {
 		wantErr error
 	}{
 		{name: "machine at the site", site: "s1", machine: here, code: codes.OK},
-		{name: "machine at another site", site: "s1", machine: there, code: codes.FailedPrecondition, wantErr: machineaccess.ErrWrongSite},
-		{name: "unknown machine", site: "s1", machine: "bbbbbbbb-0000-4000-8000-000000000009", code: codes.FailedPrecondition, wantErr: machineaccess.ErrUnknownMachine},
+		{name: "machine at another site", site: "s1", machine: there, code: codes.Aborted, wantErr: machineaccess.ErrWrongSite},
+		{name: "unknown machine", site: "s1", machine: "bbbbbbbb-0000-4000-8000-000000000009", code: codes.Aborted, wantErr: machineaccess.ErrUnknownMachine},
 		{name: "site offline", site: "s1", machine: here, offline: true, code: codes.Unavailable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -213,11 +213,11 @@ func TestOverUplink(t *testing.T) {
 
 	// A machine of another site is refused by the controller before the call leaves.
 	_, err = s.access.Agent(siteA, otherMachine).Hello(ctx, &agentpb.HelloRequest{})
-	require.Equal(t, codes.FailedPrecondition, status.Code(err), "%v", err)
+	require.Equal(t, codes.Aborted, status.Code(err), "%v", err)
 	require.ErrorContains(t, err, machineaccess.ErrWrongSite.Error())
 
 	_, err = s.access.BMC(siteA, otherMachine, nil).PowerStatus(ctx)
-	require.Equal(t, codes.FailedPrecondition, status.Code(err))
+	require.Equal(t, codes.Aborted, status.Code(err))
 
 	// The agent disconnects: Unavailable within a second, and a close event.
 	stopAgent()
