@@ -153,8 +153,9 @@ func (a *admission) admit(source string) (func(), *rejection) {
 	case src.tokens < 1:
 		return nil, &rejection{
 			metric: reasonSourceRate,
-			reason: fmt.Sprintf("%s opens connections faster than %d a second (%d at once, --uplink-source-rate, --uplink-source-burst): "+
-				"connection closed; if many edges share this address (NAT), raise the limits", source, a.lim.SourceRate, a.lim.SourceBurst),
+			reason: fmt.Sprintf("%s opens connections faster than %d a second (%d at once, --uplink-source-rate, --uplink-source-burst; "+
+				"each refused after TLS counts %d more): connection closed; if many edges share this address (NAT), raise the limits",
+				source, a.lim.SourceRate, a.lim.SourceBurst, a.lim.RefusalCost),
 		}
 	case a.handshakes >= a.lim.MaxHandshakes:
 		return nil, &rejection{
@@ -189,6 +190,20 @@ func (s *sourceState) refill(now time.Time, lim Limits) {
 	}
 
 	s.refilled = now
+}
+
+// penalize charges source's rate for a connection refused after TLS: a handshake spent on nothing. The debt is
+// bounded, so a source that stops being refused gets its rate back within SourceBurst/SourceRate seconds.
+func (a *admission) penalize(source string) {
+	now := a.now()
+
+	a.mu.Lock()
+	defer a.mu.Unlock()
+
+	if src := a.sources[source]; src != nil {
+		src.refill(now, a.lim)
+		src.tokens = max(src.tokens-float64(a.lim.RefusalCost), -float64(a.lim.SourceBurst))
+	}
 }
 
 // enrollLockout says whether wrong join tokens have locked enrolment out for the source or the site.

@@ -88,6 +88,26 @@ func TestAdmissionHandshakeLimits(t *testing.T) {
 			_, r = a.Admit("192.0.2.1")
 			require.Equal(t, "source_rate", r.Metric)
 		}},
+		{"refused after TLS costs more", func(t *testing.T, a *sites.Admission, clock *fakeClock) {
+			release, r := a.Admit("192.0.2.1")
+			require.Nil(t, r)
+			release()
+			a.Penalize("192.0.2.1") // 1 + 4 of the burst of 5 spent
+
+			_, r = a.Admit("192.0.2.1")
+			require.Equal(t, "source_rate", r.Metric)
+			require.Contains(t, r.Reason, "each refused after TLS counts 4 more")
+
+			// Debt is bounded at one burst: a source refused many times gets its rate back soon.
+			for range 100 {
+				a.Penalize("192.0.2.1")
+			}
+
+			clock.Add(3 * time.Second) // -5 + 6
+
+			_, r = a.Admit("192.0.2.1")
+			require.Nil(t, r)
+		}},
 		{"over all sources", func(t *testing.T, a *sites.Admission, _ *fakeClock) {
 			var held []func()
 
@@ -132,7 +152,7 @@ func TestAdmissionHandshakeLimits(t *testing.T) {
 
 			clock := newFakeClock()
 			a := sites.NewAdmission(sites.Limits{
-				MaxHandshakes: 8, SourceHandshakes: 3, SourceRate: 2, SourceBurst: 5, MaxSources: 16,
+				MaxHandshakes: 8, SourceHandshakes: 3, SourceRate: 2, SourceBurst: 5, RefusalCost: 4, MaxSources: 16,
 			}, clock.Now)
 			tc.run(t, a, clock)
 		})

@@ -44,6 +44,9 @@ func (a *Admission) Admit(source string) (func(), *Refusal) {
 	return release, refusal(r)
 }
 
+// Penalize charges source for a connection refused after TLS.
+func (a *Admission) Penalize(source string) { a.a.penalize(source) }
+
 // EnrollLockout checks the lockouts of source and site.
 func (a *Admission) EnrollLockout(source, siteID string) *Refusal {
 	return refusal(a.a.enrollLockout(source, siteID))

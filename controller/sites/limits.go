@@ -22,6 +22,10 @@ type Limits struct {
 	// SourceRate is how many connections per second one source may open on average, SourceBurst at once.
 	SourceRate  int
 	SourceBurst int
+	// RefusalCost is how many connections of its source's rate a connection refused after TLS costs besides its
+	// own (a TLS handshake spent on nothing): an address that is only refused gets about SourceRate/(1+RefusalCost)
+	// handshakes a second, an edge refused once in a while does not notice.
+	RefusalCost int
 
 	// MaxEnrollSessions bounds enrolment sessions at once; SourceEnrollSessions and SiteEnrollSessions bound
 	// them per source and per site. Enrolment sessions are given only to a hello with a valid join token.
@@ -52,7 +56,9 @@ type Limits struct {
 // Why these values: a TLS 1.3 handshake needs one round trip after accept, so 3 s leaves a slow satellite link
 // room for a lost packet while an idle connection is gone before it matters. 1024 handshakes at once admit a
 // 500-site fleet reconnecting in the same instant twice over; 16 per source and 20 new connections a second
-// (40 at once) let a NAT with dozens of edges through while one attacking address holds 16 slots for 3 s at most.
+// (40 at once) let a NAT with dozens of edges through while one attacking address holds 16 slots for 3 s at most;
+// an address that is only ever refused after TLS is charged ten connections for each, so it makes the controller
+// do about two handshakes a second, not twenty.
 // An enrolment is one call that takes milliseconds, so 64 sessions of at most 15 s (4 per source, 4 per site)
 // never turn a real edge away for long. Join tokens hold 256 random bits: guessing is hopeless, so the lockouts
 // (5 wrong tokens from one address in 10 minutes lock it out for 5 minutes; 20 for one site pause that site's
@@ -65,6 +71,7 @@ func DefaultLimits() Limits {
 		SourceHandshakes:     16,
 		SourceRate:           20,
 		SourceBurst:          40,
+		RefusalCost:          10,
 		MaxEnrollSessions:    64,
 		SourceEnrollSessions: 4,
 		SiteEnrollSessions:   4,
@@ -102,6 +109,7 @@ func (l Limits) withDefaults() Limits {
 	setInt(&l.SourceHandshakes, d.SourceHandshakes)
 	setInt(&l.SourceRate, d.SourceRate)
 	setInt(&l.SourceBurst, d.SourceBurst)
+	setInt(&l.RefusalCost, d.RefusalCost)
 	setInt(&l.MaxEnrollSessions, d.MaxEnrollSessions)
 	setInt(&l.SourceEnrollSessions, d.SourceEnrollSessions)
 	setInt(&l.SiteEnrollSessions, d.SiteEnrollSessions)
@@ -132,6 +140,7 @@ func (l Limits) Validate() error {
 		{"handshakes per source", int64(l.SourceHandshakes)},
 		{"connection rate per source", int64(l.SourceRate)},
 		{"connection burst per source", int64(l.SourceBurst)},
+		{"refusal cost", int64(l.RefusalCost)},
 		{"max enrolment sessions", int64(l.MaxEnrollSessions)},
 		{"enrolment sessions per source", int64(l.SourceEnrollSessions)},
 		{"enrolment sessions per site", int64(l.SiteEnrollSessions)},

@@ -314,6 +314,7 @@ func (s *Server) handle(ctx context.Context, raw net.Conn, source string, accept
 	}
 
 	if reject != nil {
+		s.admission.penalize(source)
 		s.refuse(reject, raw.RemoteAddr(), hello.GetSiteId())
 
 		if reject.reply {

@@ -31,16 +31,18 @@ import (
 	"github.com/outpost-metal/outpost/shared/version"
 )
 
-// enrollHello connects to addr from the loopback address ip, does TLS pinned to the CA fingerprint fp as an
-// enrolling edge does, and sends an enrolment hello for siteID with token. It returns the connection (nil when
-// the controller closed it before TLS) and the reply.
-func enrollHello(ctx context.Context, addr, ip string, fp [sha256.Size]byte, siteID, token string) (*tls.Conn, *uplinkpb.HelloReply, error) {
+// pinned is the TLS configuration of an enrolling edge: the controller pinned by the token's CA fingerprint.
+func pinned(fp [sha256.Size]byte) *tls.Config { return uplink.EnrollTLSConfig(fp) }
+
+// enrollHello connects to addr from the loopback address ip, does TLS with cfg, and sends an enrolment hello for
+// siteID with token. It returns the connection (nil when the controller closed it before TLS) and the reply.
+func enrollHello(ctx context.Context, addr, ip string, cfg *tls.Config, siteID, token string) (*tls.Conn, *uplinkpb.HelloReply, error) {
 	raw, err := linklab.DialFrom(ip)(ctx, addr)
 	if err != nil {
 		return nil, nil, err
 	}
 
-	conn := tls.Client(raw, uplink.EnrollTLSConfig(fp))
+	conn := tls.Client(raw, cfg)
 	conn.SetDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
 
 	if err := conn.HandshakeContext(ctx); err != nil {
@@ -121,16 +123,22 @@ func TestWrongJoinTokensInALoopAreLimited(t *testing.T) {
 	token := ctrl.CreateSite(t, "target", sites.TokenOptions{})
 	fp := ctrl.CA.Fingerprint()
 
+	// As fast as the controller answers: at least 1,000 attempts, and on until the lockout has been seen.
 	const attempts = 1000
 
 	outcomes := map[string]int{}
 
-	var lockedReply *uplinkpb.HelloReply
+	var (
+		lockedReply *uplinkpb.HelloReply
+		tried       int
+	)
 
 	start := time.Now()
 
-	for range attempts {
-		conn, reply, err := enrollHello(t.Context(), ctrl.Addr, "127.0.5.1", fp, "target", wrongToken(t, token))
+	for ; tried < attempts || lockedReply == nil; tried++ {
+		require.Less(t, time.Since(start), time.Minute, "no lockout after %d attempts: %v", tried, outcomes)
+
+		conn, reply, err := enrollHello(t.Context(), ctrl.Addr, "127.0.5.1", pinned(fp), "target", wrongToken(t, token))
 		if err != nil {
 			outcomes["closed before the hello reply"]++
 
@@ -148,11 +156,11 @@ func TestWrongJoinTokensInALoopAreLimited(t *testing.T) {
 
 	elapsed := time.Since(start)
 
-	t.Logf("%d wrong secrets from one address in %s: %v; certificates signed: %d", attempts, elapsed.Round(time.Millisecond), outcomes, ctrl.CA.Issued())
+	t.Logf("%d wrong secrets from one address in %s: %v; certificates signed: %d", tried, elapsed.Round(time.Millisecond), outcomes, ctrl.CA.Issued())
 
 	require.Equal(t, 5, outcomes["CODE_TOKEN_REJECTED"], "the limit of wrong tokens per address")
 	require.Positive(t, outcomes["CODE_LOCKED_OUT"])
-	require.Equal(t, attempts, outcomes["CODE_TOKEN_REJECTED"]+outcomes["CODE_LOCKED_OUT"]+outcomes["closed before the hello reply"])
+	require.Equal(t, tried, outcomes["CODE_TOKEN_REJECTED"]+outcomes["CODE_LOCKED_OUT"]+outcomes["closed before the hello reply"])
 	require.Contains(t, lockedReply.GetReason(), "too many wrong join tokens from 127.0.5.1 (5 within 10m0s): enrolment from this address is locked until")
 	require.InDelta(t, (5 * time.Minute).Seconds(), lockedReply.GetRetryAfter().AsDuration().Seconds(), 30)
 	require.Zero(t, ctrl.CA.Issued(), "a certificate was signed for a wrong token")
@@ -160,7 +168,7 @@ func TestWrongJoinTokensInALoopAreLimited(t *testing.T) {
 	require.EqualValues(t, outcomes["closed before the hello reply"], rejectedCount(t, ctrl, "source_rate")+rejectedCount(t, ctrl, "source_handshakes"))
 
 	// A session given for the right token cannot be used to try another, nor to try twice.
-	conn, reply, err := enrollHello(t.Context(), ctrl.Addr, "127.0.5.2", fp, "target", token)
+	conn, reply, err := enrollHello(t.Context(), ctrl.Addr, "127.0.5.2", pinned(fp), "target", token)
 	require.NoError(t, err)
 	require.Equal(t, uplinkpb.HelloReply_CODE_ACCEPTED, reply.GetCode(), reply.GetReason())
 
@@ -205,7 +213,7 @@ func TestSiteLockoutPausesEnrolmentAndTheEdgeWaitsAsTold(t *testing.T) {
 	token := ctrl.CreateSite(t, "target", sites.TokenOptions{})
 
 	for i := range 20 {
-		conn, reply, err := enrollHello(t.Context(), ctrl.Addr, "127.0.6."+strconv.Itoa(i+1), ctrl.CA.Fingerprint(), "target", wrongToken(t, token))
+		conn, reply, err := enrollHello(t.Context(), ctrl.Addr, "127.0.6."+strconv.Itoa(i+1), pinned(ctrl.CA.Fingerprint()), "target", wrongToken(t, token))
 		require.NoError(t, err)
 		conn.Close() //nolint:errcheck
 		require.Equal(t, uplinkpb.HelloReply_CODE_TOKEN_REJECTED, reply.GetCode())
@@ -246,14 +254,14 @@ func TestEnrolmentSessionsAreBoundedAndShortLived(t *testing.T) {
 	var held []*tls.Conn
 
 	for i := range 2 {
-		conn, reply, err := enrollHello(t.Context(), ctrl.Addr, "127.0.7."+strconv.Itoa(i+1), fp, "leaky", token)
+		conn, reply, err := enrollHello(t.Context(), ctrl.Addr, "127.0.7."+strconv.Itoa(i+1), pinned(fp), "leaky", token)
 		require.NoError(t, err)
 		require.Equal(t, uplinkpb.HelloReply_CODE_ACCEPTED, reply.GetCode(), reply.GetReason())
 
 		held = append(held, conn)
 	}
 
-	conn, reply, err := enrollHello(t.Context(), ctrl.Addr, "127.0.7.3", fp, "leaky", token)
+	conn, reply, err := enrollHello(t.Context(), ctrl.Addr, "127.0.7.3", pinned(fp), "leaky", token)
 	require.NoError(t, err)
 	conn.Close() //nolint:errcheck
 	require.Equal(t, uplinkpb.HelloReply_CODE_OVERLOADED, reply.GetCode())
@@ -268,12 +276,12 @@ func TestEnrolmentSessionsAreBoundedAndShortLived(t *testing.T) {
 
 	require.Eventually(t, func() bool { return gauge(t, ctrl, "outpost_uplink_enroll_sessions") == 0 }, 5*time.Second, 10*time.Millisecond)
 
-	conn, reply, err = enrollHello(t.Context(), ctrl.Addr, "127.0.7.3", fp, "leaky", token)
+	conn, reply, err = enrollHello(t.Context(), ctrl.Addr, "127.0.7.3", pinned(fp), "leaky", token)
 	require.NoError(t, err)
 	conn.Close() //nolint:errcheck
 	require.Equal(t, uplinkpb.HelloReply_CODE_ACCEPTED, reply.GetCode(), reply.GetReason())
 
-	conn, reply, err = enrollHello(t.Context(), ctrl.Addr, "127.0.7.4", fp, "leaky", "")
+	conn, reply, err = enrollHello(t.Context(), ctrl.Addr, "127.0.7.4", pinned(fp), "leaky", "")
 	require.NoError(t, err)
 	conn.Close() //nolint:errcheck
 	require.Equal(t, uplinkpb.HelloReply_CODE_MALFORMED, reply.GetCode())
