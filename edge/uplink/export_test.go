@@ -15,4 +15,6 @@ func (b *Backoff) Next() time.Duration { return b.b.next() }
 func (b *Backoff) Reset() { b.b.reset() }
 
 // HonourRetryAfter is honourRetryAfter.
-func HonourRetryAfter(wait, retryAfter time.Duration) time.Duration { return honourRetryAfter(wait, retryAfter) }
+func HonourRetryAfter(wait, retryAfter time.Duration) time.Duration {
+	return honourRetryAfter(wait, retryAfter)
+}

@@ -385,4 +385,3 @@ func gauge(t *testing.T, c *linklab.Controller, name string) float64 {
 
 	return 0
 }
-
