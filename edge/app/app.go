@@ -95,6 +95,9 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		return err
 	}
 
+	// the edge watches its BMCs itself and journals power changes (the controller sends the list)
+	watcher := bmc.NewWatcher(bmcs, recorder, bmc.DefaultWatcher(), log, time.Now)
+
 	httpSrv, err := ipxe.New(cfg.HTTP, log, ipxe.Deps{
 		Table:      table,
 		Catalog:    catalog,
@@ -108,7 +111,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	}
 	defer httpSrv.Close() //nolint:errcheck
 
-	for _, cs := range [][]prometheus.Collector{tunnels.Collectors(), bmcs.Collectors(), store.Collectors(), table.Collectors()} {
+	for _, cs := range [][]prometheus.Collector{tunnels.Collectors(), bmcs.Collectors(), watcher.Collectors(), store.Collectors(), table.Collectors()} {
 		metrics.MustRegister(cs...)
 	}
 
@@ -116,7 +119,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		Logger: log,
 		Register: []func(grpc.ServiceRegistrar){
 			boot.NewService(table).Register,
-			bmc.NewService(bmcs).Register,
+			bmc.NewService(bmcs).WithWatcher(watcher).Register,
 			assets.NewService(fetcher).Register,
 		},
 		// Agent calls from the controller (/management.AgentService/*) go to the machine's tunnel.
@@ -162,6 +165,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	eg.Go(func() error { return tunnels.Serve(ctx, apiLn) })
 	eg.Go(func() error { return fetcher.Run(ctx) })
 	eg.Go(func() error { return bmcs.Run(ctx) })
+	eg.Go(func() error { return watcher.Run(ctx) })
 
 	if cfg.TFTP.Listen != "" {
 		tftpSrv, err := tftp.New(cfg.TFTP, log, catalog, tftp.Deps{Registerer: metrics, Observer: recorder})

@@ -19,8 +19,36 @@ import (
 type Service struct {
 	bmcpb.UnimplementedBMCServer
 
-	m   *Manager
-	log *zap.Logger
+	m       *Manager
+	log     *zap.Logger
+	watcher *Watcher
+}
+
+// WithWatcher makes the service take the controller's watch lists (Watch) for w.
+func (s *Service) WithWatcher(w *Watcher) *Service {
+	s.watcher = w
+
+	return s
+}
+
+// Watch implements bmcpb.BMCServer: the BMCs the edge watches from now on.
+func (s *Service) Watch(_ context.Context, req *bmcpb.WatchRequest) (*bmcpb.WatchResponse, error) {
+	if s.watcher == nil {
+		return nil, status.Error(codes.Unimplemented, "this edge does not watch BMCs")
+	}
+
+	targets := make([]WatchTarget, 0, len(req.GetTargets()))
+
+	for _, t := range req.GetTargets() {
+		if t.GetMachineId() == "" || t.GetHost() == "" {
+			return nil, status.Error(codes.InvalidArgument, "watch: every target needs a machine id and a host")
+		}
+
+		target, creds := fromProto(t)
+		targets = append(targets, WatchTarget{MachineID: t.GetMachineId(), Target: target, Credentials: creds})
+	}
+
+	return &bmcpb.WatchResponse{Watching: uint32(s.watcher.Set(targets))}, nil //nolint:gosec // bounded by MaxTargets
 }
 
 // NewService returns the gRPC service for m.

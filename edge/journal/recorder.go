@@ -81,3 +81,17 @@ func (r *Recorder) BootServed(b ipxe.BootServed) {
 
 	r.Record(&bootpb.Event{Kind: &bootpb.Event_BootServed{BootServed: ev}})
 }
+
+// maxPowerReason bounds the reason a power change carries (a BMC's error text).
+const maxPowerReason = 256
+
+// PowerChanged records a watched BMC's new power state (it fits bmc.PowerSink).
+func (r *Recorder) PowerChanged(machineID, state, reason string) {
+	if len(reason) > maxPowerReason {
+		reason = reason[:maxPowerReason]
+	}
+
+	r.Record(&bootpb.Event{Kind: &bootpb.Event_PowerChanged{PowerChanged: &bootpb.PowerChanged{
+		MachineId: machineID, State: state, Error: reason,
+	}}})
+}

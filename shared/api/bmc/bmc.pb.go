@@ -268,6 +268,96 @@ func (x *PowerRequest) GetTarget() *Target {
 	return nil
 }
 
+type WatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// targets are every BMC of the site to watch (machine_id set); the list replaces the previous one.
+	Targets       []*Target `protobuf:"bytes,1,rep,name=targets,proto3" json:"targets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequest) Reset() {
+	*x = WatchRequest{}
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequest) ProtoMessage() {}
+
+func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequest) Descriptor() ([]byte, []int) {
+	return file_shared_api_bmc_bmc_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *WatchRequest) GetTargets() []*Target {
+	if x != nil {
+		return x.Targets
+	}
+	return nil
+}
+
+type WatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// watching is how many BMCs the edge watches now.
+	Watching      uint32 `protobuf:"varint,1,opt,name=watching,proto3" json:"watching,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchResponse) Reset() {
+	*x = WatchResponse{}
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchResponse) ProtoMessage() {}
+
+func (x *WatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
+func (*WatchResponse) Descriptor() ([]byte, []int) {
+	return file_shared_api_bmc_bmc_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *WatchResponse) GetWatching() uint32 {
+	if x != nil {
+		return x.Watching
+	}
+	return 0
+}
+
 type PowerResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -276,7 +366,7 @@ type PowerResponse struct {
 
 func (x *PowerResponse) Reset() {
 	*x = PowerResponse{}
-	mi := &file_shared_api_bmc_bmc_proto_msgTypes[2]
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -288,7 +378,7 @@ func (x *PowerResponse) String() string {
 func (*PowerResponse) ProtoMessage() {}
 
 func (x *PowerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_bmc_bmc_proto_msgTypes[2]
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -301,7 +391,7 @@ func (x *PowerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerResponse.ProtoReflect.Descriptor instead.
 func (*PowerResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_bmc_bmc_proto_rawDescGZIP(), []int{2}
+	return file_shared_api_bmc_bmc_proto_rawDescGZIP(), []int{4}
 }
 
 type PowerStatusResponse struct {
@@ -313,7 +403,7 @@ type PowerStatusResponse struct {
 
 func (x *PowerStatusResponse) Reset() {
 	*x = PowerStatusResponse{}
-	mi := &file_shared_api_bmc_bmc_proto_msgTypes[3]
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -325,7 +415,7 @@ func (x *PowerStatusResponse) String() string {
 func (*PowerStatusResponse) ProtoMessage() {}
 
 func (x *PowerStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_bmc_bmc_proto_msgTypes[3]
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -338,7 +428,7 @@ func (x *PowerStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerStatusResponse.ProtoReflect.Descriptor instead.
 func (*PowerStatusResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_bmc_bmc_proto_rawDescGZIP(), []int{3}
+	return file_shared_api_bmc_bmc_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PowerStatusResponse) GetOn() bool {
@@ -358,7 +448,7 @@ type SetPXEOnceRequest struct {
 
 func (x *SetPXEOnceRequest) Reset() {
 	*x = SetPXEOnceRequest{}
-	mi := &file_shared_api_bmc_bmc_proto_msgTypes[4]
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -370,7 +460,7 @@ func (x *SetPXEOnceRequest) String() string {
 func (*SetPXEOnceRequest) ProtoMessage() {}
 
 func (x *SetPXEOnceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_bmc_bmc_proto_msgTypes[4]
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -383,7 +473,7 @@ func (x *SetPXEOnceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPXEOnceRequest.ProtoReflect.Descriptor instead.
 func (*SetPXEOnceRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_bmc_bmc_proto_rawDescGZIP(), []int{4}
+	return file_shared_api_bmc_bmc_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SetPXEOnceRequest) GetTarget() *Target {
@@ -413,7 +503,7 @@ type GetBootOverrideResponse struct {
 
 func (x *GetBootOverrideResponse) Reset() {
 	*x = GetBootOverrideResponse{}
-	mi := &file_shared_api_bmc_bmc_proto_msgTypes[5]
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -425,7 +515,7 @@ func (x *GetBootOverrideResponse) String() string {
 func (*GetBootOverrideResponse) ProtoMessage() {}
 
 func (x *GetBootOverrideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_bmc_bmc_proto_msgTypes[5]
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -438,7 +528,7 @@ func (x *GetBootOverrideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBootOverrideResponse.ProtoReflect.Descriptor instead.
 func (*GetBootOverrideResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_bmc_bmc_proto_rawDescGZIP(), []int{5}
+	return file_shared_api_bmc_bmc_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetBootOverrideResponse) GetSet() bool {
@@ -477,7 +567,11 @@ const file_shared_api_bmc_bmc_proto_rawDesc = "" +
 	"\busername\x18\x06 \x01(\tR\busername\x12\x1a\n" +
 	"\bpassword\x18\a \x01(\tR\bpassword\";\n" +
 	"\fPowerRequest\x12+\n" +
-	"\x06target\x18\x01 \x01(\v2\x13.outpost.bmc.TargetR\x06target\"\x0f\n" +
+	"\x06target\x18\x01 \x01(\v2\x13.outpost.bmc.TargetR\x06target\"=\n" +
+	"\fWatchRequest\x12-\n" +
+	"\atargets\x18\x01 \x03(\v2\x13.outpost.bmc.TargetR\atargets\"+\n" +
+	"\rWatchResponse\x12\x1a\n" +
+	"\bwatching\x18\x01 \x01(\rR\bwatching\"\x0f\n" +
 	"\rPowerResponse\"%\n" +
 	"\x13PowerStatusResponse\x12\x0e\n" +
 	"\x02on\x18\x01 \x01(\bR\x02on\"k\n" +
@@ -495,7 +589,7 @@ const file_shared_api_bmc_bmc_proto_rawDesc = "" +
 	"\bBootMode\x12\x19\n" +
 	"\x15BOOT_MODE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eBOOT_MODE_BIOS\x10\x01\x12\x12\n" +
-	"\x0eBOOT_MODE_UEFI\x10\x022\x85\x04\n" +
+	"\x0eBOOT_MODE_UEFI\x10\x022\xc5\x04\n" +
 	"\x03BMC\x12J\n" +
 	"\vPowerStatus\x12\x19.outpost.bmc.PowerRequest\x1a .outpost.bmc.PowerStatusResponse\x12@\n" +
 	"\aPowerOn\x12\x19.outpost.bmc.PowerRequest\x1a\x1a.outpost.bmc.PowerResponse\x12A\n" +
@@ -505,7 +599,8 @@ const file_shared_api_bmc_bmc_proto_rawDesc = "" +
 	"\n" +
 	"SetPXEOnce\x12\x1e.outpost.bmc.SetPXEOnceRequest\x1a\x1a.outpost.bmc.PowerResponse\x12J\n" +
 	"\x11ClearBootOverride\x12\x19.outpost.bmc.PowerRequest\x1a\x1a.outpost.bmc.PowerResponse\x12R\n" +
-	"\x0fGetBootOverride\x12\x19.outpost.bmc.PowerRequest\x1a$.outpost.bmc.GetBootOverrideResponseB1Z/github.com/outpost-metal/outpost/shared/api/bmcb\x06proto3"
+	"\x0fGetBootOverride\x12\x19.outpost.bmc.PowerRequest\x1a$.outpost.bmc.GetBootOverrideResponse\x12>\n" +
+	"\x05Watch\x12\x19.outpost.bmc.WatchRequest\x1a\x1a.outpost.bmc.WatchResponseB1Z/github.com/outpost-metal/outpost/shared/api/bmcb\x06proto3"
 
 var (
 	file_shared_api_bmc_bmc_proto_rawDescOnce sync.Once
@@ -520,42 +615,47 @@ func file_shared_api_bmc_bmc_proto_rawDescGZIP() []byte {
 }
 
 var file_shared_api_bmc_bmc_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_shared_api_bmc_bmc_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_shared_api_bmc_bmc_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_shared_api_bmc_bmc_proto_goTypes = []any{
 	(Protocol)(0),                   // 0: outpost.bmc.Protocol
 	(BootMode)(0),                   // 1: outpost.bmc.BootMode
 	(*Target)(nil),                  // 2: outpost.bmc.Target
 	(*PowerRequest)(nil),            // 3: outpost.bmc.PowerRequest
-	(*PowerResponse)(nil),           // 4: outpost.bmc.PowerResponse
-	(*PowerStatusResponse)(nil),     // 5: outpost.bmc.PowerStatusResponse
-	(*SetPXEOnceRequest)(nil),       // 6: outpost.bmc.SetPXEOnceRequest
-	(*GetBootOverrideResponse)(nil), // 7: outpost.bmc.GetBootOverrideResponse
+	(*WatchRequest)(nil),            // 4: outpost.bmc.WatchRequest
+	(*WatchResponse)(nil),           // 5: outpost.bmc.WatchResponse
+	(*PowerResponse)(nil),           // 6: outpost.bmc.PowerResponse
+	(*PowerStatusResponse)(nil),     // 7: outpost.bmc.PowerStatusResponse
+	(*SetPXEOnceRequest)(nil),       // 8: outpost.bmc.SetPXEOnceRequest
+	(*GetBootOverrideResponse)(nil), // 9: outpost.bmc.GetBootOverrideResponse
 }
 var file_shared_api_bmc_bmc_proto_depIdxs = []int32{
 	0,  // 0: outpost.bmc.Target.protocol:type_name -> outpost.bmc.Protocol
 	2,  // 1: outpost.bmc.PowerRequest.target:type_name -> outpost.bmc.Target
-	2,  // 2: outpost.bmc.SetPXEOnceRequest.target:type_name -> outpost.bmc.Target
-	1,  // 3: outpost.bmc.SetPXEOnceRequest.mode:type_name -> outpost.bmc.BootMode
-	1,  // 4: outpost.bmc.GetBootOverrideResponse.mode:type_name -> outpost.bmc.BootMode
-	3,  // 5: outpost.bmc.BMC.PowerStatus:input_type -> outpost.bmc.PowerRequest
-	3,  // 6: outpost.bmc.BMC.PowerOn:input_type -> outpost.bmc.PowerRequest
-	3,  // 7: outpost.bmc.BMC.PowerOff:input_type -> outpost.bmc.PowerRequest
-	3,  // 8: outpost.bmc.BMC.PowerCycle:input_type -> outpost.bmc.PowerRequest
-	6,  // 9: outpost.bmc.BMC.SetPXEOnce:input_type -> outpost.bmc.SetPXEOnceRequest
-	3,  // 10: outpost.bmc.BMC.ClearBootOverride:input_type -> outpost.bmc.PowerRequest
-	3,  // 11: outpost.bmc.BMC.GetBootOverride:input_type -> outpost.bmc.PowerRequest
-	5,  // 12: outpost.bmc.BMC.PowerStatus:output_type -> outpost.bmc.PowerStatusResponse
-	4,  // 13: outpost.bmc.BMC.PowerOn:output_type -> outpost.bmc.PowerResponse
-	4,  // 14: outpost.bmc.BMC.PowerOff:output_type -> outpost.bmc.PowerResponse
-	4,  // 15: outpost.bmc.BMC.PowerCycle:output_type -> outpost.bmc.PowerResponse
-	4,  // 16: outpost.bmc.BMC.SetPXEOnce:output_type -> outpost.bmc.PowerResponse
-	4,  // 17: outpost.bmc.BMC.ClearBootOverride:output_type -> outpost.bmc.PowerResponse
-	7,  // 18: outpost.bmc.BMC.GetBootOverride:output_type -> outpost.bmc.GetBootOverrideResponse
-	12, // [12:19] is the sub-list for method output_type
-	5,  // [5:12] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	2,  // 2: outpost.bmc.WatchRequest.targets:type_name -> outpost.bmc.Target
+	2,  // 3: outpost.bmc.SetPXEOnceRequest.target:type_name -> outpost.bmc.Target
+	1,  // 4: outpost.bmc.SetPXEOnceRequest.mode:type_name -> outpost.bmc.BootMode
+	1,  // 5: outpost.bmc.GetBootOverrideResponse.mode:type_name -> outpost.bmc.BootMode
+	3,  // 6: outpost.bmc.BMC.PowerStatus:input_type -> outpost.bmc.PowerRequest
+	3,  // 7: outpost.bmc.BMC.PowerOn:input_type -> outpost.bmc.PowerRequest
+	3,  // 8: outpost.bmc.BMC.PowerOff:input_type -> outpost.bmc.PowerRequest
+	3,  // 9: outpost.bmc.BMC.PowerCycle:input_type -> outpost.bmc.PowerRequest
+	8,  // 10: outpost.bmc.BMC.SetPXEOnce:input_type -> outpost.bmc.SetPXEOnceRequest
+	3,  // 11: outpost.bmc.BMC.ClearBootOverride:input_type -> outpost.bmc.PowerRequest
+	3,  // 12: outpost.bmc.BMC.GetBootOverride:input_type -> outpost.bmc.PowerRequest
+	4,  // 13: outpost.bmc.BMC.Watch:input_type -> outpost.bmc.WatchRequest
+	7,  // 14: outpost.bmc.BMC.PowerStatus:output_type -> outpost.bmc.PowerStatusResponse
+	6,  // 15: outpost.bmc.BMC.PowerOn:output_type -> outpost.bmc.PowerResponse
+	6,  // 16: outpost.bmc.BMC.PowerOff:output_type -> outpost.bmc.PowerResponse
+	6,  // 17: outpost.bmc.BMC.PowerCycle:output_type -> outpost.bmc.PowerResponse
+	6,  // 18: outpost.bmc.BMC.SetPXEOnce:output_type -> outpost.bmc.PowerResponse
+	6,  // 19: outpost.bmc.BMC.ClearBootOverride:output_type -> outpost.bmc.PowerResponse
+	9,  // 20: outpost.bmc.BMC.GetBootOverride:output_type -> outpost.bmc.GetBootOverrideResponse
+	5,  // 21: outpost.bmc.BMC.Watch:output_type -> outpost.bmc.WatchResponse
+	14, // [14:22] is the sub-list for method output_type
+	6,  // [6:14] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_bmc_bmc_proto_init() }
@@ -569,7 +669,7 @@ func file_shared_api_bmc_bmc_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_bmc_bmc_proto_rawDesc), len(file_shared_api_bmc_bmc_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   6,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -30,6 +30,7 @@ const (
 	BMC_SetPXEOnce_FullMethodName        = "/outpost.bmc.BMC/SetPXEOnce"
 	BMC_ClearBootOverride_FullMethodName = "/outpost.bmc.BMC/ClearBootOverride"
 	BMC_GetBootOverride_FullMethodName   = "/outpost.bmc.BMC/GetBootOverride"
+	BMC_Watch_FullMethodName             = "/outpost.bmc.BMC/Watch"
 )
 
 // BMCClient is the client API for BMC service.
@@ -52,6 +53,10 @@ type BMCClient interface {
 	ClearBootOverride(ctx context.Context, in *PowerRequest, opts ...grpc.CallOption) (*PowerResponse, error)
 	// GetBootOverride reads the current boot override.
 	GetBootOverride(ctx context.Context, in *PowerRequest, opts ...grpc.CallOption) (*GetBootOverrideResponse, error)
+	// Watch replaces the set of BMCs the edge watches: it polls their power state itself (bounded, per BMC in
+	// turn) and journals every change as a PowerChanged event, so the controller never polls BMCs across the
+	// WAN and power state stays fresh while the uplink is down. Credentials are held in memory only.
+	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (*WatchResponse, error)
 }
 
 type bMCClient struct {
@@ -132,6 +137,16 @@ func (c *bMCClient) GetBootOverride(ctx context.Context, in *PowerRequest, opts 
 	return out, nil
 }
 
+func (c *bMCClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (*WatchResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WatchResponse)
+	err := c.cc.Invoke(ctx, BMC_Watch_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // BMCServer is the server API for BMC service.
 // All implementations must embed UnimplementedBMCServer
 // for forward compatibility.
@@ -152,6 +167,10 @@ type BMCServer interface {
 	ClearBootOverride(context.Context, *PowerRequest) (*PowerResponse, error)
 	// GetBootOverride reads the current boot override.
 	GetBootOverride(context.Context, *PowerRequest) (*GetBootOverrideResponse, error)
+	// Watch replaces the set of BMCs the edge watches: it polls their power state itself (bounded, per BMC in
+	// turn) and journals every change as a PowerChanged event, so the controller never polls BMCs across the
+	// WAN and power state stays fresh while the uplink is down. Credentials are held in memory only.
+	Watch(context.Context, *WatchRequest) (*WatchResponse, error)
 	mustEmbedUnimplementedBMCServer()
 }
 
@@ -182,6 +201,9 @@ func (UnimplementedBMCServer) ClearBootOverride(context.Context, *PowerRequest) 
 }
 func (UnimplementedBMCServer) GetBootOverride(context.Context, *PowerRequest) (*GetBootOverrideResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetBootOverride not implemented")
+}
+func (UnimplementedBMCServer) Watch(context.Context, *WatchRequest) (*WatchResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Watch not implemented")
 }
 func (UnimplementedBMCServer) mustEmbedUnimplementedBMCServer() {}
 func (UnimplementedBMCServer) testEmbeddedByValue()             {}
@@ -330,6 +352,24 @@ func _BMC_GetBootOverride_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _BMC_Watch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WatchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BMCServer).Watch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BMC_Watch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BMCServer).Watch(ctx, req.(*WatchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // BMC_ServiceDesc is the grpc.ServiceDesc for BMC service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -364,6 +404,10 @@ var BMC_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetBootOverride",
 			Handler:    _BMC_GetBootOverride_Handler,
+		},
+		{
+			MethodName: "Watch",
+			Handler:    _BMC_Watch_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

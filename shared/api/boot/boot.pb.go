@@ -943,6 +943,7 @@ type Event struct {
 	//	*Event_PxeSeen
 	//	*Event_BootServed
 	//	*Event_AgentTunnel
+	//	*Event_PowerChanged
 	Kind          isEvent_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1035,6 +1036,15 @@ func (x *Event) GetAgentTunnel() *AgentTunnel {
 	return nil
 }
 
+func (x *Event) GetPowerChanged() *PowerChanged {
+	if x != nil {
+		if x, ok := x.Kind.(*Event_PowerChanged); ok {
+			return x.PowerChanged
+		}
+	}
+	return nil
+}
+
 type isEvent_Kind interface {
 	isEvent_Kind()
 }
@@ -1055,6 +1065,10 @@ type Event_AgentTunnel struct {
 	AgentTunnel *AgentTunnel `protobuf:"bytes,20,opt,name=agent_tunnel,json=agentTunnel,proto3,oneof"`
 }
 
+type Event_PowerChanged struct {
+	PowerChanged *PowerChanged `protobuf:"bytes,40,opt,name=power_changed,json=powerChanged,proto3,oneof"`
+}
+
 func (*Event_DhcpSeen) isEvent_Kind() {}
 
 func (*Event_PxeSeen) isEvent_Kind() {}
@@ -1062,6 +1076,71 @@ func (*Event_PxeSeen) isEvent_Kind() {}
 func (*Event_BootServed) isEvent_Kind() {}
 
 func (*Event_AgentTunnel) isEvent_Kind() {}
+
+func (*Event_PowerChanged) isEvent_Kind() {}
+
+// PowerChanged: a watched BMC reported a power state other than the last one journaled for the machine (or
+// its first), or stopped answering.
+type PowerChanged struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	MachineId string                 `protobuf:"bytes,1,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
+	// state is "on", "off" or "unknown" (the BMC did not answer: error says why).
+	State         string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PowerChanged) Reset() {
+	*x = PowerChanged{}
+	mi := &file_shared_api_boot_boot_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PowerChanged) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PowerChanged) ProtoMessage() {}
+
+func (x *PowerChanged) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_boot_boot_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PowerChanged.ProtoReflect.Descriptor instead.
+func (*PowerChanged) Descriptor() ([]byte, []int) {
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *PowerChanged) GetMachineId() string {
+	if x != nil {
+		return x.MachineId
+	}
+	return ""
+}
+
+func (x *PowerChanged) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *PowerChanged) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
 
 // DHCPSeen: the ProxyDHCP answered a PXE client.
 type DHCPSeen struct {
@@ -1081,7 +1160,7 @@ type DHCPSeen struct {
 
 func (x *DHCPSeen) Reset() {
 	*x = DHCPSeen{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[13]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1093,7 +1172,7 @@ func (x *DHCPSeen) String() string {
 func (*DHCPSeen) ProtoMessage() {}
 
 func (x *DHCPSeen) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[13]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1106,7 +1185,7 @@ func (x *DHCPSeen) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DHCPSeen.ProtoReflect.Descriptor instead.
 func (*DHCPSeen) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{13}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DHCPSeen) GetMac() string {
@@ -1159,7 +1238,7 @@ type PXESeen struct {
 
 func (x *PXESeen) Reset() {
 	*x = PXESeen{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[14]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1171,7 +1250,7 @@ func (x *PXESeen) String() string {
 func (*PXESeen) ProtoMessage() {}
 
 func (x *PXESeen) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[14]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1184,7 +1263,7 @@ func (x *PXESeen) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PXESeen.ProtoReflect.Descriptor instead.
 func (*PXESeen) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{14}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PXESeen) GetRemoteIp() string {
@@ -1234,7 +1313,7 @@ type BootServed struct {
 
 func (x *BootServed) Reset() {
 	*x = BootServed{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[15]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1246,7 +1325,7 @@ func (x *BootServed) String() string {
 func (*BootServed) ProtoMessage() {}
 
 func (x *BootServed) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[15]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1259,7 +1338,7 @@ func (x *BootServed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootServed.ProtoReflect.Descriptor instead.
 func (*BootServed) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{15}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *BootServed) GetUuid() string {
@@ -1329,7 +1408,7 @@ type AgentTunnel struct {
 
 func (x *AgentTunnel) Reset() {
 	*x = AgentTunnel{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[16]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1341,7 +1420,7 @@ func (x *AgentTunnel) String() string {
 func (*AgentTunnel) ProtoMessage() {}
 
 func (x *AgentTunnel) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[16]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1354,7 +1433,7 @@ func (x *AgentTunnel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentTunnel.ProtoReflect.Descriptor instead.
 func (*AgentTunnel) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{16}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AgentTunnel) GetMachineId() string {
@@ -1463,7 +1542,7 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"journal_id\x18\x01 \x01(\tR\tjournalId\x12+\n" +
 	"\x06events\x18\x02 \x03(\v2\x13.outpost.boot.EventR\x06events\"'\n" +
 	"\x0fPublishResponse\x12\x14\n" +
-	"\x05acked\x18\x01 \x01(\x04R\x05acked\"\xc3\x02\n" +
+	"\x05acked\x18\x01 \x01(\x04R\x05acked\"\x86\x03\n" +
 	"\x05Event\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\x04R\bsequence\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x125\n" +
@@ -1472,8 +1551,14 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\bpxe_seen\x18\v \x01(\v2\x15.outpost.boot.PXESeenH\x00R\apxeSeen\x12;\n" +
 	"\vboot_served\x18\f \x01(\v2\x18.outpost.boot.BootServedH\x00R\n" +
 	"bootServed\x12>\n" +
-	"\fagent_tunnel\x18\x14 \x01(\v2\x19.outpost.boot.AgentTunnelH\x00R\vagentTunnelB\x06\n" +
-	"\x04kind\"v\n" +
+	"\fagent_tunnel\x18\x14 \x01(\v2\x19.outpost.boot.AgentTunnelH\x00R\vagentTunnel\x12A\n" +
+	"\rpower_changed\x18( \x01(\v2\x1a.outpost.boot.PowerChangedH\x00R\fpowerChangedB\x06\n" +
+	"\x04kind\"Y\n" +
+	"\fPowerChanged\x12\x1d\n" +
+	"\n" +
+	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"v\n" +
 	"\bDHCPSeen\x12\x10\n" +
 	"\x03mac\x18\x01 \x01(\tR\x03mac\x12\x1a\n" +
 	"\bfirmware\x18\x02 \x01(\tR\bfirmware\x12\x12\n" +
@@ -1532,7 +1617,7 @@ func file_shared_api_boot_boot_proto_rawDescGZIP() []byte {
 }
 
 var file_shared_api_boot_boot_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_shared_api_boot_boot_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_shared_api_boot_boot_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_shared_api_boot_boot_proto_goTypes = []any{
 	(Mode)(0),                     // 0: outpost.boot.Mode
 	(DiskMethod)(0),               // 1: outpost.boot.DiskMethod
@@ -1549,45 +1634,47 @@ var file_shared_api_boot_boot_proto_goTypes = []any{
 	(*PublishRequest)(nil),        // 12: outpost.boot.PublishRequest
 	(*PublishResponse)(nil),       // 13: outpost.boot.PublishResponse
 	(*Event)(nil),                 // 14: outpost.boot.Event
-	(*DHCPSeen)(nil),              // 15: outpost.boot.DHCPSeen
-	(*PXESeen)(nil),               // 16: outpost.boot.PXESeen
-	(*BootServed)(nil),            // 17: outpost.boot.BootServed
-	(*AgentTunnel)(nil),           // 18: outpost.boot.AgentTunnel
-	nil,                           // 19: outpost.boot.Table.AgentEntry
-	nil,                           // 20: outpost.boot.Delta.AgentEntry
-	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
+	(*PowerChanged)(nil),          // 15: outpost.boot.PowerChanged
+	(*DHCPSeen)(nil),              // 16: outpost.boot.DHCPSeen
+	(*PXESeen)(nil),               // 17: outpost.boot.PXESeen
+	(*BootServed)(nil),            // 18: outpost.boot.BootServed
+	(*AgentTunnel)(nil),           // 19: outpost.boot.AgentTunnel
+	nil,                           // 20: outpost.boot.Table.AgentEntry
+	nil,                           // 21: outpost.boot.Delta.AgentEntry
+	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
 }
 var file_shared_api_boot_boot_proto_depIdxs = []int32{
 	0,  // 0: outpost.boot.Plan.mode:type_name -> outpost.boot.Mode
 	1,  // 1: outpost.boot.Plan.disk_method:type_name -> outpost.boot.DiskMethod
 	4,  // 2: outpost.boot.Plan.install:type_name -> outpost.boot.Kernel
 	5,  // 3: outpost.boot.Table.plans:type_name -> outpost.boot.Plan
-	19, // 4: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
+	20, // 4: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
 	5,  // 5: outpost.boot.Delta.upsert:type_name -> outpost.boot.Plan
-	20, // 6: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
+	21, // 6: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
 	6,  // 7: outpost.boot.ApplyRequest.snapshot:type_name -> outpost.boot.Table
 	7,  // 8: outpost.boot.ApplyRequest.delta:type_name -> outpost.boot.Delta
 	14, // 9: outpost.boot.PublishRequest.events:type_name -> outpost.boot.Event
-	21, // 10: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
-	15, // 11: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
-	16, // 12: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
-	17, // 13: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
-	18, // 14: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
-	4,  // 15: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
-	4,  // 16: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
-	2,  // 17: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
-	8,  // 18: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
-	12, // 19: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
-	10, // 20: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
-	3,  // 21: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
-	9,  // 22: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
-	13, // 23: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
-	11, // 24: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
-	21, // [21:25] is the sub-list for method output_type
-	17, // [17:21] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	22, // 10: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
+	16, // 11: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
+	17, // 12: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
+	18, // 13: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
+	19, // 14: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
+	15, // 15: outpost.boot.Event.power_changed:type_name -> outpost.boot.PowerChanged
+	4,  // 16: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
+	4,  // 17: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
+	2,  // 18: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
+	8,  // 19: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
+	12, // 20: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
+	10, // 21: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
+	3,  // 22: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
+	9,  // 23: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
+	13, // 24: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
+	11, // 25: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
+	22, // [22:26] is the sub-list for method output_type
+	18, // [18:22] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_boot_boot_proto_init() }
@@ -1604,6 +1691,7 @@ func file_shared_api_boot_boot_proto_init() {
 		(*Event_PxeSeen)(nil),
 		(*Event_BootServed)(nil),
 		(*Event_AgentTunnel)(nil),
+		(*Event_PowerChanged)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1611,7 +1699,7 @@ func file_shared_api_boot_boot_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_boot_boot_proto_rawDesc), len(file_shared_api_boot_boot_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   19,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

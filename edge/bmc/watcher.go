@@ -1,0 +1,248 @@
+package bmc
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// Power states a Watcher reports.
+const (
+	PowerStateOn      = "on"
+	PowerStateOff     = "off"
+	PowerStateUnknown = "unknown"
+)
+
+// PowerSink is told about every change of a watched machine's power state (and its first), in order per
+// machine. It must not block (the edge's journal recorder).
+type PowerSink interface {
+	PowerChanged(machineID, state, reason string)
+}
+
+// WatcherConfig tunes a Watcher.
+type WatcherConfig struct {
+	// Interval is how often each BMC is asked (spread with jitter).
+	Interval time.Duration
+	// Concurrency bounds the BMCs asked at once (each BMC is asked in turn by the Manager anyway).
+	Concurrency int
+	// MaxTargets bounds the BMCs watched (a controller sending more is refused the rest).
+	MaxTargets int
+}
+
+// DefaultWatcher returns the watcher defaults: every BMC every 20 s, 32 at once, up to 20,000 BMCs.
+func DefaultWatcher() WatcherConfig {
+	return WatcherConfig{Interval: 20 * time.Second, Concurrency: 32, MaxTargets: 20000}
+}
+
+// Watcher polls the power state of the BMCs the controller asks it to watch, from the site itself, and
+// reports changes to a PowerSink: the controller never polls BMCs across the WAN, and power state stays fresh
+// (journaled, delivered in order) while the uplink is down. A BMC that does not answer costs one of
+// Concurrency slots for at most the Manager's call timeout; the others go on.
+type Watcher struct {
+	m    *Manager
+	sink PowerSink
+	cfg  WatcherConfig
+	log  *zap.Logger
+	now  func() time.Time
+
+	mu      sync.Mutex
+	targets map[string]*watched // by machine ID
+	wake    chan struct{}
+
+	polls *prometheus.CounterVec
+}
+
+type watched struct {
+	t    Target
+	c    Credentials
+	last string
+	next time.Time
+	busy bool
+}
+
+// NewWatcher returns a Watcher over m reporting to sink.
+func NewWatcher(m *Manager, sink PowerSink, cfg WatcherConfig, log *zap.Logger, now func() time.Time) *Watcher {
+	if cfg.Interval <= 0 || cfg.Concurrency <= 0 || cfg.MaxTargets <= 0 {
+		cfg = DefaultWatcher()
+	}
+
+	return &Watcher{
+		m: m, sink: sink, cfg: cfg, log: log.With(zap.String("component", "bmc_watcher")), now: now,
+		targets: map[string]*watched{}, wake: make(chan struct{}, 1),
+		polls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outpost_edge_bmc_watch_polls_total", Help: "Power-state polls of watched BMCs, by result (on, off, unknown).",
+		}, []string{"result"}),
+	}
+}
+
+// Collectors returns the watcher's metrics.
+func (w *Watcher) Collectors() []prometheus.Collector { return []prometheus.Collector{w.polls} }
+
+// Target is one BMC to watch.
+type WatchTarget struct {
+	MachineID   string
+	Target      Target
+	Credentials Credentials
+}
+
+// Set replaces the watched BMCs; a machine watched before keeps its last state (no repeated report) unless
+// its BMC changed. It returns how many are watched (at most MaxTargets).
+func (w *Watcher) Set(targets []WatchTarget) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+
+	next := make(map[string]*watched, len(targets))
+	now := w.now()
+
+	for _, t := range targets {
+		if len(next) >= w.cfg.MaxTargets {
+			w.log.Warn("more BMCs to watch than the edge takes; the rest are not watched", zap.Int("max", w.cfg.MaxTargets),
+				zap.Int("asked", len(targets)))
+
+			break
+		}
+
+		if cur, ok := w.targets[t.MachineID]; ok && cur.t == t.Target && cur.c == t.Credentials {
+			next[t.MachineID] = cur
+
+			continue
+		}
+
+		// new or changed: asked soon, spread over the first interval so a full list does not burst
+		next[t.MachineID] = &watched{t: t.Target, c: t.Credentials, next: now.Add(w.spread())}
+	}
+
+	w.targets = next
+
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+
+	return len(next)
+}
+
+func (w *Watcher) spread() time.Duration {
+	return rand.N(w.cfg.Interval/4 + 1) //nolint:gosec // scheduling jitter
+}
+
+// Run polls until ctx ends; it returns nil.
+func (w *Watcher) Run(ctx context.Context) error {
+	slots := make(chan struct{}, w.cfg.Concurrency)
+	tick := time.NewTicker(time.Second)
+
+	defer tick.Stop()
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		case <-w.wake:
+		}
+
+		for _, due := range w.due() {
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+				w.release(due)
+
+				return nil
+			}
+
+			wg.Add(1)
+
+			go func() {
+				defer wg.Done()
+				defer func() { <-slots }()
+
+				w.poll(ctx, due)
+			}()
+		}
+	}
+}
+
+// due marks and returns the machines whose poll is due.
+func (w *Watcher) due() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+
+	now := w.now()
+
+	var out []string
+
+	for id, t := range w.targets {
+		if !t.busy && !now.Before(t.next) {
+			t.busy = true
+			out = append(out, id)
+		}
+	}
+
+	return out
+}
+
+func (w *Watcher) release(id string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+
+	if t, ok := w.targets[id]; ok {
+		t.busy = false
+	}
+}
+
+func (w *Watcher) poll(ctx context.Context, id string) {
+	w.mu.Lock()
+	t, ok := w.targets[id]
+
+	var (
+		target Target
+		creds  Credentials
+	)
+
+	if ok {
+		target, creds = t.t, t.c
+	}
+	w.mu.Unlock()
+
+	if !ok {
+		return
+	}
+
+	state, reason := PowerStateOff, ""
+
+	on, err := w.m.PowerStatus(ctx, target, creds)
+
+	switch {
+	case ctx.Err() != nil:
+		w.release(id)
+
+		return
+	case err != nil:
+		state, reason = PowerStateUnknown, err.Error()
+	case on:
+		state = PowerStateOn
+	}
+
+	w.polls.WithLabelValues(state).Inc()
+
+	w.mu.Lock()
+	cur, still := w.targets[id]
+	report := still && cur == t && cur.last != state
+
+	if still && cur == t {
+		cur.last, cur.busy = state, false
+		cur.next = w.now().Add(w.cfg.Interval - w.cfg.Interval/8 + rand.N(w.cfg.Interval/4+1)) //nolint:gosec // jitter
+	}
+	w.mu.Unlock()
+
+	if report {
+		w.sink.PowerChanged(id, state, reason)
+	}
+}
