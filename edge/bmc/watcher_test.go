@@ -68,7 +68,9 @@ func TestWatcherReportsChanges(t *testing.T) {
 		{MachineID: "m-silent", Target: bmc.Target{Host: "127.0.0.1", IPMIPort: silent.LocalAddr().(*net.UDPAddr).Port, Protocol: bmc.ProtocolIPMI}, Credentials: creds}, //nolint:forcetypeassert
 	}))
 
-	require.Eventually(t, func() bool { return slices.Contains(events.all(), "m-good off") && slices.Contains(events.all(), "m-silent unknown") },
+	require.Eventually(t, func() bool {
+		return slices.Contains(events.all(), "m-good off") && slices.Contains(events.all(), "m-silent unknown")
+	},
 		10*time.Second, 10*time.Millisecond, "first states reported: %v", events.all())
 
 	_, err = m.PowerStatus(t.Context(), bmc.Target{Host: "127.0.0.1", IPMIPort: good.Port, Protocol: bmc.ProtocolIPMI}, creds)
