@@ -39,7 +39,9 @@ type Options struct {
 	Statuses state.State
 	// Metrics registers the uplink's counters; nil means a private registry.
 	Metrics prometheus.Registerer
-	Now     func() time.Time
+	// Now dates certificates and site statuses; nil means time.Now. Socket deadlines and the limits' rates and
+	// windows run on the real clock, so that a test's frozen Now cannot freeze them.
+	Now func() time.Time
 
 	// Register adds controller-served services to every site session's gRPC server.
 	Register []func(grpc.ServiceRegistrar)
@@ -127,8 +129,8 @@ func NewServer(opts Options) (*Server, error) {
 			// gets a clear reject reason in the hello reply instead of a bare TLS alert.
 			ClientAuth: tls.RequestClientCert,
 		},
-		admission: newAdmission(opts.Limits, opts.Now, m),
-		rejects:   newRejectLog(log, opts.Limits.RejectLogInterval, opts.Now),
+		admission: newAdmission(opts.Limits, time.Now, m),
+		rejects:   newRejectLog(log, opts.Limits.RejectLogInterval, time.Now),
 		table:     sessionTable{bySite: map[string]*liveSession{}},
 		statuses:  &statusKeeper{w: opts.Statuses, now: opts.Now},
 	}
