@@ -26,6 +26,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outpost-metal/outpost/edge/boot"
+	"github.com/outpost-metal/outpost/edge/limits"
 	"github.com/outpost-metal/outpost/edge/tftp"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
@@ -57,6 +58,12 @@ type Config struct {
 	ReadTimeout       time.Duration `json:"read_timeout"`
 	WriteTimeout      time.Duration `json:"write_timeout"`
 	IdleTimeout       time.Duration `json:"idle_timeout"`
+	// MaxConns bounds the open connections, MaxConnsPerSource those from one client address (see
+	// LimitListener). At a bound, the oldest connection that never got a response byte (a client still
+	// sending its headers, as slowloris does for ReadHeaderTimeout at most) or is idle between requests is
+	// closed to make room; when there is none, the new connection is reset at once.
+	MaxConns          int `json:"max_conns"`
+	MaxConnsPerSource int `json:"max_conns_per_source"`
 }
 
 // Default returns the production defaults.
@@ -74,6 +81,11 @@ func Default() Config {
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Minute,
 		IdleTimeout:       2 * time.Minute,
+		// A booting machine holds one connection (iPXE fetches kernel and initrd one after the other on it),
+		// two at most, for as long as its downloads take: 5,000 lets thousands of machines boot at once and
+		// keeps connections (with the asset file each download opens) well inside a 20,000 open-files limit.
+		MaxConns:          5000,
+		MaxConnsPerSource: 32,
 	}
 }
 
@@ -103,6 +115,11 @@ func (c Config) Validate() error {
 
 	if c.ReadHeaderTimeout <= 0 || c.ReadTimeout <= 0 || c.WriteTimeout <= 0 || c.IdleTimeout <= 0 {
 		errs = append(errs, errors.New("all timeouts must be positive"))
+	}
+
+	if c.MaxConns <= 0 || c.MaxConnsPerSource <= 0 || c.MaxConnsPerSource > c.MaxConns {
+		errs = append(errs, fmt.Errorf("max_conns %d and max_conns_per_source %d: both positive, per source at most the total",
+			c.MaxConns, c.MaxConnsPerSource))
 	}
 
 	return errors.Join(errs...)
@@ -165,6 +182,9 @@ type Server struct {
 	// waits remembers which waiting machines were reported lately.
 	waits waitReports
 
+	conns   *limits.Limiter
+	rejects *limits.RejectLog
+
 	handler http.Handler
 }
 
@@ -199,8 +219,12 @@ func New(cfg Config, logger *zap.Logger, deps Deps) (*Server, error) {
 		deps.Gatherer = prometheus.NewRegistry()
 	}
 
+	log := logger.With(zap.String("component", "http"))
+
 	s := &Server{
-		cfg: cfg, log: logger.With(zap.String("component", "http")), deps: deps, root: root,
+		cfg: cfg, log: log, deps: deps, root: root,
+		conns:   limits.New(limits.Config{Total: cfg.MaxConns, PerSource: cfg.MaxConnsPerSource}),
+		rejects: limits.NewRejectLog(log, "http connection refused", limits.DefaultLogInterval, nil),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outpost_http_requests_total", Help: "HTTP requests, by handler and status code.",
 		}, []string{"handler", "code"}),
@@ -212,7 +236,7 @@ func New(cfg Config, logger *zap.Logger, deps Deps) (*Server, error) {
 		}, []string{"mode"}),
 	}
 
-	for _, c := range []prometheus.Collector{s.requests, s.rejected, s.served} {
+	for _, c := range []prometheus.Collector{s.requests, s.rejected, s.served, s.conns.Collector("outpost_http_connections", "HTTP connections")} {
 		if err := deps.Registerer.Register(c); err != nil {
 			return nil, fmt.Errorf("register http metrics: %w", err)
 		}
@@ -239,10 +263,26 @@ func (s *Server) Handler() http.Handler {
 	return s.handler
 }
 
-// Close releases the assets directory handle.
+// Close releases the assets directory handle and writes the pending refusal counts.
 func (s *Server) Close() error {
+	s.rejects.Flush()
+
 	return s.root.Close()
 }
+
+// LimitListener wraps ln so that its connections count against MaxConns and MaxConnsPerSource: a connection
+// over a bound is reset at once (counted in outpost_http_connections_refused_total, logged once per reason per
+// interval). Every http.Server on it should set ConnState to limits.ConnState, so idle keep-alive connections
+// can make room too. Serve does both; the edge's composition root serves its own handler on it.
+func (s *Server) LimitListener(ln net.Listener) net.Listener {
+	return limits.NewListener(ln, s.conns, s.rejects, map[limits.Reason]string{
+		limits.PerSource: fmt.Sprintf("this address already holds %d connections, all busy (--http-max-conns-per-source)", s.cfg.MaxConnsPerSource),
+		limits.Total:     fmt.Sprintf("%d connections open, all busy (--http-max-conns); raise it if real machines are refused", s.cfg.MaxConns),
+	})
+}
+
+// ConnStats returns the connection limiter's counts.
+func (s *Server) ConnStats() limits.Stats { return s.conns.Stats() }
 
 // Run listens on cfg.Listen and serves until ctx ends.
 func (s *Server) Run(ctx context.Context) error {
@@ -256,9 +296,13 @@ func (s *Server) Run(ctx context.Context) error {
 	return s.Serve(ctx, ln)
 }
 
-// Serve serves on ln until ctx ends, then shuts down gracefully (bounded to 5 s). It closes ln.
+// Serve serves on ln, within the connection bounds (LimitListener), until ctx ends, then shuts down
+// gracefully (bounded to 5 s). It closes ln.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	ln = s.LimitListener(ln)
+
 	srv := &http.Server{
+		ConnState:         limits.ConnState,
 		Handler:           s.handler,
 		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
 		ReadTimeout:       s.cfg.ReadTimeout,

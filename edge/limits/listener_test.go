@@ -48,7 +48,7 @@ func serve(t *testing.T, lim *limits.Limiter, h http.Handler, readHeaderTimeout 
 		}
 
 		require.ErrorIs(t, <-done, http.ErrServerClosed)
-		rl.Close()
+		rl.Flush()
 	})
 
 	return raw.Addr().String(), logs

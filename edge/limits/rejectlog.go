@@ -19,6 +19,9 @@ type Clock interface {
 
 type realClock struct{}
 
+// SystemClock returns the wall clock.
+func SystemClock() Clock { return realClock{} }
+
 func (realClock) Now() time.Time { return time.Now() }
 
 func (realClock) AfterFunc(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
@@ -26,7 +29,7 @@ func (realClock) AfterFunc(d time.Duration, f func()) func() bool { return time.
 // RejectLog keeps a component's refusal log lines to one per reason per interval, whatever the packet rate:
 // the first refusal of a reason that was quiet for an interval is logged at once (count 1), the ones after it
 // are counted and summed up in one line when the interval ends (count N, with the fields of the latest one).
-// It is safe for concurrent use; Close writes what is pending.
+// It is safe for concurrent use; Flush writes what is pending (at shutdown).
 type RejectLog struct {
 	log      *zap.Logger
 	msg      string
@@ -35,7 +38,6 @@ type RejectLog struct {
 
 	mu      sync.Mutex
 	reasons map[string]*rejects
-	closed  bool
 }
 
 type rejects struct {
@@ -63,10 +65,6 @@ func NewRejectLog(log *zap.Logger, msg string, interval time.Duration, clock Clo
 func (r *RejectLog) Note(reason string, fields ...zap.Field) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-
-	if r.closed {
-		return
-	}
 
 	st := r.reasons[reason]
 	if st == nil {
@@ -96,8 +94,8 @@ func (r *RejectLog) flush(reason string) {
 	defer r.mu.Unlock()
 
 	st := r.reasons[reason]
-	if st == nil || r.closed {
-		return
+	if st == nil || st.stop == nil {
+		return // flushed meanwhile
 	}
 
 	st.stop = nil
@@ -120,16 +118,13 @@ func (r *RejectLog) write(reason string, n int64, summary bool, fields []zap.Fie
 	r.log.Warn(r.msg, append(all, fields...)...)
 }
 
-// Close writes the pending counts and stops the timers; later refusals are not logged.
-func (r *RejectLog) Close() {
+// Flush writes the pending counts now and stops the timers, so nothing is logged later from a timer (a
+// component calls it when it stops). Refusals noted afterwards are logged as before.
+func (r *RejectLog) Flush() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 
-	if r.closed {
-		return
-	}
-
-	r.closed = true
+	now := r.clock.Now()
 
 	for reason, st := range r.reasons {
 		if st.stop != nil {
@@ -138,8 +133,9 @@ func (r *RejectLog) Close() {
 		}
 
 		if st.pending > 0 {
+			st.last = now
 			r.write(reason, st.pending, true, st.fields)
-			st.pending = 0
+			st.pending, st.fields = 0, nil
 		}
 	}
 }

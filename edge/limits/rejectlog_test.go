@@ -145,7 +145,7 @@ func TestRejectLogOneLinePerReasonPerInterval(t *testing.T) {
 	require.Len(t, logs.All(), 6)
 }
 
-func TestRejectLogCloseWritesPending(t *testing.T) {
+func TestRejectLogFlushWritesPending(t *testing.T) {
 	t.Parallel()
 
 	core, logs := observer.New(zapcore.DebugLevel)
@@ -156,11 +156,13 @@ func TestRejectLogCloseWritesPending(t *testing.T) {
 		rl.Note("total")
 	}
 
-	rl.Close()
-	rl.Note("total") // after Close: not logged
-	clock.Advance(time.Hour)
-
+	rl.Flush()
+	clock.Advance(time.Hour) // the stopped timer writes nothing
 	require.Equal(t, []line{{reason: "total", count: 1}, {reason: "total", count: 4}}, lines(logs))
+
+	// Still working after a flush.
+	rl.Note("total")
+	require.Equal(t, line{reason: "total", count: 1}, lines(logs)[2])
 }
 
 func TestRejectLogWallClock(t *testing.T) {
@@ -169,7 +171,7 @@ func TestRejectLogWallClock(t *testing.T) {
 	core, logs := observer.New(zapcore.DebugLevel)
 	rl := limits.NewRejectLog(zap.New(core), "refused", 20*time.Millisecond, nil)
 
-	defer rl.Close()
+	defer rl.Flush()
 
 	rl.Note("x")
 	rl.Note("x")

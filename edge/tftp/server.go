@@ -251,7 +251,7 @@ func (s *Server) Run(ctx context.Context) error {
 // and no goroutine. Each admitted transfer has its own socket (its TID, RFC 1350) and goroutine, so there are
 // at most MaxTransfers of each.
 func (s *Server) Serve(ctx context.Context, conn net.PacketConn) error {
-	defer s.rejects.Close()
+	defer s.rejects.Flush()
 
 	port := newPort(conn)
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetReadDeadline(time.Unix(1, 0)) }) //nolint:errcheck // ends the read loop

@@ -25,6 +25,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	"github.com/outpost-metal/outpost/edge/limits"
 )
 
 // MachineIDKey is the metadata key naming the machine, both on the agent's tunnel and on proxied calls
@@ -75,18 +77,30 @@ type Options struct {
 	Now func() time.Time
 	// DefaultCallTimeout bounds a proxied call whose caller set no deadline (default 10 minutes).
 	DefaultCallTimeout time.Duration
+	// Limits bounds tunnels and connections (default DefaultLimits(); see Limits.Validate).
+	Limits Limits
+	// Clock paces the journaled events and the refusal log (default: the wall clock).
+	Clock limits.Clock
 }
 
 // Server is the agent tunnel endpoint and the agent call proxy.
 type Server struct {
 	log      *zap.Logger
-	events   EventSink
+	sink     EventSink
 	book     AddressBook
 	now      func() time.Time
 	timeout  time.Duration
 	handler  *grpctunnel.TunnelServiceHandler
 	rejected *prometheus.CounterVec
 	failures *prometheus.CounterVec
+	events   *prometheus.CounterVec
+
+	limits   Limits
+	tunnels  *limiter
+	conns    *limits.Limiter
+	gate     *eventGate
+	refusals *limits.RejectLog // tunnels and connections refused
+	overflow *limits.RejectLog // tunnel events over the journal budget
 }
 
 // New returns a Server.
@@ -95,12 +109,30 @@ func New(opts Options) *Server {
 		panic("tunnel: Options.Logger is required")
 	}
 
+	if opts.Limits == (Limits{}) {
+		opts.Limits = DefaultLimits()
+	}
+
+	if err := opts.Limits.Validate(); err != nil {
+		panic("tunnel: Options.Limits: " + err.Error()) // callers validate their configuration first
+	}
+
+	if opts.Clock == nil {
+		opts.Clock = limits.SystemClock()
+	}
+
+	log := opts.Logger.With(zap.String("component", "tunnel"))
+
 	s := &Server{
-		log:     opts.Logger.With(zap.String("component", "tunnel")),
-		events:  opts.Events,
-		book:    opts.Addresses,
-		now:     opts.Now,
-		timeout: opts.DefaultCallTimeout,
+		log:      log,
+		sink:     opts.Events,
+		limits:   opts.Limits,
+		conns:    limits.New(limits.Config{Total: opts.Limits.MaxConns, PerSource: opts.Limits.MaxConnsPerSource}),
+		refusals: limits.NewRejectLog(log, "agent tunnel refused", limits.DefaultLogInterval, opts.Clock),
+		overflow: limits.NewRejectLog(log, "agent tunnel events over the journal budget", limits.DefaultLogInterval, opts.Clock),
+		book:     opts.Addresses,
+		now:      opts.Now,
+		timeout:  opts.DefaultCallTimeout,
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outpost_edge_agent_tunnels_rejected_total",
 			Help: "Agent tunnels refused, by reason.",
@@ -109,7 +141,14 @@ func New(opts Options) *Server {
 			Name: "outpost_edge_agent_calls_failed_total",
 			Help: "Proxied agent calls that failed at the edge, by reason.",
 		}, []string{"reason"}),
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outpost_edge_agent_tunnel_events_total",
+			Help: "Agent tunnel events, by what became of them (opened, closed, opened_late: journaled; coalesced: an open and its close over the budget, neither journaled).",
+		}, []string{"event"}),
 	}
+
+	s.tunnels = newLimiter(opts.Limits, s.refusals, func(reason string) { s.rejected.WithLabelValues(reason).Inc() })
+	s.gate = newEventGate(opts.Limits, opts.Clock, s.overflow, s.emit, func() { s.events.WithLabelValues("coalesced").Inc() })
 
 	if s.now == nil {
 		s.now = time.Now
@@ -128,9 +167,21 @@ func New(opts Options) *Server {
 	return s
 }
 
-// Collectors returns the Server's prometheus counters for the caller to register.
+// Collectors returns the Server's prometheus metrics for the caller to register.
 func (s *Server) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{s.rejected, s.failures}
+	return []prometheus.Collector{
+		s.rejected, s.failures, s.events,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "outpost_edge_agent_tunnels_open", Help: "Agent tunnels open now."},
+			func() float64 { return float64(s.tunnels.lim.Stats().Held) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "outpost_edge_agent_tunnel_events_held_back", Help: "Agent tunnel opens waiting for the journal budget."},
+			func() float64 { _, n := s.gate.snapshot(); return float64(n) }),
+		s.conns.Collector("outpost_edge_agent_connections", "Agent API connections"),
+	}
+}
+
+// LimitStats returns the counts of the tunnel limiter (tunnels held, refused) and the connection limiter.
+func (s *Server) LimitStats() (tunnels, conns limits.Stats) {
+	return s.tunnels.lim.Stats(), s.conns.Stats()
 }
 
 // Register registers the TunnelService (reverse tunnels only) on r.
@@ -149,9 +200,21 @@ func (s *Server) ServeTLS(ctx context.Context, ln net.Listener, cfg *tls.Config)
 }
 
 func (s *Server) serve(ctx context.Context, ln net.Listener, opts ...grpc.ServerOption) error {
+	defer s.refusals.Flush()
+	defer s.overflow.Flush()
+
+	ln = limits.NewListener(ln, s.conns, s.refusals, map[limits.Reason]string{
+		limits.PerSource: fmt.Sprintf("this address already holds %d agent API connections", s.limits.MaxConnsPerSource),
+		limits.Total:     fmt.Sprintf("%d agent API connections open; raise the tunnel limits if real agents are refused", s.limits.MaxConns),
+	})
+
 	opts = append(opts,
+		// A connection that never completes its HTTP/2 handshake, or that carries no tunnel for long, goes.
+		grpc.ConnectionTimeout(10*time.Second),
+		// An agent needs one stream; a few more for a reconnect. Refused streams cost a goroutine each meanwhile.
+		grpc.MaxConcurrentStreams(16),
 		// A dead agent (machine powered off) must free its tunnel within seconds.
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, MaxConnectionIdle: 2 * time.Minute}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		// Stop returns only once every tunnel handler has finished (and reported its close), so nothing of
 		// the server runs after Serve returned.
@@ -249,6 +312,12 @@ func (g guardedService) OpenReverseTunnel(stream tunnelpb.TunnelService_OpenReve
 		return status.Errorf(codes.InvalidArgument, "open agent tunnel: %v", err)
 	}
 
+	release, err := g.s.tunnels.admit(stream.Context())
+	if err != nil {
+		return err
+	}
+	defer release()
+
 	return g.inner.OpenReverseTunnel(stream)
 }
 
@@ -319,29 +388,37 @@ func (s *Server) event(ch grpctunnel.TunnelChannel) Event {
 	return ev
 }
 
-func (s *Server) opened(ch grpctunnel.TunnelChannel) {
-	ev := s.event(ch)
+func (s *Server) opened(ch grpctunnel.TunnelChannel) { s.gate.opened(ch, s.event(ch)) }
 
+func (s *Server) closed(ch grpctunnel.TunnelChannel) { s.gate.closed(ch, s.event(ch)) }
+
+// emit logs and journals an event the gate passed on (at most EventBurst at once, EventRate per second).
+func (s *Server) emit(open bool, ev Event, late bool) {
 	fields := []zap.Field{zap.String("machine_id", ev.MachineID), zap.Stringer("remote", ev.RemoteAddr)}
-	if ev.AddressMismatch {
+
+	switch {
+	case !open:
+		s.events.WithLabelValues("closed").Inc()
+		s.log.Info("agent tunnel closed", fields...)
+	case ev.AddressMismatch:
 		fields = append(fields, zap.Stringer("seen_addr", ev.SeenAddr))
 		s.log.Warn("agent tunnel opened from an address other than DHCP/PXE saw", fields...)
+	default:
+		s.log.Info("agent tunnel opened", append(fields, zap.Bool("late", late))...)
+	}
+
+	if open {
+		s.events.WithLabelValues(map[bool]string{false: "opened", true: "opened_late"}[late]).Inc()
+	}
+
+	if s.sink == nil {
+		return
+	}
+
+	if open {
+		s.sink.TunnelOpened(ev)
 	} else {
-		s.log.Info("agent tunnel opened", fields...)
-	}
-
-	if s.events != nil {
-		s.events.TunnelOpened(ev)
-	}
-}
-
-func (s *Server) closed(ch grpctunnel.TunnelChannel) {
-	ev := s.event(ch)
-
-	s.log.Info("agent tunnel closed", zap.String("machine_id", ev.MachineID), zap.Stringer("remote", ev.RemoteAddr))
-
-	if s.events != nil {
-		s.events.TunnelClosed(ev)
+		s.sink.TunnelClosed(ev)
 	}
 }
 
