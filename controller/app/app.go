@@ -75,7 +75,10 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	// The uplink server is created below; the edge clients reach sites through it.
 	var uplinkServer *sites.Server
 
-	edges := newEdgeWiring(log, func(siteID string) (grpc.ClientConnInterface, error) { return uplinkServer.Conn(siteID) }, cfg)
+	edges, err := newEdgeWiring(log, func(siteID string) (grpc.ClientConnInterface, error) { return uplinkServer.Conn(siteID) }, cfg)
+	if err != nil {
+		return err
+	}
 
 	uplinkServer, err = sites.NewServer(sites.Options{
 		Logger:       log,
@@ -87,7 +90,9 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		Limits:       cfg.UplinkLimits,
 		ServerNames:  cfg.ServerNames,
 		Register:     []func(grpc.ServiceRegistrar){relay.Register, edges.receiver.Register},
-		OnSession:    []sites.SessionFunc{catalog.OnSession, edges.plans.OnSession, edges.sessionStarted, siteAssets.sessionStarted},
+		OnSession: []sites.SessionFunc{
+			catalog.OnSession, edges.plans.OnSession, edges.sessionStarted, siteAssets.sessionStarted, edges.watches.OnSession,
+		},
 	})
 	if err != nil {
 		return err

@@ -29,24 +29,31 @@ import (
 // events), the boot tables pushed to sites, and the clients for BMCs and agents.
 type edgeWiring struct {
 	locations *lifecycle.Locations
+	watches   *lifecycle.WatchLists
 	receiver  *bootplans.Receiver
 	plans     *bootplans.Plans
 	pusher    *bootplans.TablePusher
 	clients   *lifecycle.EdgeClients
 }
 
-func newEdgeWiring(log *zap.Logger, conn machineaccess.ConnFunc, cfg config.Config) *edgeWiring {
+func newEdgeWiring(log *zap.Logger, conn machineaccess.ConnFunc, cfg config.Config) (*edgeWiring, error) {
 	locations := lifecycle.NewLocations(log)
 	plans := bootplans.NewPlans(log, nil)
 
+	watches, err := lifecycle.NewWatchLists(log, cfg.BMCProtocol, locations)
+	if err != nil {
+		return nil, err
+	}
+
 	return &edgeWiring{
 		locations: locations,
+		watches:   watches,
 		receiver:  bootplans.NewReceiver(log, locations, sites.SiteFromContext).WithInventory(locations),
 		plans:     plans,
 		pusher:    bootplans.NewTablePusher(plans),
 		clients: &lifecycle.EdgeClients{Access: machineaccess.New(conn, locations), Sites: locations,
 			DefaultBootMode: cfg.DefaultBootMode, BMCProtocol: cfg.BMCProtocol},
-	}
+	}, nil
 }
 
 // sessionStarted gives every connecting site a boot table, so the join config reaches its edge's /config
@@ -128,6 +135,7 @@ func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges
 		Rand:    rand.Reader,
 		Metrics: lifecycleMetrics,
 		Secrets: secrets,
+		Watches: edges.watches,
 	})
 	if err != nil {
 		return err

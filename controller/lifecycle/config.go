@@ -90,6 +90,8 @@ type Deps struct {
 	Secrets Secrets
 	// SiteLabels gives the labels an operator set on a site (optional).
 	SiteLabels SiteLabels
+	// Watches tells each site's edge which BMCs to watch (optional: without it the controller asks the BMCs).
+	Watches *WatchLists
 }
 
 // SiteLabels tells the labels an operator set on a site, published on its machines.

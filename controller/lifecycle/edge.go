@@ -59,6 +59,11 @@ type Location struct {
 	MACs []string
 	// LastSeen is when its site's edge last reported it.
 	LastSeen time.Time
+	// Power is the power state its site's edge last reported from watching its BMC ("on", "off", "unknown";
+	// "" when none), at PowerAt; PowerReason says why it is unknown.
+	Power       string
+	PowerAt     time.Time
+	PowerReason string
 }
 
 // SiteLocator tells which site a machine is at.

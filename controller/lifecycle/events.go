@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -67,6 +68,13 @@ func (l *Locations) HandleEvent(_ context.Context, site string, e *bootpb.Event)
 
 		l.SetFirmwareByMAC(k.DhcpSeen.GetMac(), fw)
 		l.SetFirmware(strings.ToLower(k.DhcpSeen.GetUuid()), fw, "dhcp")
+	case *bootpb.Event_PowerChanged:
+		var at time.Time
+		if ts := e.GetTime(); ts.IsValid() {
+			at = ts.AsTime()
+		}
+
+		l.powerReported(site, strings.ToLower(k.PowerChanged.GetMachineId()), k.PowerChanged.GetState(), k.PowerChanged.GetError(), at)
 	case *bootpb.Event_PxeSeen:
 		// names no machine
 	default:

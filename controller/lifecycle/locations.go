@@ -334,6 +334,36 @@ func (l *Locations) Forget(machineID string) {
 	}
 }
 
+// PowerReported records the power state siteID's edge reported for machineID from watching its BMC; a
+// report from a site the machine is not at is ignored.
+func (l *Locations) PowerReported(siteID, machineID, state, reason string) {
+	l.powerReported(siteID, machineID, state, reason, time.Time{})
+}
+
+// powerReported is PowerReported for a state the edge saw at (zero: now).
+func (l *Locations) powerReported(siteID, machineID, state, reason string, at time.Time) {
+	switch state {
+	case "on", "off", "unknown":
+	default:
+		return
+	}
+
+	if len(reason) > 256 {
+		reason = reason[:256]
+	}
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+
+	if at.IsZero() {
+		at = l.now()
+	}
+
+	if cur, ok := l.machines[machineID]; ok && cur.SiteID == siteID {
+		cur.Power, cur.PowerAt, cur.PowerReason = state, at, reason
+	}
+}
+
 // Loaded is closed once the records kept in Omni have been merged (Load).
 func (l *Locations) Loaded() <-chan struct{} { return l.loaded }
 

@@ -40,7 +40,9 @@ func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, 
 		obs.SiteId = loc.SiteID
 
 		if v.managed() && v.bmc != nil {
-			obs.PowerState = s.powerState(ctx, logger, loc.SiteID, v, obs)
+			obs.PowerState = s.powerState(ctx, logger, loc, v, obs)
+		} else if s.env.Watches != nil {
+			s.env.Watches.Remove(v.id)
 		}
 
 		if loc.AgentConnected && !v.machine.GetCordoned() {
@@ -70,7 +72,28 @@ func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, 
 	return controller.NewRequeueInterval(s.env.cfg.PollInterval)
 }
 
-func (s *machineObservation) powerState(ctx context.Context, logger *zap.Logger, site string, v *view, obs *specs.MachineObservationSpec) specs.MachineObservationSpec_PowerState {
+// powerState is the machine's power state: what its site's edge reports from watching the BMC when the
+// machine is on the edge's watch list, else the BMC's answer to a call through the edge.
+func (s *machineObservation) powerState(ctx context.Context, logger *zap.Logger, loc Location, v *view, obs *specs.MachineObservationSpec) specs.MachineObservationSpec_PowerState {
+	site := loc.SiteID
+
+	if s.env.Watches != nil {
+		s.env.Watches.Set(site, v.id, v.bmc)
+
+		if s.env.Watches.Watching(site, v.id) && loc.Power != "" {
+			switch loc.Power {
+			case "on":
+				return specs.MachineObservationSpec_POWER_STATE_ON
+			case "off":
+				return specs.MachineObservationSpec_POWER_STATE_OFF
+			default:
+				obs.WaitingReason = "power state unknown: " + loc.PowerReason
+
+				return specs.MachineObservationSpec_POWER_STATE_UNKNOWN
+			}
+		}
+	}
+
 	callCtx, cancel := context.WithTimeout(ctx, s.env.cfg.CallTimeout)
 	defer cancel()
 

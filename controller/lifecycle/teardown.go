@@ -36,6 +36,10 @@ func (s *teardown) teardown(ctx context.Context, logger *zap.Logger, _ controlle
 
 	defer s.env.gate.forget(v.id)
 
+	if s.env.Watches != nil {
+		s.env.Watches.Remove(v.id)
+	}
+
 	loc, ok := s.env.Sites.Locate(v.id) // the observation record is gone by now
 	if !ok {
 		return nil

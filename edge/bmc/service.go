@@ -48,7 +48,13 @@ func (s *Service) Watch(_ context.Context, req *bmcpb.WatchRequest) (*bmcpb.Watc
 		targets = append(targets, WatchTarget{MachineID: t.GetMachineId(), Target: target, Credentials: creds})
 	}
 
-	return &bmcpb.WatchResponse{Watching: uint32(s.watcher.Set(targets))}, nil //nolint:gosec // bounded by MaxTargets
+	resp := &bmcpb.WatchResponse{Watching: uint32(s.watcher.Set(targets))} //nolint:gosec // bounded by MaxTargets
+
+	for id, state := range s.watcher.Known() {
+		resp.Known = append(resp.Known, &bmcpb.WatchedPower{MachineId: id, State: state})
+	}
+
+	return resp, nil
 }
 
 // NewService returns the gRPC service for m.

@@ -89,6 +89,22 @@ type WatchTarget struct {
 	Credentials Credentials
 }
 
+// Known returns the last state polled for each watched machine (machines not polled yet are left out).
+func (w *Watcher) Known() map[string]string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+
+	out := make(map[string]string, len(w.targets))
+
+	for id, t := range w.targets {
+		if t.last != "" {
+			out[id] = t.last
+		}
+	}
+
+	return out
+}
+
 // Set replaces the watched BMCs; a machine watched before keeps its last state (no repeated report) unless
 // its BMC changed. It returns how many are watched (at most MaxTargets).
 func (w *Watcher) Set(targets []WatchTarget) int {

@@ -316,7 +316,10 @@ func (x *WatchRequest) GetTargets() []*Target {
 type WatchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// watching is how many BMCs the edge watches now.
-	Watching      uint32 `protobuf:"varint,1,opt,name=watching,proto3" json:"watching,omitempty"`
+	Watching uint32 `protobuf:"varint,1,opt,name=watching,proto3" json:"watching,omitempty"`
+	// known are the power states the edge knows now for the listed machines (a controller that restarted
+	// learns them here; changes come as journaled PowerChanged events).
+	Known         []*WatchedPower `protobuf:"bytes,2,rep,name=known,proto3" json:"known,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -358,6 +361,66 @@ func (x *WatchResponse) GetWatching() uint32 {
 	return 0
 }
 
+func (x *WatchResponse) GetKnown() []*WatchedPower {
+	if x != nil {
+		return x.Known
+	}
+	return nil
+}
+
+type WatchedPower struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	MachineId string                 `protobuf:"bytes,1,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
+	// state is "on", "off" or "unknown".
+	State         string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchedPower) Reset() {
+	*x = WatchedPower{}
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchedPower) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchedPower) ProtoMessage() {}
+
+func (x *WatchedPower) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchedPower.ProtoReflect.Descriptor instead.
+func (*WatchedPower) Descriptor() ([]byte, []int) {
+	return file_shared_api_bmc_bmc_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *WatchedPower) GetMachineId() string {
+	if x != nil {
+		return x.MachineId
+	}
+	return ""
+}
+
+func (x *WatchedPower) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
 type PowerResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -366,7 +429,7 @@ type PowerResponse struct {
 
 func (x *PowerResponse) Reset() {
 	*x = PowerResponse{}
-	mi := &file_shared_api_bmc_bmc_proto_msgTypes[4]
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -378,7 +441,7 @@ func (x *PowerResponse) String() string {
 func (*PowerResponse) ProtoMessage() {}
 
 func (x *PowerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_bmc_bmc_proto_msgTypes[4]
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -391,7 +454,7 @@ func (x *PowerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerResponse.ProtoReflect.Descriptor instead.
 func (*PowerResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_bmc_bmc_proto_rawDescGZIP(), []int{4}
+	return file_shared_api_bmc_bmc_proto_rawDescGZIP(), []int{5}
 }
 
 type PowerStatusResponse struct {
@@ -403,7 +466,7 @@ type PowerStatusResponse struct {
 
 func (x *PowerStatusResponse) Reset() {
 	*x = PowerStatusResponse{}
-	mi := &file_shared_api_bmc_bmc_proto_msgTypes[5]
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -415,7 +478,7 @@ func (x *PowerStatusResponse) String() string {
 func (*PowerStatusResponse) ProtoMessage() {}
 
 func (x *PowerStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_bmc_bmc_proto_msgTypes[5]
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -428,7 +491,7 @@ func (x *PowerStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerStatusResponse.ProtoReflect.Descriptor instead.
 func (*PowerStatusResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_bmc_bmc_proto_rawDescGZIP(), []int{5}
+	return file_shared_api_bmc_bmc_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PowerStatusResponse) GetOn() bool {
@@ -448,7 +511,7 @@ type SetPXEOnceRequest struct {
 
 func (x *SetPXEOnceRequest) Reset() {
 	*x = SetPXEOnceRequest{}
-	mi := &file_shared_api_bmc_bmc_proto_msgTypes[6]
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -460,7 +523,7 @@ func (x *SetPXEOnceRequest) String() string {
 func (*SetPXEOnceRequest) ProtoMessage() {}
 
 func (x *SetPXEOnceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_bmc_bmc_proto_msgTypes[6]
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -473,7 +536,7 @@ func (x *SetPXEOnceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPXEOnceRequest.ProtoReflect.Descriptor instead.
 func (*SetPXEOnceRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_bmc_bmc_proto_rawDescGZIP(), []int{6}
+	return file_shared_api_bmc_bmc_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SetPXEOnceRequest) GetTarget() *Target {
@@ -503,7 +566,7 @@ type GetBootOverrideResponse struct {
 
 func (x *GetBootOverrideResponse) Reset() {
 	*x = GetBootOverrideResponse{}
-	mi := &file_shared_api_bmc_bmc_proto_msgTypes[7]
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -515,7 +578,7 @@ func (x *GetBootOverrideResponse) String() string {
 func (*GetBootOverrideResponse) ProtoMessage() {}
 
 func (x *GetBootOverrideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_bmc_bmc_proto_msgTypes[7]
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -528,7 +591,7 @@ func (x *GetBootOverrideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBootOverrideResponse.ProtoReflect.Descriptor instead.
 func (*GetBootOverrideResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_bmc_bmc_proto_rawDescGZIP(), []int{7}
+	return file_shared_api_bmc_bmc_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetBootOverrideResponse) GetSet() bool {
@@ -569,9 +632,14 @@ const file_shared_api_bmc_bmc_proto_rawDesc = "" +
 	"\fPowerRequest\x12+\n" +
 	"\x06target\x18\x01 \x01(\v2\x13.outpost.bmc.TargetR\x06target\"=\n" +
 	"\fWatchRequest\x12-\n" +
-	"\atargets\x18\x01 \x03(\v2\x13.outpost.bmc.TargetR\atargets\"+\n" +
+	"\atargets\x18\x01 \x03(\v2\x13.outpost.bmc.TargetR\atargets\"\\\n" +
 	"\rWatchResponse\x12\x1a\n" +
-	"\bwatching\x18\x01 \x01(\rR\bwatching\"\x0f\n" +
+	"\bwatching\x18\x01 \x01(\rR\bwatching\x12/\n" +
+	"\x05known\x18\x02 \x03(\v2\x19.outpost.bmc.WatchedPowerR\x05known\"C\n" +
+	"\fWatchedPower\x12\x1d\n" +
+	"\n" +
+	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\"\x0f\n" +
 	"\rPowerResponse\"%\n" +
 	"\x13PowerStatusResponse\x12\x0e\n" +
 	"\x02on\x18\x01 \x01(\bR\x02on\"k\n" +
@@ -615,7 +683,7 @@ func file_shared_api_bmc_bmc_proto_rawDescGZIP() []byte {
 }
 
 var file_shared_api_bmc_bmc_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_shared_api_bmc_bmc_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_shared_api_bmc_bmc_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_shared_api_bmc_bmc_proto_goTypes = []any{
 	(Protocol)(0),                   // 0: outpost.bmc.Protocol
 	(BootMode)(0),                   // 1: outpost.bmc.BootMode
@@ -623,39 +691,41 @@ var file_shared_api_bmc_bmc_proto_goTypes = []any{
 	(*PowerRequest)(nil),            // 3: outpost.bmc.PowerRequest
 	(*WatchRequest)(nil),            // 4: outpost.bmc.WatchRequest
 	(*WatchResponse)(nil),           // 5: outpost.bmc.WatchResponse
-	(*PowerResponse)(nil),           // 6: outpost.bmc.PowerResponse
-	(*PowerStatusResponse)(nil),     // 7: outpost.bmc.PowerStatusResponse
-	(*SetPXEOnceRequest)(nil),       // 8: outpost.bmc.SetPXEOnceRequest
-	(*GetBootOverrideResponse)(nil), // 9: outpost.bmc.GetBootOverrideResponse
+	(*WatchedPower)(nil),            // 6: outpost.bmc.WatchedPower
+	(*PowerResponse)(nil),           // 7: outpost.bmc.PowerResponse
+	(*PowerStatusResponse)(nil),     // 8: outpost.bmc.PowerStatusResponse
+	(*SetPXEOnceRequest)(nil),       // 9: outpost.bmc.SetPXEOnceRequest
+	(*GetBootOverrideResponse)(nil), // 10: outpost.bmc.GetBootOverrideResponse
 }
 var file_shared_api_bmc_bmc_proto_depIdxs = []int32{
 	0,  // 0: outpost.bmc.Target.protocol:type_name -> outpost.bmc.Protocol
 	2,  // 1: outpost.bmc.PowerRequest.target:type_name -> outpost.bmc.Target
 	2,  // 2: outpost.bmc.WatchRequest.targets:type_name -> outpost.bmc.Target
-	2,  // 3: outpost.bmc.SetPXEOnceRequest.target:type_name -> outpost.bmc.Target
-	1,  // 4: outpost.bmc.SetPXEOnceRequest.mode:type_name -> outpost.bmc.BootMode
-	1,  // 5: outpost.bmc.GetBootOverrideResponse.mode:type_name -> outpost.bmc.BootMode
-	3,  // 6: outpost.bmc.BMC.PowerStatus:input_type -> outpost.bmc.PowerRequest
-	3,  // 7: outpost.bmc.BMC.PowerOn:input_type -> outpost.bmc.PowerRequest
-	3,  // 8: outpost.bmc.BMC.PowerOff:input_type -> outpost.bmc.PowerRequest
-	3,  // 9: outpost.bmc.BMC.PowerCycle:input_type -> outpost.bmc.PowerRequest
-	8,  // 10: outpost.bmc.BMC.SetPXEOnce:input_type -> outpost.bmc.SetPXEOnceRequest
-	3,  // 11: outpost.bmc.BMC.ClearBootOverride:input_type -> outpost.bmc.PowerRequest
-	3,  // 12: outpost.bmc.BMC.GetBootOverride:input_type -> outpost.bmc.PowerRequest
-	4,  // 13: outpost.bmc.BMC.Watch:input_type -> outpost.bmc.WatchRequest
-	7,  // 14: outpost.bmc.BMC.PowerStatus:output_type -> outpost.bmc.PowerStatusResponse
-	6,  // 15: outpost.bmc.BMC.PowerOn:output_type -> outpost.bmc.PowerResponse
-	6,  // 16: outpost.bmc.BMC.PowerOff:output_type -> outpost.bmc.PowerResponse
-	6,  // 17: outpost.bmc.BMC.PowerCycle:output_type -> outpost.bmc.PowerResponse
-	6,  // 18: outpost.bmc.BMC.SetPXEOnce:output_type -> outpost.bmc.PowerResponse
-	6,  // 19: outpost.bmc.BMC.ClearBootOverride:output_type -> outpost.bmc.PowerResponse
-	9,  // 20: outpost.bmc.BMC.GetBootOverride:output_type -> outpost.bmc.GetBootOverrideResponse
-	5,  // 21: outpost.bmc.BMC.Watch:output_type -> outpost.bmc.WatchResponse
-	14, // [14:22] is the sub-list for method output_type
-	6,  // [6:14] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	6,  // 3: outpost.bmc.WatchResponse.known:type_name -> outpost.bmc.WatchedPower
+	2,  // 4: outpost.bmc.SetPXEOnceRequest.target:type_name -> outpost.bmc.Target
+	1,  // 5: outpost.bmc.SetPXEOnceRequest.mode:type_name -> outpost.bmc.BootMode
+	1,  // 6: outpost.bmc.GetBootOverrideResponse.mode:type_name -> outpost.bmc.BootMode
+	3,  // 7: outpost.bmc.BMC.PowerStatus:input_type -> outpost.bmc.PowerRequest
+	3,  // 8: outpost.bmc.BMC.PowerOn:input_type -> outpost.bmc.PowerRequest
+	3,  // 9: outpost.bmc.BMC.PowerOff:input_type -> outpost.bmc.PowerRequest
+	3,  // 10: outpost.bmc.BMC.PowerCycle:input_type -> outpost.bmc.PowerRequest
+	9,  // 11: outpost.bmc.BMC.SetPXEOnce:input_type -> outpost.bmc.SetPXEOnceRequest
+	3,  // 12: outpost.bmc.BMC.ClearBootOverride:input_type -> outpost.bmc.PowerRequest
+	3,  // 13: outpost.bmc.BMC.GetBootOverride:input_type -> outpost.bmc.PowerRequest
+	4,  // 14: outpost.bmc.BMC.Watch:input_type -> outpost.bmc.WatchRequest
+	8,  // 15: outpost.bmc.BMC.PowerStatus:output_type -> outpost.bmc.PowerStatusResponse
+	7,  // 16: outpost.bmc.BMC.PowerOn:output_type -> outpost.bmc.PowerResponse
+	7,  // 17: outpost.bmc.BMC.PowerOff:output_type -> outpost.bmc.PowerResponse
+	7,  // 18: outpost.bmc.BMC.PowerCycle:output_type -> outpost.bmc.PowerResponse
+	7,  // 19: outpost.bmc.BMC.SetPXEOnce:output_type -> outpost.bmc.PowerResponse
+	7,  // 20: outpost.bmc.BMC.ClearBootOverride:output_type -> outpost.bmc.PowerResponse
+	10, // 21: outpost.bmc.BMC.GetBootOverride:output_type -> outpost.bmc.GetBootOverrideResponse
+	5,  // 22: outpost.bmc.BMC.Watch:output_type -> outpost.bmc.WatchResponse
+	15, // [15:23] is the sub-list for method output_type
+	7,  // [7:15] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_bmc_bmc_proto_init() }
@@ -669,7 +739,7 @@ func file_shared_api_bmc_bmc_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_bmc_bmc_proto_rawDesc), len(file_shared_api_bmc_bmc_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,122 @@
+package lifecycle_test
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/resources/specs"
+	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+)
+
+// watchingEdge records the watch lists it is sent and knows one machine's power.
+type watchingEdge struct {
+	bmcpb.UnimplementedBMCServer
+
+	mu    sync.Mutex
+	lists [][]string
+}
+
+func (e *watchingEdge) Watch(_ context.Context, req *bmcpb.WatchRequest) (*bmcpb.WatchResponse, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+
+	var ids []string
+	for _, t := range req.GetTargets() {
+		ids = append(ids, t.GetMachineId()+"@"+t.GetHost())
+	}
+
+	e.lists = append(e.lists, ids)
+
+	return &bmcpb.WatchResponse{Watching: uint32(len(ids)), Known: []*bmcpb.WatchedPower{{MachineId: id1, State: "on"}}}, nil //nolint:gosec
+}
+
+func (e *watchingEdge) sent() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+
+	return len(e.lists)
+}
+
+func (e *watchingEdge) last() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+
+	if len(e.lists) == 0 {
+		return nil
+	}
+
+	return e.lists[len(e.lists)-1]
+}
+
+const (
+	id1 = "4c4c4544-0042-3510-8052-b4c04f384851"
+	id2 = "4c4c4544-0042-3510-8052-b4c04f384852"
+)
+
+// A site's edge is sent the BMCs of its machines at the start of a session and again when the list changes;
+// the power states it knows reach the locations.
+func TestWatchListsFollowTheSite(t *testing.T) {
+	t.Parallel()
+
+	edge := &watchingEdge{}
+	srv := grpc.NewServer()
+	bmcpb.RegisterBMCServer(srv, edge)
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+
+	go srv.Serve(ln) //nolint:errcheck
+
+	t.Cleanup(srv.Stop)
+
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+
+	t.Cleanup(func() { conn.Close() }) //nolint:errcheck
+
+	locs := lifecycle.NewLocations(zaptest.NewLogger(t))
+	_, err = locs.Seen("site-a", id1)
+	require.NoError(t, err)
+
+	lists, err := lifecycle.NewWatchLists(zaptest.NewLogger(t), "ipmi", locs)
+	require.NoError(t, err)
+
+	bmc := func(host string) *specs.BMCConfigurationSpec {
+		return &specs.BMCConfigurationSpec{Ipmi: &specs.BMCConfigurationSpec_IPMI{Address: host, Port: 623, Username: "u", Password: "p"}}
+	}
+
+	lists.Set("site-a", id1, bmc("10.0.0.1"))
+
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+
+	go func() { done <- lists.OnSession(ctx, "site-a", conn) }()
+
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+
+	require.Eventually(t, func() bool { return len(edge.last()) == 1 }, 5*time.Second, 5*time.Millisecond)
+	require.Equal(t, []string{id1 + "@10.0.0.1"}, edge.last())
+	require.Eventually(t, func() bool { loc, _ := locs.Locate(id1); return loc.Power == "on" }, 5*time.Second, 5*time.Millisecond,
+		"the state the edge knows reaches the locations")
+	require.True(t, lists.Watching("site-a", id1))
+
+	lists.Set("site-a", id2, bmc("10.0.0.2"))
+	require.Eventually(t, func() bool { return len(edge.last()) == 2 }, 5*time.Second, 5*time.Millisecond, "a change is sent")
+
+	lists.Set("site-b", id1, bmc("10.0.0.1")) // the machine moved
+	require.Eventually(t, func() bool { return len(edge.last()) == 1 }, 5*time.Second, 5*time.Millisecond)
+	require.Equal(t, []string{id2 + "@10.0.0.2"}, edge.last())
+	require.False(t, lists.Watching("site-a", id1))
+
+	lists.Remove(id2)
+	require.Eventually(t, func() bool { return len(edge.last()) == 0 && edge.sent() > 3 }, 5*time.Second, 5*time.Millisecond)
+}
