@@ -18,6 +18,7 @@ import (
 
 	"github.com/outpost-metal/outpost/controller/assets"
 	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
+	"github.com/outpost-metal/outpost/shared/printable"
 )
 
 // Client talks to a running controller's admin socket.
@@ -90,12 +91,15 @@ func (c *Client) ListSites(ctx context.Context, out io.Writer, now time.Time) er
 	fmt.Fprintln(tw, "SITE\tSTATE\tEDGE VERSION\tLAST SEEN\tREMOTE\tDESCRIPTION")
 
 	for _, s := range resp.GetSites() {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.GetSiteId(), siteState(s), dash(s.GetEdgeVersion()),
-			ago(s.GetLastSeen(), now), dash(s.GetRemoteAddress()), s.GetDescription())
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.GetSiteId(), siteState(s), dash(peer(s.GetEdgeVersion())),
+			ago(s.GetLastSeen(), now), dash(peer(s.GetRemoteAddress())), peer(s.GetDescription()))
 	}
 
 	return tw.Flush()
 }
+
+// peer makes a string an edge (or anyone) supplied safe to print: escapes shown, not interpreted; bounded.
+func peer(s string) string { return printable.String(s, 80) }
 
 func siteState(s *adminpb.Site) string {
 	switch {
@@ -164,10 +168,10 @@ func (c *Client) ShowSite(ctx context.Context, siteID string, out io.Writer, now
 	s := resp.GetSite()
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "state:\t%s\n", siteState(s))
-	fmt.Fprintf(tw, "description:\t%s\n", s.GetDescription())
-	fmt.Fprintf(tw, "edge version:\t%s\n", dash(s.GetEdgeVersion()))
+	fmt.Fprintf(tw, "description:\t%s\n", peer(s.GetDescription()))
+	fmt.Fprintf(tw, "edge version:\t%s\n", dash(peer(s.GetEdgeVersion())))
 	fmt.Fprintf(tw, "last seen:\t%s\n", ago(s.GetLastSeen(), now))
-	fmt.Fprintf(tw, "remote:\t%s\n", dash(s.GetRemoteAddress()))
+	fmt.Fprintf(tw, "remote:\t%s\n", dash(peer(s.GetRemoteAddress())))
 
 	if err := tw.Flush(); err != nil {
 		return err
