@@ -265,7 +265,7 @@ func TestAttackFloodLocksNoEdgeOut(t *testing.T) {
 	require.LessOrEqual(t, attacked.handshakesPeak, float64(attackIdleFrom*16+attackEnrollFrom*16))
 	require.Positive(t, attacked.rejected["source_handshakes"]+attacked.rejected["source_rate"])
 	require.Positive(t, attacked.rejected["tls_timeout"])
-	require.Positive(t, attacked.rejected["enroll_site"])
+	require.LessOrEqual(t, counts.heldPeak.Load(), int64(4), "attackers held more enrolment sessions than the site's 4")
 }
 
 // idleAttacker opens a TCP connection from ip, sends nothing until the controller closes it, and does it again.
