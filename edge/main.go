@@ -4,9 +4,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -35,6 +37,7 @@ func rootCommand() *cobra.Command {
 	cfg := config.Default()
 
 	env := envflag.New()
+	ints := &intEnv{env: env}
 
 	root := &cobra.Command{
 		Use:           "edge",
@@ -44,7 +47,7 @@ func rootCommand() *cobra.Command {
 		SilenceErrors: true,
 		Args:          cobra.NoArgs,
 		PersistentPreRunE: func(*cobra.Command, []string) error {
-			if err := env.Err(); err != nil {
+			if err := errors.Join(env.Err(), ints.err()); err != nil {
 				return err
 			}
 
@@ -82,6 +85,15 @@ func rootCommand() *cobra.Command {
 	f.StringVar(&cfg.AssetsPreseedDir, "assets-preseed-dir", env.String("OUTPOST_ASSETS_PRESEED_DIR", cfg.AssetsPreseedDir), "asset bundle to import at start (baked-in assets) [OUTPOST_ASSETS_PRESEED_DIR]")
 	f.StringSliceVar(&cfg.HTTP.KernelArgs, "kernel-args", cfg.HTTP.KernelArgs, "kernel arguments for every PXE boot unless the controller sets them (consoles)")
 
+	// What the site network may make the edge hold (see each component's Config for how the defaults are sized).
+	f.IntVar(&cfg.TFTP.MaxTransfers, "tftp-max-transfers", ints.get("OUTPOST_TFTP_MAX_TRANSFERS", cfg.TFTP.MaxTransfers), "TFTP transfers in progress at once [OUTPOST_TFTP_MAX_TRANSFERS]")
+	f.IntVar(&cfg.TFTP.MaxTransfersPerSource, "tftp-max-per-source", ints.get("OUTPOST_TFTP_MAX_PER_SOURCE", cfg.TFTP.MaxTransfersPerSource), "TFTP transfers in progress from one address [OUTPOST_TFTP_MAX_PER_SOURCE]")
+	f.IntVar(&cfg.HTTP.MaxConns, "http-max-conns", ints.get("OUTPOST_HTTP_MAX_CONNS", cfg.HTTP.MaxConns), "HTTP connections open at once [OUTPOST_HTTP_MAX_CONNS]")
+	f.IntVar(&cfg.HTTP.MaxConnsPerSource, "http-max-conns-per-source", ints.get("OUTPOST_HTTP_MAX_CONNS_PER_SOURCE", cfg.HTTP.MaxConnsPerSource), "HTTP connections open from one address [OUTPOST_HTTP_MAX_CONNS_PER_SOURCE]")
+	f.IntVar(&cfg.Tunnels.MaxTunnels, "agent-max-tunnels", ints.get("OUTPOST_AGENT_MAX_TUNNELS", cfg.Tunnels.MaxTunnels), "agent tunnels open at once [OUTPOST_AGENT_MAX_TUNNELS]")
+	f.IntVar(&cfg.Tunnels.MaxTunnelsPerSource, "agent-max-tunnels-per-source", ints.get("OUTPOST_AGENT_MAX_TUNNELS_PER_SOURCE", cfg.Tunnels.MaxTunnelsPerSource), "agent tunnels open from one address [OUTPOST_AGENT_MAX_TUNNELS_PER_SOURCE]")
+	f.IntVar(&cfg.Tunnels.MaxConns, "agent-max-conns", ints.get("OUTPOST_AGENT_MAX_CONNS", cfg.Tunnels.MaxConns), "agent API connections open at once, at least --agent-max-tunnels [OUTPOST_AGENT_MAX_CONNS]")
+
 	root.AddCommand(assetscli.NewCommand(func() (assets.Config, error) {
 		c := cfg.Resolved().Assets
 		if err := c.Validate(); err != nil {
@@ -100,3 +112,28 @@ func rootCommand() *cobra.Command {
 
 	return root
 }
+
+// intEnv gives integer flags their environment-variable defaults; a variable that does not parse fails the
+// start, as envflag's do.
+type intEnv struct {
+	env  *envflag.Env
+	errs []error
+}
+
+func (e *intEnv) get(name string, def int) int {
+	v := e.env.String(name, "")
+	if v == "" {
+		return def
+	}
+
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		e.errs = append(e.errs, fmt.Errorf("%s=%q is not an integer", name, v))
+
+		return def
+	}
+
+	return n
+}
+
+func (e *intEnv) err() error { return errors.Join(e.errs...) }

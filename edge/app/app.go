@@ -26,6 +26,7 @@ import (
 	"github.com/outpost-metal/outpost/edge/dhcp"
 	"github.com/outpost-metal/outpost/edge/ipxe"
 	"github.com/outpost-metal/outpost/edge/journal"
+	"github.com/outpost-metal/outpost/edge/limits"
 	"github.com/outpost-metal/outpost/edge/tftp"
 	"github.com/outpost-metal/outpost/edge/tunnel"
 	"github.com/outpost-metal/outpost/edge/uplink"
@@ -88,7 +89,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 
 	needed.set(fetcher)
 
-	tunnels := tunnel.New(tunnel.Options{Logger: log, Events: tunnelEvents{recorder}, Addresses: book})
+	tunnels := tunnel.New(tunnel.Options{Logger: log, Events: tunnelEvents{recorder}, Addresses: book, Limits: cfg.Tunnels})
 
 	bmcs, err := bmc.New(cfg.BMC, log, time.Now)
 	if err != nil {
@@ -149,6 +150,13 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	httpLn, err := lc.Listen(ctx, "tcp", cfg.HTTP.Listen)
 	if err != nil {
 		return fmt.Errorf("http listener: %w", err)
+	}
+
+	httpLn = httpSrv.LimitListener(httpLn)
+
+	if need, have := cfg.OpenFiles(), limits.OpenFilesLimit(); have > 0 && need > have {
+		log.Warn("the connection and transfer limits let the site network open more files than this process may: lower them or raise its open-files limit",
+			zap.Int("limits_allow", need), zap.Int("open_files_limit", have))
 	}
 
 	apiLn, err := lc.Listen(ctx, "tcp", cfg.APIListen)
@@ -253,6 +261,7 @@ func httpHandler(store *assets.Store, boot http.Handler) http.Handler {
 
 func serveHTTP(ctx context.Context, ln net.Listener, cfg ipxe.Config, h http.Handler, log *zap.Logger) error {
 	srv := &http.Server{
+		ConnState:         limits.ConnState, // idle keep-alive connections can make room under the connection limits
 		Handler:           h,
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		ReadTimeout:       cfg.ReadTimeout,

@@ -14,6 +14,7 @@ import (
 	"github.com/outpost-metal/outpost/edge/dhcp"
 	"github.com/outpost-metal/outpost/edge/ipxe"
 	"github.com/outpost-metal/outpost/edge/tftp"
+	"github.com/outpost-metal/outpost/edge/tunnel"
 	"github.com/outpost-metal/outpost/edge/uplink"
 	"github.com/outpost-metal/outpost/shared/logging"
 )
@@ -46,6 +47,8 @@ type Config struct {
 	BMC bmc.Config
 	// Uplink is the connection to the controller.
 	Uplink uplink.Config
+	// Tunnels bounds the agent tunnels and the connections of the agent API port.
+	Tunnels tunnel.Limits
 }
 
 // Default returns the default configuration.
@@ -62,6 +65,7 @@ func Default() Config {
 		Fetcher:   assets.DefaultFetcher(),
 		BMC:       bmc.Default(),
 		Uplink:    uplink.Default(),
+		Tunnels:   tunnel.DefaultLimits(),
 	}
 }
 
@@ -143,6 +147,7 @@ func (c Config) Validate() error {
 		{"asset fetcher", c.Fetcher, true},
 		{"bmc", c.BMC, true},
 		{"uplink", c.Uplink, true},
+		{"agent tunnels", c.Tunnels, true},
 	}
 
 	for _, s := range sections {
@@ -155,5 +160,21 @@ func (c Config) Validate() error {
 		}
 	}
 
+	if c.Tunnels.MaxConns < c.Tunnels.MaxTunnels {
+		errs = append(errs, fmt.Errorf("agent tunnels: %d connections for %d tunnels: every tunnel needs a connection", c.Tunnels.MaxConns, c.Tunnels.MaxTunnels))
+	}
+
 	return errors.Join(errs...)
+}
+
+// OpenFiles is how many files the connection and transfer limits let the site network make the edge open:
+// two per HTTP connection (a download opens its asset), one per TFTP transfer and agent API connection, and
+// 1,024 for everything else (state, journal, asset cache, uplink).
+func (c Config) OpenFiles() int {
+	n := 2*c.HTTP.MaxConns + c.Tunnels.MaxConns + 1024
+	if c.TFTP.Listen != "" {
+		n += c.TFTP.MaxTransfers
+	}
+
+	return n
 }

@@ -47,8 +47,9 @@ type Config struct {
 	// own at the per-source bound); when every transfer is acknowledged, the request is refused.
 	MaxTransfers          int `json:"max_transfers"`
 	MaxTransfersPerSource int `json:"max_transfers_per_source"`
-	// ErrorRate bounds the error packets per second answering refused requests; beyond it refused requests
-	// get no answer (counted), so a flood with forged sources cannot use the edge to send packets at any rate.
+	// ErrorRate bounds the error packets per second answering requests refused for good (no such file, a bad
+	// name, a write); beyond it they get no answer (counted), so a flood with forged sources cannot use the
+	// edge to send packets at any rate. Requests refused for now (at a limit) are never answered: see shed.
 	ErrorRate int `json:"error_rate"`
 	// EventRate bounds the refused requests per second reported to the observer (the event journal);
 	// beyond it they are counted only. Completed transfers are always reported.
@@ -133,6 +134,7 @@ const (
 	resultPerSource    = "refused_per_source"
 	resultTotal        = "refused_total"
 	resultNoSocket     = "no_socket"
+	resultOverloaded   = "overloaded"
 	resultTooSlow      = "too_slow"
 	resultResendBudget = "resend_budget"
 )
@@ -159,6 +161,8 @@ type Server struct {
 	mu     sync.Mutex
 	active map[netip.AddrPort]*transfer
 	wg     sync.WaitGroup
+	// running counts transfer goroutines, those of evicted transfers on their way out included.
+	running atomic.Int64
 
 	nServed, nRefused atomic.Int64
 }
@@ -190,13 +194,14 @@ func New(cfg Config, logger *zap.Logger, catalog *Catalog, deps Deps) (*Server, 
 				cfg.MaxTransfers),
 			resultNotFound:     "not one of the served iPXE binaries (--ipxe-dir)",
 			resultNoSocket:     "no socket for the transfer: the process may be at its open-files limit",
+			resultOverloaded:   "ended transfers are not gone yet: the edge is short of CPU for this request rate",
 			resultTooSlow:      fmt.Sprintf("client cut off: the transfer took longer than %s", cfg.MaxTransferTime),
 			resultResendBudget: fmt.Sprintf("client cut off: more than %d packets sent again in one transfer", cfg.MaxResends),
 		},
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outpost_tftp_requests_total",
 			Help: "TFTP requests, by result (served, not_found, bad_name, bad_request, write_refused, duplicate, ignored, " +
-				"refused_per_source, refused_total, no_socket).",
+				"refused_per_source, refused_total, no_socket, overloaded).",
 		}, []string{"result"}),
 		transfers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outpost_tftp_transfers_total",
@@ -354,6 +359,14 @@ func (s *Server) handle(port *port, b []byte, p packet) {
 		return
 	}
 
+	// An evicted transfer's socket closes at once, its goroutine exits when next scheduled: on a starved CPU
+	// they could pile up, so beyond half the bound again new requests wait for them.
+	if s.running.Load() >= int64(s.cfg.MaxTransfers+s.cfg.MaxTransfers/2) {
+		s.shed(p, resultOverloaded, zap.String("name", f.Name))
+
+		return
+	}
+
 	t := &transfer{s: s, remote: p.src, name: f.Name, start: time.Now()}
 
 	slot, err := s.lim.Acquire(p.src.Addr(), func() { t.end(outcomeEvicted) })
@@ -365,14 +378,14 @@ func (s *Server) handle(port *port, b []byte, p packet) {
 			result = resultPerSource
 		}
 
-		s.refuse(port, p, result, errNotDefined, "server busy", zap.String("name", f.Name))
+		s.shed(p, result, zap.String("name", f.Name))
 
 		return
 	}
 
 	if err := t.open(p.dst); err != nil {
 		slot.Release()
-		s.refuse(port, p, resultNoSocket, errNotDefined, "server busy", zap.String("name", f.Name), zap.Error(err))
+		s.shed(p, resultNoSocket, zap.String("name", f.Name), zap.Error(err))
 
 		return
 	}
@@ -386,6 +399,7 @@ func (s *Server) handle(port *port, b []byte, p packet) {
 
 	s.requests.WithLabelValues(resultServed).Inc()
 	s.wg.Add(1)
+	s.running.Add(1)
 
 	go t.run()
 }
@@ -399,17 +413,10 @@ func (s *Server) isActive(src netip.AddrPort) bool {
 	return ok
 }
 
-// refuse counts and logs a refused request and answers it with an error packet while under ErrorRate.
+// refuse counts and logs a request refused for good (no such file, a bad name or request, a write) and
+// answers it with an error packet at once, while under ErrorRate; beyond it the request gets no answer.
 func (s *Server) refuse(port *port, p packet, result string, code uint16, msg string, fields ...zap.Field) {
-	s.requests.WithLabelValues(result).Inc()
-	s.nRefused.Add(1)
-
-	fields = append(fields, zap.Stringer("remote", p.src))
-	if h := s.hints[result]; h != "" {
-		fields = append(fields, zap.String("hint", h))
-	}
-
-	s.rejects.Note(result, fields...)
+	s.note(p, result, fields...)
 
 	if !s.errRate.AllowN(s.now(), 1) {
 		s.errorsDropped.Inc()
@@ -420,6 +427,25 @@ func (s *Server) refuse(port *port, p packet, result string, code uint16, msg st
 	if err := port.write(appendError(nil, code, msg), p); err != nil {
 		s.log.Debug("tftp error reply not sent", zap.Stringer("remote", p.src), zap.Error(err))
 	}
+}
+
+// shed counts and logs a request refused for now (a limit, no socket, overload) and leaves it unanswered: a
+// ROM gives up the boot file at an error packet (EDK2's and iPXE's TFTP clients end the transfer with it),
+// but sends a request that got no answer again a second or so later, when a transfer has most likely ended.
+func (s *Server) shed(p packet, result string, fields ...zap.Field) {
+	s.note(p, result, fields...)
+}
+
+func (s *Server) note(p packet, result string, fields ...zap.Field) {
+	s.requests.WithLabelValues(result).Inc()
+	s.nRefused.Add(1)
+
+	fields = append(fields, zap.Stringer("remote", p.src))
+	if h := s.hints[result]; h != "" {
+		fields = append(fields, zap.String("hint", h))
+	}
+
+	s.rejects.Note(result, fields...)
 }
 
 // report tells the observer about a refused request while under EventRate.

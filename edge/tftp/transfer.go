@@ -137,6 +137,7 @@ func (t *transfer) run() {
 		s.log.Debug("tftp transfer ended early", append(fields, zap.Error(err))...)
 	}
 
+	s.running.Add(-1)
 	s.wg.Done()
 }
 

@@ -205,7 +205,7 @@ func (s *Server) serve(ctx context.Context, ln net.Listener, opts ...grpc.Server
 
 	ln = limits.NewListener(ln, s.conns, s.refusals, map[limits.Reason]string{
 		limits.PerSource: fmt.Sprintf("this address already holds %d agent API connections", s.limits.MaxConnsPerSource),
-		limits.Total:     fmt.Sprintf("%d agent API connections open; raise the tunnel limits if real agents are refused", s.limits.MaxConns),
+		limits.Total:     fmt.Sprintf("%d agent API connections open (--agent-max-conns); raise it if real agents are refused", s.limits.MaxConns),
 	})
 
 	opts = append(opts,
