@@ -90,12 +90,15 @@ type Plan struct {
 	DiskMethod DiskMethod
 	// Arch is the architecture the assets are for (amd64, arm64).
 	Arch string
+	// MACs are the machine's interfaces (the edge matches DHCP requests by them).
+	MACs []string
 }
 
 // Equal reports whether two plans are the same.
 func (p Plan) Equal(o Plan) bool {
 	return p.MachineID == o.MachineID && p.Mode == o.Mode && p.ScriptURL == o.ScriptURL && p.KernelURL == o.KernelURL &&
-		p.InitrdURL == o.InitrdURL && slices.Equal(p.KernelArgs, o.KernelArgs) && p.DiskMethod == o.DiskMethod && p.Arch == o.Arch
+		p.InitrdURL == o.InitrdURL && slices.Equal(p.KernelArgs, o.KernelArgs) && p.DiskMethod == o.DiskMethod && p.Arch == o.Arch &&
+		slices.Equal(p.MACs, o.MACs)
 }
 
 // Site is what a plan needs to know about the site the machine is at. Empty fields are left to the edge

@@ -151,7 +151,7 @@ func ipxeArch(arch string) string {
 
 // ToProto converts a plan to the boot table's form.
 func ToProto(p Plan) (*bootpb.Plan, error) {
-	out := &bootpb.Plan{Uuid: strings.ToLower(p.MachineID)}
+	out := &bootpb.Plan{Uuid: strings.ToLower(p.MachineID), Macs: slices.Clone(p.MACs)}
 
 	switch p.Mode {
 	case ModeAgent:

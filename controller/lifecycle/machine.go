@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/controller"
@@ -191,11 +192,22 @@ func (v *view) planInput(deleting bool) bootplans.Machine {
 func (e *env) plan(ctx context.Context, site string, v *view, deleting bool) (bootplans.Plan, error) {
 	in := v.planInput(deleting)
 
+	var macs []string
+
 	if loc, ok := e.Sites.Locate(v.id); ok {
 		in.Arch = loc.Arch
+		macs = loc.MACs
 	}
 
-	return e.Planner.Plan(ctx, site, in)
+	plan, err := e.Planner.Plan(ctx, site, in)
+	if err != nil {
+		return plan, err
+	}
+
+	// the machine's interfaces go with its plan: the edge knows it by MAC before its UUID (DHCP)
+	plan.MACs = slices.Clone(macs)
+
+	return plan, nil
 }
 
 // lastKick is the last time the controller powered the machine on, rebooted or wiped it (the cooldown's start).

@@ -389,6 +389,12 @@ func (t *Table) SNPOnly(mac net.HardwareAddr, uuid string) bool {
 	return t.cur.Load().find(NormalizeUUID(uuid), mac).GetSnpOnly()
 }
 
+// Known reports whether the table holds a plan for the machine (by UUID, or by one of the MACs a plan
+// names: machines an operator registered before they booted).
+func (t *Table) Known(mac net.HardwareAddr, uuid string) bool {
+	return t.cur.Load().find(NormalizeUUID(uuid), mac) != nil
+}
+
 // MachineConfig returns the config to serve at /config for a machine (its own, else the table's);
 // nil when the controller has sent none.
 func (t *Table) MachineConfig(uuid string) []byte {

@@ -54,6 +54,9 @@ const (
 	DropRateLimited      DropReason = "rate_limited"
 	DropQueueFull        DropReason = "queue_full"
 	DropWriteFailed      DropReason = "write_failed"
+	DropUnknownMachine   DropReason = "unknown_machine"
+	DropDiscoveryOff     DropReason = "discovery_off"
+	DropMode4011Only     DropReason = "port_67_not_served"
 )
 
 // BootFiles names the iPXE binaries served over TFTP (and over HTTP under /tftp/).
@@ -111,7 +114,34 @@ func (b BootFiles) File(f Firmware, snpOnly bool) string {
 type Preferences interface {
 	// SNPOnly reports whether the machine must get the SNP-only UEFI binary. uuid may be empty.
 	SNPOnly(mac net.HardwareAddr, uuid string) bool
+	// Known reports whether the machine is in the boot table (by UUID, or by a MAC an operator registered).
+	Known(mac net.HardwareAddr, uuid string) bool
 }
+
+// Discovery is which PXE clients the ProxyDHCP answers.
+type Discovery string
+
+// Discovery policies.
+const (
+	// DiscoverAll answers every PXE client: unknown machines boot agent mode and join Omni.
+	DiscoverAll Discovery = "all"
+	// DiscoverKnown answers only machines the boot table holds (by UUID, or MACs an operator registered).
+	DiscoverKnown Discovery = "known"
+	// DiscoverOff answers nobody (the site's own DHCP hands out boot files).
+	DiscoverOff Discovery = "off"
+)
+
+// Mode is which ProxyDHCP ports are served.
+type Mode string
+
+// ProxyDHCP modes.
+const (
+	// ModeFull answers DISCOVER on 67 and REQUEST on 4011.
+	ModeFull Mode = "full"
+	// Mode4011Only answers only on 4011, beside a site DHCP server that already offers PXE (option 60
+	// PXEClient) without boot information.
+	Mode4011Only Mode = "4011-only"
+)
 
 // Params is what Decide needs besides the request.
 type Params struct {
@@ -123,8 +153,12 @@ type Params struct {
 	Files BootFiles
 	// Bootable reports whether a boot file is actually served; nil means all are.
 	Bootable func(name string) bool
-	// Prefs gives per-machine choices; nil means defaults for everyone.
+	// Prefs gives per-machine choices; nil means defaults for everyone (and no machine is known).
 	Prefs Preferences
+	// Discovery is who is answered (empty: all).
+	Discovery Discovery
+	// Mode is which ports answer (empty: full).
+	Mode Mode
 	// ClientPort and RelayPort are where replies go (68 and 67; tests change them).
 	ClientPort, RelayPort int
 }
@@ -222,6 +256,21 @@ func DecidePacket(p Params, role Role, peer netip.AddrPort, req *dhcpv4.DHCPv4) 
 		}
 
 		d.UUID = uuid
+	}
+
+	switch {
+	case p.Mode == Mode4011Only && role == RoleDHCP:
+		d.Drop = DropMode4011Only
+
+		return d
+	case p.Discovery == DiscoverOff:
+		d.Drop = DropDiscoveryOff
+
+		return d
+	case p.Discovery == DiscoverKnown && (p.Prefs == nil || !p.Prefs.Known(req.ClientHWAddr, d.UUID)):
+		d.Drop = DropUnknownMachine
+
+		return d
 	}
 
 	var msgType dhcpv4.MessageType

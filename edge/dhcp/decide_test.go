@@ -23,6 +23,50 @@ type snpPrefs map[string]bool
 
 func (p snpPrefs) SNPOnly(mac net.HardwareAddr, _ string) bool { return p[mac.String()] }
 
+// Known: every MAC named in the map is in the boot table.
+func (p snpPrefs) Known(mac net.HardwareAddr, _ string) bool { _, ok := p[mac.String()]; return ok }
+
+// Discovery policy and ProxyDHCP mode: who is answered on which port.
+func TestDecidePolicies(t *testing.T) {
+	t.Parallel()
+
+	known := snpPrefs{testMAC.String(): false}
+	stranger := snpPrefs{"00:00:00:00:00:01": false}
+
+	for _, tc := range []struct {
+		name      string
+		discovery dhcp.Discovery
+		mode      dhcp.Mode
+		prefs     dhcp.Preferences
+		role      dhcp.Role
+		mt        dhcpv4.MessageType
+		want      dhcp.DropReason
+	}{
+		{name: "all answers a stranger", discovery: dhcp.DiscoverAll, prefs: stranger, role: dhcp.RoleDHCP, mt: dhcpv4.MessageTypeDiscover},
+		{name: "known answers a known machine", discovery: dhcp.DiscoverKnown, prefs: known, role: dhcp.RoleDHCP, mt: dhcpv4.MessageTypeDiscover},
+		{name: "known ignores a stranger", discovery: dhcp.DiscoverKnown, prefs: stranger, role: dhcp.RoleDHCP, mt: dhcpv4.MessageTypeDiscover,
+			want: dhcp.DropUnknownMachine},
+		{name: "known with no table ignores all", discovery: dhcp.DiscoverKnown, role: dhcp.RolePXE, mt: dhcpv4.MessageTypeRequest,
+			want: dhcp.DropUnknownMachine},
+		{name: "off answers nobody", discovery: dhcp.DiscoverOff, prefs: known, role: dhcp.RolePXE, mt: dhcpv4.MessageTypeRequest,
+			want: dhcp.DropDiscoveryOff},
+		{name: "4011-only leaves 67 to the site", mode: dhcp.Mode4011Only, role: dhcp.RoleDHCP, mt: dhcpv4.MessageTypeDiscover,
+			want: dhcp.DropMode4011Only},
+		{name: "4011-only answers 4011", mode: dhcp.Mode4011Only, role: dhcp.RolePXE, mt: dhcpv4.MessageTypeRequest},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+
+			p := params()
+			p.Discovery, p.Mode, p.Prefs = tc.discovery, tc.mode, tc.prefs
+
+			d := dhcp.Decide(p, tc.role, netip.MustParseAddrPort("10.0.0.9:68"), request(t, tc.mt, arch(0)))
+			require.Equal(t, tc.want, d.Drop, "%v", d.Err)
+			require.Equal(t, tc.want == "", d.Reply != nil)
+		})
+	}
+}
+
 func params() dhcp.Params {
 	return dhcp.Params{ServerIP: testServer, HTTPPort: 8080, Files: dhcp.DefaultBootFiles()}
 }

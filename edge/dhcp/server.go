@@ -46,6 +46,10 @@ type Config struct {
 	// ClientPort and RelayPort are where replies go (68 and 67); only tests change them.
 	ClientPort int `json:"client_port"`
 	RelayPort  int `json:"relay_port"`
+	// Discovery is who is answered: all, known (machines in the boot table) or off.
+	Discovery Discovery `json:"discovery"`
+	// Mode is full (67 and 4011) or 4011-only (beside a site DHCP server that offers PXE).
+	Mode Mode `json:"mode"`
 }
 
 // Default returns the production defaults.
@@ -63,12 +67,26 @@ func Default() Config {
 		MaxTrackedMACs: 65536,
 		ClientPort:     ClientPort,
 		RelayPort:      ServerPort,
+		Discovery:      DiscoverAll,
+		Mode:           ModeFull,
 	}
 }
 
 // Validate checks the configuration.
 func (c Config) Validate() error {
 	var errs []error
+
+	switch c.Discovery {
+	case DiscoverAll, DiscoverKnown, DiscoverOff, "":
+	default:
+		errs = append(errs, fmt.Errorf("discovery %q: want all, known or off", c.Discovery))
+	}
+
+	switch c.Mode {
+	case ModeFull, Mode4011Only, "":
+	default:
+		errs = append(errs, fmt.Errorf("proxydhcp mode %q: want full or 4011-only", c.Mode))
+	}
 
 	if c.ServerIP == "" && c.Interface == "" {
 		errs = append(errs, errors.New("server_ip or interface is required"))
@@ -190,6 +208,9 @@ func New(cfg Config, logger *zap.Logger, deps Deps) (*Server, error) {
 			Files:    cfg.Files,
 			Bootable: deps.Bootable,
 			Prefs:    deps.Prefs,
+
+			Discovery: cfg.Discovery,
+			Mode:      cfg.Mode,
 
 			ClientPort: cfg.ClientPort,
 			RelayPort:  cfg.RelayPort,
