@@ -51,7 +51,11 @@ func rootCommand() *cobra.Command {
 				return err
 			}
 
-			return cfg.AbsolutePaths()
+			if err := cfg.AbsolutePaths(); err != nil {
+				return err
+			}
+
+			return cfg.LoadJoinToken()
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := logging.New(os.Stderr, cfg.LogLevel)
@@ -70,10 +74,13 @@ func rootCommand() *cobra.Command {
 	f = root.Flags()
 	f.StringVar(&cfg.LogLevel, "log-level", env.String("OUTPOST_LOG_LEVEL", cfg.LogLevel), "debug, info, warn or error [OUTPOST_LOG_LEVEL]")
 	f.StringVar(&cfg.Uplink.ControllerAddress, "controller", env.String("OUTPOST_CONTROLLER", cfg.Uplink.ControllerAddress), "controller uplink address, host:port [OUTPOST_CONTROLLER]")
-	f.StringVar(&cfg.Uplink.JoinToken, "join-token", env.String("OUTPOST_JOIN_TOKEN", cfg.Uplink.JoinToken), "join token from 'controller site create' (needed once, to enrol) [OUTPOST_JOIN_TOKEN]")
+	f.StringVar(&cfg.Uplink.JoinToken, "join-token", env.String("OUTPOST_JOIN_TOKEN", cfg.Uplink.JoinToken), "join token from 'controller site create' (needed once, to enrol; prefer the variable or --join-token-file: a flag shows in the process list) [OUTPOST_JOIN_TOKEN]")
+	f.StringVar(&cfg.JoinTokenFile, "join-token-file", env.String("OUTPOST_JOIN_TOKEN_FILE", cfg.JoinTokenFile), "file holding the join token [OUTPOST_JOIN_TOKEN_FILE]")
 	f.DurationVar(&cfg.Uplink.BackoffMin, "reconnect-min", env.Duration("OUTPOST_RECONNECT_MIN", cfg.Uplink.BackoffMin), "shortest wait between reconnection attempts (each wait is jittered) [OUTPOST_RECONNECT_MIN]")
 	f.DurationVar(&cfg.Uplink.BackoffMax, "reconnect-max", env.Duration("OUTPOST_RECONNECT_MAX", cfg.Uplink.BackoffMax), "longest wait between reconnection attempts [OUTPOST_RECONNECT_MAX]")
 	f.StringVar(&cfg.DHCP.Interface, "interface", env.String("OUTPOST_INTERFACE", cfg.DHCP.Interface), "network interface the ProxyDHCP serves (SO_BINDTODEVICE); empty with no --server-ip turns it off [OUTPOST_INTERFACE]")
+	f.StringVar((*string)(&cfg.DHCP.Discovery), "discovery", env.String("OUTPOST_DISCOVERY", string(cfg.DHCP.Discovery)), "which PXE clients the ProxyDHCP answers: all, known (machines the controller knows or an operator registered) or off [OUTPOST_DISCOVERY]")
+	f.StringVar((*string)(&cfg.DHCP.Mode), "proxydhcp-mode", env.String("OUTPOST_PROXYDHCP_MODE", string(cfg.DHCP.Mode)), "full (ports 67 and 4011) or 4011-only (beside a site DHCP server that offers PXE) [OUTPOST_PROXYDHCP_MODE]")
 	f.StringVar(&cfg.DHCP.ServerIP, "server-ip", env.String("OUTPOST_SERVER_IP", cfg.DHCP.ServerIP), "the edge's address machines reach (default: the interface's first IPv4) [OUTPOST_SERVER_IP]")
 	f.StringVar(&cfg.HTTP.Listen, "http-listen", env.String("OUTPOST_HTTP_LISTEN", cfg.HTTP.Listen), "address for iPXE scripts, binaries, assets, /config, /metrics and /healthz [OUTPOST_HTTP_LISTEN]")
 	f.StringVar(&cfg.HTTP.AdvertiseHost, "advertise-host", env.String("OUTPOST_ADVERTISE_HOST", cfg.HTTP.AdvertiseHost), "host[:port] machines use for the HTTP server (default: the request's Host) [OUTPOST_ADVERTISE_HOST]")

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"github.com/outpost-metal/outpost/edge/assets"
 	"github.com/outpost-metal/outpost/edge/bmc"
@@ -32,6 +34,8 @@ type Config struct {
 	APIListen string
 	// AssetsPreseedDir is an asset bundle imported into the cache at start (appliances with baked-in assets).
 	AssetsPreseedDir string
+	// JoinTokenFile holds the join token (preferred to a flag, which any local user sees in the process list).
+	JoinTokenFile string
 
 	// DHCP is the ProxyDHCP; it is off unless an interface or a server address is given.
 	DHCP dhcp.Config
@@ -71,7 +75,7 @@ func Default() Config {
 
 // AbsolutePaths makes every path setting absolute (relative to the working directory).
 func (c *Config) AbsolutePaths() error {
-	for _, p := range []*string{&c.StateDir, &c.IPXEDir, &c.AssetsPreseedDir} {
+	for _, p := range []*string{&c.StateDir, &c.IPXEDir, &c.AssetsPreseedDir, &c.JoinTokenFile} {
 		if *p == "" || filepath.IsAbs(*p) {
 			continue
 		}
@@ -83,6 +87,31 @@ func (c *Config) AbsolutePaths() error {
 
 		*p = abs
 	}
+
+	return nil
+}
+
+// LoadJoinToken reads the join token from JoinTokenFile when one is named (giving both a file and a token is
+// an error: which one is meant?).
+func (c *Config) LoadJoinToken() error {
+	if c.JoinTokenFile == "" {
+		return nil
+	}
+
+	if c.Uplink.JoinToken != "" {
+		return errors.New("join token given both directly and as a file: give one")
+	}
+
+	b, err := os.ReadFile(c.JoinTokenFile)
+	if err != nil {
+		return fmt.Errorf("join token file: %w", err)
+	}
+
+	if len(b) > 4096 {
+		return fmt.Errorf("join token file %s: %d bytes is not a join token", c.JoinTokenFile, len(b))
+	}
+
+	c.Uplink.JoinToken = strings.TrimSpace(string(b))
 
 	return nil
 }
