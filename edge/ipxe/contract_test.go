@@ -223,3 +223,5 @@ func archOpt(code uint16) dhcpv4.Modifier {
 type snpPrefs map[string]bool
 
 func (p snpPrefs) SNPOnly(mac net.HardwareAddr, _ string) bool { return p[mac.String()] }
+
+func (p snpPrefs) Known(mac net.HardwareAddr, _ string) bool { _, ok := p[mac.String()]; return ok }
