@@ -467,14 +467,14 @@ func (s *Server) tokenFailed(source, siteID string, countSite bool) {
 
 	if started.source {
 		s.metrics.lockouts.WithLabelValues("source").Inc()
-		s.rejects.reject(zapcore.WarnLevel, "uplink enrolment locked out", reasonLockedSource, fmt.Sprintf(
+		s.rejects.reject(zapcore.WarnLevel, "uplink enrolment locked out", "source_lockout_started", fmt.Sprintf(
 			"%d wrong join tokens from %s within %s: enrolment from this address is refused for %s (--uplink-token-lockout); "+
 				"an edge there with a good token retries by itself after that", lim.SourceTokenFailures, source, lim.TokenFailureWindow, lim.SourceLockout), source, siteID)
 	}
 
 	if started.site {
 		s.metrics.lockouts.WithLabelValues("site").Inc()
-		s.rejects.reject(zapcore.WarnLevel, "uplink enrolment locked out", reasonLockedSite, fmt.Sprintf(
+		s.rejects.reject(zapcore.WarnLevel, "uplink enrolment locked out", "site_lockout_started", fmt.Sprintf(
 			"%d wrong join tokens for site %q within %s (someone may be guessing; the last from %s): its enrolment is paused for %s; "+
 				"enrolled edges are not affected", lim.SiteTokenFailures, siteID, lim.TokenFailureWindow, source, lim.SiteLockout), source, siteID)
 	}
