@@ -7,11 +7,15 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/outpost-metal/outpost/edge/limits"
 )
 
-// listenHTTP serves the edge's HTTP routes behind the lab's logging wrapper on :80.
+// listenHTTP serves the edge's HTTP routes behind the lab's logging wrapper on :80, within the boot server's
+// connection limits as the edge serves them.
 type listenHTTP struct {
 	handler http.Handler
+	limit   func(net.Listener) net.Listener
 }
 
 func (l *listenHTTP) run(ctx context.Context) error {
@@ -20,7 +24,9 @@ func (l *listenHTTP) run(ctx context.Context) error {
 		return fmt.Errorf("listen http: %w", err)
 	}
 
-	srv := &http.Server{Handler: l.handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
+	ln = l.limit(ln)
+
+	srv := &http.Server{Handler: l.handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute, ConnState: limits.ConnState}
 
 	go func() {
 		<-ctx.Done()

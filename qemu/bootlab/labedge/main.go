@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
@@ -33,6 +34,7 @@ func main() {
 	assets := flag.String("assets", "", "assets directory")
 	ipxeDir := flag.String("ipxe-dir", tftp.DefaultDir, "iPXE binaries")
 	level := flag.String("log-level", "info", "log level")
+	maxConns := flag.Int("http-max-conns", ipxe.Default().MaxConns, "HTTP connections open at once (the edge's --http-max-conns)")
 	flag.Parse()
 
 	log, err := logging.New(os.Stderr, *level)
@@ -44,13 +46,13 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 
-	if err := run(ctx, log, *iface, *ip, *state, *assets, *ipxeDir); err != nil {
+	if err := run(ctx, log, *iface, *ip, *state, *assets, *ipxeDir, *maxConns); err != nil {
 		log.Error("labedge failed", zap.Error(err))
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, log *zap.Logger, iface, ip, state, assets, ipxeDir string) error {
+func run(ctx context.Context, log *zap.Logger, iface, ip, state, assets, ipxeDir string, maxConns int) error {
 	table, err := boot.Open(boot.Config{StateDir: state}, log)
 	if err != nil {
 		return err
@@ -67,6 +69,7 @@ func run(ctx context.Context, log *zap.Logger, iface, ip, state, assets, ipxeDir
 
 	rec := printer{journal.NewRecorder(jrnl, log)}
 	metrics := prometheus.NewRegistry()
+	metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	dcfg := dhcp.Default()
 	dcfg.Interface, dcfg.ServerIP = iface, ip
@@ -88,6 +91,8 @@ func run(ctx context.Context, log *zap.Logger, iface, ip, state, assets, ipxeDir
 
 	hcfg := ipxe.Default()
 	hcfg.AssetsDir = assets
+	hcfg.MaxConns = maxConns
+	hcfg.MaxConnsPerSource = min(hcfg.MaxConnsPerSource, maxConns)
 
 	httpSrv, err := ipxe.New(hcfg, log, ipxe.Deps{Table: table, Catalog: catalog, Observer: rec, Registerer: metrics, Gatherer: metrics})
 	if err != nil {
@@ -104,7 +109,7 @@ func run(ctx context.Context, log *zap.Logger, iface, ip, state, assets, ipxeDir
 		httpSrv.Handler().ServeHTTP(w, r)
 	})
 
-	lc := &listenHTTP{handler: handler}
+	lc := &listenHTTP{handler: handler, limit: httpSrv.LimitListener}
 
 	eg, ctx := errgroup.WithContext(ctx)
 	eg.Go(func() error { return dhcpSrv.Run(ctx) })
