@@ -207,7 +207,8 @@ func runFleet(t *testing.T, n int, addr func(int) string, bound time.Duration) (
 }
 
 // TestFleetReconnectsAfterControllerRestart: 500 real edge clients, each from its own address, lose their sessions
-// to a controller restart and all have them back within seconds; their first retries are spread out.
+// to a controller restart and all have them back within 15 s (3-7 s here, both ends sharing two busy cores);
+// their first retries are spread out.
 func TestFleetReconnectsAfterControllerRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("500 edge clients in one process; skipped with -short")
@@ -215,7 +216,7 @@ func TestFleetReconnectsAfterControllerRestart(t *testing.T) {
 
 	n := fleetSize(t, 500)
 
-	retries, _, ctrl := runFleet(t, n, func(i int) string { return fmt.Sprintf("127.0.%d.%d", 20+i/250, 1+i%250) }, 10*time.Second)
+	retries, _, ctrl := runFleet(t, n, func(i int) string { return fmt.Sprintf("127.0.%d.%d", 20+i/250, 1+i%250) }, 15*time.Second)
 
 	require.GreaterOrEqual(t, retries[0], 450*time.Millisecond, "a first retry sooner than the backoff's floor")
 	require.Greater(t, retries[len(retries)-1]-retries[0], 250*time.Millisecond, "first retries are not spread")
