@@ -86,6 +86,13 @@ fuzz: ## run every fuzz target for FUZZTIME (default 30s) each
 bench: ## benchmarks, each side by side with its peer
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./...
 
+.PHONY: bench-fleet
+bench-fleet: ## fleet simulator against the real controller and the Omni stand-in (FLEET_SITES, FLEET_MACHINES per site, FLEET_DEAD_BMCS, FLEET_OFFLINE_SITES, FLEET_DURATION, ...; see hack/fleet); figures in _out/fleet
+	mkdir -p $(OUT)/fleet/bin
+	$(GO) build -o $(OUT)/fleet/bin/controller ./controller
+	$(GO) build -o $(OUT)/fleet/bin/fleet ./hack/fleet/cmd/fleet
+	$(OUT)/fleet/bin/fleet --controller $(OUT)/fleet/bin/controller --out $(OUT)/fleet
+
 .PHONY: clean
 clean: ## remove _out
 	rm -rf $(OUT)

@@ -66,7 +66,9 @@ type Config struct {
 	RefuseResumedWatches bool
 	// TLSCertificate makes the stand-in serve TLS (https:// endpoints); nil serves plaintext gRPC (grpc://).
 	TLSCertificate *tls.Certificate
-	Logger         *zap.Logger
+	// Calls, when set, counts every State API call served, by identity and method (benchmarks read it).
+	Calls  *CallCounter
+	Logger *zap.Logger
 }
 
 // Default returns the stand-in's default configuration.
@@ -176,13 +178,20 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return err
 	}
 
+	unaries := []grpc.UnaryServerInterceptor{auth.unary}
 	streams := []grpc.StreamServerInterceptor{auth.stream}
+
+	if s.cfg.Calls != nil {
+		unaries = append(unaries, s.cfg.Calls.unary)
+		streams = append(streams, s.cfg.Calls.stream)
+	}
+
 	if s.cfg.RefuseResumedWatches {
 		streams = append(streams, refuseResumedWatches)
 	}
 
 	opts := []grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(auth.unary),
+		grpc.ChainUnaryInterceptor(unaries...),
 		grpc.ChainStreamInterceptor(streams...),
 	}
 

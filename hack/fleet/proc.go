@@ -1,0 +1,146 @@
+package fleet
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat (100 on every Linux this runs on).
+const clockTicks = 100
+
+// procCPU returns a process's user plus system CPU time so far, from /proc/<pid>/stat (fields 14 and 15).
+func procCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("cpu of %d: %w", pid, err)
+	}
+
+	// The command name (field 2) may hold spaces: count fields after its closing parenthesis.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("cpu of %d: malformed stat", pid)
+	}
+
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("cpu of %d: malformed stat", pid)
+	}
+
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("cpu of %d: malformed stat", pid)
+	}
+
+	return time.Duration(utime+stime) * time.Second / clockTicks, nil
+}
+
+// procRSS returns a process's resident set size in bytes (VmRSS of /proc/<pid>/status).
+func procRSS(pid int) (int64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, fmt.Errorf("rss of %d: %w", pid, err)
+	}
+	defer f.Close() //nolint:errcheck
+
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("rss of %d: %w", pid, err)
+			}
+
+			return kb << 10, nil
+		}
+	}
+
+	return 0, fmt.Errorf("rss of %d: no VmRSS", pid)
+}
+
+// cpuSample is a process's CPU time at a moment.
+type cpuSample struct {
+	at  time.Time
+	cpu time.Duration
+}
+
+func sampleCPU(pid int) (cpuSample, error) {
+	c, err := procCPU(pid)
+
+	return cpuSample{at: time.Now(), cpu: c}, err
+}
+
+// cores is the CPU used between two samples divided by the wall time between them.
+func cores(a, b cpuSample) float64 {
+	wall := b.at.Sub(a.at)
+	if wall <= 0 {
+		return 0
+	}
+
+	return float64(b.cpu-a.cpu) / float64(wall)
+}
+
+// scrapeMetric returns the value of an unlabelled metric from a Prometheus text endpoint.
+func scrapeMetric(ctx context.Context, url, name string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err
+	}
+
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close() //nolint:errcheck
+
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+
+	for line := range strings.SplitSeq(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			return strconv.ParseFloat(strings.TrimSpace(v), 64)
+		}
+	}
+
+	return 0, fmt.Errorf("metric %s not served", name)
+}
+
+// Dist summarises a sample: its size and percentiles.
+type Dist struct {
+	N   int     `json:"n"`
+	P50 float64 `json:"p50"`
+	P90 float64 `json:"p90"`
+	P99 float64 `json:"p99"`
+	Max float64 `json:"max"`
+}
+
+// distOf summarises values (nearest-rank percentiles); an empty sample gives -1 for every percentile.
+func distOf(values []float64) Dist {
+	if len(values) == 0 {
+		return Dist{P50: -1, P90: -1, P99: -1, Max: -1}
+	}
+
+	v := append([]float64(nil), values...)
+	sort.Float64s(v)
+
+	rank := func(p float64) float64 {
+		i := int(math.Ceil(p*float64(len(v)))) - 1
+
+		return v[min(max(i, 0), len(v)-1)]
+	}
+
+	return Dist{N: len(v), P50: rank(0.5), P90: rank(0.9), P99: rank(0.99), Max: v[len(v)-1]}
+}
