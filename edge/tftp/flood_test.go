@@ -11,6 +11,8 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -157,6 +159,23 @@ func (s *sampler) peaks() (int, int) {
 	return s.goroutines, s.files
 }
 
+func rssMiB() float64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return -1
+	}
+
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+
+			return float64(kb) / 1024
+		}
+	}
+
+	return -1
+}
+
 func openFiles() int {
 	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
@@ -209,7 +228,7 @@ func TestFloodLegitimateTransferCompletes(t *testing.T) {
 	srv := start(t, cfg, tftp.NewCatalog(map[string][]byte{"ipxe.efi": data}))
 	dst := netip.MustParseAddrPort(srv.addr)
 
-	g0, f0 := runtime.NumGoroutine(), openFiles()
+	g0, f0, rss0 := runtime.NumGoroutine(), openFiles(), rssMiB()
 	quiet := legitimateFetch(t, srv.addr, data)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -253,6 +272,7 @@ func TestFloodLegitimateTransferCompletes(t *testing.T) {
 
 	st := srv.Stats()
 	gPeak, fPeak := smp.peaks()
+	rss1 := rssMiB()
 	sent := fl.sent.Load()
 
 	cancel()
@@ -262,8 +282,8 @@ func TestFloodLegitimateTransferCompletes(t *testing.T) {
 		sent, floodRate, fl.forged, srv.RequestCount("served"), srv.RequestCount("duplicate"),
 		st.Evicted["total"], st.Evicted["per_source"], srv.RequestCount("refused_total")+srv.RequestCount("refused_per_source"),
 		srv.RequestCount("overloaded"))
-	t.Logf("transfers held: peak %d (bound %d); goroutines %d before, peak %d under flood; open files %d before, peak %d",
-		st.Peak, cfg.MaxTransfers, g0, gPeak, f0, fPeak)
+	t.Logf("transfers held: peak %d (bound %d); process (server, flood, client): goroutines %d before, peak %d under flood; open files %d before, peak %d; RSS %.0f MiB before, %.0f MiB at the end of the flood",
+		st.Peak, cfg.MaxTransfers, g0, gPeak, f0, fPeak, rss0, rss1)
 	t.Logf("legitimate 1 MiB fetch: %s without the flood; under it %d fetches, median %s, slowest %s",
 		quiet.Round(time.Millisecond), len(underFlood), underFlood[len(underFlood)/2].Round(time.Millisecond),
 		underFlood[len(underFlood)-1].Round(time.Millisecond))
