@@ -53,23 +53,27 @@ type Config struct {
 	Uplink uplink.Config
 	// Tunnels bounds the agent tunnels and the connections of the agent API port.
 	Tunnels tunnel.Limits
+	// AgentBinding is what an agent's tunnel must prove: address (the address its boot fetched from; the
+	// default) or off (first tunnel per machine wins, whatever its source: trusted networks only).
+	AgentBinding tunnel.Binding
 }
 
 // Default returns the default configuration.
 func Default() Config {
 	return Config{
-		StateDir:  "/var/lib/outpost-edge",
-		LogLevel:  "info",
-		IPXEDir:   tftp.DefaultDir,
-		APIListen: ":50042",
-		DHCP:      dhcp.Default(),
-		TFTP:      tftp.Default(),
-		HTTP:      ipxe.Default(),
-		Assets:    assets.Default(),
-		Fetcher:   assets.DefaultFetcher(),
-		BMC:       bmc.Default(),
-		Uplink:    uplink.Default(),
-		Tunnels:   tunnel.DefaultLimits(),
+		StateDir:     "/var/lib/outpost-edge",
+		LogLevel:     "info",
+		IPXEDir:      tftp.DefaultDir,
+		APIListen:    ":50042",
+		DHCP:         dhcp.Default(),
+		TFTP:         tftp.Default(),
+		HTTP:         ipxe.Default(),
+		Assets:       assets.Default(),
+		Fetcher:      assets.DefaultFetcher(),
+		BMC:          bmc.Default(),
+		Uplink:       uplink.Default(),
+		Tunnels:      tunnel.DefaultLimits(),
+		AgentBinding: tunnel.BindAddress,
 	}
 }
 
@@ -146,6 +150,10 @@ func (c Config) Resolved() Config {
 
 // Validate checks the configuration and says what is wrong with it.
 func (c Config) Validate() error {
+	if c.AgentBinding != tunnel.BindAddress && c.AgentBinding != tunnel.BindOff {
+		return fmt.Errorf("agent binding %q: want address or off", c.AgentBinding)
+	}
+
 	c = c.Resolved()
 
 	var errs []error

@@ -148,6 +148,12 @@ type Observer interface {
 	HTTPFetch(tftp.Fetch)
 }
 
+// ConfigObserver is told when a machine fetched its config (/config?u=<uuid>): the booted system itself asks,
+// from the address its agent will dial from. An Observer may implement it.
+type ConfigObserver interface {
+	ConfigServed(uuid string, remote netip.Addr)
+}
+
 // Deps are the server's collaborators. Table and Catalog are required.
 type Deps struct {
 	Table   Table
@@ -713,4 +719,8 @@ func (s *Server) serveConfig(w http.ResponseWriter, r *http.Request) {
 	}
 
 	writeText(w, "application/yaml", cfg)
+
+	if obs, ok := s.deps.Observer.(ConfigObserver); ok && uuidRE.MatchString(strings.ToLower(u)) {
+		obs.ConfigServed(strings.ToLower(u), remoteAddr(r))
+	}
 }

@@ -222,7 +222,7 @@ func TestTunnelFlood(t *testing.T) {
 
 			ev := &events{}
 			core, _ := observer.New(zapcore.WarnLevel)
-			srv := tunnel.New(tunnel.Options{Logger: zap.New(core), Events: ev, Limits: l})
+			srv := tunnel.New(tunnel.Options{Logger: zap.New(core), Events: ev, Limits: l, Binding: tunnel.BindOff})
 
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			require.NoError(t, err)

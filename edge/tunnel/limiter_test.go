@@ -101,7 +101,7 @@ func newLimitHarness(t *testing.T, l tunnel.Limits, clock *fakeClock) *limitHarn
 
 	ev := &events{}
 	core, logs := observer.New(zapcore.InfoLevel)
-	opts := tunnel.Options{Logger: zap.New(core), Events: ev, Limits: l}
+	opts := tunnel.Options{Logger: zap.New(core), Events: ev, Limits: l, Binding: tunnel.BindOff}
 
 	if clock != nil {
 		opts.Clock = clock

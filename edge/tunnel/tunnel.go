@@ -79,6 +79,10 @@ type Options struct {
 	DefaultCallTimeout time.Duration
 	// Limits bounds tunnels and connections (default DefaultLimits(); see Limits.Validate).
 	Limits Limits
+	// Binding is what a tunnel must prove (default BindAddress, with Evidence).
+	Binding Binding
+	// Evidence tells what each machine's boot showed (the address its boot script or config came from).
+	Evidence Evidence
 	// Clock paces the journaled events and the refusal log (default: the wall clock).
 	Clock limits.Clock
 }
@@ -96,6 +100,7 @@ type Server struct {
 	events   *prometheus.CounterVec
 
 	limits   Limits
+	binder   *binder
 	tunnels  *limiter
 	conns    *limits.Limiter
 	gate     *eventGate
@@ -127,6 +132,7 @@ func New(opts Options) *Server {
 		log:      log,
 		sink:     opts.Events,
 		limits:   opts.Limits,
+		binder:   newBinder(opts.Binding, opts.Evidence),
 		conns:    limits.New(limits.Config{Total: opts.Limits.MaxConns, PerSource: opts.Limits.MaxConnsPerSource}),
 		refusals: limits.NewRejectLog(log, "agent tunnel refused", limits.DefaultLogInterval, opts.Clock),
 		overflow: limits.NewRejectLog(log, "agent tunnel events over the journal budget", limits.DefaultLogInterval, opts.Clock),
@@ -312,11 +318,20 @@ func (g guardedService) OpenReverseTunnel(stream tunnelpb.TunnelService_OpenReve
 		return status.Errorf(codes.InvalidArgument, "open agent tunnel: %v", err)
 	}
 
+	id, _ := MachineIDFromMetadata(md) //nolint:errcheck // checked above
+
 	release, err := g.s.tunnels.admit(stream.Context())
 	if err != nil {
 		return err
 	}
 	defer release()
+
+	// one live tunnel per machine, bound to its boot: only then does grpctunnel route calls to it
+	unbind, err := g.s.admitBound(stream.Context(), id)
+	if err != nil {
+		return err
+	}
+	defer unbind()
 
 	return g.inner.OpenReverseTunnel(stream)
 }

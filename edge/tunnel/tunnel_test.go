@@ -130,7 +130,7 @@ func newHarness(t *testing.T, b tunnel.AddressBook) *harness {
 	t.Helper()
 
 	ev := &events{}
-	srv := tunnel.New(tunnel.Options{Logger: zaptest.NewLogger(t), Events: ev, Addresses: b})
+	srv := tunnel.New(tunnel.Options{Logger: zaptest.NewLogger(t), Events: ev, Addresses: b, Binding: tunnel.BindOff})
 
 	ctx, cancel := context.WithCancel(context.Background())
 
@@ -445,7 +445,7 @@ func FuzzParseMachineID(f *testing.F) {
 // BenchmarkHello compares Hello through the edge proxy with a direct tunnel call (p50/p99).
 func BenchmarkHello(b *testing.B) {
 	log := zap.NewNop()
-	srv := tunnel.New(tunnel.Options{Logger: log})
+	srv := tunnel.New(tunnel.Options{Logger: log, Binding: tunnel.BindOff})
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

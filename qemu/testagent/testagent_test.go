@@ -67,7 +67,7 @@ func TestAgentOverTLSTunnel(t *testing.T) {
 	t.Parallel()
 
 	log := zaptest.NewLogger(t)
-	edge := tunnel.New(tunnel.Options{Logger: log})
+	edge := tunnel.New(tunnel.Options{Logger: log, Binding: tunnel.BindOff})
 
 	cert, pool := selfSigned(t)
 
@@ -157,7 +157,7 @@ func TestAgentRefusesUntrustedEdge(t *testing.T) {
 	t.Parallel()
 
 	log := zaptest.NewLogger(t)
-	edge := tunnel.New(tunnel.Options{Logger: log})
+	edge := tunnel.New(tunnel.Options{Logger: log, Binding: tunnel.BindOff})
 	cert, _ := selfSigned(t)
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

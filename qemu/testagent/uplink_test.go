@@ -108,7 +108,7 @@ func startSite(t testing.TB, log *zap.Logger, mutate func(*bmc.Config), now func
 	t.Helper()
 
 	ev := &tunnelEvents{}
-	tsrv := tunnel.New(tunnel.Options{Logger: log, Events: ev})
+	tsrv := tunnel.New(tunnel.Options{Logger: log, Events: ev, Binding: tunnel.BindOff})
 
 	cfg := bmc.Default()
 	cfg.CallTimeout = 5 * time.Second

@@ -108,7 +108,7 @@ func run(ctx context.Context, log *zap.Logger, o options) error {
 	}
 	defer httpSrv.Close() //nolint:errcheck
 
-	tun := tunnel.New(tunnel.Options{Logger: log})
+	tun := tunnel.New(tunnel.Options{Logger: log, Binding: tunnel.BindOff})
 
 	tunLn, err := net.Listen("tcp", fmt.Sprintf(":%d", o.tunnelPort))
 	if err != nil {

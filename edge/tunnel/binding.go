@@ -1,0 +1,133 @@
+package tunnel
+
+import (
+	"context"
+	"net/netip"
+	"sync"
+
+	"go.uber.org/zap"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Binding is how much an agent's tunnel must prove before it speaks for a machine. The real metal agent sends
+// nothing but its machine ID (no client certificate, no secret), so the proof is the edge's own: the address
+// that fetched this machine's boot script or config in this boot.
+type Binding string
+
+// Bindings.
+const (
+	// BindAddress admits a tunnel for machine X only from the address that last fetched X's boot script
+	// (boot.ipxe?uuid=X) or config (/config?u=X) from this edge, only while X has no other tunnel, and never
+	// while two machines claim X (clones, or a forger: two MACs asked for X's boot script lately).
+	BindAddress Binding = "address"
+	// BindOff admits the first tunnel for each machine ID whatever its source (machines that do not boot
+	// through the edge; a trusted site network only). Still one tunnel per machine.
+	BindOff Binding = "off"
+)
+
+// Evidence tells what this boot showed of a machine: the address of its last boot-script or config fetch,
+// and whether two machines claimed its ID lately.
+type Evidence interface {
+	// BootAddr returns the address machineID last fetched its boot script or config from.
+	BootAddr(machineID string) (netip.Addr, bool)
+	// Contested reports whether two machines (two MACs) asked for machineID's boot script lately.
+	Contested(machineID string) bool
+}
+
+// binder keeps one live tunnel per machine ID, bound to the evidence of the machine's boot.
+type binder struct {
+	mode     Binding
+	evidence Evidence
+
+	mu    sync.Mutex
+	bound map[string]netip.AddrPort // machine ID -> source of its one live tunnel
+}
+
+func newBinder(mode Binding, evidence Evidence) *binder {
+	if mode == "" {
+		mode = BindAddress
+	}
+
+	return &binder{mode: mode, evidence: evidence, bound: map[string]netip.AddrPort{}}
+}
+
+// Refusal reasons (metric labels).
+const (
+	refuseDuplicate = "duplicate_machine_id"
+	refuseNoBoot    = "no_boot_evidence"
+	refuseElsewhere = "source_not_boot_address"
+	refuseContested = "contested_machine_id"
+)
+
+// bindError is a refused binding: a status for the agent, a reason for the metrics and the log.
+type bindError struct {
+	reason string
+	err    error
+}
+
+func (e *bindError) Error() string { return e.err.Error() }
+
+func (e *bindError) GRPCStatus() *status.Status { return status.Convert(e.err) }
+
+// bind admits a tunnel for id from remote, or says why not; release ends the binding when the tunnel goes.
+func (b *binder) bind(id string, remote netip.AddrPort) (release func(), err error) {
+	src := remote.Addr().Unmap()
+
+	if b.mode != BindOff {
+		if b.evidence == nil {
+			return nil, &bindError{refuseNoBoot, status.Errorf(codes.PermissionDenied,
+				"agent tunnel for %s refused: the edge holds no boot evidence to bind it to", id)}
+		}
+
+		switch addr, ok := b.evidence.BootAddr(id); {
+		case b.evidence.Contested(id):
+			return nil, &bindError{refuseContested, status.Errorf(codes.PermissionDenied,
+				"agent tunnel for %s refused: two machines asked for its boot script lately (cloned UUID, or a forger); fix the duplicate", id)}
+		case !ok:
+			return nil, &bindError{refuseNoBoot, status.Errorf(codes.PermissionDenied,
+				"agent tunnel for %s refused: the machine did not boot through this edge (no boot script or config fetched)", id)}
+		case addr.Unmap() != src:
+			return nil, &bindError{refuseElsewhere, status.Errorf(codes.PermissionDenied,
+				"agent tunnel for %s from %s refused: the machine booted from %s", id, src, addr.Unmap())}
+		}
+	}
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	if cur, ok := b.bound[id]; ok {
+		return nil, &bindError{refuseDuplicate, status.Errorf(codes.AlreadyExists,
+			"agent tunnel for %s refused: the machine already has one (from %s); a new one is taken once it is gone", id, cur.Addr())}
+	}
+
+	b.bound[id] = remote
+
+	return func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+
+		if b.bound[id] == remote {
+			delete(b.bound, id)
+		}
+	}, nil
+}
+
+// admitBound binds the tunnel of stream's context to id, counting and logging a refusal.
+func (s *Server) admitBound(ctx context.Context, id string) (func(), error) {
+	release, err := s.binder.bind(id, remoteAddr(ctx))
+	if err != nil {
+		reason := refuseNoBoot
+		if be, ok := err.(*bindError); ok { //nolint:errorlint // bind returns it unwrapped
+			reason = be.reason
+		}
+
+		s.rejected.WithLabelValues(reason).Inc()
+		s.refusals.Note(reason, zap.String("machine", id), zap.Stringer("remote", remoteAddr(ctx)), zap.Error(err))
+
+		return nil, err
+	}
+
+	return release, nil
+}
