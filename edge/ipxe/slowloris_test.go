@@ -344,8 +344,18 @@ func TestSlowClientsCannotStopBooting(t *testing.T) {
 	base := "http://" + ln.Addr().String()
 
 	g0, rss0, files0 := runtime.NumGoroutine(), rssMiB(), openFiles()
-	quiet, err := bootOverHTTP(t, base, len(kernel))
-	require.NoError(t, err)
+	// Without the attack: the median of five boots (the first one also warms the page cache).
+	var quietRuns []time.Duration
+
+	for range 5 {
+		d, err := bootOverHTTP(t, base, len(kernel))
+		require.NoError(t, err)
+
+		quietRuns = append(quietRuns, d)
+	}
+
+	slices.Sort(quietRuns)
+	quiet := quietRuns[len(quietRuns)/2]
 
 	const clients = 20_000
 
@@ -398,7 +408,7 @@ func TestSlowClientsCannotStopBooting(t *testing.T) {
 		st.Evicted["per_source"]+st.Evicted["total"], st.Evicted["per_source"], st.Evicted["total"])
 	t.Logf("server process: goroutines %d before, peak %d; open files %d before, peak %d; RSS %.0f MiB before, peak %.0f MiB",
 		g0, gPeak, files0, filePeak, rss0, rssPeak)
-	t.Logf("boot (boot.ipxe + 8 MiB kernel, new connection): %s without the attack; under it %d boots, median %s, slowest %s, %d failed",
+	t.Logf("boot (boot.ipxe + 8 MiB kernel, new connection): median %s without the attack; under it %d boots, median %s, slowest %s, %d failed",
 		quiet.Round(time.Millisecond), len(underAttack), underAttack[len(underAttack)/2].Round(time.Millisecond),
 		underAttack[len(underAttack)-1].Round(time.Millisecond), len(failures))
 

@@ -229,7 +229,14 @@ func TestFloodLegitimateTransferCompletes(t *testing.T) {
 	dst := netip.MustParseAddrPort(srv.addr)
 
 	g0, f0, rss0 := runtime.NumGoroutine(), openFiles(), rssMiB()
-	quiet := legitimateFetch(t, srv.addr, data)
+	// Without the flood: the median of five fetches.
+	var quietRuns []time.Duration
+	for range 5 {
+		quietRuns = append(quietRuns, legitimateFetch(t, srv.addr, data))
+	}
+
+	slices.Sort(quietRuns)
+	quiet := quietRuns[len(quietRuns)/2]
 
 	ctx, cancel := context.WithCancel(context.Background())
 
@@ -284,7 +291,7 @@ func TestFloodLegitimateTransferCompletes(t *testing.T) {
 		srv.RequestCount("overloaded"))
 	t.Logf("transfers held: peak %d (bound %d); process (server, flood, client): goroutines %d before, peak %d under flood; open files %d before, peak %d; RSS %.0f MiB before, %.0f MiB at the end of the flood",
 		st.Peak, cfg.MaxTransfers, g0, gPeak, f0, fPeak, rss0, rss1)
-	t.Logf("legitimate 1 MiB fetch: %s without the flood; under it %d fetches, median %s, slowest %s",
+	t.Logf("legitimate 1 MiB fetch: median %s without the flood; under it %d fetches, median %s, slowest %s",
 		quiet.Round(time.Millisecond), len(underFlood), underFlood[len(underFlood)/2].Round(time.Millisecond),
 		underFlood[len(underFlood)-1].Round(time.Millisecond))
 
