@@ -834,11 +834,19 @@ func (e *Env) bmcOutage(ctx context.Context, m *Machine, serialFrom int64) error
 	logFrom := e.Controller.Proc.Log.Size()
 	boots := len(m.Boots())
 
+	last := "no status"
+
 	err := poll(ctx, 2*time.Minute, "power state unknown in Omni while the BMC is silent", m, func() (bool, error) {
 		_, st, err := e.infraMachine(ctx, m.Spec.UUID)
+		if st != nil {
+			last = st.PowerState.String()
+		}
 
 		return st != nil && st.PowerState == specs.InfraMachineStatusSpec_POWER_STATE_UNKNOWN, err
 	})
+	if err != nil {
+		err = fmt.Errorf("%w (Omni still shows %s)", err, last)
+	}
 	e.Timeline.Step("BMC silent to power unknown in Omni", m.Spec.Name, start, err)
 
 	if err != nil {
