@@ -112,7 +112,7 @@ type Slot struct {
 }
 
 // Acquire takes a holding for src, evicting the oldest evictable holding when a bound is reached, or returns
-// a *RefusedError. evict, when not nil, is how the holding is ended if it is ever evicted: it is called without
+// a *RefusedError. An invalid src (a peer without an IP address) is bound by the total only. evict, when not nil, is how the holding is ended if it is ever evicted: it is called without
 // the Limiter's lock held, must not block and need not call Release. A new holding with an evict function
 // starts evictable; the holder calls SetEvictable(false) once its client has shown it is live.
 func (l *Limiter) Acquire(src netip.Addr, evict func()) (*Slot, error) {
@@ -128,7 +128,7 @@ func (l *Limiter) Acquire(src netip.Addr, evict func()) (*Slot, error) {
 	var victim *Slot
 
 	switch {
-	case l.cfg.PerSource > 0 && st.n >= l.cfg.PerSource:
+	case l.cfg.PerSource > 0 && src.IsValid() && st.n >= l.cfg.PerSource:
 		e := st.evictable.Front()
 		if e == nil {
 			l.refused[PerSource]++

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/pin/tftp/v3/netascii"
@@ -268,6 +269,10 @@ func (s *Server) Serve(ctx context.Context, conn net.PacketConn) error {
 	for {
 		n, p, rerr := port.read(buf)
 		if rerr != nil {
+			if ctx.Err() == nil && transientReadError(rerr) {
+				continue
+			}
+
 			if ctx.Err() == nil {
 				err = fmt.Errorf("serve tftp: %w", rerr)
 			}
@@ -283,6 +288,13 @@ func (s *Server) Serve(ctx context.Context, conn net.PacketConn) error {
 	s.drain()
 
 	return err
+}
+
+// transientReadError reports whether a read error on the server port concerns one datagram (an ICMP error
+// reported on the socket, a signal, no buffer for a moment) rather than the socket.
+func transientReadError(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EINTR) || errors.Is(err, syscall.ENOBUFS) ||
+		errors.Is(err, syscall.EAGAIN)
 }
 
 // drain ends the transfers whose client never acknowledged anything, gives the others two timeouts (at most

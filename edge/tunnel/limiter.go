@@ -109,7 +109,7 @@ func (l *limiter) admit(ctx context.Context) (release func(), err error) {
 	remote := remoteAddr(ctx)
 
 	l.mu.Lock()
-	if l.conns[remote] >= l.perConn {
+	if remote.IsValid() && l.conns[remote] >= l.perConn { // a peer without an address (an in-memory pipe) is not a connection to count
 		l.mu.Unlock()
 
 		return nil, l.refuse(remote, reasonPerConn, l.perConn, fmt.Sprintf("connection %s already carries %d tunnels", remote, l.perConn))
