@@ -91,6 +91,13 @@ func (b *simBMC) setUser(name, password string) {
 	b.users[name] = password
 }
 
+func (b *simBMC) hasUsers() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	return len(b.users) > 0
+}
+
 func (b *simBMC) userExists(name string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -184,9 +191,10 @@ func (b *simBMC) callCounts() map[string]int {
 type BMCService struct {
 	bmcpb.UnimplementedBMCServer
 
-	cfg    bmc.Config
-	behave *BMCBehaviour
-	bmcs   map[string]*simBMC // by host:port; fixed once the site runs
+	cfg     bmc.Config
+	behave  *BMCBehaviour
+	bmcs    map[string]*simBMC // by host:port; fixed once the site runs
+	watcher *powerWatcher      // nil: the edge does not watch its BMCs
 
 	rndMu sync.Mutex
 	rnd   *rand.Rand
@@ -316,19 +324,26 @@ func sleep(ctx context.Context, d time.Duration) error {
 
 // PowerStatus implements bmcpb.BMCServer.
 func (s *BMCService) PowerStatus(ctx context.Context, req *bmcpb.PowerRequest) (*bmcpb.PowerStatusResponse, error) {
-	var on bool
-
-	err := s.do(ctx, req.GetTarget(), MethodPowerStatus, func(b *simBMC) error {
-		on = b.machine.powered()
-		b.answeredStatus(time.Now())
-
-		return nil
-	})
+	on, err := s.powerStatus(ctx, req.GetTarget(), MethodPowerStatus)
 	if err != nil {
 		return nil, err
 	}
 
 	return &bmcpb.PowerStatusResponse{On: on}, nil
+}
+
+// powerStatus asks a BMC whether its machine is on; method says who asks (the controller, the edge's watcher).
+func (s *BMCService) powerStatus(ctx context.Context, t *bmcpb.Target, method string) (bool, error) {
+	var on bool
+
+	err := s.do(ctx, t, method, func(b *simBMC) error {
+		on = b.machine.powered()
+		b.answeredStatus(time.Now())
+
+		return nil
+	})
+
+	return on, err
 }
 
 // PowerOn implements bmcpb.BMCServer.

@@ -37,6 +37,9 @@ type Config struct {
 	OfflineSiteFraction float64 `json:"offline_site_fraction"`
 	// BMC is how the live BMCs answer.
 	BMC BMCBehaviour `json:"bmc"`
+	// WatchBMCs makes the edges watch their BMCs when the controller asks (edge/bmc's Watcher, as the real edge
+	// does); off, the controller finds they do not and polls the BMCs itself.
+	WatchBMCs bool `json:"watch_bmcs"`
 
 	// BootDelay is a power-on's time to the first DHCP request (drawn from [BootDelay/2, 3*BootDelay/2]);
 	// WipeTime a disk wipe's; InstallTime an install's.
@@ -93,6 +96,7 @@ func Default() Config {
 		InstallTime:         5 * time.Second,
 		BootRate:            100,
 		AgentConns:          "machine",
+		WatchBMCs:           true,
 		ReadyTimeout:        20 * time.Minute,
 		Settle:              45 * time.Second,
 		Window:              90 * time.Second,

@@ -135,7 +135,12 @@ type omniChild struct {
 
 // startOmniChild runs `<this binary> omni ...` and waits for its endpoints.
 func startOmniChild(ctx context.Context, self, stateDir string, logFile *os.File) (*omniChild, error) {
-	cmd := exec.Command(self, "omni", "--listen", "127.0.0.1:0", "--calls-listen", "127.0.0.1:0", "--state-dir", stateDir) //nolint:gosec // our own binary
+	args := []string{"omni", "--listen", "127.0.0.1:0", "--calls-listen", "127.0.0.1:0"}
+	if stateDir != "" {
+		args = append(args, "--state-dir", stateDir)
+	}
+
+	cmd := exec.Command(self, args...) //nolint:gosec // our own binary
 	cmd.Stderr = logFile
 
 	stdout, err := cmd.StdoutPipe()

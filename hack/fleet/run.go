@@ -99,10 +99,11 @@ type Restart struct {
 	LocationsLoaded int     `json:"locations_loaded"`
 	// ReconnectS is until outpost_uplink_sites_connected counts every online site.
 	ReconnectS float64 `json:"reconnect_s"`
-	// ObservedS is until every reachable machine's BMC answered the new process a PowerStatus; Unobserved
-	// counts those that did not within RestartTimeout.
-	ObservedS  float64 `json:"observed_s"`
-	Unobserved int     `json:"unobserved"`
+	// ObservedS is until the new process engaged every machine (ObservedFrom says how: the watch lists, or a
+	// PowerStatus of each); Unobserved counts the sites or machines it did not within RestartTimeout.
+	ObservedS    float64 `json:"observed_s"`
+	ObservedFrom string  `json:"observed_from"`
+	Unobserved   int     `json:"unobserved"`
 }
 
 // Summary is the run's one line.
@@ -175,7 +176,8 @@ func (f *fleet) run(ctx context.Context, r *Result, phase func(string)) error {
 	}
 	defer omniLog.Close() //nolint:errcheck
 
-	oc, err := startOmniChild(ctx, cfg.Self, filepath.Join(cfg.WorkDir, "omni"), omniLog)
+	// In memory: the stand-in outlives the controller's restart, and a bolt file would add an fsync to every write.
+	oc, err := startOmniChild(ctx, cfg.Self, "", omniLog)
 	if err != nil {
 		return err
 	}
@@ -326,12 +328,36 @@ func (f *fleet) run(ctx context.Context, r *Result, phase func(string)) error {
 	readyDeadline := time.Now().Add(cfg.ReadyTimeout)
 
 	if err := waitFor(ctx, time.Until(readyDeadline), 5*time.Second, func() (bool, error) {
-		ready, total, err := f.readyCount(ctx)
+		ready, err := f.readyCount(ctx)
 		if err != nil {
 			return false, err
 		}
 
-		log.Info("waiting for the fleet to be ready", zap.Int("accepted", accepted.count()), zap.Int("infra_machines", total),
+		var provisioned, agents, bmcUsers, watched int
+
+		for _, m := range f.machines {
+			if m.provisioned.Load() {
+				provisioned++
+			}
+
+			if m.agentUp.Load() {
+				agents++
+			}
+
+			if m.bmc.hasUsers() {
+				bmcUsers++
+			}
+		}
+
+		for _, s := range f.sites {
+			if s.bmcs.watcher != nil {
+				n, _, _ := s.bmcs.watcher.listState()
+				watched += n
+			}
+		}
+
+		log.Info("waiting for the fleet to be ready", zap.Int("provisioned", provisioned), zap.Int("accepted", accepted.count()),
+			zap.Int("agents_up", agents), zap.Int("bmc_users_set", bmcUsers), zap.Int("bmcs_watched", watched),
 			zap.Int("ready_to_use", ready), zap.Int("machines", cfg.Machines()))
 
 		r.ReadyToUse = ready
@@ -403,12 +429,14 @@ func (f *fleet) run(ctx context.Context, r *Result, phase func(string)) error {
 	return nil
 }
 
-// readyCount counts the InfraMachineStatuses ready to use, and the InfraMachines.
-func (f *fleet) readyCount(ctx context.Context) (ready, total int, err error) {
+// readyCount counts the InfraMachineStatuses ready to use.
+func (f *fleet) readyCount(ctx context.Context) (int, error) {
 	statuses, err := safe.StateListAll[*infra.MachineStatus](ctx, f.admin)
 	if err != nil {
-		return 0, 0, fmt.Errorf("list infra machine statuses: %w", err)
+		return 0, fmt.Errorf("list infra machine statuses: %w", err)
 	}
+
+	ready := 0
 
 	for st := range statuses.All() {
 		if st.TypedSpec().Value.GetReadyToUse() {
@@ -416,12 +444,7 @@ func (f *fleet) readyCount(ctx context.Context) (ready, total int, err error) {
 		}
 	}
 
-	machines, err := safe.StateListAll[*infra.Machine](ctx, f.admin)
-	if err != nil {
-		return 0, 0, fmt.Errorf("list infra machines: %w", err)
-	}
-
-	return ready, machines.Len(), nil
+	return ready, nil
 }
 
 // steadyWindow measures the steady state: CPU and memory, Omni calls, BMC calls and the power state's age.
@@ -547,7 +570,8 @@ func (f *fleet) steadyWindow(ctx context.Context, r *Result, ctl *controllerProc
 	}
 
 	st.PowerAge = distOf(ages)
-	st.PowerAgeFrom = "bmc: the last PowerStatus each reachable machine's BMC answered (MachineObservation.observed_at is not set by this controller)"
+	st.PowerAgeFrom = "bmc: the last PowerStatus each reachable machine's BMC answered, to the controller or to its edge's watcher " +
+		"(which journals every change to the controller)"
 
 	if n, err := f.observedAtSet(ctx); err == nil {
 		st.ObservedAtSet = n
@@ -780,6 +804,12 @@ func (f *fleet) restart(ctx context.Context, r *Result, ctl *controllerProc, arg
 		m.bmc.markFrom(mark)
 	}
 
+	for _, s := range f.sites {
+		if s.bmcs.watcher != nil {
+			s.bmcs.watcher.markFrom(mark)
+		}
+	}
+
 	next, err := startController(cfg.ControllerBinary, args, env, filepath.Join(cfg.OutDir, "controller-restarted.log"))
 	if err != nil {
 		return ctl, err
@@ -857,28 +887,57 @@ func (f *fleet) restart(ctx context.Context, r *Result, ctl *controllerProc, arg
 		r.Restart.LocatedS = -1
 	}
 
-	// Observations: the first PowerStatus each reachable machine's BMC answered the new process.
-	if err := waitFor(ctx, time.Until(deadline), time.Second, func() (bool, error) {
-		missing := 0
-
-		for _, m := range watched {
-			if _, first := m.bmc.statusTimes(); first.IsZero() {
-				missing++
-			}
-		}
-
-		r.Restart.Unobserved = missing
-
-		return missing == 0, nil
-	}); err != nil {
-		log.Warn("not every reachable machine was observed by the restarted controller", zap.Int("unobserved", r.Restart.Unobserved))
-	}
-
+	// Observations: with edges that watch their BMCs, every online site's watch list from the new process; else
+	// the first PowerStatus each reachable machine's BMC answered the new process.
 	var last time.Time
 
-	for _, m := range watched {
-		if _, first := m.bmc.statusTimes(); first.After(last) {
-			last = first
+	if cfg.WatchBMCs {
+		r.Restart.ObservedFrom = "the first watch list each online site's edge received from the new process"
+
+		if err := waitFor(ctx, time.Until(deadline), 200*time.Millisecond, func() (bool, error) {
+			missing := 0
+
+			for _, s := range f.sites {
+				if _, _, first := s.bmcs.watcher.listState(); !s.wan.isDown() && first.IsZero() {
+					missing++
+				}
+			}
+
+			r.Restart.Unobserved = missing
+
+			return missing == 0, nil
+		}); err != nil {
+			log.Warn("not every online site got a watch list from the restarted controller", zap.Int("sites", r.Restart.Unobserved))
+		}
+
+		for _, s := range f.sites {
+			if _, _, first := s.bmcs.watcher.listState(); first.After(last) {
+				last = first
+			}
+		}
+	} else {
+		r.Restart.ObservedFrom = "the first PowerStatus each reachable machine's BMC answered the new process"
+
+		if err := waitFor(ctx, time.Until(deadline), time.Second, func() (bool, error) {
+			missing := 0
+
+			for _, m := range watched {
+				if _, first := m.bmc.statusTimes(); first.IsZero() {
+					missing++
+				}
+			}
+
+			r.Restart.Unobserved = missing
+
+			return missing == 0, nil
+		}); err != nil {
+			log.Warn("not every reachable machine was observed by the restarted controller", zap.Int("unobserved", r.Restart.Unobserved))
+		}
+
+		for _, m := range watched {
+			if _, first := m.bmc.statusTimes(); first.After(last) {
+				last = first
+			}
 		}
 	}
 

@@ -115,6 +115,9 @@ func newSite(f *fleet, index int, token string) (*site, error) {
 	}
 
 	s.bmcs = newBMCService(bmc.Default(), &f.cfg.BMC, uint64(index)+1) //nolint:gosec // index is small
+	if f.cfg.WatchBMCs {
+		s.bmcs.watcher = newPowerWatcher(s.bmcs, s.recorder, bmc.DefaultWatcher())
+	}
 
 	if s.tunnelLn, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
 		return nil, fmt.Errorf("agent tunnel listener of %s: %w", id, err)
@@ -186,6 +189,10 @@ func (s *site) run(ctx context.Context) error {
 	eg.Go(func() error { return s.link.Run(ctx) })
 	eg.Go(func() error { return s.tunnels.Serve(ctx, s.tunnelLn) })
 	eg.Go(func() error { return s.fetcher.Run(ctx) })
+
+	if s.bmcs.watcher != nil {
+		eg.Go(func() error { return s.bmcs.watcher.run(ctx) })
+	}
 
 	err := eg.Wait()
 
