@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,6 +33,10 @@ const providerID = "bare-metal"
 type Result struct {
 	Config  Config    `json:"config"`
 	Started time.Time `json:"started"`
+	// ControllerVersion is what the controller binary says of itself (--version).
+	ControllerVersion string `json:"controller_version"`
+	// LoadAverage is the machine's 1-, 5- and 15-minute load at the start and the end of the run.
+	LoadAverage []string `json:"load_average"`
 
 	Sites        int `json:"sites"`
 	Machines     int `json:"machines"`
@@ -143,13 +148,31 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (*Result, error) {
 		log.Info("phase", zap.String("phase", name), zap.Float64("at_s", r.Phases[name]))
 	}
 
+	if out, err := exec.CommandContext(ctx, cfg.ControllerBinary, "--version").Output(); err == nil { //nolint:gosec // the controller under test
+		r.ControllerVersion = strings.TrimSpace(string(out))
+	}
+
+	r.LoadAverage = append(r.LoadAverage, loadAverage())
 	runErr := f.run(ctx, r, phase)
+	r.LoadAverage = append(r.LoadAverage, loadAverage())
 
 	if err := writeResult(cfg.OutDir, r); err != nil {
 		return r, errors.Join(runErr, err)
 	}
 
 	return r, runErr
+}
+
+// loadAverage is /proc/loadavg's first three fields.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+
+	f := strings.Fields(string(b))
+
+	return strings.Join(f[:min(3, len(f))], " ")
 }
 
 func writeResult(dir string, r *Result) error {
