@@ -385,6 +385,28 @@ func processRSSMiB(pid int) float64 {
 	return -1
 }
 
+// cpuSeconds is the CPU time (user and system) a process has used so far.
+func cpuSeconds(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return -1
+	}
+
+	// The fields after the command name (which may hold spaces) start with the state; utime and stime are
+	// the 14th and 15th fields of the line, in clock ticks (100 a second on Linux).
+	_, rest, _ := strings.Cut(string(b), ") ")
+	f := strings.Fields(rest)
+
+	if len(f) < 13 {
+		return -1
+	}
+
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+
+	return (ut + st) / 100
+}
+
 func processFiles(pid int) int {
 	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 	if err != nil {
@@ -445,7 +467,9 @@ func TestNetbootOVMFUnderAttack(t *testing.T) {
 
 	waitLine(t, lines, "READY", 30*time.Second)
 
-	boot := func(name, mac string) time.Duration {
+	// boot boots one VM to its agent callback and returns the time it took and the CPU seconds the VM and the
+	// edge used meanwhile.
+	boot := func(name, mac string) (took time.Duration, vmCPU, edgeCPU float64) {
 		t.Helper()
 
 		vars := filepath.Join(dir, "OVMF_VARS-"+name+".fd")
@@ -455,7 +479,7 @@ func TestNetbootOVMFUnderAttack(t *testing.T) {
 
 		uuid := randomUUID(t)
 		serial := filepath.Join(site.Dir, "serial-"+name+".log")
-		start := time.Now()
+		start, edgeCPU0 := time.Now(), cpuSeconds(edge.Process.Pid)
 
 		vm := site.Start(t, "qemu-"+name, nil, "ip", "netns", "exec", site.NS, "qemu-system-x86_64",
 			"-m", "512", "-smp", "1", "-nodefaults", "-display", "none", "-no-reboot",
@@ -475,7 +499,7 @@ func TestNetbootOVMFUnderAttack(t *testing.T) {
 		})
 
 		seen := waitLine(t, lines, "CALLBACK u="+uuid, 5*time.Minute)
-		took := time.Since(start)
+		took, vmCPU, edgeCPU = time.Since(start), cpuSeconds(vm.Process.Pid), cpuSeconds(edge.Process.Pid)-edgeCPU0
 
 		require.Subset(t, seen, []string{"DHCP " + mac + " uefi-x86 ipxe=false", "TFTP ipxe.efi", "DHCP " + mac + " uefi-x86 ipxe=true", "BOOT " + uuid + " agent"},
 			"edge saw %q", seen)
@@ -484,10 +508,10 @@ func TestNetbootOVMFUnderAttack(t *testing.T) {
 		_ = vm.Process.Kill()
 		_ = vm.Wait()
 
-		return took
+		return took, vmCPU, edgeCPU
 	}
 
-	quiet := boot("quiet", "52:54:00:77:00:21")
+	quiet, quietVMCPU, quietEdgeCPU := boot("quiet", "52:54:00:77:00:21")
 	rssQuiet, filesQuiet := processRSSMiB(edge.Process.Pid), processFiles(edge.Process.Pid)
 
 	const (
@@ -500,7 +524,7 @@ func TestNetbootOVMFUnderAttack(t *testing.T) {
 	require.Eventually(t, func() bool { return a.field("slow_dials") >= slowClients && a.field("tftp") >= tftpRate },
 		time.Minute, 100*time.Millisecond, "the attack did not get going")
 
-	attacked := boot("attacked", "52:54:00:77:00:22")
+	attacked, attackedVMCPU, attackedEdgeCPU := boot("attacked", "52:54:00:77:00:22")
 	rssAttacked, filesAttacked := processRSSMiB(edge.Process.Pid), processFiles(edge.Process.Pid)
 	sent, slowOpen, slowDials := a.field("tftp"), a.field("slow_open"), a.field("slow_dials")
 
@@ -509,6 +533,8 @@ func TestNetbootOVMFUnderAttack(t *testing.T) {
 	m := func(name string) float64 { return a.metric("under", name) }
 
 	t.Logf("OVMF power-on to agent callback: %s on a quiet site, %s under attack", quiet.Round(100*time.Millisecond), attacked.Round(100*time.Millisecond))
+	t.Logf("CPU meanwhile: the VM %.1f s quiet, %.1f s attacked (its share of the wall clock %.0f%%, %.0f%%); the edge %.1f s, %.1f s",
+		quietVMCPU, attackedVMCPU, 100*quietVMCPU/quiet.Seconds(), 100*attackedVMCPU/attacked.Seconds(), quietEdgeCPU, attackedEdgeCPU)
 	t.Logf("attack: %d TFTP read requests (%d/s, random sources and ports); %d slow HTTP clients, %d dials, %d connected as they saw it",
 		sent, tftpRate, slowClients, slowDials, slowOpen)
 	t.Logf("edge TFTP: transfers held now %.0f (bound 1024), evicted %.0f (total) %.0f (per source), shed at the bound %.0f",
