@@ -206,6 +206,17 @@ func siteCommand(cfg *config.Config) *cobra.Command {
 		},
 	}
 
+	label := &cobra.Command{
+		Use:   "label SITE [KEY=VALUE ...]",
+		Short: "Set the labels published on every machine of a site (none clears them); Omni shows them as omni.sidero.dev/infra-provider/<id>/<key>",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(func(ctx context.Context, c *admincli.Client) error {
+				return c.SetSiteLabels(ctx, args[0], args[1:])
+			})(cmd, args)
+		},
+	}
+
 	policy := &cobra.Command{
 		Use:   "policy SITE passthrough|cache|offline",
 		Short: "Set a site's boot-asset policy",
@@ -217,7 +228,7 @@ func siteCommand(cfg *config.Config) *cobra.Command {
 		},
 	}
 
-	site.AddCommand(create, token, list, show, policy, revoke, del)
+	site.AddCommand(create, token, list, show, policy, label, revoke, del)
 
 	return site
 }

@@ -6,6 +6,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -17,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/outpost-metal/outpost/controller/assets"
+	"github.com/outpost-metal/outpost/controller/labels"
 	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
 	"github.com/outpost-metal/outpost/shared/printable"
 )
@@ -173,6 +177,15 @@ func (c *Client) ShowSite(ctx context.Context, siteID string, out io.Writer, now
 	fmt.Fprintf(tw, "last seen:\t%s\n", ago(s.GetLastSeen(), now))
 	fmt.Fprintf(tw, "remote:\t%s\n", dash(peer(s.GetRemoteAddress())))
 
+	if l := s.GetLabels(); len(l) > 0 {
+		pairs := make([]string, 0, len(l))
+		for _, k := range slices.Sorted(maps.Keys(l)) {
+			pairs = append(pairs, k+"="+l[k])
+		}
+
+		fmt.Fprintf(tw, "labels:\t%s\n", peer(strings.Join(pairs, ",")))
+	}
+
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -182,6 +195,18 @@ func (c *Client) ShowSite(ctx context.Context, siteID string, out io.Writer, now
 	}
 
 	return assets.WriteSiteAssets(out, resp.GetAssets())
+}
+
+// SetSiteLabels replaces the labels published on a site's machines ("k=v" pairs; none clears them).
+func (c *Client) SetSiteLabels(ctx context.Context, siteID string, pairs []string) error {
+	parsed, err := labels.Parse(pairs)
+	if err != nil {
+		return err
+	}
+
+	_, err = c.api.SetSiteLabels(ctx, &adminpb.SetSiteLabelsRequest{SiteId: siteID, Labels: parsed})
+
+	return describe("set site labels", err)
 }
 
 // SetAssetPolicy sets a site's boot-asset policy (passthrough, cache or offline).

@@ -139,7 +139,9 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 			return ids, nil
 		}, uplinkServer.Connected)
 
-		eg.Go(func() error { return runLifecycle(ctx, cfg, log, edges, siteAssets, metrics, health) })
+		eg.Go(func() error {
+			return runLifecycle(ctx, cfg, log, edges, siteAssets, metrics, health, registryLabels{registry})
+		})
 	} else {
 		log.Warn("no Omni endpoint configured: sites and edges are served, machines are not managed (set --omni-endpoint)")
 	}

@@ -73,7 +73,7 @@ func (w *edgeWiring) sessionStarted(_ context.Context, siteID string, _ grpc.Cli
 // and join config watcher on them, rebuilt with backoff whenever Omni goes away, at any uptime. Edge sessions,
 // boot tables and machine locations live outside and carry on meanwhile.
 func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges *edgeWiring, siteAssets *siteAssets,
-	metrics *prometheus.Registry, health func(context.Context) error,
+	metrics *prometheus.Registry, health func(context.Context) error, siteLabels lifecycle.SiteLabels,
 ) error {
 	resolver, err := installResolver(cfg)
 	if err != nil {
@@ -125,17 +125,18 @@ func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges
 	}
 
 	qcs, err := lifecycle.New(lifecycleCfg, lifecycle.Deps{
-		Types:   types,
-		Power:   edges.clients,
-		Agent:   edges.clients,
-		Sites:   edges.locations,
-		Plans:   &assetAwarePusher{next: edges.pusher, needs: siteAssets.needs, install: newInstallFiles(cfg, siteAssets.relayDir)},
-		Planner: planner,
-		Now:     time.Now,
-		Rand:    rand.Reader,
-		Metrics: lifecycleMetrics,
-		Secrets: secrets,
-		Watches: edges.watches,
+		Types:      types,
+		Power:      edges.clients,
+		Agent:      edges.clients,
+		Sites:      edges.locations,
+		Plans:      &assetAwarePusher{next: edges.pusher, needs: siteAssets.needs, install: newInstallFiles(cfg, siteAssets.relayDir)},
+		Planner:    planner,
+		Now:        time.Now,
+		Rand:       rand.Reader,
+		Metrics:    lifecycleMetrics,
+		Secrets:    secrets,
+		Watches:    edges.watches,
+		SiteLabels: siteLabels,
 	})
 	if err != nil {
 		return err
@@ -210,3 +211,18 @@ func (a agentTolerant) Resolve(ctx context.Context, p assets.Profile) (assets.Bo
 type noSiteAddresses struct{}
 
 func (noSiteAddresses) Site(string) (bootplans.Site, error) { return bootplans.Site{}, nil }
+
+// registryLabels gives the lifecycle the labels an operator set on each site (the site registry is local).
+type registryLabels struct{ registry *sites.Registry }
+
+func (r registryLabels) SiteLabels(siteID string) map[string]string {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+
+	site, err := r.registry.Get(ctx, siteID)
+	if err != nil {
+		return nil
+	}
+
+	return site.TypedSpec().Value.GetLabels()
+}

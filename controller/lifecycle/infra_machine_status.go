@@ -73,14 +73,10 @@ func (s *infraMachineStatus) reconcile(ctx context.Context, _ *zap.Logger, r con
 		st.Metadata().Labels().Set(omnires.LabelInfraProviderID, s.env.Types.ProviderID)
 
 		// the site and operator labels, which Omni shows as omni.sidero.dev/infra-provider/<id>/<key>
+		// (the observation carries the site's labels, so a change of them reaches this controller)
 		site, _ := v.site()
 
-		var siteLabels map[string]string
-		if s.env.SiteLabels != nil && site != "" {
-			siteLabels = s.env.SiteLabels.SiteLabels(site)
-		}
-
-		labels.Apply(st.Metadata().Labels().Raw(), labels.Machine(s.env.cfg.StaticLabels, siteLabels, site),
+		labels.Apply(st.Metadata().Labels().Raw(), labels.Machine(s.env.cfg.StaticLabels, v.obs.GetSiteLabels(), site),
 			st.Metadata().Labels().Set, st.Metadata().Labels().Delete)
 
 		return nil

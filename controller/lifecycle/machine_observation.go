@@ -39,6 +39,10 @@ func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, 
 	default:
 		obs.SiteId = loc.SiteID
 
+		if s.env.SiteLabels != nil {
+			obs.SiteLabels = s.env.SiteLabels.SiteLabels(loc.SiteID)
+		}
+
 		if v.managed() && v.bmc != nil {
 			obs.PowerState = s.powerState(ctx, logger, loc, v, obs)
 		} else if s.env.Watches != nil {

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/outpost-metal/outpost/controller/labels"
 	"github.com/outpost-metal/outpost/controller/resources"
 	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
 	assetspb "github.com/outpost-metal/outpost/shared/api/assets"
@@ -113,6 +114,7 @@ func (a *Admin) view(ctx context.Context, site *resources.Site) (*adminpb.Site, 
 		TokenExpires:   spec.GetTokenExpires(),
 		TokenUsed:      spec.GetTokenUsed(),
 		Enrolled:       len(spec.GetCertificateSerials()) > 0,
+		Labels:         spec.GetLabels(),
 	}, nil
 }
 
@@ -156,6 +158,24 @@ func (a *Admin) SetAssetPolicy(ctx context.Context, req *adminpb.SetAssetPolicyR
 	}
 
 	return &adminpb.SetAssetPolicyResponse{}, nil
+}
+
+// SetSiteLabels implements adminpb.AdminServer: every label is checked (as Omni would) before any is stored.
+func (a *Admin) SetSiteLabels(ctx context.Context, req *adminpb.SetSiteLabelsRequest) (*adminpb.SetSiteLabelsResponse, error) {
+	pairs := make([]string, 0, len(req.GetLabels()))
+	for k, v := range req.GetLabels() {
+		pairs = append(pairs, k+"="+v)
+	}
+
+	if _, err := labels.Parse(pairs); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+
+	if err := a.registry.SetLabels(ctx, req.GetSiteId(), req.GetLabels()); err != nil {
+		return nil, registryStatus(err)
+	}
+
+	return &adminpb.SetSiteLabelsResponse{}, nil
 }
 
 // RevokeSite implements adminpb.AdminServer: the site's certificates stop working and its session ends now.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"time"
 
@@ -239,6 +240,17 @@ func (r *Registry) Revoke(ctx context.Context, siteID string) error {
 func (r *Registry) SetAssetPolicy(ctx context.Context, siteID string, policy int32) error {
 	_, err := r.update(ctx, siteID, func(site *resources.Site) error {
 		site.TypedSpec().Value.AssetPolicy = policy
+
+		return nil
+	})
+
+	return err
+}
+
+// SetLabels replaces the labels published on the site's machines (validated by the caller).
+func (r *Registry) SetLabels(ctx context.Context, siteID string, labels map[string]string) error {
+	_, err := r.update(ctx, siteID, func(site *resources.Site) error {
+		site.TypedSpec().Value.Labels = maps.Clone(labels)
 
 		return nil
 	})

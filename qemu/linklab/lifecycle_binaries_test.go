@@ -238,6 +238,24 @@ func TestBinariesLifecycleWithOmniStandIn(t *testing.T) {
 		return err == nil && st.TypedSpec().Value.GetPowerState() == specs.InfraMachineStatusSpec_POWER_STATE_OFF
 	}, time.Minute, 100*time.Millisecond, "InfraMachineStatus never said OFF")
 
+	// Site labels: refused as a whole when one would be refused by Omni; published on the machine otherwise.
+	out, err = exec.Command(filepath.Join(bin, "controller"), "--state-dir", stateDir, "site", "label", "lab-site", "rack=r7", "bad key=x").CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(out), "label key")
+
+	out, err = exec.Command(filepath.Join(bin, "controller"), "--state-dir", stateDir, "site", "label", "lab-site", "rack=r7").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Eventually(t, func() bool {
+		st, err := safe.StateGetByID[*infra.MachineStatus](ctx, stand.State(), machineID)
+		if err != nil {
+			return false
+		}
+
+		l := st.Metadata().Labels().Raw()
+
+		return l["rack"] == "r7" && l["site"] == "lab-site"
+	}, time.Minute, 100*time.Millisecond, "site and operator labels on the machine's status")
+
 	// The controller restarts (same state, same address) while the machine is idle and off. Where the machine
 	// is comes from Omni, not from an edge event: a power-on asked for in Omni reaches its BMC at once.
 	require.NoError(t, ctl.cmd.Process.Signal(syscall.SIGTERM))

@@ -349,6 +349,8 @@ type MachineObservationSpec struct {
 	// waiting_reason says why the controller cannot act on the machine right now (empty when it can).
 	WaitingReason string                 `protobuf:"bytes,4,opt,name=waiting_reason,json=waitingReason,proto3" json:"waiting_reason,omitempty"`
 	ObservedAt    *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=observed_at,json=observedAt,proto3" json:"observed_at,omitempty"`
+	// site_labels are the labels an operator set on the machine's site (published on its InfraMachineStatus).
+	SiteLabels    map[string]string `protobuf:"bytes,6,rep,name=site_labels,json=siteLabels,proto3" json:"site_labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -414,6 +416,13 @@ func (x *MachineObservationSpec) GetWaitingReason() string {
 func (x *MachineObservationSpec) GetObservedAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.ObservedAt
+	}
+	return nil
+}
+
+func (x *MachineObservationSpec) GetSiteLabels() map[string]string {
+	if x != nil {
+		return x.SiteLabels
 	}
 	return nil
 }
@@ -626,7 +635,7 @@ const file_controller_resources_specs_lifecycle_proto_rawDesc = "" +
 	"\x0elast_reboot_id\x18\x01 \x01(\tR\flastRebootId\x12;\n" +
 	"\vlast_reboot\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"lastReboot\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xeb\x02\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x8c\x04\n" +
 	"\x16MachineObservationSpec\x12[\n" +
 	"\vpower_state\x18\x01 \x01(\x0e2:.outpost.resources.specs.MachineObservationSpec.PowerStateR\n" +
 	"powerState\x12'\n" +
@@ -634,7 +643,12 @@ const file_controller_resources_specs_lifecycle_proto_rawDesc = "" +
 	"\asite_id\x18\x03 \x01(\tR\x06siteId\x12%\n" +
 	"\x0ewaiting_reason\x18\x04 \x01(\tR\rwaitingReason\x12;\n" +
 	"\vobserved_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"observedAt\"N\n" +
+	"observedAt\x12`\n" +
+	"\vsite_labels\x18\x06 \x03(\v2?.outpost.resources.specs.MachineObservationSpec.SiteLabelsEntryR\n" +
+	"siteLabels\x1a=\n" +
+	"\x0fSiteLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"N\n" +
 	"\n" +
 	"PowerState\x12\x17\n" +
 	"\x13POWER_STATE_UNKNOWN\x10\x00\x12\x13\n" +
@@ -663,7 +677,7 @@ func file_controller_resources_specs_lifecycle_proto_rawDescGZIP() []byte {
 }
 
 var file_controller_resources_specs_lifecycle_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_controller_resources_specs_lifecycle_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_controller_resources_specs_lifecycle_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_controller_resources_specs_lifecycle_proto_goTypes = []any{
 	(MachineObservationSpec_PowerState)(0), // 0: outpost.resources.specs.MachineObservationSpec.PowerState
 	(*BMCConfigurationSpec)(nil),           // 1: outpost.resources.specs.BMCConfigurationSpec
@@ -673,22 +687,24 @@ var file_controller_resources_specs_lifecycle_proto_goTypes = []any{
 	(*MachineObservationSpec)(nil),         // 5: outpost.resources.specs.MachineObservationSpec
 	(*MachineLocationSpec)(nil),            // 6: outpost.resources.specs.MachineLocationSpec
 	(*BMCConfigurationSpec_IPMI)(nil),      // 7: outpost.resources.specs.BMCConfigurationSpec.IPMI
-	(*timestamppb.Timestamp)(nil),          // 8: google.protobuf.Timestamp
+	nil,                                    // 8: outpost.resources.specs.MachineObservationSpec.SiteLabelsEntry
+	(*timestamppb.Timestamp)(nil),          // 9: google.protobuf.Timestamp
 }
 var file_controller_resources_specs_lifecycle_proto_depIdxs = []int32{
 	7, // 0: outpost.resources.specs.BMCConfigurationSpec.ipmi:type_name -> outpost.resources.specs.BMCConfigurationSpec.IPMI
-	8, // 1: outpost.resources.specs.WipeStatusSpec.wiped_at:type_name -> google.protobuf.Timestamp
-	8, // 2: outpost.resources.specs.PowerOperationSpec.last_power_on:type_name -> google.protobuf.Timestamp
-	8, // 3: outpost.resources.specs.PowerOperationSpec.last_power_off:type_name -> google.protobuf.Timestamp
-	8, // 4: outpost.resources.specs.RebootStatusSpec.last_reboot:type_name -> google.protobuf.Timestamp
+	9, // 1: outpost.resources.specs.WipeStatusSpec.wiped_at:type_name -> google.protobuf.Timestamp
+	9, // 2: outpost.resources.specs.PowerOperationSpec.last_power_on:type_name -> google.protobuf.Timestamp
+	9, // 3: outpost.resources.specs.PowerOperationSpec.last_power_off:type_name -> google.protobuf.Timestamp
+	9, // 4: outpost.resources.specs.RebootStatusSpec.last_reboot:type_name -> google.protobuf.Timestamp
 	0, // 5: outpost.resources.specs.MachineObservationSpec.power_state:type_name -> outpost.resources.specs.MachineObservationSpec.PowerState
-	8, // 6: outpost.resources.specs.MachineObservationSpec.observed_at:type_name -> google.protobuf.Timestamp
-	8, // 7: outpost.resources.specs.MachineLocationSpec.last_seen:type_name -> google.protobuf.Timestamp
-	8, // [8:8] is the sub-list for method output_type
-	8, // [8:8] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	9, // 6: outpost.resources.specs.MachineObservationSpec.observed_at:type_name -> google.protobuf.Timestamp
+	8, // 7: outpost.resources.specs.MachineObservationSpec.site_labels:type_name -> outpost.resources.specs.MachineObservationSpec.SiteLabelsEntry
+	9, // 8: outpost.resources.specs.MachineLocationSpec.last_seen:type_name -> google.protobuf.Timestamp
+	9, // [9:9] is the sub-list for method output_type
+	9, // [9:9] is the sub-list for method input_type
+	9, // [9:9] is the sub-list for extension type_name
+	9, // [9:9] is the sub-list for extension extendee
+	0, // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_controller_resources_specs_lifecycle_proto_init() }
@@ -702,7 +718,7 @@ func file_controller_resources_specs_lifecycle_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_controller_resources_specs_lifecycle_proto_rawDesc), len(file_controller_resources_specs_lifecycle_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

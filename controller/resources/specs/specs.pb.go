@@ -39,7 +39,9 @@ type SiteSpec struct {
 	CertificateSerials []string               `protobuf:"bytes,7,rep,name=certificate_serials,json=certificateSerials,proto3" json:"certificate_serials,omitempty"`
 	Created            *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=created,proto3" json:"created,omitempty"`
 	// asset_policy is the site's boot-asset policy (outpost.assets.Policy); 0 means the controller's default.
-	AssetPolicy   int32 `protobuf:"varint,9,opt,name=asset_policy,json=assetPolicy,proto3" json:"asset_policy,omitempty"`
+	AssetPolicy int32 `protobuf:"varint,9,opt,name=asset_policy,json=assetPolicy,proto3" json:"asset_policy,omitempty"`
+	// labels are published on every machine of the site (validated by controller/labels).
+	Labels        map[string]string `protobuf:"bytes,10,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -135,6 +137,13 @@ func (x *SiteSpec) GetAssetPolicy() int32 {
 		return x.AssetPolicy
 	}
 	return 0
+}
+
+func (x *SiteSpec) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
 }
 
 // SiteStatusSpec is the live connection state of a site (ephemeral).
@@ -234,7 +243,7 @@ var File_controller_resources_specs_specs_proto protoreflect.FileDescriptor
 
 const file_controller_resources_specs_specs_proto_rawDesc = "" +
 	"\n" +
-	"&controller/resources/specs/specs.proto\x12\x17outpost.resources.specs\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf6\x02\n" +
+	"&controller/resources/specs/specs.proto\x12\x17outpost.resources.specs\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf8\x03\n" +
 	"\bSiteSpec\x12 \n" +
 	"\vdescription\x18\x01 \x01(\tR\vdescription\x12\x1d\n" +
 	"\n" +
@@ -246,7 +255,12 @@ const file_controller_resources_specs_specs_proto_rawDesc = "" +
 	"\arevoked\x18\x06 \x01(\bR\arevoked\x12/\n" +
 	"\x13certificate_serials\x18\a \x03(\tR\x12certificateSerials\x124\n" +
 	"\acreated\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\acreated\x12!\n" +
-	"\fasset_policy\x18\t \x01(\x05R\vassetPolicy\"\xe2\x02\n" +
+	"\fasset_policy\x18\t \x01(\x05R\vassetPolicy\x12E\n" +
+	"\x06labels\x18\n" +
+	" \x03(\v2-.outpost.resources.specs.SiteSpec.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe2\x02\n" +
 	"\x0eSiteStatusSpec\x12\x1c\n" +
 	"\tconnected\x18\x01 \x01(\bR\tconnected\x12!\n" +
 	"\fedge_version\x18\x02 \x01(\tR\vedgeVersion\x12C\n" +
@@ -268,23 +282,25 @@ func file_controller_resources_specs_specs_proto_rawDescGZIP() []byte {
 	return file_controller_resources_specs_specs_proto_rawDescData
 }
 
-var file_controller_resources_specs_specs_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_controller_resources_specs_specs_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
 var file_controller_resources_specs_specs_proto_goTypes = []any{
 	(*SiteSpec)(nil),              // 0: outpost.resources.specs.SiteSpec
 	(*SiteStatusSpec)(nil),        // 1: outpost.resources.specs.SiteStatusSpec
-	(*timestamppb.Timestamp)(nil), // 2: google.protobuf.Timestamp
+	nil,                           // 2: outpost.resources.specs.SiteSpec.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 3: google.protobuf.Timestamp
 }
 var file_controller_resources_specs_specs_proto_depIdxs = []int32{
-	2, // 0: outpost.resources.specs.SiteSpec.token_expires:type_name -> google.protobuf.Timestamp
-	2, // 1: outpost.resources.specs.SiteSpec.created:type_name -> google.protobuf.Timestamp
-	2, // 2: outpost.resources.specs.SiteStatusSpec.connected_since:type_name -> google.protobuf.Timestamp
-	2, // 3: outpost.resources.specs.SiteStatusSpec.last_seen:type_name -> google.protobuf.Timestamp
-	2, // 4: outpost.resources.specs.SiteStatusSpec.certificate_not_after:type_name -> google.protobuf.Timestamp
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	3, // 0: outpost.resources.specs.SiteSpec.token_expires:type_name -> google.protobuf.Timestamp
+	3, // 1: outpost.resources.specs.SiteSpec.created:type_name -> google.protobuf.Timestamp
+	2, // 2: outpost.resources.specs.SiteSpec.labels:type_name -> outpost.resources.specs.SiteSpec.LabelsEntry
+	3, // 3: outpost.resources.specs.SiteStatusSpec.connected_since:type_name -> google.protobuf.Timestamp
+	3, // 4: outpost.resources.specs.SiteStatusSpec.last_seen:type_name -> google.protobuf.Timestamp
+	3, // 5: outpost.resources.specs.SiteStatusSpec.certificate_not_after:type_name -> google.protobuf.Timestamp
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_controller_resources_specs_specs_proto_init() }
@@ -298,7 +314,7 @@ func file_controller_resources_specs_specs_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_controller_resources_specs_specs_proto_rawDesc), len(file_controller_resources_specs_specs_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   3,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

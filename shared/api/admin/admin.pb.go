@@ -265,6 +265,7 @@ type Site struct {
 	TokenExpires   *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=token_expires,json=tokenExpires,proto3" json:"token_expires,omitempty"`
 	TokenUsed      bool                   `protobuf:"varint,10,opt,name=token_used,json=tokenUsed,proto3" json:"token_used,omitempty"`
 	Enrolled       bool                   `protobuf:"varint,11,opt,name=enrolled,proto3" json:"enrolled,omitempty"`
+	Labels         map[string]string      `protobuf:"bytes,12,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -374,6 +375,13 @@ func (x *Site) GetEnrolled() bool {
 		return x.Enrolled
 	}
 	return false
+}
+
+func (x *Site) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
 }
 
 type ListSitesResponse struct {
@@ -764,6 +772,94 @@ func (*SetAssetPolicyResponse) Descriptor() ([]byte, []int) {
 	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{13}
 }
 
+type SetSiteLabelsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SiteId        string                 `protobuf:"bytes,1,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
+	Labels        map[string]string      `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetSiteLabelsRequest) Reset() {
+	*x = SetSiteLabelsRequest{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetSiteLabelsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetSiteLabelsRequest) ProtoMessage() {}
+
+func (x *SetSiteLabelsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetSiteLabelsRequest.ProtoReflect.Descriptor instead.
+func (*SetSiteLabelsRequest) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *SetSiteLabelsRequest) GetSiteId() string {
+	if x != nil {
+		return x.SiteId
+	}
+	return ""
+}
+
+func (x *SetSiteLabelsRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+type SetSiteLabelsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetSiteLabelsResponse) Reset() {
+	*x = SetSiteLabelsResponse{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetSiteLabelsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetSiteLabelsResponse) ProtoMessage() {}
+
+func (x *SetSiteLabelsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetSiteLabelsResponse.ProtoReflect.Descriptor instead.
+func (*SetSiteLabelsResponse) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{15}
+}
+
 var File_shared_api_admin_admin_proto protoreflect.FileDescriptor
 
 const file_shared_api_admin_admin_proto_rawDesc = "" +
@@ -783,7 +879,7 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\asite_id\x18\x01 \x01(\tR\x06siteId\x126\n" +
 	"\ttoken_ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\btokenTtl\x12\x1a\n" +
 	"\breusable\x18\x03 \x01(\bR\breusable\"\x12\n" +
-	"\x10ListSitesRequest\"\xbd\x03\n" +
+	"\x10ListSitesRequest\"\xb1\x04\n" +
 	"\x04Site\x12\x17\n" +
 	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x18\n" +
@@ -797,7 +893,11 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\n" +
 	"token_used\x18\n" +
 	" \x01(\bR\ttokenUsed\x12\x1a\n" +
-	"\benrolled\x18\v \x01(\bR\benrolled\">\n" +
+	"\benrolled\x18\v \x01(\bR\benrolled\x127\n" +
+	"\x06labels\x18\f \x03(\v2\x1f.outpost.admin.Site.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
 	"\x11ListSitesResponse\x12)\n" +
 	"\x05sites\x18\x01 \x03(\v2\x13.outpost.admin.SiteR\x05sites\",\n" +
 	"\x11RevokeSiteRequest\x12\x17\n" +
@@ -814,7 +914,14 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\x15SetAssetPolicyRequest\x12\x17\n" +
 	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12.\n" +
 	"\x06policy\x18\x02 \x01(\x0e2\x16.outpost.assets.PolicyR\x06policy\"\x18\n" +
-	"\x16SetAssetPolicyResponse2\xd3\x04\n" +
+	"\x16SetAssetPolicyResponse\"\xb3\x01\n" +
+	"\x14SetSiteLabelsRequest\x12\x17\n" +
+	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12G\n" +
+	"\x06labels\x18\x02 \x03(\v2/.outpost.admin.SetSiteLabelsRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x17\n" +
+	"\x15SetSiteLabelsResponse2\xaf\x05\n" +
 	"\x05Admin\x12Q\n" +
 	"\n" +
 	"CreateSite\x12 .outpost.admin.CreateSiteRequest\x1a!.outpost.admin.CreateSiteResponse\x12U\n" +
@@ -825,7 +932,8 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\n" +
 	"DeleteSite\x12 .outpost.admin.DeleteSiteRequest\x1a!.outpost.admin.DeleteSiteResponse\x12K\n" +
 	"\bShowSite\x12\x1e.outpost.admin.ShowSiteRequest\x1a\x1f.outpost.admin.ShowSiteResponse\x12]\n" +
-	"\x0eSetAssetPolicy\x12$.outpost.admin.SetAssetPolicyRequest\x1a%.outpost.admin.SetAssetPolicyResponseB3Z1github.com/outpost-metal/outpost/shared/api/adminb\x06proto3"
+	"\x0eSetAssetPolicy\x12$.outpost.admin.SetAssetPolicyRequest\x1a%.outpost.admin.SetAssetPolicyResponse\x12Z\n" +
+	"\rSetSiteLabels\x12#.outpost.admin.SetSiteLabelsRequest\x1a$.outpost.admin.SetSiteLabelsResponseB3Z1github.com/outpost-metal/outpost/shared/api/adminb\x06proto3"
 
 var (
 	file_shared_api_admin_admin_proto_rawDescOnce sync.Once
@@ -839,7 +947,7 @@ func file_shared_api_admin_admin_proto_rawDescGZIP() []byte {
 	return file_shared_api_admin_admin_proto_rawDescData
 }
 
-var file_shared_api_admin_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_shared_api_admin_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_shared_api_admin_admin_proto_goTypes = []any{
 	(*CreateSiteRequest)(nil),      // 0: outpost.admin.CreateSiteRequest
 	(*CreateSiteResponse)(nil),     // 1: outpost.admin.CreateSiteResponse
@@ -855,41 +963,49 @@ var file_shared_api_admin_admin_proto_goTypes = []any{
 	(*ShowSiteResponse)(nil),       // 11: outpost.admin.ShowSiteResponse
 	(*SetAssetPolicyRequest)(nil),  // 12: outpost.admin.SetAssetPolicyRequest
 	(*SetAssetPolicyResponse)(nil), // 13: outpost.admin.SetAssetPolicyResponse
-	(*durationpb.Duration)(nil),    // 14: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),  // 15: google.protobuf.Timestamp
-	(*assets.SiteAssetState)(nil),  // 16: outpost.assets.SiteAssetState
-	(assets.Policy)(0),             // 17: outpost.assets.Policy
+	(*SetSiteLabelsRequest)(nil),   // 14: outpost.admin.SetSiteLabelsRequest
+	(*SetSiteLabelsResponse)(nil),  // 15: outpost.admin.SetSiteLabelsResponse
+	nil,                            // 16: outpost.admin.Site.LabelsEntry
+	nil,                            // 17: outpost.admin.SetSiteLabelsRequest.LabelsEntry
+	(*durationpb.Duration)(nil),    // 18: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 19: google.protobuf.Timestamp
+	(*assets.SiteAssetState)(nil),  // 20: outpost.assets.SiteAssetState
+	(assets.Policy)(0),             // 21: outpost.assets.Policy
 }
 var file_shared_api_admin_admin_proto_depIdxs = []int32{
-	14, // 0: outpost.admin.CreateSiteRequest.token_ttl:type_name -> google.protobuf.Duration
-	15, // 1: outpost.admin.CreateSiteResponse.token_expires:type_name -> google.protobuf.Timestamp
-	14, // 2: outpost.admin.NewJoinTokenRequest.token_ttl:type_name -> google.protobuf.Duration
-	15, // 3: outpost.admin.Site.last_seen:type_name -> google.protobuf.Timestamp
-	15, // 4: outpost.admin.Site.connected_since:type_name -> google.protobuf.Timestamp
-	15, // 5: outpost.admin.Site.token_expires:type_name -> google.protobuf.Timestamp
-	4,  // 6: outpost.admin.ListSitesResponse.sites:type_name -> outpost.admin.Site
-	4,  // 7: outpost.admin.ShowSiteResponse.site:type_name -> outpost.admin.Site
-	16, // 8: outpost.admin.ShowSiteResponse.assets:type_name -> outpost.assets.SiteAssetState
-	17, // 9: outpost.admin.SetAssetPolicyRequest.policy:type_name -> outpost.assets.Policy
-	0,  // 10: outpost.admin.Admin.CreateSite:input_type -> outpost.admin.CreateSiteRequest
-	2,  // 11: outpost.admin.Admin.NewJoinToken:input_type -> outpost.admin.NewJoinTokenRequest
-	3,  // 12: outpost.admin.Admin.ListSites:input_type -> outpost.admin.ListSitesRequest
-	6,  // 13: outpost.admin.Admin.RevokeSite:input_type -> outpost.admin.RevokeSiteRequest
-	8,  // 14: outpost.admin.Admin.DeleteSite:input_type -> outpost.admin.DeleteSiteRequest
-	10, // 15: outpost.admin.Admin.ShowSite:input_type -> outpost.admin.ShowSiteRequest
-	12, // 16: outpost.admin.Admin.SetAssetPolicy:input_type -> outpost.admin.SetAssetPolicyRequest
-	1,  // 17: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
-	1,  // 18: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
-	5,  // 19: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
-	7,  // 20: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
-	9,  // 21: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
-	11, // 22: outpost.admin.Admin.ShowSite:output_type -> outpost.admin.ShowSiteResponse
-	13, // 23: outpost.admin.Admin.SetAssetPolicy:output_type -> outpost.admin.SetAssetPolicyResponse
-	17, // [17:24] is the sub-list for method output_type
-	10, // [10:17] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	18, // 0: outpost.admin.CreateSiteRequest.token_ttl:type_name -> google.protobuf.Duration
+	19, // 1: outpost.admin.CreateSiteResponse.token_expires:type_name -> google.protobuf.Timestamp
+	18, // 2: outpost.admin.NewJoinTokenRequest.token_ttl:type_name -> google.protobuf.Duration
+	19, // 3: outpost.admin.Site.last_seen:type_name -> google.protobuf.Timestamp
+	19, // 4: outpost.admin.Site.connected_since:type_name -> google.protobuf.Timestamp
+	19, // 5: outpost.admin.Site.token_expires:type_name -> google.protobuf.Timestamp
+	16, // 6: outpost.admin.Site.labels:type_name -> outpost.admin.Site.LabelsEntry
+	4,  // 7: outpost.admin.ListSitesResponse.sites:type_name -> outpost.admin.Site
+	4,  // 8: outpost.admin.ShowSiteResponse.site:type_name -> outpost.admin.Site
+	20, // 9: outpost.admin.ShowSiteResponse.assets:type_name -> outpost.assets.SiteAssetState
+	21, // 10: outpost.admin.SetAssetPolicyRequest.policy:type_name -> outpost.assets.Policy
+	17, // 11: outpost.admin.SetSiteLabelsRequest.labels:type_name -> outpost.admin.SetSiteLabelsRequest.LabelsEntry
+	0,  // 12: outpost.admin.Admin.CreateSite:input_type -> outpost.admin.CreateSiteRequest
+	2,  // 13: outpost.admin.Admin.NewJoinToken:input_type -> outpost.admin.NewJoinTokenRequest
+	3,  // 14: outpost.admin.Admin.ListSites:input_type -> outpost.admin.ListSitesRequest
+	6,  // 15: outpost.admin.Admin.RevokeSite:input_type -> outpost.admin.RevokeSiteRequest
+	8,  // 16: outpost.admin.Admin.DeleteSite:input_type -> outpost.admin.DeleteSiteRequest
+	10, // 17: outpost.admin.Admin.ShowSite:input_type -> outpost.admin.ShowSiteRequest
+	12, // 18: outpost.admin.Admin.SetAssetPolicy:input_type -> outpost.admin.SetAssetPolicyRequest
+	14, // 19: outpost.admin.Admin.SetSiteLabels:input_type -> outpost.admin.SetSiteLabelsRequest
+	1,  // 20: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
+	1,  // 21: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
+	5,  // 22: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
+	7,  // 23: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
+	9,  // 24: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
+	11, // 25: outpost.admin.Admin.ShowSite:output_type -> outpost.admin.ShowSiteResponse
+	13, // 26: outpost.admin.Admin.SetAssetPolicy:output_type -> outpost.admin.SetAssetPolicyResponse
+	15, // 27: outpost.admin.Admin.SetSiteLabels:output_type -> outpost.admin.SetSiteLabelsResponse
+	20, // [20:28] is the sub-list for method output_type
+	12, // [12:20] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_admin_admin_proto_init() }
@@ -903,7 +1019,7 @@ func file_shared_api_admin_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_admin_admin_proto_rawDesc), len(file_shared_api_admin_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

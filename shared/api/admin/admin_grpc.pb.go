@@ -28,6 +28,7 @@ const (
 	Admin_DeleteSite_FullMethodName     = "/outpost.admin.Admin/DeleteSite"
 	Admin_ShowSite_FullMethodName       = "/outpost.admin.Admin/ShowSite"
 	Admin_SetAssetPolicy_FullMethodName = "/outpost.admin.Admin/SetAssetPolicy"
+	Admin_SetSiteLabels_FullMethodName  = "/outpost.admin.Admin/SetSiteLabels"
 )
 
 // AdminClient is the client API for Admin service.
@@ -50,6 +51,9 @@ type AdminClient interface {
 	ShowSite(ctx context.Context, in *ShowSiteRequest, opts ...grpc.CallOption) (*ShowSiteResponse, error)
 	// SetAssetPolicy sets a site's boot-asset policy: passthrough, cache or offline.
 	SetAssetPolicy(ctx context.Context, in *SetAssetPolicyRequest, opts ...grpc.CallOption) (*SetAssetPolicyResponse, error)
+	// SetSiteLabels replaces the labels published on every machine of a site (Omni's MachineClass selectors
+	// see them); all are checked before any is stored.
+	SetSiteLabels(ctx context.Context, in *SetSiteLabelsRequest, opts ...grpc.CallOption) (*SetSiteLabelsResponse, error)
 }
 
 type adminClient struct {
@@ -130,6 +134,16 @@ func (c *adminClient) SetAssetPolicy(ctx context.Context, in *SetAssetPolicyRequ
 	return out, nil
 }
 
+func (c *adminClient) SetSiteLabels(ctx context.Context, in *SetSiteLabelsRequest, opts ...grpc.CallOption) (*SetSiteLabelsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetSiteLabelsResponse)
+	err := c.cc.Invoke(ctx, Admin_SetSiteLabels_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -150,6 +164,9 @@ type AdminServer interface {
 	ShowSite(context.Context, *ShowSiteRequest) (*ShowSiteResponse, error)
 	// SetAssetPolicy sets a site's boot-asset policy: passthrough, cache or offline.
 	SetAssetPolicy(context.Context, *SetAssetPolicyRequest) (*SetAssetPolicyResponse, error)
+	// SetSiteLabels replaces the labels published on every machine of a site (Omni's MachineClass selectors
+	// see them); all are checked before any is stored.
+	SetSiteLabels(context.Context, *SetSiteLabelsRequest) (*SetSiteLabelsResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -180,6 +197,9 @@ func (UnimplementedAdminServer) ShowSite(context.Context, *ShowSiteRequest) (*Sh
 }
 func (UnimplementedAdminServer) SetAssetPolicy(context.Context, *SetAssetPolicyRequest) (*SetAssetPolicyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetAssetPolicy not implemented")
+}
+func (UnimplementedAdminServer) SetSiteLabels(context.Context, *SetSiteLabelsRequest) (*SetSiteLabelsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetSiteLabels not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -328,6 +348,24 @@ func _Admin_SetAssetPolicy_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_SetSiteLabels_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetSiteLabelsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).SetSiteLabels(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_SetSiteLabels_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).SetSiteLabels(ctx, req.(*SetSiteLabelsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -362,6 +400,10 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetAssetPolicy",
 			Handler:    _Admin_SetAssetPolicy_Handler,
+		},
+		{
+			MethodName: "SetSiteLabels",
+			Handler:    _Admin_SetSiteLabels_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
