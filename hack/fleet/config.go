@@ -72,6 +72,8 @@ type Config struct {
 	RestartTimeout time.Duration `json:"restart_timeout"`
 	// Perf records the controller with `perf record` during the window (when perf is installed).
 	Perf bool `json:"perf"`
+	// Label is free text kept with the figures (what was measured: a commit, a change).
+	Label string `json:"label"`
 	// Seed chooses the dead BMCs, the offline sites and the samples.
 	Seed uint64 `json:"seed"`
 }

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/safe"
-	"github.com/siderolabs/omni/client/api/omni/specs"
 	"github.com/siderolabs/omni/client/pkg/client"
 	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
 	"go.uber.org/zap"
@@ -399,7 +398,7 @@ func (f *fleet) run(ctx context.Context, r *Result, phase func(string)) error {
 	}
 
 	// Power follows the user's wish: on for those kept on, off (after the cooldown) for the idle ones.
-	if err := waitFor(ctx, time.Until(readyDeadline.Add(cfg.Cooldown+2*cfg.PollInterval)), 5*time.Second, func() (bool, error) {
+	if err := waitFor(ctx, cfg.Cooldown+3*cfg.PollInterval+2*time.Minute, 5*time.Second, func() (bool, error) {
 		wrong := 0
 
 		for _, m := range f.machines {
@@ -1044,6 +1043,21 @@ func (a *acceptor) run(ctx context.Context) error {
 	}
 }
 
+// accept is the operator's work for one machine.
+func (a *acceptor) accept(ctx context.Context, m *machine) error {
+	if a.wantOn[m.index] {
+		if err := a.admin.SetPowerState(ctx, m.id, "on"); err != nil {
+			return err
+		}
+	}
+
+	if err := a.admin.Accept(ctx, m.id); err != nil {
+		return err
+	}
+
+	return a.admin.CollectInfo(ctx, m.id, "v1.11.5")
+}
+
 func (a *acceptor) pass(ctx context.Context) error {
 	list, err := safe.StateListAll[*infra.Machine](ctx, a.f.admin)
 	if err != nil {
@@ -1054,32 +1068,31 @@ func (a *acceptor) pass(ctx context.Context) error {
 
 	a.mu.Lock()
 
+	// Every machine in Omni not done yet, whatever its acceptance says: a step that failed (a write that raced
+	// Omni's own) is taken again, the others are idempotent.
 	for im := range list.All() {
-		m, ok := a.byID[im.Metadata().ID()]
-		if ok && !a.done[m.id] && im.TypedSpec().Value.GetAcceptanceStatus() == specs.InfraMachineConfigSpec_PENDING {
+		if m, ok := a.byID[im.Metadata().ID()]; ok && !a.done[m.id] {
 			todo = append(todo, m)
 		}
 	}
 
 	a.mu.Unlock()
 
-	eg, ctx := errgroup.WithContext(ctx)
+	var (
+		eg     errgroup.Group
+		failed atomic.Int64
+	)
+
 	eg.SetLimit(16)
 
 	for _, m := range todo {
 		eg.Go(func() error {
-			if a.wantOn[m.index] {
-				if err := a.admin.SetPowerState(ctx, m.id, "on"); err != nil {
-					return err
+			if err := a.accept(ctx, m); err != nil {
+				if failed.Add(1) == 1 && ctx.Err() == nil {
+					a.f.log.Warn("accepting a machine failed; taken again on the next pass", zap.String("machine", m.id), zap.Error(err))
 				}
-			}
 
-			if err := a.admin.Accept(ctx, m.id); err != nil {
-				return err
-			}
-
-			if err := a.admin.CollectInfo(ctx, m.id, "v1.11.5"); err != nil {
-				return err
+				return nil
 			}
 
 			a.mu.Lock()
@@ -1090,9 +1103,7 @@ func (a *acceptor) pass(ctx context.Context) error {
 		})
 	}
 
-	if err := eg.Wait(); err != nil {
-		return err
-	}
+	eg.Wait() //nolint:errcheck // every error is counted above
 
 	if len(todo) > 0 {
 		a.f.log.Info("machines accepted", zap.Int("now", len(todo)), zap.Int("accepted", a.count()))

@@ -45,8 +45,9 @@ var deriverInputs = []resource.Kind{
 	infra.NewMachineStatus("").Metadata(),
 }
 
-// Run re-derives all InfraMachines whenever an input changes, until ctx ends. A watch that breaks (a burst
-// of changes overran it) is set up again, followed by a full pass: nothing is missed.
+// Run derives every InfraMachine, then again those whose inputs change (all of them when a Cluster does), until
+// ctx ends. A watch that breaks (a burst of changes overran it) is set up again, followed by a full pass: nothing
+// is missed.
 func (d *deriver) Run(ctx context.Context) error {
 	for {
 		if err := d.watchAndDerive(ctx); err != nil {
@@ -71,17 +72,37 @@ func (d *deriver) watchAndDerive(ctx context.Context) error {
 		}
 	}
 
+	// The first pass covers every machine; after it, only the machines the events name (every input but the
+	// Cluster is keyed by the machine's ID), so that a fleet's steady trickle of writes does not re-derive
+	// every machine each time.
+	full, allocate := true, true
+	dirty := map[string]bool{}
+
 	for {
-		if err := d.allocations(ctx); err != nil && ctx.Err() == nil {
-			d.logger.Warn("derive cluster machines", zap.Error(err))
+		if full || allocate {
+			if err := d.allocations(ctx); err != nil && ctx.Err() == nil {
+				d.logger.Warn("derive cluster machines", zap.Error(err))
+			}
 		}
 
-		if err := d.reconcile(ctx); err != nil {
+		var err error
+
+		if full {
+			err = d.reconcile(ctx)
+		} else {
+			err = d.reconcileIDs(ctx, dirty)
+		}
+
+		full, allocate, dirty = false, false, map[string]bool{}
+
+		if err != nil {
 			if ctx.Err() != nil {
 				return nil //nolint:nilerr // shutting down
 			}
 
 			d.logger.Warn("derive infra machines", zap.Error(err))
+
+			full = true // what failed is derived again with everything else on the next event
 		}
 
 		var ev state.Event
@@ -98,6 +119,8 @@ func (d *deriver) watchAndDerive(ctx context.Context) error {
 				return ev.Error
 			}
 
+			markDirty(ev, &full, &allocate, dirty)
+
 			select {
 			case ev = <-events:
 			default:
@@ -105,6 +128,71 @@ func (d *deriver) watchAndDerive(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// markDirty notes what an event asks to derive again: the machine it names, allocations for a MachineSetNode or
+// ClusterMachine, every machine for a Cluster (its Talos version is every member's) or an event without a
+// resource.
+func markDirty(ev state.Event, full, allocate *bool, dirty map[string]bool) {
+	if ev.Resource == nil {
+		*full = true
+
+		return
+	}
+
+	md := ev.Resource.Metadata()
+
+	switch md.Type() {
+	case omnires.ClusterType:
+		*full = true
+	case omnires.MachineSetNodeType, omnires.ClusterMachineType:
+		*allocate = true
+		dirty[md.ID()] = true
+	default:
+		dirty[md.ID()] = true
+	}
+}
+
+// reconcileIDs derives the InfraMachines of the given machines: from their Link when it is there, removed when it
+// is not.
+func (d *deriver) reconcileIDs(ctx context.Context, ids map[string]bool) error {
+	for id := range ids {
+		link, ok, err := getOptional[*siderolink.Link](ctx, d.st, siderolink.NewLink(id, nil).Metadata())
+		if err != nil {
+			return err
+		}
+
+		if ok && link.Metadata().Phase() == resource.PhaseRunning {
+			if providerID, has := link.Metadata().Labels().Get(omnires.LabelInfraProviderID); has {
+				if err = d.machine(ctx, link, providerID); err != nil {
+					return err
+				}
+
+				if err = d.bmcConfig(ctx, id); err != nil {
+					return err
+				}
+
+				if err = d.providerLabels(ctx, id, providerID); err != nil {
+					return err
+				}
+
+				continue
+			}
+		}
+
+		m, exists, err := getOptional[*infra.Machine](ctx, d.st, infra.NewMachine(id).Metadata())
+		if err != nil {
+			return err
+		}
+
+		if exists {
+			if err = d.remove(ctx, m); err != nil {
+				return err
+			}
+		}
+	}
+
+	return nil
 }
 
 // allocations plays Omni's cluster machine controller: every MachineSetNode (what `omnictl cluster template
