@@ -74,7 +74,7 @@ func (p *controllerProc) pid() int { return p.cmd.Process.Pid }
 // kill ends the controller at once (SIGKILL: a crash) and waits for it.
 func (p *controllerProc) kill() {
 	p.cmd.Process.Kill() //nolint:errcheck
-	<-p.done
+	<-p.done             //nolint:errcheck // killed: its exit status says so
 }
 
 // stop ends the controller gracefully (SIGTERM, SIGKILL after 20 s) and waits for it.
@@ -82,7 +82,7 @@ func (p *controllerProc) stop() {
 	p.cmd.Process.Signal(syscall.SIGTERM) //nolint:errcheck
 
 	select {
-	case <-p.done:
+	case <-p.done: //nolint:errcheck // stopped: its exit status says so
 	case <-time.After(20 * time.Second):
 		p.kill()
 	}
@@ -97,7 +97,7 @@ func (p *controllerProc) waitHealthy(ctx context.Context, httpAddr string, timeo
 		case err := <-p.done:
 			p.done <- err
 
-			return fmt.Errorf("controller exited: %v (see %s)", err, p.logPath)
+			return fmt.Errorf("controller exited: %w (see %s)", err, p.logPath)
 		default:
 		}
 

@@ -199,10 +199,10 @@ func (c *omniChild) stop() {
 	c.cmd.Process.Signal(os.Interrupt) //nolint:errcheck
 
 	select {
-	case <-c.done:
+	case <-c.done: //nolint:errcheck // stopped: its exit status says so
 	case <-time.After(10 * time.Second):
 		c.cmd.Process.Kill() //nolint:errcheck
-		<-c.done
+		<-c.done             //nolint:errcheck // killed: its exit status says so
 	}
 }
 

@@ -21,7 +21,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outpost-metal/outpost/controller/resources"
-	rspecs "github.com/outpost-metal/outpost/controller/resources/specs"
 	"github.com/outpost-metal/outpost/qemu/omni"
 )
 
@@ -631,8 +630,7 @@ func (f *fleet) observedAtSet(ctx context.Context) (int, error) {
 	n := 0
 
 	for o := range list.All() {
-		var spec *rspecs.MachineObservationSpec = o.TypedSpec().Value
-		if spec.GetObservedAt().IsValid() {
+		if o.TypedSpec().Value.GetObservedAt().IsValid() {
 			n++
 		}
 	}
