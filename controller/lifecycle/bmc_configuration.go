@@ -132,15 +132,19 @@ func (s *bmcConfiguration) write(ctx context.Context, r controller.QRuntime, id 
 		return err
 	}
 
+	// this process's other steps read it at once, before the cache has it (the previous record comes back if
+	// the write fails)
+	prevRec := s.env.written.swap(kindBMC, id, stored)
+
 	if err := safe.WriterModify(ctx, r, s.env.Types.NewBMCConfiguration(id), func(b *resources.BMCConfiguration) error {
 		b.TypedSpec().Value = stored
 
 		return nil
 	}); err != nil {
+		s.env.written.restore(kindBMC, id, prevRec)
+
 		return fmt.Errorf("write bmc configuration: %w", err)
 	}
-
-	s.env.written.put(kindBMC, id, stored)
 
 	return nil
 }

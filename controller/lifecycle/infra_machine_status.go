@@ -84,5 +84,7 @@ func (s *infraMachineStatus) reconcile(ctx context.Context, _ *zap.Logger, r con
 		return fmt.Errorf("write infra machine status: %w", err)
 	}
 
-	return nil
+	// Driven by its inputs; looked at again after two poll intervals anyway, so a status written from a read
+	// the cache had not caught up with yet never stays wrong.
+	return controller.NewRequeueInterval(2 * s.env.cfg.PollInterval)
 }

@@ -63,15 +63,19 @@ func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, 
 		}
 	}
 
+	// this process's other steps read it at once, before the cache has it (the previous record comes back if
+	// the write fails)
+	prevRec := s.env.written.swap(kindObservation, v.id, obs)
+
 	if err := safe.WriterModify(ctx, r, s.env.Types.NewMachineObservation(v.id), func(o *resources.MachineObservation) error {
 		o.TypedSpec().Value = obs
 
 		return nil
 	}); err != nil {
+		s.env.written.restore(kindObservation, v.id, prevRec)
+
 		return fmt.Errorf("write machine observation: %w", err)
 	}
-
-	s.env.written.put(kindObservation, v.id, obs)
 
 	return controller.NewRequeueInterval(s.env.cfg.PollInterval)
 }

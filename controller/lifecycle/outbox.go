@@ -113,11 +113,30 @@ type written struct {
 
 func newWritten() *written { return &written{records: map[string]proto.Message{}} }
 
-func (w *written) put(kind, machineID string, rec proto.Message) {
+// swap puts rec and returns what was there (nil for nothing).
+func (w *written) swap(kind, machineID string, rec proto.Message) proto.Message {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 
-	w.records[outboxKey(kind, machineID)] = proto.Clone(rec)
+	key := outboxKey(kind, machineID)
+	prev := w.records[key]
+	w.records[key] = proto.Clone(rec)
+
+	return prev
+}
+
+// restore puts back what swap returned (nil: nothing).
+func (w *written) restore(kind, machineID string, prev proto.Message) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+
+	if prev == nil {
+		delete(w.records, outboxKey(kind, machineID))
+
+		return
+	}
+
+	w.records[outboxKey(kind, machineID)] = prev
 }
 
 func (w *written) get(kind, machineID string) (proto.Message, bool) {

@@ -98,15 +98,19 @@ func (s *power) reconcile(ctx context.Context, logger *zap.Logger, r controller.
 		return nil
 	}
 
+	// this process's other steps read it at once, before the cache has it (the previous record comes back if
+	// the write fails)
+	prevRec := s.env.written.swap(kindPower, v.id, op)
+
 	if err = safe.WriterModify(ctx, r, s.env.Types.NewPowerOperation(v.id), func(p *resources.PowerOperation) error {
 		p.TypedSpec().Value = op
 
 		return nil
 	}); err != nil {
+		s.env.written.restore(kindPower, v.id, prevRec)
+
 		return fmt.Errorf("record power operation: %w", err)
 	}
-
-	s.env.written.put(kindPower, v.id, op)
 
 	return nil
 }

@@ -97,15 +97,20 @@ func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.Q
 
 // record writes a finished wipe to WipeStatus and drops it from the outbox.
 func (s *wipe) record(ctx context.Context, logger *zap.Logger, r controller.QRuntime, id string, w *specs.WipeStatusSpec, msg string) error {
+	// this process's other steps read it at once, before the cache has it (the previous record comes back if
+	// the write fails)
+	prevRec := s.env.written.swap(kindWipe, id, w)
+
 	if err := safe.WriterModify(ctx, r, s.env.Types.NewWipeStatus(id), func(res *resources.WipeStatus) error {
 		res.TypedSpec().Value = w
 
 		return nil
 	}); err != nil {
+		s.env.written.restore(kindWipe, id, prevRec)
+
 		return fmt.Errorf("record wipe: %w", err)
 	}
 
-	s.env.written.put(kindWipe, id, w)
 	s.env.outbox.done(outboxKey("wipe", id), w)
 	logger.Info(msg, zap.String("wipe_id", w.GetLastWipeId()))
 

@@ -553,7 +553,8 @@ func (s *Server) bootScript(e boot.Entry, q BootQuery, base, agentAddr string) (
 }
 
 // withDefaultArgs puts each key=value default in front of args unless args already set that key (the
-// controller named an address of its own).
+// controller named an address of its own); an argument given twice (the edge's and the plan's console) is
+// kept once.
 func withDefaultArgs(args []string, defaults ...string) []string {
 	var front []string
 
@@ -564,7 +565,15 @@ func withDefaultArgs(args []string, defaults ...string) []string {
 		}
 	}
 
-	return append(front, args...)
+	out := make([]string, 0, len(front)+len(args))
+
+	for _, a := range append(front, args...) {
+		if !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+
+	return out
 }
 
 // missing returns the edge-local (/assets/...) kernel and initrd of k that the edge cannot serve now: neither
