@@ -9,6 +9,9 @@
 // table (edge/ipxe, called in process), the agent tunnel endpoint and the controller-to-agent call proxy
 // (edge/tunnel, on a loopback listener) and the asset cache and fetcher (edge/assets, without an upstream).
 //
+// The edges watch their BMCs when the controller hands them its watch lists, as the real edge does: edge/bmc's
+// Watcher schedule (every 20 s, 32 at once) over the simulated BMCs, with every change journaled.
+//
 // What is simulated: the site network (no ProxyDHCP, TFTP or HTTP listeners: a booting machine's DHCP request is
 // journaled as the ProxyDHCP would journal it, and its boot script and join config are fetched from the edge's
 // HTTP handler in process), the machines (a power state and a boot sequence: DHCP seen, boot.ipxe answered from
