@@ -1,7 +1,8 @@
-// Package tftp serves the iPXE binaries read-only over TFTP (RFC 1350, with the blksize and tsize options of
-// RFC 2347, 2348 and 2349), within bounds the site network cannot exceed: transfers per client address and in
-// total, resends per packet and per transfer, error replies and journal events per second. It also holds the
-// Catalog of those binaries that the HTTP server's /tftp/ path serves as well.
+// Package tftp serves the iPXE binaries read-only over TFTP with pin/tftp/v3 (RFC 1350, with the blksize and
+// tsize options of RFC 2347, 2348 and 2349), behind an admission filter that keeps the site network within
+// bounds it cannot exceed: transfers per client address and in total, requests per second per address, sends
+// per packet and per transfer, time per transfer, error replies and journal events per second. It also holds
+// the Catalog of those binaries that the HTTP server's /tftp/ path serves as well.
 package tftp
 
 import (

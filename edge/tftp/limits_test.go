@@ -71,12 +71,22 @@ func start(t *testing.T, cfg tftp.Config, catalog *tftp.Catalog) *server {
 	return &server{Server: srv, addr: conn.LocalAddr().String(), logs: logs, obs: obs}
 }
 
+// rrq builds a read request: the name, the mode, then option name/value pairs.
+func rrq(name, mode string, opts ...string) []byte {
+	b := binary.BigEndian.AppendUint16(nil, 1)
+	for _, f := range append([]string{name, mode}, opts...) {
+		b = append(append(b, f...), 0)
+	}
+
+	return b
+}
+
 // peer is a hand-driven client socket.
 type peer struct {
 	t    *testing.T
 	conn *net.UDPConn
 	srv  *net.UDPAddr
-	tid  *net.UDPAddr // the server's transfer port, once it answered
+	tid  *net.UDPAddr // where the server answered from (its transfer's address and port), once it answered
 }
 
 func newPeer(t *testing.T, local, srv string) *peer {
@@ -111,23 +121,35 @@ func (p *peer) ack(block uint16) {
 func (p *peer) recv(d time.Duration) (op, num uint16, from *net.UDPAddr, ok bool) {
 	p.t.Helper()
 
+	b, from, ok := p.recvPacket(d)
+	if !ok {
+		return 0, 0, nil, false
+	}
+
+	return binary.BigEndian.Uint16(b), binary.BigEndian.Uint16(b[2:]), from, true
+}
+
+// recvPacket returns the next packet and its sender, or ok=false when none arrives within d.
+func (p *peer) recvPacket(d time.Duration) ([]byte, *net.UDPAddr, bool) {
+	p.t.Helper()
+
 	require.NoError(p.t, p.conn.SetReadDeadline(time.Now().Add(d)))
 
 	b := make([]byte, 70000)
 
 	n, from, err := p.conn.ReadFromUDP(b)
 	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return 0, 0, nil, false
+		return nil, nil, false
 	}
 
 	require.NoError(p.t, err)
 	require.GreaterOrEqual(p.t, n, 4)
 
-	if p.tid == nil && from.Port != p.srv.Port {
+	if p.tid == nil {
 		p.tid = from
 	}
 
-	return binary.BigEndian.Uint16(b), binary.BigEndian.Uint16(b[2:]), from, true
+	return b[:n], from, true
 }
 
 const (
@@ -345,6 +367,7 @@ func TestRefusalFloodIsBoundedInRepliesEventsAndLogLines(t *testing.T) {
 	cfg := fastConfig()
 	cfg.ErrorRate = 50
 	cfg.EventRate = 10
+	cfg.RequestRatePerSource = 1_000_000 // one address sends them all; TestRequestRatePerSource bounds that
 	srv := start(t, cfg, bigCatalog())
 
 	p := newPeer(t, "127.0.0.9", srv.addr)

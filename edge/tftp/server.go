@@ -10,13 +10,13 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
+	pintftp "github.com/pin/tftp/v3"
 	"github.com/pin/tftp/v3/netascii"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
-	"golang.org/x/net/ipv4"
+	"go.uber.org/zap/zapcore"
 	"golang.org/x/time/rate"
 
 	"github.com/outpost-metal/outpost/edge/limits"
@@ -48,6 +48,10 @@ type Config struct {
 	// own at the per-source bound); when every transfer is acknowledged, the request is refused.
 	MaxTransfers          int `json:"max_transfers"`
 	MaxTransfersPerSource int `json:"max_transfers_per_source"`
+	// RequestRatePerSource bounds the requests per second one client address sends (bursts of twice as many);
+	// beyond it they are dropped unanswered before anything else is decided. A ROM sends one or two a boot,
+	// and again each time one goes unanswered.
+	RequestRatePerSource int `json:"request_rate_per_source"`
 	// ErrorRate bounds the error packets per second answering requests refused for good (no such file, a bad
 	// name, a write); beyond it they get no answer (counted), so a flood with forged sources cannot use the
 	// edge to send packets at any rate. Requests refused for now (at a limit) are never answered: see shed.
@@ -65,7 +69,7 @@ func Default() Config {
 	return Config{
 		Listen: ":69", Dir: DefaultDir, BlockSize: 1468,
 		Timeout: time.Second, Retries: 4, FirstRetries: 2, MaxResends: 64, MaxTransferTime: 2 * time.Minute,
-		MaxTransfers: 1024, MaxTransfersPerSource: 4,
+		MaxTransfers: 1024, MaxTransfersPerSource: 4, RequestRatePerSource: 10,
 		ErrorRate: 500, EventRate: 20,
 	}
 }
@@ -95,8 +99,8 @@ func (c Config) Validate() error {
 			c.MaxTransfers, c.MaxTransfersPerSource))
 	}
 
-	if c.ErrorRate <= 0 || c.EventRate <= 0 {
-		errs = append(errs, errors.New("error_rate and event_rate must be positive"))
+	if c.RequestRatePerSource <= 0 || c.ErrorRate <= 0 || c.EventRate <= 0 {
+		errs = append(errs, errors.New("request_rate_per_source, error_rate and event_rate must be positive"))
 	}
 
 	return errors.Join(errs...)
@@ -119,7 +123,7 @@ type Observer interface {
 type Deps struct {
 	Registerer prometheus.Registerer
 	Observer   Observer
-	// Clock paces the error and event rates and the refusal log (default: the wall clock).
+	// Clock paces the request, error and event rates and the refusal log (default: the wall clock).
 	Clock limits.Clock
 }
 
@@ -132,38 +136,34 @@ const (
 	resultWrite        = "write_refused"
 	resultDuplicate    = "duplicate"
 	resultIgnored      = "ignored"
+	resultRateLimited  = "rate_limited"
 	resultPerSource    = "refused_per_source"
 	resultTotal        = "refused_total"
-	resultNoSocket     = "no_socket"
 	resultOverloaded   = "overloaded"
-	resultTooSlow      = "too_slow"
-	resultResendBudget = "resend_budget"
+	resultTooSlow      = outcomeTooSlow
+	resultResendBudget = outcomeResendBudget
 )
 
-// Server is the read-only TFTP server.
+// Server is the read-only TFTP server: pin/tftp behind an admission filter (see filter).
 type Server struct {
 	cfg     Config
 	log     *zap.Logger
 	catalog *Catalog
 	deps    Deps
 
-	lim      *limits.Limiter
-	rejects  *limits.RejectLog
-	errRate  *rate.Limiter
-	evRate   *rate.Limiter
-	hints    map[string]string
-	mtuCache map[int]mtuEntry // read loop only
+	lim     *limits.Limiter
+	rejects *limits.RejectLog
+	errRate *rate.Limiter
+	evRate  *rate.Limiter
+	hints   map[string]string
 
 	requests      *prometheus.CounterVec
 	transfers     *prometheus.CounterVec
 	errorsDropped prometheus.Counter
 	eventsDropped prometheus.Counter
 
-	mu     sync.Mutex
-	active map[netip.AddrPort]*transfer
-	wg     sync.WaitGroup
-	// running counts transfer goroutines, those of evicted transfers on their way out included.
-	running atomic.Int64
+	// netasciiSizes caches the size of each file in netascii (its tsize in that mode), by *File.
+	netasciiSizes sync.Map
 
 	nServed, nRefused atomic.Int64
 }
@@ -182,19 +182,18 @@ func New(cfg Config, logger *zap.Logger, catalog *Catalog, deps Deps) (*Server, 
 
 	s := &Server{
 		cfg: cfg, log: log, catalog: catalog, deps: deps,
-		lim:      limits.New(limits.Config{Total: cfg.MaxTransfers, PerSource: cfg.MaxTransfersPerSource}),
-		rejects:  limits.NewRejectLog(log, "tftp request refused", limits.DefaultLogInterval, deps.Clock),
-		errRate:  rate.NewLimiter(rate.Limit(cfg.ErrorRate), cfg.ErrorRate),
-		evRate:   rate.NewLimiter(rate.Limit(cfg.EventRate), cfg.EventRate),
-		mtuCache: map[int]mtuEntry{},
-		active:   map[netip.AddrPort]*transfer{},
+		lim:     limits.New(limits.Config{Total: cfg.MaxTransfers, PerSource: cfg.MaxTransfersPerSource}),
+		rejects: limits.NewRejectLog(log, "tftp request refused", limits.DefaultLogInterval, deps.Clock),
+		errRate: rate.NewLimiter(rate.Limit(cfg.ErrorRate), cfg.ErrorRate),
+		evRate:  rate.NewLimiter(rate.Limit(cfg.EventRate), cfg.EventRate),
 		hints: map[string]string{
 			resultPerSource: fmt.Sprintf("this address already has %d transfers in progress, all acknowledged (--tftp-max-per-source); a ROM needs one or two",
 				cfg.MaxTransfersPerSource),
 			resultTotal: fmt.Sprintf("%d transfers in progress, all acknowledged (--tftp-max-transfers); raise it if a real boot storm is refused",
 				cfg.MaxTransfers),
+			resultRateLimited: fmt.Sprintf("more than %d requests a second from this address (request_rate_per_source); a ROM sends one or two a boot",
+				cfg.RequestRatePerSource),
 			resultNotFound:     "not one of the served iPXE binaries (--ipxe-dir)",
-			resultNoSocket:     "no socket for the transfer: the process may be at its open-files limit",
 			resultOverloaded:   "ended transfers are not gone yet: the edge is short of CPU for this request rate",
 			resultTooSlow:      fmt.Sprintf("client cut off: the transfer took longer than %s", cfg.MaxTransferTime),
 			resultResendBudget: fmt.Sprintf("client cut off: more than %d packets sent again in one transfer", cfg.MaxResends),
@@ -202,7 +201,7 @@ func New(cfg Config, logger *zap.Logger, catalog *Catalog, deps Deps) (*Server, 
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outpost_tftp_requests_total",
 			Help: "TFTP requests, by result (served, not_found, bad_name, bad_request, write_refused, duplicate, ignored, " +
-				"refused_per_source, refused_total, no_socket, overloaded).",
+				"rate_limited, refused_per_source, refused_total, overloaded).",
 		}, []string{"result"}),
 		transfers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outpost_tftp_transfers_total",
@@ -253,206 +252,149 @@ func (s *Server) Run(ctx context.Context) error {
 // Serve answers requests on conn until ctx ends, then gives the transfers in progress a moment to finish
 // and ends the rest. It closes conn.
 //
-// One goroutine reads the server port and decides every request at once: a refused request costs no socket
-// and no goroutine. Each admitted transfer has its own socket (its TID, RFC 1350) and goroutine, so there are
-// at most MaxTransfers of each.
+// The protocol is pin/tftp's, in single-port mode, reading and writing conn through the admission filter.
+// Single-port mode because that is what lets the filter bound a transfer at all: in the library's default
+// mode each transfer has a socket of its own, which the filter never sees, and a transfer that waits for
+// the acknowledgement of its first packet cannot be ended from outside (its read handler is not called
+// until that acknowledgement comes, so failing the reader it was given does not reach it either): each
+// request with a forged source would hold its place for 1+Retries timeouts, and a flood would fill the
+// bound with them. In single-port mode no transfer needs a socket, and the filter sees and can end every
+// transfer. What the edge gives up is the random server port of RFC 1350's TIDs (see Config for the bounds
+// on a client that acknowledges: it is bounded by time and resends, not by being unable to guess a port).
 func (s *Server) Serve(ctx context.Context, conn net.PacketConn) error {
 	defer s.rejects.Flush()
 
-	port := newPort(conn)
-	stop := context.AfterFunc(ctx, func() { _ = conn.SetReadDeadline(time.Unix(1, 0)) }) //nolint:errcheck // ends the read loop
+	f := newFilter(s, conn)
 
-	buf := make([]byte, 2048)
+	lib := pintftp.NewServer(func(name string, rf io.ReaderFrom) error { return s.read(f, name, rf) }, nil)
+	// Before EnableSinglePort, which otherwise caps blocks at 512 bytes. The library sees no control
+	// messages through the filter, so its MTU clamp would cap every block at 512 as well: the filter clamps
+	// the blksize of each request instead.
+	lib.SetBlockSize(s.cfg.BlockSize)
+	lib.SetBlockSizeNegotiation(false)
+	lib.SetTimeout(s.cfg.Timeout)
+	lib.SetRetries(s.cfg.Retries)
+	// A packet goes again after Timeout, not after a further random wait of up to a second.
+	lib.SetBackoff(func(int) time.Duration { return 0 })
+	lib.SetHook(hook{f})
+	lib.EnableSinglePort()
+
+	served := make(chan error, 1)
+
+	go func() { served <- lib.Serve(f) }()
 
 	var err error
 
-	for {
-		n, p, rerr := port.read(buf)
-		if rerr != nil {
-			if ctx.Err() == nil && transientReadError(rerr) {
-				continue
-			}
+	select {
+	case <-ctx.Done():
+	case rerr := <-f.failed:
+		err = fmt.Errorf("serve tftp: %w", rerr)
+	case serr := <-served:
+		// The library returns early only when conn's address is not an IP address.
+		f.Close() //nolint:errcheck,gosec // nothing was served
 
-			if ctx.Err() == nil {
-				err = fmt.Errorf("serve tftp: %w", rerr)
-			}
-
-			break
-		}
-
-		s.handle(port, buf[:n], p)
+		return fmt.Errorf("serve tftp: %w", serr)
 	}
 
-	stop()
-	conn.Close() //nolint:errcheck,gosec // the read loop is done with it
-	s.drain()
+	f.drain(min(2*s.cfg.Timeout, 5*time.Second))
+	f.stop()
+	lib.Shutdown()
+
+	if serr := <-served; serr != nil && err == nil {
+		err = fmt.Errorf("serve tftp: %w", serr)
+	}
 
 	return err
 }
 
-// transientReadError reports whether a read error on the server port concerns one datagram (an ICMP error
-// reported on the socket, a signal, no buffer for a moment) rather than the socket.
-func transientReadError(err error) bool {
-	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EINTR) || errors.Is(err, syscall.ENOBUFS) ||
-		errors.Is(err, syscall.EAGAIN)
-}
-
-// drain ends the transfers whose client never acknowledged anything, gives the others two timeouts (at most
-// 5 s) to finish, and ends what is left.
-func (s *Server) drain() {
-	s.endTransfers(func(t *transfer) bool { return !t.acked.Load() })
-
-	done := make(chan struct{})
-
-	go func() {
-		s.wg.Wait()
-		close(done)
-	}()
-
-	grace := time.NewTimer(min(2*s.cfg.Timeout, 5*time.Second))
-	defer grace.Stop()
-
-	select {
-	case <-done:
-		return
-	case <-grace.C:
+// read is the library's read handler, called for each transfer the filter admitted.
+func (s *Server) read(f *filter, _ string, rf io.ReaderFrom) error {
+	ot, ok := rf.(pintftp.OutgoingTransfer)
+	if !ok {
+		return errors.New("no remote address")
 	}
 
-	s.endTransfers(func(*transfer) bool { return true })
-	<-done
+	ra := ot.RemoteAddr()
+	ap := ra.AddrPort()
+
+	t := f.lookup(netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()))
+	if t == nil {
+		return errors.New("not admitted") // unreachable: the filter hands the library only admitted requests
+	}
+
+	ot.SetSize(s.sizeOf(t.file, t.mode))
+
+	_, err := rf.ReadFrom(t.file.Reader())
+	s.finished(t, f.finish(t, err))
+
+	// The library has ended the transfer by now: an error returned is not sent again.
+	return err
 }
 
-func (s *Server) endTransfers(which func(*transfer) bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// sizeOf is the file's transfer size in mode (the library converts the bytes to netascii as it sends them).
+func (s *Server) sizeOf(f *File, mode string) int64 {
+	if mode != "netascii" {
+		return int64(len(f.Data))
+	}
 
-	for _, t := range s.active {
-		if which(t) {
-			t.end(outcomeShutdown)
+	if n, ok := s.netasciiSizes.Load(f); ok {
+		return n.(int64) //nolint:forcetypeassert // the map holds only int64
+	}
+
+	n, _ := io.Copy(io.Discard, netascii.ToReader(bytes.NewReader(f.Data))) //nolint:errcheck // reading memory does not fail
+	s.netasciiSizes.Store(f, n)
+
+	return n
+}
+
+// finished counts, logs and reports a transfer whose handler returned.
+func (s *Server) finished(t *transfer, outcome string) {
+	s.transfers.WithLabelValues(outcome).Inc()
+
+	fields := func() []zap.Field {
+		return []zap.Field{
+			zap.String("name", t.file.Name), zap.Stringer("remote", t.remote), zap.String("outcome", outcome),
+			zap.Duration("took", time.Since(t.start)),
+		}
+	}
+
+	switch outcome {
+	case outcomeOK:
+		s.nServed.Add(1)
+
+		if ce := s.log.Check(zapcore.DebugLevel, "tftp transfer done"); ce != nil {
+			ce.Write(fields()...)
+		}
+
+		if s.deps.Observer != nil {
+			s.deps.Observer.TFTPFetch(Fetch{Name: t.file.Name, Remote: t.remote.Addr()})
+		}
+	case outcomeTooSlow, outcomeResendBudget:
+		s.rejects.Note(outcome, append(fields(), zap.String("hint", s.hints[outcome]))...)
+	default:
+		// EDK2 asks for tsize and aborts before downloading; forged or vanished clients time out: normal.
+		if ce := s.log.Check(zapcore.DebugLevel, "tftp transfer ended early"); ce != nil {
+			ce.Write(fields()...)
 		}
 	}
 }
 
-func (s *Server) handle(port *port, b []byte, p packet) {
-	req, err := ParseRequest(b)
+func (s *Server) count(result string) { s.requests.WithLabelValues(result).Inc() }
 
-	switch {
-	case errors.Is(err, ErrNotRequest):
-		s.requests.WithLabelValues(resultIgnored).Inc()
-
-		return
-	case err != nil:
-		s.refuse(port, p, resultBadRequest, errIllegalOp, "bad request", zap.Error(err))
-
-		return
-	case req.Write:
-		s.refuse(port, p, resultWrite, errAccessViolation, "read-only", zap.String("name", req.Filename))
-
-		return
-	}
-
-	// A client that sends its request again (our first packet was slow or lost) already has its transfer.
-	if s.isActive(p.src) {
-		s.requests.WithLabelValues(resultDuplicate).Inc()
-
-		return
-	}
-
-	f, err := s.catalog.Lookup(req.Filename)
-	if err != nil {
-		result, code, msg := resultNotFound, errFileNotFound, "file not found"
-		if errors.Is(err, ErrBadName) {
-			result, code, msg = resultBadName, errAccessViolation, "bad name"
-		}
-
-		s.refuse(port, p, result, code, msg, zap.String("name", req.Filename), zap.Error(err))
-		s.report(Fetch{Name: req.Filename, Remote: p.src.Addr(), Err: err})
-
-		return
-	}
-
-	// An evicted transfer's socket closes at once, its goroutine exits when next scheduled: on a starved CPU
-	// they could pile up, so beyond half the bound again new requests wait for them.
-	if s.running.Load() >= int64(s.cfg.MaxTransfers+s.cfg.MaxTransfers/2) {
-		s.shed(p, resultOverloaded, zap.String("name", f.Name))
-
-		return
-	}
-
-	t := &transfer{s: s, remote: p.src, name: f.Name, start: time.Now()}
-
-	slot, err := s.lim.Acquire(p.src.Addr(), func() { t.end(outcomeEvicted) })
-	if err != nil {
-		result := resultTotal
-
-		re, _ := limits.AsRefused(err)
-		if re != nil && re.Reason == limits.PerSource {
-			result = resultPerSource
-		}
-
-		s.shed(p, result, zap.String("name", f.Name))
-
-		return
-	}
-
-	if err := t.open(p.dst); err != nil {
-		slot.Release()
-		s.shed(p, resultNoSocket, zap.String("name", f.Name), zap.Error(err))
-
-		return
-	}
-
-	t.slot = slot
-	t.prepare(req, f, s.blockLimit(p))
-
-	s.mu.Lock()
-	s.active[p.src] = t
-	s.mu.Unlock()
-
-	s.requests.WithLabelValues(resultServed).Inc()
-	s.wg.Add(1)
-	s.running.Add(1)
-
-	go t.run()
+// shed counts and logs a request refused for now (a limit, the request rate, overload) and leaves it
+// unanswered: a ROM gives up the boot file at an error packet (EDK2's and iPXE's TFTP clients end the
+// transfer with it), but sends a request that got no answer again a second or so later, when a transfer has
+// most likely ended.
+func (s *Server) shed(remote netip.AddrPort, result string, fields ...zap.Field) {
+	s.note(remote, result, fields...)
 }
 
-func (s *Server) isActive(src netip.AddrPort) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-
-	_, ok := s.active[src]
-
-	return ok
-}
-
-// refuse counts and logs a request refused for good (no such file, a bad name or request, a write) and
-// answers it with an error packet at once, while under ErrorRate; beyond it the request gets no answer.
-func (s *Server) refuse(port *port, p packet, result string, code uint16, msg string, fields ...zap.Field) {
-	s.note(p, result, fields...)
-
-	if !s.errRate.AllowN(s.now(), 1) {
-		s.errorsDropped.Inc()
-
-		return
-	}
-
-	if err := port.write(appendError(nil, code, msg), p); err != nil {
-		s.log.Debug("tftp error reply not sent", zap.Stringer("remote", p.src), zap.Error(err))
-	}
-}
-
-// shed counts and logs a request refused for now (a limit, no socket, overload) and leaves it unanswered: a
-// ROM gives up the boot file at an error packet (EDK2's and iPXE's TFTP clients end the transfer with it),
-// but sends a request that got no answer again a second or so later, when a transfer has most likely ended.
-func (s *Server) shed(p packet, result string, fields ...zap.Field) {
-	s.note(p, result, fields...)
-}
-
-func (s *Server) note(p packet, result string, fields ...zap.Field) {
-	s.requests.WithLabelValues(result).Inc()
+// note counts and logs (within the RejectLog's interval) a refused request.
+func (s *Server) note(remote netip.AddrPort, result string, fields ...zap.Field) {
+	s.count(result)
 	s.nRefused.Add(1)
 
-	fields = append(fields, zap.Stringer("remote", p.src))
+	fields = append(fields, zap.Stringer("remote", remote))
 	if h := s.hints[result]; h != "" {
 		fields = append(fields, zap.String("hint", h))
 	}
@@ -483,127 +425,16 @@ func (s *Server) now() time.Time {
 	return time.Now()
 }
 
-type mtuEntry struct {
-	mtu int
-	at  time.Time
-}
+// hook hears from the library about transfers that failed, the filter's only interest being one it could
+// not start (an admitted request must not keep its admission).
+type hook struct{ f *filter }
 
-// blockLimit is the largest blksize for a request that came in on p's interface: BlockSize, clamped to the
-// interface MTU minus the IP and UDP headers (looked up once a minute per interface).
-func (s *Server) blockLimit(p packet) int {
-	if p.ifIndex <= 0 {
-		return s.cfg.BlockSize
+func (hook) OnSuccess(pintftp.TransferStats) {}
+
+// OnFailure is called by the library's read loop, with no remote address, when it could not start a transfer
+// for a datagram (and for a transfer's failure, with its remote address: the handler deals with those).
+func (h hook) OnFailure(st pintftp.TransferStats, _ error) {
+	if st.RemoteAddr == nil {
+		h.f.unstarted()
 	}
-
-	e, ok := s.mtuCache[p.ifIndex]
-	if !ok || time.Since(e.at) > time.Minute {
-		e = mtuEntry{at: time.Now()}
-
-		if ifi, err := net.InterfaceByIndex(p.ifIndex); err == nil {
-			e.mtu = ifi.MTU
-		}
-
-		s.mtuCache[p.ifIndex] = e
-	}
-
-	overhead := 28 // IPv4 and UDP headers
-	if p.dst.Is6() && !p.dst.Is4In6() {
-		overhead = 48
-	}
-
-	if e.mtu-overhead < minBlockSize {
-		return s.cfg.BlockSize
-	}
-
-	return min(s.cfg.BlockSize, e.mtu-overhead)
-}
-
-// packet is where a datagram came from and, when the socket tells, where it went.
-type packet struct {
-	src     netip.AddrPort
-	dst     netip.Addr
-	ifIndex int
-}
-
-// port reads the server port, with the destination address and interface of each datagram when the socket
-// is an IPv4 UDP socket (the transfer then answers from the address the client asked).
-type port struct {
-	conn net.PacketConn
-	pc4  *ipv4.PacketConn
-}
-
-func newPort(conn net.PacketConn) *port {
-	p := &port{conn: conn}
-
-	if uc, ok := conn.(*net.UDPConn); ok {
-		if la, ok := uc.LocalAddr().(*net.UDPAddr); ok && la.IP.To4() != nil {
-			pc := ipv4.NewPacketConn(uc)
-			if pc.SetControlMessage(ipv4.FlagDst|ipv4.FlagInterface, true) == nil {
-				p.pc4 = pc
-			}
-		}
-	}
-
-	return p
-}
-
-func (p *port) read(b []byte) (int, packet, error) {
-	var (
-		n   int
-		cm  *ipv4.ControlMessage
-		src net.Addr
-		err error
-	)
-
-	if p.pc4 != nil {
-		n, cm, src, err = p.pc4.ReadFrom(b)
-	} else {
-		n, src, err = p.conn.ReadFrom(b)
-	}
-
-	if err != nil {
-		return 0, packet{}, err
-	}
-
-	var pk packet
-
-	if ua, ok := src.(*net.UDPAddr); ok {
-		ap := ua.AddrPort()
-		pk.src = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-	}
-
-	if cm != nil {
-		if a, ok := netip.AddrFromSlice(cm.Dst); ok {
-			pk.dst = a.Unmap()
-		}
-
-		pk.ifIndex = cm.IfIndex
-	}
-
-	return n, pk, nil
-}
-
-// write answers p from the address p was sent to, when known.
-func (p *port) write(b []byte, to packet) error {
-	addr := net.UDPAddrFromAddrPort(to.src)
-
-	if p.pc4 != nil && to.dst.Is4() && !to.dst.IsMulticast() && to.dst != netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
-		_, err := p.pc4.WriteTo(b, &ipv4.ControlMessage{Src: to.dst.AsSlice()}, addr)
-
-		return err
-	}
-
-	_, err := p.conn.WriteTo(b, addr)
-
-	return err
-}
-
-// netasciiOf returns data in netascii (RFC 764: CR LF line ends, CR NUL for a bare CR).
-func netasciiOf(data []byte) []byte {
-	out, err := io.ReadAll(netascii.ToReader(bytes.NewReader(data)))
-	if err != nil {
-		return data // unreachable: reading memory does not fail
-	}
-
-	return out
 }
