@@ -360,6 +360,10 @@ func (l *Locations) powerReported(siteID, machineID, state, reason string, at ti
 	}
 
 	if cur, ok := l.machines[machineID]; ok && cur.SiteID == siteID {
+		if reason == "" && state == cur.Power {
+			reason = cur.PowerReason // a list's known states carry no reason: keep the one the change brought
+		}
+
 		cur.Power, cur.PowerAt, cur.PowerReason = state, at, reason
 	}
 }

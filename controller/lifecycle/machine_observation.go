@@ -95,6 +95,9 @@ func (s *machineObservation) powerState(ctx context.Context, logger *zap.Logger,
 			case "off":
 				return specs.MachineObservationSpec_POWER_STATE_OFF
 			default:
+				// the edge's own words: why it cannot reach the BMC (never "site offline": it watched)
+				logger.Info("power state unknown", zap.String("site", site), zap.String("error", loc.PowerReason),
+					zap.String("source", "edge bmc watch"))
 				obs.WaitingReason = "power state unknown: " + loc.PowerReason
 
 				return specs.MachineObservationSpec_POWER_STATE_UNKNOWN
