@@ -51,19 +51,26 @@ const (
 type filter struct {
 	s    *Server
 	conn net.PacketConn
-	pc4  *ipv4.PacketConn // nil unless conn is an IPv4 UDP socket: then datagrams carry their destination
+	// uc is conn when it is an IPv4 UDP socket: its datagrams then carry their destination and interface
+	// (IP_PKTINFO, set through x/net; the reads and writes go through the standard library, which is cheaper).
+	uc *net.UDPConn
 
 	// The library reads from one goroutine: these are that goroutine's.
 	buf          []byte
+	oob          []byte
 	out          []byte
 	mtuCache     map[int]mtuEntry
 	rates        *sourceRates
 	lastAdmitted *transfer // handed to the library by the last ReadFrom
 
 	// woken is set when a transfer ended from outside waits for its error to be read (see wake).
-	woken    atomic.Bool
-	wakeCh   chan struct{}
-	failed   chan error // a read error about the socket rather than one datagram, at most one
+	woken  atomic.Bool
+	wakeCh chan struct{}
+	failed chan error // a read error about the socket rather than one datagram, at most one
+	// nEnded is len(ended), and halted is set once stopped or fatal is: the read loop looks at them without
+	// the lock, which a transfer's send takes at the same moment.
+	nEnded atomic.Int32
+	halted atomic.Bool
 
 	mu       sync.Mutex
 	deadline time.Time // the library's read deadline
@@ -79,7 +86,7 @@ type filter struct {
 // transfer is the filter's record of an admitted read transfer. The fields below mu are guarded by filter.mu.
 type transfer struct {
 	remote netip.AddrPort
-	local  netip.Addr // the address the request was sent to, which the transfer answers from
+	oob    []byte // the control message that answers from the address the request was sent to (see sendFrom)
 	file   *File
 	mode   string
 	start  time.Time
@@ -146,9 +153,9 @@ func newFilter(s *Server, conn net.PacketConn) *filter {
 
 	if uc, ok := conn.(*net.UDPConn); ok {
 		if la, ok := uc.LocalAddr().(*net.UDPAddr); ok && la.IP.To4() != nil {
-			pc := ipv4.NewPacketConn(uc)
-			if pc.SetControlMessage(ipv4.FlagDst|ipv4.FlagInterface, true) == nil {
-				f.pc4 = pc
+			if ipv4.NewPacketConn(uc).SetControlMessage(ipv4.FlagDst|ipv4.FlagInterface, true) == nil {
+				f.uc = uc
+				f.oob = ipv4.NewControlMessage(ipv4.FlagDst | ipv4.FlagInterface)
 			}
 		}
 	}
@@ -173,22 +180,26 @@ func (f *filter) ReadFrom(b []byte) (int, net.Addr, error) {
 			_ = f.conn.SetReadDeadline(d) //nolint:errcheck // the read reports a broken socket
 		}
 
-		if t := f.popEnded(); t != nil {
-			return copy(b, appendError(nil, errNotDefined, "ended")), net.UDPAddrFromAddrPort(t.remote), nil
+		if f.nEnded.Load() > 0 {
+			if t := f.popEnded(); t != nil {
+				return copy(b, appendError(nil, errNotDefined, "ended")), net.UDPAddrFromAddrPort(t.remote), nil
+			}
 		}
 
-		f.mu.Lock()
-		idle, fatal := f.stopped && f.running == 0, f.fatal
-		f.mu.Unlock()
+		if f.halted.Load() {
+			f.mu.Lock()
+			idle, fatal := f.stopped && f.running == 0, f.fatal
+			f.mu.Unlock()
 
-		if idle {
-			return 0, nil, stopTimeout{}
-		}
+			if idle {
+				return 0, nil, stopTimeout{}
+			}
 
-		if fatal {
-			f.awaitWake()
+			if fatal {
+				f.awaitWake()
 
-			continue
+				continue
+			}
 		}
 
 		n, p, err := f.read()
@@ -236,6 +247,7 @@ func (f *filter) readError(err error) bool {
 	f.mu.Lock()
 	first := !f.fatal
 	f.fatal = true
+	f.halted.Store(true)
 	f.mu.Unlock()
 
 	if first {
@@ -257,31 +269,31 @@ func (f *filter) awaitWake() {
 }
 
 func (f *filter) read() (int, packet, error) {
-	var (
-		n   int
-		cm  *ipv4.ControlMessage
-		src net.Addr
-		err error
-	)
-
-	if f.pc4 != nil {
-		n, cm, src, err = f.pc4.ReadFrom(f.buf)
-	} else {
-		n, src, err = f.conn.ReadFrom(f.buf)
-	}
-
-	if err != nil {
-		return 0, packet{}, err
-	}
-
 	var p packet
 
-	if ua, ok := src.(*net.UDPAddr); ok {
-		ap := ua.AddrPort()
-		p.src = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	if f.uc == nil {
+		n, src, err := f.conn.ReadFrom(f.buf)
+		if err != nil {
+			return 0, p, err
+		}
+
+		if ua, ok := src.(*net.UDPAddr); ok {
+			ap := ua.AddrPort()
+			p.src = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+		}
+
+		return n, p, nil
 	}
 
-	if cm != nil {
+	n, oobn, _, src, err := f.uc.ReadMsgUDPAddrPort(f.buf, f.oob)
+	if err != nil {
+		return 0, p, err
+	}
+
+	p.src = netip.AddrPortFrom(src.Addr().Unmap(), src.Port())
+
+	var cm ipv4.ControlMessage
+	if cm.Parse(f.oob[:oobn]) == nil {
 		if a, ok := netip.AddrFromSlice(cm.Dst); ok {
 			p.dst = a.Unmap()
 		}
@@ -401,7 +413,7 @@ func (f *filter) request(b []byte, p packet) ([]byte, bool) {
 		return nil, false
 	}
 
-	t := &transfer{remote: p.src, local: p.dst, file: file, mode: req.mode, start: time.Now()}
+	t := &transfer{remote: p.src, oob: f.sendFrom(p.dst), file: file, mode: req.mode, start: time.Now()}
 
 	slot, err := s.lim.Acquire(p.src.Addr(), func() { f.end(t, outcomeEvicted, false) })
 	if err != nil {
@@ -452,7 +464,7 @@ func (f *filter) refuse(p packet, result string, code uint16, msg string, fields
 		return
 	}
 
-	if _, err := f.writeFrom(appendError(nil, code, msg), p.src, p.dst); err != nil {
+	if _, err := f.writeFrom(appendError(nil, code, msg), p.src, f.sendFrom(p.dst)); err != nil {
 		s.log.Debug("tftp error reply not sent", zap.Stringer("remote", p.src), zap.Error(err))
 	}
 }
@@ -501,6 +513,7 @@ func (f *filter) end(t *transfer, outcome string, wake bool) {
 
 	t.ended = outcome
 	f.ended = append(f.ended, t)
+	f.nEnded.Add(1)
 	f.mu.Unlock()
 
 	if wake {
@@ -530,6 +543,7 @@ func (f *filter) popEnded() *transfer {
 		t := f.ended[0]
 		f.ended[0] = nil
 		f.ended = f.ended[1:]
+		f.nEnded.Add(-1)
 
 		if !t.done && f.active[t.remote] == t {
 			return t
@@ -560,7 +574,6 @@ func (f *filter) WriteTo(b []byte, addr net.Addr) (int, error) {
 	}
 
 	send, err := f.outgoing(t, b)
-	local := t.local
 	f.mu.Unlock()
 
 	if err != nil {
@@ -571,7 +584,7 @@ func (f *filter) WriteTo(b []byte, addr net.Addr) (int, error) {
 		return len(b), nil
 	}
 
-	return f.writeFrom(b, remote, local)
+	return f.writeFrom(b, remote, t.oob)
 }
 
 // outgoing decides a packet the library sends for t (f.mu held): whether it goes out, or the error that ends
@@ -626,16 +639,25 @@ func (f *filter) outgoing(t *transfer, b []byte) (bool, error) {
 	return true, nil
 }
 
-// writeFrom sends b to to from local, when known (a request to a broadcast or multicast address is answered
-// from the address the kernel picks).
-func (f *filter) writeFrom(b []byte, to netip.AddrPort, local netip.Addr) (int, error) {
-	addr := net.UDPAddrFromAddrPort(to)
-
-	if f.pc4 != nil && local.Is4() && !local.IsMulticast() && local != netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
-		return f.pc4.WriteTo(b, &ipv4.ControlMessage{Src: local.AsSlice()}, addr)
+// sendFrom returns the control message that sends from local, the address a request was sent to; nil when
+// the kernel is to pick (a request to a broadcast or multicast address, or no address known).
+func (f *filter) sendFrom(local netip.Addr) []byte {
+	if f.uc == nil || !local.Is4() || local.IsMulticast() || local == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
+		return nil
 	}
 
-	return f.conn.WriteTo(b, addr)
+	return (&ipv4.ControlMessage{Src: local.AsSlice()}).Marshal()
+}
+
+// writeFrom sends b to to, with the control message oob (see sendFrom) when not nil.
+func (f *filter) writeFrom(b []byte, to netip.AddrPort, oob []byte) (int, error) {
+	if f.uc != nil {
+		n, _, err := f.uc.WriteMsgUDPAddrPort(b, oob, to)
+
+		return n, err
+	}
+
+	return f.conn.WriteTo(b, net.UDPAddrFromAddrPort(to))
 }
 
 // lookup returns the admitted transfer for remote, nil if none.
@@ -745,6 +767,7 @@ func (f *filter) drain(grace time.Duration) {
 func (f *filter) stop() {
 	f.mu.Lock()
 	f.stopped = true
+	f.halted.Store(true)
 	f.mu.Unlock()
 
 	f.wake()

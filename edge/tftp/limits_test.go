@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
+	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -49,13 +51,20 @@ type server struct {
 func start(t *testing.T, cfg tftp.Config, catalog *tftp.Catalog) *server {
 	t.Helper()
 
-	conn, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	return startOn(t, "127.0.0.1:0", cfg, catalog, nil)
+}
+
+// startOn serves on listen, with clock pacing the rates when not nil.
+func startOn(t *testing.T, listen string, cfg tftp.Config, catalog *tftp.Catalog, clock limits.Clock) *server {
+	t.Helper()
+
+	conn, err := net.ListenPacket("udp4", listen)
 	require.NoError(t, err)
 
 	core, logs := observer.New(zapcore.InfoLevel)
 	obs := &fetches{}
 
-	srv, err := tftp.New(cfg, zap.New(core), catalog, tftp.Deps{Observer: obs})
+	srv, err := tftp.New(cfg, zap.New(core), catalog, tftp.Deps{Observer: obs, Clock: clock})
 	require.NoError(t, err)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -70,6 +79,28 @@ func start(t *testing.T, cfg tftp.Config, catalog *tftp.Catalog) *server {
 
 	return &server{Server: srv, addr: conn.LocalAddr().String(), logs: logs, obs: obs}
 }
+
+// frozenClock is a Clock that moves only when told; its timers never fire (the refusal log's summaries are
+// written when the server stops).
+type frozenClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *frozenClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+
+	return c.now
+}
+
+func (c *frozenClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func (*frozenClock) AfterFunc(time.Duration, func()) func() bool { return func() bool { return true } }
 
 // rrq builds a read request: the name, the mode, then option name/value pairs.
 func rrq(name, mode string, opts ...string) []byte {
@@ -308,6 +339,9 @@ func TestPerSourceBoundEvictsTheSourcesOwnUnacknowledged(t *testing.T) {
 	require.Eventually(t, func() bool { return srv.TransferCount("evicted") == 1 }, 5*time.Second, time.Millisecond)
 	require.Equal(t, 2, srv.Stats().Held)
 	require.Equal(t, int64(1), srv.Stats().Evicted[limits.PerSource])
+
+	_, _, _, more := first.recv(300 * time.Millisecond)
+	require.False(t, more, "the evicted transfer's client got another packet")
 }
 
 func TestBoundReachedByAcknowledgedTransfersLeavesTheRequestForItsRetry(t *testing.T) {
@@ -420,4 +454,173 @@ func TestRefusalFloodIsBoundedInRepliesEventsAndLogLines(t *testing.T) {
 	require.LessOrEqual(t, float64(srv.obs.len()), 10+10*elapsed+1)
 	require.Equal(t, flood, srv.obs.len()+evDropped)
 	require.Len(t, srv.logs.FilterField(zap.String("reason", "not_found")).All(), 1, "one line until the interval ends")
+}
+
+func TestRequestRatePerSource(t *testing.T) {
+	t.Parallel()
+
+	cfg := fastConfig()
+	cfg.RequestRatePerSource = 5 // bursts of 10
+	clock := &frozenClock{now: time.Unix(1_700_000_000, 0)}
+	srv := startOn(t, "127.0.0.1:0", cfg, bigCatalog(), clock)
+
+	p := newPeer(t, "127.0.0.11", srv.addr)
+
+	for range 15 {
+		p.send(rrq("missing.efi", "octet"))
+	}
+
+	require.Eventually(t, func() bool { return srv.RequestCount("not_found")+srv.RequestCount("rate_limited") == 15 },
+		5*time.Second, time.Millisecond)
+	require.Equal(t, 10, srv.RequestCount("not_found"))
+	require.Equal(t, 5, srv.RequestCount("rate_limited"))
+
+	for range 10 {
+		op, _, _, ok := p.recv(5 * time.Second)
+		require.True(t, ok)
+		require.Equal(t, uint16(opERROR), op)
+	}
+
+	_, _, _, more := p.recv(200 * time.Millisecond)
+	require.False(t, more, "a request beyond the rate was answered")
+
+	// A second later the address has 5 more; another address was never limited.
+	clock.Advance(time.Second)
+
+	for range 6 {
+		p.send(rrq("missing.efi", "octet"))
+	}
+
+	other := newPeer(t, "127.0.0.12", srv.addr)
+	other.send(rrq("ipxe.efi", "octet"))
+
+	op, block, _, ok := other.recv(5 * time.Second)
+	require.True(t, ok)
+	require.Equal(t, uint16(opDATA), op)
+	require.Equal(t, uint16(1), block)
+
+	require.Eventually(t, func() bool { return srv.RequestCount("not_found") == 15 && srv.RequestCount("rate_limited") == 6 },
+		5*time.Second, time.Millisecond)
+}
+
+func TestOptionNamesAreCaseInsensitive(t *testing.T) {
+	t.Parallel()
+
+	srv := start(t, fastConfig(), bigCatalog())
+	p := newPeer(t, "127.0.0.1", srv.addr)
+
+	p.send(rrq("ipxe.efi", "OCTET", "BLKSIZE", "1024", "TSize", "0"))
+
+	b, _, ok := p.recvPacket(5 * time.Second)
+	require.True(t, ok)
+	require.Equal(t, uint16(opOACK), binary.BigEndian.Uint16(b))
+
+	opts := map[string]string{}
+	fields := strings.Split(string(b[2:]), "\x00")
+
+	for i := 0; i+1 < len(fields); i += 2 {
+		opts[fields[i]] = fields[i+1]
+	}
+
+	require.Equal(t, map[string]string{"blksize": "1024", "tsize": "100000"}, opts)
+
+	p.ack(0)
+
+	b, _, ok = p.recvPacket(5 * time.Second)
+	require.True(t, ok)
+	require.Equal(t, uint16(opDATA), binary.BigEndian.Uint16(b))
+	require.Len(t, b, 4+1024)
+}
+
+// TestRepliesComeFromTheAddressAsked serves on the wildcard address: a request sent to 127.0.0.3 is answered
+// from 127.0.0.3 (EDK2 takes its server's packets only from the address it asked), whether it is served or
+// refused.
+func TestRepliesComeFromTheAddressAsked(t *testing.T) {
+	t.Parallel()
+
+	srv := startOn(t, "0.0.0.0:0", fastConfig(), bigCatalog(), nil)
+	_, port, err := net.SplitHostPort(srv.addr)
+	require.NoError(t, err)
+
+	asked := net.JoinHostPort("127.0.0.3", port)
+
+	for _, name := range []string{"ipxe.efi", "missing.efi"} {
+		p := newPeer(t, "127.0.0.1", asked)
+		p.send(rrq(name, "octet"))
+
+		_, _, from, ok := p.recv(5 * time.Second)
+		require.True(t, ok)
+		require.Equal(t, asked, from.String(), name)
+	}
+}
+
+func TestShutdownEndsTransfers(t *testing.T) {
+	t.Parallel()
+
+	conn, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	require.NoError(t, err)
+
+	cfg := tftp.Default()
+	cfg.Timeout = time.Second // grace 2 s; an acknowledged client would time out by itself after 5 s, one that never acknowledged after 3 s
+
+	srv, err := tftp.New(cfg, zap.NewNop(), bigCatalog(), tftp.Deps{})
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+
+	go func() { done <- srv.Serve(ctx, conn) }()
+
+	addr := conn.LocalAddr().String()
+
+	acked := newPeer(t, "127.0.0.13", addr)
+	acked.send(rrq("ipxe.efi", "octet"))
+	_, _, _, ok := acked.recv(5 * time.Second)
+	require.True(t, ok)
+	acked.ack(1)
+	_, block, _, ok := acked.recv(5 * time.Second)
+	require.True(t, ok)
+	require.Equal(t, uint16(2), block)
+
+	unacked := newPeer(t, "127.0.0.14", addr)
+	unacked.send(rrq("ipxe.efi", "octet"))
+	_, _, _, ok = unacked.recv(5 * time.Second)
+	require.True(t, ok)
+
+	cancel()
+
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Serve did not return")
+	}
+
+	require.Equal(t, 2, srv.TransferCount("shutdown"), "both ended by the shutdown, not by their timeouts")
+	require.Zero(t, srv.Stats().Held)
+}
+
+func TestSourceRatesForgetTheLeastRecent(t *testing.T) {
+	t.Parallel()
+
+	allow, size := tftp.SourceRates(1, 2, 3)
+	now := time.Unix(1_700_000_000, 0)
+	a := netip.MustParseAddr("10.0.0.1")
+
+	require.True(t, allow(a, now))
+	require.True(t, allow(a, now))
+	require.False(t, allow(a, now), "beyond the burst")
+	require.True(t, allow(a, now.Add(time.Second)), "one a second")
+	require.False(t, allow(a, now.Add(time.Second)))
+
+	// Three others fill the table: a is forgotten, and starts again with a full bucket.
+	for _, s := range []string{"10.0.0.2", "10.0.0.3", "10.0.0.4"} {
+		require.True(t, allow(netip.MustParseAddr(s), now.Add(time.Second)))
+	}
+
+	require.Equal(t, 3, size())
+	require.True(t, allow(a, now.Add(time.Second)))
+	require.True(t, allow(a, now.Add(time.Second)))
+	require.False(t, allow(a, now.Add(time.Second)))
+	require.Equal(t, 3, size())
 }

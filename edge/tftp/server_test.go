@@ -192,3 +192,48 @@ func FuzzCleanName(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkFetch1MiB fetches a 1 MiB file at blksize 1468 over loopback, as a ROM would (tsize asked).
+func BenchmarkFetch1MiB(b *testing.B) {
+	data := make([]byte, 1<<20)
+	_, err := rand.Read(data)
+	require.NoError(b, err)
+
+	conn, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	require.NoError(b, err)
+
+	cfg := tftp.Default()
+	cfg.RequestRatePerSource = 1_000_000 // fetches back to back from one address
+
+	srv, err := tftp.New(cfg, zap.NewNop(), tftp.NewCatalog(map[string][]byte{"ipxe.efi": data}), tftp.Deps{})
+	require.NoError(b, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+
+	go func() { done <- srv.Serve(ctx, conn) }()
+
+	b.Cleanup(func() {
+		cancel()
+		require.NoError(b, <-done)
+	})
+
+	b.SetBytes(int64(len(data)))
+
+	for b.Loop() {
+		c, err := pintftp.NewClient(conn.LocalAddr().String())
+		require.NoError(b, err)
+		c.SetTimeout(time.Second)
+		c.SetBlockSize(1468)
+		c.RequestTSize(true)
+
+		wt, err := c.Receive("ipxe.efi", "octet")
+		require.NoError(b, err)
+
+		var buf bytes.Buffer
+
+		_, err = wt.WriteTo(&buf)
+		require.NoError(b, err)
+		require.Equal(b, len(data), buf.Len())
+	}
+}
