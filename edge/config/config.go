@@ -204,14 +204,9 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// OpenFiles is how many files the connection and transfer limits let the site network make the edge open:
-// two per HTTP connection (a download opens its asset), one per TFTP transfer and agent API connection, and
-// 1,024 for everything else (state, journal, asset cache, uplink).
+// OpenFiles is how many files the connection limits let the site network make the edge open: two per HTTP
+// connection (a download opens its asset), one per agent API connection, and 1,024 for everything else
+// (state, journal, asset cache, uplink, the TFTP port: TFTP transfers share it and open nothing).
 func (c Config) OpenFiles() int {
-	n := 2*c.HTTP.MaxConns + c.Tunnels.MaxConns + 1024
-	if c.TFTP.Listen != "" {
-		n += c.TFTP.MaxTransfers
-	}
-
-	return n
+	return 2*c.HTTP.MaxConns + c.Tunnels.MaxConns + 1024
 }

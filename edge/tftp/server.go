@@ -252,15 +252,32 @@ func (s *Server) Run(ctx context.Context) error {
 // Serve answers requests on conn until ctx ends, then gives the transfers in progress a moment to finish
 // and ends the rest. It closes conn.
 //
-// The protocol is pin/tftp's, in single-port mode, reading and writing conn through the admission filter.
-// Single-port mode because that is what lets the filter bound a transfer at all: in the library's default
-// mode each transfer has a socket of its own, which the filter never sees, and a transfer that waits for
-// the acknowledgement of its first packet cannot be ended from outside (its read handler is not called
-// until that acknowledgement comes, so failing the reader it was given does not reach it either): each
-// request with a forged source would hold its place for 1+Retries timeouts, and a flood would fill the
-// bound with them. In single-port mode no transfer needs a socket, and the filter sees and can end every
-// transfer. What the edge gives up is the random server port of RFC 1350's TIDs (see Config for the bounds
-// on a client that acknowledges: it is bounded by time and resends, not by being unable to guess a port).
+// The protocol is pin/tftp's (v3.2.0), in single-port mode, reading and writing conn through the admission
+// filter (see filter). What the library cannot do, and how the edge keeps the bound anyway:
+//
+//   - In its default mode each transfer has a socket of its own, which nothing outside the library sees, and
+//     a transfer waiting for the acknowledgement of its first packet cannot be ended from outside: its read
+//     handler's reader is read only after an acknowledgement, so failing the reader does not reach it. Each
+//     request with a forged source would hold its place for 1+Retries timeouts, and a flood would fill the
+//     bound with them (measured with this filter in front: under the flood test's 5,000 requests/s the real
+//     client's request was never answered). In single-port mode every packet passes the filter, which ends
+//     such a transfer by handing the library an error from its client, and no transfer needs a socket.
+//   - It has one retry count for every packet, no resend or time budget per transfer: the filter counts the
+//     sends and fails the send that goes beyond FirstRetries, MaxResends or MaxTransferTime.
+//   - Through a connection that is not a *net.UDPConn it sees no IP_PKTINFO: it cannot clamp blksize to the
+//     MTU of the interface (it would cap blocks at 512 bytes) nor answer from the address the request was
+//     sent to. The filter clamps the blksize in the request it hands over and sends from that address.
+//   - It compares option names and the mode case-sensitively (RFC 2347 says they are not): the filter hands
+//     it lower-case ones.
+//   - It answers a refused read from a transfer of its own, keyed by the client's address: the filter
+//     answers refusals itself (see filter.refuse).
+//   - Its error packets always carry code 1 (file not found); a client cut off for being too slow is told so
+//     in the message, with that code.
+//   - In single-port mode its server port is the TID (RFC 1350 has the server pick a random one per
+//     transfer), so a forger on the site network can acknowledge its forged transfers blindly: they are then
+//     bounded as live clients are (MaxTransferTime, MaxResends, the per-source and total bounds), not by a
+//     port the forger would have to guess. SetAnticipate (several blocks per acknowledgement) is not used:
+//     ROMs acknowledge every block, and the library's single-port inbox holds one datagram per transfer.
 func (s *Server) Serve(ctx context.Context, conn net.PacketConn) error {
 	defer s.rejects.Flush()
 
