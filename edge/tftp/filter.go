@@ -217,7 +217,12 @@ func (f *filter) ReadFrom(b []byte) (int, net.Addr, error) {
 		}
 
 		if len(out) > len(b) {
-			f.s.count(resultBadRequest)
+			// Larger than the library reads (its buffer is BlockSize+4 bytes, a normalised request far less).
+			if f.lastAdmitted != nil {
+				f.unstarted()
+			}
+
+			f.s.count(resultIgnored)
 
 			continue
 		}
