@@ -332,17 +332,29 @@ func (f *fleet) run(ctx context.Context, r *Result, phase func(string)) error {
 
 	go func() { acceptDone <- accepted.run(acceptCtx) }()
 
-	for i, m := range f.machines {
-		m.powerOn()
+	// In batches every 100 ms, so that the pace holds when timers run late on a busy machine.
+	batch := max(1, cfg.BootRate/10)
+	tick := time.NewTicker(100 * time.Millisecond)
 
-		if err := sleep(ctx, time.Second/time.Duration(cfg.BootRate)); err != nil {
-			return err
+	for i := 0; i < len(f.machines); i += batch {
+		for _, m := range f.machines[i:min(i+batch, len(f.machines))] {
+			m.powerOn()
 		}
 
-		if (i+1)%(cfg.Machines()/10+1) == 0 {
-			log.Info("machines powered on", zap.Int("machines", i+1))
+		if n := min(i+batch, len(f.machines)); n/(cfg.Machines()/10+1) != i/(cfg.Machines()/10+1) {
+			log.Info("machines powered on", zap.Int("machines", n))
+		}
+
+		select {
+		case <-ctx.Done():
+			tick.Stop()
+
+			return ctx.Err()
+		case <-tick.C:
 		}
 	}
+
+	tick.Stop()
 
 	phase("machines_powered_on")
 
