@@ -16,7 +16,7 @@ import (
 func TestFidelity(t *testing.T) {
 	standIn, err := fidelity.StartStandIn("bare-metal", zaptest.NewLogger(t).Named("stand-in"))
 	require.NoError(t, err)
-	t.Cleanup(standIn.Stop)
+	t.Cleanup(func() { require.NoError(t, standIn.Stop()) })
 
 	want := scenario(t, standIn)
 	logTranscript(t, standIn.Name(), want)

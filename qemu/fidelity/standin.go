@@ -48,7 +48,7 @@ func StartStandIn(providerID string, logger *zap.Logger) (*StandIn, error) {
 	go func() { s.done <- srv.Serve(ctx, ln) }()
 
 	if s.admin, err = client.New("grpc://"+s.addr, client.WithServiceAccount(srv.AdminKey())); err != nil {
-		s.Stop()
+		s.Stop() //nolint:errcheck // the client error is the one to report
 
 		return nil, fmt.Errorf("admin client: %w", err)
 	}
@@ -56,15 +56,17 @@ func StartStandIn(providerID string, logger *zap.Logger) (*StandIn, error) {
 	return s, nil
 }
 
-// Stop stops serving and closes the store.
-func (s *StandIn) Stop() {
+// Stop stops serving and closes the store; it returns what serving ended with.
+func (s *StandIn) Stop() error {
 	if s.admin != nil {
 		s.admin.Close() //nolint:errcheck
 	}
 
 	s.cancel()
-	<-s.done
+	err := <-s.done
 	s.srv.Close() //nolint:errcheck
+
+	return err
 }
 
 // Name implements Backend.
