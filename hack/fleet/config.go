@@ -72,6 +72,8 @@ type Config struct {
 	RestartTimeout time.Duration `json:"restart_timeout"`
 	// Perf records the controller with `perf record` during the window (when perf is installed).
 	Perf bool `json:"perf"`
+	// OpenFiles is the simulator's open-file limit (0: unknown); Validate refuses a fleet that needs more.
+	OpenFiles uint64 `json:"open_files"`
 	// Label is free text kept with the figures (what was measured: a commit, a change).
 	Label string `json:"label"`
 	// Seed chooses the dead BMCs, the offline sites and the samples.
@@ -114,6 +116,18 @@ func Default() Config {
 // Machines is the fleet's size in machines.
 func (c Config) Machines() int { return c.Sites * c.MachinesPerSite }
 
+// filesNeeded estimates the simulator's open files: per site its uplink, agent endpoint and journal, and per
+// agent both ends of its connection when each has its own.
+func (c Config) filesNeeded() uint64 {
+	n := uint64(c.Sites) * 16 //nolint:gosec // validated sizes
+
+	if c.AgentConns == "machine" {
+		n += 2 * uint64(c.Machines()) //nolint:gosec // validated sizes
+	}
+
+	return n + 1024
+}
+
 // Validate reports a configuration the simulator cannot run.
 func (c Config) Validate() error {
 	var errs []error
@@ -139,6 +153,11 @@ func (c Config) Validate() error {
 	frac("dead bmc fraction", c.DeadBMCFraction)
 	frac("offline site fraction", c.OfflineSiteFraction)
 	frac("bmc failure rate", c.BMC.FailureRate)
+
+	if need := c.filesNeeded(); c.OpenFiles > 0 && need > c.OpenFiles {
+		errs = append(errs, fmt.Errorf("the fleet needs about %d open files and the simulator may have %d: "+
+			"use --agent-conns site (one agent connection per site) or fewer machines", need, c.OpenFiles))
+	}
 
 	if c.ControllerBinary == "" || c.Self == "" || c.WorkDir == "" || c.OutDir == "" {
 		errs = append(errs, errors.New("controller binary, self, work and out directories are required"))

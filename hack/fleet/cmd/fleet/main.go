@@ -76,7 +76,7 @@ func root() *cobra.Command {
 				return err
 			}
 
-			raiseOpenFiles(log)
+			cfg.OpenFiles = raiseOpenFiles(log)
 
 			if cfg.Self, err = os.Executable(); err != nil {
 				return err
@@ -145,12 +145,13 @@ func root() *cobra.Command {
 	return cmd
 }
 
-// raiseOpenFiles lifts the open-file limit: every simulated agent holds a connection, both of whose ends are in
-// this process. Root may go past the hard limit, up to the kernel's nr_open.
-func raiseOpenFiles(log *zap.Logger) {
+// raiseOpenFiles lifts the open-file limit as far as it may go (the soft limit to the hard one; past it where the
+// process may, up to the kernel's nr_open) and returns it: every simulated agent holds a connection, both of whose
+// ends are in this process.
+func raiseOpenFiles(log *zap.Logger) uint64 {
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
-		return
+		return 0
 	}
 
 	want := uint64(1 << 20)
@@ -166,6 +167,12 @@ func raiseOpenFiles(log *zap.Logger) {
 			log.Warn("open-file limit not raised", zap.Error(err))
 		}
 	}
+
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return 0
+	}
+
+	return lim.Cur
 }
 
 func omniCommand() *cobra.Command {
