@@ -109,8 +109,21 @@ type Restart struct {
 	Unobserved   int     `json:"unobserved"`
 }
 
-// Summary is the run's one line.
+// Summary is the run's one line; a run that ended before its steady-state window says so instead of figures.
 func (r *Result) Summary() string {
+	if r.Steady.WindowS == 0 {
+		last, at := "start", 0.0
+
+		for name, t := range r.Phases {
+			if t > at {
+				last, at = name, t
+			}
+		}
+
+		return fmt.Sprintf("FLEET sites=%d machines=%d incomplete: ended after phase %s at %.0f s, %d of %d ready to use",
+			r.Sites, r.Machines, last, at, r.ReadyToUse, r.Machines)
+	}
+
 	return fmt.Sprintf("FLEET sites=%d machines=%d cpu_cores=%.3f rss_mib=%.0f omni_reads_per_s=%.2f power_age_p99_s=%.1f intent_to_bmc_p99_ms=%.0f restart_located_s=%.2f reconnect_s=%.2f",
 		r.Sites, r.Machines, r.Steady.ControllerCores, r.Steady.ControllerRSSMiB, r.Steady.OmniReadsPerS,
 		r.Steady.PowerAge.P99, r.Intent.AllMS.P99, r.Restart.LocatedS, r.Restart.ReconnectS)
@@ -397,6 +410,10 @@ func (f *fleet) run(ctx context.Context, r *Result, phase func(string)) error {
 
 		return ready == cfg.Machines(), nil
 	}); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+
 		log.Warn("not every machine became ready to use; measuring anyway", zap.Int("ready_to_use", r.ReadyToUse), zap.Error(err))
 	}
 
@@ -422,6 +439,10 @@ func (f *fleet) run(ctx context.Context, r *Result, phase func(string)) error {
 
 		return wrong == 0, nil
 	}); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+
 		log.Warn("power does not follow the wish for every machine; measuring anyway", zap.Error(err))
 	}
 
