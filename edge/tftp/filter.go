@@ -71,6 +71,10 @@ type filter struct {
 	// the lock, which a transfer's send takes at the same moment.
 	nEnded atomic.Int32
 	halted atomic.Bool
+	// handed is set while the datagram ReadFrom returned last was for a transfer in progress (delivering):
+	// the library hands it to that transfer's inbox after ReadFrom returns, and ReadFrom's next call says it
+	// is done (see libraryEnds).
+	handed atomic.Bool
 
 	mu       sync.Mutex
 	deadline time.Time // the library's read deadline
@@ -81,6 +85,10 @@ type filter struct {
 	fatal    bool
 	running  int            // admitted transfers whose handler has not returned (ended ones included)
 	wg       sync.WaitGroup // the same, for drain
+	// delivering is the transfer the library's read loop may be handing a datagram to now; delivered is
+	// broadcast when that is done.
+	delivering *transfer
+	delivered  *sync.Cond
 }
 
 // transfer is the filter's record of an admitted read transfer. The fields below mu are guarded by filter.mu.
@@ -95,6 +103,7 @@ type transfer struct {
 	acked     bool   // the client acknowledged a packet: no longer evictable, Retries instead of FirstRetries
 	ended     string // the outcome, when the filter ended the transfer
 	clientErr bool   // the client sent an error
+	closing   bool   // the library has begun to end the transfer: it is handed nothing more
 	done      bool   // the handler returned
 	sentOp    uint16 // opcode and block of the packet last sent (0 before the first)
 	sentBlock uint16
@@ -150,6 +159,7 @@ func newFilter(s *Server, conn net.PacketConn) *filter {
 		failed:   make(chan error, 1),
 		active:   map[netip.AddrPort]*transfer{},
 	}
+	f.delivered = sync.NewCond(&f.mu)
 
 	if uc, ok := conn.(*net.UDPConn); ok {
 		if la, ok := uc.LocalAddr().(*net.UDPAddr); ok && la.IP.To4() != nil {
@@ -170,6 +180,14 @@ func (f *filter) ReadFrom(b []byte) (int, net.Addr, error) {
 	// The library has dealt with the previous datagram: an admitted request has its transfer by now, or
 	// the hook was told it failed (see unstarted).
 	f.lastAdmitted = nil
+
+	if f.handed.Load() {
+		f.mu.Lock()
+		f.delivering = nil
+		f.handed.Store(false)
+		f.delivered.Broadcast()
+		f.mu.Unlock()
+	}
 
 	for {
 		if f.woken.Swap(false) {
@@ -338,12 +356,13 @@ func (f *filter) reply(op uint16, b []byte, p packet) bool {
 	defer f.mu.Unlock()
 
 	t := f.active[p.src]
-	if t == nil || t.ended != "" {
+	if t == nil || t.ended != "" || t.closing {
 		return false
 	}
 
 	if op == opERROR {
 		t.clientErr = true
+		f.handing(t)
 
 		return true
 	}
@@ -357,7 +376,36 @@ func (f *filter) reply(op uint16, b []byte, p packet) bool {
 		t.slot.SetEvictable(false)
 	}
 
+	f.handing(t)
+
 	return true
+}
+
+// handing records (f.mu held) that the datagram ReadFrom returns goes to t's inbox in the library.
+func (f *filter) handing(t *transfer) {
+	f.delivering = t
+	f.handed.Store(true)
+}
+
+// libraryEnds is called (through the hook) when the library is about to end the transfer for remote and
+// close its inbox. The library's read loop looks the inbox up under its lock but sends to it after letting
+// go of that lock, so a datagram handed over while the inbox is closed would be a send on a closed channel,
+// a panic that ends the edge: from now on t is handed nothing, and libraryEnds waits until a datagram already
+// handed over is in the inbox (the read loop's sends do not block, and it calls ReadFrom next).
+func (f *filter) libraryEnds(remote netip.AddrPort) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	t := f.active[remote]
+	if t == nil {
+		return
+	}
+
+	t.closing = true
+
+	for f.delivering == t {
+		f.delivered.Wait()
+	}
 }
 
 // request decides a read or write request: the normalised request to hand the library when it is admitted.
@@ -550,7 +598,9 @@ func (f *filter) popEnded() *transfer {
 		f.ended = f.ended[1:]
 		f.nEnded.Add(-1)
 
-		if !t.done && f.active[t.remote] == t {
+		if !t.done && !t.closing && f.active[t.remote] == t {
+			f.handing(t)
+
 			return t
 		}
 	}

@@ -278,6 +278,9 @@ func (s *Server) Run(ctx context.Context) error {
 //     bounded as live clients are (MaxTransferTime, MaxResends, the per-source and total bounds), not by a
 //     port the forger would have to guess. SetAnticipate (several blocks per acknowledgement) is not used:
 //     ROMs acknowledge every block, and the library's single-port inbox holds one datagram per transfer.
+//   - In single-port mode its read loop can hand a datagram to a transfer's inbox as the transfer closes it
+//     (a send on a closed channel: a panic). A client that acknowledges its last block twice is enough. The
+//     filter hands a transfer nothing once the library has begun to end it (see filter.libraryEnds).
 func (s *Server) Serve(ctx context.Context, conn net.PacketConn) error {
 	defer s.rejects.Flush()
 
@@ -446,12 +449,26 @@ func (s *Server) now() time.Time {
 // not start (an admitted request must not keep its admission).
 type hook struct{ f *filter }
 
-func (hook) OnSuccess(pintftp.TransferStats) {}
+// OnSuccess is called from a transfer's goroutine just before the library ends it.
+func (h hook) OnSuccess(st pintftp.TransferStats) { h.ends(st) }
 
 // OnFailure is called by the library's read loop, with no remote address, when it could not start a transfer
-// for a datagram (and for a transfer's failure, with its remote address: the handler deals with those).
+// for a datagram; with its remote address, from a transfer's goroutine just before the library ends it (the
+// handler counts the outcome).
 func (h hook) OnFailure(st pintftp.TransferStats, _ error) {
 	if st.RemoteAddr == nil {
 		h.f.unstarted()
+
+		return
+	}
+
+	h.ends(st)
+}
+
+// ends tells the filter the library is about to close the transfer's inbox. The library's TID is the
+// client's port.
+func (h hook) ends(st pintftp.TransferStats) {
+	if a, ok := netip.AddrFromSlice(st.RemoteAddr); ok && st.Tid > 0 && st.Tid <= 0xffff {
+		h.f.libraryEnds(netip.AddrPortFrom(a.Unmap(), uint16(st.Tid)))
 	}
 }

@@ -26,11 +26,17 @@ func TestMain(m *testing.M) {
 func startServer(t *testing.T, catalog *tftp.Catalog) string {
 	t.Helper()
 
-	conn, err := net.ListenPacket("udp4", "127.0.0.1:0")
-	require.NoError(t, err)
-
 	cfg := tftp.Default()
 	cfg.Timeout = 500 * time.Millisecond
+
+	return startServerWith(t, cfg, catalog)
+}
+
+func startServerWith(t *testing.T, cfg tftp.Config, catalog *tftp.Catalog) string {
+	t.Helper()
+
+	conn, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	require.NoError(t, err)
 
 	srv, err := tftp.New(cfg, zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), catalog, tftp.Deps{})
 	require.NoError(t, err)
@@ -236,4 +242,48 @@ func BenchmarkFetch1MiB(b *testing.B) {
 		require.NoError(b, err)
 		require.Equal(b, len(data), buf.Len())
 	}
+}
+
+// TestRepeatedFinalAcknowledgements sends the last block's acknowledgement again and again while the transfer
+// ends. pin/tftp's single-port read loop hands a datagram to a transfer's inbox after it has let go of the
+// lock that the transfer's end takes to close that inbox: a datagram handed over at that moment is a send on
+// a closed channel, which panics (and the race detector reports). The filter hands a transfer nothing once
+// the library has begun to end it.
+func TestRepeatedFinalAcknowledgements(t *testing.T) {
+	cfg := tftp.Default()
+	cfg.Timeout = 500 * time.Millisecond
+	cfg.RequestRatePerSource = 1000 // one address sends every request
+
+	addr := startServerWith(t, cfg, tftp.NewCatalog(map[string][]byte{"undionly.kpxe": []byte("tiny")}))
+	to, err := net.ResolveUDPAddr("udp4", addr)
+	require.NoError(t, err)
+
+	rrq := append([]byte{0, 1}, "undionly.kpxe\x00octet\x00"...)
+	ack := []byte{0, 4, 0, 1}
+
+	for i := range 40 {
+		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		require.NoError(t, err)
+
+		_, err = c.WriteToUDP(rrq, to)
+		require.NoError(t, err)
+
+		buf := make([]byte, 600)
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+		n, _, err := c.ReadFromUDP(buf)
+		require.NoError(t, err, "transfer %d", i)
+		require.Equal(t, append([]byte{0, 3, 0, 1}, "tiny"...), buf[:n], "transfer %d", i)
+
+		for range 200 {
+			_, err = c.WriteToUDP(ack, to)
+			require.NoError(t, err)
+		}
+
+		require.NoError(t, c.Close())
+	}
+
+	// The server still serves (a panic would have ended the test binary before this).
+	got, _, err := fetch(t, addr, "undionly.kpxe", 0)
+	require.NoError(t, err)
+	require.Equal(t, []byte("tiny"), got)
 }
