@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/cosi-project/runtime/pkg/controller"
-	"github.com/cosi-project/runtime/pkg/safe"
 	omnispecs "github.com/siderolabs/omni/client/api/omni/specs"
 	agentpb "github.com/siderolabs/talos-metal-agent/api/agent"
 	"go.uber.org/zap"
@@ -132,17 +131,9 @@ func (s *bmcConfiguration) write(ctx context.Context, r controller.QRuntime, id 
 		return err
 	}
 
-	// this process's other steps read it at once, before the cache has it (the previous record comes back if
-	// the write fails)
-	prevRec := s.env.written.swap(kindBMC, id, stored)
-
-	if err := safe.WriterModify(ctx, r, s.env.Types.NewBMCConfiguration(id), func(b *resources.BMCConfiguration) error {
+	if err := writeOwn(ctx, s.env, r, s.env.Types.NewBMCConfiguration(id), stored, func(b *resources.BMCConfiguration) {
 		b.TypedSpec().Value = stored
-
-		return nil
 	}); err != nil {
-		s.env.written.restore(kindBMC, id, prevRec)
-
 		return fmt.Errorf("write bmc configuration: %w", err)
 	}
 

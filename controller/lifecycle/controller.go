@@ -150,7 +150,7 @@ func (c *machineController) destroyOutput(ctx context.Context, r controller.QRun
 		return fmt.Errorf("destroy %s: %w", c.output, err)
 	}
 
-	c.env.written.forget(c.env.kindOf(c.output), id)
+	c.env.written.forget(c.output, id)
 
 	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/cosi-project/runtime/pkg/controller"
-	"github.com/cosi-project/runtime/pkg/safe"
 	"go.uber.org/zap"
 
 	"github.com/outpost-metal/outpost/controller/resources"
@@ -63,17 +62,9 @@ func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, 
 		}
 	}
 
-	// this process's other steps read it at once, before the cache has it (the previous record comes back if
-	// the write fails)
-	prevRec := s.env.written.swap(kindObservation, v.id, obs)
-
-	if err := safe.WriterModify(ctx, r, s.env.Types.NewMachineObservation(v.id), func(o *resources.MachineObservation) error {
+	if err := writeOwn(ctx, s.env, r, s.env.Types.NewMachineObservation(v.id), obs, func(o *resources.MachineObservation) {
 		o.TypedSpec().Value = obs
-
-		return nil
 	}); err != nil {
-		s.env.written.restore(kindObservation, v.id, prevRec)
-
 		return fmt.Errorf("write machine observation: %w", err)
 	}
 

@@ -5,6 +5,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cosi-project/runtime/pkg/controller"
+	"github.com/cosi-project/runtime/pkg/resource"
+	"github.com/cosi-project/runtime/pkg/safe"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -108,17 +111,22 @@ func (j *jobs) collect(jb *job) {
 // (its step), so the newest write is the truth until the machine is torn down.
 type written struct {
 	mu      sync.Mutex
-	records map[string]proto.Message
+	records map[writtenKey]proto.Message
 }
 
-func newWritten() *written { return &written{records: map[string]proto.Message{}} }
+type writtenKey struct {
+	typ resource.Type
+	id  string
+}
+
+func newWritten() *written { return &written{records: map[writtenKey]proto.Message{}} }
 
 // swap puts rec and returns what was there (nil for nothing).
-func (w *written) swap(kind, machineID string, rec proto.Message) proto.Message {
+func (w *written) swap(typ resource.Type, machineID string, rec proto.Message) proto.Message {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 
-	key := outboxKey(kind, machineID)
+	key := writtenKey{typ, machineID}
 	prev := w.records[key]
 	w.records[key] = proto.Clone(rec)
 
@@ -126,24 +134,24 @@ func (w *written) swap(kind, machineID string, rec proto.Message) proto.Message 
 }
 
 // restore puts back what swap returned (nil: nothing).
-func (w *written) restore(kind, machineID string, prev proto.Message) {
+func (w *written) restore(typ resource.Type, machineID string, prev proto.Message) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 
 	if prev == nil {
-		delete(w.records, outboxKey(kind, machineID))
+		delete(w.records, writtenKey{typ, machineID})
 
 		return
 	}
 
-	w.records[outboxKey(kind, machineID)] = prev
+	w.records[writtenKey{typ, machineID}] = prev
 }
 
-func (w *written) get(kind, machineID string) (proto.Message, bool) {
+func (w *written) get(typ resource.Type, machineID string) (proto.Message, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 
-	rec, ok := w.records[outboxKey(kind, machineID)]
+	rec, ok := w.records[writtenKey{typ, machineID}]
 	if !ok {
 		return nil, false
 	}
@@ -151,10 +159,25 @@ func (w *written) get(kind, machineID string) (proto.Message, bool) {
 	return proto.Clone(rec), true
 }
 
-// forget drops every record of a machine (its outputs are destroyed).
-func (w *written) forget(kind, machineID string) {
+// forget drops a machine's record of typ (the output is destroyed).
+func (w *written) forget(typ resource.Type, machineID string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 
-	delete(w.records, outboxKey(kind, machineID))
+	delete(w.records, writtenKey{typ, machineID})
+}
+
+// writeOwn writes a step's record res (its spec rec, set by set) and makes it visible at once to this
+// process's other steps, before the runtime's cache has it; the previous record comes back if the write fails.
+func writeOwn[R resource.Resource](ctx context.Context, e *env, r controller.QRuntime, res R, rec proto.Message, set func(R)) error {
+	md := res.Metadata()
+	prev := e.written.swap(md.Type(), md.ID(), rec)
+
+	if err := safe.WriterModify(ctx, r, res, func(x R) error { set(x); return nil }); err != nil {
+		e.written.restore(md.Type(), md.ID(), prev)
+
+		return err
+	}
+
+	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/cosi-project/runtime/pkg/controller"
-	"github.com/cosi-project/runtime/pkg/safe"
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -98,17 +97,9 @@ func (s *power) reconcile(ctx context.Context, logger *zap.Logger, r controller.
 		return nil
 	}
 
-	// this process's other steps read it at once, before the cache has it (the previous record comes back if
-	// the write fails)
-	prevRec := s.env.written.swap(kindPower, v.id, op)
-
-	if err = safe.WriterModify(ctx, r, s.env.Types.NewPowerOperation(v.id), func(p *resources.PowerOperation) error {
+	if err = writeOwn(ctx, s.env, r, s.env.Types.NewPowerOperation(v.id), op, func(p *resources.PowerOperation) {
 		p.TypedSpec().Value = op
-
-		return nil
 	}); err != nil {
-		s.env.written.restore(kindPower, v.id, prevRec)
-
 		return fmt.Errorf("record power operation: %w", err)
 	}
 

@@ -112,17 +112,9 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 
 // record writes the reboot status and drops it from the outbox.
 func (s *reboot) record(ctx context.Context, r controller.QRuntime, id, key string, rs *specs.RebootStatusSpec) error {
-	// this process's other steps read it at once, before the cache has it (the previous record comes back if
-	// the write fails)
-	prevRec := s.env.written.swap(kindReboot, id, rs)
-
-	if err := safe.WriterModify(ctx, r, s.env.Types.NewRebootStatus(id), func(res *resources.RebootStatus) error {
+	if err := writeOwn(ctx, s.env, r, s.env.Types.NewRebootStatus(id), rs, func(res *resources.RebootStatus) {
 		res.TypedSpec().Value = rs
-
-		return nil
 	}); err != nil {
-		s.env.written.restore(kindReboot, id, prevRec)
-
 		return fmt.Errorf("record reboot: %w", err)
 	}
 

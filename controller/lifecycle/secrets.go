@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/cosi-project/runtime/pkg/controller"
-	"github.com/cosi-project/runtime/pkg/resource"
 	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
 	"google.golang.org/protobuf/proto"
 
@@ -69,52 +68,25 @@ func (e *env) sealBMC(cfg *specs.BMCConfigurationSpec) (*specs.BMCConfigurationS
 	return out, nil
 }
 
-// Kinds of the records steps write (keys of env.written).
-const (
-	kindBMC         = "bmc"
-	kindWipe        = "wipe"
-	kindPower       = "power"
-	kindReboot      = "reboot"
-	kindObservation = "observation"
-)
-
-// kindOf names the written records of an output type ("" for types no step reads back).
-func (e *env) kindOf(typ resource.Type) string {
-	switch typ {
-	case e.Types.BMCConfiguration:
-		return kindBMC
-	case e.Types.WipeStatus:
-		return kindWipe
-	case e.Types.PowerOperation:
-		return kindPower
-	case e.Types.RebootStatus:
-		return kindReboot
-	case e.Types.MachineObservation:
-		return kindObservation
-	default:
-		return ""
-	}
-}
-
 // overlayOwnWrites replaces what was read from the cache with what this process wrote last.
 func (e *env) overlayOwnWrites(v *view) {
-	if rec, ok := e.written.get(kindBMC, v.id); ok {
+	if rec, ok := e.written.get(e.Types.BMCConfiguration, v.id); ok {
 		v.bmc = rec.(*specs.BMCConfigurationSpec) //nolint:forcetypeassert
 	}
 
-	if rec, ok := e.written.get(kindWipe, v.id); ok {
+	if rec, ok := e.written.get(e.Types.WipeStatus, v.id); ok {
 		v.wipe = rec.(*specs.WipeStatusSpec) //nolint:forcetypeassert
 	}
 
-	if rec, ok := e.written.get(kindPower, v.id); ok {
+	if rec, ok := e.written.get(e.Types.PowerOperation, v.id); ok {
 		v.power = rec.(*specs.PowerOperationSpec) //nolint:forcetypeassert
 	}
 
-	if rec, ok := e.written.get(kindReboot, v.id); ok {
+	if rec, ok := e.written.get(e.Types.RebootStatus, v.id); ok {
 		v.reboot = rec.(*specs.RebootStatusSpec) //nolint:forcetypeassert
 	}
 
-	if rec, ok := e.written.get(kindObservation, v.id); ok {
+	if rec, ok := e.written.get(e.Types.MachineObservation, v.id); ok {
 		v.obs = rec.(*specs.MachineObservationSpec) //nolint:forcetypeassert
 	}
 }

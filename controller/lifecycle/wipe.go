@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/controller"
-	"github.com/cosi-project/runtime/pkg/safe"
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -97,17 +96,9 @@ func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.Q
 
 // record writes a finished wipe to WipeStatus and drops it from the outbox.
 func (s *wipe) record(ctx context.Context, logger *zap.Logger, r controller.QRuntime, id string, w *specs.WipeStatusSpec, msg string) error {
-	// this process's other steps read it at once, before the cache has it (the previous record comes back if
-	// the write fails)
-	prevRec := s.env.written.swap(kindWipe, id, w)
-
-	if err := safe.WriterModify(ctx, r, s.env.Types.NewWipeStatus(id), func(res *resources.WipeStatus) error {
+	if err := writeOwn(ctx, s.env, r, s.env.Types.NewWipeStatus(id), w, func(res *resources.WipeStatus) {
 		res.TypedSpec().Value = w
-
-		return nil
 	}); err != nil {
-		s.env.written.restore(kindWipe, id, prevRec)
-
 		return fmt.Errorf("record wipe: %w", err)
 	}
 

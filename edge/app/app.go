@@ -59,7 +59,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 	defer jrnl.Close() //nolint:errcheck
 
 	recorder := journal.NewRecorder(jrnl, log)
-	book := newAddressBook(time.Now)
+	book := tunnel.NewBootBook(time.Now)
 
 	catalog, err := tftp.LoadCatalog(cfg.IPXEDir, cfg.DHCP.Files.Names())
 	if err != nil {
@@ -288,104 +288,21 @@ func serveHTTP(ctx context.Context, ln net.Listener, cfg ipxe.Config, h http.Han
 	return nil
 }
 
-// addressBook is the evidence of each machine's boot: the address that last fetched its boot script or config
-// (an agent's tunnel is bound to it) and the MACs that asked for its boot script lately (two of them: a cloned
-// UUID, or a forger).
-type addressBook struct {
-	mu   sync.Mutex
-	seen map[string]netip.Addr
-	macs map[string]map[string]time.Time // uuid -> mac -> last asked
-	now  func() time.Time
-}
-
-// contestWindow is how long two MACs asking for one machine's boot script keep it contested.
-const contestWindow = 30 * time.Minute
-
-func newAddressBook(now func() time.Time) *addressBook {
-	return &addressBook{seen: map[string]netip.Addr{}, macs: map[string]map[string]time.Time{}, now: now}
-}
-
-func (b *addressBook) note(uuid string, addr netip.Addr, mac net.HardwareAddr) {
-	if uuid == "" || !addr.IsValid() {
-		return
-	}
-
-	uuid = boot.NormalizeUUID(uuid)
-
-	b.mu.Lock()
-	defer b.mu.Unlock()
-
-	// Bounded: a site has at most a few thousand machines; a flood of made-up UUIDs resets the book.
-	if len(b.seen) > 65536 {
-		b.seen, b.macs = map[string]netip.Addr{}, map[string]map[string]time.Time{}
-	}
-
-	b.seen[uuid] = addr
-
-	if len(mac) == 0 {
-		return
-	}
-
-	m := b.macs[uuid]
-	if m == nil {
-		m = map[string]time.Time{}
-		b.macs[uuid] = m
-	}
-
-	now := b.now()
-	for k, at := range m {
-		if now.Sub(at) > contestWindow || len(m) > 8 {
-			delete(m, k)
-		}
-	}
-
-	m[mac.String()] = now
-}
-
-// SeenAddr implements tunnel.AddressBook.
-func (b *addressBook) SeenAddr(machineID string) (netip.Addr, bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-
-	a, ok := b.seen[boot.NormalizeUUID(machineID)]
-
-	return a, ok
-}
-
-// BootAddr implements tunnel.Evidence.
-func (b *addressBook) BootAddr(machineID string) (netip.Addr, bool) { return b.SeenAddr(machineID) }
-
-// Contested implements tunnel.Evidence: two MACs asked for the machine's boot script within the window.
-func (b *addressBook) Contested(machineID string) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-
-	n, now := 0, b.now()
-
-	for _, at := range b.macs[boot.NormalizeUUID(machineID)] {
-		if now.Sub(at) <= contestWindow {
-			n++
-		}
-	}
-
-	return n > 1
-}
-
 // bootObserver journals boot-script answers and notes where each machine asked from.
 type bootObserver struct {
 	*journal.Recorder
 
-	book *addressBook
+	book *tunnel.BootBook
 }
 
 func (o bootObserver) BootServed(b ipxe.BootServed) {
-	o.book.note(b.UUID, b.Remote, b.MAC)
+	o.book.Note(b.UUID, b.Remote, b.MAC)
 	o.Recorder.BootServed(b)
 }
 
 // ConfigServed notes the address the booted machine fetched its config from (where its agent dials from).
 func (o bootObserver) ConfigServed(uuid string, remote netip.Addr) {
-	o.book.note(uuid, remote, nil)
+	o.book.Note(uuid, remote, nil)
 }
 
 // tunnelEvents journals agent tunnels opening and closing.

@@ -37,24 +37,7 @@ func (s *Service) Watch(_ context.Context, req *bmcpb.WatchRequest) (*bmcpb.Watc
 		return nil, status.Error(codes.Unimplemented, "this edge does not watch BMCs")
 	}
 
-	targets := make([]WatchTarget, 0, len(req.GetTargets()))
-
-	for _, t := range req.GetTargets() {
-		if t.GetMachineId() == "" || t.GetHost() == "" {
-			return nil, status.Error(codes.InvalidArgument, "watch: every target needs a machine id and a host")
-		}
-
-		target, creds := fromProto(t)
-		targets = append(targets, WatchTarget{MachineID: t.GetMachineId(), Target: target, Credentials: creds})
-	}
-
-	resp := &bmcpb.WatchResponse{Watching: uint32(s.watcher.Set(targets))} //nolint:gosec // bounded by MaxTargets
-
-	for id, state := range s.watcher.Known() {
-		resp.Known = append(resp.Known, &bmcpb.WatchedPower{MachineId: id, State: state})
-	}
-
-	return resp, nil
+	return s.watcher.Serve(req)
 }
 
 // NewService returns the gRPC service for m.

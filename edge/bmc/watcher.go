@@ -8,6 +8,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 )
 
 // Power states a Watcher reports.
@@ -38,12 +42,17 @@ func DefaultWatcher() WatcherConfig {
 	return WatcherConfig{Interval: 20 * time.Second, Concurrency: 32, MaxTargets: 20000}
 }
 
+// PowerReader answers a BMC's power state (the Manager; a simulated fleet's BMCs in hack/fleet).
+type PowerReader interface {
+	PowerStatus(ctx context.Context, t Target, c Credentials) (on bool, err error)
+}
+
 // Watcher polls the power state of the BMCs the controller asks it to watch, from the site itself, and
 // reports changes to a PowerSink: the controller never polls BMCs across the WAN, and power state stays fresh
 // (journaled, delivered in order) while the uplink is down. A BMC that does not answer costs one of
 // Concurrency slots for at most the Manager's call timeout; the others go on.
 type Watcher struct {
-	m    *Manager
+	m    PowerReader
 	sink PowerSink
 	cfg  WatcherConfig
 	log  *zap.Logger
@@ -64,8 +73,8 @@ type watched struct {
 	busy bool
 }
 
-// NewWatcher returns a Watcher over m reporting to sink.
-func NewWatcher(m *Manager, sink PowerSink, cfg WatcherConfig, log *zap.Logger, now func() time.Time) *Watcher {
+// NewWatcher returns a Watcher asking m, reporting to sink.
+func NewWatcher(m PowerReader, sink PowerSink, cfg WatcherConfig, log *zap.Logger, now func() time.Time) *Watcher {
 	if cfg.Interval <= 0 || cfg.Concurrency <= 0 || cfg.MaxTargets <= 0 {
 		cfg = DefaultWatcher()
 	}
@@ -87,6 +96,29 @@ type WatchTarget struct {
 	MachineID   string
 	Target      Target
 	Credentials Credentials
+}
+
+// Serve takes a controller's watch list (the BMC service's Watch) and answers with what is watched and the
+// states known now.
+func (w *Watcher) Serve(req *bmcpb.WatchRequest) (*bmcpb.WatchResponse, error) {
+	targets := make([]WatchTarget, 0, len(req.GetTargets()))
+
+	for _, t := range req.GetTargets() {
+		if t.GetMachineId() == "" || t.GetHost() == "" {
+			return nil, status.Error(codes.InvalidArgument, "watch: every target needs a machine id and a host")
+		}
+
+		target, creds := fromProto(t)
+		targets = append(targets, WatchTarget{MachineID: t.GetMachineId(), Target: target, Credentials: creds})
+	}
+
+	resp := &bmcpb.WatchResponse{Watching: uint32(w.Set(targets))} //nolint:gosec // bounded by MaxTargets
+
+	for id, state := range w.Known() {
+		resp.Known = append(resp.Known, &bmcpb.WatchedPower{MachineId: id, State: state})
+	}
+
+	return resp, nil
 }
 
 // Known returns the last state polled for each watched machine (machines not polled yet are left out).

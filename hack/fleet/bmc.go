@@ -194,7 +194,7 @@ type BMCService struct {
 	cfg     bmc.Config
 	behave  *BMCBehaviour
 	bmcs    map[string]*simBMC // by host:port; fixed once the site runs
-	watcher *powerWatcher      // nil: the edge does not watch its BMCs
+	watcher *edgeWatch         // nil: the edge does not watch its BMCs
 
 	rndMu sync.Mutex
 	rnd   *rand.Rand

@@ -49,7 +49,7 @@ type site struct {
 	table     *boot.Table
 	jrnl      *journal.Journal
 	recorder  *journal.Recorder
-	book      *addressBook
+	book      *tunnel.BootBook
 	tunnels   *tunnel.Server
 	tunnelLn  net.Listener
 	agentConn *grpc.ClientConn
@@ -69,7 +69,7 @@ func newSite(f *fleet, index int, token string) (*site, error) {
 	log := f.edgeLog.With(zap.String("site", id))
 	ip := siteAddr(index)
 
-	s := &site{fleet: f, id: id, index: index, ip: ip, log: log, book: newAddressBook(), wan: &wan{ip: ip, conns: map[net.Conn]struct{}{}}}
+	s := &site{fleet: f, id: id, index: index, ip: ip, log: log, book: tunnel.NewBootBook(nil), wan: &wan{ip: ip, conns: map[net.Conn]struct{}{}}}
 
 	var err error
 
@@ -85,14 +85,17 @@ func newSite(f *fleet, index int, token string) (*site, error) {
 	}
 
 	s.recorder = journal.NewRecorder(s.jrnl, log)
-	limits := tunnel.DefaultLimits()
+	// agents on their own connection come from their machine's address and are bound to its boot evidence as
+	// on a real edge; all of a site's agents on one connection cannot be (one address), so they are taken as given
+	limits, binding := tunnel.DefaultLimits(), tunnel.BindAddress
 	if f.cfg.AgentConns == "site" {
+		binding = tunnel.BindOff
 		limits.MaxTunnelsPerConn = max(limits.MaxTunnelsPerConn, 2*f.cfg.MachinesPerSite)
 		limits.MaxTunnelsPerSource = max(limits.MaxTunnelsPerSource, 2*f.cfg.MachinesPerSite)
 		limits.MaxTunnels = max(limits.MaxTunnels, limits.MaxTunnelsPerSource)
 	}
 
-	s.tunnels = tunnel.New(tunnel.Options{Logger: log, Events: tunnelEvents{s.recorder}, Addresses: s.book, Limits: limits, Binding: tunnel.BindOff})
+	s.tunnels = tunnel.New(tunnel.Options{Logger: log, Events: tunnelEvents{s.recorder}, Addresses: s.book, Evidence: s.book, Limits: limits, Binding: binding})
 
 	acfg := assets.Default()
 	acfg.Dir = filepath.Join(dir, "assets")
@@ -116,7 +119,7 @@ func newSite(f *fleet, index int, token string) (*site, error) {
 
 	s.bmcs = newBMCService(bmc.Default(), &f.cfg.BMC, uint64(index)+1) //nolint:gosec // index is small
 	if f.cfg.WatchBMCs {
-		s.bmcs.watcher = newPowerWatcher(s.bmcs, s.recorder, bmc.DefaultWatcher())
+		s.bmcs.watcher = newEdgeWatch(s.bmcs, s.recorder, bmc.DefaultWatcher())
 	}
 
 	if s.tunnelLn, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
@@ -300,13 +303,13 @@ func siderolinkAPI(doc []byte) (*url.URL, error) {
 type bootObserver struct{ s *site }
 
 func (o bootObserver) BootServed(b ipxe.BootServed) {
-	o.s.book.note(b.UUID, b.Remote, b.MAC)
+	o.s.book.Note(b.UUID, b.Remote, b.MAC)
 	o.s.recorder.BootServed(b)
 	o.s.modes.Store(boot.NormalizeUUID(b.UUID), b.Mode)
 }
 
 // ConfigServed notes the address the booted machine fetched its config from (where its agent dials from).
-func (o bootObserver) ConfigServed(uuid string, remote netip.Addr) { o.s.book.note(uuid, remote, nil) }
+func (o bootObserver) ConfigServed(uuid string, remote netip.Addr) { o.s.book.Note(uuid, remote, nil) }
 
 func (o bootObserver) HTTPFetch(f tftp.Fetch) { o.s.recorder.HTTPFetch(f) }
 
@@ -328,75 +331,6 @@ func (t tunnelEvents) record(e tunnel.Event, open bool) {
 	}
 
 	t.rec.Record(&bootpb.Event{Kind: &bootpb.Event_AgentTunnel{AgentTunnel: ev}})
-}
-
-// addressBook is the evidence of each machine's boot (edge/app's): the address that last fetched its boot script
-// or config, which its agent's tunnel is bound to, and the MACs that asked for its boot script lately.
-type addressBook struct {
-	mu   sync.Mutex
-	seen map[string]netip.Addr
-	macs map[string]map[string]time.Time // uuid -> mac -> last asked
-}
-
-// contestWindow is how long two MACs asking for one machine's boot script keep it contested (edge/app's).
-const contestWindow = 30 * time.Minute
-
-func newAddressBook() *addressBook {
-	return &addressBook{seen: map[string]netip.Addr{}, macs: map[string]map[string]time.Time{}}
-}
-
-func (b *addressBook) note(uuid string, addr netip.Addr, mac net.HardwareAddr) {
-	if uuid == "" || !addr.IsValid() {
-		return
-	}
-
-	uuid = boot.NormalizeUUID(uuid)
-
-	b.mu.Lock()
-	defer b.mu.Unlock()
-
-	b.seen[uuid] = addr
-
-	if len(mac) == 0 {
-		return
-	}
-
-	m := b.macs[uuid]
-	if m == nil {
-		m = map[string]time.Time{}
-		b.macs[uuid] = m
-	}
-
-	m[mac.String()] = time.Now()
-}
-
-// SeenAddr implements tunnel.AddressBook.
-func (b *addressBook) SeenAddr(machineID string) (netip.Addr, bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-
-	a, ok := b.seen[boot.NormalizeUUID(machineID)]
-
-	return a, ok
-}
-
-// BootAddr implements tunnel.Evidence.
-func (b *addressBook) BootAddr(machineID string) (netip.Addr, bool) { return b.SeenAddr(machineID) }
-
-// Contested implements tunnel.Evidence: two MACs asked for the machine's boot script within the window.
-func (b *addressBook) Contested(machineID string) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-
-	n := 0
-
-	for _, at := range b.macs[boot.NormalizeUUID(machineID)] {
-		if time.Since(at) <= contestWindow {
-			n++
-		}
-	}
-
-	return n > 1
 }
 
 // noUpstream is the asset fetcher's upstream: the simulator has no image factory (and no network to reach one).

@@ -74,29 +74,12 @@ func (r *Real) Dial(ctx context.Context, addr string) (net.Conn, error) {
 
 // Allocate implements Backend: a cluster template with the machine as its one worker.
 func (r *Real) Allocate(ctx context.Context, machineID, cluster, talosVersion string) error {
-	return r.o.SyncClusterTemplate(ctx, []byte(fmt.Sprintf(`kind: Cluster
-name: %s
-kubernetes:
-  version: v1.34.2
-talos:
-  version: v%s
----
-kind: ControlPlane
-machines: []
----
-kind: Workers
-machines:
-  - %s
-`, cluster, talosVersion, machineID)))
+	return r.o.AllocateWorker(ctx, cluster, "1.34.2", talosVersion, machineID)
 }
 
 // Release implements Backend: the cluster is deleted, as `omnictl cluster delete` does.
 func (r *Real) Release(ctx context.Context, _, cluster string) error {
-	if _, err := r.o.Omnictl(ctx, "cluster", "delete", cluster); err != nil {
-		return fmt.Errorf("delete cluster %s: %w", cluster, err)
-	}
-
-	return nil
+	return r.o.DeleteCluster(ctx, cluster)
 }
 
 // CollectInfo implements Backend: a real Omni collects machine information only from a real Talos, over the

@@ -208,29 +208,7 @@ func (o *Omni) Allocate(ctx context.Context, machineID, cluster string) error {
 		return o.Admin.Allocate(ctx, machineID, cluster, LabTalosVersion, nil, false)
 	}
 
-	if err := o.Real.SyncClusterTemplate(ctx, []byte(clusterTemplate(cluster, machineID))); err != nil {
-		return fmt.Errorf("allocate %s to cluster %s: %w", machineID, cluster, err)
-	}
-
-	return nil
-}
-
-// clusterTemplate is a cluster with no control plane and one worker, as `omnictl cluster template sync` takes it.
-func clusterTemplate(cluster, machineID string) string {
-	return fmt.Sprintf(`kind: Cluster
-name: %s
-kubernetes:
-  version: %s
-talos:
-  version: v%s
----
-kind: ControlPlane
-machines: []
----
-kind: Workers
-machines:
-  - %s
-`, cluster, LabKubernetesVersion, LabTalosVersion, machineID)
+	return o.Real.AllocateWorker(ctx, cluster, LabKubernetesVersion, LabTalosVersion, machineID)
 }
 
 // Release releases the machine: with a real Omni its cluster is deleted (`omnictl cluster delete`), with the
@@ -240,8 +218,8 @@ func (o *Omni) Release(ctx context.Context, machineID, cluster string) error {
 		return o.Admin.Release(ctx, machineID)
 	}
 
-	if _, err := o.Real.Omnictl(ctx, "cluster", "delete", cluster); err != nil {
-		return fmt.Errorf("release %s: delete cluster %s: %w", machineID, cluster, err)
+	if err := o.Real.DeleteCluster(ctx, cluster); err != nil {
+		return fmt.Errorf("release %s: %w", machineID, err)
 	}
 
 	return nil

@@ -423,3 +423,38 @@ func (o *Omni) Exited() (bool, error) {
 
 	return p.exited()
 }
+
+// AllocateWorker puts machineID into a cluster of its own as its one worker (no control plane), as a user does
+// with `omnictl cluster template sync`; talosVersion is Omni's form (1.11.5) or with a v.
+func (o *Omni) AllocateWorker(ctx context.Context, cluster, kubernetesVersion, talosVersion, machineID string) error {
+	template := fmt.Sprintf(`kind: Cluster
+name: %s
+kubernetes:
+  version: v%s
+talos:
+  version: v%s
+---
+kind: ControlPlane
+machines: []
+---
+kind: Workers
+machines:
+  - %s
+`, cluster, strings.TrimPrefix(kubernetesVersion, "v"), strings.TrimPrefix(talosVersion, "v"), machineID)
+
+	if err := o.SyncClusterTemplate(ctx, []byte(template)); err != nil {
+		return fmt.Errorf("allocate %s to cluster %s: %w", machineID, cluster, err)
+	}
+
+	return nil
+}
+
+// DeleteCluster deletes a cluster (`omnictl cluster delete`); Omni resets its machines and gives each a new
+// wipe ID.
+func (o *Omni) DeleteCluster(ctx context.Context, cluster string) error {
+	if _, err := o.Omnictl(ctx, "cluster", "delete", cluster); err != nil {
+		return fmt.Errorf("delete cluster %s: %w", cluster, err)
+	}
+
+	return nil
+}
