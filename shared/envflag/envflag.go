@@ -1,5 +1,8 @@
-// Package envflag gives command-line flags their environment-variable fallbacks: every flag's default is
-// taken from its variable when set, and a variable that does not parse is an error, not a silent default.
+// Package envflag gives command-line flags their environment-variable fallbacks. Bind (bind.go) is the way
+// for a binary's flags: it walks the flag sets once, names every flag's variable after the flag, lists the
+// variables in --help, and applies them after parsing, so no flag can be without one. Env below reads single
+// variables as flag defaults, for tools that name their variables one by one; with either, a variable that
+// does not parse is an error, not a silent default.
 package envflag
 
 import (
