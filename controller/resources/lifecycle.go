@@ -56,6 +56,18 @@ type MachineLocationSpec = protobuf.ResourceSpec[specs.MachineLocationSpec, *spe
 // MachineLocationSchema is the MachineLocationSpec format this controller writes and understands.
 const MachineLocationSchema = 1
 
+// EnrollmentCA is the controller's enrollment CA, its key sealed (ID = EnrollmentCAID).
+type EnrollmentCA = typed.Resource[EnrollmentCASpec, lifecycleExtension]
+
+// EnrollmentCASpec wraps specs.EnrollmentCASpec.
+type EnrollmentCASpec = protobuf.ResourceSpec[specs.EnrollmentCASpec, *specs.EnrollmentCASpec]
+
+// EnrollmentCAID is the ID of the one EnrollmentCA of a provider.
+const EnrollmentCAID = "enrollment"
+
+// EnrollmentCASchema is the EnrollmentCASpec format this controller writes and understands.
+const EnrollmentCASchema = 1
+
 // lifecycleExtension gives the lifecycle resources a resource definition. Their real type names depend on
 // the provider ID and are carried by each resource's metadata (see Types); the definition is informational.
 type lifecycleExtension struct{}
@@ -76,6 +88,9 @@ type Types struct {
 	MachineObservation resource.Type
 	// MachineLocation is not among All: a location reaches the lifecycle through the SiteLocator.
 	MachineLocation resource.Type
+	// Site and EnrollmentCA hold the controller's sites and enrollment CA (see Sites, NewEnrollmentCA).
+	Site         resource.Type
+	EnrollmentCA resource.Type
 }
 
 // NewTypes returns the resource types of provider providerID.
@@ -89,8 +104,13 @@ func NewTypes(providerID string) Types {
 		RebootStatus:       infra.ResourceType("RebootStatus", providerID),
 		MachineObservation: infra.ResourceType("MachineObservation", providerID),
 		MachineLocation:    infra.ResourceType("MachineLocation", providerID),
+		Site:               infra.ResourceType("Site", providerID),
+		EnrollmentCA:       infra.ResourceType("EnrollmentCA", providerID),
 	}
 }
+
+// Sites is where the provider's Site resources live in Omni.
+func (t Types) Sites() SiteKind { return SiteKind{Namespace: t.Namespace, Type: t.Site} }
 
 // All lists the lifecycle resource types.
 func (t Types) All() []resource.Type {
@@ -107,6 +127,8 @@ func (t Types) Register() error {
 		protobuf.RegisterResource(t.RebootStatus, t.NewRebootStatus("")),
 		protobuf.RegisterResource(t.MachineObservation, t.NewMachineObservation("")),
 		protobuf.RegisterResource(t.MachineLocation, t.NewMachineLocation("")),
+		protobuf.RegisterResource(t.Site, t.Sites().New("")),
+		protobuf.RegisterResource(t.EnrollmentCA, t.NewEnrollmentCA("")),
 	} {
 		if err != nil && !strings.Contains(err.Error(), "already registered") {
 			return err
@@ -154,4 +176,10 @@ func (t Types) NewMachineObservation(id string) *MachineObservation {
 func (t Types) NewMachineLocation(id string) *MachineLocation {
 	return typed.NewResource[MachineLocationSpec, lifecycleExtension](t.md(t.MachineLocation, id),
 		protobuf.NewResourceSpec(&specs.MachineLocationSpec{}))
+}
+
+// NewEnrollmentCA returns an empty EnrollmentCA with the given ID (EnrollmentCAID).
+func (t Types) NewEnrollmentCA(id string) *EnrollmentCA {
+	return typed.NewResource[EnrollmentCASpec, lifecycleExtension](t.md(t.EnrollmentCA, id),
+		protobuf.NewResourceSpec(&specs.EnrollmentCASpec{}))
 }

@@ -18,10 +18,24 @@ type Site = typed.Resource[SiteSpec, SiteExtension]
 // SiteSpec wraps specs.SiteSpec.
 type SiteSpec = protobuf.ResourceSpec[specs.SiteSpec, *specs.SiteSpec]
 
-// NewSite returns an empty Site with the given ID.
-func NewSite(id string) *Site {
+// NewSite returns an empty Site with the given ID in the controller's own store (LocalSites).
+func NewSite(id string) *Site { return LocalSites.New(id) }
+
+// SiteKind says where Site resources live: in the controller's own store (LocalSites), or in Omni (Types.Sites),
+// where the provider's namespace holds them under a provider-scoped type, as Omni requires of an infra
+// provider's own resources. The spec is the same in both.
+type SiteKind struct {
+	Namespace resource.Namespace
+	Type      resource.Type
+}
+
+// LocalSites are the Sites of a controller that keeps them in its own state directory.
+var LocalSites = SiteKind{Namespace: Namespace, Type: SiteType}
+
+// New returns an empty Site with the given ID.
+func (k SiteKind) New(id string) *Site {
 	return typed.NewResource[SiteSpec, SiteExtension](
-		resource.NewMetadata(Namespace, SiteType, id, resource.VersionUndefined),
+		resource.NewMetadata(k.Namespace, k.Type, id, resource.VersionUndefined),
 		protobuf.NewResourceSpec(&specs.SiteSpec{}),
 	)
 }

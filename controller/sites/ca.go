@@ -115,27 +115,9 @@ func NewCA(now time.Time) (*CA, []byte, []byte, error) {
 }
 
 func loadCA(dir string) (*CA, error) {
-	certPEM, err := os.ReadFile(filepath.Join(dir, caCertFile))
-	if err != nil {
-		return nil, fmt.Errorf("read CA certificate: %w", err)
-	}
+	ca, _, _, err := readCAFiles(dir)
 
-	keyPEM, err := os.ReadFile(filepath.Join(dir, caKeyFile))
-	if err != nil {
-		return nil, fmt.Errorf("read CA key: %w", err)
-	}
-
-	pair, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		return nil, fmt.Errorf("load CA from %s: %w", dir, err)
-	}
-
-	signer, ok := pair.PrivateKey.(crypto.Signer)
-	if !ok {
-		return nil, fmt.Errorf("load CA from %s: key cannot sign", dir)
-	}
-
-	return &CA{cert: pair.Leaf, key: signer}, nil
+	return ca, err
 }
 
 // Issued returns how many client certificates the CA has signed since it was loaded or created.

@@ -10,7 +10,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/cosi-project/runtime/pkg/resource"
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/cosi-project/runtime/pkg/state"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -42,15 +41,28 @@ const maxCertificatesPerSite = 2
 // token consumption, the certificates issued, revocation and deletion.
 type Registry struct {
 	st   state.State
+	kind resources.SiteKind
 	now  func() time.Time
 	rand io.Reader
 	ca   *CA
 }
 
-// NewRegistry returns a registry over st. rand supplies token secrets; now is the clock.
-func NewRegistry(st state.State, ca *CA, rand io.Reader, now func() time.Time) *Registry {
-	return &Registry{st: st, ca: ca, rand: rand, now: now}
+// NewRegistry returns a registry of the sites in st, kept in the controller's own store (resources.LocalSites)
+// unless the option Kind says otherwise. rand supplies token secrets; now is the clock.
+func NewRegistry(st state.State, ca *CA, rand io.Reader, now func() time.Time, opts ...RegistryOption) *Registry {
+	r := &Registry{st: st, kind: resources.LocalSites, ca: ca, rand: rand, now: now}
+	for _, o := range opts {
+		o(r)
+	}
+
+	return r
 }
+
+// RegistryOption changes how a Registry keeps sites.
+type RegistryOption func(*Registry)
+
+// Kind keeps the sites as resources of kind: Types.Sites keeps them in Omni, in the provider's namespace.
+func Kind(kind resources.SiteKind) RegistryOption { return func(r *Registry) { r.kind = kind } }
 
 // TokenOptions say how a new join token behaves.
 type TokenOptions struct {
@@ -85,7 +97,7 @@ func (r *Registry) Create(ctx context.Context, siteID, description string, opts 
 	now := r.now()
 	expires := now.Add(opts.ttl())
 
-	site := resources.NewSite(siteID)
+	site := r.kind.New(siteID)
 	spec := site.TypedSpec().Value
 	spec.Description = description
 	spec.TokenHash = tok.SecretHash()
@@ -260,7 +272,7 @@ func (r *Registry) SetLabels(ctx context.Context, siteID string, labels map[stri
 
 // Delete removes a site.
 func (r *Registry) Delete(ctx context.Context, siteID string) error {
-	if err := r.st.Destroy(ctx, resources.NewSite(siteID).Metadata()); err != nil {
+	if err := r.st.Destroy(ctx, r.kind.New(siteID).Metadata()); err != nil {
 		if state.IsNotFoundError(err) {
 			return fmt.Errorf("delete site %s: %w", siteID, ErrUnknownSite)
 		}
@@ -273,7 +285,7 @@ func (r *Registry) Delete(ctx context.Context, siteID string) error {
 
 // Get returns a site.
 func (r *Registry) Get(ctx context.Context, siteID string) (*resources.Site, error) {
-	site, err := safe.StateGetByID[*resources.Site](ctx, r.st, siteID)
+	site, err := safe.StateGet[*resources.Site](ctx, r.st, r.kind.New(siteID).Metadata())
 	if err != nil {
 		if state.IsNotFoundError(err) {
 			return nil, fmt.Errorf("site %s: %w", siteID, ErrUnknownSite)
@@ -287,7 +299,7 @@ func (r *Registry) Get(ctx context.Context, siteID string) (*resources.Site, err
 
 // List returns all sites sorted by ID.
 func (r *Registry) List(ctx context.Context) ([]*resources.Site, error) {
-	list, err := safe.StateListAll[*resources.Site](ctx, r.st)
+	list, err := safe.StateList[*resources.Site](ctx, r.st, r.kind.New("").Metadata())
 	if err != nil {
 		return nil, fmt.Errorf("list sites: %w", err)
 	}
@@ -296,9 +308,7 @@ func (r *Registry) List(ctx context.Context) ([]*resources.Site, error) {
 }
 
 func (r *Registry) update(ctx context.Context, siteID string, fn func(*resources.Site) error) (*resources.Site, error) {
-	ptr := resource.NewMetadata(resources.Namespace, resources.SiteType, siteID, resource.VersionUndefined)
-
-	site, err := safe.StateUpdateWithConflicts(ctx, r.st, ptr, fn)
+	site, err := safe.StateUpdateWithConflicts(ctx, r.st, r.kind.New(siteID).Metadata(), fn)
 	if err != nil {
 		if state.IsNotFoundError(err) {
 			return nil, fmt.Errorf("site %s: %w", siteID, ErrUnknownSite)

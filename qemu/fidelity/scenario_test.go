@@ -26,6 +26,8 @@ import (
 	"github.com/outpost-metal/outpost/controller/lifecycle/lifecycletest"
 	controlleromni "github.com/outpost-metal/outpost/controller/omni"
 	"github.com/outpost-metal/outpost/controller/resources"
+	"github.com/outpost-metal/outpost/controller/seal"
+	"github.com/outpost-metal/outpost/controller/sites"
 	"github.com/outpost-metal/outpost/qemu/fidelity"
 	"github.com/outpost-metal/outpost/qemu/omni"
 )
@@ -156,6 +158,49 @@ func (r *run) startController(ctx context.Context) {
 	})
 }
 
+// sitesInOmni keeps a site and the enrollment CA in Omni as one controller does, then starts a second one
+// with a state directory of its own, as a moved or standby controller would, and reports what it found.
+func sitesInOmni(ctx context.Context, t *testing.T, b fidelity.Backend) []string {
+	t.Helper()
+
+	ocfg := b.Controller()
+
+	conn, err := controlleromni.Connect(ctx, ocfg, zaptest.NewLogger(t).Named("sites"))
+	require.NoError(t, err)
+
+	defer conn.Close() //nolint:errcheck
+
+	key, err := seal.KeyFromServiceAccount(ocfg.ServiceAccountKey, sites.CASealPurpose)
+	require.NoError(t, err)
+	box, err := seal.New(key, rand.Reader)
+	require.NoError(t, err)
+
+	open := func() (*sites.CA, sites.CAOrigin, *sites.Registry) {
+		ca, origin, err := sites.LoadOrCreateSharedCA(ctx, conn.State(), conn.Types(), box, t.TempDir(), time.Now())
+		require.NoError(t, err)
+
+		return ca, origin, sites.NewRegistry(conn.State(), ca, rand.Reader, time.Now, sites.Kind(conn.Types().Sites()))
+	}
+
+	ca1, origin1, reg1 := open()
+	tok, _, err := reg1.Create(ctx, "branch-1", "first controller", sites.TokenOptions{})
+	require.NoError(t, err)
+
+	ca2, origin2, reg2 := open()
+	list, err := reg2.List(ctx)
+	require.NoError(t, err)
+
+	rec, err := safe.StateGet[*resources.EnrollmentCA](ctx, b.Admin(), conn.Types().NewEnrollmentCA(resources.EnrollmentCAID).Metadata())
+	require.NoError(t, err)
+
+	return []string{
+		"first=" + string(origin1), "second=" + string(origin2),
+		fmt.Sprintf("same_ca=%v", ca1.Fingerprint() == ca2.Fingerprint()), fmt.Sprintf("sites_seen=%d", len(list)),
+		fmt.Sprintf("token_enrols=%v", reg2.CheckToken(ctx, tok) == nil),
+		fmt.Sprintf("reader_sees_key_sealed=%v", seal.Sealed(rec.TypedSpec().Value.GetSealedKey())),
+	}
+}
+
 // scenario is the contract: every step the controller takes with Omni, in the order a machine meets them.
 func scenario(t *testing.T, b fidelity.Backend) *transcript {
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
@@ -187,6 +232,9 @@ func scenario(t *testing.T, b fidelity.Backend) *transcript {
 		return err == nil && hs.TypedSpec().Value.GetLastHeartbeatTimestamp().IsValid()
 	})
 	r.tr.add("heartbeat", "written=true")
+
+	// sites and the enrollment CA kept in Omni: a second controller with an empty state directory has both
+	r.tr.add("sites in omni", sitesInOmni(ctx, t, b)...)
 
 	// join config: the documents the edges serve at /config
 	var jc controlleromni.JoinConfig
