@@ -23,9 +23,23 @@ const RefNameAnnotation = "org.opencontainers.image.ref.name"
 // rootfs/ at the image root, the layout Talos's imager expects of a system extension image). The layer is
 // reproducible: sorted entries, zero times, root ownership. tmpDir receives the layer tarball.
 func BuildOCI(c Config, extDir, tmpDir string) (v1.Image, error) {
+	return singleLayerImage(extDir, tmpDir, nil, func(cf *v1.ConfigFile) {
+		cf.Architecture = c.Arch
+		cf.Config.Labels = map[string]string{
+			"org.opencontainers.image.title":   ServiceName,
+			"org.opencontainers.image.version": c.Version,
+		}
+	})
+}
+
+// singleLayerImage builds a reproducible OCI image (OCI media types, linux, created at the epoch) whose one
+// layer is the tree under dir, packed by writeTar with adjust; configure fills in the rest of the config
+// (architecture, entrypoint, user, labels). Both images, the edge's extension and the controller's, are made
+// here so that they are reproducible in the same way.
+func singleLayerImage(dir, tmpDir string, adjust func(*tar.Header), configure func(*v1.ConfigFile)) (v1.Image, error) {
 	layerPath := filepath.Join(tmpDir, "layer.tar")
 
-	if err := writeLayer(extDir, layerPath); err != nil {
+	if err := writeTar(dir, layerPath, adjust); err != nil {
 		return nil, fmt.Errorf("build image layer: %w", err)
 	}
 
@@ -48,12 +62,8 @@ func BuildOCI(c Config, extDir, tmpDir string) (v1.Image, error) {
 
 	cf = cf.DeepCopy()
 	cf.OS = "linux"
-	cf.Architecture = c.Arch
 	cf.Created = v1.Time{Time: time.Unix(0, 0).UTC()}
-	cf.Config.Labels = map[string]string{
-		"org.opencontainers.image.title":   ServiceName,
-		"org.opencontainers.image.version": c.Version,
-	}
+	configure(cf)
 
 	img, err = mutate.ConfigFile(img, cf)
 	if err != nil {
@@ -83,14 +93,17 @@ func WriteOCILayout(img v1.Image, dir, name string) error {
 
 // WriteOCIArchive packs an OCI layout directory into a tar file (an "oci-archive").
 func WriteOCIArchive(layoutDir, tarPath string) error {
-	return writeTar(layoutDir, tarPath, 0o644)
+	return writeTar(layoutDir, tarPath, func(hdr *tar.Header) {
+		if hdr.Typeflag == tar.TypeReg {
+			hdr.Mode = 0o644
+		}
+	})
 }
 
-func writeLayer(dir, path string) error { return writeTar(dir, path, 0) }
-
-// writeTar writes the tree under dir into a tar file with sorted entries, zero times and root ownership.
-// Modes are kept when keepMode is 0, else files get keepMode.
-func writeTar(dir, path string, fileMode os.FileMode) error {
+// writeTar writes the tree under dir into a tar file with sorted entries, zero times, root ownership and the
+// files' permission bits; adjust, when not nil, may change each header (ownership, mode) before it is written.
+// Names are relative to dir, directories end in a slash.
+func writeTar(dir, path string, adjust func(*tar.Header)) error {
 	out, err := os.Create(path)
 	if err != nil {
 		return err
@@ -120,11 +133,12 @@ func writeTar(dir, path string, fileMode os.FileMode) error {
 			hdr.Typeflag, hdr.Name = tar.TypeDir, hdr.Name+"/"
 		case fi.Mode().IsRegular():
 			hdr.Typeflag, hdr.Size = tar.TypeReg, fi.Size()
-			if fileMode != 0 {
-				hdr.Mode = int64(fileMode)
-			}
 		default:
 			return fmt.Errorf("%s: only files and directories go into the image", p)
+		}
+
+		if adjust != nil {
+			adjust(hdr)
 		}
 
 		if err := tw.WriteHeader(hdr); err != nil {

@@ -1,6 +1,7 @@
-// Command mkimage builds the edge appliance artifacts under _out/image/ (`make image` runs it): the Talos
+// Command mkimage builds the images under _out/image/ (`make image` runs it): for the edge appliance, the Talos
 // system extension tree, the same as an OCI image layout and archive, and, when a controller address and join
-// token are given, a validated Talos machine-config patch.
+// token are given, a validated Talos machine-config patch; for the controller, under controller/, its OCI image
+// layout and archive, its systemd unit and its Kubernetes manifest.
 package main
 
 import (
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/outpost-metal/outpost/image"
@@ -33,12 +35,19 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("mkimage", flag.ContinueOnError)
 
 	out := fs.String("out", env("MKIMAGE_OUT", "_out/image"), "output directory (MKIMAGE_OUT)")
-	fs.StringVar(&cfg.Version, "version", env("MKIMAGE_VERSION", cfg.Version), "extension version (MKIMAGE_VERSION)")
-	fs.StringVar(&cfg.Arch, "arch", env("MKIMAGE_ARCH", cfg.Arch), "target architecture (MKIMAGE_ARCH)")
+	fs.StringVar(&cfg.Version, "version", env("MKIMAGE_VERSION", cfg.Version), "version of both images (MKIMAGE_VERSION)")
+	fs.StringVar(&cfg.Arch, "arch", env("MKIMAGE_ARCH", cfg.Arch), "target architecture of both images (MKIMAGE_ARCH)")
 	fs.StringVar(&cfg.EdgeBinary, "edge", env("MKIMAGE_EDGE", cfg.EdgeBinary), "static edge binary (MKIMAGE_EDGE)")
 	fs.StringVar(&cfg.IPXEDir, "ipxe-dir", env("MKIMAGE_IPXE_DIR", cfg.IPXEDir), "iPXE binaries (MKIMAGE_IPXE_DIR)")
 	fs.StringVar(&cfg.PreseedDir, "preseed", env("MKIMAGE_PRESEED", ""), "asset import bundle to bake in (MKIMAGE_PRESEED)")
 	fs.StringVar(&cfg.TalosVersion, "talos-version", env("MKIMAGE_TALOS_VERSION", cfg.TalosVersion), "Talos version constraint (MKIMAGE_TALOS_VERSION)")
+
+	ctl := image.DefaultController()
+
+	fs.StringVar(&ctl.Binary, "controller-binary", env("MKIMAGE_CONTROLLER_BINARY", ctl.Binary), "static controller binary; empty skips the controller image (MKIMAGE_CONTROLLER_BINARY)")
+	ctlImage := fs.String("controller-image", env("MKIMAGE_CONTROLLER_IMAGE", ""), "the controller image's name in the Kubernetes manifest, as pushed (default outpost-controller:<version>) (MKIMAGE_CONTROLLER_IMAGE)")
+	fs.StringVar(&ctl.CABundle, "ca-bundle", env("MKIMAGE_CA_BUNDLE", ctl.CABundle), "CA certificates baked into the controller image (MKIMAGE_CA_BUNDLE)")
+	fs.StringVar(&ctl.Source, "source", env("MKIMAGE_SOURCE", ctl.Source), "source repository recorded in the controller image (MKIMAGE_SOURCE)")
 
 	var p image.PatchConfig
 
@@ -106,6 +115,22 @@ func run(args []string) error {
 	} else {
 		fmt.Println("patch:       skipped (give -controller and -token)")
 	}
+
+	if ctl.Binary == "" {
+		fmt.Println("controller:  skipped (give -controller-binary)")
+
+		return nil
+	}
+
+	ctl.Version, ctl.Arch = cfg.Version, cfg.Arch
+
+	cres, err := image.BuildController(ctl, *ctlImage, filepath.Join(*out, "controller"))
+	if err != nil {
+		return err
+	}
+
+	fmt.Printf("controller oci layout:  %s (%s)\ncontroller oci archive: %s\nsystemd unit:           %s\nkubernetes manifest:    %s\n",
+		cres.OCILayout, image.ControllerImageRef(ctl.Version), cres.OCIArchive, cres.Unit, cres.Manifest)
 
 	return nil
 }
