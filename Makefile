@@ -28,8 +28,8 @@ build: ## build the controller and edge binaries into _out/bin
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(OUT)/bin/ ./controller ./edge
 
 .PHONY: image
-image: build ## the edge appliance: Talos extension, OCI image, machine-config patch (MKIMAGE_* env) under _out/image
-	$(GO) run ./image/cmd/mkimage -edge $(OUT)/bin/edge -out $(OUT)/image -version $(VERSION)
+image: build ## the edge appliance (Talos extension, OCI image, patch) and the controller (OCI image, systemd unit, Kubernetes manifest) under _out/image (MKIMAGE_* env)
+	$(GO) run ./image/cmd/mkimage -edge $(OUT)/bin/edge -controller-binary $(OUT)/bin/controller -out $(OUT)/image -version $(VERSION)
 
 .PHONY: deps
 deps: ## install the Debian packages the tests and the lab need (root; skipped with a reason otherwise)
