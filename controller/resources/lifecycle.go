@@ -68,6 +68,15 @@ const EnrollmentCAID = "enrollment"
 // EnrollmentCASchema is the EnrollmentCASpec format this controller writes and understands.
 const EnrollmentCASchema = 1
 
+// ControllerLease says which of the provider's controllers acts (ID = ControllerLeaseID).
+type ControllerLease = typed.Resource[ControllerLeaseSpec, lifecycleExtension]
+
+// ControllerLeaseSpec wraps specs.ControllerLeaseSpec.
+type ControllerLeaseSpec = protobuf.ResourceSpec[specs.ControllerLeaseSpec, *specs.ControllerLeaseSpec]
+
+// ControllerLeaseID is the ID of the one ControllerLease of a provider.
+const ControllerLeaseID = "active"
+
 // lifecycleExtension gives the lifecycle resources a resource definition. Their real type names depend on
 // the provider ID and are carried by each resource's metadata (see Types); the definition is informational.
 type lifecycleExtension struct{}
@@ -91,6 +100,8 @@ type Types struct {
 	// Site and EnrollmentCA hold the controller's sites and enrollment CA (see Sites, NewEnrollmentCA).
 	Site         resource.Type
 	EnrollmentCA resource.Type
+	// ControllerLease says which of the provider's controllers acts (controller/lease).
+	ControllerLease resource.Type
 }
 
 // NewTypes returns the resource types of provider providerID.
@@ -106,6 +117,7 @@ func NewTypes(providerID string) Types {
 		MachineLocation:    infra.ResourceType("MachineLocation", providerID),
 		Site:               infra.ResourceType("Site", providerID),
 		EnrollmentCA:       infra.ResourceType("EnrollmentCA", providerID),
+		ControllerLease:    infra.ResourceType("ControllerLease", providerID),
 	}
 }
 
@@ -129,6 +141,7 @@ func (t Types) Register() error {
 		protobuf.RegisterResource(t.MachineLocation, t.NewMachineLocation("")),
 		protobuf.RegisterResource(t.Site, t.Sites().New("")),
 		protobuf.RegisterResource(t.EnrollmentCA, t.NewEnrollmentCA("")),
+		protobuf.RegisterResource(t.ControllerLease, t.NewControllerLease("")),
 	} {
 		if err != nil && !strings.Contains(err.Error(), "already registered") {
 			return err
@@ -182,4 +195,10 @@ func (t Types) NewMachineLocation(id string) *MachineLocation {
 func (t Types) NewEnrollmentCA(id string) *EnrollmentCA {
 	return typed.NewResource[EnrollmentCASpec, lifecycleExtension](t.md(t.EnrollmentCA, id),
 		protobuf.NewResourceSpec(&specs.EnrollmentCASpec{}))
+}
+
+// NewControllerLease returns an empty ControllerLease with the given ID (ControllerLeaseID).
+func (t Types) NewControllerLease(id string) *ControllerLease {
+	return typed.NewResource[ControllerLeaseSpec, lifecycleExtension](t.md(t.ControllerLease, id),
+		protobuf.NewResourceSpec(&specs.ControllerLeaseSpec{}))
 }

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/lease"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/lifecycle/lifecycletest"
 	controlleromni "github.com/outpost-metal/outpost/controller/omni"
@@ -201,6 +202,85 @@ func sitesInOmni(ctx context.Context, t *testing.T, b fidelity.Backend) []string
 	}
 }
 
+// standby runs two lease electors of the provider against Omni: one acts, the other stands by; when the first
+// leaves, the second acts. It reports who acted when, and the most that ever acted at once.
+func standby(ctx context.Context, t *testing.T, b fidelity.Backend) []string {
+	t.Helper()
+
+	conn, err := controlleromni.Connect(ctx, b.Controller(), zaptest.NewLogger(t).Named("lease"))
+	require.NoError(t, err)
+
+	defer conn.Close() //nolint:errcheck
+
+	var (
+		mu          sync.Mutex
+		acting      []string
+		most, terms int
+	)
+
+	lead := func(name string) func(context.Context) error {
+		return func(ctx context.Context) error {
+			mu.Lock()
+			acting = append(acting, name)
+			most = max(most, len(acting))
+			terms++
+			mu.Unlock()
+
+			<-ctx.Done()
+
+			mu.Lock()
+			acting = slices.DeleteFunc(acting, func(n string) bool { return n == name })
+			mu.Unlock()
+
+			return nil
+		}
+	}
+
+	actingNow := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+
+		return slices.Clone(acting)
+	}
+
+	run := func(name string) (context.CancelFunc, chan error) {
+		cfg := lease.Config{Holder: name, Duration: 3 * time.Second, Renew: 500 * time.Millisecond, Margin: time.Second}
+		e, err := lease.New(cfg, conn.State(), conn.Types(), zaptest.NewLogger(t).Named(name), time.Now, nil)
+		require.NoError(t, err)
+
+		ectx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+
+		go func() { done <- e.Run(ectx, lead(name)) }()
+
+		return cancel, done
+	}
+
+	stopA, doneA := run("controller-a")
+	require.Eventually(t, func() bool { return slices.Equal(actingNow(), []string{"controller-a"}) }, time.Minute, 50*time.Millisecond)
+
+	stopB, doneB := run("controller-b")
+	defer func() { stopB(); <-doneB }()
+
+	// b stands by while a renews: over two lease durations nothing changes
+	require.Never(t, func() bool { return !slices.Equal(actingNow(), []string{"controller-a"}) }, 6*time.Second, 100*time.Millisecond)
+
+	stopA()
+	require.NoError(t, <-doneA)
+	require.Eventually(t, func() bool { return slices.Equal(actingNow(), []string{"controller-b"}) }, time.Minute, 50*time.Millisecond)
+
+	rec, err := safe.StateGet[*resources.ControllerLease](ctx, b.Admin(), conn.Types().NewControllerLease(resources.ControllerLeaseID).Metadata())
+	require.NoError(t, err)
+
+	mu.Lock()
+	defer mu.Unlock()
+
+	return []string{
+		"first=controller-a", "after_it_left=" + rec.TypedSpec().Value.GetHolder(),
+		fmt.Sprintf("most_acting_at_once=%d", most), fmt.Sprintf("terms=%d", terms),
+	}
+}
+
 // scenario is the contract: every step the controller takes with Omni, in the order a machine meets them.
 func scenario(t *testing.T, b fidelity.Backend) *transcript {
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
@@ -235,6 +315,9 @@ func scenario(t *testing.T, b fidelity.Backend) *transcript {
 
 	// sites and the enrollment CA kept in Omni: a second controller with an empty state directory has both
 	r.tr.add("sites in omni", sitesInOmni(ctx, t, b)...)
+
+	// two controllers: one acts, the other stands by and takes over when the first leaves
+	r.tr.add("standby", standby(ctx, t, b)...)
 
 	// join config: the documents the edges serve at /config
 	var jc controlleromni.JoinConfig
