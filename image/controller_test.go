@@ -3,7 +3,6 @@ package image_test
 import (
 	"archive/tar"
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"debug/elf"
 	"encoding/hex"
@@ -311,74 +310,162 @@ func TestControllerImage(t *testing.T) {
 	})
 
 	t.Run("runs", func(t *testing.T) {
-		// the binary from the image, with the image's environment, serves /healthz and the admin socket
+		// the binary from the image, with the image's environment (state and listeners moved to the test's)
 		dir := t.TempDir()
 		exe := filepath.Join(dir, "outpost-controller")
 		require.NoError(t, os.WriteFile(exe, binEntry.data, 0o755))
 
-		httpAddr, uplinkAddr := freeAddr(t), freeAddr(t)
-		runEnv := []string{}
+		httpAddr := freeAddr(t)
+		runEnv := overrideEnv(cf.Config.Env, map[string]string{
+			image.EnvControllerStateDir:     filepath.Join(dir, "state"),
+			image.EnvControllerUplinkListen: freeAddr(t),
+			image.EnvControllerHTTPListen:   httpAddr,
+		})
 
-		for _, kv := range cf.Config.Env {
-			k, _, _ := strings.Cut(kv, "=")
-			switch k {
-			case image.EnvControllerStateDir: // the state goes to the test's directory
-				kv = k + "=" + filepath.Join(dir, "state")
-			case image.EnvControllerUplinkListen, image.EnvControllerHTTPListen: // loopback, a free port
-				kv = k + "=" + map[string]string{image.EnvControllerUplinkListen: uplinkAddr, image.EnvControllerHTTPListen: httpAddr}[k]
-			}
+		runController(t, httpAddr, func(args ...string) *exec.Cmd {
+			cmd := exec.Command(exe, args...)
+			cmd.Env = runEnv
 
-			runEnv = append(runEnv, kv)
+			return cmd
+		})
+	})
+
+	t.Run("runs as its user in its own file system", func(t *testing.T) {
+		// the layer unpacked as a container runtime would, the controller chrooted into it as 65532: it needs
+		// nothing from the host and can write its state directory
+		if os.Getuid() != 0 {
+			t.Skip("chroot and a change of user need root")
 		}
 
-		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-		defer cancel()
+		root := t.TempDir()
+		unpack(t, entries, root)
 
-		var logs bytes.Buffer
+		uidN, err := strconv.Atoi(uid)
+		require.NoError(t, err)
+		gidN, err := strconv.Atoi(gid)
+		require.NoError(t, err)
 
-		cmd := exec.CommandContext(ctx, exe)
-		cmd.Env, cmd.Stdout, cmd.Stderr = runEnv, &logs, &logs
-		require.NoError(t, cmd.Start())
+		httpAddr := freeAddr(t)
+		runEnv := overrideEnv(cf.Config.Env, map[string]string{
+			image.EnvControllerUplinkListen: freeAddr(t),
+			image.EnvControllerHTTPListen:   httpAddr,
+		})
 
-		waited := make(chan error, 1)
-		go func() { waited <- cmd.Wait() }()
-
-		client := &http.Client{Timeout: 2 * time.Second}
-		deadline := time.Now().Add(60 * time.Second)
-
-		for {
-			resp, err := client.Get("http://" + httpAddr + "/healthz")
-			if err == nil {
-				body, _ := io.ReadAll(resp.Body)
-				resp.Body.Close() //nolint:errcheck
-
-				require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
-
-				break
+		runController(t, httpAddr, func(args ...string) *exec.Cmd {
+			cmd := exec.Command(cf.Config.Entrypoint[0], args...)
+			cmd.Env, cmd.Dir = runEnv, cf.Config.WorkingDir
+			cmd.SysProcAttr = &syscall.SysProcAttr{
+				Chroot:     root,
+				Credential: &syscall.Credential{Uid: uint32(uidN), Gid: uint32(gidN), Groups: []uint32{}},
 			}
 
-			select {
-			case err := <-waited:
-				t.Fatalf("controller exited before serving /healthz: %v\n%s", err, logs.String())
-			case <-time.After(100 * time.Millisecond):
-			}
+			return cmd
+		})
 
-			require.True(t, time.Now().Before(deadline), "no /healthz within a minute: %v\n%s", err, logs.String())
+		db, err := os.Stat(filepath.Join(root, image.ControllerStateDir, "outpost.db"))
+		require.NoError(t, err, "no site store in the image's state directory")
+		require.EqualValues(t, uidN, db.Sys().(*syscall.Stat_t).Uid)
+	})
+}
+
+// overrideEnv returns env with the values of the variables in set replaced.
+func overrideEnv(env []string, set map[string]string) []string {
+	out := make([]string, 0, len(env))
+
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		if v, ok := set[k]; ok {
+			kv = k + "=" + v
 		}
 
-		list := exec.CommandContext(ctx, exe, "site", "list")
-		list.Env = runEnv
-		b, err := list.CombinedOutput()
-		require.NoError(t, err, "site list over the admin socket: %s", b)
+		out = append(out, kv)
+	}
 
-		require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
-		select {
-		case err := <-waited:
-			require.NoError(t, err, "the controller did not exit cleanly on SIGTERM:\n%s", logs.String())
-		case <-ctx.Done():
-			t.Fatalf("the controller did not stop on SIGTERM:\n%s", logs.String())
+	return out
+}
+
+// runController starts the controller (cmdFor makes its command lines), waits until /healthz on httpAddr
+// answers, lists sites over the admin socket and stops it with SIGTERM, which it must exit 0 on.
+func runController(t *testing.T, httpAddr string, cmdFor func(args ...string) *exec.Cmd) {
+	t.Helper()
+
+	var logs bytes.Buffer
+
+	cmd := cmdFor()
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	require.NoError(t, cmd.Start())
+
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill() //nolint:errcheck
+			<-waited
 		}
 	})
+
+	client := &http.Client{Timeout: 2 * time.Second}
+	deadline := time.Now().Add(time.Minute)
+
+	for {
+		resp, err := client.Get("http://" + httpAddr + "/healthz")
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close() //nolint:errcheck
+
+			require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
+
+			break
+		}
+
+		select {
+		case err := <-waited:
+			waited <- err
+			t.Fatalf("controller exited before serving /healthz: %v\n%s", err, logs.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+
+		require.True(t, time.Now().Before(deadline), "no /healthz within a minute: %v\n%s", err, logs.String())
+	}
+
+	b, err := cmdFor("site", "list").CombinedOutput()
+	require.NoError(t, err, "site list over the admin socket: %s", b)
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+
+	select {
+	case err := <-waited:
+		require.NoError(t, err, "the controller did not exit cleanly on SIGTERM:\n%s", logs.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the controller did not stop within 30 s of SIGTERM:\n%s", logs.String())
+	}
+}
+
+// unpack writes the layer's entries under root with their modes and owners, parents first.
+func unpack(t *testing.T, entries map[string]layerEntry, root string) {
+	t.Helper()
+
+	require.NoError(t, os.Chmod(root, 0o755)) // the image's / (t.TempDir makes it 0700)
+
+	for _, name := range slices.Sorted(maps.Keys(entries)) {
+		e := entries[name]
+		p := filepath.Join(root, name)
+		mode := e.hdr.FileInfo().Mode() & (os.ModePerm | os.ModeSticky)
+
+		switch e.hdr.Typeflag {
+		case tar.TypeDir:
+			require.NoError(t, os.MkdirAll(p, 0o755))
+		case tar.TypeReg:
+			require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+			require.NoError(t, os.WriteFile(p, e.data, 0o600))
+		default:
+			t.Fatalf("%s: unexpected entry type %c", name, e.hdr.Typeflag)
+		}
+
+		require.NoError(t, os.Chown(p, e.hdr.Uid, e.hdr.Gid))
+		require.NoError(t, os.Chmod(p, mode))
+	}
 }
 
 func sum(b []byte) string {
