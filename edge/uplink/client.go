@@ -11,6 +11,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -31,7 +32,9 @@ import (
 
 // Config is the uplink's configuration.
 type Config struct {
-	// ControllerAddress is the controller's uplink address, host:port.
+	// ControllerAddress is the controller's uplink address, host:port, or several separated by commas: an
+	// active controller and its standbys (only the one holding the lease listens). Each attempt dials them in
+	// turn, starting with the one that answered last, until one connects.
 	ControllerAddress string
 	// StateDir holds the edge's key, certificate and the controller's CA.
 	StateDir string
@@ -46,6 +49,23 @@ type Config struct {
 	BackoffMax time.Duration
 }
 
+// maxControllerAddresses bounds the addresses one attempt dials (an active controller and its standbys).
+const maxControllerAddresses = 8
+
+// Addresses returns the controller addresses, in the order given (see ControllerAddress); more than
+// maxControllerAddresses make Validate fail.
+func (c Config) Addresses() []string {
+	var out []string
+
+	for a := range strings.SplitSeq(c.ControllerAddress, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+
+	return out
+}
+
 // Default returns the default uplink configuration.
 func Default() Config {
 	return Config{
@@ -57,8 +77,19 @@ func Default() Config {
 
 // Validate checks the configuration.
 func (c Config) Validate() error {
-	if _, port, err := net.SplitHostPort(c.ControllerAddress); err != nil || port == "" {
-		return fmt.Errorf("controller address %q is not host:port", c.ControllerAddress)
+	addrs := c.Addresses()
+	if len(addrs) == 0 {
+		return errors.New("controller address is required (host:port)")
+	}
+
+	if len(addrs) > maxControllerAddresses {
+		return fmt.Errorf("%d controller addresses: at most %d", len(addrs), maxControllerAddresses)
+	}
+
+	for _, a := range addrs {
+		if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+			return fmt.Errorf("controller address %q is not host:port", a)
+		}
 	}
 
 	if c.StateDir == "" {
@@ -133,6 +164,9 @@ type Client struct {
 
 	sessions  atomic.Int64
 	connected atomic.Bool
+	// answered is the index in Addresses of the controller that connected last; current is its address
+	// (for logs and status).
+	answered atomic.Int32
 }
 
 // New returns a client; Run connects.
@@ -350,9 +384,9 @@ func (c *Client) open(ctx context.Context, tlsConfig *tls.Config, hello *uplinkp
 	dctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
 	defer cancel()
 
-	raw, err := c.opts.Dial(dctx, c.cfg.ControllerAddress)
+	raw, addr, err := c.dial(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("dial controller %s: %w", c.cfg.ControllerAddress, err)
+		return nil, err
 	}
 
 	conn := tls.Client(raw, tlsConfig)
@@ -367,10 +401,10 @@ func (c *Client) open(ctx context.Context, tlsConfig *tls.Config, hello *uplinkp
 	if err := conn.HandshakeContext(dctx); err != nil {
 		if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
 			return nil, fmt.Errorf("TLS handshake with controller %s: %w (the controller closed the connection before TLS: "+
-				"it may be limiting connections from this address or at once; its outpost_uplink_rejected_total says which)", c.cfg.ControllerAddress, err)
+				"it may be limiting connections from this address or at once; its outpost_uplink_rejected_total says which)", addr, err)
 		}
 
-		return nil, fmt.Errorf("TLS handshake with controller %s: %w", c.cfg.ControllerAddress, err)
+		return nil, fmt.Errorf("TLS handshake with controller %s: %w", addr, err)
 	}
 
 	deadline, _ := dctx.Deadline()
@@ -419,6 +453,45 @@ func (c *Client) open(ctx context.Context, tlsConfig *tls.Config, hello *uplinkp
 	return peer, nil
 }
 
+// dial connects to the first controller address that answers, starting with the one that answered last; each
+// gets DialTimeout. A standby controller does not listen, so it refuses at once.
+func (c *Client) dial(ctx context.Context) (net.Conn, string, error) {
+	addrs := c.cfg.Addresses()
+	first := int(c.answered.Load())
+
+	var errs []error
+
+	for i := range addrs {
+		idx := (first + i) % len(addrs)
+
+		dctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
+		raw, err := c.opts.Dial(dctx, addrs[idx])
+
+		cancel()
+
+		if err == nil {
+			c.answered.Store(int32(idx)) //nolint:gosec // at most maxControllerAddresses
+
+			return raw, addrs[idx], nil
+		}
+
+		errs = append(errs, fmt.Errorf("dial controller %s: %w", addrs[idx], err))
+
+		if ctx.Err() != nil {
+			break
+		}
+	}
+
+	return nil, "", errors.Join(errs...)
+}
+
+// controllerAddress is the address of the controller that answered last.
+func (c *Client) controllerAddress() string {
+	addrs := c.cfg.Addresses()
+
+	return addrs[int(c.answered.Load())%len(addrs)]
+}
+
 // runSession runs one session from dial to its end.
 func (c *Client) runSession(ctx context.Context) error {
 	id := c.currentIdentity()
@@ -435,7 +508,7 @@ func (c *Client) runSession(ctx context.Context) error {
 	defer c.connected.Store(false)
 
 	log := c.log.With(zap.Int64("session", n))
-	log.Info("uplink connected", zap.String("site", id.SiteID), zap.String("controller", c.cfg.ControllerAddress))
+	log.Info("uplink connected", zap.String("site", id.SiteID), zap.String("controller", c.controllerAddress()))
 
 	// WaitForHandlers: the session is over only when every call the controller made on it has returned.
 	srv := grpc.NewServer(append([]grpc.ServerOption{grpc.WaitForHandlers(true)}, c.opts.ServerOptions...)...)

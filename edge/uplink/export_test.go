@@ -1,6 +1,9 @@
 package uplink
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // Backoff is the client's reconnect backoff, for tests.
 type Backoff struct{ b *backoff }
@@ -17,4 +20,16 @@ func (b *Backoff) Reset() { b.b.reset() }
 // HonourRetryAfter is honourRetryAfter.
 func HonourRetryAfter(wait, retryAfter time.Duration) time.Duration {
 	return honourRetryAfter(wait, retryAfter)
+}
+
+// DialController is the client's dial of its controller addresses: the address that connected.
+func (c *Client) DialController(ctx context.Context) (string, error) {
+	conn, addr, err := c.dial(ctx)
+	if err != nil {
+		return "", err
+	}
+
+	conn.Close() //nolint:errcheck,gosec
+
+	return addr, nil
 }
