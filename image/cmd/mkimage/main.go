@@ -99,6 +99,21 @@ func run(args []string) error {
 		patch = &p
 	}
 
+	// the controller's inputs are checked before anything is built, so that a mistake there costs no edge build
+	ctl.Version, ctl.Arch = cfg.Version, cfg.Arch
+
+	if ctl.Binary != "" {
+		if err := ctl.Validate(); err != nil {
+			return fmt.Errorf("controller image config: %w", err)
+		}
+
+		if *ctlImage != "" {
+			if _, err := image.RenderKubernetesManifest(*ctlImage); err != nil {
+				return err
+			}
+		}
+	}
+
 	if err := os.MkdirAll(*out, 0o755); err != nil {
 		return err
 	}
@@ -121,8 +136,6 @@ func run(args []string) error {
 
 		return nil
 	}
-
-	ctl.Version, ctl.Arch = cfg.Version, cfg.Arch
 
 	cres, err := image.BuildController(ctl, *ctlImage, filepath.Join(*out, "controller"))
 	if err != nil {
