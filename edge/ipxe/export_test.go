@@ -3,9 +3,11 @@ package ipxe
 import "github.com/prometheus/client_golang/prometheus"
 
 // ServedCounter exposes a boot-served counter to tests.
-func (s *Server) ServedCounter(mode string) prometheus.Counter { return s.served.WithLabelValues(mode) }
+func (s *Server) ServedCounter(mode string) prometheus.Counter {
+	return s.metrics.served.WithLabelValues(mode)
+}
 
 // RejectedCounter exposes a rejection counter to tests.
 func (s *Server) RejectedCounter(reason string) prometheus.Counter {
-	return s.rejected.WithLabelValues(reason)
+	return s.metrics.rejected.WithLabelValues(reason)
 }

@@ -133,3 +133,19 @@ func renderKernel(comment string, k *bootpb.Kernel, args []string, retries int) 
 
 	return b.Bytes()
 }
+
+// Script renders the answer as an iPXE script; nil for a refusal.
+func (a Answer) Script() []byte {
+	switch a.Kind {
+	case KindKernel:
+		return renderKernel(a.Comment, a.Kernel, a.Args, a.Retries)
+	case KindWait:
+		return renderWait(a.Waiting, len(a.Missing), a.Again, a.WaitSeconds)
+	case KindExit:
+		return []byte(exitScript)
+	case KindSanboot:
+		return []byte(sanbootScript)
+	default:
+		return nil
+	}
+}

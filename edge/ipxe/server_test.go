@@ -474,3 +474,30 @@ func FuzzParseBootQuery(f *testing.F) {
 		}
 	})
 }
+
+// A name the asset cache holds is served by the cache; others from the assets directory.
+func TestCachedAssetsServedFromTheCache(t *testing.T) {
+	t.Parallel()
+
+	tbl, err := boot.Open(boot.Config{StateDir: t.TempDir()}, zaptest.NewLogger(t))
+	require.NoError(t, err)
+
+	cfg := ipxe.Default()
+	cfg.AssetsDir = t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(cfg.AssetsDir, "plain"), []byte("from the directory"), 0o644))
+
+	srv, err := ipxe.New(cfg, zaptest.NewLogger(t), ipxe.Deps{
+		Table: tbl, Catalog: tftp.NewCatalog(nil), Assets: &assetIndex{names: map[string]bool{"cached/k": true}},
+		CachedAssets: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "from the cache "+r.URL.Path) }),
+	})
+	require.NoError(t, err)
+
+	defer srv.Close() //nolint:errcheck
+
+	for path, want := range map[string]string{"/assets/cached/k": "from the cache /assets/cached/k", "/assets/plain": "from the directory"} {
+		rec := httptest.NewRecorder()
+		srv.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		require.Equal(t, http.StatusOK, rec.Code, path)
+		require.Equal(t, want, rec.Body.String(), path)
+	}
+}

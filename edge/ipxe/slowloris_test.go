@@ -333,7 +333,7 @@ func TestSlowClientsCannotStopBooting(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 
-	go func() { served <- srv.Serve(ctx, ln) }()
+	go func() { served <- srv.Serve(ctx, ln, srv.Handler()) }()
 
 	t.Cleanup(func() {
 		cancel()

@@ -1,4 +1,4 @@
-package ipxe_test
+package app_test
 
 import (
 	"bytes"
@@ -80,7 +80,7 @@ func TestContractAdvertisedIsServed(t *testing.T) {
 	require.NoError(t, err)
 
 	httpDone := make(chan error, 1)
-	go func() { httpDone <- httpSrv.Serve(ctx, ln) }()
+	go func() { httpDone <- httpSrv.Serve(ctx, ln, httpSrv.Handler()) }()
 
 	defer func() {
 		cancel()

@@ -1,0 +1,105 @@
+package ipxe
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+)
+
+// Config configures the HTTP server.
+type Config struct {
+	// Listen is the TCP address to serve (default ":80").
+	Listen string `json:"listen"`
+	// AssetsDir holds the files served under /assets/.
+	AssetsDir string `json:"assets_dir"`
+	// AdvertiseHost is host[:port] machines use to reach this server; empty means the request's Host header.
+	AdvertiseHost string `json:"advertise_host"`
+	// AgentAddress is metal.provider.address for agent mode (the edge's agent tunnel endpoint);
+	// empty means the advertised host with AgentPort.
+	AgentAddress string `json:"agent_address"`
+	// AgentPort is the port of the agent tunnel endpoint when AgentAddress is empty.
+	AgentPort int `json:"agent_port"`
+	// KernelArgs are used when the boot table has no table-wide args (consoles).
+	KernelArgs []string `json:"kernel_args"`
+	// AgentKernel and AgentInitrd are the default agent-mode paths; "{arch}" is replaced (x86_64, arm64).
+	AgentKernel string `json:"agent_kernel"`
+	AgentInitrd string `json:"agent_initrd"`
+	// Retries bounds DHCP, probe and download attempts in the scripts.
+	Retries int `json:"retries"`
+	// AssetWait is how long a machine whose boot assets are not at the site yet waits before asking again.
+	AssetWait time.Duration `json:"asset_wait"`
+	// ReadHeaderTimeout, ReadTimeout, WriteTimeout and IdleTimeout are the http.Server timeouts.
+	ReadHeaderTimeout time.Duration `json:"read_header_timeout"`
+	ReadTimeout       time.Duration `json:"read_timeout"`
+	WriteTimeout      time.Duration `json:"write_timeout"`
+	IdleTimeout       time.Duration `json:"idle_timeout"`
+	// MaxConns bounds the open connections, MaxConnsPerSource those from one client address (see
+	// LimitListener). At a bound, the oldest connection that never got a response byte (a client still
+	// sending its headers, as slowloris does for ReadHeaderTimeout at most) or is idle between requests is
+	// closed to make room; when there is none, the new connection is reset at once.
+	MaxConns          int `json:"max_conns"`
+	MaxConnsPerSource int `json:"max_conns_per_source"`
+}
+
+// Default returns the production defaults.
+func Default() Config {
+	return Config{
+		Listen:            ":80",
+		AssetsDir:         "/var/lib/outpost-edge/assets",
+		AgentPort:         50042,
+		KernelArgs:        []string{"console=tty0", "console=ttyS0"},
+		AgentKernel:       "/assets/agent/{arch}/vmlinuz",
+		AgentInitrd:       "/assets/agent/{arch}/initramfs.xz",
+		Retries:           5,
+		AssetWait:         30 * time.Second,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Minute,
+		IdleTimeout:       2 * time.Minute,
+		// A booting machine holds one connection (iPXE fetches kernel and initrd one after the other on it),
+		// two at most, for as long as its downloads take: 5,000 lets thousands of machines boot at once and
+		// keeps connections (with the asset file each download opens) well inside a 20,000 open-files limit.
+		MaxConns:          5000,
+		MaxConnsPerSource: 32,
+	}
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	var errs []error
+
+	if c.Listen == "" || c.AssetsDir == "" {
+		errs = append(errs, errors.New("listen and assets_dir are required"))
+	}
+
+	if c.AdvertiseHost != "" && !hostRE.MatchString(c.AdvertiseHost) {
+		errs = append(errs, fmt.Errorf("advertise_host %q is not host[:port]", c.AdvertiseHost))
+	}
+
+	if c.AgentAddress == "" && (c.AgentPort <= 0 || c.AgentPort > 65535) {
+		errs = append(errs, fmt.Errorf("agent_port %d out of range", c.AgentPort))
+	}
+
+	if c.Retries <= 0 {
+		errs = append(errs, errors.New("retries must be positive"))
+	}
+
+	if c.AssetWait < time.Second {
+		errs = append(errs, fmt.Errorf("asset_wait %s: at least 1s", c.AssetWait))
+	}
+
+	if c.ReadHeaderTimeout <= 0 || c.ReadTimeout <= 0 || c.WriteTimeout <= 0 || c.IdleTimeout <= 0 {
+		errs = append(errs, errors.New("all timeouts must be positive"))
+	}
+
+	if c.MaxConns <= 0 || c.MaxConnsPerSource <= 0 || c.MaxConnsPerSource > c.MaxConns {
+		errs = append(errs, fmt.Errorf("max_conns %d and max_conns_per_source %d: both positive, per source at most the total",
+			c.MaxConns, c.MaxConnsPerSource))
+	}
+
+	return errors.Join(errs...)
+}
+
+// hostRE matches host[:port] with an IPv4, IPv6 or DNS host: nothing that could break out of a script line.
+var hostRE = regexp.MustCompile(`^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?$`)

@@ -1,0 +1,271 @@
+package ipxe
+
+import (
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/outpost-metal/outpost/edge/boot"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+)
+
+// Request is everything a boot.ipxe answer depends on. The handler gathers it (the query parsed, the
+// machine's entry looked up, the assets the edge can serve, when this machine's wait was last reported, the
+// clock read) so that Decide is a function of its arguments alone, as dhcp.Decide is for the ProxyDHCP.
+type Request struct {
+	// Query is the request's parsed query (ParseBootQuery).
+	Query BootQuery
+	// Host is the request's Host header, used for the URLs in the script unless the configuration names
+	// the advertised host.
+	Host string
+	// Plan is the machine's entry in the boot table (Known false for a machine the table does not name).
+	Plan boot.Entry
+	// Assets tells which /assets/ names the edge serves now (its cache or its files directory); nil: none.
+	Assets AssetIndex
+	// LastReported is when this machine's wait for assets was last reported; zero if never.
+	LastReported time.Time
+	// Now is the time of the request.
+	Now time.Time
+}
+
+// Kind is the kind of answer Decide gives.
+type Kind int
+
+// The kinds of answer.
+const (
+	// KindRefuse is no script: an HTTP error (Answer.Status). The chain in init.ipxe fails and the machine is
+	// left to its firmware's next boot entry.
+	KindRefuse Kind = iota
+	// KindKernel boots Answer.Kernel with Answer.Args.
+	KindKernel
+	// KindWait keeps the machine in iPXE until the assets named in Answer.Missing reach the site.
+	KindWait
+	// KindExit leaves iPXE so that the firmware boots from disk.
+	KindExit
+	// KindSanboot boots the first disk from iPXE.
+	KindSanboot
+)
+
+// The reasons for a refusal (Answer.Reason), also the label of its counter.
+const (
+	// ReasonDenied: the plan denies the machine any boot.
+	ReasonDenied = "denied"
+	// ReasonDiskByHTTP404: the plan boots from disk by failing the chain (DISK_METHOD_HTTP_404).
+	ReasonDiskByHTTP404 = "disk_http_404"
+	// ReasonBadHost: the Host header cannot be put in a script line, and no advertised host is configured.
+	ReasonBadHost = "bad_host"
+	// ReasonUnsafePlan: the plan names a URL or argument that would break out of its script line.
+	ReasonUnsafePlan = "unsafe_plan"
+	// ReasonNoInstallKernel: an install plan without a kernel (the boot table refuses those; not rendered
+	// as a script that cannot boot).
+	ReasonNoInstallKernel = "no_install_kernel"
+)
+
+// Answer is the decided answer to one boot.ipxe request.
+type Answer struct {
+	Kind Kind
+	// Mode is the boot mode journaled and counted: agent, install, wait, disk or deny; empty for a refusal
+	// that is not a boot (bad input).
+	Mode string
+	// Reason says why the request is refused (KindRefuse); Status is the HTTP status to answer it with.
+	Reason string
+	Status int
+	// Report is whether the boot is journaled: every one but the repeats of a machine that keeps waiting
+	// for assets within WaitReportEvery.
+	Report bool
+
+	// Comment, Kernel (absolute URLs), Args and Retries make the script of KindKernel.
+	Comment string
+	Kernel  *bootpb.Kernel
+	Args    []string
+	Retries int
+
+	// Waiting (agent or install), Missing, Again (the URL to ask again) and WaitSeconds make the script of
+	// KindWait.
+	Waiting     string
+	Missing     []string
+	Again       string
+	WaitSeconds int
+}
+
+// WaitReportEvery is how often a machine that keeps waiting for assets is logged and reported.
+const WaitReportEvery = 10 * time.Minute
+
+// Decide answers a boot.ipxe request from the machine's plan.
+func Decide(cfg Config, req Request) Answer {
+	base, ok := baseURL(cfg, req.Host)
+	if !ok {
+		return Answer{Kind: KindRefuse, Reason: ReasonBadHost, Status: http.StatusBadRequest}
+	}
+
+	e, q := req.Plan, req.Query
+
+	args := e.KernelArgs
+	if len(args) == 0 {
+		args = cfg.KernelArgs
+	}
+
+	args = append(append([]string(nil), args...), e.ExtraArgs...)
+
+	switch e.Mode {
+	case bootpb.Mode_MODE_DENY:
+		return Answer{Kind: KindRefuse, Mode: "deny", Reason: ReasonDenied, Status: http.StatusNotFound, Report: true}
+	case bootpb.Mode_MODE_DISK:
+		switch e.DiskMethod {
+		case bootpb.DiskMethod_DISK_METHOD_HTTP_404:
+			return Answer{Kind: KindRefuse, Mode: "disk", Reason: ReasonDiskByHTTP404, Status: http.StatusNotFound, Report: true}
+		case bootpb.DiskMethod_DISK_METHOD_IPXE_SANBOOT:
+			return Answer{Kind: KindSanboot, Mode: "disk", Report: true}
+		default:
+			return Answer{Kind: KindExit, Mode: "disk", Report: true}
+		}
+	case bootpb.Mode_MODE_INSTALL:
+		if e.Install.GetKernelUrl() == "" {
+			return Answer{Kind: KindRefuse, Mode: "install", Reason: ReasonNoInstallKernel, Status: http.StatusNotFound}
+		}
+
+		// The installed Talos fetches its join config from this edge once, then reaches Omni over SideroLink.
+		all := withDefaultArgs(append(append([]string(nil), e.Install.GetArgs()...), args...),
+			"talos.config="+base+"/config?u=${uuid}")
+
+		return kernelOrWait(cfg, req, base, "install", "install "+e.UUID, e.Install, all)
+	default:
+		k := e.Agent
+		if k.GetKernelUrl() == "" {
+			arch := q.KernelArch()
+			k = &bootpb.Kernel{
+				KernelUrl: strings.ReplaceAll(cfg.AgentKernel, "{arch}", arch),
+				InitrdUrl: strings.ReplaceAll(cfg.AgentInitrd, "{arch}", arch),
+			}
+		}
+
+		all := withDefaultArgs(append(append([]string(nil), k.GetArgs()...), args...),
+			"metal.provider.address="+agentAddress(cfg, req.Host), "talos.config="+base+"/config?u=${uuid}")
+
+		return kernelOrWait(cfg, req, base, "agent", "agent mode", k, all)
+	}
+}
+
+// kernelOrWait boots k with args, or waits when its edge-local kernel or initrd is not at the site yet.
+func kernelOrWait(cfg Config, req Request, base, mode, comment string, k *bootpb.Kernel, args []string) Answer {
+	if !safeInScript(k.GetKernelUrl(), k.GetInitrdUrl()) || !safeInScript(args...) {
+		return Answer{Kind: KindRefuse, Mode: mode, Reason: ReasonUnsafePlan, Status: http.StatusNotFound}
+	}
+
+	if missing := missingAssets(req.Assets, k); len(missing) > 0 {
+		return Answer{
+			Kind: KindWait, Mode: "wait", Waiting: mode, Missing: missing,
+			Again:       base + "/ipxe/boot.ipxe?" + req.Query.Encode(),
+			WaitSeconds: int(cfg.AssetWait.Seconds()),
+			Report:      req.LastReported.IsZero() || req.Now.Sub(req.LastReported) >= WaitReportEvery,
+		}
+	}
+
+	return Answer{Kind: KindKernel, Mode: mode, Report: true, Comment: comment, Kernel: absolute(base, k), Args: args, Retries: cfg.Retries}
+}
+
+// safeInScript reports whether every value can stand in an iPXE script line as one word: no spaces, no
+// control characters, nothing iPXE expands (${...}) beyond the ${uuid} the edge itself puts in.
+func safeInScript(values ...string) bool {
+	for _, v := range values {
+		v = strings.ReplaceAll(v, "${uuid}", "")
+		if strings.ContainsAny(v, " \t\r\n${}") || strings.ContainsFunc(v, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+			return false
+		}
+	}
+
+	return true
+}
+
+// baseURL returns "http://host[:port]" as machines reach this server: the advertised host, else the
+// request's Host when it is safe to put in a script.
+func baseURL(cfg Config, host string) (string, bool) {
+	if cfg.AdvertiseHost != "" {
+		return "http://" + cfg.AdvertiseHost, true
+	}
+
+	if !hostRE.MatchString(host) {
+		return "", false
+	}
+
+	return "http://" + host, true
+}
+
+// agentAddress is metal.provider.address for agent mode: the configured one, else the host machines reach
+// this server at with the agent port.
+func agentAddress(cfg Config, host string) string {
+	if cfg.AgentAddress != "" {
+		return cfg.AgentAddress
+	}
+
+	if cfg.AdvertiseHost != "" {
+		host = cfg.AdvertiseHost
+	}
+
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+
+	return net.JoinHostPort(strings.Trim(host, "[]"), strconv.Itoa(cfg.AgentPort))
+}
+
+// withDefaultArgs puts each key=value default in front of args unless args already set that key (the
+// controller named an address of its own); an argument given twice (the edge's and the plan's console) is
+// kept once.
+func withDefaultArgs(args []string, defaults ...string) []string {
+	var front []string
+
+	for _, d := range defaults {
+		key, _, _ := strings.Cut(d, "=")
+		if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, key+"=") }) {
+			front = append(front, d)
+		}
+	}
+
+	out := make([]string, 0, len(front)+len(args))
+
+	for _, a := range append(front, args...) {
+		if !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+
+	return out
+}
+
+// missingAssets returns the edge-local (/assets/...) kernel and initrd of k that the edge cannot serve now.
+// URLs elsewhere (the image factory) are not checked.
+func missingAssets(have AssetIndex, k *bootpb.Kernel) []string {
+	var out []string
+
+	for _, u := range []string{k.GetKernelUrl(), k.GetInitrdUrl()} {
+		name, ok := strings.CutPrefix(u, "/assets/")
+		if !ok || name == "" {
+			continue
+		}
+
+		if have != nil && have.Has(name) {
+			continue
+		}
+
+		out = append(out, name)
+	}
+
+	return out
+}
+
+// absolute makes edge-relative kernel and initrd paths absolute URLs.
+func absolute(base string, k *bootpb.Kernel) *bootpb.Kernel {
+	abs := func(u string) string {
+		if strings.HasPrefix(u, "/") {
+			return base + u
+		}
+
+		return u
+	}
+
+	return &bootpb.Kernel{KernelUrl: abs(k.GetKernelUrl()), InitrdUrl: abs(k.GetInitrdUrl()), Args: k.GetArgs()}
+}

@@ -1,0 +1,248 @@
+package ipxe_test
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-metal/outpost/edge/boot"
+	"github.com/outpost-metal/outpost/edge/ipxe"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+)
+
+// names is a set of /assets/ names the edge serves.
+type names map[string]bool
+
+func (n names) Has(name string) bool { return n[name] }
+
+func TestDecide(t *testing.T) {
+	t.Parallel()
+
+	const (
+		host = "10.0.0.2"
+		base = "http://" + host
+		uuid = "11111111-2222-3333-4444-000000000001"
+	)
+
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	agentAssets := names{"agent/x86_64/vmlinuz": true, "agent/x86_64/initramfs.xz": true}
+	install := &bootpb.Kernel{KernelUrl: "/assets/talos/vmlinuz", InitrdUrl: "https://factory.example/initramfs.xz", Args: []string{"talos.platform=metal"}}
+	query := ipxe.BootQuery{UUID: uuid, Arch: "x86_64", Platform: "efi"}
+
+	cfg := ipxe.Default()
+
+	for _, tc := range []struct {
+		name   string
+		cfg    func(*ipxe.Config)
+		query  ipxe.BootQuery
+		host   string
+		plan   boot.Entry
+		assets ipxe.AssetIndex
+		last   time.Time
+		want   ipxe.Answer
+	}{
+		{
+			name: "unknown machine boots agent mode with the edge's defaults", plan: boot.Entry{UUID: uuid}, assets: agentAssets,
+			want: ipxe.Answer{
+				Kind: ipxe.KindKernel, Mode: "agent", Report: true, Comment: "agent mode", Retries: 5,
+				Kernel: &bootpb.Kernel{KernelUrl: base + "/assets/agent/x86_64/vmlinuz", InitrdUrl: base + "/assets/agent/x86_64/initramfs.xz"},
+				Args:   []string{"metal.provider.address=10.0.0.2:50042", "talos.config=" + base + "/config?u=${uuid}", "console=tty0", "console=ttyS0"},
+			},
+		},
+		{
+			name: "agent mode from the table's kernel, table args and the machine's own, the plan's address kept",
+			plan: boot.Entry{
+				UUID: uuid, Known: true, Mode: bootpb.Mode_MODE_AGENT, KernelArgs: []string{"console=ttyS0"}, ExtraArgs: []string{"console=ttyS0", "x=1"},
+				Agent: &bootpb.Kernel{KernelUrl: "https://factory.example/k", InitrdUrl: "https://factory.example/i", Args: []string{"metal.provider.address=ctl:1"}},
+			},
+			want: ipxe.Answer{
+				Kind: ipxe.KindKernel, Mode: "agent", Report: true, Comment: "agent mode", Retries: 5,
+				Kernel: &bootpb.Kernel{KernelUrl: "https://factory.example/k", InitrdUrl: "https://factory.example/i", Args: []string{"metal.provider.address=ctl:1"}},
+				Args:   []string{"talos.config=" + base + "/config?u=${uuid}", "metal.provider.address=ctl:1", "console=ttyS0", "x=1"},
+			},
+		},
+		{
+			name: "a BIOS machine's i386 iPXE gets the x86_64 kernel", query: ipxe.BootQuery{Arch: "i386"}, plan: boot.Entry{}, assets: agentAssets,
+			want: ipxe.Answer{
+				Kind: ipxe.KindKernel, Mode: "agent", Report: true, Comment: "agent mode", Retries: 5,
+				Kernel: &bootpb.Kernel{KernelUrl: base + "/assets/agent/x86_64/vmlinuz", InitrdUrl: base + "/assets/agent/x86_64/initramfs.xz"},
+				Args:   []string{"metal.provider.address=10.0.0.2:50042", "talos.config=" + base + "/config?u=${uuid}", "console=tty0", "console=ttyS0"},
+			},
+		},
+		{
+			name: "advertised host and agent address win over the Host header", host: "attacker.example",
+			cfg:  func(c *ipxe.Config) { c.AdvertiseHost, c.AgentAddress = "edge.site:8080", "edge.site:9" },
+			plan: boot.Entry{}, assets: names{"agent/x86_64/vmlinuz": true, "agent/x86_64/initramfs.xz": true},
+			want: ipxe.Answer{
+				Kind: ipxe.KindKernel, Mode: "agent", Report: true, Comment: "agent mode", Retries: 5,
+				Kernel: &bootpb.Kernel{KernelUrl: "http://edge.site:8080/assets/agent/x86_64/vmlinuz", InitrdUrl: "http://edge.site:8080/assets/agent/x86_64/initramfs.xz"},
+				Args:   []string{"metal.provider.address=edge.site:9", "talos.config=http://edge.site:8080/config?u=${uuid}", "console=tty0", "console=ttyS0"},
+			},
+		},
+		{
+			name: "install", plan: boot.Entry{UUID: uuid, Known: true, Mode: bootpb.Mode_MODE_INSTALL, Install: install}, assets: names{"talos/vmlinuz": true},
+			want: ipxe.Answer{
+				Kind: ipxe.KindKernel, Mode: "install", Report: true, Comment: "install " + uuid, Retries: 5,
+				Kernel: &bootpb.Kernel{KernelUrl: base + "/assets/talos/vmlinuz", InitrdUrl: "https://factory.example/initramfs.xz", Args: []string{"talos.platform=metal"}},
+				Args:   []string{"talos.config=" + base + "/config?u=${uuid}", "talos.platform=metal", "console=tty0", "console=ttyS0"},
+			},
+		},
+		{
+			name: "install whose kernel has not reached the site waits, and is reported the first time",
+			plan: boot.Entry{UUID: uuid, Known: true, Mode: bootpb.Mode_MODE_INSTALL, Install: install}, assets: names{},
+			want: ipxe.Answer{
+				Kind: ipxe.KindWait, Mode: "wait", Report: true, Waiting: "install", Missing: []string{"talos/vmlinuz"},
+				Again: base + "/ipxe/boot.ipxe?" + query.Encode(), WaitSeconds: 30,
+			},
+		},
+		{
+			name: "a machine still waiting within the report interval is not reported again",
+			plan: boot.Entry{UUID: uuid, Known: true, Mode: bootpb.Mode_MODE_INSTALL, Install: install}, last: now.Add(-ipxe.WaitReportEvery + time.Second),
+			want: ipxe.Answer{
+				Kind: ipxe.KindWait, Mode: "wait", Waiting: "install", Missing: []string{"talos/vmlinuz"},
+				Again: base + "/ipxe/boot.ipxe?" + query.Encode(), WaitSeconds: 30,
+			},
+		},
+		{
+			name: "a machine waiting for longer than the report interval is reported again",
+			plan: boot.Entry{UUID: uuid}, last: now.Add(-ipxe.WaitReportEvery),
+			want: ipxe.Answer{
+				Kind: ipxe.KindWait, Mode: "wait", Report: true, Waiting: "agent", Missing: []string{"agent/x86_64/vmlinuz", "agent/x86_64/initramfs.xz"},
+				Again: base + "/ipxe/boot.ipxe?" + query.Encode(), WaitSeconds: 30,
+			},
+		},
+		{
+			name: "a stale plan (an old table version, the uplink down) is answered as held",
+			plan: boot.Entry{UUID: uuid, Known: true, Mode: bootpb.Mode_MODE_DISK, Version: 1},
+			want: ipxe.Answer{Kind: ipxe.KindExit, Mode: "disk", Report: true},
+		},
+		{
+			name: "disk by sanboot", plan: boot.Entry{UUID: uuid, Known: true, Mode: bootpb.Mode_MODE_DISK, DiskMethod: bootpb.DiskMethod_DISK_METHOD_IPXE_SANBOOT},
+			want: ipxe.Answer{Kind: ipxe.KindSanboot, Mode: "disk", Report: true},
+		},
+		{
+			name: "disk by HTTP 404", plan: boot.Entry{UUID: uuid, Known: true, Mode: bootpb.Mode_MODE_DISK, DiskMethod: bootpb.DiskMethod_DISK_METHOD_HTTP_404},
+			want: ipxe.Answer{Kind: ipxe.KindRefuse, Mode: "disk", Reason: ipxe.ReasonDiskByHTTP404, Status: http.StatusNotFound, Report: true},
+		},
+		{
+			name: "deny", plan: boot.Entry{UUID: uuid, Known: true, Mode: bootpb.Mode_MODE_DENY},
+			want: ipxe.Answer{Kind: ipxe.KindRefuse, Mode: "deny", Reason: ipxe.ReasonDenied, Status: http.StatusNotFound, Report: true},
+		},
+		{
+			name: "a Host header that would break out of the script", host: "evil\nchain http://x/", plan: boot.Entry{},
+			want: ipxe.Answer{Kind: ipxe.KindRefuse, Reason: ipxe.ReasonBadHost, Status: http.StatusBadRequest},
+		},
+		{
+			name: "an empty Host header", host: "-", plan: boot.Entry{UUID: uuid, Known: true, Mode: bootpb.Mode_MODE_DISK},
+			want: ipxe.Answer{Kind: ipxe.KindExit, Mode: "disk", Report: true},
+		},
+		{
+			name: "a plan argument that would add a script line is not rendered",
+			plan: boot.Entry{UUID: uuid, ExtraArgs: []string{"quiet\nshell"}}, assets: agentAssets,
+			want: ipxe.Answer{Kind: ipxe.KindRefuse, Mode: "agent", Reason: ipxe.ReasonUnsafePlan, Status: http.StatusNotFound},
+		},
+		{
+			name: "a plan URL with an iPXE expansion is not rendered",
+			plan: boot.Entry{UUID: uuid, Known: true, Mode: bootpb.Mode_MODE_INSTALL, Install: &bootpb.Kernel{KernelUrl: "http://x/${net0/ip}", InitrdUrl: "http://x/i"}},
+			want: ipxe.Answer{Kind: ipxe.KindRefuse, Mode: "install", Reason: ipxe.ReasonUnsafePlan, Status: http.StatusNotFound},
+		},
+		{
+			name: "an install plan without a kernel", plan: boot.Entry{UUID: uuid, Known: true, Mode: bootpb.Mode_MODE_INSTALL},
+			want: ipxe.Answer{Kind: ipxe.KindRefuse, Mode: "install", Reason: ipxe.ReasonNoInstallKernel, Status: http.StatusNotFound},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+
+			c := cfg
+			if tc.cfg != nil {
+				tc.cfg(&c)
+			}
+
+			req := ipxe.Request{Query: tc.query, Host: tc.host, Plan: tc.plan, Assets: tc.assets, LastReported: tc.last, Now: now}
+			if req.Query.Arch == "" {
+				req.Query = query
+			}
+
+			switch tc.host {
+			case "":
+				req.Host = host
+			case "-":
+				req.Host = ""
+				c.AdvertiseHost = host
+			}
+
+			require.Equal(t, tc.want, ipxe.Decide(c, req))
+		})
+	}
+}
+
+// Hostile query values never reach Decide: ParseBootQuery refuses them.
+func TestDecideHostileQueries(t *testing.T) {
+	t.Parallel()
+
+	for _, raw := range []string{
+		"uuid=../../etc", "uuid=11111111-2222-3333-4444-000000000001%0Achain", "mac=52-54-00-00-00-01-02", "arch=x86_64%20&&%20shell",
+		"platform=efi${x}", "arch=x86_64&arch=arm64", strings.Repeat("a", 600), "uuid=%zz",
+	} {
+		_, err := ipxe.ParseBootQuery(raw)
+		require.ErrorIs(t, err, ipxe.ErrBadQuery, raw)
+	}
+}
+
+// Every answer that is a script renders as one; refusals render nothing.
+func TestAnswerScript(t *testing.T) {
+	t.Parallel()
+
+	for _, a := range []ipxe.Answer{
+		{Kind: ipxe.KindKernel, Comment: "agent mode", Kernel: &bootpb.Kernel{KernelUrl: "http://e/k", InitrdUrl: "http://e/i"}, Args: []string{"a=1"}, Retries: 3},
+		{Kind: ipxe.KindWait, Waiting: "agent", Missing: []string{"k"}, Again: "http://e/ipxe/boot.ipxe?arch=x86_64", WaitSeconds: 30},
+		{Kind: ipxe.KindExit},
+		{Kind: ipxe.KindSanboot},
+	} {
+		require.True(t, strings.HasPrefix(string(a.Script()), "#!ipxe\n"), "%+v", a)
+	}
+
+	require.Nil(t, ipxe.Answer{Kind: ipxe.KindRefuse}.Script())
+	require.Contains(t, string(ipxe.Answer{Kind: ipxe.KindKernel, Kernel: &bootpb.Kernel{KernelUrl: "http://e/k", InitrdUrl: "http://e/i"}, Args: []string{"a=1", "b"}, Retries: 3}.Script()),
+		"kernel http://e/k initrd=initrd a=1 b && goto initrd ||")
+}
+
+// FuzzDecide: whatever the Host header and query, an answer's script has the shape of its template (no
+// value adds a line to it).
+func FuzzDecide(f *testing.F) {
+	for _, s := range [][2]string{
+		{"10.0.0.2", "uuid=11111111-2222-3333-4444-000000000001&arch=x86_64"}, {"[fd00::2]:8080", "mac=52-54-00-00-00-01"},
+		{"a\nb", ""}, {"", "arch=arm64&platform=efi"},
+	} {
+		f.Add(s[0], s[1])
+	}
+
+	lines := map[ipxe.Kind]int{}
+
+	for _, a := range []ipxe.Answer{
+		{Kind: ipxe.KindKernel, Kernel: &bootpb.Kernel{KernelUrl: "k", InitrdUrl: "i"}, Retries: 1},
+		{Kind: ipxe.KindWait, Waiting: "agent", Again: "a"},
+	} {
+		lines[a.Kind] = strings.Count(string(a.Script()), "\n")
+	}
+
+	f.Fuzz(func(t *testing.T, host, raw string) {
+		q, err := ipxe.ParseBootQuery(raw)
+		if err != nil {
+			return
+		}
+
+		for _, plan := range []boot.Entry{{}, {Known: true, Mode: bootpb.Mode_MODE_INSTALL, Install: &bootpb.Kernel{KernelUrl: "/assets/k", InitrdUrl: "/assets/i"}}} {
+			for _, have := range []ipxe.AssetIndex{names{}, names{"k": true, "i": true, "agent/x86_64/vmlinuz": true, "agent/x86_64/initramfs.xz": true}} {
+				a := ipxe.Decide(ipxe.Default(), ipxe.Request{Query: q, Host: host, Plan: plan, Assets: have, Now: time.Unix(0, 0)})
+				if want, ok := lines[a.Kind]; ok && strings.Count(string(a.Script()), "\n") != want {
+					t.Fatalf("host %q query %q: script of %d lines, want %d:\n%s", host, raw, strings.Count(string(a.Script()), "\n"), want, a.Script())
+				}
+			}
+		}
+	})
+}

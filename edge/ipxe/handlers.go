@@ -1,0 +1,236 @@
+package ipxe
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"path"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/outpost-metal/outpost/edge/tftp"
+)
+
+func (s *Server) serveInit(w http.ResponseWriter, r *http.Request) {
+	base, ok := baseURL(s.cfg, r.Host)
+	if !ok {
+		s.reject(w, ReasonBadHost, http.StatusBadRequest, nil)
+
+		return
+	}
+
+	writeText(w, "text/plain; charset=utf-8", renderInit(base, s.cfg.Retries))
+}
+
+func (s *Server) serveProbe(w http.ResponseWriter, _ *http.Request) {
+	writeText(w, "text/plain; charset=utf-8", []byte(probeScript))
+}
+
+// serveBoot gathers what Decide needs, writes its answer, then counts and reports it.
+func (s *Server) serveBoot(w http.ResponseWriter, r *http.Request) {
+	q, err := ParseBootQuery(r.URL.RawQuery)
+	if err != nil {
+		s.reject(w, "bad_query", http.StatusBadRequest, err)
+
+		return
+	}
+
+	now := s.deps.Now()
+	waitKey := q.UUID + "|" + q.MAC.String()
+	e := s.deps.Table.Lookup(q.UUID, q.MAC, q.KernelArch())
+
+	a := Decide(s.cfg, Request{
+		Query: q, Host: r.Host, Plan: e, Assets: localAssets{s}, LastReported: s.waits.last(waitKey), Now: now,
+	})
+
+	switch {
+	case a.Mode == "":
+		s.reject(w, a.Reason, a.Status, nil)
+
+		return
+	case a.Kind == KindRefuse:
+		if a.Reason != ReasonDenied && a.Reason != ReasonDiskByHTTP404 {
+			s.metrics.rejected.WithLabelValues(a.Reason).Inc()
+			s.log.Warn("boot plan not rendered", zap.String("uuid", e.UUID), zap.String("reason", a.Reason))
+		}
+
+		// The chain fails and the firmware moves on.
+		http.Error(w, "no boot for this machine", a.Status)
+	default:
+		writeText(w, "text/plain; charset=utf-8", a.Script())
+	}
+
+	s.metrics.served.WithLabelValues(a.Mode).Inc()
+
+	if a.Kind == KindWait && a.Report {
+		s.waits.note(waitKey, now)
+		s.log.Warn("boot waits for assets the site does not hold", zap.String("mode", a.Waiting), zap.String("uuid", e.UUID),
+			zap.Strings("missing", a.Missing))
+	}
+
+	if s.deps.Observer != nil && a.Report {
+		s.deps.Observer.BootServed(BootServed{
+			UUID: q.UUID, MAC: q.MAC, Arch: q.Arch, Platform: q.Platform, Mode: a.Mode, Remote: remoteAddr(r), TableVersion: e.Version,
+		})
+	}
+}
+
+// localAssets is what the edge can serve under /assets/ now: the asset cache, or a regular file in the
+// assets directory.
+type localAssets struct{ s *Server }
+
+func (l localAssets) Has(name string) bool {
+	if l.s.deps.Assets != nil && l.s.deps.Assets.Has(name) {
+		return true
+	}
+
+	st, err := l.s.root.Stat(name)
+
+	return err == nil && st.Mode().IsRegular()
+}
+
+func (s *Server) serveBinary(w http.ResponseWriter, r *http.Request) {
+	f, err := s.deps.Catalog.Lookup(r.PathValue("file"))
+	if err != nil {
+		reason := "not_found"
+		if errors.Is(err, tftp.ErrBadName) {
+			reason = "bad_name"
+		}
+
+		s.reject(w, reason, http.StatusNotFound, err)
+
+		return
+	}
+
+	w.Header().Set("ETag", `"`+f.SHA256+`"`)
+	w.Header().Set("Content-Type", "application/octet-stream")
+	http.ServeContent(w, r, f.Name, f.ModTime, f.Reader())
+
+	if s.deps.Observer != nil && r.Method == http.MethodGet {
+		s.deps.Observer.HTTPFetch(tftp.Fetch{Name: f.Name, Remote: remoteAddr(r)})
+	}
+}
+
+// serveAsset serves /assets/<name> from the asset cache when it holds the name, else from the assets
+// directory (plain files an operator placed there).
+func (s *Server) serveAsset(w http.ResponseWriter, r *http.Request) {
+	name := path.Clean(r.PathValue("path"))
+	if name == "." || strings.HasPrefix(name, "..") || strings.HasPrefix(name, "/") {
+		s.reject(w, "bad_path", http.StatusNotFound, nil)
+
+		return
+	}
+
+	if s.deps.CachedAssets != nil && s.deps.Assets != nil && s.deps.Assets.Has(r.PathValue("path")) {
+		s.deps.CachedAssets.ServeHTTP(w, r)
+
+		return
+	}
+
+	f, err := s.root.Open(name)
+	if err != nil {
+		s.reject(w, "not_found", http.StatusNotFound, err)
+
+		return
+	}
+	defer f.Close() //nolint:errcheck
+
+	st, err := f.Stat()
+	if err != nil || !st.Mode().IsRegular() {
+		s.reject(w, "not_found", http.StatusNotFound, err)
+
+		return
+	}
+
+	w.Header().Set("ETag", fmt.Sprintf(`"%x-%x"`, st.Size(), st.ModTime().UnixNano()))
+	w.Header().Set("Content-Type", "application/octet-stream")
+	// ServeContent handles Range, HEAD and conditional requests; with an *os.File the body goes out via sendfile.
+	http.ServeContent(w, r, st.Name(), st.ModTime(), f)
+}
+
+func (s *Server) serveConfig(w http.ResponseWriter, r *http.Request) {
+	u := r.URL.Query().Get("u")
+	if len(u) > 64 {
+		s.reject(w, "bad_query", http.StatusBadRequest, nil)
+
+		return
+	}
+
+	cfg := s.deps.Table.MachineConfig(u)
+	if cfg == nil {
+		http.Error(w, "no machine config from the controller yet", http.StatusServiceUnavailable)
+
+		return
+	}
+
+	writeText(w, "application/yaml", cfg)
+
+	if obs, ok := s.deps.Observer.(ConfigObserver); ok && uuidRE.MatchString(strings.ToLower(u)) {
+		obs.ConfigServed(strings.ToLower(u), remoteAddr(r))
+	}
+}
+
+// writeText sends a complete small response with Content-Length and flushes it, so the client has it
+// before the handler does anything else.
+func writeText(w http.ResponseWriter, contentType string, body []byte) {
+	w.Header().Set("Content-Type", contentType)
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(body)                      //nolint:errcheck // the client went away: nothing to do
+	_ = http.NewResponseController(w).Flush() //nolint:errcheck
+}
+
+func (s *Server) reject(w http.ResponseWriter, reason string, code int, err error) {
+	s.metrics.rejected.WithLabelValues(reason).Inc()
+	s.log.Debug("http request refused", zap.String("reason", reason), zap.Error(err))
+	http.Error(w, http.StatusText(code), code)
+}
+
+func remoteAddr(r *http.Request) netip.Addr {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return netip.Addr{}
+	}
+
+	return ap.Addr().Unmap()
+}
+
+// waitReports remembers when each waiting machine was last reported (bounded: old entries go first).
+type waitReports struct {
+	mu   sync.Mutex
+	seen map[string]time.Time
+}
+
+// last returns when key was last reported (zero if never, or forgotten).
+func (w *waitReports) last(key string) time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+
+	return w.seen[key]
+}
+
+// note records that key was reported at now.
+func (w *waitReports) note(key string, now time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+
+	if w.seen == nil || len(w.seen) >= 4096 {
+		for k, t := range w.seen {
+			if now.Sub(t) >= WaitReportEvery {
+				delete(w.seen, k)
+			}
+		}
+
+		if w.seen == nil || len(w.seen) >= 4096 {
+			w.seen = map[string]time.Time{}
+		}
+	}
+
+	w.seen[key] = now
+}
