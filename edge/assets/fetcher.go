@@ -232,6 +232,7 @@ func (f *Fetcher) Ensure(policy Policy, refs []Ref) ([]Status, error) {
 		if st == nil {
 			st = &Status{Ref: r}
 			f.states[r.SHA256] = st
+		f.store.Hold(r.SHA256)
 		}
 
 		st.Ref = r
@@ -317,6 +318,7 @@ func (f *Fetcher) noteMissing(ref Ref) {
 
 	st := &Status{Ref: ref, State: StateMissing}
 	f.states[ref.SHA256] = st
+	f.store.Hold(ref.SHA256)
 
 	if f.policy != PolicyPassthrough && f.relay != nil {
 		st.State = StateFetching
@@ -476,6 +478,7 @@ func (f *Fetcher) setState(ref Ref, state State, msg string) {
 	if st == nil {
 		st = &Status{Ref: ref}
 		f.states[ref.SHA256] = st
+		f.store.Hold(ref.SHA256)
 	}
 
 	st.State, st.Err = state, msg

@@ -83,8 +83,8 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// NeededSet tells the store which digests the current boot plans need; those are never evicted.
-// The boot table implements it.
+// NeededSet tells the store which digests the current boot plans need; those are never evicted. The
+// assets a Fetcher was asked to hold are kept too, without one (Hold).
 type NeededSet interface {
 	NeededDigests() []string
 }
@@ -118,6 +118,24 @@ type Store struct {
 	man      manifest
 	manStamp fileStamp
 	inflight map[string]*flight
+
+	// held are the digests a fetcher over this store was asked to hold (never evicted); heldMu is taken
+	// alone or inside mu, never the other way round.
+	heldMu sync.Mutex
+	held   map[string]bool
+}
+
+// Hold keeps a digest from eviction for the life of the store: the fetcher calls it for every asset the
+// controller asks the site to hold, so the cache needs no reference back to the fetcher.
+func (s *Store) Hold(digest string) {
+	s.heldMu.Lock()
+	defer s.heldMu.Unlock()
+
+	if s.held == nil {
+		s.held = map[string]bool{}
+	}
+
+	s.held[digest] = true
 }
 
 type flight struct {
@@ -430,6 +448,12 @@ func (s *Store) neededSet() map[string]bool {
 	for _, d := range s.needed.NeededDigests() {
 		set[d] = true
 	}
+
+	s.heldMu.Lock()
+	for d := range s.held {
+		set[d] = true
+	}
+	s.heldMu.Unlock()
 
 	return set
 }
