@@ -232,7 +232,7 @@ func (f *Fetcher) Ensure(policy Policy, refs []Ref) ([]Status, error) {
 		if st == nil {
 			st = &Status{Ref: r}
 			f.states[r.SHA256] = st
-		f.store.Hold(r.SHA256)
+			f.store.Hold(r.SHA256)
 		}
 
 		st.Ref = r
