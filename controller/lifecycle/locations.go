@@ -38,6 +38,8 @@ type Locations struct {
 	// loaded is closed once Load has merged the records kept in Omni.
 	loaded     chan struct{}
 	loadedOnce sync.Once
+	// journal also gets every edge event (JournalTo; nil: none).
+	journal EdgeJournal
 }
 
 // maxTrackedMACs bounds firmwareByMAC; a flood of made-up MACs resets it.

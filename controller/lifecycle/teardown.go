@@ -60,6 +60,7 @@ func (s *teardown) teardown(ctx context.Context, logger *zap.Logger, _ controlle
 	}
 
 	logger.Info("machine deleted from omni; left in agent mode", zap.String("site", site))
+	s.env.note(v.id, "lifecycle", "deleted from Omni; left in agent mode")
 
 	return nil
 }

@@ -42,7 +42,9 @@ type MachineTimelineSpec struct {
 	AgentConnected bool                   `protobuf:"varint,9,opt,name=agent_connected,json=agentConnected,proto3" json:"agent_connected,omitempty"`
 	Updated        *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=updated,proto3" json:"updated,omitempty"`
 	// waiting is why the lifecycle cannot go on with the machine ("" when nothing holds it).
-	Waiting       string `protobuf:"bytes,11,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	Waiting string `protobuf:"bytes,11,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	// installed is whether Omni reported the machine installed (since its last wipe).
+	Installed     bool `protobuf:"varint,12,opt,name=installed,proto3" json:"installed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -154,6 +156,13 @@ func (x *MachineTimelineSpec) GetWaiting() string {
 	return ""
 }
 
+func (x *MachineTimelineSpec) GetInstalled() bool {
+	if x != nil {
+		return x.Installed
+	}
+	return false
+}
+
 // TimelineEntry is one thing that happened to a machine.
 type TimelineEntry struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -239,7 +248,7 @@ var File_controller_resources_specs_timeline_proto protoreflect.FileDescriptor
 
 const file_controller_resources_specs_timeline_proto_rawDesc = "" +
 	"\n" +
-	")controller/resources/specs/timeline.proto\x12\x17outpost.resources.specs\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8b\x03\n" +
+	")controller/resources/specs/timeline.proto\x12\x17outpost.resources.specs\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa9\x03\n" +
 	"\x13MachineTimelineSpec\x12\x16\n" +
 	"\x06schema\x18\x01 \x01(\rR\x06schema\x12@\n" +
 	"\aentries\x18\x02 \x03(\v2&.outpost.resources.specs.TimelineEntryR\aentries\x12\x18\n" +
@@ -253,7 +262,8 @@ const file_controller_resources_specs_timeline_proto_rawDesc = "" +
 	"\x0fagent_connected\x18\t \x01(\bR\x0eagentConnected\x124\n" +
 	"\aupdated\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\aupdated\x12\x18\n" +
-	"\awaiting\x18\v \x01(\tR\awaiting\"\x97\x01\n" +
+	"\awaiting\x18\v \x01(\tR\awaiting\x12\x1c\n" +
+	"\tinstalled\x18\f \x01(\bR\tinstalled\"\x97\x01\n" +
 	"\rTimelineEntry\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x12\n" +

@@ -1,0 +1,138 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"strings"
+
+	"github.com/cosi-project/runtime/pkg/controller"
+	omnispecs "github.com/siderolabs/omni/client/api/omni/specs"
+
+	"github.com/outpost-metal/outpost/controller/resources/specs"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+)
+
+// Journal records what happens to machines for operators (their timelines: package timeline). It is
+// optional; the lifecycle never reads it back.
+type Journal interface {
+	// Record notes one thing done to a machine, or an error (failed) with its reason.
+	Record(machineID, kind, text string, failed bool)
+	// Summarize gives the lifecycle's current view of a machine.
+	Summarize(machineID string, s MachineSummary)
+}
+
+// EdgeJournal also takes every edge event (Locations hands them on: JournalTo).
+type EdgeJournal interface {
+	HandleEvent(ctx context.Context, site string, e *bootpb.Event) error
+}
+
+// MachineSummary is the lifecycle's view of a machine for operators.
+type MachineSummary struct {
+	Site string
+	// Phase is one of the Phase constants.
+	Phase string
+	// Power is "on", "off" or "unknown".
+	Power       string
+	BMCAddress  string
+	BMCProtocol string
+	Installed   bool
+	// Waiting is why the lifecycle cannot go on with the machine ("" when nothing holds it).
+	Waiting string
+}
+
+// Phases of a machine, as operators see them.
+const (
+	PhasePending     = "pending-acceptance"
+	PhaseRejected    = "rejected"
+	PhaseCordoned    = "cordoned"
+	PhaseAwaitingBMC = "awaiting-bmc"
+	PhaseWiping      = "wiping"
+	PhaseReady       = "ready"
+	PhaseInstalling  = "installing"
+	PhaseInstalled   = "installed"
+)
+
+// Phases lists every phase, in lifecycle order.
+var Phases = []string{PhasePending, PhaseRejected, PhaseCordoned, PhaseAwaitingBMC, PhaseWiping, PhaseReady, PhaseInstalling, PhaseInstalled}
+
+// phase is where the machine is in its lifecycle.
+func (v *view) phase() string {
+	switch {
+	case v.machine.GetAcceptanceStatus() == omnispecs.InfraMachineConfigSpec_REJECTED:
+		return PhaseRejected
+	case !v.accepted():
+		return PhasePending
+	case v.machine.GetCordoned():
+		return PhaseCordoned
+	case !v.bmcConfigured():
+		return PhaseAwaitingBMC
+	case v.requiresWipe():
+		return PhaseWiping
+	case v.installed():
+		return PhaseInstalled
+	case v.allocated():
+		return PhaseInstalling
+	default:
+		return PhaseReady
+	}
+}
+
+// summary is the machine's MachineSummary.
+func (v *view) summary() MachineSummary {
+	s := MachineSummary{Phase: v.phase(), Installed: v.installed(), Waiting: v.obs.GetWaitingReason()}
+	s.Site, _ = v.site()
+
+	switch v.powerState() {
+	case specs.MachineObservationSpec_POWER_STATE_ON:
+		s.Power = "on"
+	case specs.MachineObservationSpec_POWER_STATE_OFF:
+		s.Power = "off"
+	default:
+		s.Power = "unknown"
+	}
+
+	switch b := v.bmc; {
+	case b.GetIpmi() != nil:
+		s.BMCAddress, s.BMCProtocol = b.GetIpmi().GetAddress(), "ipmi"
+	case b.GetApiAddress() != "":
+		s.BMCAddress, s.BMCProtocol = b.GetApiAddress(), "api"
+	}
+
+	return s
+}
+
+// note records an entry in the machine's timeline, when there is a journal.
+func (e *env) note(machineID, kind, text string) {
+	if e.Journal != nil {
+		e.Journal.Record(machineID, kind, text, false)
+	}
+}
+
+// noteError records a step's error (not a plain requeue) in the machine's timeline.
+func (e *env) noteError(machineID, step string, err error) {
+	if e.Journal == nil || err == nil {
+		return
+	}
+
+	var requeue *controller.RequeueError
+	if errors.As(err, &requeue) && requeue.Err() == nil {
+		return
+	}
+
+	e.Journal.Record(machineID, "error", strings.TrimPrefix(step, "lifecycle.")+": "+err.Error(), true)
+}
+
+// JournalTo hands every edge event to j as well (after the locations took it).
+func (l *Locations) JournalTo(j EdgeJournal) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+
+	l.journal = j
+}
+
+func (l *Locations) edgeJournal() EdgeJournal {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+
+	return l.journal
+}

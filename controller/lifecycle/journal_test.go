@@ -1,0 +1,102 @@
+package lifecycle_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/timeline"
+)
+
+// kinds returns the kinds of a machine's timeline entries, and the texts of its phase entries.
+func kinds(book *timeline.Book, id string) (all, phases []string) {
+	rec, _ := book.Get(id)
+
+	for _, e := range rec.Entries {
+		all = append(all, e.Kind)
+		if e.Kind == timeline.KindPhase {
+			phases = append(phases, e.Text)
+		}
+	}
+
+	return all, phases
+}
+
+// The lifecycle tells the journal each phase a machine goes through and what it did (wipe, power), in order.
+func TestJournalFollowsTheLifecycle(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.stop()
+
+	book := timeline.New(timeline.DefaultConfig(), h.clock.Now)
+	h.journal = book
+	h.start()
+
+	h.installed("m1", "site-a")
+
+	h.eventually("installed phase in the journal", func() bool {
+		rec, _ := book.Get("m1")
+
+		return rec.Phase == lifecycle.PhaseInstalled
+	})
+
+	all, phases := kinds(book, "m1")
+	t.Logf("timeline kinds %v phases %v", all, phases)
+	require.Subset(t, all, []string{timeline.KindBMC, timeline.KindWipeStarted, timeline.KindWipeFinished, timeline.KindPower, timeline.KindInstalled})
+	require.Less(t, indexOf(all, timeline.KindWipeStarted), indexOf(all, timeline.KindWipeFinished))
+
+	// phases in lifecycle order (a step may be seen twice in a row from a stale read, never out of order)
+	order := map[string]int{}
+	for i, p := range lifecycle.Phases {
+		order[p] = i
+	}
+
+	require.NotEmpty(t, phases)
+	require.Equal(t, "unknown → "+lifecycle.PhaseAwaitingBMC, phases[0], "accepted machines start without a BMC: %v", phases)
+	require.Contains(t, phases, lifecycle.PhaseReady+" → "+lifecycle.PhaseInstalling)
+	require.Contains(t, phases, lifecycle.PhaseInstalling+" → "+lifecycle.PhaseInstalled)
+
+	rec, _ := book.Get("m1")
+	require.Equal(t, "site-a", rec.Site)
+	require.Equal(t, "ipmi", rec.BMCProtocol)
+	require.NotEmpty(t, rec.BMCAddress)
+}
+
+// A step's error is recorded with its reason; the same error again is one entry with a repeat count.
+func TestJournalRecordsErrors(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.stop()
+
+	book := timeline.New(timeline.DefaultConfig(), h.clock.Now)
+	h.journal = book
+	h.start()
+
+	h.edge.Add("m1", "site-a")
+	h.edge.SetOffline("site-a", true)
+	h.omni("m1", accepted)
+
+	h.eventually("an error with its reason, repeated", func() bool {
+		rec, _ := book.Get("m1")
+		for _, e := range rec.Entries {
+			if e.Kind == timeline.KindError && e.Error && e.Repeats > 0 {
+				return true
+			}
+		}
+
+		return false
+	})
+}
+
+func indexOf(list []string, s string) int {
+	for i, v := range list {
+		if v == s {
+			return i
+		}
+	}
+
+	return -1
+}

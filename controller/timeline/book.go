@@ -1,0 +1,393 @@
+// Package timeline keeps, per machine, what happened to it and when, for operators: what the edge saw on
+// the site network (DHCP, iPXE fetches, boot scripts served, agent tunnels, BMC power reports) and what the
+// lifecycle did (BMC provisioning, wipes, power, phases, errors). Timelines are bounded (the oldest entries
+// are dropped and counted) and written to Omni coalesced, so a restarted controller still shows a
+// machine's last boot and a fleet of 20,000 machines does not flood Omni.
+package timeline
+
+import (
+	"cmp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outpost-metal/outpost/controller/lifecycle"
+)
+
+// Entry kinds.
+const (
+	KindDHCP         = "dhcp"
+	KindPXE          = "pxe"
+	KindBootServed   = "boot-served"
+	KindInstallPlan  = "install-plan"
+	KindDiskBoot     = "disk-boot"
+	KindAgentUp      = "agent-up"
+	KindAgentDown    = "agent-down"
+	KindPower        = "power"
+	KindBMC          = "bmc"
+	KindWipeStarted  = "wipe-started"
+	KindWipeFinished = "wipe-finished"
+	KindInstalled    = "installed"
+	KindPhase        = "phase"
+	KindError        = "error"
+	KindLifecycle    = "lifecycle"
+)
+
+// Entry is one thing that happened to a machine.
+type Entry struct {
+	At   time.Time `json:"time"`
+	Kind string    `json:"kind"`
+	Text string    `json:"text"`
+	// Repeats counts how many more times the same entry came in a row (At is the last time).
+	Repeats int  `json:"repeats,omitempty"`
+	Error   bool `json:"error,omitempty"`
+}
+
+// Machine is the summary of one machine: where it is and what the lifecycle last said of it.
+type Machine struct {
+	ID             string    `json:"id"`
+	Site           string    `json:"site"`
+	Phase          string    `json:"phase"`
+	Power          string    `json:"power"`
+	BMCAddress     string    `json:"bmc_address,omitempty"`
+	BMCProtocol    string    `json:"bmc_protocol,omitempty"`
+	AgentConnected bool      `json:"agent_connected"`
+	Waiting        string    `json:"waiting,omitempty"`
+	Installed      bool      `json:"installed"`
+	Updated        time.Time `json:"updated"`
+	// Last is the newest timeline entry (zero when none).
+	Last Entry `json:"last"`
+}
+
+// Record is a machine with its timeline, oldest entry first.
+type Record struct {
+	Machine
+
+	Entries []Entry `json:"entries"`
+	// Dropped counts the earlier entries dropped to keep the timeline bounded.
+	Dropped uint64 `json:"dropped"`
+}
+
+// Config bounds the book.
+type Config struct {
+	// MaxEntries is how many entries a machine's timeline keeps (the oldest are dropped and counted).
+	MaxEntries int
+	// MaxText bounds an entry's text in bytes (edge-supplied strings included).
+	MaxText int
+	// MaxMachines bounds the machines tracked; edge events about new machines beyond it are refused
+	// (the lifecycle's own machines are always tracked).
+	MaxMachines int
+	// MaxPending bounds the DHCP and firmware-fetch entries held for addresses no machine is known at yet
+	// (a machine's first DHCP request comes before its UUID is known).
+	MaxPending int
+	// WriteInterval is how often changed timelines are written to Omni (each at most once per interval).
+	WriteInterval time.Duration
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	return Config{MaxEntries: 64, MaxText: 300, MaxMachines: 1 << 17, MaxPending: 4096, WriteInterval: 5 * time.Second}
+}
+
+// Book holds every machine's timeline. It is safe for concurrent use.
+type Book struct {
+	cfg     Config
+	now     func() time.Time
+	metrics *metrics
+
+	mu       sync.RWMutex
+	machines map[string]*machine
+	// byMAC and byIP tie the addresses a machine booted from to its ID (learned from boot scripts served).
+	byMAC, byIP map[string]string
+	// pending holds entries for addresses not tied to a machine yet, keyed "mac/..." or "ip/...".
+	pending map[string][]Entry
+	dirty   map[string]bool
+	// changed is closed and replaced at every change (Changed).
+	changed chan struct{}
+	version uint64
+}
+
+type machine struct {
+	Record
+}
+
+// New returns an empty book.
+func New(cfg Config, now func() time.Time) *Book {
+	d := DefaultConfig()
+
+	if cfg.MaxEntries <= 0 {
+		cfg.MaxEntries = d.MaxEntries
+	}
+
+	if cfg.MaxText <= 0 {
+		cfg.MaxText = d.MaxText
+	}
+
+	if cfg.MaxMachines <= 0 {
+		cfg.MaxMachines = d.MaxMachines
+	}
+
+	if cfg.MaxPending <= 0 {
+		cfg.MaxPending = d.MaxPending
+	}
+
+	if cfg.WriteInterval <= 0 {
+		cfg.WriteInterval = d.WriteInterval
+	}
+
+	return &Book{
+		cfg: cfg, now: now, metrics: newMetrics(),
+		machines: map[string]*machine{}, byMAC: map[string]string{}, byIP: map[string]string{},
+		pending: map[string][]Entry{}, dirty: map[string]bool{}, changed: make(chan struct{}),
+	}
+}
+
+// Changed returns a channel closed at the next change of any machine.
+func (b *Book) Changed() <-chan struct{} {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+
+	return b.changed
+}
+
+// Version counts changes; it tells a poller whether anything changed since it last looked.
+func (b *Book) Version() uint64 {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+
+	return b.version
+}
+
+// touchLocked marks a machine changed; b.mu is held.
+func (b *Book) touchLocked(m *machine) {
+	m.Updated = b.now()
+	b.dirty[m.ID] = true
+	b.version++
+
+	close(b.changed)
+	b.changed = make(chan struct{})
+}
+
+// getLocked returns machine id, creating it when create is set and there is room; b.mu is held.
+func (b *Book) getLocked(id string, create, always bool) *machine {
+	if m, ok := b.machines[id]; ok {
+		return m
+	}
+
+	if !create {
+		return nil
+	}
+
+	if !always && len(b.machines) >= b.cfg.MaxMachines {
+		b.metrics.refused.WithLabelValues("too_many_machines").Inc()
+
+		return nil
+	}
+
+	m := &machine{Record: Record{Machine: Machine{ID: id}}}
+	b.machines[id] = m
+	b.metrics.machines.Set(float64(len(b.machines)))
+
+	return m
+}
+
+// appendLocked adds an entry to m's timeline, folding it into the last one when it says the same; b.mu is held.
+func (b *Book) appendLocked(m *machine, e Entry) {
+	e.Text = clip(e.Text, b.cfg.MaxText)
+
+	if n := len(m.Entries); n > 0 {
+		last := &m.Entries[n-1]
+		if last.Kind == e.Kind && last.Text == e.Text && last.Error == e.Error && !e.At.Before(last.At) {
+			last.At = e.At
+			last.Repeats++
+			m.Last = *last
+
+			b.touchLocked(m)
+
+			return
+		}
+	}
+
+	// keep the timeline in time order: an edge's journal may deliver an event after the lifecycle's newer ones
+	i := len(m.Entries)
+	for i > 0 && m.Entries[i-1].At.After(e.At) {
+		i--
+	}
+
+	m.Entries = slices.Insert(m.Entries, i, e)
+
+	if over := len(m.Entries) - b.cfg.MaxEntries; over > 0 {
+		m.Entries = slices.Delete(m.Entries, 0, over)
+		m.Dropped += uint64(over)
+		b.metrics.dropped.Add(float64(over))
+	}
+
+	m.Last = m.Entries[len(m.Entries)-1]
+
+	b.touchLocked(m)
+}
+
+// Record adds an entry to a machine's timeline (it implements lifecycle.Journal).
+func (b *Book) Record(machineID, kind, text string, failed bool) {
+	id := strings.ToLower(machineID)
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	if m := b.getLocked(id, true, true); m != nil {
+		b.appendLocked(m, Entry{At: b.now(), Kind: kind, Text: text, Error: failed})
+	}
+}
+
+// Summarize takes the lifecycle's summary of a machine (it implements lifecycle.Journal): a change of phase
+// and a first install are timeline entries of their own.
+func (b *Book) Summarize(machineID string, s lifecycle.MachineSummary) {
+	id := strings.ToLower(machineID)
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	m := b.getLocked(id, true, true)
+	now := b.now()
+
+	if s.Phase != m.Phase {
+		from := m.Phase
+		if from == "" {
+			from = "unknown"
+		}
+
+		m.Phase = s.Phase
+		b.appendLocked(m, Entry{At: now, Kind: KindPhase, Text: from + " → " + s.Phase})
+	}
+
+	if s.Installed && !m.Installed {
+		b.appendLocked(m, Entry{At: now, Kind: KindInstalled, Text: "Omni reported the install"})
+	}
+
+	changed := m.Installed != s.Installed || m.Power != s.Power || m.BMCAddress != s.BMCAddress ||
+		m.BMCProtocol != s.BMCProtocol || m.Waiting != clip(s.Waiting, b.cfg.MaxText) || (s.Site != "" && m.Site != s.Site)
+
+	m.Installed, m.Power, m.BMCAddress, m.BMCProtocol = s.Installed, s.Power, s.BMCAddress, s.BMCProtocol
+	m.Waiting = clip(s.Waiting, b.cfg.MaxText)
+
+	if s.Site != "" {
+		m.Site = s.Site
+	}
+
+	if changed {
+		b.touchLocked(m)
+	}
+}
+
+// Get returns a machine with its timeline.
+func (b *Book) Get(machineID string) (Record, bool) {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+
+	m, ok := b.machines[strings.ToLower(machineID)]
+	if !ok {
+		return Record{}, false
+	}
+
+	out := m.Record
+	out.Entries = slices.Clone(m.Entries)
+
+	return out, true
+}
+
+// Filter selects machines; empty fields match all.
+type Filter struct {
+	Site string
+	// Phase "unknown" selects the machines the lifecycle has not given a phase.
+	Phase string
+}
+
+func (f Filter) match(m *Machine) bool {
+	return (f.Site == "" || m.Site == f.Site) &&
+		(f.Phase == "" || m.Phase == f.Phase || (f.Phase == UnknownPhase && m.Phase == ""))
+}
+
+// UnknownPhase is the phase of machines the lifecycle has not looked at (known from edge events only).
+const UnknownPhase = "unknown"
+
+// List returns the machines f selects, ordered by site then ID, from offset on (at most limit; limit <= 0:
+// all), and how many f selects in all.
+func (b *Book) List(f Filter, offset, limit int) ([]Machine, int) {
+	b.mu.RLock()
+
+	matched := make([]*machine, 0, 256)
+
+	for _, m := range b.machines {
+		if f.match(&m.Machine) {
+			matched = append(matched, m)
+		}
+	}
+
+	slices.SortFunc(matched, func(a, b *machine) int {
+		return cmp.Or(strings.Compare(a.Site, b.Site), strings.Compare(a.ID, b.ID))
+	})
+
+	total := len(matched)
+	offset = min(max(offset, 0), total)
+
+	end := total
+	if limit > 0 {
+		end = min(offset+limit, total)
+	}
+
+	out := make([]Machine, 0, end-offset)
+	for _, m := range matched[offset:end] {
+		out = append(out, m.Machine)
+	}
+
+	b.mu.RUnlock()
+
+	return out, total
+}
+
+// Phases counts each site's machines by phase.
+func (b *Book) Phases() map[string]map[string]int {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+
+	out := map[string]map[string]int{}
+
+	for _, m := range b.machines {
+		bySite, ok := out[m.Site]
+		if !ok {
+			bySite = map[string]int{}
+			out[m.Site] = bySite
+		}
+
+		phase := m.Phase
+		if phase == "" {
+			phase = UnknownPhase
+		}
+
+		bySite[phase]++
+	}
+
+	return out
+}
+
+// clip bounds s to n bytes, on a rune boundary.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+
+	for n > 0 && n < len(s) && s[n]&0xC0 == 0x80 {
+		n--
+	}
+
+	return s[:n] + "…"
+}
+
+// Describe implements prometheus.Collector.
+func (b *Book) Describe(ch chan<- *prometheus.Desc) { b.metrics.describe(ch) }
+
+// Collect implements prometheus.Collector.
+func (b *Book) Collect(ch chan<- prometheus.Metric) { b.metrics.collect(ch) }

@@ -1,0 +1,281 @@
+package timeline_test
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cosi-project/runtime/pkg/state"
+	"github.com/cosi-project/runtime/pkg/state/impl/inmem"
+	"github.com/cosi-project/runtime/pkg/state/impl/namespaced"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/resources"
+	"github.com/outpost-metal/outpost/controller/timeline"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+)
+
+const m1 = "4c4c4544-0042-3510-8052-b4c04f4e3232"
+
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newClock() *clock { return &clock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+
+	c.t = c.t.Add(time.Second)
+
+	return c.t
+}
+
+func event(k any) *bootpb.Event {
+	e := &bootpb.Event{}
+
+	switch k := k.(type) {
+	case *bootpb.DHCPSeen:
+		e.Kind = &bootpb.Event_DhcpSeen{DhcpSeen: k}
+	case *bootpb.PXESeen:
+		e.Kind = &bootpb.Event_PxeSeen{PxeSeen: k}
+	case *bootpb.BootServed:
+		e.Kind = &bootpb.Event_BootServed{BootServed: k}
+	case *bootpb.AgentTunnel:
+		e.Kind = &bootpb.Event_AgentTunnel{AgentTunnel: k}
+	case *bootpb.PowerChanged:
+		e.Kind = &bootpb.Event_PowerChanged{PowerChanged: k}
+	}
+
+	return e
+}
+
+// bootOnce plays a machine's first network boot at site-a as its edge reports it.
+func bootOnce(t *testing.T, b *timeline.Book, id string) {
+	t.Helper()
+
+	for _, e := range []*bootpb.Event{
+		event(&bootpb.DHCPSeen{Mac: "52:54:00:12:34:56", Firmware: "uefi-x86", Relay: "10.9.0.1"}),
+		event(&bootpb.PXESeen{RemoteIp: "10.0.0.50", File: "ipxe.efi", Via: "tftp"}),
+		event(&bootpb.BootServed{Uuid: strings.ToUpper(id), Mac: "52:54:00:12:34:56", Arch: "x86_64", Mode: "agent", RemoteIp: "10.0.0.50", TableVersion: 3}),
+		event(&bootpb.AgentTunnel{MachineId: id, Open: true, RemoteIp: "10.0.0.50"}),
+	} {
+		require.NoError(t, b.HandleEvent(t.Context(), "site-a", e))
+	}
+}
+
+func kinds(rec timeline.Record) []string {
+	out := make([]string, 0, len(rec.Entries))
+	for _, e := range rec.Entries {
+		out = append(out, e.Kind)
+	}
+
+	return out
+}
+
+// A first boot's DHCP request and firmware fetch name only addresses: they join the machine's timeline once a
+// boot script ties those addresses to its UUID, in the order they happened.
+func TestFirstBootInOrder(t *testing.T) {
+	t.Parallel()
+
+	b := timeline.New(timeline.DefaultConfig(), newClock().Now)
+	bootOnce(t, b, m1)
+
+	rec, ok := b.Get(m1)
+	require.True(t, ok)
+	require.Equal(t, []string{timeline.KindDHCP, timeline.KindPXE, timeline.KindBootServed, timeline.KindAgentUp}, kinds(rec))
+	require.Equal(t, "site-a", rec.Site)
+	require.True(t, rec.AgentConnected)
+	require.Contains(t, rec.Entries[0].Text, "uefi-x86")
+	require.Contains(t, rec.Entries[0].Text, "relayed by 10.9.0.1")
+	require.Contains(t, rec.Entries[2].Text, "agent mode")
+
+	// the next DHCP request from that MAC goes straight to the machine
+	require.NoError(t, b.HandleEvent(t.Context(), "site-a", event(&bootpb.DHCPSeen{Mac: "52:54:00:12:34:56", Firmware: "bios", Ipxe: true})))
+	rec, _ = b.Get(m1)
+	require.Equal(t, timeline.KindDHCP, rec.Last.Kind)
+
+	// the same MAC at another site is not this machine
+	require.NoError(t, b.HandleEvent(t.Context(), "site-b", event(&bootpb.DHCPSeen{Mac: "52:54:00:12:34:56", Firmware: "bios"})))
+	rec2, _ := b.Get(m1)
+	require.Len(t, rec2.Entries, len(rec.Entries))
+}
+
+func TestBootModesAndErrors(t *testing.T) {
+	t.Parallel()
+
+	b := timeline.New(timeline.DefaultConfig(), newClock().Now)
+
+	for _, e := range []*bootpb.Event{
+		event(&bootpb.BootServed{Uuid: m1, Mode: "install"}),
+		event(&bootpb.BootServed{Uuid: m1, Mode: "disk"}),
+		event(&bootpb.PowerChanged{MachineId: m1, State: "unknown", Error: "rmcp+ timeout"}),
+		event(&bootpb.AgentTunnel{MachineId: m1}),
+		event(&bootpb.BootServed{Uuid: "not-a-uuid", Mode: "agent"}),
+		event(&bootpb.PowerChanged{MachineId: m1, State: "exploded"}),
+	} {
+		require.NoError(t, b.HandleEvent(t.Context(), "site-a", e))
+	}
+
+	rec, _ := b.Get(m1)
+	require.Equal(t, []string{timeline.KindInstallPlan, timeline.KindDiskBoot, timeline.KindPower, timeline.KindAgentDown}, kinds(rec))
+	require.True(t, rec.Entries[2].Error)
+	require.Contains(t, rec.Entries[2].Text, "rmcp+ timeout")
+
+	list, total := b.List(timeline.Filter{}, 0, 0)
+	require.Equal(t, 1, total, "the bad UUID made no machine")
+	require.Equal(t, m1, list[0].ID)
+}
+
+// A timeline is capped and says how many entries it dropped; the same entry again is one entry, counted.
+func TestCappedAndCoalesced(t *testing.T) {
+	t.Parallel()
+
+	cfg := timeline.DefaultConfig()
+	cfg.MaxEntries = 5
+	b := timeline.New(cfg, newClock().Now)
+
+	for i := range 12 {
+		b.Record(m1, timeline.KindLifecycle, fmt.Sprintf("step %d", i), false)
+	}
+
+	for range 3 {
+		b.Record(m1, timeline.KindError, "power on: site offline", true)
+	}
+
+	rec, _ := b.Get(m1)
+	require.Len(t, rec.Entries, 5)
+	require.Equal(t, uint64(8), rec.Dropped)
+	require.Equal(t, "step 8", rec.Entries[0].Text)
+	require.Equal(t, 2, rec.Last.Repeats)
+	require.True(t, rec.Last.Error)
+
+	b.Record(m1, timeline.KindLifecycle, strings.Repeat("é", 1000), false)
+	rec, _ = b.Get(m1)
+	require.LessOrEqual(t, len(rec.Last.Text), cfg.MaxText+len("…"))
+	require.True(t, strings.HasSuffix(rec.Last.Text, "…"))
+}
+
+// Entries held for addresses no machine has are bounded.
+func TestPendingBounded(t *testing.T) {
+	t.Parallel()
+
+	cfg := timeline.DefaultConfig()
+	cfg.MaxPending = 10
+	cfg.MaxMachines = 3
+	b := timeline.New(cfg, newClock().Now)
+
+	for i := range 1000 {
+		mac := fmt.Sprintf("02:00:00:00:%02x:%02x", i/256, i%256)
+		require.NoError(t, b.HandleEvent(t.Context(), "site-a", event(&bootpb.DHCPSeen{Mac: mac, Firmware: "bios"})))
+		require.NoError(t, b.HandleEvent(t.Context(), "site-a", event(&bootpb.BootServed{Uuid: fmt.Sprintf("00000000-0000-0000-0000-%012x", i), Mode: "agent"})))
+	}
+
+	_, total := b.List(timeline.Filter{}, 0, 0)
+	require.Equal(t, 3, total, "edge events make at most MaxMachines machines")
+
+	b.Summarize(m1, lifecycle.MachineSummary{Phase: lifecycle.PhaseReady, Site: "site-a"})
+	_, total = b.List(timeline.Filter{}, 0, 0)
+	require.Equal(t, 4, total, "the lifecycle's own machines are always tracked")
+}
+
+func TestListFiltersAndPages(t *testing.T) {
+	t.Parallel()
+
+	b := timeline.New(timeline.DefaultConfig(), newClock().Now)
+
+	for i := range 30 {
+		phase := lifecycle.PhaseReady
+		if i%3 == 0 {
+			phase = lifecycle.PhaseWiping
+		}
+
+		b.Summarize(fmt.Sprintf("00000000-0000-0000-0000-%012d", i), lifecycle.MachineSummary{Site: fmt.Sprintf("site-%d", i%2), Phase: phase})
+	}
+
+	page, total := b.List(timeline.Filter{Site: "site-0", Phase: lifecycle.PhaseWiping}, 1, 2)
+	require.Equal(t, 5, total)
+	require.Len(t, page, 2)
+	require.Equal(t, "00000000-0000-0000-0000-000000000006", page[0].ID)
+
+	page, total = b.List(timeline.Filter{}, 29, 10)
+	require.Equal(t, 30, total)
+	require.Len(t, page, 1)
+	require.Equal(t, "site-1", page[0].Site)
+
+	require.Equal(t, 5, b.Phases()["site-0"][lifecycle.PhaseWiping])
+	require.Equal(t, 10, b.Phases()["site-0"][lifecycle.PhaseReady])
+}
+
+func newState(t *testing.T) (state.State, resources.Types) {
+	t.Helper()
+
+	return state.WrapCore(namespaced.NewState(inmem.Build)), resources.NewTypes("bare-metal")
+}
+
+// Timelines outlive the process: written to Omni coalesced, loaded back under what a new process recorded.
+func TestPersistAndLoad(t *testing.T) {
+	t.Parallel()
+
+	st, types := newState(t)
+	log := zaptest.NewLogger(t)
+	require.NoError(t, types.RegisterTimeline())
+
+	b := timeline.New(timeline.DefaultConfig(), newClock().Now)
+	bootOnce(t, b, m1)
+	b.Summarize(m1, lifecycle.MachineSummary{Site: "site-a", Phase: lifecycle.PhaseWiping, Power: "on", BMCAddress: "10.0.1.5", BMCProtocol: "ipmi"})
+
+	require.Zero(t, b.Flush(t.Context(), st, types))
+
+	stored, err := st.Get(t.Context(), types.NewMachineTimeline(m1).Metadata())
+	require.NoError(t, err)
+
+	version := stored.Metadata().Version()
+
+	require.Zero(t, b.Flush(t.Context(), st, types))
+	stored, err = st.Get(t.Context(), types.NewMachineTimeline(m1).Metadata())
+	require.NoError(t, err)
+	require.Equal(t, version, stored.Metadata().Version(), "nothing changed: nothing written")
+
+	// a new process, an hour later: one event arrived before the records were loaded
+	later := newClock()
+	later.t = later.t.Add(time.Hour)
+	next := timeline.New(timeline.DefaultConfig(), later.Now)
+	require.NoError(t, next.HandleEvent(t.Context(), "site-a", event(&bootpb.AgentTunnel{MachineId: m1})))
+	require.NoError(t, next.Load(t.Context(), st, types, log))
+
+	rec, ok := next.Get(m1)
+	require.True(t, ok)
+	require.Equal(t, []string{timeline.KindDHCP, timeline.KindPXE, timeline.KindBootServed, timeline.KindAgentUp, timeline.KindPhase, timeline.KindAgentDown}, kinds(rec))
+	require.Equal(t, lifecycle.PhaseWiping, rec.Phase)
+	require.Equal(t, "10.0.1.5", rec.BMCAddress)
+
+	require.Zero(t, next.Flush(t.Context(), st, types))
+	reloaded := timeline.New(timeline.DefaultConfig(), newClock().Now)
+	require.NoError(t, reloaded.Load(t.Context(), st, types, log))
+	got, _ := reloaded.Get(m1)
+	require.Equal(t, kinds(rec), kinds(got), "the merged timeline was written back")
+}
+
+// A stored record is read back bounded: whoever can write the namespace cannot make it unbounded.
+func TestFromSpecBoundsStrings(t *testing.T) {
+	t.Parallel()
+
+	spec := timeline.ToSpec(timeline.Record{Machine: timeline.Machine{Site: strings.Repeat("s", 10000), Phase: strings.Repeat("p", 500)},
+		Entries: []timeline.Entry{{At: time.Now(), Kind: strings.Repeat("k", 100), Text: strings.Repeat("t", 5000)}}})
+	spec.Entries = append(spec.Entries, nil)
+	spec.Entries[0].Time = &timestamppb.Timestamp{Seconds: -1 << 62}
+
+	rec := timeline.FromSpec(spec, 100)
+	require.LessOrEqual(t, len(rec.Site), 104)
+	require.LessOrEqual(t, len(rec.Phase), 68)
+	require.LessOrEqual(t, len(rec.Entries[0].Text), 104)
+	require.True(t, rec.Entries[0].At.IsZero())
+}

@@ -1,0 +1,274 @@
+package timeline
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+)
+
+// maxPendingPerAddress bounds the entries held for one address not tied to a machine yet.
+const maxPendingPerAddress = 8
+
+// HandleEvent turns an edge event into a timeline entry (it fits bootplans.Handler). DHCP requests and
+// firmware fetches name an address, not a machine: they go to the machine a boot script was last served to
+// from that address at that site, or are held (bounded) until one is. Events naming no valid machine are
+// dropped and counted; HandleEvent never fails, so the edge never resends an event forever.
+func (b *Book) HandleEvent(_ context.Context, site string, e *bootpb.Event) error {
+	at := b.now()
+	if ts := e.GetTime(); ts.IsValid() && !ts.AsTime().After(at.Add(time.Minute)) {
+		at = ts.AsTime()
+	}
+
+	switch k := e.GetKind().(type) {
+	case *bootpb.Event_DhcpSeen:
+		d := k.DhcpSeen
+
+		mac, ok := normalMAC(d.GetMac())
+		if !ok {
+			b.metrics.refused.WithLabelValues("bad_address").Inc()
+
+			return nil
+		}
+
+		text := fmt.Sprintf("DHCP from %s, firmware %s", mac, orUnknown(d.GetFirmware()))
+		if d.GetIpxe() {
+			text += ", already in iPXE"
+		}
+
+		if d.GetRelay() != "" {
+			text += ", relayed by " + d.GetRelay()
+		}
+
+		b.byAddress(site, "mac/"+mac, Entry{At: at, Kind: KindDHCP, Text: text})
+	case *bootpb.Event_PxeSeen:
+		p := k.PxeSeen
+
+		ip, ok := normalIP(p.GetRemoteIp())
+		if !ok {
+			b.metrics.refused.WithLabelValues("bad_address").Inc()
+
+			return nil
+		}
+
+		entry := Entry{At: at, Kind: KindPXE, Text: fmt.Sprintf("fetched %s over %s", p.GetFile(), orUnknown(p.GetVia()))}
+		if p.GetError() != "" {
+			entry.Text = fmt.Sprintf("fetch of %s over %s failed: %s", p.GetFile(), orUnknown(p.GetVia()), p.GetError())
+			entry.Error = true
+		}
+
+		b.byAddress(site, "ip/"+ip, entry)
+	case *bootpb.Event_BootServed:
+		b.bootServed(site, at, k.BootServed)
+	case *bootpb.Event_AgentTunnel:
+		t := k.AgentTunnel
+
+		entry := Entry{At: at, Kind: KindAgentDown, Text: "agent tunnel closed"}
+		if t.GetOpen() {
+			entry = Entry{At: at, Kind: KindAgentUp, Text: "agent tunnel opened from " + orUnknown(t.GetRemoteIp())}
+			if t.GetAddressMismatch() {
+				entry.Text += " (boot was seen from " + t.GetSeenIp() + ")"
+			}
+		}
+
+		b.machineEvent(site, t.GetMachineId(), entry, func(m *machine) {
+			m.AgentConnected = t.GetOpen()
+		})
+	case *bootpb.Event_PowerChanged:
+		p := k.PowerChanged
+
+		entry := Entry{At: at, Kind: KindPower, Text: "BMC reports power " + p.GetState()}
+
+		switch p.GetState() {
+		case "on", "off":
+		case "unknown":
+			entry.Text, entry.Error = "BMC not answering: "+orUnknown(p.GetError()), true
+		default:
+			b.metrics.refused.WithLabelValues("bad_event").Inc()
+
+			return nil
+		}
+
+		b.machineEvent(site, p.GetMachineId(), entry, nil)
+	default:
+		b.metrics.refused.WithLabelValues("unknown_event").Inc()
+	}
+
+	return nil
+}
+
+func (b *Book) bootServed(site string, at time.Time, s *bootpb.BootServed) {
+	entry := Entry{At: at, Kind: KindBootServed}
+
+	switch s.GetMode() {
+	case "install":
+		entry.Kind, entry.Text = KindInstallPlan, "install plan served"
+	case "disk":
+		entry.Kind, entry.Text = KindDiskBoot, "told to boot from its disk"
+	case "deny":
+		entry.Text = "network boot refused (machine rejected)"
+	default:
+		entry.Text = "boot script served: " + orUnknown(s.GetMode()) + " mode"
+	}
+
+	var details []string
+
+	for _, d := range []string{s.GetArch(), s.GetPlatform(), s.GetRemoteIp()} {
+		if d != "" {
+			details = append(details, d)
+		}
+	}
+
+	if s.GetTableVersion() > 0 {
+		details = append(details, fmt.Sprintf("boot table v%d", s.GetTableVersion()))
+	}
+
+	if len(details) > 0 {
+		entry.Text += " (" + strings.Join(details, ", ") + ")"
+	}
+
+	mac, macOK := normalMAC(s.GetMac())
+	ip, ipOK := normalIP(s.GetRemoteIp())
+
+	b.machineEvent(site, s.GetUuid(), entry, func(m *machine) {
+		// the addresses it booted from are its own now: what was held for them joins its timeline
+		for _, key := range []struct {
+			ok   bool
+			key  string
+			ties map[string]string
+			addr string
+		}{{macOK, "mac/" + mac, b.byMAC, site + "/" + mac}, {ipOK, "ip/" + ip, b.byIP, site + "/" + ip}} {
+			if !key.ok {
+				continue
+			}
+
+			if len(key.ties) >= b.cfg.MaxPending*4 {
+				clear(key.ties)
+			}
+
+			key.ties[key.addr] = m.ID
+
+			for _, held := range b.pending[site+"/"+key.key] {
+				b.appendLocked(m, held)
+			}
+
+			delete(b.pending, site+"/"+key.key)
+		}
+	})
+}
+
+// machineEvent adds an entry to a machine named by an edge event (and applies fn), placing it at the site.
+func (b *Book) machineEvent(site, machineID string, entry Entry, fn func(*machine)) {
+	id := strings.ToLower(machineID)
+	if !validID(id) {
+		b.metrics.refused.WithLabelValues("bad_machine_id").Inc()
+
+		return
+	}
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	m := b.getLocked(id, true, false)
+	if m == nil {
+		return
+	}
+
+	if m.Site == "" {
+		m.Site = site
+	}
+
+	if fn != nil {
+		fn(m)
+	}
+
+	b.appendLocked(m, entry)
+}
+
+// byAddress adds an entry to the machine an address at site is tied to, or holds it for one.
+func (b *Book) byAddress(site, key string, entry Entry) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	ties := b.byIP
+	if strings.HasPrefix(key, "mac/") {
+		ties = b.byMAC
+	}
+
+	addr := site + "/" + strings.SplitN(key, "/", 2)[1]
+	if id, ok := ties[addr]; ok {
+		if m := b.machines[id]; m != nil {
+			b.appendLocked(m, entry)
+
+			return
+		}
+	}
+
+	pk := site + "/" + key
+
+	held, ok := b.pending[pk]
+	if !ok && len(b.pending) >= b.cfg.MaxPending {
+		b.metrics.refused.WithLabelValues("too_many_pending").Inc()
+
+		return
+	}
+
+	entry.Text = clip(entry.Text, b.cfg.MaxText)
+
+	held = append(held, entry)
+	if len(held) > maxPendingPerAddress {
+		held = held[len(held)-maxPendingPerAddress:]
+	}
+
+	b.pending[pk] = held
+}
+
+func normalMAC(s string) (string, bool) {
+	hw, err := net.ParseMAC(s)
+	if err != nil || len(hw) != 6 {
+		return "", false
+	}
+
+	return hw.String(), true
+}
+
+func normalIP(s string) (string, bool) {
+	ip := net.ParseIP(s)
+	if ip == nil {
+		return "", false
+	}
+
+	return ip.String(), true
+}
+
+// validID accepts the canonical SMBIOS UUID form (8-4-4-4-12 hex digits, lower case).
+func validID(id string) bool {
+	if len(id) != 36 {
+		return false
+	}
+
+	for i, c := range id {
+		switch {
+		case i == 8 || i == 13 || i == 18 || i == 23:
+			if c != '-' {
+				return false
+			}
+		case c >= '0' && c <= '9', c >= 'a' && c <= 'f':
+		default:
+			return false
+		}
+	}
+
+	return true
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+
+	return s
+}
