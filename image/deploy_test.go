@@ -312,7 +312,7 @@ func TestKubernetesManifest(t *testing.T) {
 
 	d := objs.deployments[0]
 	require.NotNil(t, d.Spec.Replicas)
-	require.EqualValues(t, 1, *d.Spec.Replicas, "two controllers against one Omni need a lease the controller does not have")
+	require.EqualValues(t, 1, *d.Spec.Replicas, "two controllers against one Omni: the controller takes no lease yet and its sites and CA are on the volume")
 	require.Equal(t, appsv1.RecreateDeploymentStrategyType, d.Spec.Strategy.Type, "a rolling update runs two at once")
 
 	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
