@@ -121,7 +121,6 @@ func (s *bmcConfiguration) reconcile(ctx context.Context, logger *zap.Logger, r 
 	}
 
 	logger.Info("bmc provisioned through the agent", zap.String("site", site), zap.String("bmc_address", cfg.GetIpmi().GetAddress()))
-	s.env.note(v.id, "bmc", "BMC access provisioned through the agent")
 
 	return s.write(ctx, r, v.id, cfg)
 }
@@ -132,7 +131,7 @@ func (s *bmcConfiguration) write(ctx context.Context, r controller.QRuntime, id 
 		return err
 	}
 
-	if err := writeOwn(ctx, s.env, r, s.env.Types.NewBMCConfiguration(id), stored, func(b *resources.BMCConfiguration) {
+	if err := writeOwn(ctx, s.env, r, s.env.Types.NewBMCConfiguration(id), nil, stored, func(b *resources.BMCConfiguration) {
 		b.TypedSpec().Value = stored
 	}); err != nil {
 		return fmt.Errorf("write bmc configuration: %w", err)

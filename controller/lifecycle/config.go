@@ -92,8 +92,6 @@ type Deps struct {
 	SiteLabels SiteLabels
 	// Watches tells each site's edge which BMCs to watch (optional: without it the controller asks the BMCs).
 	Watches *WatchLists
-	// Journal records what happens to each machine for operators (optional).
-	Journal Journal
 }
 
 // SiteLabels tells the labels an operator set on a site, published on its machines.
@@ -127,9 +125,17 @@ func New(cfg Config, deps Deps) ([]controller.QController, error) {
 		deps.Metrics = NewMetrics()
 	}
 
-	env := &env{cfg: cfg, Deps: deps, gate: newPlanGate(deps.Plans, cfg.CallTimeout), outbox: newOutbox(), jobs: newJobs(), written: newWritten()}
+	env := &env{
+		cfg: cfg, Deps: deps, gate: newPlanGate(deps.Plans, cfg.CallTimeout), outbox: newOutbox(), jobs: newJobs(), written: newWritten(),
+		due: newDues(time.Now),
+	}
 
-	return []controller.QController{
+	// a machine whose location, agent tunnel or watched power changes is observed again at once
+	if n, ok := deps.Sites.(changeNotifier); ok {
+		n.OnChange(func(machineID string) { env.due.after(observationName, machineID, 0) })
+	}
+
+	qcs := []controller.QController{
 		newMachineObservationController(env),
 		newBMCConfigurationController(env),
 		newWipeController(env),
@@ -138,7 +144,14 @@ func New(cfg Config, deps Deps) ([]controller.QController, error) {
 		newRebootController(env),
 		newInfraMachineStatusController(env),
 		newTeardownController(env),
-	}, nil
+	}
+
+	return append(qcs, newScheduleController(env, qcs)), nil
+}
+
+// changeNotifier is a SiteLocator that says when what it tells of a machine changed (Locations).
+type changeNotifier interface {
+	OnChange(fn func(machineID string))
 }
 
 // env is what every lifecycle controller shares.
@@ -151,4 +164,6 @@ type env struct {
 	outbox  *outbox
 	jobs    *jobs
 	written *written
+	// due is when each controller looks at each machine again (due.go); it outlives a rebuilt runtime too.
+	due *dues
 }

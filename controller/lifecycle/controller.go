@@ -56,6 +56,9 @@ func (c *machineController) Settings() controller.QSettings {
 		}
 	}
 
+	// its due records: the schedule touches one when the machine is due here again (schedule.go)
+	inputs = append(inputs, controller.Input{Namespace: LocalNamespace, Type: dueType(c.name), Kind: controller.InputQMapped})
+
 	var outputs []controller.Output
 	if c.output != "" {
 		outputs = []controller.Output{{Type: c.output, Kind: controller.OutputExclusive}}
@@ -68,15 +71,40 @@ func (c *machineController) Settings() controller.QSettings {
 	}
 }
 
+// LocalNamespaces tells the runtime's builder which namespaces to keep in memory.
+func (c *machineController) LocalNamespaces() []resource.Namespace {
+	return []resource.Namespace{LocalNamespace}
+}
+
+// CachedReads tells the runtime's builder to serve reads of the controller's own output from the cache: the
+// step compares with it and writes only what changed.
+func (c *machineController) CachedReads() []resource.Kind {
+	if c.output == "" {
+		return nil
+	}
+
+	md := resource.NewMetadata(c.outNS, c.output, "", resource.VersionUndefined)
+
+	return []resource.Kind{md}
+}
+
 // MapInput implements controller.QController: every record maps to the InfraMachine with the same ID.
 func (c *machineController) MapInput(_ context.Context, _ *zap.Logger, _ controller.QRuntime, md controller.ReducedResourceMetadata) ([]resource.Pointer, error) {
 	return []resource.Pointer{infra.NewMachine(md.ID()).Metadata()}, nil
 }
 
-// Reconcile implements controller.QController.
+// Reconcile implements controller.QController. A requeue with an interval that the step (or teardown)
+// returns is kept in the lifecycle's schedule, not in COSI's queue (see dues).
 func (c *machineController) Reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, ptr resource.Pointer) error {
 	logger = logger.With(zap.String("machine", ptr.ID()))
 
+	// this look replaces any pending one; what it returns sets the next
+	c.env.due.cancel(c.name, ptr.ID())
+
+	return c.env.requeue(logger, c.name, ptr.ID(), c.reconcile(ctx, logger, r, ptr))
+}
+
+func (c *machineController) reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, ptr resource.Pointer) error {
 	m, err := safe.ReaderGet[*infra.Machine](ctx, r, ptr)
 	if err != nil {
 		if state.IsNotFoundError(err) {
@@ -105,10 +133,7 @@ func (c *machineController) Reconcile(ctx context.Context, logger *zap.Logger, r
 		return err
 	}
 
-	err = c.step.reconcile(ctx, logger, r, v)
-	c.env.noteError(v.id, c.name, err)
-
-	return err
+	return c.step.reconcile(ctx, logger, r, v)
 }
 
 func (c *machineController) tearDown(ctx context.Context, logger *zap.Logger, r controller.QRuntime, m *infra.Machine) error {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/cosi-project/runtime/pkg/controller"
+	"github.com/cosi-project/runtime/pkg/resource"
 	"github.com/cosi-project/runtime/pkg/safe"
 	omnispecs "github.com/siderolabs/omni/client/api/omni/specs"
 	omniresources "github.com/siderolabs/omni/client/pkg/omni/resources"
@@ -33,7 +34,47 @@ func newInfraMachineStatusController(e *env) *machineController {
 }
 
 func (s *infraMachineStatus) reconcile(ctx context.Context, _ *zap.Logger, r controller.QRuntime, v *view) error {
-	if err := safe.WriterModify(ctx, r, infra.NewMachineStatus(v.id), func(st *infra.MachineStatus) error {
+	if err := s.write(ctx, r, v); err != nil {
+		return err
+	}
+
+	// Driven by its inputs; looked at again after two poll intervals anyway, so a status written from a read
+	// the cache had not caught up with yet never stays wrong.
+	return controller.NewRequeueInterval(2 * s.env.cfg.PollInterval)
+}
+
+// write brings the machine's InfraMachineStatus to what v says. The status as the cache has it is compared
+// first: a modify reads the resource from Omni before it writes, and a steady fleet must cost Omni nothing.
+// (A cache behind this process's own last write only costs that read.)
+func (s *infraMachineStatus) write(ctx context.Context, r controller.QRuntime, v *view) error {
+	cur, ok, err := getSpec[*infra.MachineStatus](ctx, r, *infra.NewMachineStatus(v.id).Metadata())
+	if err != nil {
+		return err
+	}
+
+	if ok {
+		want := cur.DeepCopy().(*infra.MachineStatus) //nolint:forcetypeassert,errcheck // a copy of its own type
+		s.apply(v, want)
+
+		if resource.Equal(cur, want) {
+			return nil
+		}
+	}
+
+	if err = safe.WriterModify(ctx, r, infra.NewMachineStatus(v.id), func(st *infra.MachineStatus) error {
+		s.apply(v, st)
+
+		return nil
+	}); err != nil {
+		return fmt.Errorf("write infra machine status: %w", err)
+	}
+
+	return nil
+}
+
+// apply sets st to what v says.
+func (s *infraMachineStatus) apply(v *view, st *infra.MachineStatus) {
+	{
 		spec := st.TypedSpec().Value
 
 		switch v.powerState() {
@@ -78,17 +119,5 @@ func (s *infraMachineStatus) reconcile(ctx context.Context, _ *zap.Logger, r con
 
 		labels.Apply(st.Metadata().Labels().Raw(), labels.Machine(s.env.cfg.StaticLabels, v.obs.GetSiteLabels(), site),
 			st.Metadata().Labels().Set, st.Metadata().Labels().Delete)
-
-		return nil
-	}); err != nil {
-		return fmt.Errorf("write infra machine status: %w", err)
 	}
-
-	if s.env.Journal != nil {
-		s.env.Journal.Summarize(v.id, v.summary())
-	}
-
-	// Driven by its inputs; looked at again after two poll intervals anyway, so a status written from a read
-	// the cache had not caught up with yet never stays wrong.
-	return controller.NewRequeueInterval(2 * s.env.cfg.PollInterval)
 }

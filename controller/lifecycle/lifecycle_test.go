@@ -67,10 +67,10 @@ type harness struct {
 	clock     *fakeClock
 	types     resources.Types
 	stats     *lifecycle.Metrics
-	// journal gets the machines' timelines (nil: none).
-	journal lifecycle.Journal
 
 	ctrls []controller.QController
+	// omniReads counts the runtime's reads that reach the state itself (not its cache): what would go to Omni.
+	omniReads *readCounter
 
 	cancel context.CancelFunc
 	done   chan error
@@ -118,7 +118,7 @@ func (h *harness) start() {
 
 	h.ctrls, err = lifecycle.New(cfg, lifecycle.Deps{
 		Types: h.types, Power: h.edge, Agent: h.edge, Sites: h.edge, Plans: h.edge, Planner: planner,
-		Now: h.clock.Now, Rand: rand.Reader, Metrics: h.stats, Secrets: box, Journal: h.journal,
+		Now: h.clock.Now, Rand: rand.Reader, Metrics: h.stats, Secrets: box,
 	})
 	require.NoError(h.t, err)
 
@@ -137,7 +137,11 @@ func (h *harness) run() {
 	h.t.Helper()
 
 	// reads come from the watch-fed cache, as against Omni
-	rt, err := runtime.NewRuntime(h.st, zaptest.NewLogger(h.t), omni.CachedInputs(h.ctrls...)...)
+	if h.omniReads == nil {
+		h.omniReads = &readCounter{}
+	}
+
+	rt, err := runtime.NewRuntime(countReads(h.st, h.omniReads), zaptest.NewLogger(h.t), omni.CachedInputs(h.ctrls...)...)
 	require.NoError(h.t, err)
 
 	for _, c := range h.ctrls {

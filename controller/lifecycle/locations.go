@@ -38,8 +38,8 @@ type Locations struct {
 	// loaded is closed once Load has merged the records kept in Omni.
 	loaded     chan struct{}
 	loadedOnce sync.Once
-	// journal also gets every edge event (JournalTo; nil: none).
-	journal EdgeJournal
+	// onChange are told, with l.mu held, of every machine whose location changed (OnChange).
+	onChange []func(machineID string)
 }
 
 // maxTrackedMACs bounds firmwareByMAC; a flood of made-up MACs resets it.
@@ -65,9 +65,26 @@ func NewLocations(logger *zap.Logger) *Locations {
 	}
 }
 
+// OnChange has fn told of every machine whose location, agent tunnel, boot details or watched power state
+// changed, so the lifecycle observes it again at once instead of at its next poll. fn is called with the
+// locations locked: it must not block or call back.
+func (l *Locations) OnChange(fn func(machineID string)) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+
+	l.onChange = append(l.onChange, fn)
+}
+
+func (l *Locations) changedLocked(machineID string) {
+	for _, fn := range l.onChange {
+		fn(machineID)
+	}
+}
+
 // markLocked records that machineID's record must be written; l.mu is held.
 func (l *Locations) markLocked(machineID string) {
 	l.dirty[machineID] = true
+	l.changedLocked(machineID)
 
 	select {
 	case l.changed <- struct{}{}:
@@ -366,7 +383,12 @@ func (l *Locations) powerReported(siteID, machineID, state, reason string, at ti
 			reason = cur.PowerReason // a list's known states carry no reason: keep the one the change brought
 		}
 
+		changed := state != cur.Power || reason != cur.PowerReason
 		cur.Power, cur.PowerAt, cur.PowerReason = state, at, reason
+
+		if changed {
+			l.changedLocked(machineID)
+		}
 	}
 }
 

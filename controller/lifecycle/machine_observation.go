@@ -6,6 +6,8 @@ import (
 
 	"github.com/cosi-project/runtime/pkg/controller"
 	"go.uber.org/zap"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
@@ -13,15 +15,18 @@ import (
 
 // machineObservation keeps MachineObservation true: the machine's site (from edge events), its power state
 // (from the BMC, once configured) and whether its agent answers (tunnel open and Hello succeeds).
-// It polls every PollInterval and writes only changes.
+// It looks again every PollInterval and at once when the machine's location changes (Locations.OnChange), and
+// writes only changes.
 type machineObservation struct {
 	noTeardown
 
 	env *env
 }
 
+const observationName = "lifecycle.MachineObservationController"
+
 func newMachineObservationController(e *env) *machineController {
-	return newMachineController(e, "lifecycle.MachineObservationController", e.Types.MachineObservation, e.Types.Namespace,
+	return newMachineController(e, observationName, e.Types.MachineObservation, e.Types.Namespace,
 		&machineObservation{env: e})
 }
 
@@ -62,7 +67,14 @@ func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, 
 		}
 	}
 
-	if err := writeOwn(ctx, s.env, r, s.env.Types.NewMachineObservation(v.id), obs, func(o *resources.MachineObservation) {
+	// observed_at is when what the record says was observed; an observation that finds nothing new leaves the
+	// record (and its observed_at) as it is, so a steady fleet writes nothing
+	obs.ObservedAt = v.obs.GetObservedAt()
+	if v.obs == nil || !proto.Equal(v.obs, obs) {
+		obs.ObservedAt = timestamppb.New(s.env.Now())
+	}
+
+	if err := writeOwn(ctx, s.env, r, s.env.Types.NewMachineObservation(v.id), v.obs, obs, func(o *resources.MachineObservation) {
 		o.TypedSpec().Value = obs
 	}); err != nil {
 		return fmt.Errorf("write machine observation: %w", err)

@@ -169,7 +169,14 @@ func (w *written) forget(typ resource.Type, machineID string) {
 
 // writeOwn writes a step's record res (its spec rec, set by set) and makes it visible at once to this
 // process's other steps, before the runtime's cache has it; the previous record comes back if the write fails.
-func writeOwn[R resource.Resource](ctx context.Context, e *env, r controller.QRuntime, res R, rec proto.Message, set func(R)) error {
+// cur is the record as the step last knew it (its view: the cache, or this process's own newer write): when
+// rec equals it nothing is written, so an unchanged record costs no round trip to Omni (a modify reads the
+// resource from Omni before it writes).
+func writeOwn[R resource.Resource](ctx context.Context, e *env, r controller.QRuntime, res R, cur, rec proto.Message, set func(R)) error {
+	if cur != nil && proto.Equal(cur, rec) {
+		return nil
+	}
+
 	md := res.Metadata()
 	prev := e.written.swap(md.Type(), md.ID(), rec)
 

@@ -75,7 +75,6 @@ func (s *power) reconcile(ctx context.Context, logger *zap.Logger, r controller.
 		op.PowerOffWipeId = v.machine.GetWipeId()
 
 		logger.Info("power-off request honoured", zap.String("site", site), zap.String("request", req))
-		s.env.note(v.id, "power", "powered off on the user's request")
 	case wantOn && ps == PowerOff:
 		if err = s.env.powerOnInto(ctx, logger, site, v); err != nil {
 			return err
@@ -94,12 +93,11 @@ func (s *power) reconcile(ctx context.Context, logger *zap.Logger, r controller.
 		op.LastPowerOff = timestamppb.New(s.env.Now())
 
 		logger.Info("powered off idle machine", zap.String("site", site))
-		s.env.note(v.id, "power", "powered off (idle)")
 	default:
 		return nil
 	}
 
-	if err = writeOwn(ctx, s.env, r, s.env.Types.NewPowerOperation(v.id), op, func(p *resources.PowerOperation) {
+	if err = writeOwn(ctx, s.env, r, s.env.Types.NewPowerOperation(v.id), v.power, op, func(p *resources.PowerOperation) {
 		p.TypedSpec().Value = op
 	}); err != nil {
 		return fmt.Errorf("record power operation: %w", err)
@@ -134,7 +132,6 @@ func (e *env) powerOnInto(ctx context.Context, logger *zap.Logger, site string, 
 	}
 
 	logger.Info("powered on", zap.String("site", site), zap.String("mode", string(plan.Mode)))
-	e.note(v.id, "power", "powered on into "+string(plan.Mode)+" mode")
 
 	return nil
 }

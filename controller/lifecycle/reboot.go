@@ -99,7 +99,6 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 		s.env.outbox.put(key, rs)
 
 		logger.Info("rebooted", zap.String("site", site), zap.String("reason", rs.Reason), zap.String("mode", string(plan.Mode)))
-		s.env.note(v.id, "power", "rebooted into "+string(plan.Mode)+" mode: "+rs.Reason)
 	case reason == reasonRequested:
 		// Off after all: its next start is the fresh boot the user asked for; recorded so it is not repeated.
 		logger.Info("reboot requested of a machine that is off: nothing to reboot", zap.String("site", site))
@@ -113,7 +112,7 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 
 // record writes the reboot status and drops it from the outbox.
 func (s *reboot) record(ctx context.Context, r controller.QRuntime, id, key string, rs *specs.RebootStatusSpec) error {
-	if err := writeOwn(ctx, s.env, r, s.env.Types.NewRebootStatus(id), rs, func(res *resources.RebootStatus) {
+	if err := writeOwn(ctx, s.env, r, s.env.Types.NewRebootStatus(id), nil, rs, func(res *resources.RebootStatus) {
 		res.TypedSpec().Value = rs
 	}); err != nil {
 		return fmt.Errorf("record reboot: %w", err)

@@ -59,7 +59,6 @@ func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.Q
 
 	jb := s.env.jobs.start(ctx, key, wipeID, timeout, func(ctx context.Context) error {
 		logger.Info("wiping disks", zap.String("site", site), zap.String("wipe_id", wipeID), zap.Bool("zeroes", zeroes))
-		s.env.note(v.id, "wipe-started", "wiping disks ("+s.env.cfg.WipeMethod+")")
 
 		if err := s.env.Agent.WipeDisks(ctx, site, v.id, zeroes); err != nil {
 			return err
@@ -97,7 +96,7 @@ func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.Q
 
 // record writes a finished wipe to WipeStatus and drops it from the outbox.
 func (s *wipe) record(ctx context.Context, logger *zap.Logger, r controller.QRuntime, id string, w *specs.WipeStatusSpec, msg string) error {
-	if err := writeOwn(ctx, s.env, r, s.env.Types.NewWipeStatus(id), w, func(res *resources.WipeStatus) {
+	if err := writeOwn(ctx, s.env, r, s.env.Types.NewWipeStatus(id), nil, w, func(res *resources.WipeStatus) {
 		res.TypedSpec().Value = w
 	}); err != nil {
 		return fmt.Errorf("record wipe: %w", err)
@@ -105,7 +104,6 @@ func (s *wipe) record(ctx context.Context, logger *zap.Logger, r controller.QRun
 
 	s.env.outbox.done(outboxKey("wipe", id), w)
 	logger.Info(msg, zap.String("wipe_id", w.GetLastWipeId()))
-	s.env.note(id, "wipe-finished", msg)
 
 	return nil
 }

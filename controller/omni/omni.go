@@ -17,6 +17,8 @@ import (
 	"github.com/cosi-project/runtime/pkg/resource"
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/cosi-project/runtime/pkg/state"
+	"github.com/cosi-project/runtime/pkg/state/impl/inmem"
+	"github.com/cosi-project/runtime/pkg/state/impl/namespaced"
 	"github.com/siderolabs/go-api-signature/pkg/serviceaccount"
 	"github.com/siderolabs/omni/client/pkg/access"
 	"github.com/siderolabs/omni/client/pkg/client"
@@ -270,8 +272,36 @@ func (c *Connection) Types() resources.Types { return c.types }
 // Close closes the connection.
 func (c *Connection) Close() error { return c.client.Close() }
 
-// CachedInputs returns the runtime options that serve every input kind of the controllers from the runtime's
-// watch-fed cache.
+// LocalNamespaces is implemented by a controller that keeps records in namespaces of its own that live in
+// this process only (lifecycle's due records): the runtime serves those from memory, never from Omni.
+type LocalNamespaces interface {
+	LocalNamespaces() []resource.Namespace
+}
+
+// CachedReads is implemented by a controller that also reads kinds it does not take as inputs (its own
+// outputs, to write only what changed) and wants those reads served from the cache too.
+type CachedReads interface {
+	CachedReads() []resource.Kind
+}
+
+// localNamespaces are the namespaces the controllers keep in memory.
+func localNamespaces(qcontrollers []controller.QController) map[resource.Namespace]bool {
+	local := map[resource.Namespace]bool{}
+
+	for _, qc := range qcontrollers {
+		if l, ok := qc.(LocalNamespaces); ok {
+			for _, ns := range l.LocalNamespaces() {
+				local[ns] = true
+			}
+		}
+	}
+
+	return local
+}
+
+// CachedInputs returns the runtime options that serve every input kind of the controllers, and every kind
+// they declare as CachedReads, from the runtime's watch-fed cache. Kinds in a controller's local namespaces
+// are left out (they are in memory already).
 func CachedInputs(qcontrollers ...controller.QController) []options.Option {
 	type kind struct {
 		ns  resource.Namespace
@@ -280,19 +310,44 @@ func CachedInputs(qcontrollers ...controller.QController) []options.Option {
 
 	var opts []options.Option
 
+	local := localNamespaces(qcontrollers)
 	cached := map[kind]bool{}
+
+	add := func(ns resource.Namespace, typ resource.Type) {
+		if k := (kind{ns, typ}); !cached[k] && !local[ns] {
+			cached[k] = true
+
+			opts = append(opts, options.WithCachedResource(ns, typ))
+		}
+	}
 
 	for _, qc := range qcontrollers {
 		for _, in := range qc.Settings().Inputs {
-			if k := (kind{in.Namespace, in.Type}); !cached[k] {
-				cached[k] = true
+			add(in.Namespace, in.Type)
+		}
 
-				opts = append(opts, options.WithCachedResource(in.Namespace, in.Type))
+		if c, ok := qc.(CachedReads); ok {
+			for _, k := range c.CachedReads() {
+				add(k.Namespace(), k.Type())
 			}
 		}
 	}
 
 	return opts
+}
+
+// WithLocalNamespaces returns st with the controllers' local namespaces served from memory (one in-memory
+// state per namespace, for the life of the returned state) and every other namespace from st.
+func WithLocalNamespaces(st state.CoreState, qcontrollers ...controller.QController) state.State {
+	local := localNamespaces(qcontrollers)
+
+	return state.WrapCore(namespaced.NewState(func(ns resource.Namespace) state.CoreState {
+		if local[ns] {
+			return inmem.NewState(ns)
+		}
+
+		return st
+	}))
 }
 
 // NewRuntime returns a COSI runtime on Omni's state with the health heartbeat controller and the given
@@ -301,10 +356,11 @@ func CachedInputs(qcontrollers ...controller.QController) []options.Option {
 //
 // Every kind a controller declares as an input is read from the runtime's watch-fed cache, not from Omni: a
 // reconcile's reads cost no round trip, and Omni serves one watch per kind however many machines there are.
+// A controller's local namespaces (LocalNamespaces) are kept in this process's memory.
 func (c *Connection) NewRuntime(health func(context.Context) error, qcontrollers ...controller.QController) (*runtime.Runtime, error) {
 	opts := CachedInputs(qcontrollers...)
 
-	rt, err := runtime.NewRuntime(c.State(), c.logger, opts...)
+	rt, err := runtime.NewRuntime(WithLocalNamespaces(c.State(), qcontrollers...), c.logger, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("create runtime: %w", err)
 	}

@@ -41,11 +41,13 @@ type FakeEdge struct {
 	holdAck  chan struct{}   // when non-nil, Push waits for it before acknowledging
 	holdWipe chan struct{}   // when non-nil, WipeDisks waits for it (or its context) before wiping
 	dropAt   map[string]bool // sites that go offline right after their next acknowledgement
+	// statusReads counts PowerStatus calls per machine (not logged: the observation makes one every poll)
+	statusReads map[string]int
 }
 
 // NewFakeEdge returns a fake edge with no machines.
 func NewFakeEdge() *FakeEdge {
-	return &FakeEdge{machines: map[string]*Machine{}, offline: map[string]bool{}, dropAt: map[string]bool{}}
+	return &FakeEdge{machines: map[string]*Machine{}, offline: map[string]bool{}, dropAt: map[string]bool{}, statusReads: map[string]int{}}
 }
 
 // Add puts a machine at site, running its agent (a freshly joined machine).
@@ -115,6 +117,14 @@ func (f *FakeEdge) Calls(id, prefix string) []string {
 	}
 
 	return out
+}
+
+// StatusReads returns how many times machine id's power status was asked for.
+func (f *FakeEdge) StatusReads(id string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	return f.statusReads[id]
 }
 
 // Count returns how many calls of machine id start with prefix.
@@ -244,6 +254,8 @@ func (f *FakeEdge) Push(ctx context.Context, site string, plan bootplans.Plan) (
 func (f *FakeEdge) PowerStatus(_ context.Context, site, id string, _ *specs.BMCConfigurationSpec) (lifecycle.PowerState, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+
+	f.statusReads[id]++
 
 	m, err := f.get(site, id)
 	if err != nil {

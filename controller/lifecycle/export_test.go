@@ -1,0 +1,40 @@
+package lifecycle
+
+import "time"
+
+// Dues is the lifecycle's schedule of looks (due.go), for its tests.
+type Dues = dues
+
+// NewDues returns an empty schedule on the clock now.
+func NewDues(now func() time.Time) *Dues { return newDues(now) }
+
+// After makes machine due for controller in d unless it is due earlier.
+func (s *dues) After(controller, machine string, d time.Duration) { s.after(controller, machine, d) }
+
+// Cancel drops controller's pending look at machine.
+func (s *dues) Cancel(controller, machine string) { s.cancel(controller, machine) }
+
+// Take returns up to limit due looks as "controller/machine", or how long until the next.
+func (s *dues) Take(limit int) ([]string, time.Duration) {
+	due, wait := s.take(limit)
+
+	out := make([]string, 0, len(due))
+	for _, k := range due {
+		out = append(out, k.controller+"/"+k.machine)
+	}
+
+	return out, wait
+}
+
+// Pending is how many looks are scheduled.
+func (s *dues) Pending() int { return s.pending() }
+
+// Woken reports whether a wake-up is pending (and takes it).
+func (s *dues) Woken() bool {
+	select {
+	case <-s.wake:
+		return true
+	default:
+		return false
+	}
+}
