@@ -3,6 +3,10 @@
 // image built in Go (no Docker daemon) with the edge binary, Debian's iPXE binaries and optional pre-seeded
 // assets, and a Talos machine-config patch (ExtensionServiceConfig with the controller address and join
 // token, plus network settings) built and validated with Talos's machinery.
+//
+// It also builds the controller's: an OCI image holding the static controller binary, run as an unprivileged
+// user with its state directory as a volume, and ships the controller's systemd unit and Kubernetes manifest
+// (controller/ beside this file) with it.
 package image
 
 import (
