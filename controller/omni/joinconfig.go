@@ -17,7 +17,8 @@ import (
 )
 
 // JoinConfig is what edges serve at /config to machines in agent mode: the Talos documents of Omni's
-// ProviderJoinConfig (SideroLink, event sink, kernel log), plus a trusted-roots document when a custom CA is in use.
+// ProviderJoinConfig (SideroLink, event sink, kernel log), plus a trusted-roots document when a custom CA is in use
+// and the operator's extra documents (see ExtraDocuments).
 type JoinConfig struct {
 	Documents  string
 	KernelArgs []string
@@ -28,6 +29,7 @@ type JoinConfigWatcher struct {
 	st           state.State
 	providerID   string
 	trustedRoots string
+	extra        ExtraDocuments
 	onChange     func(JoinConfig)
 	logger       *zap.Logger
 	retry        time.Duration
@@ -43,6 +45,13 @@ func (c *Connection) NewJoinConfigWatcher(trustedRootsPEM string, onChange func(
 		st: c.State(), providerID: c.cfg.ProviderID, trustedRoots: trustedRootsPEM, onChange: onChange,
 		logger: c.logger.With(zap.String("component", "omni_join_config")), retry: c.cfg.RetryMin,
 	}
+}
+
+// WithExtraDocuments adds the operator's documents to every join config (set before Run).
+func (w *JoinConfigWatcher) WithExtraDocuments(d ExtraDocuments) *JoinConfigWatcher {
+	w.extra = d
+
+	return w
 }
 
 // Current returns the latest join config, false before the first one arrived.
@@ -148,6 +157,15 @@ func (w *JoinConfigWatcher) build(jc *siderolink.ProviderJoinConfig) (JoinConfig
 		}
 
 		docs += "\n---\n" + strings.TrimSpace(extra)
+	}
+
+	// The operator's documents were checked when they were loaded; one that conflicts with what Omni sends now
+	// must not keep machines from joining: they get Omni's documents alone, and the log says why.
+	if merged, err := w.extra.appendTo(docs); err != nil {
+		w.logger.Error("extra machine-config documents left out of the join config", zap.Strings("documents", w.extra.Kinds()),
+			zap.Error(err))
+	} else {
+		docs = strings.TrimSpace(merged)
 	}
 
 	return JoinConfig{Documents: docs + "\n", KernelArgs: spec.GetConfig().GetKernelArgs()}, nil

@@ -215,8 +215,12 @@ func TestJoinConfigFollowsOmni(t *testing.T) {
 
 	defer conn.Close() //nolint:errcheck
 
+	extra, err := controlleromni.ParseExtraDocuments([]byte("apiVersion: v1alpha1\nkind: ResolverConfig\nnameservers:\n  - address: 10.0.0.53\n"))
+	require.NoError(t, err)
+
 	changes := make(chan controlleromni.JoinConfig, 4)
-	w := conn.NewJoinConfigWatcher("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----", func(jc controlleromni.JoinConfig) { changes <- jc })
+	w := conn.NewJoinConfigWatcher("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----", func(jc controlleromni.JoinConfig) { changes <- jc }).
+		WithExtraDocuments(extra)
 
 	wctx, wcancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -229,6 +233,7 @@ func TestJoinConfigFollowsOmni(t *testing.T) {
 	require.Contains(t, jc.Documents, "kind: SideroLinkConfig")
 	require.Contains(t, jc.Documents, "kind: EventSinkConfig")
 	require.Contains(t, jc.Documents, "kind: TrustedRootsConfig")
+	require.Contains(t, jc.Documents, "kind: ResolverConfig", "the operator's extra documents are served with Omni's")
 
 	// the machine-facing token is in the siderolink.api argument (the spec's join_token is the raw secret)
 	var machineToken string
