@@ -121,6 +121,7 @@ func (s *bmcConfiguration) reconcile(ctx context.Context, logger *zap.Logger, r 
 	}
 
 	logger.Info("bmc provisioned through the agent", zap.String("site", site), zap.String("bmc_address", cfg.GetIpmi().GetAddress()))
+	s.env.note(v.id, "bmc", "BMC access provisioned through the agent")
 
 	return s.write(ctx, r, v.id, cfg)
 }

@@ -92,6 +92,8 @@ type Deps struct {
 	SiteLabels SiteLabels
 	// Watches tells each site's edge which BMCs to watch (optional: without it the controller asks the BMCs).
 	Watches *WatchLists
+	// Journal records what happens to each machine for operators (optional).
+	Journal Journal
 }
 
 // SiteLabels tells the labels an operator set on a site, published on its machines.

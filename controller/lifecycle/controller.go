@@ -133,7 +133,10 @@ func (c *machineController) reconcile(ctx context.Context, logger *zap.Logger, r
 		return err
 	}
 
-	return c.step.reconcile(ctx, logger, r, v)
+	err = c.step.reconcile(ctx, logger, r, v)
+	c.env.noteError(v.id, c.name, err)
+
+	return err
 }
 
 func (c *machineController) tearDown(ctx context.Context, logger *zap.Logger, r controller.QRuntime, m *infra.Machine) error {

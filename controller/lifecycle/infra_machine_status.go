@@ -38,6 +38,10 @@ func (s *infraMachineStatus) reconcile(ctx context.Context, _ *zap.Logger, r con
 		return err
 	}
 
+	if s.env.Journal != nil {
+		s.env.Journal.Summarize(v.id, v.summary())
+	}
+
 	// Driven by its inputs; looked at again after two poll intervals anyway, so a status written from a read
 	// the cache had not caught up with yet never stays wrong.
 	return controller.NewRequeueInterval(2 * s.env.cfg.PollInterval)

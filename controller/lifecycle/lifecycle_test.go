@@ -67,6 +67,8 @@ type harness struct {
 	clock     *fakeClock
 	types     resources.Types
 	stats     *lifecycle.Metrics
+	// journal gets the machines' timelines (nil: none).
+	journal lifecycle.Journal
 
 	ctrls []controller.QController
 	// omniReads counts the runtime's reads that reach the state itself (not its cache): what would go to Omni.
@@ -118,7 +120,7 @@ func (h *harness) start() {
 
 	h.ctrls, err = lifecycle.New(cfg, lifecycle.Deps{
 		Types: h.types, Power: h.edge, Agent: h.edge, Sites: h.edge, Plans: h.edge, Planner: planner,
-		Now: h.clock.Now, Rand: rand.Reader, Metrics: h.stats, Secrets: box,
+		Now: h.clock.Now, Rand: rand.Reader, Metrics: h.stats, Secrets: box, Journal: h.journal,
 	})
 	require.NoError(h.t, err)
 

@@ -75,6 +75,7 @@ func (s *power) reconcile(ctx context.Context, logger *zap.Logger, r controller.
 		op.PowerOffWipeId = v.machine.GetWipeId()
 
 		logger.Info("power-off request honoured", zap.String("site", site), zap.String("request", req))
+		s.env.note(v.id, "power", "powered off on the user's request")
 	case wantOn && ps == PowerOff:
 		if err = s.env.powerOnInto(ctx, logger, site, v); err != nil {
 			return err
@@ -93,6 +94,7 @@ func (s *power) reconcile(ctx context.Context, logger *zap.Logger, r controller.
 		op.LastPowerOff = timestamppb.New(s.env.Now())
 
 		logger.Info("powered off idle machine", zap.String("site", site))
+		s.env.note(v.id, "power", "powered off (idle)")
 	default:
 		return nil
 	}
@@ -132,6 +134,7 @@ func (e *env) powerOnInto(ctx context.Context, logger *zap.Logger, site string, 
 	}
 
 	logger.Info("powered on", zap.String("site", site), zap.String("mode", string(plan.Mode)))
+	e.note(v.id, "power", "powered on into "+string(plan.Mode)+" mode")
 
 	return nil
 }

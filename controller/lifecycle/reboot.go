@@ -99,6 +99,7 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 		s.env.outbox.put(key, rs)
 
 		logger.Info("rebooted", zap.String("site", site), zap.String("reason", rs.Reason), zap.String("mode", string(plan.Mode)))
+		s.env.note(v.id, "power", "rebooted into "+string(plan.Mode)+" mode: "+rs.Reason)
 	case reason == reasonRequested:
 		// Off after all: its next start is the fresh boot the user asked for; recorded so it is not repeated.
 		logger.Info("reboot requested of a machine that is off: nothing to reboot", zap.String("site", site))

@@ -59,6 +59,7 @@ func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.Q
 
 	jb := s.env.jobs.start(ctx, key, wipeID, timeout, func(ctx context.Context) error {
 		logger.Info("wiping disks", zap.String("site", site), zap.String("wipe_id", wipeID), zap.Bool("zeroes", zeroes))
+		s.env.note(v.id, "wipe-started", "wiping disks ("+s.env.cfg.WipeMethod+")")
 
 		if err := s.env.Agent.WipeDisks(ctx, site, v.id, zeroes); err != nil {
 			return err
@@ -104,6 +105,7 @@ func (s *wipe) record(ctx context.Context, logger *zap.Logger, r controller.QRun
 
 	s.env.outbox.done(outboxKey("wipe", id), w)
 	logger.Info(msg, zap.String("wipe_id", w.GetLastWipeId()))
+	s.env.note(id, "wipe-finished", msg)
 
 	return nil
 }
