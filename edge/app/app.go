@@ -1,5 +1,6 @@
-// Package app is the edge's composition root: it builds every component from the configuration,
-// wires them together and runs them under one errgroup.
+// Package app is the edge's composition root. Build constructs every component from the configuration and
+// opens every socket, starting nothing; Run runs the components under one errgroup, stops them all when one
+// ends, and closes what Build opened once every one has returned.
 package app
 
 import (
@@ -8,15 +9,12 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/netip"
-	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
-	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
 	"github.com/outpost-metal/outpost/edge/assets"
@@ -30,23 +28,96 @@ import (
 	"github.com/outpost-metal/outpost/edge/tftp"
 	"github.com/outpost-metal/outpost/edge/tunnel"
 	"github.com/outpost-metal/outpost/edge/uplink"
-	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
-// Run runs the edge until ctx is done.
+// Options are what a caller that is not the edge binary changes in how the edge is put together. The edge
+// binary gives none; the lab's edges (qemu/) use them.
+type Options struct {
+	// ControllerAPI, when set, replaces the uplink: the services the controller reaches over the uplink
+	// (boot plans, BMC operations, assets, the agent call proxy) are served on this listener as plain
+	// HTTP/2 gRPC without authentication, and no controller is dialled. It is for the lab, which plays the
+	// controller itself; never for a site network. The edge owns it from Build on and closes it.
+	ControllerAPI net.Listener
+	// WrapHTTP wraps the HTTP server's handler (the lab logs every request and notes /config fetches).
+	WrapHTTP func(http.Handler) http.Handler
+	// Tap is told what the edge serves, beside the journal (the lab prints it to follow a boot chain).
+	Tap Tap
+	// FilesDir is the directory of plain files served under /assets/, instead of <state>/files (the lab's
+	// boot images).
+	FilesDir string
+}
+
+// Edge is a built edge: every component constructed and every socket open, nothing running.
+type Edge struct {
+	log        *zap.Logger
+	components []component
+	closers    []closer
+	addrs      Addrs
+	ran        atomic.Bool
+}
+
+// Addrs are the addresses the edge serves on (TFTP nil when it is off).
+type Addrs struct {
+	HTTP, API, TFTP net.Addr
+}
+
+// Run builds the edge and runs it until ctx ends (the edge binary).
 func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
+	e, err := Build(ctx, cfg, log, Options{})
+	if err != nil {
+		return err
+	}
+
+	return e.Run(ctx)
+}
+
+// Build constructs every component of the edge and opens its sockets; nothing runs until Run. A failure
+// names the component and closes what was opened before it. ctx bounds the construction only (the import of
+// pre-seeded assets).
+func Build(ctx context.Context, cfg config.Config, log *zap.Logger, opts Options) (_ *Edge, err error) {
+	e := &Edge{log: log}
+
+	if opts.ControllerAPI != nil {
+		e.closeListener("controller API listener", opts.ControllerAPI)
+		// The uplink is not built: the configuration need not name a controller.
+		cfg.Uplink.ControllerAddress = opts.ControllerAPI.Addr().String()
+	}
+
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, closeAll(e.closers))
+		}
+	}()
+
 	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("configuration: %w", err)
+		return nil, fmt.Errorf("configuration: %w", err)
 	}
 
 	cfg = cfg.Resolved()
+
+	if opts.FilesDir != "" {
+		cfg.HTTP.AssetsDir = opts.FilesDir
+	}
+
+	if err := e.build(ctx, cfg, opts); err != nil {
+		return nil, err
+	}
+
+	return e, nil
+}
+
+// build constructs the components in dependency order; each step's closer is added as soon as it opened.
+//
+//nolint:gocyclo,cyclop,funlen // one straight sequence of constructions, each with its own named error
+func (e *Edge) build(ctx context.Context, cfg config.Config, opts Options) error {
+	log := e.log
 
 	metrics := prometheus.NewRegistry()
 	metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	table, err := boot.Open(boot.Config{StateDir: cfg.StateDir}, log)
 	if err != nil {
-		return err
+		return fmt.Errorf("boot table: %w", err)
 	}
 
 	jcfg := journal.Default()
@@ -54,29 +125,28 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 
 	jrnl, err := journal.Open(jcfg, log, journal.Deps{})
 	if err != nil {
-		return err
+		return fmt.Errorf("event journal: %w", err)
 	}
-	defer jrnl.Close() //nolint:errcheck
 
-	recorder := journal.NewRecorder(jrnl, log)
+	e.closers = append(e.closers, closer{"event journal", jrnl.Close})
+
 	book := tunnel.NewBootBook(time.Now)
+	events := siteEvents{rec: journal.NewRecorder(jrnl, log), book: book, tap: opts.Tap}
 
 	catalog, err := tftp.LoadCatalog(cfg.IPXEDir, cfg.DHCP.Files.Names())
 	if err != nil {
 		return fmt.Errorf("iPXE binaries: %w", err)
 	}
 
-	needed := &neededAssets{}
-
-	store, err := assets.New(cfg.Assets, log, needed, time.Now)
+	store, err := assets.New(cfg.Assets, log, nil, time.Now)
 	if err != nil {
-		return err
+		return fmt.Errorf("asset cache: %w", err)
 	}
 
 	if cfg.AssetsPreseedDir != "" {
 		refs, err := store.Import(ctx, cfg.AssetsPreseedDir)
 		if err != nil {
-			return fmt.Errorf("import pre-seeded assets from %s: %w", cfg.AssetsPreseedDir, err)
+			return fmt.Errorf("pre-seeded assets from %s: %w", cfg.AssetsPreseedDir, err)
 		}
 
 		log.Info("pre-seeded assets imported", zap.Int("assets", len(refs)))
@@ -84,63 +154,50 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 
 	fetcher, err := assets.NewFetcher(cfg.Fetcher, store, assets.HTTPSource{Client: factoryClient()}, log)
 	if err != nil {
-		return err
+		return fmt.Errorf("asset fetcher: %w", err)
 	}
 
-	needed.set(fetcher)
-
-	tunnels := tunnel.New(tunnel.Options{Binding: cfg.AgentBinding, Evidence: book, Logger: log, Events: tunnelEvents{recorder}, Addresses: book, Limits: cfg.Tunnels})
+	tunnels := tunnel.New(tunnel.Options{Binding: cfg.AgentBinding, Evidence: book, Logger: log, Events: events, Addresses: book, Limits: cfg.Tunnels})
 
 	bmcs, err := bmc.New(cfg.BMC, log, time.Now)
 	if err != nil {
-		return err
+		return fmt.Errorf("bmc: %w", err)
 	}
 
-	// the edge watches its BMCs itself and journals power changes (the controller sends the list)
-	watcher := bmc.NewWatcher(bmcs, recorder, bmc.DefaultWatcher(), log, time.Now)
+	e.closers = append(e.closers, closer{"bmc sessions", func() error { bmcs.Close(); return nil }})
+
+	// The edge watches its BMCs itself and journals power changes (the controller sends the list).
+	watcher := bmc.NewWatcher(bmcs, events.rec, bmc.DefaultWatcher(), log, time.Now)
 
 	httpSrv, err := ipxe.New(cfg.HTTP, log, ipxe.Deps{
-		Table:      table,
-		Catalog:    catalog,
-		Observer:   bootObserver{Recorder: recorder, book: book},
-		Assets:     cachedAssets{store},
-		Registerer: metrics,
-		Gatherer:   metrics,
+		Table:        table,
+		Catalog:      catalog,
+		Observer:     events,
+		Assets:       cachedAssets{store},
+		CachedAssets: assets.NewHandler(store, "/assets/"),
+		Registerer:   metrics,
+		Gatherer:     metrics,
 	})
 	if err != nil {
-		return err
+		return fmt.Errorf("http server: %w", err)
 	}
-	defer httpSrv.Close() //nolint:errcheck
+
+	e.closers = append(e.closers, closer{"http server", httpSrv.Close})
 
 	for _, cs := range [][]prometheus.Collector{tunnels.Collectors(), bmcs.Collectors(), watcher.Collectors(), store.Collectors(), table.Collectors()} {
 		metrics.MustRegister(cs...)
 	}
 
-	link, err := uplink.New(cfg.Uplink, uplink.Options{
-		Logger: log,
-		Register: []func(grpc.ServiceRegistrar){
-			boot.NewService(table).Register,
-			bmc.NewService(bmcs).WithWatcher(watcher).Register,
-			assets.NewService(fetcher).Register,
-		},
-		// Agent calls from the controller (/management.AgentService/*) go to the machine's tunnel.
-		ServerOptions: []grpc.ServerOption{tunnels.ServerOption()},
-		OnSession: []uplink.SessionFunc{
-			func(ctx context.Context, conn grpc.ClientConnInterface) error {
-				events := bootpb.NewEventsClient(conn)
-				reportInventory(ctx, events, tunnels, table, log)
+	register := []func(grpc.ServiceRegistrar){
+		boot.NewService(table).Register,
+		bmc.NewService(bmcs).WithWatcher(watcher).Register,
+		assets.NewService(fetcher).Register,
+	}
 
-				return jrnl.Deliver(ctx, events)
-			},
-			fetcher.OnSession,
-		},
-		Counters: func() map[string]int64 {
-			c := jrnl.Counters()
-			c["boot_table_version"] = int64(table.Version()) //nolint:gosec // versions stay far below 2^63
-
-			return c
-		},
-	})
+	// Agent calls from the controller (/management.AgentService/*) go to the machine's tunnel.
+	controllerRun, err := e.controllerLink(cfg, opts, register, tunnels.ServerOption(), []uplink.SessionFunc{
+		controllerSession(jrnl, tunnels, table, log), fetcher.OnSession,
+	}, statusCounters(jrnl, table))
 	if err != nil {
 		return err
 	}
@@ -152,7 +209,7 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 		return fmt.Errorf("http listener: %w", err)
 	}
 
-	httpLn = httpSrv.LimitListener(httpLn)
+	e.closeListener("http listener", httpLn)
 
 	if need, have := cfg.OpenFiles(), limits.OpenFilesLimit(); have > 0 && need > have {
 		log.Warn("the connection and transfer limits let the site network open more files than this process may: lower them or raise its open-files limit",
@@ -161,199 +218,133 @@ func Run(ctx context.Context, cfg config.Config, log *zap.Logger) error {
 
 	apiLn, err := lc.Listen(ctx, "tcp", cfg.APIListen)
 	if err != nil {
-		httpLn.Close() //nolint:errcheck
-
 		return fmt.Errorf("agent API listener: %w", err)
 	}
 
-	eg, ctx := errgroup.WithContext(ctx)
+	e.closeListener("agent API listener", apiLn)
 
-	eg.Go(func() error { return link.Run(ctx) })
-	eg.Go(func() error { return serveHTTP(ctx, httpLn, cfg.HTTP, httpHandler(store, httpSrv.Handler()), log) })
-	eg.Go(func() error { return tunnels.Serve(ctx, apiLn) })
-	eg.Go(func() error { return fetcher.Run(ctx) })
-	eg.Go(func() error { return bmcs.Run(ctx) })
-	eg.Go(func() error { return watcher.Run(ctx) })
-
-	if cfg.TFTP.Listen != "" {
-		tftpSrv, err := tftp.New(cfg.TFTP, log, catalog, tftp.Deps{Registerer: metrics, Observer: recorder})
-		if err != nil {
-			return err
-		}
-
-		eg.Go(func() error { return tftpSrv.Run(ctx) })
+	handler := httpSrv.Handler()
+	if opts.WrapHTTP != nil {
+		handler = opts.WrapHTTP(handler)
 	}
 
-	if cfg.DHCPEnabled() {
-		dhcpSrv, err := dhcp.New(cfg.DHCP, log, dhcp.Deps{Bootable: catalog.Has, Prefs: table, Observer: recorder, Registerer: metrics})
-		if err != nil {
-			return err
-		}
-
-		eg.Go(func() error { return dhcpSrv.Run(ctx) })
-	} else {
-		log.Warn("ProxyDHCP is off: no interface or server address configured (the site's DHCP server must hand out the boot file)")
-	}
-
-	log.Info("edge started",
-		zap.String("http", httpLn.Addr().String()),
-		zap.String("agent_api", apiLn.Addr().String()),
-		zap.String("controller", cfg.Uplink.ControllerAddress),
+	e.addrs = Addrs{HTTP: httpLn.Addr(), API: apiLn.Addr()}
+	e.components = append(e.components,
+		controllerRun,
+		component{"http", func(ctx context.Context) error { return httpSrv.Serve(ctx, httpLn, handler) }},
+		component{"agent API", func(ctx context.Context) error { return tunnels.Serve(ctx, apiLn) }},
+		component{"asset fetcher", fetcher.Run},
+		component{"bmc sessions", bmcs.Run},
+		component{"bmc watcher", watcher.Run},
 	)
 
-	return eg.Wait()
-}
+	if cfg.TFTP.Listen != "" {
+		tftpSrv, err := tftp.New(cfg.TFTP, log, catalog, tftp.Deps{Registerer: metrics, Observer: events})
+		if err != nil {
+			return fmt.Errorf("tftp server: %w", err)
+		}
 
-// reportInventory tells the controller what the edge holds at the start of a session: the open agent tunnels
-// and the machines of the boot table, so a restarted controller knows the site at once. A controller that
-// does not know the call, or fails it, is logged; the session goes on (events still arrive through the journal).
-func reportInventory(ctx context.Context, events bootpb.EventsClient, tunnels *tunnel.Server, table *boot.Table, log *zap.Logger) {
-	req := &bootpb.InventoryRequest{Tunnels: tunnels.Open(), Table: table.UUIDs(), TableVersion: table.Version()}
+		conn, err := lc.ListenPacket(ctx, "udp4", cfg.TFTP.Listen)
+		if err != nil {
+			return fmt.Errorf("tftp listener: %w", err)
+		}
 
-	resp, err := events.Inventory(ctx, req)
+		e.closePacketConn("tftp socket", conn)
+		e.addrs.TFTP = conn.LocalAddr()
+		e.components = append(e.components, component{"tftp", func(ctx context.Context) error { return tftpSrv.Serve(ctx, conn) }})
+	}
+
+	if !cfg.DHCPEnabled() {
+		log.Warn("ProxyDHCP is off: no interface or server address configured (the site's DHCP server must hand out the boot file)")
+
+		return nil
+	}
+
+	dhcpSrv, err := dhcp.New(cfg.DHCP, log, dhcp.Deps{Bootable: catalog.Has, Prefs: table, Observer: events, Registerer: metrics})
 	if err != nil {
-		log.Warn("inventory not taken by the controller", zap.Error(err))
-
-		return
+		return fmt.Errorf("proxydhcp: %w", err)
 	}
 
-	log.Info("inventory reported", zap.Int("tunnels", len(req.GetTunnels())), zap.Int("plans", len(req.GetTable())),
-		zap.Uint32("refused_by_controller", resp.GetRefused()))
-}
+	var conns [2]net.PacketConn
 
-// factoryClient fetches assets from upstream (the image factory) under the cache policy.
-func factoryClient() *http.Client {
-	return &http.Client{Transport: &http.Transport{
-		Proxy:                 http.ProxyFromEnvironment,
-		DialContext:           (&net.Dialer{Timeout: 15 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		TLSHandshakeTimeout:   15 * time.Second,
-		ResponseHeaderTimeout: time.Minute,
-		IdleConnTimeout:       90 * time.Second,
-	}}
-}
-
-// cachedAssets tells the boot scripts which /assets/ names the content-addressed cache holds.
-type cachedAssets struct{ store *assets.Store }
-
-func (c cachedAssets) Has(name string) bool {
-	_, err := c.store.Lookup(name)
-
-	return err == nil
-}
-
-// httpHandler serves /assets/ from the content-addressed cache when it holds the asset, and everything else
-// (including plain files placed in <state>/files) from the boot HTTP server.
-func httpHandler(store *assets.Store, boot http.Handler) http.Handler {
-	cached, index := assets.NewHandler(store, "/assets/"), cachedAssets{store}
-
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if key, ok := strings.CutPrefix(r.URL.Path, "/assets/"); ok {
-			if index.Has(key) {
-				cached.ServeHTTP(w, r)
-
-				return
-			}
+	for i, port := range []int{cfg.DHCP.Port, cfg.DHCP.PXEPort} {
+		if conns[i], err = dhcp.ListenPacket(ctx, cfg.DHCP.Interface, port, cfg.DHCP.ReadBuffer); err != nil {
+			return fmt.Errorf("proxydhcp socket on port %d: %w", port, err)
 		}
 
-		boot.ServeHTTP(w, r)
-	})
-}
-
-func serveHTTP(ctx context.Context, ln net.Listener, cfg ipxe.Config, h http.Handler, log *zap.Logger) error {
-	srv := &http.Server{
-		ConnState:         limits.ConnState, // idle keep-alive connections can make room under the connection limits
-		Handler:           h,
-		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
-		ReadTimeout:       cfg.ReadTimeout,
-		WriteTimeout:      cfg.WriteTimeout,
-		IdleTimeout:       cfg.IdleTimeout,
-		MaxHeaderBytes:    16 << 10,
-		ErrorLog:          zap.NewStdLog(log.With(zap.String("component", "http"))),
+		e.closePacketConn(fmt.Sprintf("proxydhcp socket %d", port), conns[i])
 	}
 
-	stop := context.AfterFunc(ctx, func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-
-		if srv.Shutdown(sctx) != nil {
-			srv.Close() //nolint:errcheck
-		}
-	})
-	defer stop()
-
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("http server: %w", err)
-	}
+	e.components = append(e.components, component{"proxydhcp", func(ctx context.Context) error { return dhcpSrv.Serve(ctx, conns[0], conns[1]) }})
 
 	return nil
 }
 
-// bootObserver journals boot-script answers and notes where each machine asked from.
-type bootObserver struct {
-	*journal.Recorder
+// controllerLink builds what connects the edge to its controller: the uplink, or the lab's plain listener
+// (Options.ControllerAPI) serving the same services.
+func (e *Edge) controllerLink(cfg config.Config, opts Options, register []func(grpc.ServiceRegistrar), proxy grpc.ServerOption,
+	sessions []uplink.SessionFunc, counters func() map[string]int64,
+) (component, error) {
+	if opts.ControllerAPI != nil {
+		srv := grpc.NewServer(proxy)
+		for _, r := range register {
+			r(srv)
+		}
 
-	book *tunnel.BootBook
-}
-
-func (o bootObserver) BootServed(b ipxe.BootServed) {
-	o.book.Note(b.UUID, b.Remote, b.MAC)
-	o.Recorder.BootServed(b)
-}
-
-// ConfigServed notes the address the booted machine fetched its config from (where its agent dials from).
-func (o bootObserver) ConfigServed(uuid string, remote netip.Addr) {
-	o.book.Note(uuid, remote, nil)
-}
-
-// tunnelEvents journals agent tunnels opening and closing.
-type tunnelEvents struct{ rec *journal.Recorder }
-
-func (t tunnelEvents) TunnelOpened(e tunnel.Event) { t.record(e, true) }
-func (t tunnelEvents) TunnelClosed(e tunnel.Event) { t.record(e, false) }
-
-func (t tunnelEvents) record(e tunnel.Event, open bool) {
-	ev := &bootpb.AgentTunnel{MachineId: e.MachineID, Open: open, AddressMismatch: e.AddressMismatch}
-
-	if e.RemoteAddr.IsValid() {
-		ev.RemoteIp = e.RemoteAddr.Addr().String()
+		return component{"controller API", func(ctx context.Context) error { return serveControllerAPI(ctx, srv, opts.ControllerAPI) }}, nil
 	}
 
-	if e.SeenAddr.IsValid() {
-		ev.SeenIp = e.SeenAddr.String()
+	link, err := uplink.New(cfg.Uplink, uplink.Options{
+		Logger: e.log, Register: register, ServerOptions: []grpc.ServerOption{proxy}, OnSession: sessions, Counters: counters,
+	})
+	if err != nil {
+		return component{}, fmt.Errorf("uplink: %w", err)
 	}
 
-	t.rec.Record(&bootpb.Event{Kind: &bootpb.Event_AgentTunnel{AgentTunnel: ev}})
+	return component{"uplink", link.Run}, nil
 }
 
-// neededAssets tells the cache which assets the site's current plans need (the ones the controller asked
-// the fetcher to hold), so eviction never removes them. The fetcher is set once, after both exist.
-type neededAssets struct {
-	mu      sync.Mutex
-	fetcher *assets.Fetcher
+func (e *Edge) closeListener(name string, ln net.Listener) {
+	e.closers = append(e.closers, closer{name, func() error { return ignoreClosed(ln.Close()) }})
 }
 
-func (n *neededAssets) set(f *assets.Fetcher) {
-	n.mu.Lock()
-	n.fetcher = f
-	n.mu.Unlock()
+func (e *Edge) closePacketConn(name string, c net.PacketConn) {
+	e.closers = append(e.closers, closer{name, func() error { return ignoreClosed(c.Close()) }})
 }
 
-// NeededDigests implements assets.NeededSet.
-func (n *neededAssets) NeededDigests() []string {
-	n.mu.Lock()
-	f := n.fetcher
-	n.mu.Unlock()
-
-	if f == nil {
+// ignoreClosed drops the error of closing what its server already closed.
+func ignoreClosed(err error) error {
+	if errors.Is(err, net.ErrClosed) {
 		return nil
 	}
 
-	statuses := f.Statuses()
-	out := make([]string, 0, len(statuses))
+	return err
+}
 
-	for _, s := range statuses {
-		out = append(out, s.Ref.SHA256)
+// Addrs returns the addresses the edge serves on.
+func (e *Edge) Addrs() Addrs { return e.addrs }
+
+// Run runs every component until ctx ends or one of them ends: an error, or a component returning on its
+// own (ErrEndedEarly), stops all the others and is returned, naming the component. Once every component
+// has returned, Run closes what Build opened. It returns nil when ctx ended and everything stopped cleanly.
+// An edge runs once.
+func (e *Edge) Run(ctx context.Context) error {
+	if !e.ran.CompareAndSwap(false, true) {
+		return errors.New("edge: already run")
 	}
 
-	return out
+	e.log.Info("edge starting", zap.Stringer("http", e.addrs.HTTP), zap.Stringer("agent_api", e.addrs.API))
+
+	err := runComponents(ctx, e.log, e.components)
+
+	return errors.Join(err, closeAll(e.closers))
+}
+
+// Close closes what Build opened, for an edge that is not run (Run closes it itself).
+func (e *Edge) Close() error {
+	if !e.ran.CompareAndSwap(false, true) {
+		return nil
+	}
+
+	return closeAll(e.closers)
 }

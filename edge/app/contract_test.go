@@ -22,13 +22,15 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/outpost-metal/outpost/edge/boot"
+	"github.com/outpost-metal/outpost/edge/app"
+	"github.com/outpost-metal/outpost/edge/config"
 	"github.com/outpost-metal/outpost/edge/dhcp"
-	"github.com/outpost-metal/outpost/edge/ipxe"
 	"github.com/outpost-metal/outpost/edge/tftp"
+	"github.com/outpost-metal/outpost/shared/uplink"
 )
 
-// TestContractAdvertisedIsServed binds what the ProxyDHCP advertises to what TFTP and HTTP serve:
+// TestContractAdvertisedIsServed binds what the ProxyDHCP advertises to what the edge, built and run as the
+// binary runs it, serves over TFTP and HTTP:
 // for every firmware class and client kind, the boot file in the reply is fetched the way the client
 // would fetch it and compared with the bytes on disk; the iPXE script chain is followed to the kernel and initrd.
 func TestContractAdvertisedIsServed(t *testing.T) {
@@ -44,55 +46,44 @@ func TestContractAdvertisedIsServed(t *testing.T) {
 		}
 	}
 
+	cfg := config.Default()
+	cfg.StateDir = t.TempDir()
+	cfg.IPXEDir = binDir
+	cfg.HTTP.Listen = "127.0.0.1:0"
+	cfg.APIListen = "127.0.0.1:0"
+	cfg.TFTP.Listen = "127.0.0.1:0"
+	// No controller: the edge keeps trying to enrol in the background, and serves the site meanwhile.
+	cfg.Uplink.ControllerAddress = freeAddr(t, "tcp")
+	cfg.Uplink.JoinToken = uplink.JoinToken{SiteID: "lab", Secret: make([]byte, uplink.SecretLen)}.String()
+
+	// Plain files the edge serves under /assets/ (<state>/files): the agent's kernel and initrd.
+	for _, p := range []string{"agent/x86_64/vmlinuz", "agent/x86_64/initramfs.xz"} {
+		f := filepath.Join(cfg.StateDir, "files", p)
+		require.NoError(t, os.MkdirAll(filepath.Dir(f), 0o755))
+		require.NoError(t, os.WriteFile(f, []byte("asset "+p), 0o644))
+	}
+
+	edge, err := app.Build(t.Context(), cfg, log, app.Options{})
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+
+	go func() { ran <- edge.Run(ctx) }()
+
+	defer func() {
+		cancel()
+		require.NoError(t, <-ran)
+	}()
+
 	files := dhcp.DefaultBootFiles()
 	catalog, err := tftp.LoadCatalog(binDir, files.Names())
 	require.NoError(t, err)
 
-	table, err := boot.Open(boot.Config{StateDir: t.TempDir()}, log)
-	require.NoError(t, err)
-
-	assets := t.TempDir()
-	for _, p := range []string{"agent/x86_64/vmlinuz", "agent/x86_64/initramfs.xz"} {
-		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(assets, p)), 0o755))
-		require.NoError(t, os.WriteFile(filepath.Join(assets, p), []byte("asset "+p), 0o644))
-	}
-
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-
-	// TFTP on loopback.
-	tftpConn, err := net.ListenPacket("udp4", "127.0.0.1:0")
-	require.NoError(t, err)
-
-	tftpSrv, err := tftp.New(tftp.Default(), log, catalog, tftp.Deps{})
-	require.NoError(t, err)
-
-	tftpDone := make(chan error, 1)
-	go func() { tftpDone <- tftpSrv.Serve(ctx, tftpConn) }()
-
-	// HTTP on loopback.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-
-	httpCfg := ipxe.Default()
-	httpCfg.AssetsDir = assets
-	httpSrv, err := ipxe.New(httpCfg, log, ipxe.Deps{Table: table, Catalog: catalog})
-	require.NoError(t, err)
-
-	httpDone := make(chan error, 1)
-	go func() { httpDone <- httpSrv.Serve(ctx, ln, httpSrv.Handler()) }()
-
-	defer func() {
-		cancel()
-		require.NoError(t, <-tftpDone)
-		require.NoError(t, <-httpDone)
-		require.NoError(t, httpSrv.Close())
-	}()
-
 	// The ProxyDHCP as wired: the catalog decides what is bootable.
 	dcfg := dhcp.Default()
 	dcfg.ServerIP = "127.0.0.1"
-	dcfg.HTTPPort = ln.Addr().(*net.TCPAddr).Port //nolint:forcetypeassert
+	dcfg.HTTPPort = edge.Addrs().HTTP.(*net.TCPAddr).Port //nolint:forcetypeassert
 	dsrv, err := dhcp.New(dcfg, log, dhcp.Deps{Bootable: catalog.Has, Prefs: snpPrefs{"52:54:00:00:00:05": true}})
 	require.NoError(t, err)
 
@@ -139,7 +130,7 @@ func TestContractAdvertisedIsServed(t *testing.T) {
 
 			want, err := catalog.Lookup(d.BootFile)
 			require.NoError(t, err, name)
-			require.Equal(t, want.Data, tftpFetch(t, tftpConn.LocalAddr().String(), d.BootFile), "%s: TFTP bytes", name)
+			require.Equal(t, want.Data, tftpFetch(t, edge.Addrs().TFTP.String(), d.BootFile), "%s: TFTP bytes", name)
 		}
 	}
 

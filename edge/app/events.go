@@ -1,0 +1,85 @@
+package app
+
+import (
+	"net/netip"
+
+	"github.com/outpost-metal/outpost/edge/dhcp"
+	"github.com/outpost-metal/outpost/edge/ipxe"
+	"github.com/outpost-metal/outpost/edge/journal"
+	"github.com/outpost-metal/outpost/edge/tftp"
+	"github.com/outpost-metal/outpost/edge/tunnel"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+)
+
+// Tap is told what the edge serves, beside the journal (Options.Tap).
+type Tap interface {
+	DHCPSeen(dhcp.Seen)
+	TFTPFetch(tftp.Fetch)
+	BootServed(ipxe.BootServed)
+}
+
+// siteEvents is where the boot servers and the agent tunnels report: every event is journaled (for the
+// controller), the addresses machines booted from are noted in the boot book (what an agent tunnel is bound
+// to), and the optional tap is told.
+type siteEvents struct {
+	rec  *journal.Recorder
+	book *tunnel.BootBook
+	tap  Tap
+}
+
+// DHCPSeen implements dhcp.Observer.
+func (s siteEvents) DHCPSeen(seen dhcp.Seen) {
+	s.rec.DHCPSeen(seen)
+
+	if s.tap != nil {
+		s.tap.DHCPSeen(seen)
+	}
+}
+
+// TFTPFetch implements tftp.Observer.
+func (s siteEvents) TFTPFetch(f tftp.Fetch) {
+	s.rec.TFTPFetch(f)
+
+	if s.tap != nil {
+		s.tap.TFTPFetch(f)
+	}
+}
+
+// HTTPFetch implements ipxe.Observer.
+func (s siteEvents) HTTPFetch(f tftp.Fetch) { s.rec.HTTPFetch(f) }
+
+// BootServed implements ipxe.Observer: the boot is journaled and where the machine asked from is noted.
+func (s siteEvents) BootServed(b ipxe.BootServed) {
+	s.book.Note(b.UUID, b.Remote, b.MAC)
+	s.rec.BootServed(b)
+
+	if s.tap != nil {
+		s.tap.BootServed(b)
+	}
+}
+
+// ConfigServed implements ipxe.ConfigObserver: it notes the address the booted machine fetched its config
+// from (where its agent dials from).
+func (s siteEvents) ConfigServed(uuid string, remote netip.Addr) {
+	s.book.Note(uuid, remote, nil)
+}
+
+// TunnelOpened implements tunnel.EventSink.
+func (s siteEvents) TunnelOpened(e tunnel.Event) { s.recordTunnel(e, true) }
+
+// TunnelClosed implements tunnel.EventSink.
+func (s siteEvents) TunnelClosed(e tunnel.Event) { s.recordTunnel(e, false) }
+
+func (s siteEvents) recordTunnel(e tunnel.Event, open bool) {
+	ev := &bootpb.AgentTunnel{MachineId: e.MachineID, Open: open, AddressMismatch: e.AddressMismatch}
+
+	if e.RemoteAddr.IsValid() {
+		ev.RemoteIp = e.RemoteAddr.Addr().String()
+	}
+
+	if e.SeenAddr.IsValid() {
+		ev.SeenIp = e.SeenAddr.String()
+	}
+
+	s.rec.Record(&bootpb.Event{Kind: &bootpb.Event_AgentTunnel{AgentTunnel: ev}})
+}
