@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/outpost-metal/outpost/controller/admincli"
 	"github.com/outpost-metal/outpost/controller/app"
@@ -33,7 +34,7 @@ func main() {
 func rootCommand() *cobra.Command {
 	cfg := config.Default()
 
-	env := envflag.New()
+	var env *envflag.Binding
 
 	root := &cobra.Command{
 		Use:           "controller",
@@ -43,7 +44,7 @@ func rootCommand() *cobra.Command {
 		SilenceErrors: true,
 		Args:          cobra.NoArgs,
 		PersistentPreRunE: func(*cobra.Command, []string) error {
-			if err := env.Err(); err != nil {
+			if err := env.Apply(os.LookupEnv); err != nil {
 				return err
 			}
 
@@ -61,58 +62,87 @@ func rootCommand() *cobra.Command {
 	}
 
 	f := root.PersistentFlags()
-	f.StringVar(&cfg.StateDir, "state-dir", env.String("OUTPOST_STATE_DIR", cfg.StateDir), "directory for the CA, the site store and the admin socket [OUTPOST_STATE_DIR]")
-	f.StringVar(&cfg.AdminSocket, "admin-socket", env.String("OUTPOST_ADMIN_SOCKET", cfg.AdminSocket), "admin API unix socket (default <state-dir>/admin.sock) [OUTPOST_ADMIN_SOCKET]")
+	f.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory for the CA, the site store and the admin socket")
+	f.StringVar(&cfg.AdminSocket, "admin-socket", cfg.AdminSocket, "admin API unix socket (default <state-dir>/admin.sock)")
 
 	f = root.Flags()
-	f.StringVar(&cfg.UplinkListen, "uplink-listen", env.String("OUTPOST_UPLINK_LISTEN", cfg.UplinkListen), "address edges connect to [OUTPOST_UPLINK_LISTEN]")
-	f.StringVar(&cfg.HTTPListen, "http-listen", env.String("OUTPOST_HTTP_LISTEN", cfg.HTTPListen), "address for /metrics and /healthz, empty to disable [OUTPOST_HTTP_LISTEN]")
-	f.StringVar(&cfg.LogLevel, "log-level", env.String("OUTPOST_LOG_LEVEL", cfg.LogLevel), "debug, info, warn or error [OUTPOST_LOG_LEVEL]")
-	f.DurationVar(&cfg.CertValidity, "cert-validity", env.Duration("OUTPOST_CERT_VALIDITY", cfg.CertValidity), "lifetime of edge certificates [OUTPOST_CERT_VALIDITY]")
-	f.StringSliceVar(&cfg.ServerNames, "server-name", env.List("OUTPOST_SERVER_NAMES", cfg.ServerNames), "extra DNS names for the uplink certificate [OUTPOST_SERVER_NAMES]")
+	f.StringVar(&cfg.UplinkListen, "uplink-listen", cfg.UplinkListen, "address edges connect to")
+	f.StringVar(&cfg.HTTPListen, "http-listen", cfg.HTTPListen, "address for /metrics and /healthz, empty to disable")
+	f.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
+	f.DurationVar(&cfg.CertValidity, "cert-validity", cfg.CertValidity, "lifetime of edge certificates")
+	f.StringSliceVar(&cfg.ServerNames, "server-name", cfg.ServerNames, "extra DNS names for the uplink certificate")
 	ul := &cfg.UplinkLimits
-	f.DurationVar(&ul.TLSTimeout, "uplink-tls-timeout", env.Duration("OUTPOST_UPLINK_TLS_TIMEOUT", ul.TLSTimeout), "a new uplink connection not through TLS this long after connecting is closed [OUTPOST_UPLINK_TLS_TIMEOUT]")
-	f.DurationVar(&ul.HandshakeTimeout, "uplink-handshake-timeout", env.Duration("OUTPOST_UPLINK_HANDSHAKE_TIMEOUT", ul.HandshakeTimeout), "a new uplink connection without a hello this long after connecting is closed [OUTPOST_UPLINK_HANDSHAKE_TIMEOUT]")
-	f.IntVar(&ul.MaxHandshakes, "uplink-max-handshakes", env.Int("OUTPOST_UPLINK_MAX_HANDSHAKES", ul.MaxHandshakes), "uplink connections in TLS or hello at once [OUTPOST_UPLINK_MAX_HANDSHAKES]")
-	f.IntVar(&ul.SourceHandshakes, "uplink-source-handshakes", env.Int("OUTPOST_UPLINK_SOURCE_HANDSHAKES", ul.SourceHandshakes), "uplink connections in TLS or hello at once from one address (IPv6: /64) [OUTPOST_UPLINK_SOURCE_HANDSHAKES]")
-	f.IntVar(&ul.SourceRate, "uplink-source-rate", env.Int("OUTPOST_UPLINK_SOURCE_RATE", ul.SourceRate), "new uplink connections per second from one address [OUTPOST_UPLINK_SOURCE_RATE]")
-	f.IntVar(&ul.SourceBurst, "uplink-source-burst", env.Int("OUTPOST_UPLINK_SOURCE_BURST", ul.SourceBurst), "new uplink connections at once from one address [OUTPOST_UPLINK_SOURCE_BURST]")
-	f.IntVar(&ul.MaxSources, "uplink-max-sources", env.Int("OUTPOST_UPLINK_MAX_SOURCES", ul.MaxSources), "addresses whose uplink connections are counted at once [OUTPOST_UPLINK_MAX_SOURCES]")
-	f.IntVar(&ul.MaxEnrollSessions, "uplink-max-enrollments", env.Int("OUTPOST_UPLINK_MAX_ENROLLMENTS", ul.MaxEnrollSessions), "enrolment sessions at once [OUTPOST_UPLINK_MAX_ENROLLMENTS]")
-	f.IntVar(&ul.SourceEnrollSessions, "uplink-source-enrollments", env.Int("OUTPOST_UPLINK_SOURCE_ENROLLMENTS", ul.SourceEnrollSessions), "enrolment sessions at once from one address [OUTPOST_UPLINK_SOURCE_ENROLLMENTS]")
-	f.DurationVar(&ul.SourceLockout, "uplink-token-lockout", env.Duration("OUTPOST_UPLINK_TOKEN_LOCKOUT", ul.SourceLockout), "how long an address that sent too many wrong join tokens cannot enrol [OUTPOST_UPLINK_TOKEN_LOCKOUT]")
+	f.DurationVar(&ul.TLSTimeout, "uplink-tls-timeout", ul.TLSTimeout, "a new uplink connection not through TLS this long after connecting is closed")
+	f.DurationVar(&ul.HandshakeTimeout, "uplink-handshake-timeout", ul.HandshakeTimeout, "a new uplink connection without a hello this long after connecting is closed")
+	f.IntVar(&ul.MaxHandshakes, "uplink-max-handshakes", ul.MaxHandshakes, "uplink connections in TLS or hello at once")
+	f.IntVar(&ul.SourceHandshakes, "uplink-source-handshakes", ul.SourceHandshakes, "uplink connections in TLS or hello at once from one address (IPv6: /64)")
+	f.IntVar(&ul.SourceRate, "uplink-source-rate", ul.SourceRate, "new uplink connections per second from one address")
+	f.IntVar(&ul.SourceBurst, "uplink-source-burst", ul.SourceBurst, "new uplink connections at once from one address")
+	f.IntVar(&ul.MaxSources, "uplink-max-sources", ul.MaxSources, "addresses whose uplink connections are counted at once")
+	f.IntVar(&ul.MaxEnrollSessions, "uplink-max-enrollments", ul.MaxEnrollSessions, "enrolment sessions at once")
+	f.IntVar(&ul.SourceEnrollSessions, "uplink-source-enrollments", ul.SourceEnrollSessions, "enrolment sessions at once from one address")
+	f.DurationVar(&ul.SourceLockout, "uplink-token-lockout", ul.SourceLockout, "how long an address that sent too many wrong join tokens cannot enrol")
 
-	f.StringVar(&cfg.AssetsDir, "assets-dir", env.String("OUTPOST_ASSETS_DIR", cfg.AssetsDir), "boot-asset files (named by SHA-256) to relay to edges (default <state-dir>/assets) [OUTPOST_ASSETS_DIR]")
-	f.StringVar(&cfg.AgentAssetsDir, "agent-assets-dir", env.String("OUTPOST_AGENT_ASSETS_DIR", cfg.AgentAssetsDir), "agent-mode images (<arch>/vmlinuz, <arch>/initramfs.xz) every site is asked to cache [OUTPOST_AGENT_ASSETS_DIR]")
-	f.StringVar(&cfg.DefaultAssetPolicy, "default-asset-policy", env.String("OUTPOST_DEFAULT_ASSET_POLICY", cfg.DefaultAssetPolicy), "asset policy of sites without their own: passthrough, cache or offline [OUTPOST_DEFAULT_ASSET_POLICY]")
+	f.StringVar(&cfg.AssetsDir, "assets-dir", cfg.AssetsDir, "boot-asset files (named by SHA-256) to relay to edges (default <state-dir>/assets)")
+	f.StringVar(&cfg.AgentAssetsDir, "agent-assets-dir", cfg.AgentAssetsDir, "agent-mode images (<arch>/vmlinuz, <arch>/initramfs.xz) every site is asked to cache")
+	f.StringVar(&cfg.DefaultAssetPolicy, "default-asset-policy", cfg.DefaultAssetPolicy, "asset policy of sites without their own: passthrough, cache or offline")
 
-	f.StringVar(&cfg.Omni.Endpoint, "omni-endpoint", env.String("OMNI_ENDPOINT", cfg.Omni.Endpoint), "Omni API URL; empty runs sites and edges only, without the lifecycle [OMNI_ENDPOINT]")
-	f.BoolVar(&cfg.Omni.InsecureSkipVerify, "omni-insecure-skip-verify", env.Bool("OMNI_INSECURE_SKIP_VERIFY", cfg.Omni.InsecureSkipVerify), "skip TLS verification of Omni (labs only) [OMNI_INSECURE_SKIP_VERIFY]")
-	f.StringVar(&cfg.Omni.ProviderID, "provider-id", env.String("OUTPOST_PROVIDER_ID", cfg.Omni.ProviderID), "infra provider ID the service account was created for [OUTPOST_PROVIDER_ID]")
-	f.DurationVar(&cfg.Lifecycle.Cooldown, "power-cooldown", env.Duration("OUTPOST_POWER_COOLDOWN", cfg.Lifecycle.Cooldown), "minimum time between a power-on or reboot and the next power-off or reboot [OUTPOST_POWER_COOLDOWN]")
-	f.StringVar(&cfg.Lifecycle.WipeMethod, "wipe-method", env.String("OUTPOST_WIPE_METHOD", cfg.Lifecycle.WipeMethod), "how disks are wiped on accept and release: fast or zeroes [OUTPOST_WIPE_METHOD]")
-	f.DurationVar(&cfg.Lifecycle.WipeTimeout, "wipe-timeout", env.Duration("OUTPOST_WIPE_TIMEOUT", cfg.Lifecycle.WipeTimeout), "how long a fast wipe may take [OUTPOST_WIPE_TIMEOUT]")
-	f.DurationVar(&cfg.Lifecycle.ZeroesWipeTimeout, "zeroes-wipe-timeout", env.Duration("OUTPOST_ZEROES_WIPE_TIMEOUT", cfg.Lifecycle.ZeroesWipeTimeout), "how long a zeroes wipe may take (size it to the largest disks) [OUTPOST_ZEROES_WIPE_TIMEOUT]")
-	f.DurationVar(&cfg.Lifecycle.PollInterval, "poll-interval", env.Duration("OUTPOST_POLL_INTERVAL", cfg.Lifecycle.PollInterval), "how often power and agent state are refreshed [OUTPOST_POLL_INTERVAL]")
-	f.StringVar(&cfg.Planner.AgentTalosVersion, "agent-talos-version", env.String("OUTPOST_AGENT_TALOS_VERSION", cfg.Planner.AgentTalosVersion), "Talos version booted in agent mode [OUTPOST_AGENT_TALOS_VERSION]")
-	f.StringVar(&cfg.Planner.Console, "console", env.String("OUTPOST_CONSOLE", cfg.Planner.Console), "console kernel argument for PXE boots [OUTPOST_CONSOLE]")
-	f.StringVar((*string)(&cfg.Planner.DiskMethod), "disk-method", env.String("OUTPOST_DISK_METHOD", string(cfg.Planner.DiskMethod)), "how machines boot their disk: ipxe-exit, http-404 or ipxe-sanboot [OUTPOST_DISK_METHOD]")
-	f.StringVar(&cfg.InstallAssetsDir, "install-assets-dir", env.String("OUTPOST_INSTALL_ASSETS_DIR", cfg.InstallAssetsDir), "local Talos install assets (<schematic>/<version>/kernel-<arch>, initramfs-<arch>.xz) [OUTPOST_INSTALL_ASSETS_DIR]")
-	f.StringVar(&cfg.InstallAssetsURL, "install-assets-url", env.String("OUTPOST_INSTALL_ASSETS_URL", cfg.InstallAssetsURL), "where machines fetch local install assets (edge-relative path or URL) [OUTPOST_INSTALL_ASSETS_URL]")
-	f.StringVar(&cfg.ImageFactoryURL, "image-factory-url", env.String("OUTPOST_IMAGE_FACTORY_URL", cfg.ImageFactoryURL), "image factory URL (schematics) when no install assets directory is set [OUTPOST_IMAGE_FACTORY_URL]")
-	f.StringVar(&cfg.PXEBaseURL, "pxe-base-url", env.String("OUTPOST_PXE_BASE_URL", cfg.PXEBaseURL), "where the image factory serves PXE scripts and images (default: the factory URL) [OUTPOST_PXE_BASE_URL]")
-	f.StringVar(&cfg.TrustedRootsFile, "trusted-roots-file", env.String("OUTPOST_TRUSTED_ROOTS_FILE", cfg.TrustedRootsFile), "PEM CA bundle added to machines' join config (custom CA in front of Omni) [OUTPOST_TRUSTED_ROOTS_FILE]")
+	f.StringVar(&cfg.Omni.Endpoint, "omni-endpoint", cfg.Omni.Endpoint, "Omni API URL; empty runs sites and edges only, without the lifecycle")
+	f.BoolVar(&cfg.Omni.InsecureSkipVerify, "omni-insecure-skip-verify", cfg.Omni.InsecureSkipVerify, "skip TLS verification of Omni (labs only)")
+	f.StringVar(&cfg.Omni.ProviderID, "provider-id", cfg.Omni.ProviderID, "infra provider ID the service account was created for")
+	f.DurationVar(&cfg.Lifecycle.Cooldown, "power-cooldown", cfg.Lifecycle.Cooldown, "minimum time between a power-on or reboot and the next power-off or reboot")
+	f.StringVar(&cfg.Lifecycle.WipeMethod, "wipe-method", cfg.Lifecycle.WipeMethod, "how disks are wiped on accept and release: fast or zeroes")
+	f.DurationVar(&cfg.Lifecycle.WipeTimeout, "wipe-timeout", cfg.Lifecycle.WipeTimeout, "how long a fast wipe may take")
+	f.DurationVar(&cfg.Lifecycle.ZeroesWipeTimeout, "zeroes-wipe-timeout", cfg.Lifecycle.ZeroesWipeTimeout, "how long a zeroes wipe may take (size it to the largest disks)")
+	f.DurationVar(&cfg.Lifecycle.PollInterval, "poll-interval", cfg.Lifecycle.PollInterval, "how often power and agent state are refreshed")
+	f.StringVar(&cfg.Planner.AgentTalosVersion, "agent-talos-version", cfg.Planner.AgentTalosVersion, "Talos version booted in agent mode")
+	f.StringVar(&cfg.Planner.Console, "console", cfg.Planner.Console, "console kernel argument for PXE boots")
+	f.StringVar((*string)(&cfg.Planner.DiskMethod), "disk-method", string(cfg.Planner.DiskMethod), "how machines boot their disk: ipxe-exit, http-404 or ipxe-sanboot")
+	f.StringVar(&cfg.InstallAssetsDir, "install-assets-dir", cfg.InstallAssetsDir, "local Talos install assets (<schematic>/<version>/kernel-<arch>, initramfs-<arch>.xz)")
+	f.StringVar(&cfg.InstallAssetsURL, "install-assets-url", cfg.InstallAssetsURL, "where machines fetch local install assets (edge-relative path or URL)")
+	f.StringVar(&cfg.ImageFactoryURL, "image-factory-url", cfg.ImageFactoryURL, "image factory URL (schematics) when no install assets directory is set")
+	f.StringVar(&cfg.PXEBaseURL, "pxe-base-url", cfg.PXEBaseURL, "where the image factory serves PXE scripts and images (default: the factory URL)")
+	f.StringVar(&cfg.TrustedRootsFile, "trusted-roots-file", cfg.TrustedRootsFile, "PEM CA bundle added to machines' join config (custom CA in front of Omni)")
 
-	f.StringSliceVar(&cfg.MachineLabels, "machine-labels", env.List("OUTPOST_MACHINE_LABELS", cfg.MachineLabels), "key=value labels published on every machine in Omni, besides its site label (comma separated) [OUTPOST_MACHINE_LABELS]")
-	f.StringVar(&cfg.BMCProtocol, "bmc-protocol", env.String("OUTPOST_BMC_PROTOCOL", cfg.BMCProtocol), "how edges talk to BMCs: auto (Redfish when it answers, else IPMI), ipmi or redfish [OUTPOST_BMC_PROTOCOL]")
-	f.StringVar(&cfg.DefaultBootMode, "default-boot-mode", env.String("OUTPOST_DEFAULT_BOOT_MODE", cfg.DefaultBootMode), "firmware mode (uefi or bios) for a PXE boot of a machine whose firmware is not known yet [OUTPOST_DEFAULT_BOOT_MODE]")
+	f.StringSliceVar(&cfg.MachineLabels, "machine-labels", cfg.MachineLabels, "key=value labels published on every machine in Omni, besides its site label (comma separated)")
+	f.StringVar(&cfg.BMCProtocol, "bmc-protocol", cfg.BMCProtocol, "how edges talk to BMCs: auto (Redfish when it answers, else IPMI), ipmi or redfish")
+	f.StringVar(&cfg.DefaultBootMode, "default-boot-mode", cfg.DefaultBootMode, "firmware mode (uefi or bios) for a PXE boot of a machine whose firmware is not known yet")
 
 	// The service-account key is a secret: it comes from the environment only, never from a flag (visible in ps).
 	cfg.Omni.ServiceAccountKey = os.Getenv("OMNI_SERVICE_ACCOUNT_KEY")
 
 	root.AddCommand(siteCommand(&cfg))
 
+	env = bindEnv(root)
+
 	return root
+}
+
+// envAliases are environment variables kept besides the ones named after their flags: Omni's own names,
+// as omnictl and the other infra providers use them, and the plural the uplink names had first.
+var envAliases = map[string][]string{
+	"omni-endpoint":             {"OMNI_ENDPOINT"},
+	"omni-insecure-skip-verify": {"OMNI_INSECURE_SKIP_VERIFY"},
+	"server-name":               {"OUTPOST_SERVER_NAMES"},
+}
+
+// bindEnv gives every flag of root and of its subcommands its OUTPOST_* variable (and envAliases); the
+// returned binding applies them once the command line is parsed.
+func bindEnv(root *cobra.Command) *envflag.Binding {
+	sets := []*pflag.FlagSet{root.PersistentFlags()}
+
+	var walk func(*cobra.Command)
+
+	walk = func(c *cobra.Command) {
+		sets = append(sets, c.PersistentFlags(), c.Flags())
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+
+	walk(root)
+
+	return envflag.Bind("OUTPOST_", envAliases, sets...)
 }
 
 func siteCommand(cfg *config.Config) *cobra.Command {

@@ -8,73 +8,34 @@ import (
 	"os"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
+	"github.com/cosi-project/runtime/pkg/controller"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
-	"google.golang.org/grpc"
 
 	"github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/bootplans"
 	"github.com/outpost-metal/outpost/controller/config"
 	"github.com/outpost-metal/outpost/controller/labels"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
-	"github.com/outpost-metal/outpost/controller/machineaccess"
 	"github.com/outpost-metal/outpost/controller/omni"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/seal"
-	"github.com/outpost-metal/outpost/controller/sites"
 )
 
-// edgeWiring is everything between the lifecycle and the edges: where machines are (learned from edge
-// events), the boot tables pushed to sites, and the clients for BMCs and agents.
-type edgeWiring struct {
-	locations *lifecycle.Locations
-	watches   *lifecycle.WatchLists
-	receiver  *bootplans.Receiver
-	plans     *bootplans.Plans
-	pusher    *bootplans.TablePusher
-	clients   *lifecycle.EdgeClients
-}
+// newLifecycle builds the machine lifecycle and the keeper of the Omni connection it runs on, and adds the
+// keeper to the run list. The lifecycle controllers are built once; every connection gets a fresh COSI
+// runtime (with the health heartbeat) and join config watcher on them, rebuilt with backoff whenever Omni
+// goes away, at any uptime. Edge sessions, boot tables and machine locations live outside and carry on
+// meanwhile. Without an Omni endpoint the controller serves sites and edges only.
+func (b *builder) newLifecycle(context.Context) error {
+	if !b.cfg.OmniEnabled() {
+		b.log.Warn("no Omni endpoint configured: sites and edges are served, machines are not managed (set --omni-endpoint)")
 
-func newEdgeWiring(log *zap.Logger, conn machineaccess.ConnFunc, cfg config.Config) (*edgeWiring, error) {
-	locations := lifecycle.NewLocations(log)
-	plans := bootplans.NewPlans(log, nil)
-
-	watches, err := lifecycle.NewWatchLists(log, cfg.BMCProtocol, locations)
-	if err != nil {
-		return nil, err
+		return nil
 	}
 
-	return &edgeWiring{
-		locations: locations,
-		watches:   watches,
-		receiver:  bootplans.NewReceiver(log, locations, sites.SiteFromContext).WithInventory(locations),
-		plans:     plans,
-		pusher:    bootplans.NewTablePusher(plans),
-		clients: &lifecycle.EdgeClients{Access: machineaccess.New(conn, locations), Sites: locations,
-			DefaultBootMode: cfg.DefaultBootMode, BMCProtocol: cfg.BMCProtocol},
-	}, nil
-}
+	cfg := b.cfg
 
-// sessionStarted gives every connecting site a boot table, so the join config reaches its edge's /config
-// before any of its machines is known (a new machine needs it to join Omni at all).
-//
-// Agent tunnels are not forgotten when a session ends: the edge journals tunnel closes and delivers them in
-// order after reconnecting, so the controller's view stays right across a WAN outage without rebooting
-// machines whose agents never left.
-func (w *edgeWiring) sessionStarted(_ context.Context, siteID string, _ grpc.ClientConnInterface) error {
-	w.pusher.EnsureSite(siteID)
-
-	return nil
-}
-
-// runLifecycle keeps the controller connected to Omni and the lifecycle running on it until ctx is done. The
-// lifecycle controllers are built once; every connection gets a fresh COSI runtime (with the health heartbeat)
-// and join config watcher on them, rebuilt with backoff whenever Omni goes away, at any uptime. Edge sessions,
-// boot tables and machine locations live outside and carry on meanwhile.
-func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges *edgeWiring, siteAssets *siteAssets,
-	metrics *prometheus.Registry, health func(context.Context) error, siteLabels lifecycle.SiteLabels,
-) error {
 	resolver, err := installResolver(cfg)
 	if err != nil {
 		return err
@@ -84,8 +45,9 @@ func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges
 	plannerCfg := cfg.Planner
 	plannerCfg.EdgeAgentImage = cfg.AgentAssetsDir != ""
 
-	// An empty site directory: edges write their own /config URL and agent address into agent-mode scripts.
-	planner, err := bootplans.NewPlanner(plannerCfg, agentTolerant{Resolver: resolver, agent: plannerCfg}, noSiteAddresses{})
+	// Edges write their own /config URL and agent address into agent-mode scripts.
+	planner, err := bootplans.NewPlanner(plannerCfg, assets.TolerateMissingAgent(resolver, plannerCfg.AgentTalosVersion),
+		bootplans.NoSiteAddresses{})
 	if err != nil {
 		return err
 	}
@@ -103,7 +65,10 @@ func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges
 
 	lifecycleMetrics := lifecycle.NewMetrics()
 	keeperMetrics := omni.NewKeeperMetrics()
-	metrics.MustRegister(lifecycleMetrics, edges.locations, keeperMetrics)
+
+	if err := registerAll(b.metrics, lifecycleMetrics, b.edges.locations, keeperMetrics); err != nil {
+		return err
+	}
 
 	types := resources.NewTypes(cfg.Omni.ProviderID)
 
@@ -124,59 +89,82 @@ func runLifecycle(ctx context.Context, cfg config.Config, log *zap.Logger, edges
 		return err
 	}
 
-	qcs, err := lifecycle.New(lifecycleCfg, lifecycle.Deps{
-		Types:      types,
-		Power:      edges.clients,
-		Agent:      edges.clients,
-		Sites:      edges.locations,
-		Plans:      &assetAwarePusher{next: edges.pusher, needs: siteAssets.needs, install: newInstallFiles(cfg, siteAssets.relayDir)},
-		Planner:    planner,
-		Now:        time.Now,
-		Rand:       rand.Reader,
-		Metrics:    lifecycleMetrics,
-		Secrets:    secrets,
-		Watches:    edges.watches,
-		SiteLabels: siteLabels,
-	})
+	deps := b.lifecycleDeps
+	deps.Types = types
+	deps.Power = b.edges.clients
+	deps.Agent = b.edges.clients
+	deps.Sites = b.edges.locations
+	deps.Plans = &assetAwarePusher{next: b.edges.pusher, needs: b.assets.needs, install: b.assets.install}
+	deps.Planner = planner
+	deps.Now = time.Now
+	deps.Rand = rand.Reader
+	deps.Metrics = lifecycleMetrics
+	deps.Secrets = secrets
+	deps.Watches = b.edges.watches
+	deps.SiteLabels = b.registry
+
+	qcs, err := lifecycle.New(lifecycleCfg, deps)
 	if err != nil {
 		return err
 	}
 
-	keeper, err := omni.NewKeeper(cfg.Omni, log, keeperMetrics, func(ctx context.Context, conn *omni.Connection) error {
-		// Where every machine is comes first: no decision is made on an empty view after a restart.
-		if err := edges.locations.Load(ctx, conn.State(), types); err != nil {
-			return err
-		}
+	session := &omniSession{
+		log: b.log, edges: b.edges, types: types, health: b.uplink.Health, trustedRoots: trustedRoots,
+		controllers: qcs,
+	}
 
-		rt, err := conn.NewRuntime(health, qcs...)
-		if err != nil {
-			return err
-		}
-
-		watcher := conn.NewJoinConfigWatcher(trustedRoots, func(jc omni.JoinConfig) {
-			edges.pusher.SetConfig([]byte(jc.Documents))
-			log.Info("join config from Omni pushed to sites")
-		})
-
-		eg, ctx := errgroup.WithContext(ctx)
-
-		eg.Go(func() error {
-			if err := rt.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
-				return fmt.Errorf("lifecycle runtime: %w", err)
-			}
-
-			return nil
-		})
-		eg.Go(func() error { return watcher.Run(ctx) })
-		eg.Go(func() error { return edges.locations.Persist(ctx, conn.State(), types) })
-
-		return eg.Wait()
-	})
+	keeper, err := omni.NewKeeper(cfg.Omni, b.log, keeperMetrics, session.run)
 	if err != nil {
 		return err
 	}
 
-	return keeper.Run(ctx)
+	b.run("lifecycle", keeper.Run)
+
+	return nil
+}
+
+// omniSession is what runs on every connection to Omni.
+type omniSession struct {
+	log          *zap.Logger
+	edges        *edgeWiring
+	types        resources.Types
+	health       func(context.Context) error
+	trustedRoots string
+	controllers  []controller.QController
+}
+
+// run loads where every machine is, then runs the lifecycle runtime, the join config watcher (which hands
+// Omni's join config to every site's boot table) and the persistence of machine locations until one of them
+// ends or ctx does.
+func (s *omniSession) run(ctx context.Context, conn *omni.Connection) error {
+	// Where every machine is comes first: no decision is made on an empty view after a restart.
+	if err := s.edges.locations.Load(ctx, conn.State(), s.types); err != nil {
+		return err
+	}
+
+	rt, err := conn.NewRuntime(s.health, s.controllers...)
+	if err != nil {
+		return err
+	}
+
+	watcher := conn.NewJoinConfigWatcher(s.trustedRoots, func(jc omni.JoinConfig) {
+		s.edges.pusher.SetConfig([]byte(jc.Documents))
+		s.log.Info("join config from Omni pushed to sites")
+	})
+
+	eg, ctx := errgroup.WithContext(ctx)
+
+	eg.Go(func() error {
+		if err := rt.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			return fmt.Errorf("lifecycle runtime: %w", err)
+		}
+
+		return nil
+	})
+	eg.Go(func() error { return watcher.Run(ctx) })
+	eg.Go(func() error { return s.edges.locations.Persist(ctx, conn.State(), s.types) })
+
+	return eg.Wait()
 }
 
 // installResolver resolves Talos install assets from a local directory (air-gapped sites, labs) or the image factory.
@@ -186,43 +174,4 @@ func installResolver(cfg config.Config) (assets.Resolver, error) {
 	}
 
 	return assets.NewFactoryResolver(cfg.ImageFactoryURL, cfg.PXEBaseURL)
-}
-
-// agentTolerant lets agent-mode plans through when the agent image cannot be resolved: edges boot agent mode
-// from their own agent assets (the cache's agent/<arch>/ entries) with their own addresses, so only the
-// machine's kernel arguments matter.
-type agentTolerant struct {
-	assets.Resolver
-
-	agent bootplans.PlannerConfig
-}
-
-func (a agentTolerant) Resolve(ctx context.Context, p assets.Profile) (assets.Boot, error) {
-	boot, err := a.Resolver.Resolve(ctx, p)
-	if err != nil && errors.Is(err, assets.ErrNotAvailable) && p.Normalize().TalosVersion == (assets.Profile{TalosVersion: a.agent.AgentTalosVersion}).Normalize().TalosVersion {
-		return assets.Boot{KernelArgs: p.KernelArgs}, nil
-	}
-
-	return boot, err
-}
-
-// noSiteAddresses implements bootplans.SiteDirectory with empty addresses: the edge adds talos.config and
-// metal.provider.address itself, with the address machines reached it at.
-type noSiteAddresses struct{}
-
-func (noSiteAddresses) Site(string) (bootplans.Site, error) { return bootplans.Site{}, nil }
-
-// registryLabels gives the lifecycle the labels an operator set on each site (the site registry is local).
-type registryLabels struct{ registry *sites.Registry }
-
-func (r registryLabels) SiteLabels(siteID string) map[string]string {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-
-	site, err := r.registry.Get(ctx, siteID)
-	if err != nil {
-		return nil
-	}
-
-	return site.TypedSpec().Value.GetLabels()
 }

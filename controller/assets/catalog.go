@@ -196,6 +196,11 @@ func (c *Catalog) Site(site string) SiteAssets {
 	return out
 }
 
+// SiteAssets returns a site's asset state as the admin API reports it (it fits sites.AssetState).
+func (c *Catalog) SiteAssets(site string) *assetsapi.SiteAssetState {
+	return c.Site(site).Proto()
+}
+
 // Sites lists the sites the catalog knows.
 func (c *Catalog) Sites() []string {
 	c.mu.Lock()

@@ -1,9 +1,12 @@
 package assets
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"sync"
+
+	"google.golang.org/grpc"
 
 	assetsapi "github.com/outpost-metal/outpost/shared/api/assets"
 )
@@ -34,6 +37,14 @@ func (n *Needs) Site(site string) {
 	}
 
 	n.publishLocked(site)
+}
+
+// OnSession asks a connecting site for what it must hold (it fits sites.Options.OnSession); the catalog's
+// own OnSession then pushes the set to the edge.
+func (n *Needs) OnSession(_ context.Context, site string, _ grpc.ClientConnInterface) error {
+	n.Site(site)
+
+	return nil
 }
 
 // SetMachine records the assets a machine's current plan at site needs (none: nil). A machine is planned at

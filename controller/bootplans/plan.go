@@ -167,6 +167,13 @@ type SiteDirectory interface {
 	Site(siteID string) (Site, error)
 }
 
+// NoSiteAddresses is a SiteDirectory with empty addresses, for a controller whose edges add talos.config and
+// metal.provider.address to agent-mode scripts themselves, with the address machines reached them at.
+type NoSiteAddresses struct{}
+
+// Site implements SiteDirectory.
+func (NoSiteAddresses) Site(string) (Site, error) { return Site{}, nil }
+
 // Planner computes boot plans, resolving install assets with an assets.Resolver.
 type Planner struct {
 	cfg      PlannerConfig

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"sync"
 
-	"google.golang.org/protobuf/proto"
+	"google.golang.org/grpc"
 
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
@@ -90,6 +90,15 @@ func (t *TablePusher) SetConfig(config []byte) {
 	}
 }
 
+// OnSession gives every connecting site a boot table (it fits sites.Options.OnSession), so the join config
+// reaches its edge's /config before any of its machines is known: a new machine needs it to join Omni at all.
+// Plans.OnSession then keeps the edge in sync.
+func (t *TablePusher) OnSession(_ context.Context, site string, _ grpc.ClientConnInterface) error {
+	t.EnsureSite(site)
+
+	return nil
+}
+
 // EnsureSite gives a site a table (with the join config) even before any of its machines has a plan.
 func (t *TablePusher) EnsureSite(site string) {
 	t.mu.Lock()
@@ -125,19 +134,6 @@ func (t *TablePusher) remove(site, uuid string) {
 			tbl.Removed = slices.Delete(tbl.Removed, 0, len(tbl.Removed)-maxRemoved)
 		}
 	}
-}
-
-// Table returns a copy of the desired table of site (nil when none).
-func (t *TablePusher) Table(site string) *bootpb.Table {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-
-	tbl, ok := t.tables[site]
-	if !ok {
-		return nil
-	}
-
-	return proto.Clone(tbl).(*bootpb.Table) //nolint:forcetypeassert
 }
 
 // ipxeArch maps an asset architecture to iPXE's ${buildarch} naming used by the boot table.

@@ -2,7 +2,6 @@ package bootplans
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -77,14 +76,6 @@ func (p *Plans) Set(site string, tbl *bootpb.Table) uint64 {
 	st.notify()
 
 	return v
-}
-
-// AckedVersion returns the version the site's edge last acknowledged (0 for none).
-func (p *Plans) AckedVersion(site string) uint64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-
-	return p.state(site).acked.GetVersion()
 }
 
 // WaitAcked blocks until the site's edge has acknowledged version (or a later one) or ctx ends.
@@ -162,20 +153,6 @@ func (p *Plans) OnSession(ctx context.Context, site string, conn grpc.ClientConn
 		case <-ch:
 		}
 	}
-}
-
-// Push sends tbl as a snapshot to the edge behind conn and returns the acknowledged version (for tests and CLI use).
-func Push(ctx context.Context, conn grpc.ClientConnInterface, tbl *bootpb.Table) (uint64, error) {
-	resp, err := bootpb.NewBootPlansClient(conn).Apply(ctx, &bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Snapshot{Snapshot: tbl}})
-	if err != nil {
-		return 0, fmt.Errorf("push boot table %d: %w", tbl.GetVersion(), err)
-	}
-
-	if resp.GetVersion() != tbl.GetVersion() {
-		return resp.GetVersion(), errors.New("edge acknowledged a different version")
-	}
-
-	return resp.GetVersion(), nil
 }
 
 // Diff returns the delta that turns from into to.

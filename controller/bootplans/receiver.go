@@ -4,7 +4,6 @@ package bootplans
 
 import (
 	"context"
-	"fmt"
 	"sync"
 
 	"go.uber.org/zap"
@@ -21,14 +20,6 @@ const maxJournalID = 64
 // Handler handles one event of a site. It is called once per (site, journal, sequence), in sequence order.
 type Handler interface {
 	HandleEvent(ctx context.Context, site string, e *bootpb.Event) error
-}
-
-// HandlerFunc adapts a function to Handler.
-type HandlerFunc func(ctx context.Context, site string, e *bootpb.Event) error
-
-// HandleEvent calls f.
-func (f HandlerFunc) HandleEvent(ctx context.Context, site string, e *bootpb.Event) error {
-	return f(ctx, site, e)
 }
 
 // InventoryHandler reconciles what a site's edge holds at the start of a session (lifecycle.Locations);
@@ -180,18 +171,4 @@ func (r *Receiver) Publish(ctx context.Context, req *bootpb.PublishRequest) (*bo
 	}
 
 	return &bootpb.PublishResponse{Acked: st.acked}, nil
-}
-
-// String describes an event for logs.
-func String(e *bootpb.Event) string {
-	switch k := e.GetKind().(type) {
-	case *bootpb.Event_DhcpSeen:
-		return fmt.Sprintf("#%d dhcp-seen %s %s", e.GetSequence(), k.DhcpSeen.GetMac(), k.DhcpSeen.GetFirmware())
-	case *bootpb.Event_PxeSeen:
-		return fmt.Sprintf("#%d pxe-seen %s %s", e.GetSequence(), k.PxeSeen.GetRemoteIp(), k.PxeSeen.GetFile())
-	case *bootpb.Event_BootServed:
-		return fmt.Sprintf("#%d boot-served %s %s", e.GetSequence(), k.BootServed.GetUuid(), k.BootServed.GetMode())
-	default:
-		return fmt.Sprintf("#%d unknown", e.GetSequence())
-	}
 }

@@ -124,6 +124,15 @@ func (c Config) AdminSocketPath() string {
 	return filepath.Join(c.StateDir, "admin.sock")
 }
 
+// AssetsDirPath returns the relay's asset directory, defaulted from the state directory.
+func (c Config) AssetsDirPath() string {
+	if c.AssetsDir != "" {
+		return c.AssetsDir
+	}
+
+	return filepath.Join(c.StateDir, "assets")
+}
+
 // Validate checks the configuration and says what is wrong with it.
 func (c Config) Validate() error {
 	var errs []error

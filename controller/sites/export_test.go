@@ -93,3 +93,9 @@ func (l *RejectLog) Reject(reason, why, remote string) {
 
 // Flush writes the counted refusals.
 func (l *RejectLog) Flush() { l.l.flush() }
+
+// MaxHealthMessage is maxHealthMessage.
+const MaxHealthMessage = maxHealthMessage
+
+// HealthOf is healthOf.
+func HealthOf(sites []string, online func(string) bool) error { return healthOf(sites, online) }

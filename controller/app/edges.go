@@ -1,0 +1,60 @@
+package app
+
+import (
+	"context"
+
+	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/machineaccess"
+	"github.com/outpost-metal/outpost/controller/sites"
+)
+
+// edgeWiring is everything between the lifecycle and the edges: where machines are (learned from edge
+// events), the boot tables pushed to sites, the BMCs each edge watches, and the clients for BMCs and agents.
+//
+// Agent tunnels are not forgotten when a session ends: the edge journals tunnel closes and delivers them in
+// order after reconnecting, so the controller's view stays right across a WAN outage without rebooting
+// machines whose agents never left.
+type edgeWiring struct {
+	locations *lifecycle.Locations
+	watches   *lifecycle.WatchLists
+	receiver  *bootplans.Receiver
+	plans     *bootplans.Plans
+	pusher    *bootplans.TablePusher
+	// clients reach machines through their site's session; built once the uplink server exists.
+	clients *lifecycle.EdgeClients
+}
+
+// newEdgeWiring builds what the uplink server's sessions need (its services and session functions); the
+// clients, which need the server, come after it (newMachineAccess).
+func (b *builder) newEdgeWiring(context.Context) error {
+	locations := lifecycle.NewLocations(b.log)
+	plans := bootplans.NewPlans(b.log, nil)
+
+	watches, err := lifecycle.NewWatchLists(b.log, b.cfg.BMCProtocol, locations)
+	if err != nil {
+		return err
+	}
+
+	b.edges = &edgeWiring{
+		locations: locations,
+		watches:   watches,
+		receiver:  bootplans.NewReceiver(b.log, locations, sites.SiteFromContext).WithInventory(locations),
+		plans:     plans,
+		pusher:    bootplans.NewTablePusher(plans),
+	}
+
+	return nil
+}
+
+// newMachineAccess builds the BMC and agent clients over the uplink server's site sessions.
+func (b *builder) newMachineAccess(context.Context) error {
+	b.edges.clients = &lifecycle.EdgeClients{
+		Access:          machineaccess.New(b.uplink.Conn, b.edges.locations),
+		Sites:           b.edges.locations,
+		DefaultBootMode: b.cfg.DefaultBootMode,
+		BMCProtocol:     b.cfg.BMCProtocol,
+	}
+
+	return nil
+}

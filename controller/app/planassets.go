@@ -1,0 +1,38 @@
+package app
+
+import (
+	"context"
+
+	"github.com/outpost-metal/outpost/controller/assets"
+	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/lifecycle"
+	assetspb "github.com/outpost-metal/outpost/shared/api/assets"
+)
+
+// assetAwarePusher joins the lifecycle's plan pushes to the asset side: before a machine's plan goes to its
+// edge, the site is told which local assets (kernel and initramfs from the controller's install assets, in
+// install or agent mode) the plan names, so the site caches them, or receives them by relay, and never evicts
+// them while a plan names them.
+type assetAwarePusher struct {
+	next    lifecycle.PlanPusher
+	needs   *assets.Needs
+	install *assets.InstallFiles
+}
+
+// Push implements lifecycle.PlanPusher.
+func (p *assetAwarePusher) Push(ctx context.Context, siteID string, plan bootplans.Plan) (uint64, error) {
+	// Agent-mode plans count too: without agent images of its own (--agent-assets-dir) the controller
+	// resolves agent mode from these same local assets (the metal-agent schematic).
+	var refs []*assetspb.AssetRef
+
+	if plan.Mode.PXE() {
+		var err error
+		if refs, err = p.install.Refs(plan.MachineID, plan.KernelURL, plan.InitrdURL); err != nil {
+			return 0, err
+		}
+	}
+
+	p.needs.SetMachine(siteID, plan.MachineID, refs)
+
+	return p.next.Push(ctx, siteID, plan)
+}
