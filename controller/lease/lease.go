@@ -274,6 +274,8 @@ loop:
 				why = "taken over by " + lost
 
 				break loop
+			case err != nil && lctx.Err() != nil:
+				continue // stopping: the result is next
 			case err != nil:
 				e.log.Warn("lease: renewal failed (retrying until the lease runs out)", zap.Error(err))
 

@@ -45,6 +45,8 @@ type Backend interface {
 	CollectInfo(ctx context.Context, machineID string) error
 	// RemoveLink deletes the machine's SideroLink link, as a user removing the machine from Omni does.
 	RemoveLink(ctx context.Context, machineID string) error
+	// Reader is Omni's state seen by an account with the Reader role (the stand-in has no roles: its admin).
+	Reader(ctx context.Context) (state.State, error)
 }
 
 // Provision joins machineID to Omni as Talos does at boot: SideroLink Provision at the address in the

@@ -22,6 +22,7 @@ type Real struct {
 	providerID  string
 	providerKey string
 	admin       *client.Client
+	reader      *client.Client
 }
 
 // NewReal wraps a running real Omni: it creates the infra provider and an admin client.
@@ -43,8 +44,34 @@ func NewReal(ctx context.Context, o *realomni.Omni, providerID string) (*Real, e
 // Omni is the running Omni (to restart it).
 func (r *Real) Omni() *realomni.Omni { return r.o }
 
-// Close closes the admin client (the Omni itself is its owner's to stop).
-func (r *Real) Close() error { return r.admin.Close() }
+// Close closes the clients (the Omni itself is its owner's to stop).
+func (r *Real) Close() error {
+	if r.reader != nil {
+		r.reader.Close() //nolint:errcheck,gosec // the admin's error is the one reported
+	}
+
+	return r.admin.Close()
+}
+
+// Reader implements Backend: a service account with Omni's Reader role, created on first use.
+func (r *Real) Reader(ctx context.Context) (state.State, error) {
+	if r.reader == nil {
+		key, err := r.o.CreateServiceAccount(ctx, "fidelity-reader", "Reader")
+		if err != nil {
+			return nil, err
+		}
+
+		c, err := client.New(r.o.Endpoint, client.WithServiceAccount(key), client.WithInsecureSkipTLSVerify(true),
+			client.WithGrpcOpts(grpc.WithContextDialer(r.o.DialContext)))
+		if err != nil {
+			return nil, fmt.Errorf("reader client: %w", err)
+		}
+
+		r.reader = c
+	}
+
+	return r.reader.Omni().State(), nil
+}
 
 // Name implements Backend.
 func (r *Real) Name() string { return "real Omni " + realomni.Version }

@@ -120,9 +120,15 @@ func (r *run) startController(ctx context.Context) {
 
 	ocfg := r.b.Controller()
 
+	// BMC passwords are sealed as the controller binary seals them: with a key derived from the provider's.
+	key, err := seal.KeyFromServiceAccount(ocfg.ServiceAccountKey, "bmc credentials")
+	require.NoError(t, err)
+	secrets, err := seal.New(key, rand.Reader)
+	require.NoError(t, err)
+
 	ctrls, err := lifecycle.New(cfg, lifecycle.Deps{
 		Types: resources.NewTypes(ocfg.ProviderID), Power: r.edge, Agent: r.edge, Sites: r.edge, Plans: r.edge,
-		Planner: planner, Now: time.Now, Rand: rand.Reader,
+		Planner: planner, Now: time.Now, Rand: rand.Reader, Secrets: secrets,
 	})
 	require.NoError(t, err)
 
@@ -157,6 +163,37 @@ func (r *run) startController(ctx context.Context) {
 		cancel()
 		require.NoError(t, <-done)
 	})
+}
+
+// readerSeesBMC reads, as an account with Omni's Reader role, the BMC configuration the controller keeps for m1
+// (a password it provisioned through the agent) and for m2 (copied from Omni's BMC config), and reports whether
+// any clear password is to be had.
+func readerSeesBMC(ctx context.Context, t *testing.T, b fidelity.Backend, provisioned string) []string {
+	t.Helper()
+
+	require.NotEmpty(t, provisioned, "the agent was given a password")
+
+	reader, err := b.Reader(ctx)
+	require.NoError(t, err)
+
+	types := resources.NewTypes(b.Controller().ProviderID)
+
+	var out []string
+
+	for _, id := range []string{m1, m2} {
+		rec, err := safe.StateGet[*resources.BMCConfiguration](ctx, reader, types.NewBMCConfiguration(id).Metadata())
+		require.NoError(t, err, "a reader can read the provider's namespace")
+
+		pw := rec.TypedSpec().Value.GetIpmi().GetPassword()
+		clear := pw != "" && !seal.Sealed(pw)
+
+		out = append(out, fmt.Sprintf("%s_source=%s", id[len(id)-2:], rec.TypedSpec().Value.GetSource()),
+			fmt.Sprintf("%s_sealed=%v", id[len(id)-2:], seal.Sealed(pw)), fmt.Sprintf("%s_clear=%v", id[len(id)-2:], clear))
+		require.NotContains(t, pw, provisioned)
+		require.NotContains(t, pw, "bmc-secret")
+	}
+
+	return out
 }
 
 // sitesInOmni keeps a site and the enrollment CA in Omni as one controller does, then starts a second one
@@ -389,6 +426,9 @@ func scenario(t *testing.T, b fidelity.Backend) *transcript {
 	r.eventually("second machine ready", func() bool { s := r.status(ctx, m2); return s != nil && s.GetReadyToUse() })
 	r.tr.add("bmc from omni", fmt.Sprintf("set_power_management=%d", r.edge.Count(m2, "SetPowerManagement")),
 		fmt.Sprintf("wipes=%d", r.edge.Count(m2, "WipeDisks")))
+
+	// what an Omni account with the Reader role sees of the BMC passwords: the provider's records, sealed
+	r.tr.add("reader sees bmc", readerSeesBMC(ctx, t, b, r.edge.Machine(m1).IPMIPass)...)
 
 	// site labels: Omni shows them on its MachineStatus, where a selector for one site picks that site's machines
 	siteLabel := fmt.Sprintf(omnires.InfraProviderLabelPrefixFormat, providerID) + "site"

@@ -83,6 +83,9 @@ func (s *StandIn) Controller() controlleromni.Config {
 	return cfg
 }
 
+// Reader implements Backend: the stand-in has no roles, so a reader sees what its admin sees.
+func (s *StandIn) Reader(context.Context) (state.State, error) { return s.Admin(), nil }
+
 // Admin implements Backend.
 func (s *StandIn) Admin() state.State { return s.admin.Omni().State() }
 

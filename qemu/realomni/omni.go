@@ -349,6 +349,24 @@ func (o *Omni) CreateProvider(ctx context.Context, providerID string) (string, e
 	return "", fmt.Errorf("create infra provider %s: omnictl printed no %s", providerID, serviceAccountKeyEnv)
 }
 
+// CreateServiceAccount creates a service account with role (Reader, Operator, Admin) as an operator does
+// (`omnictl serviceaccount create --role`) and returns its key.
+func (o *Omni) CreateServiceAccount(ctx context.Context, name, role string) (string, error) {
+	out, err := o.Omnictl(ctx, "serviceaccount", "create", name, "--role", role)
+	if err != nil {
+		return "", fmt.Errorf("create service account %s: %w", name, err)
+	}
+
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		if key, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), serviceAccountKeyEnv+"="); ok && key != "" {
+			return key, nil
+		}
+	}
+
+	return "", fmt.Errorf("create service account %s: omnictl printed no %s", name, serviceAccountKeyEnv)
+}
+
 // SyncClusterTemplate applies a cluster template (`omnictl cluster template sync -f`).
 func (o *Omni) SyncClusterTemplate(ctx context.Context, template []byte) error {
 	f, err := os.CreateTemp(o.cfg.path("templates"), "cluster-*.yaml")
