@@ -20,8 +20,8 @@ import (
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
-// TestMachineSide drives the lab's machine side with the test playing the controller through an interim
-// edge: each machine PXE-boots agent mode through its site's edge, joins the Omni stand-in (pending), has
+// TestMachineSide drives the lab's machine side with the test playing the controller through siteedge
+// (the edge without an uplink): each machine PXE-boots agent mode through its site's edge, joins the Omni stand-in (pending), has
 // BMC credentials provisioned in-band through its agent (then checked against its virtual BMC over the
 // site network), its disk really zeroed (checked on the host) and is powered off through its BMC; then it
 // PXE-boots the install plan once, writes its OS and reports the install, and boots that OS from disk
@@ -58,7 +58,7 @@ func TestMachineSide(t *testing.T) {
 			site, err := l.AddSite(core, i+1)
 			require.NoError(t, err)
 
-			edge, err := site.StartInterimEdge(ctx, edgeBin, images.AssetsDir)
+			edge, err := site.StartSiteEdge(ctx, edgeBin, images.AssetsDir)
 			require.NoError(t, err)
 
 			_, err = edge.BootPlans.Apply(ctx, &bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Snapshot{Snapshot: &bootpb.Table{

@@ -251,21 +251,22 @@ func (o *Omni) JoinConfig(ctx context.Context) ([]byte, error) {
 // Edge is a running edge on a site.
 type Edge struct {
 	Proc *Proc
-	// Conn reaches what the controller reaches over the uplink (the interim edge: BootPlans and the agent
-	// call proxy).
+	// Conn reaches what the controller reaches over the uplink (siteedge serves it in place of one: boot
+	// plans, BMC operations, assets and the agent call proxy).
 	Conn *grpc.ClientConn
 	// BootPlans is the edge's boot table service.
 	BootPlans bootpb.BootPlansClient
 }
 
-// InterimEdgeProxyPort is where the interim edge serves what the controller would reach over the uplink.
-const InterimEdgeProxyPort = 50001
+// SiteEdgeControllerAPIPort is where siteedge serves what the controller would reach over the uplink.
+const SiteEdgeControllerAPIPort = 50001
 
-// StartInterimEdge runs qemu/lab/cmd/siteedge (binary bin) on the site, serving assetsDir.
-func (s *Site) StartInterimEdge(ctx context.Context, bin, assetsDir string) (*Edge, error) {
+// StartSiteEdge runs qemu/lab/cmd/siteedge (binary bin: the edge without an uplink, the test playing the
+// controller) on the site, serving assetsDir.
+func (s *Site) StartSiteEdge(ctx context.Context, bin, assetsDir string) (*Edge, error) {
 	p, err := s.lab.Start(ProcSpec{Name: s.Name + "/edge", NS: s.NS, Cmd: bin, Args: []string{
 		"-iface", "br0", "-ip", s.EdgeIP(), "-state", filepath.Join(s.Dir, "edge-state"), "-assets", assetsDir,
-		"-proxy-listen", fmt.Sprintf(":%d", InterimEdgeProxyPort), "-ipxe-dir", IPXEDir, "-log-level", "debug",
+		"-proxy-listen", fmt.Sprintf(":%d", SiteEdgeControllerAPIPort), "-ipxe-dir", IPXEDir, "-log-level", "debug",
 	}})
 	if err != nil {
 		return nil, err
@@ -275,7 +276,7 @@ func (s *Site) StartInterimEdge(ctx context.Context, bin, assetsDir string) (*Ed
 		return nil, err
 	}
 
-	conn, err := grpc.NewClient(fmt.Sprintf("passthrough:///%s:%d", s.EdgeIP(), InterimEdgeProxyPort),
+	conn, err := grpc.NewClient(fmt.Sprintf("passthrough:///%s:%d", s.EdgeIP(), SiteEdgeControllerAPIPort),
 		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(DialerIn(s.NS)))
 	if err != nil {
 		return nil, fmt.Errorf("dial edge of %s: %w", s.Name, err)

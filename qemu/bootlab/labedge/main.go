@@ -1,43 +1,46 @@
-// Command labedge runs the edge's boot pieces (ProxyDHCP, TFTP, HTTP, boot table, journal) as one process,
-// wired as the edge binary wires them but without an uplink, for the boot lab: the lab starts it inside a
-// site network namespace. It prints "READY" once serving and "CALLBACK u=<uuid>" for every /config request.
-// It also prints "DHCP <mac> <firmware> ipxe=<bool>", "TFTP <file>" and "BOOT <uuid> <mode>" for what it serves.
-// It is test tooling.
+// Command labedge is the edge for the boot lab: the edge's own composition root (edge/app), built from the
+// lab's flags, serving ProxyDHCP, TFTP and HTTP on a site network namespace. It dials no controller (the
+// boot lab plays none: the services the controller would reach listen, unused, on loopback) and serves the
+// lab's boot images from -assets. It prints "READY" once built and "CALLBACK u=<uuid> remote=<addr>" for
+// every /config request, and "DHCP <mac> <firmware> ipxe=<bool>", "TFTP <file>" and "BOOT <uuid> <mode>"
+// for what it serves, so the lab test can follow the boot chain. It is test tooling.
 package main
 
 import (
 	"context"
 	"flag"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
-	"golang.org/x/sync/errgroup"
 
-	"github.com/outpost-metal/outpost/edge/boot"
+	"github.com/outpost-metal/outpost/edge/app"
+	"github.com/outpost-metal/outpost/edge/config"
 	"github.com/outpost-metal/outpost/edge/dhcp"
 	"github.com/outpost-metal/outpost/edge/ipxe"
-	"github.com/outpost-metal/outpost/edge/journal"
 	"github.com/outpost-metal/outpost/edge/tftp"
 	"github.com/outpost-metal/outpost/shared/logging"
 )
 
 func main() {
-	iface := flag.String("iface", "br0", "interface to serve ProxyDHCP on")
-	ip := flag.String("ip", "", "the edge's address on that interface")
-	state := flag.String("state", "", "state directory")
-	assets := flag.String("assets", "", "assets directory")
-	ipxeDir := flag.String("ipxe-dir", tftp.DefaultDir, "iPXE binaries")
-	level := flag.String("log-level", "info", "log level")
-	maxConns := flag.Int("http-max-conns", ipxe.Default().MaxConns, "HTTP connections open at once (the edge's --http-max-conns)")
+	cfg := config.Default()
+
+	var assets string
+
+	flag.StringVar(&cfg.DHCP.Interface, "iface", "br0", "interface to serve ProxyDHCP on")
+	flag.StringVar(&cfg.DHCP.ServerIP, "ip", "", "the edge's address on that interface")
+	flag.StringVar(&cfg.StateDir, "state", "", "state directory")
+	flag.StringVar(&assets, "assets", "", "directory of the boot images served under /assets/")
+	flag.StringVar(&cfg.IPXEDir, "ipxe-dir", tftp.DefaultDir, "iPXE binaries")
+	flag.StringVar(&cfg.LogLevel, "log-level", "info", "log level")
+	flag.IntVar(&cfg.HTTP.MaxConns, "http-max-conns", cfg.HTTP.MaxConns, "HTTP connections open at once (the edge's --http-max-conns)")
 	flag.Parse()
 
-	log, err := logging.New(os.Stderr, *level)
+	log, err := logging.New(os.Stderr, cfg.LogLevel)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
@@ -46,100 +49,57 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 
-	if err := run(ctx, log, *iface, *ip, *state, *assets, *ipxeDir, *maxConns); err != nil {
+	if err := run(ctx, log, cfg, assets); err != nil {
 		log.Error("labedge failed", zap.Error(err))
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, log *zap.Logger, iface, ip, state, assets, ipxeDir string, maxConns int) error {
-	table, err := boot.Open(boot.Config{StateDir: state}, log)
+func run(ctx context.Context, log *zap.Logger, cfg config.Config, assets string) error {
+	cfg.HTTP.Listen = ":80"
+	cfg.HTTP.MaxConnsPerSource = min(cfg.HTTP.MaxConnsPerSource, cfg.HTTP.MaxConns)
+
+	controllerAPI, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("controller API listener: %w", err)
+	}
+
+	edge, err := app.Build(ctx, cfg, log, app.Options{
+		ControllerAPI: controllerAPI,
+		WrapHTTP:      func(h http.Handler) http.Handler { return logRequests(h, log) },
+		Tap:           printer{},
+		FilesDir:      assets,
+	})
 	if err != nil {
 		return err
 	}
 
-	jcfg := journal.Default()
-	jcfg.Dir = state
+	fmt.Println("READY")
 
-	jrnl, err := journal.Open(jcfg, log, journal.Deps{})
-	if err != nil {
-		return err
-	}
-	defer jrnl.Close() //nolint:errcheck
+	return edge.Run(ctx)
+}
 
-	rec := printer{journal.NewRecorder(jrnl, log)}
-	metrics := prometheus.NewRegistry()
-	metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
-	dcfg := dhcp.Default()
-	dcfg.Interface, dcfg.ServerIP = iface, ip
-
-	catalog, err := tftp.LoadCatalog(ipxeDir, dcfg.Files.Names())
-	if err != nil {
-		return err
-	}
-
-	dhcpSrv, err := dhcp.New(dcfg, log, dhcp.Deps{Bootable: catalog.Has, Prefs: table, Observer: rec, Registerer: metrics})
-	if err != nil {
-		return err
-	}
-
-	tftpSrv, err := tftp.New(tftp.Default(), log, catalog, tftp.Deps{Observer: rec, Registerer: metrics})
-	if err != nil {
-		return err
-	}
-
-	hcfg := ipxe.Default()
-	hcfg.AssetsDir = assets
-	hcfg.MaxConns = maxConns
-	hcfg.MaxConnsPerSource = min(hcfg.MaxConnsPerSource, maxConns)
-
-	httpSrv, err := ipxe.New(hcfg, log, ipxe.Deps{Table: table, Catalog: catalog, Observer: rec, Registerer: metrics, Gatherer: metrics})
-	if err != nil {
-		return err
-	}
-	defer httpSrv.Close() //nolint:errcheck
-
-	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// logRequests logs every request and prints the /config ones (the booted /init calls back).
+func logRequests(h http.Handler, log *zap.Logger) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/config" {
 			fmt.Printf("CALLBACK u=%s remote=%s\n", r.URL.Query().Get("u"), r.RemoteAddr)
 		}
 
 		log.Info("http", zap.String("method", r.Method), zap.String("uri", r.RequestURI), zap.String("remote", r.RemoteAddr))
-		httpSrv.Handler().ServeHTTP(w, r)
+		h.ServeHTTP(w, r)
 	})
-
-	lc := &listenHTTP{handler: handler, limit: httpSrv.LimitListener}
-
-	eg, ctx := errgroup.WithContext(ctx)
-	eg.Go(func() error { return dhcpSrv.Run(ctx) })
-	eg.Go(func() error { return tftpSrv.Run(ctx) })
-	eg.Go(func() error { return lc.run(ctx) })
-
-	fmt.Println("READY")
-
-	return eg.Wait()
 }
 
-// printer records events in the journal and prints them for the lab test to follow the boot chain.
-type printer struct {
-	*journal.Recorder
-}
+// printer prints what the edge serves for the lab test to follow the boot chain.
+type printer struct{}
 
-func (p printer) DHCPSeen(s dhcp.Seen) {
-	fmt.Printf("DHCP %s %s ipxe=%t\n", s.MAC, s.Firmware, s.IPXE)
-	p.Recorder.DHCPSeen(s)
-}
+func (printer) DHCPSeen(s dhcp.Seen) { fmt.Printf("DHCP %s %s ipxe=%t\n", s.MAC, s.Firmware, s.IPXE) }
 
-func (p printer) TFTPFetch(f tftp.Fetch) {
+func (printer) TFTPFetch(f tftp.Fetch) {
 	if f.Err == nil {
 		fmt.Printf("TFTP %s\n", f.Name)
 	}
-
-	p.Recorder.TFTPFetch(f)
 }
 
-func (p printer) BootServed(b ipxe.BootServed) {
-	fmt.Printf("BOOT %s %s\n", b.UUID, b.Mode)
-	p.Recorder.BootServed(b)
-}
+func (printer) BootServed(b ipxe.BootServed) { fmt.Printf("BOOT %s %s\n", b.UUID, b.Mode) }
