@@ -860,6 +860,443 @@ func (*SetSiteLabelsResponse) Descriptor() ([]byte, []int) {
 	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{15}
 }
 
+type ListMachinesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// site_id and phase select machines; empty selects all.
+	SiteId string `protobuf:"bytes,1,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
+	Phase  string `protobuf:"bytes,2,opt,name=phase,proto3" json:"phase,omitempty"`
+	// offset skips that many machines; limit is the page size (0: the server's maximum, 5000).
+	Offset        uint32 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	Limit         uint32 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListMachinesRequest) Reset() {
+	*x = ListMachinesRequest{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListMachinesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListMachinesRequest) ProtoMessage() {}
+
+func (x *ListMachinesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListMachinesRequest.ProtoReflect.Descriptor instead.
+func (*ListMachinesRequest) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ListMachinesRequest) GetSiteId() string {
+	if x != nil {
+		return x.SiteId
+	}
+	return ""
+}
+
+func (x *ListMachinesRequest) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
+func (x *ListMachinesRequest) GetOffset() uint32 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *ListMachinesRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type ListMachinesResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Machines []*Machine             `protobuf:"bytes,1,rep,name=machines,proto3" json:"machines,omitempty"`
+	// total is how many machines the request selects, over all pages.
+	Total         uint32 `protobuf:"varint,2,opt,name=total,proto3" json:"total,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListMachinesResponse) Reset() {
+	*x = ListMachinesResponse{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListMachinesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListMachinesResponse) ProtoMessage() {}
+
+func (x *ListMachinesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListMachinesResponse.ProtoReflect.Descriptor instead.
+func (*ListMachinesResponse) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ListMachinesResponse) GetMachines() []*Machine {
+	if x != nil {
+		return x.Machines
+	}
+	return nil
+}
+
+func (x *ListMachinesResponse) GetTotal() uint32 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
+// Machine is the controller's summary of one machine.
+type Machine struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	MachineId string                 `protobuf:"bytes,1,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
+	SiteId    string                 `protobuf:"bytes,2,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
+	// phase is the lifecycle phase: pending-acceptance, rejected, cordoned, awaiting-bmc, wiping, ready,
+	// installing, installed ("" before the lifecycle looked at it).
+	Phase string `protobuf:"bytes,3,opt,name=phase,proto3" json:"phase,omitempty"`
+	// power is "on", "off" or "unknown".
+	Power      string `protobuf:"bytes,4,opt,name=power,proto3" json:"power,omitempty"`
+	BmcAddress string `protobuf:"bytes,5,opt,name=bmc_address,json=bmcAddress,proto3" json:"bmc_address,omitempty"`
+	// bmc_protocol is "ipmi" or "api" ("" when no BMC is configured).
+	BmcProtocol    string `protobuf:"bytes,6,opt,name=bmc_protocol,json=bmcProtocol,proto3" json:"bmc_protocol,omitempty"`
+	AgentConnected bool   `protobuf:"varint,7,opt,name=agent_connected,json=agentConnected,proto3" json:"agent_connected,omitempty"`
+	// waiting is why the lifecycle cannot go on with the machine.
+	Waiting   string                 `protobuf:"bytes,8,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	Installed bool                   `protobuf:"varint,9,opt,name=installed,proto3" json:"installed,omitempty"`
+	Updated   *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=updated,proto3" json:"updated,omitempty"`
+	// last is the newest timeline entry.
+	Last          *TimelineEntry `protobuf:"bytes,11,opt,name=last,proto3" json:"last,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Machine) Reset() {
+	*x = Machine{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Machine) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Machine) ProtoMessage() {}
+
+func (x *Machine) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Machine.ProtoReflect.Descriptor instead.
+func (*Machine) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *Machine) GetMachineId() string {
+	if x != nil {
+		return x.MachineId
+	}
+	return ""
+}
+
+func (x *Machine) GetSiteId() string {
+	if x != nil {
+		return x.SiteId
+	}
+	return ""
+}
+
+func (x *Machine) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
+func (x *Machine) GetPower() string {
+	if x != nil {
+		return x.Power
+	}
+	return ""
+}
+
+func (x *Machine) GetBmcAddress() string {
+	if x != nil {
+		return x.BmcAddress
+	}
+	return ""
+}
+
+func (x *Machine) GetBmcProtocol() string {
+	if x != nil {
+		return x.BmcProtocol
+	}
+	return ""
+}
+
+func (x *Machine) GetAgentConnected() bool {
+	if x != nil {
+		return x.AgentConnected
+	}
+	return false
+}
+
+func (x *Machine) GetWaiting() string {
+	if x != nil {
+		return x.Waiting
+	}
+	return ""
+}
+
+func (x *Machine) GetInstalled() bool {
+	if x != nil {
+		return x.Installed
+	}
+	return false
+}
+
+func (x *Machine) GetUpdated() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Updated
+	}
+	return nil
+}
+
+func (x *Machine) GetLast() *TimelineEntry {
+	if x != nil {
+		return x.Last
+	}
+	return nil
+}
+
+// TimelineEntry is one thing that happened to a machine.
+type TimelineEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Time  *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
+	Kind  string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	Text  string                 `protobuf:"bytes,3,opt,name=text,proto3" json:"text,omitempty"`
+	// repeats counts how many more times the same entry came in a row (time is of the last).
+	Repeats       uint32 `protobuf:"varint,4,opt,name=repeats,proto3" json:"repeats,omitempty"`
+	Error         bool   `protobuf:"varint,5,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TimelineEntry) Reset() {
+	*x = TimelineEntry{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TimelineEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TimelineEntry) ProtoMessage() {}
+
+func (x *TimelineEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TimelineEntry.ProtoReflect.Descriptor instead.
+func (*TimelineEntry) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *TimelineEntry) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *TimelineEntry) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *TimelineEntry) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+func (x *TimelineEntry) GetRepeats() uint32 {
+	if x != nil {
+		return x.Repeats
+	}
+	return 0
+}
+
+func (x *TimelineEntry) GetError() bool {
+	if x != nil {
+		return x.Error
+	}
+	return false
+}
+
+type ShowMachineRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MachineId     string                 `protobuf:"bytes,1,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShowMachineRequest) Reset() {
+	*x = ShowMachineRequest{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShowMachineRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShowMachineRequest) ProtoMessage() {}
+
+func (x *ShowMachineRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShowMachineRequest.ProtoReflect.Descriptor instead.
+func (*ShowMachineRequest) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ShowMachineRequest) GetMachineId() string {
+	if x != nil {
+		return x.MachineId
+	}
+	return ""
+}
+
+type ShowMachineResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Machine *Machine               `protobuf:"bytes,1,opt,name=machine,proto3" json:"machine,omitempty"`
+	// timeline is oldest first; dropped counts the earlier entries dropped to keep it bounded.
+	Timeline      []*TimelineEntry `protobuf:"bytes,2,rep,name=timeline,proto3" json:"timeline,omitempty"`
+	Dropped       uint64           `protobuf:"varint,3,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShowMachineResponse) Reset() {
+	*x = ShowMachineResponse{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShowMachineResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShowMachineResponse) ProtoMessage() {}
+
+func (x *ShowMachineResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShowMachineResponse.ProtoReflect.Descriptor instead.
+func (*ShowMachineResponse) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ShowMachineResponse) GetMachine() *Machine {
+	if x != nil {
+		return x.Machine
+	}
+	return nil
+}
+
+func (x *ShowMachineResponse) GetTimeline() []*TimelineEntry {
+	if x != nil {
+		return x.Timeline
+	}
+	return nil
+}
+
+func (x *ShowMachineResponse) GetDropped() uint64 {
+	if x != nil {
+		return x.Dropped
+	}
+	return 0
+}
+
 var File_shared_api_admin_admin_proto protoreflect.FileDescriptor
 
 const file_shared_api_admin_admin_proto_rawDesc = "" +
@@ -921,7 +1358,43 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x17\n" +
-	"\x15SetSiteLabelsResponse2\xaf\x05\n" +
+	"\x15SetSiteLabelsResponse\"r\n" +
+	"\x13ListMachinesRequest\x12\x17\n" +
+	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12\x14\n" +
+	"\x05phase\x18\x02 \x01(\tR\x05phase\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\rR\x06offset\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\rR\x05limit\"`\n" +
+	"\x14ListMachinesResponse\x122\n" +
+	"\bmachines\x18\x01 \x03(\v2\x16.outpost.admin.MachineR\bmachines\x12\x14\n" +
+	"\x05total\x18\x02 \x01(\rR\x05total\"\xfa\x02\n" +
+	"\aMachine\x12\x1d\n" +
+	"\n" +
+	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x17\n" +
+	"\asite_id\x18\x02 \x01(\tR\x06siteId\x12\x14\n" +
+	"\x05phase\x18\x03 \x01(\tR\x05phase\x12\x14\n" +
+	"\x05power\x18\x04 \x01(\tR\x05power\x12\x1f\n" +
+	"\vbmc_address\x18\x05 \x01(\tR\n" +
+	"bmcAddress\x12!\n" +
+	"\fbmc_protocol\x18\x06 \x01(\tR\vbmcProtocol\x12'\n" +
+	"\x0fagent_connected\x18\a \x01(\bR\x0eagentConnected\x12\x18\n" +
+	"\awaiting\x18\b \x01(\tR\awaiting\x12\x1c\n" +
+	"\tinstalled\x18\t \x01(\bR\tinstalled\x124\n" +
+	"\aupdated\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\aupdated\x120\n" +
+	"\x04last\x18\v \x01(\v2\x1c.outpost.admin.TimelineEntryR\x04last\"\x97\x01\n" +
+	"\rTimelineEntry\x12.\n" +
+	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04text\x18\x03 \x01(\tR\x04text\x12\x18\n" +
+	"\arepeats\x18\x04 \x01(\rR\arepeats\x12\x14\n" +
+	"\x05error\x18\x05 \x01(\bR\x05error\"3\n" +
+	"\x12ShowMachineRequest\x12\x1d\n" +
+	"\n" +
+	"machine_id\x18\x01 \x01(\tR\tmachineId\"\x9b\x01\n" +
+	"\x13ShowMachineResponse\x120\n" +
+	"\amachine\x18\x01 \x01(\v2\x16.outpost.admin.MachineR\amachine\x128\n" +
+	"\btimeline\x18\x02 \x03(\v2\x1c.outpost.admin.TimelineEntryR\btimeline\x12\x18\n" +
+	"\adropped\x18\x03 \x01(\x04R\adropped2\xaf\x05\n" +
 	"\x05Admin\x12Q\n" +
 	"\n" +
 	"CreateSite\x12 .outpost.admin.CreateSiteRequest\x1a!.outpost.admin.CreateSiteResponse\x12U\n" +
@@ -933,7 +1406,10 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"DeleteSite\x12 .outpost.admin.DeleteSiteRequest\x1a!.outpost.admin.DeleteSiteResponse\x12K\n" +
 	"\bShowSite\x12\x1e.outpost.admin.ShowSiteRequest\x1a\x1f.outpost.admin.ShowSiteResponse\x12]\n" +
 	"\x0eSetAssetPolicy\x12$.outpost.admin.SetAssetPolicyRequest\x1a%.outpost.admin.SetAssetPolicyResponse\x12Z\n" +
-	"\rSetSiteLabels\x12#.outpost.admin.SetSiteLabelsRequest\x1a$.outpost.admin.SetSiteLabelsResponseB3Z1github.com/outpost-metal/outpost/shared/api/adminb\x06proto3"
+	"\rSetSiteLabels\x12#.outpost.admin.SetSiteLabelsRequest\x1a$.outpost.admin.SetSiteLabelsResponse2\xb9\x01\n" +
+	"\bMachines\x12W\n" +
+	"\fListMachines\x12\".outpost.admin.ListMachinesRequest\x1a#.outpost.admin.ListMachinesResponse\x12T\n" +
+	"\vShowMachine\x12!.outpost.admin.ShowMachineRequest\x1a\".outpost.admin.ShowMachineResponseB3Z1github.com/outpost-metal/outpost/shared/api/adminb\x06proto3"
 
 var (
 	file_shared_api_admin_admin_proto_rawDescOnce sync.Once
@@ -947,7 +1423,7 @@ func file_shared_api_admin_admin_proto_rawDescGZIP() []byte {
 	return file_shared_api_admin_admin_proto_rawDescData
 }
 
-var file_shared_api_admin_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_shared_api_admin_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_shared_api_admin_admin_proto_goTypes = []any{
 	(*CreateSiteRequest)(nil),      // 0: outpost.admin.CreateSiteRequest
 	(*CreateSiteResponse)(nil),     // 1: outpost.admin.CreateSiteResponse
@@ -965,47 +1441,63 @@ var file_shared_api_admin_admin_proto_goTypes = []any{
 	(*SetAssetPolicyResponse)(nil), // 13: outpost.admin.SetAssetPolicyResponse
 	(*SetSiteLabelsRequest)(nil),   // 14: outpost.admin.SetSiteLabelsRequest
 	(*SetSiteLabelsResponse)(nil),  // 15: outpost.admin.SetSiteLabelsResponse
-	nil,                            // 16: outpost.admin.Site.LabelsEntry
-	nil,                            // 17: outpost.admin.SetSiteLabelsRequest.LabelsEntry
-	(*durationpb.Duration)(nil),    // 18: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),  // 19: google.protobuf.Timestamp
-	(*assets.SiteAssetState)(nil),  // 20: outpost.assets.SiteAssetState
-	(assets.Policy)(0),             // 21: outpost.assets.Policy
+	(*ListMachinesRequest)(nil),    // 16: outpost.admin.ListMachinesRequest
+	(*ListMachinesResponse)(nil),   // 17: outpost.admin.ListMachinesResponse
+	(*Machine)(nil),                // 18: outpost.admin.Machine
+	(*TimelineEntry)(nil),          // 19: outpost.admin.TimelineEntry
+	(*ShowMachineRequest)(nil),     // 20: outpost.admin.ShowMachineRequest
+	(*ShowMachineResponse)(nil),    // 21: outpost.admin.ShowMachineResponse
+	nil,                            // 22: outpost.admin.Site.LabelsEntry
+	nil,                            // 23: outpost.admin.SetSiteLabelsRequest.LabelsEntry
+	(*durationpb.Duration)(nil),    // 24: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 25: google.protobuf.Timestamp
+	(*assets.SiteAssetState)(nil),  // 26: outpost.assets.SiteAssetState
+	(assets.Policy)(0),             // 27: outpost.assets.Policy
 }
 var file_shared_api_admin_admin_proto_depIdxs = []int32{
-	18, // 0: outpost.admin.CreateSiteRequest.token_ttl:type_name -> google.protobuf.Duration
-	19, // 1: outpost.admin.CreateSiteResponse.token_expires:type_name -> google.protobuf.Timestamp
-	18, // 2: outpost.admin.NewJoinTokenRequest.token_ttl:type_name -> google.protobuf.Duration
-	19, // 3: outpost.admin.Site.last_seen:type_name -> google.protobuf.Timestamp
-	19, // 4: outpost.admin.Site.connected_since:type_name -> google.protobuf.Timestamp
-	19, // 5: outpost.admin.Site.token_expires:type_name -> google.protobuf.Timestamp
-	16, // 6: outpost.admin.Site.labels:type_name -> outpost.admin.Site.LabelsEntry
+	24, // 0: outpost.admin.CreateSiteRequest.token_ttl:type_name -> google.protobuf.Duration
+	25, // 1: outpost.admin.CreateSiteResponse.token_expires:type_name -> google.protobuf.Timestamp
+	24, // 2: outpost.admin.NewJoinTokenRequest.token_ttl:type_name -> google.protobuf.Duration
+	25, // 3: outpost.admin.Site.last_seen:type_name -> google.protobuf.Timestamp
+	25, // 4: outpost.admin.Site.connected_since:type_name -> google.protobuf.Timestamp
+	25, // 5: outpost.admin.Site.token_expires:type_name -> google.protobuf.Timestamp
+	22, // 6: outpost.admin.Site.labels:type_name -> outpost.admin.Site.LabelsEntry
 	4,  // 7: outpost.admin.ListSitesResponse.sites:type_name -> outpost.admin.Site
 	4,  // 8: outpost.admin.ShowSiteResponse.site:type_name -> outpost.admin.Site
-	20, // 9: outpost.admin.ShowSiteResponse.assets:type_name -> outpost.assets.SiteAssetState
-	21, // 10: outpost.admin.SetAssetPolicyRequest.policy:type_name -> outpost.assets.Policy
-	17, // 11: outpost.admin.SetSiteLabelsRequest.labels:type_name -> outpost.admin.SetSiteLabelsRequest.LabelsEntry
-	0,  // 12: outpost.admin.Admin.CreateSite:input_type -> outpost.admin.CreateSiteRequest
-	2,  // 13: outpost.admin.Admin.NewJoinToken:input_type -> outpost.admin.NewJoinTokenRequest
-	3,  // 14: outpost.admin.Admin.ListSites:input_type -> outpost.admin.ListSitesRequest
-	6,  // 15: outpost.admin.Admin.RevokeSite:input_type -> outpost.admin.RevokeSiteRequest
-	8,  // 16: outpost.admin.Admin.DeleteSite:input_type -> outpost.admin.DeleteSiteRequest
-	10, // 17: outpost.admin.Admin.ShowSite:input_type -> outpost.admin.ShowSiteRequest
-	12, // 18: outpost.admin.Admin.SetAssetPolicy:input_type -> outpost.admin.SetAssetPolicyRequest
-	14, // 19: outpost.admin.Admin.SetSiteLabels:input_type -> outpost.admin.SetSiteLabelsRequest
-	1,  // 20: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
-	1,  // 21: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
-	5,  // 22: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
-	7,  // 23: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
-	9,  // 24: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
-	11, // 25: outpost.admin.Admin.ShowSite:output_type -> outpost.admin.ShowSiteResponse
-	13, // 26: outpost.admin.Admin.SetAssetPolicy:output_type -> outpost.admin.SetAssetPolicyResponse
-	15, // 27: outpost.admin.Admin.SetSiteLabels:output_type -> outpost.admin.SetSiteLabelsResponse
-	20, // [20:28] is the sub-list for method output_type
-	12, // [12:20] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	26, // 9: outpost.admin.ShowSiteResponse.assets:type_name -> outpost.assets.SiteAssetState
+	27, // 10: outpost.admin.SetAssetPolicyRequest.policy:type_name -> outpost.assets.Policy
+	23, // 11: outpost.admin.SetSiteLabelsRequest.labels:type_name -> outpost.admin.SetSiteLabelsRequest.LabelsEntry
+	18, // 12: outpost.admin.ListMachinesResponse.machines:type_name -> outpost.admin.Machine
+	25, // 13: outpost.admin.Machine.updated:type_name -> google.protobuf.Timestamp
+	19, // 14: outpost.admin.Machine.last:type_name -> outpost.admin.TimelineEntry
+	25, // 15: outpost.admin.TimelineEntry.time:type_name -> google.protobuf.Timestamp
+	18, // 16: outpost.admin.ShowMachineResponse.machine:type_name -> outpost.admin.Machine
+	19, // 17: outpost.admin.ShowMachineResponse.timeline:type_name -> outpost.admin.TimelineEntry
+	0,  // 18: outpost.admin.Admin.CreateSite:input_type -> outpost.admin.CreateSiteRequest
+	2,  // 19: outpost.admin.Admin.NewJoinToken:input_type -> outpost.admin.NewJoinTokenRequest
+	3,  // 20: outpost.admin.Admin.ListSites:input_type -> outpost.admin.ListSitesRequest
+	6,  // 21: outpost.admin.Admin.RevokeSite:input_type -> outpost.admin.RevokeSiteRequest
+	8,  // 22: outpost.admin.Admin.DeleteSite:input_type -> outpost.admin.DeleteSiteRequest
+	10, // 23: outpost.admin.Admin.ShowSite:input_type -> outpost.admin.ShowSiteRequest
+	12, // 24: outpost.admin.Admin.SetAssetPolicy:input_type -> outpost.admin.SetAssetPolicyRequest
+	14, // 25: outpost.admin.Admin.SetSiteLabels:input_type -> outpost.admin.SetSiteLabelsRequest
+	16, // 26: outpost.admin.Machines.ListMachines:input_type -> outpost.admin.ListMachinesRequest
+	20, // 27: outpost.admin.Machines.ShowMachine:input_type -> outpost.admin.ShowMachineRequest
+	1,  // 28: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
+	1,  // 29: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
+	5,  // 30: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
+	7,  // 31: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
+	9,  // 32: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
+	11, // 33: outpost.admin.Admin.ShowSite:output_type -> outpost.admin.ShowSiteResponse
+	13, // 34: outpost.admin.Admin.SetAssetPolicy:output_type -> outpost.admin.SetAssetPolicyResponse
+	15, // 35: outpost.admin.Admin.SetSiteLabels:output_type -> outpost.admin.SetSiteLabelsResponse
+	17, // 36: outpost.admin.Machines.ListMachines:output_type -> outpost.admin.ListMachinesResponse
+	21, // 37: outpost.admin.Machines.ShowMachine:output_type -> outpost.admin.ShowMachineResponse
+	28, // [28:38] is the sub-list for method output_type
+	18, // [18:28] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_admin_admin_proto_init() }
@@ -1019,9 +1511,9 @@ func file_shared_api_admin_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_admin_admin_proto_rawDesc), len(file_shared_api_admin_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   24,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_shared_api_admin_admin_proto_goTypes,
 		DependencyIndexes: file_shared_api_admin_admin_proto_depIdxs,

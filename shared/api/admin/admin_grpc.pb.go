@@ -409,3 +409,153 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "shared/api/admin/admin.proto",
 }
+
+const (
+	Machines_ListMachines_FullMethodName = "/outpost.admin.Machines/ListMachines"
+	Machines_ShowMachine_FullMethodName  = "/outpost.admin.Machines/ShowMachine"
+)
+
+// MachinesClient is the client API for Machines service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Machines is served by the controller on its admin socket beside Admin: what the controller knows of each
+// machine (site, phase, power, BMC) and its timeline.
+type MachinesClient interface {
+	// ListMachines lists machines ordered by site then ID, optionally of one site and phase, one page at a time.
+	ListMachines(ctx context.Context, in *ListMachinesRequest, opts ...grpc.CallOption) (*ListMachinesResponse, error)
+	// ShowMachine returns one machine with its timeline.
+	ShowMachine(ctx context.Context, in *ShowMachineRequest, opts ...grpc.CallOption) (*ShowMachineResponse, error)
+}
+
+type machinesClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewMachinesClient(cc grpc.ClientConnInterface) MachinesClient {
+	return &machinesClient{cc}
+}
+
+func (c *machinesClient) ListMachines(ctx context.Context, in *ListMachinesRequest, opts ...grpc.CallOption) (*ListMachinesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListMachinesResponse)
+	err := c.cc.Invoke(ctx, Machines_ListMachines_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *machinesClient) ShowMachine(ctx context.Context, in *ShowMachineRequest, opts ...grpc.CallOption) (*ShowMachineResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ShowMachineResponse)
+	err := c.cc.Invoke(ctx, Machines_ShowMachine_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// MachinesServer is the server API for Machines service.
+// All implementations must embed UnimplementedMachinesServer
+// for forward compatibility.
+//
+// Machines is served by the controller on its admin socket beside Admin: what the controller knows of each
+// machine (site, phase, power, BMC) and its timeline.
+type MachinesServer interface {
+	// ListMachines lists machines ordered by site then ID, optionally of one site and phase, one page at a time.
+	ListMachines(context.Context, *ListMachinesRequest) (*ListMachinesResponse, error)
+	// ShowMachine returns one machine with its timeline.
+	ShowMachine(context.Context, *ShowMachineRequest) (*ShowMachineResponse, error)
+	mustEmbedUnimplementedMachinesServer()
+}
+
+// UnimplementedMachinesServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedMachinesServer struct{}
+
+func (UnimplementedMachinesServer) ListMachines(context.Context, *ListMachinesRequest) (*ListMachinesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListMachines not implemented")
+}
+func (UnimplementedMachinesServer) ShowMachine(context.Context, *ShowMachineRequest) (*ShowMachineResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ShowMachine not implemented")
+}
+func (UnimplementedMachinesServer) mustEmbedUnimplementedMachinesServer() {}
+func (UnimplementedMachinesServer) testEmbeddedByValue()                  {}
+
+// UnsafeMachinesServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to MachinesServer will
+// result in compilation errors.
+type UnsafeMachinesServer interface {
+	mustEmbedUnimplementedMachinesServer()
+}
+
+func RegisterMachinesServer(s grpc.ServiceRegistrar, srv MachinesServer) {
+	// If the following call panics, it indicates UnimplementedMachinesServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Machines_ServiceDesc, srv)
+}
+
+func _Machines_ListMachines_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListMachinesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MachinesServer).ListMachines(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Machines_ListMachines_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MachinesServer).ListMachines(ctx, req.(*ListMachinesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Machines_ShowMachine_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ShowMachineRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MachinesServer).ShowMachine(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Machines_ShowMachine_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MachinesServer).ShowMachine(ctx, req.(*ShowMachineRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// Machines_ServiceDesc is the grpc.ServiceDesc for Machines service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Machines_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "outpost.admin.Machines",
+	HandlerType: (*MachinesServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "ListMachines",
+			Handler:    _Machines_ListMachines_Handler,
+		},
+		{
+			MethodName: "ShowMachine",
+			Handler:    _Machines_ShowMachine_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "shared/api/admin/admin.proto",
+}

@@ -1,0 +1,368 @@
+package status
+
+import (
+	"bytes"
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/timeline"
+)
+
+//go:embed templates/*.html
+var templateFiles embed.FS
+
+// PageSize is how many machines (or sites) one page lists.
+const PageSize = 100
+
+// Options configure the status pages.
+type Options struct {
+	Sites    Sites
+	Machines Machines
+	Now      func() time.Time
+	// Prefix is where the pages are mounted ("/status").
+	Prefix string
+	// MaxStreams bounds the live-update streams open at once (default 64).
+	MaxStreams int
+	// UpdateEvery is the least time between two live updates of one stream (default 2 s).
+	UpdateEvery time.Duration
+	// Heartbeat is how often an idle stream says it is alive (default 15 s).
+	Heartbeat time.Duration
+}
+
+// Pages serves the status pages.
+type Pages struct {
+	opts    Options
+	tmpl    *template.Template
+	streams atomic.Int64
+}
+
+// NewPages returns the status pages.
+func NewPages(opts Options) (*Pages, error) {
+	if opts.Sites == nil || opts.Machines == nil || opts.Now == nil {
+		return nil, errors.New("status pages: sites, machines and a clock are needed")
+	}
+
+	if opts.Prefix == "" {
+		opts.Prefix = "/status"
+	}
+
+	if opts.MaxStreams <= 0 {
+		opts.MaxStreams = 64
+	}
+
+	if opts.UpdateEvery <= 0 {
+		opts.UpdateEvery = 2 * time.Second
+	}
+
+	if opts.Heartbeat <= 0 {
+		opts.Heartbeat = 15 * time.Second
+	}
+
+	p := &Pages{opts: opts}
+
+	tmpl, err := template.New("status").Funcs(template.FuncMap{
+		"ago":    p.ago,
+		"when":   func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
+		"prefix": func() string { return opts.Prefix },
+		"query":  query,
+		"dash":   dash,
+		"add":    func(a, b int) int { return a + b },
+		"phases": func() []string { return append(slices.Clone(lifecycle.Phases), timeline.UnknownPhase) },
+	}).ParseFS(templateFiles, "templates/*.html")
+	if err != nil {
+		return nil, fmt.Errorf("status templates: %w", err)
+	}
+
+	p.tmpl = tmpl
+
+	return p, nil
+}
+
+// Register mounts the pages on mux.
+func (p *Pages) Register(mux *http.ServeMux) {
+	pre := p.opts.Prefix
+	mux.HandleFunc("GET "+pre+"/{$}", p.sitesPage)
+	mux.HandleFunc("GET "+pre+"/machines", p.machinesPage)
+	mux.HandleFunc("GET "+pre+"/machines/{id}", p.machinePage)
+	mux.HandleFunc("GET "+pre+"/events", p.events)
+	mux.HandleFunc("GET "+pre, func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, pre+"/", http.StatusFound)
+	})
+}
+
+func (p *Pages) ago(t time.Time) string {
+	if t.IsZero() {
+		return "never"
+	}
+
+	return p.opts.Now().Sub(t).Truncate(time.Second).String() + " ago"
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+
+	return s
+}
+
+// query builds a page's query string from key, value pairs (empty values left out).
+func query(kv ...any) template.URL {
+	q := url.Values{}
+
+	for i := 0; i+1 < len(kv); i += 2 {
+		k, _ := kv[i].(string)
+		v := fmt.Sprint(kv[i+1])
+
+		if v != "" && v != "0" {
+			q.Set(k, v)
+		}
+	}
+
+	if len(q) == 0 {
+		return ""
+	}
+
+	return template.URL("?" + q.Encode()) //nolint:gosec // encoded: every value escaped by url.Values
+}
+
+// SiteRow is a site on the sites page.
+type SiteRow struct {
+	Site
+
+	Machines int
+	Phases   []PhaseCount
+}
+
+// PhaseCount is how many machines of a site are in a phase.
+type PhaseCount struct {
+	Phase string
+	Count int
+}
+
+// Pager is where a list is.
+type Pager struct {
+	Page, Pages, Total int
+}
+
+type sitesData struct {
+	Sites []SiteRow
+	Pager
+	Connected, Offline int
+	Machines           int
+}
+
+type machinesData struct {
+	Filter   timeline.Filter
+	Machines []timeline.Machine
+	Pager
+}
+
+type machineData struct {
+	Record timeline.Record
+}
+
+// SitesPage renders the sites page, page n, to a buffer (the handler's work, also measured by benchmarks).
+func (p *Pages) SitesPage(ctx context.Context, page int) (*bytes.Buffer, error) {
+	sites, err := p.opts.Sites.Sites(ctx)
+	if err != nil {
+		return nil, err
+	}
+
+	byPhase := p.opts.Machines.Phases()
+
+	slices.SortFunc(sites, func(a, b Site) int { return strings.Compare(a.ID, b.ID) })
+
+	data := sitesData{Pager: pager(page, len(sites))}
+
+	for _, s := range sites {
+		if s.State == "connected" {
+			data.Connected++
+		} else {
+			data.Offline++
+		}
+	}
+
+	for _, n := range byPhase {
+		for _, c := range n {
+			data.Machines += c
+		}
+	}
+
+	from, to := window(data.Pager, len(sites))
+	for _, s := range sites[from:to] {
+		row := SiteRow{Site: s}
+
+		for _, ph := range append(slices.Clone(lifecycle.Phases), timeline.UnknownPhase) {
+			if n := byPhase[s.ID][ph]; n > 0 {
+				row.Phases = append(row.Phases, PhaseCount{Phase: ph, Count: n})
+				row.Machines += n
+			}
+		}
+
+		data.Sites = append(data.Sites, row)
+	}
+
+	return p.render("sites.html", data)
+}
+
+// MachinesPage renders a page of the machine list selected by q.
+func (p *Pages) MachinesPage(q PageQuery) (*bytes.Buffer, error) {
+	list, total := p.opts.Machines.List(q.Filter, (q.Page-1)*PageSize, PageSize)
+
+	pg := pager(q.Page, total)
+	if pg.Page != q.Page { // past the end: the last page
+		list, total = p.opts.Machines.List(q.Filter, (pg.Page-1)*PageSize, PageSize)
+		pg.Total = total
+	}
+
+	return p.render("machines.html", machinesData{Filter: q.Filter, Machines: list, Pager: pg})
+}
+
+func pager(page, total int) Pager {
+	pages := max(1, (total+PageSize-1)/PageSize)
+
+	return Pager{Page: min(max(page, 1), pages), Pages: pages, Total: total}
+}
+
+func window(pg Pager, n int) (from, to int) {
+	from = min((pg.Page-1)*PageSize, n)
+
+	return from, min(from+PageSize, n)
+}
+
+func (p *Pages) render(name string, data any) (*bytes.Buffer, error) {
+	var buf bytes.Buffer
+	if err := p.tmpl.ExecuteTemplate(&buf, name, data); err != nil {
+		return nil, fmt.Errorf("render %s: %w", name, err)
+	}
+
+	return &buf, nil
+}
+
+func (p *Pages) sitesPage(w http.ResponseWriter, r *http.Request) {
+	page := 1
+
+	if s := r.URL.Query().Get("page"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > maxPageNumber {
+			http.Error(w, "page must be a positive number", http.StatusBadRequest)
+
+			return
+		}
+
+		page = n
+	}
+
+	buf, err := p.SitesPage(r.Context(), page)
+	p.write(w, buf, err)
+}
+
+func (p *Pages) machinesPage(w http.ResponseWriter, r *http.Request) {
+	q, err := ParseQuery(r.URL.Query())
+	if err != nil {
+		// plain text, and escaped anyway: the message quotes what the client sent
+		http.Error(w, template.HTMLEscapeString(err.Error()), http.StatusBadRequest)
+
+		return
+	}
+
+	buf, err := p.MachinesPage(q)
+	p.write(w, buf, err)
+}
+
+func (p *Pages) machinePage(w http.ResponseWriter, r *http.Request) {
+	rec, ok := p.opts.Machines.Get(strings.ToLower(r.PathValue("id")))
+	if !ok {
+		http.Error(w, "no such machine", http.StatusNotFound)
+
+		return
+	}
+
+	buf, err := p.render("machine.html", machineData{Record: rec})
+	p.write(w, buf, err)
+}
+
+func (p *Pages) write(w http.ResponseWriter, buf *bytes.Buffer, err error) {
+	if err != nil {
+		http.Error(w, "cannot render the page: "+err.Error(), http.StatusInternalServerError)
+
+		return
+	}
+
+	h := w.Header()
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	h.Set("Cache-Control", "no-store")
+	// only this page's own script and styles; nothing from elsewhere, no framing
+	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; frame-ancestors 'none'")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.Write(buf.Bytes()) //nolint:errcheck
+}
+
+// events streams server-sent events: "changed" when any machine changed (at most every UpdateEvery), a
+// comment as heartbeat. The page's script then fetches itself again.
+func (p *Pages) events(w http.ResponseWriter, r *http.Request) {
+	if p.streams.Add(1) > int64(p.opts.MaxStreams) {
+		p.streams.Add(-1)
+		http.Error(w, "too many live views open", http.StatusServiceUnavailable)
+
+		return
+	}
+	defer p.streams.Add(-1)
+
+	rc := http.NewResponseController(w)
+
+	// a stream outlives the server's write timeout; it ends with the client or the server
+	if err := rc.SetWriteDeadline(time.Time{}); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return
+	}
+
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+
+	if _, err := fmt.Fprint(w, "retry: 5000\n\n"); err != nil || rc.Flush() != nil {
+		return
+	}
+
+	heartbeat := time.NewTicker(p.opts.Heartbeat)
+	defer heartbeat.Stop()
+
+	for {
+		changed := p.opts.Machines.Changed()
+
+		select {
+		case <-r.Context().Done():
+			return
+		case <-heartbeat.C:
+			if _, err := fmt.Fprint(w, ": alive\n\n"); err != nil || rc.Flush() != nil {
+				return
+			}
+
+			continue
+		case <-changed:
+		}
+
+		if _, err := fmt.Fprint(w, "data: changed\n\n"); err != nil || rc.Flush() != nil {
+			return
+		}
+
+		select {
+		case <-r.Context().Done():
+			return
+		case <-time.After(p.opts.UpdateEvery):
+		}
+	}
+}

@@ -1,0 +1,40 @@
+// Package status is what an operator sees of the fleet: a status page on the controller's HTTP listener
+// (sites with their link state and machines by phase, a page per machine with its timeline, live updates over
+// server-sent events) and the Machines admin API the `controller machine` commands use. It reads through
+// small interfaces: the site view the app builds from the site registry, and the machines' timelines
+// (package timeline).
+package status
+
+import (
+	"context"
+	"time"
+
+	"github.com/outpost-metal/outpost/controller/timeline"
+)
+
+// Site is what the status page shows of a site.
+type Site struct {
+	ID          string
+	Description string
+	// State is connected, offline, revoked or awaiting-enrolment.
+	State       string
+	LastSeen    time.Time
+	EdgeVersion string
+	// AssetsKnown says whether AssetsCached and AssetsMissing are known.
+	AssetsKnown   bool
+	AssetsCached  int
+	AssetsMissing int
+}
+
+// Sites lists the sites (the site registry with each link's state).
+type Sites interface {
+	Sites(ctx context.Context) ([]Site, error)
+}
+
+// Machines is the machines' timelines (*timeline.Book).
+type Machines interface {
+	List(f timeline.Filter, offset, limit int) ([]timeline.Machine, int)
+	Get(machineID string) (timeline.Record, bool)
+	Phases() map[string]map[string]int
+	Changed() <-chan struct{}
+}
