@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
@@ -91,11 +90,6 @@ func (l *Locations) HandleEvent(ctx context.Context, site string, e *bootpb.Even
 func (l *Locations) reject(site, reason string, err error) {
 	l.rejected.WithLabelValues(reason).Inc()
 	l.logger.Warn("edge event dropped", zap.String("site", site), zap.String("reason", reason), zap.Error(err))
-}
-
-// Rejected returns how many events were dropped for reason ("machine_moved" counts moves).
-func (l *Locations) Rejected(reason string) float64 {
-	return testutil.ToFloat64(l.rejected.WithLabelValues(reason))
 }
 
 // Describe implements prometheus.Collector.

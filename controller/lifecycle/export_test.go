@@ -1,6 +1,10 @@
 package lifecycle
 
-import "time"
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
 
 // Dues is the lifecycle's schedule of looks (due.go), for its tests.
 type Dues = dues
@@ -37,4 +41,14 @@ func (s *dues) Woken() bool {
 	default:
 		return false
 	}
+}
+
+// Rejected returns how many events were dropped for reason ("machine_moved" counts moves).
+func (l *Locations) Rejected(reason string) float64 {
+	return testutil.ToFloat64(l.rejected.WithLabelValues(reason))
+}
+
+// Count returns the count of problems of reason.
+func (m *Metrics) Count(reason string) float64 {
+	return testutil.ToFloat64(m.problems.WithLabelValues(reason))
 }

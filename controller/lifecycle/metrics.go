@@ -4,7 +4,6 @@ import (
 	"errors"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -38,11 +37,6 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) { m.problems.Describe(ch)
 
 // Collect implements prometheus.Collector.
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) { m.problems.Collect(ch) }
-
-// Count returns the count of reason (for tests and status pages).
-func (m *Metrics) Count(reason string) float64 {
-	return testutil.ToFloat64(m.problems.WithLabelValues(reason))
-}
 
 func (m *Metrics) inc(reason string) { m.problems.WithLabelValues(reason).Inc() }
 

@@ -21,9 +21,8 @@ type planGate struct {
 }
 
 type ackedPlan struct {
-	site    string
-	plan    bootplans.Plan
-	version uint64
+	site string
+	plan bootplans.Plan
 }
 
 func newPlanGate(p PlanPusher, timeout time.Duration) *planGate {
@@ -43,13 +42,13 @@ func (g *planGate) ensure(ctx context.Context, site string, plan bootplans.Plan)
 	pushCtx, cancel := context.WithTimeout(ctx, g.timeout)
 	defer cancel()
 
-	version, err := g.pusher.Push(pushCtx, site, plan)
+	_, err := g.pusher.Push(pushCtx, site, plan)
 	if err != nil {
 		return fmt.Errorf("push %s plan of %s to site %s: %w", plan.Mode, plan.MachineID, site, err)
 	}
 
 	g.mu.Lock()
-	g.acked[plan.MachineID] = ackedPlan{site: site, plan: plan, version: version}
+	g.acked[plan.MachineID] = ackedPlan{site: site, plan: plan}
 	g.mu.Unlock()
 
 	return nil
