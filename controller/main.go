@@ -67,7 +67,10 @@ func rootCommand() *cobra.Command {
 
 	f = root.Flags()
 	f.StringVar(&cfg.UplinkListen, "uplink-listen", cfg.UplinkListen, "address edges connect to")
-	f.StringVar(&cfg.HTTPListen, "http-listen", cfg.HTTPListen, "address for /metrics and /healthz, empty to disable")
+	f.StringVar(&cfg.HTTPListen, "http-listen", cfg.HTTPListen, "address for /metrics, /healthz and the status pages (/status), empty to disable")
+	f.StringVar(&cfg.HTTPTokenFile, "http-token-file", cfg.HTTPTokenFile, "file with the bearer token every HTTP request must carry (required off loopback)")
+	f.StringVar(&cfg.HTTPCertFile, "http-tls-cert", cfg.HTTPCertFile, "TLS certificate (PEM) of the HTTP listener (required off loopback)")
+	f.StringVar(&cfg.HTTPKeyFile, "http-tls-key", cfg.HTTPKeyFile, "TLS key (PEM) of the HTTP listener (required off loopback)")
 	f.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	f.DurationVar(&cfg.CertValidity, "cert-validity", cfg.CertValidity, "lifetime of edge certificates")
 	f.StringSliceVar(&cfg.ServerNames, "server-name", cfg.ServerNames, "extra DNS names for the uplink certificate")
@@ -111,7 +114,7 @@ func rootCommand() *cobra.Command {
 	// The service-account key is a secret: it comes from the environment only, never from a flag (visible in ps).
 	cfg.Omni.ServiceAccountKey = os.Getenv("OMNI_SERVICE_ACCOUNT_KEY")
 
-	root.AddCommand(siteCommand(&cfg))
+	root.AddCommand(siteCommand(&cfg), machineCommand(&cfg))
 
 	env = bindEnv(root)
 
@@ -151,7 +154,10 @@ func siteCommand(cfg *config.Config) *cobra.Command {
 	var (
 		description string
 		opts        admincli.TokenOptions
+		output      string
 	)
+
+	site.PersistentFlags().StringVarP(&output, "output", "o", string(admincli.OutputTable), "table or json (list, show)")
 
 	withClient := func(fn func(context.Context, *admincli.Client) error) func(*cobra.Command, []string) error {
 		return func(cmd *cobra.Command, _ []string) error {
@@ -201,7 +207,7 @@ func siteCommand(cfg *config.Config) *cobra.Command {
 		Short: "List sites with connection state, edge version and last seen",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withClient(func(ctx context.Context, c *admincli.Client) error {
+			return adminClient(cfg, &output, 30*time.Second, func(ctx context.Context, c *admincli.Client) error {
 				return c.ListSites(ctx, cmd.OutOrStdout(), time.Now())
 			})(cmd, args)
 		},
@@ -227,10 +233,10 @@ func siteCommand(cfg *config.Config) *cobra.Command {
 
 	show := &cobra.Command{
 		Use:   "show SITE",
-		Short: "Show a site: connection, and boot assets (policy, cached, missing for current plans, bytes relayed)",
+		Short: "Show a site: connection, boot assets (policy, cached, missing for current plans, bytes relayed) and its machines",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withClient(func(ctx context.Context, c *admincli.Client) error {
+			return adminClient(cfg, &output, 30*time.Second, func(ctx context.Context, c *admincli.Client) error {
 				return c.ShowSite(ctx, args[0], cmd.OutOrStdout(), time.Now())
 			})(cmd, args)
 		},

@@ -1,5 +1,5 @@
-// Package admincli implements the operator commands (`controller site ...`) as clients of the
-// controller's admin API on its local unix socket.
+// Package admincli implements the operator commands (`controller site ...`, `controller machine ...`) as
+// clients of the controller's admin API on its local unix socket.
 package admincli
 
 import (
@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -27,8 +28,12 @@ import (
 
 // Client talks to a running controller's admin socket.
 type Client struct {
-	conn *grpc.ClientConn
-	api  adminpb.AdminClient
+	conn        *grpc.ClientConn
+	api         adminpb.AdminClient
+	machinesAPI adminpb.MachinesClient
+
+	// Output is how lists and shows print (default: a table).
+	Output Output
 }
 
 // Dial connects to the admin socket at path (no I/O happens until the first call).
@@ -38,7 +43,7 @@ func Dial(path string) (*Client, error) {
 		return nil, fmt.Errorf("admin socket %s: %w", path, err)
 	}
 
-	return &Client{conn: conn, api: adminpb.NewAdminClient(conn)}, nil
+	return &Client{conn: conn, api: adminpb.NewAdminClient(conn), machinesAPI: adminpb.NewMachinesClient(conn), Output: OutputTable}, nil
 }
 
 // Close closes the connection.
@@ -89,6 +94,10 @@ func (c *Client) ListSites(ctx context.Context, out io.Writer, now time.Time) er
 	resp, err := c.api.ListSites(ctx, &adminpb.ListSitesRequest{})
 	if err != nil {
 		return describe("list sites", err)
+	}
+
+	if c.Output == OutputJSON {
+		return writeJSON(out, resp)
 	}
 
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
@@ -162,11 +171,25 @@ func describe(what string, err error) error {
 	return fmt.Errorf("%s: %s", what, st.Message())
 }
 
-// ShowSite prints one site with its boot-asset state.
+// ShowSite prints one site with its boot-asset state and its machines.
 func (c *Client) ShowSite(ctx context.Context, siteID string, out io.Writer, now time.Time) error {
 	resp, err := c.api.ShowSite(ctx, &adminpb.ShowSiteRequest{SiteId: siteID})
 	if err != nil {
 		return describe("show site", err)
+	}
+
+	machines, err := c.siteMachines(ctx, siteID)
+	if err != nil {
+		return err
+	}
+
+	if c.Output == OutputJSON {
+		parts := map[string]proto.Message{"site": resp}
+		if machines != nil {
+			parts["machines"] = machines
+		}
+
+		return writeJSONObject(out, parts)
 	}
 
 	s := resp.GetSite()
@@ -190,11 +213,23 @@ func (c *Client) ShowSite(ctx context.Context, siteID string, out io.Writer, now
 		return err
 	}
 
-	if resp.GetAssets() == nil {
+	if resp.GetAssets() != nil {
+		if err := assets.WriteSiteAssets(out, resp.GetAssets()); err != nil {
+			return err
+		}
+	}
+
+	if machines == nil {
 		return nil
 	}
 
-	return assets.WriteSiteAssets(out, resp.GetAssets())
+	fmt.Fprintf(out, "\nmachines: %d\n", machines.GetTotal())
+
+	if len(machines.GetMachines()) == 0 {
+		return nil
+	}
+
+	return writeMachines(out, machines.GetMachines(), now)
 }
 
 // SetSiteLabels replaces the labels published on a site's machines ("k=v" pairs; none clears them).

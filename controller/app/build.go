@@ -22,6 +22,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/sites"
+	"github.com/outpost-metal/outpost/controller/timeline"
 	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
 	assetspb "github.com/outpost-metal/outpost/shared/api/assets"
 )
@@ -48,6 +49,10 @@ type builder struct {
 	// lifecycleDeps are handed to the lifecycle when Omni is configured; optional components may fill
 	// its optional collaborators (the journal) before the lifecycle step.
 	lifecycleDeps lifecycle.Deps
+	// timelines are loaded and kept in Omni by every Omni session (status.go; nil: none).
+	timelines *timeline.Book
+	// httpAccess wraps the HTTP listener and handler (TLS, token: status.go; nil: served as they are).
+	httpAccess func(net.Listener) (net.Listener, http.Handler, error)
 }
 
 // step is one construction step, named for the error it may return.
@@ -94,7 +99,7 @@ func Build(ctx context.Context, cfg config.Config, log *zap.Logger) (*Controller
 // pages on b.mux, collaborators in b.lifecycleDeps. They run after the core is built and before the
 // lifecycle and the listeners. Add one entry per optional component here.
 func (b *builder) optionalSteps() []step {
-	return []step{}
+	return []step{{"status", b.newStatus}}
 }
 
 // run adds a long-running component to the controller's run list.
@@ -215,7 +220,15 @@ func (b *builder) listen(context.Context) error {
 
 		b.onClose("http listener", httpLn.Close)
 		b.ctrl.httpAddr = httpLn.Addr()
-		b.run("http", func(ctx context.Context) error { return serveHTTP(ctx, httpLn, b.mux) })
+
+		var h http.Handler = b.mux
+		if b.httpAccess != nil {
+			if httpLn, h, err = b.httpAccess(httpLn); err != nil {
+				return err
+			}
+		}
+
+		b.run("http", func(ctx context.Context) error { return serveHTTP(ctx, httpLn, h) })
 	}
 
 	b.log.Info("controller built",

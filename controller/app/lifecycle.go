@@ -20,6 +20,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/omni"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/seal"
+	"github.com/outpost-metal/outpost/controller/timeline"
 )
 
 // newLifecycle builds the machine lifecycle and the keeper of the Omni connection it runs on, and adds the
@@ -110,7 +111,7 @@ func (b *builder) newLifecycle(context.Context) error {
 
 	session := &omniSession{
 		log: b.log, edges: b.edges, types: types, health: b.uplink.Health, trustedRoots: trustedRoots,
-		controllers: qcs,
+		controllers: qcs, timelines: b.timelines,
 	}
 
 	keeper, err := omni.NewKeeper(cfg.Omni, b.log, keeperMetrics, session.run)
@@ -131,6 +132,8 @@ type omniSession struct {
 	health       func(context.Context) error
 	trustedRoots string
 	controllers  []controller.QController
+	// timelines are loaded from Omni before the lifecycle runs and written back while it does (nil: none).
+	timelines *timeline.Book
 }
 
 // run loads where every machine is, then runs the lifecycle runtime, the join config watcher (which hands
@@ -140,6 +143,12 @@ func (s *omniSession) run(ctx context.Context, conn *omni.Connection) error {
 	// Where every machine is comes first: no decision is made on an empty view after a restart.
 	if err := s.edges.locations.Load(ctx, conn.State(), s.types); err != nil {
 		return err
+	}
+
+	if s.timelines != nil {
+		if err := s.timelines.Load(ctx, conn.State(), s.types, s.log); err != nil {
+			return err
+		}
 	}
 
 	rt, err := conn.NewRuntime(s.health, s.controllers...)
@@ -163,6 +172,10 @@ func (s *omniSession) run(ctx context.Context, conn *omni.Connection) error {
 	})
 	eg.Go(func() error { return watcher.Run(ctx) })
 	eg.Go(func() error { return s.edges.locations.Persist(ctx, conn.State(), s.types) })
+
+	if s.timelines != nil {
+		eg.Go(func() error { return s.timelines.Persist(ctx, conn.State(), s.types, s.log) })
+	}
 
 	return eg.Wait()
 }

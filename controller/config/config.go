@@ -23,8 +23,11 @@ type Config struct {
 	StateDir string
 	// UplinkListen is where edges connect (TLS 1.3).
 	UplinkListen string
-	// HTTPListen serves /metrics and /healthz; empty disables it.
+	// HTTPListen serves /metrics, /healthz and the status pages; empty disables it.
 	HTTPListen string
+	// HTTPTokenFile holds the bearer token the HTTP listener requires (needed off loopback); HTTPCertFile and
+	// HTTPKeyFile make it speak TLS (needed off loopback).
+	HTTPTokenFile, HTTPCertFile, HTTPKeyFile string
 	// AdminSocket is the unix socket of the operator API; empty means <StateDir>/admin.sock.
 	AdminSocket string
 	// LogLevel is debug, info, warn or error.

@@ -97,7 +97,7 @@ func (a Access) Listen(ln net.Listener) (net.Listener, error) {
 // cookieName carries the token for browsers (which cannot add a header to a page or an EventSource).
 const cookieName = "outpost_status"
 
-// Guard refuses requests without the token (401), counting them. A browser logs in once at LoginPath: the
+// Guard refuses requests without the token (401), counting them, except HealthPath. A browser logs in once at LoginPath: the
 // token then travels as an HTTP-only, secure, same-site cookie.
 type Guard struct {
 	token  []byte
@@ -108,6 +108,9 @@ type Guard struct {
 
 // LoginPath is where a browser gives the token.
 const LoginPath = "/status/login"
+
+// HealthPath is the health check, served without the token (to probes).
+const HealthPath = "/healthz"
 
 // NewGuard returns next behind the token (nil token: next itself, for loopback).
 func NewGuard(token []byte, next http.Handler) *Guard {
@@ -136,8 +139,13 @@ func (g *Guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	if r.URL.Path == LoginPath {
+	switch r.URL.Path {
+	case LoginPath:
 		g.serveLogin(w, r)
+
+		return
+	case HealthPath: // for probes; it says only "ok"
+		g.next.ServeHTTP(w, r)
 
 		return
 	}

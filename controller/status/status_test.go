@@ -162,6 +162,9 @@ func TestTokenRequired(t *testing.T) {
 		require.NotContains(t, body, "branch-7")
 	}
 
+	code, _ := get(t, srv.URL+status.HealthPath)
+	require.Equal(t, http.StatusNotFound, code, "the health check passes the guard (not mounted here)")
+
 	code, body := get(t, srv.URL+"/status/", "Authorization", "Bearer "+string(token))
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, "branch-7")

@@ -1,0 +1,273 @@
+package admincli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
+)
+
+// Output is how a list or show command prints: a table for people or JSON for programs.
+type Output string
+
+// Outputs.
+const (
+	OutputTable Output = "table"
+	OutputJSON  Output = "json"
+)
+
+// ParseOutput checks an --output value.
+func ParseOutput(s string) (Output, error) {
+	switch Output(s) {
+	case OutputTable, "":
+		return OutputTable, nil
+	case OutputJSON:
+		return OutputJSON, nil
+	default:
+		return "", fmt.Errorf("output %q: want table or json", s)
+	}
+}
+
+// maxMachinesListed bounds what a list fetches in all (the API pages by at most 5000).
+const maxMachinesListed = 1 << 20
+
+// MachineFilter selects machines to list; empty fields select all.
+type MachineFilter struct {
+	Site, Phase string
+}
+
+// machines fetches every machine f selects, page by page.
+func (c *Client) machines(ctx context.Context, f MachineFilter) (*adminpb.ListMachinesResponse, error) {
+	all := &adminpb.ListMachinesResponse{}
+
+	for {
+		resp, err := c.machinesAPI.ListMachines(ctx, &adminpb.ListMachinesRequest{
+			SiteId: f.Site, Phase: f.Phase, Offset: uint32(len(all.GetMachines())), //nolint:gosec // bounded by maxMachinesListed
+		})
+		if err != nil {
+			return nil, describe("list machines", err)
+		}
+
+		all.Machines = append(all.Machines, resp.GetMachines()...)
+		all.Total = resp.GetTotal()
+
+		if len(resp.GetMachines()) == 0 || len(all.GetMachines()) >= int(resp.GetTotal()) || len(all.GetMachines()) >= maxMachinesListed {
+			return all, nil
+		}
+	}
+}
+
+// ListMachines prints the machines f selects, ordered by site then ID.
+func (c *Client) ListMachines(ctx context.Context, f MachineFilter, out io.Writer, now time.Time) error {
+	resp, err := c.machines(ctx, f)
+	if err != nil {
+		return err
+	}
+
+	if c.Output == OutputJSON {
+		return writeJSON(out, resp)
+	}
+
+	return writeMachines(out, resp.GetMachines(), now)
+}
+
+func writeMachines(out io.Writer, list []*adminpb.Machine, now time.Time) error {
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MACHINE\tSITE\tPHASE\tPOWER\tAGENT\tBMC\tLAST EVENT")
+
+	for _, m := range list {
+		agent := "-"
+		if m.GetAgentConnected() {
+			agent = "connected"
+		}
+
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", peer(m.GetMachineId()), dash(peer(m.GetSiteId())), dash(peer(m.GetPhase())),
+			dash(peer(m.GetPower())), agent, dash(bmc(m)), lastEvent(m.GetLast(), now))
+	}
+
+	return tw.Flush()
+}
+
+func bmc(m *adminpb.Machine) string {
+	if m.GetBmcProtocol() == "" {
+		return ""
+	}
+
+	return peer(m.GetBmcProtocol() + " " + m.GetBmcAddress())
+}
+
+func lastEvent(e *adminpb.TimelineEntry, now time.Time) string {
+	if e == nil {
+		return "-"
+	}
+
+	return peer(e.GetKind()+": "+e.GetText()) + " (" + ago(e.GetTime(), now) + ")"
+}
+
+// ShowMachine prints one machine with its timeline.
+func (c *Client) ShowMachine(ctx context.Context, machineID string, out io.Writer, now time.Time) error {
+	resp, err := c.machinesAPI.ShowMachine(ctx, &adminpb.ShowMachineRequest{MachineId: machineID})
+	if err != nil {
+		return describe("show machine", err)
+	}
+
+	if c.Output == OutputJSON {
+		return writeJSON(out, resp)
+	}
+
+	m := resp.GetMachine()
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "machine:\t%s\n", peer(m.GetMachineId()))
+	fmt.Fprintf(tw, "site:\t%s\n", dash(peer(m.GetSiteId())))
+	fmt.Fprintf(tw, "phase:\t%s\n", dash(peer(m.GetPhase())))
+
+	if m.GetWaiting() != "" {
+		fmt.Fprintf(tw, "waiting:\t%s\n", peer(m.GetWaiting()))
+	}
+
+	fmt.Fprintf(tw, "power:\t%s\n", dash(peer(m.GetPower())))
+	fmt.Fprintf(tw, "bmc:\t%s\n", dash(bmc(m)))
+	fmt.Fprintf(tw, "agent:\t%s\n", map[bool]string{true: "connected", false: "not connected"}[m.GetAgentConnected()])
+	fmt.Fprintf(tw, "installed:\t%s\n", map[bool]string{true: "yes", false: "no"}[m.GetInstalled()])
+
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+
+	fmt.Fprintln(out, "\ntimeline:")
+
+	if n := resp.GetDropped(); n > 0 {
+		fmt.Fprintf(out, "  (%d earlier entries dropped)\n", n)
+	}
+
+	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+
+	for _, e := range resp.GetTimeline() {
+		mark := ""
+		if e.GetError() {
+			mark = "ERROR "
+		}
+
+		text := peer(e.GetText())
+		if r := e.GetRepeats(); r > 0 {
+			text += fmt.Sprintf(" (x%d)", r+1)
+		}
+
+		fmt.Fprintf(tw, "  %s\t%s\t%s%s\n", stamp(e.GetTime()), peer(e.GetKind()), mark, text)
+	}
+
+	return tw.Flush()
+}
+
+func stamp(ts *timestamppb.Timestamp) string {
+	if !ts.IsValid() {
+		return "-"
+	}
+
+	return ts.AsTime().Local().Format(time.DateTime)
+}
+
+// WatchMachines redraws the machine list every interval until ctx ends (a clear screen, then the table).
+func (c *Client) WatchMachines(ctx context.Context, f MachineFilter, out io.Writer, every time.Duration, now func() time.Time) error {
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+
+	for {
+		var frame strings.Builder
+
+		frame.WriteString("\x1b[H\x1b[2J") // home, clear
+
+		fmt.Fprintf(&frame, "machines%s, every %s (Ctrl-C ends)  %s\n\n", describeFilter(f), every, now().Format(time.TimeOnly))
+
+		callCtx, cancel := context.WithTimeout(ctx, every+10*time.Second)
+		resp, err := c.machines(callCtx, f)
+
+		cancel()
+
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			fmt.Fprintf(&frame, "%v\n", err)
+		default:
+			if err := writeMachines(&frame, resp.GetMachines(), now()); err != nil {
+				return err
+			}
+		}
+
+		if _, err := io.WriteString(out, frame.String()); err != nil {
+			return err
+		}
+
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+func describeFilter(f MachineFilter) string {
+	var s string
+	if f.Site != "" {
+		s += " at " + peer(f.Site)
+	}
+
+	if f.Phase != "" {
+		s += ", " + peer(f.Phase)
+	}
+
+	return s
+}
+
+// writeJSON prints messages as one JSON document (protobuf field names, every field present).
+func writeJSON(out io.Writer, m proto.Message) error {
+	raw, err := protojson.MarshalOptions{Multiline: true, Indent: "  ", EmitUnpopulated: true}.Marshal(m)
+	if err != nil {
+		return err
+	}
+
+	_, err = fmt.Fprintf(out, "%s\n", raw)
+
+	return err
+}
+
+// writeJSONObject prints named messages as one JSON object.
+func writeJSONObject(out io.Writer, parts map[string]proto.Message) error {
+	obj := map[string]json.RawMessage{}
+
+	for k, m := range parts {
+		raw, err := protojson.MarshalOptions{EmitUnpopulated: true}.Marshal(m)
+		if err != nil {
+			return err
+		}
+
+		obj[k] = raw
+	}
+
+	enc := json.NewEncoder(out)
+	enc.SetIndent("", "  ")
+
+	return enc.Encode(obj)
+}
+
+// siteMachines returns a site's machines, or nil when the controller has no Machines API (an older one).
+func (c *Client) siteMachines(ctx context.Context, siteID string) (*adminpb.ListMachinesResponse, error) {
+	resp, err := c.machines(ctx, MachineFilter{Site: siteID})
+	if status.Code(err) == codes.Unimplemented {
+		return nil, nil //nolint:nilnil // nothing to show is not an error
+	}
+
+	return resp, err
+}

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/outpost-metal/outpost/controller/admincli"
+	"github.com/outpost-metal/outpost/controller/config"
+)
+
+// adminClient runs fn with a client of the controller's admin socket printing as output says; a call gets
+// timeout (0: until the command's context ends, for watches).
+func adminClient(cfg *config.Config, output *string, timeout time.Duration, fn func(context.Context, *admincli.Client) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, _ []string) error {
+		out, err := admincli.ParseOutput(*output)
+		if err != nil {
+			return err
+		}
+
+		c, err := admincli.Dial(cfg.AdminSocketPath())
+		if err != nil {
+			return err
+		}
+		defer c.Close() //nolint:errcheck
+
+		c.Output = out
+
+		ctx := cmd.Context()
+
+		if timeout > 0 {
+			var cancel context.CancelFunc
+
+			ctx, cancel = context.WithTimeout(ctx, timeout)
+			defer cancel()
+		}
+
+		return fn(ctx, c)
+	}
+}
+
+func machineCommand(cfg *config.Config) *cobra.Command {
+	machine := &cobra.Command{Use: "machine", Short: "Show machines: list (by site and phase), show one with its timeline"}
+
+	var (
+		output string
+		filter admincli.MachineFilter
+		watch  bool
+		every  time.Duration
+	)
+
+	machine.PersistentFlags().StringVarP(&output, "output", "o", string(admincli.OutputTable), "table or json")
+
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List machines with site, phase, power, agent, BMC and last event (--watch redraws it live)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if watch {
+				return adminClient(cfg, &output, 0, func(ctx context.Context, c *admincli.Client) error {
+					return c.WatchMachines(ctx, filter, cmd.OutOrStdout(), every, time.Now)
+				})(cmd, args)
+			}
+
+			return adminClient(cfg, &output, time.Minute, func(ctx context.Context, c *admincli.Client) error {
+				return c.ListMachines(ctx, filter, cmd.OutOrStdout(), time.Now())
+			})(cmd, args)
+		},
+	}
+	list.Flags().StringVar(&filter.Site, "site", "", "only machines at this site")
+	list.Flags().StringVar(&filter.Phase, "phase", "", "only machines in this phase (pending-acceptance, rejected, cordoned, awaiting-bmc, wiping, ready, installing, installed, unknown)")
+	list.Flags().BoolVarP(&watch, "watch", "w", false, "redraw the list until interrupted")
+	list.Flags().DurationVar(&every, "interval", 2*time.Second, "how often --watch redraws")
+
+	show := &cobra.Command{
+		Use:   "show MACHINE",
+		Short: "Show a machine: site, phase, power, BMC, agent and its timeline",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return adminClient(cfg, &output, 30*time.Second, func(ctx context.Context, c *admincli.Client) error {
+				return c.ShowMachine(ctx, args[0], cmd.OutOrStdout(), time.Now())
+			})(cmd, args)
+		},
+	}
+
+	machine.AddCommand(list, show)
+
+	return machine
+}
