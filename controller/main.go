@@ -25,13 +25,16 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	if err := rootCommand().ExecuteContext(ctx); err != nil {
+	root, _ := rootCommand(os.LookupEnv)
+	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "controller:", err)
 		os.Exit(1)
 	}
 }
 
-func rootCommand() *cobra.Command {
+// rootCommand returns the controller's command tree, whose flags fall back to the variables lookup finds, and
+// the binding that names each flag's variables.
+func rootCommand(lookup func(string) (string, bool)) (*cobra.Command, *envflag.Binding) {
 	cfg := config.Default()
 
 	var env *envflag.Binding
@@ -44,7 +47,7 @@ func rootCommand() *cobra.Command {
 		SilenceErrors: true,
 		Args:          cobra.NoArgs,
 		PersistentPreRunE: func(*cobra.Command, []string) error {
-			if err := env.Apply(os.LookupEnv); err != nil {
+			if err := env.Apply(lookup); err != nil {
 				return err
 			}
 
@@ -112,13 +115,13 @@ func rootCommand() *cobra.Command {
 	f.StringVar(&cfg.DefaultBootMode, "default-boot-mode", cfg.DefaultBootMode, "firmware mode (uefi or bios) for a PXE boot of a machine whose firmware is not known yet")
 
 	// The service-account key is a secret: it comes from the environment only, never from a flag (visible in ps).
-	cfg.Omni.ServiceAccountKey = os.Getenv("OMNI_SERVICE_ACCOUNT_KEY")
+	cfg.Omni.ServiceAccountKey, _ = lookup("OMNI_SERVICE_ACCOUNT_KEY")
 
 	root.AddCommand(siteCommand(&cfg), machineCommand(&cfg))
 
 	env = bindEnv(root)
 
-	return root
+	return root, env
 }
 
 // envAliases are environment variables kept besides the ones named after their flags: Omni's own names,
