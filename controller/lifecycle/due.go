@@ -56,6 +56,11 @@ func (h *dueHeap) Pop() any {
 // lifecycle therefore never hands COSI a requeue interval: machineController takes it here, and when it is due
 // the schedule controller (schedule.go) touches the machine's due record, an input of that controller only,
 // which puts the machine in its queue at once. COSI's queue holds only what is to run now.
+//
+// Power changes need no schedule: the edges watch their BMCs (bmcwatch.go) and Locations tells the
+// observation of each change (Locations.OnChange). What stays periodic is what nothing announces: the agent's
+// Hello, a BMC asked directly by an edge that does not watch, the retries while a site is offline or an agent
+// away, a cooldown running out and InfraMachineStatus's second look; that is what the schedule holds.
 type dues struct {
 	now func() time.Time
 

@@ -70,10 +70,10 @@ type job struct {
 
 func newJobs() *jobs { return &jobs{running: map[string]*job{}} }
 
-// start runs fn under key with the given timeout, detached from ctx's cancellation, unless a job with the same
-// key and tag runs (or finished and was not collected): then that job is returned. A job under key with another
-// tag (a newer wipe ID) is left to finish and replaced.
-func (j *jobs) start(ctx context.Context, key, tag string, timeout time.Duration, fn func(context.Context) error) *job {
+// start runs fn under key with the given timeout, detached from ctx's cancellation, and then (once the job is
+// done) then, unless a job with the same key and tag runs (or finished and was not collected): then that job
+// is returned. A job under key with another tag (a newer wipe ID) is left to finish and replaced.
+func (j *jobs) start(ctx context.Context, key, tag string, timeout time.Duration, fn func(context.Context) error, then func()) *job {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 
@@ -90,6 +90,7 @@ func (j *jobs) start(ctx context.Context, key, tag string, timeout time.Duration
 
 		jb.err = fn(jctx)
 		close(jb.done)
+		then()
 	}()
 
 	return jb

@@ -21,8 +21,10 @@ type wipe struct {
 	env *env
 }
 
+const wipeName = "lifecycle.WipeController"
+
 func newWipeController(e *env) *machineController {
-	return newMachineController(e, "lifecycle.WipeController", e.Types.WipeStatus, e.Types.Namespace, &wipe{env: e})
+	return newMachineController(e, wipeName, e.Types.WipeStatus, e.Types.Namespace, &wipe{env: e})
 }
 
 func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view) error {
@@ -73,12 +75,15 @@ func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.Q
 		})
 
 		return nil
-	})
+	}, func() { s.env.due.after(wipeName, v.id, 0) })
 
+	// A wipe takes long (hours when zeroing): it does not hold one of the controller's workers meanwhile, or a
+	// few long wipes would keep every other machine's wipe waiting. Its end puts the machine back in this
+	// controller's queue, and that reconcile records it.
 	select {
 	case <-jb.done:
-	case <-ctx.Done():
-		return ctx.Err()
+	default:
+		return nil
 	}
 
 	s.env.jobs.collect(jb)

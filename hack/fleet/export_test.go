@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"context"
 	"time"
 
 	"github.com/outpost-metal/outpost/edge/bmc"
@@ -31,3 +32,8 @@ var SiderolinkAPI = siderolinkAPI
 
 // ProcCPU is procCPU.
 var ProcCPU = procCPU
+
+// WatchPoll asks the service for a BMC's power as the edge's watcher does.
+func (s *BMCService) WatchPoll(ctx context.Context, t bmc.Target, c bmc.Credentials) (bool, error) {
+	return watchPoller{s}.PowerStatus(ctx, t, c)
+}

@@ -34,8 +34,11 @@ type edgeWatch struct {
 // watchPoller asks a simulated BMC for the watcher.
 type watchPoller struct{ svc *BMCService }
 
-func (p watchPoller) PowerStatus(ctx context.Context, t bmc.Target, _ bmc.Credentials) (bool, error) {
-	return p.svc.powerStatus(ctx, &bmcpb.Target{Host: t.Host, IpmiPort: uint32(t.IPMIPort)}, MethodWatchPoll) //nolint:gosec // a port
+func (p watchPoller) PowerStatus(ctx context.Context, t bmc.Target, c bmc.Credentials) (bool, error) {
+	// the credentials go with the target, as the edge's Manager has them: a BMC asked without a user refuses
+	return p.svc.powerStatus(ctx, &bmcpb.Target{ //nolint:gosec // a port
+		Host: t.Host, IpmiPort: uint32(t.IPMIPort), Username: c.Username, Password: c.Password,
+	}, MethodWatchPoll)
 }
 
 func newEdgeWatch(svc *BMCService, sink bmc.PowerSink, cfg bmc.WatcherConfig) *edgeWatch {
