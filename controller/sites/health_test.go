@@ -5,7 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cosi-project/runtime/pkg/state"
+	"github.com/cosi-project/runtime/pkg/state/impl/inmem"
+	"github.com/cosi-project/runtime/pkg/state/impl/namespaced"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/outpost-metal/outpost/controller/sites"
 )
@@ -49,4 +53,26 @@ func TestRegistrySiteLabels(t *testing.T) {
 
 	require.Equal(t, map[string]string{"rack": "2"}, reg.SiteLabels("branch-1"))
 	require.Nil(t, reg.SiteLabels("unknown"))
+}
+
+// The server's health lists the registered sites without a live session.
+func TestServerHealth(t *testing.T) {
+	t.Parallel()
+
+	reg := newRegistry(t, time.Now)
+
+	for _, id := range []string{"branch-1", "branch-2"} {
+		_, _, err := reg.Create(t.Context(), id, "", sites.TokenOptions{TTL: time.Hour})
+		require.NoError(t, err)
+	}
+
+	ca, _, _, err := sites.NewCA(time.Now())
+	require.NoError(t, err)
+
+	srv, err := sites.NewServer(sites.Options{
+		Logger: zaptest.NewLogger(t), Registry: reg, CA: ca, Statuses: state.WrapCore(namespaced.NewState(inmem.Build)),
+	})
+	require.NoError(t, err)
+
+	require.EqualError(t, srv.Health(t.Context()), "0 of 2 sites connected; offline: branch-1, branch-2")
 }
