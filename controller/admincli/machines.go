@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -129,6 +130,8 @@ func (c *Client) ShowMachine(ctx context.Context, machineID string, out io.Write
 	m := resp.GetMachine()
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "machine:\t%s\n", peer(m.GetMachineId()))
+	fmt.Fprintf(tw, "booted as:\t%s\n", peer(strings.Join(slices.DeleteFunc([]string{m.GetArch(), m.GetFirmware(), strings.Join(m.GetMacs(), " ")},
+		func(s string) bool { return s == "" }), ", ")))
 	fmt.Fprintf(tw, "site:\t%s\n", dash(peer(m.GetSiteId())))
 	fmt.Fprintf(tw, "phase:\t%s\n", dash(peer(m.GetPhase())))
 

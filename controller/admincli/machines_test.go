@@ -143,6 +143,7 @@ func TestMachineShow(t *testing.T) {
 
 	s := out.String()
 	require.Contains(t, s, "ipmi 10.0.1.5")
+	require.Contains(t, s, "52:54:00:00:00:01")
 	require.Contains(t, s, "timeline:")
 
 	// the boot steps in the order they happened

@@ -53,7 +53,9 @@ const (
 )
 
 // Phases lists every phase, in lifecycle order.
-var Phases = []string{PhasePending, PhaseRejected, PhaseCordoned, PhaseAwaitingBMC, PhaseWiping, PhaseReady, PhaseInstalling, PhaseInstalled}
+func Phases() []string {
+	return []string{PhasePending, PhaseRejected, PhaseCordoned, PhaseAwaitingBMC, PhaseWiping, PhaseReady, PhaseInstalling, PhaseInstalled}
+}
 
 // phase is where the machine is in its lifecycle.
 func (v *view) phase() string {

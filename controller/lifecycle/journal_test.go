@@ -49,7 +49,7 @@ func TestJournalFollowsTheLifecycle(t *testing.T) {
 
 	// phases in lifecycle order (a step may be seen twice in a row from a stale read, never out of order)
 	order := map[string]int{}
-	for i, p := range lifecycle.Phases {
+	for i, p := range lifecycle.Phases() {
 		order[p] = i
 	}
 

@@ -74,6 +74,7 @@ func machineProto(m timeline.Machine) *adminpb.Machine {
 	out := &adminpb.Machine{
 		MachineId: m.ID, SiteId: m.Site, Phase: m.Phase, Power: m.Power, BmcAddress: m.BMCAddress, BmcProtocol: m.BMCProtocol,
 		AgentConnected: m.AgentConnected, Waiting: m.Waiting, Installed: m.Installed,
+		Macs: m.MACs, Arch: m.Arch, Firmware: m.Firmware,
 	}
 
 	if !m.Updated.IsZero() {

@@ -31,7 +31,7 @@ func fleet(b *testing.B) (siteList, *timeline.Book) {
 		for m := range 40 {
 			id := fmt.Sprintf("%08x-0000-4000-8000-%012x", s, m)
 			book.Summarize(id, lifecycle.MachineSummary{
-				Site: site, Phase: lifecycle.Phases[(s+m)%len(lifecycle.Phases)], Power: "on", BMCAddress: "10.0.0.1", BMCProtocol: "ipmi",
+				Site: site, Phase: lifecycle.Phases()[(s+m)%len(lifecycle.Phases())], Power: "on", BMCAddress: "10.0.0.1", BMCProtocol: "ipmi",
 			})
 
 			for i := range 64 {

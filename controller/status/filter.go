@@ -24,8 +24,8 @@ func ParseFilter(site, phase string) (timeline.Filter, error) {
 		}
 	}
 
-	if phase != "" && phase != timeline.UnknownPhase && !slices.Contains(lifecycle.Phases, phase) {
-		return timeline.Filter{}, fmt.Errorf("%w: phase %q is none of %v", ErrBadQuery, clipID(phase), append(slices.Clone(lifecycle.Phases), timeline.UnknownPhase))
+	if phase != "" && phase != timeline.UnknownPhase && !slices.Contains(lifecycle.Phases(), phase) {
+		return timeline.Filter{}, fmt.Errorf("%w: phase %q is none of %v", ErrBadQuery, clipID(phase), append(lifecycle.Phases(), timeline.UnknownPhase))
 	}
 
 	return timeline.Filter{Site: site, Phase: phase}, nil

@@ -34,7 +34,8 @@ type Options struct {
 	Prefix string
 	// MaxStreams bounds the live-update streams open at once (default 64).
 	MaxStreams int
-	// UpdateEvery is the least time between two live updates of one stream (default 2 s).
+	// UpdateEvery is the least time between two live updates of one stream (default 5 s: every update makes
+	// the page fetch itself again).
 	UpdateEvery time.Duration
 	// Heartbeat is how often an idle stream says it is alive (default 15 s).
 	Heartbeat time.Duration
@@ -62,7 +63,7 @@ func NewPages(opts Options) (*Pages, error) {
 	}
 
 	if opts.UpdateEvery <= 0 {
-		opts.UpdateEvery = 2 * time.Second
+		opts.UpdateEvery = 5 * time.Second
 	}
 
 	if opts.Heartbeat <= 0 {
@@ -78,7 +79,7 @@ func NewPages(opts Options) (*Pages, error) {
 		"query":  query,
 		"dash":   dash,
 		"add":    func(a, b int) int { return a + b },
-		"phases": func() []string { return append(slices.Clone(lifecycle.Phases), timeline.UnknownPhase) },
+		"phases": func() []string { return append(lifecycle.Phases(), timeline.UnknownPhase) },
 	}).ParseFS(templateFiles, "templates/*.html")
 	if err != nil {
 		return nil, fmt.Errorf("status templates: %w", err)
@@ -204,7 +205,7 @@ func (p *Pages) SitesPage(ctx context.Context, page int) (*bytes.Buffer, error) 
 	for _, s := range sites[from:to] {
 		row := SiteRow{Site: s}
 
-		for _, ph := range append(slices.Clone(lifecycle.Phases), timeline.UnknownPhase) {
+		for _, ph := range append(lifecycle.Phases(), timeline.UnknownPhase) {
 			if n := byPhase[s.ID][ph]; n > 0 {
 				row.Phases = append(row.Phases, PhaseCount{Phase: ph, Count: n})
 				row.Machines += n

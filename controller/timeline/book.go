@@ -48,16 +48,20 @@ type Entry struct {
 
 // Machine is the summary of one machine: where it is and what the lifecycle last said of it.
 type Machine struct {
-	ID             string    `json:"id"`
-	Site           string    `json:"site"`
-	Phase          string    `json:"phase"`
-	Power          string    `json:"power"`
-	BMCAddress     string    `json:"bmc_address,omitempty"`
-	BMCProtocol    string    `json:"bmc_protocol,omitempty"`
-	AgentConnected bool      `json:"agent_connected"`
-	Waiting        string    `json:"waiting,omitempty"`
-	Installed      bool      `json:"installed"`
-	Updated        time.Time `json:"updated"`
+	ID             string `json:"id"`
+	Site           string `json:"site"`
+	Phase          string `json:"phase"`
+	Power          string `json:"power"`
+	BMCAddress     string `json:"bmc_address,omitempty"`
+	BMCProtocol    string `json:"bmc_protocol,omitempty"`
+	AgentConnected bool   `json:"agent_connected"`
+	Waiting        string `json:"waiting,omitempty"`
+	Installed      bool   `json:"installed"`
+	// MACs, Arch and Firmware are how the machine was seen booting (boot scripts served, DHCP requests).
+	MACs     []string  `json:"macs,omitempty"`
+	Arch     string    `json:"arch,omitempty"`
+	Firmware string    `json:"firmware,omitempty"`
+	Updated  time.Time `json:"updated"`
 	// Last is the newest timeline entry (zero when none).
 	Last Entry `json:"last"`
 }
@@ -89,7 +93,7 @@ type Config struct {
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
-	return Config{MaxEntries: 64, MaxText: 300, MaxMachines: 1 << 17, MaxPending: 4096, WriteInterval: 5 * time.Second}
+	return Config{MaxEntries: 40, MaxText: 300, MaxMachines: 1 << 17, MaxPending: 4096, WriteInterval: 5 * time.Second}
 }
 
 // Book holds every machine's timeline. It is safe for concurrent use.
@@ -102,8 +106,8 @@ type Book struct {
 	machines map[string]*machine
 	// byMAC and byIP tie the addresses a machine booted from to its ID (learned from boot scripts served).
 	byMAC, byIP map[string]string
-	// pending holds entries for addresses not tied to a machine yet, keyed "mac/..." or "ip/...".
-	pending map[string][]Entry
+	// pending holds entries for addresses not tied to a machine yet, keyed "<site>/mac/..." or "<site>/ip/...".
+	pending map[string][]held
 	dirty   map[string]bool
 	// changed is closed and replaced at every change (Changed).
 	changed chan struct{}
@@ -112,6 +116,13 @@ type Book struct {
 
 type machine struct {
 	Record
+}
+
+// held is an entry for an address no machine is tied to yet, and what it tells of the machine.
+type held struct {
+	Entry
+
+	apply func(*machine)
 }
 
 // New returns an empty book.
@@ -141,7 +152,7 @@ func New(cfg Config, now func() time.Time) *Book {
 	return &Book{
 		cfg: cfg, now: now, metrics: newMetrics(),
 		machines: map[string]*machine{}, byMAC: map[string]string{}, byIP: map[string]string{},
-		pending: map[string][]Entry{}, dirty: map[string]bool{}, changed: make(chan struct{}),
+		pending: map[string][]held{}, dirty: map[string]bool{}, changed: make(chan struct{}),
 	}
 }
 
@@ -294,6 +305,7 @@ func (b *Book) Get(machineID string) (Record, bool) {
 
 	out := m.Record
 	out.Entries = slices.Clone(m.Entries)
+	out.MACs = slices.Clone(m.MACs)
 
 	return out, true
 }
@@ -340,7 +352,9 @@ func (b *Book) List(f Filter, offset, limit int) ([]Machine, int) {
 
 	out := make([]Machine, 0, end-offset)
 	for _, m := range matched[offset:end] {
-		out = append(out, m.Machine)
+		cp := m.Machine
+		cp.MACs = slices.Clone(m.MACs)
+		out = append(out, cp)
 	}
 
 	b.mu.RUnlock()

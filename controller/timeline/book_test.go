@@ -96,6 +96,9 @@ func TestFirstBootInOrder(t *testing.T) {
 	require.Contains(t, rec.Entries[0].Text, "uefi-x86")
 	require.Contains(t, rec.Entries[0].Text, "relayed by 10.9.0.1")
 	require.Contains(t, rec.Entries[2].Text, "agent mode")
+	require.Equal(t, []string{"52:54:00:12:34:56"}, rec.MACs)
+	require.Equal(t, "amd64", rec.Arch)
+	require.Equal(t, "uefi", rec.Firmware, "from the DHCP request's client class")
 
 	// the next DHCP request from that MAC goes straight to the machine
 	require.NoError(t, b.HandleEvent(t.Context(), "site-a", event(&bootpb.DHCPSeen{Mac: "52:54:00:12:34:56", Firmware: "bios", Ipxe: true})))
@@ -256,6 +259,7 @@ func TestPersistAndLoad(t *testing.T) {
 	require.Equal(t, []string{timeline.KindDHCP, timeline.KindPXE, timeline.KindBootServed, timeline.KindAgentUp, timeline.KindPhase, timeline.KindAgentDown}, kinds(rec))
 	require.Equal(t, lifecycle.PhaseWiping, rec.Phase)
 	require.Equal(t, "10.0.1.5", rec.BMCAddress)
+	require.Equal(t, []string{"52:54:00:12:34:56"}, rec.MACs)
 
 	require.Zero(t, next.Flush(t.Context(), st, types))
 	reloaded := timeline.New(timeline.DefaultConfig(), newClock().Now)

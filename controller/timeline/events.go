@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -43,7 +44,11 @@ func (b *Book) HandleEvent(_ context.Context, site string, e *bootpb.Event) erro
 			text += ", relayed by " + d.GetRelay()
 		}
 
-		b.byAddress(site, "mac/"+mac, Entry{At: at, Kind: KindDHCP, Text: text})
+		b.byAddress(site, "mac/"+mac, Entry{At: at, Kind: KindDHCP, Text: text}, func(m *machine) {
+			if fw := firmwareOfClass(d.GetFirmware()); fw != "" && m.Firmware == "" {
+				m.Firmware = fw
+			}
+		})
 	case *bootpb.Event_PxeSeen:
 		p := k.PxeSeen
 
@@ -60,7 +65,7 @@ func (b *Book) HandleEvent(_ context.Context, site string, e *bootpb.Event) erro
 			entry.Error = true
 		}
 
-		b.byAddress(site, "ip/"+ip, entry)
+		b.byAddress(site, "ip/"+ip, entry, nil)
 	case *bootpb.Event_BootServed:
 		b.bootServed(site, at, k.BootServed)
 	case *bootpb.Event_AgentTunnel:
@@ -134,6 +139,8 @@ func (b *Book) bootServed(site string, at time.Time, s *bootpb.BootServed) {
 	ip, ipOK := normalIP(s.GetRemoteIp())
 
 	b.machineEvent(site, s.GetUuid(), entry, func(m *machine) {
+		b.identify(m, mac, s.GetArch(), s.GetPlatform())
+
 		// the addresses it booted from are its own now: what was held for them joins its timeline
 		for _, key := range []struct {
 			ok   bool
@@ -151,8 +158,12 @@ func (b *Book) bootServed(site string, at time.Time, s *bootpb.BootServed) {
 
 			key.ties[key.addr] = m.ID
 
-			for _, held := range b.pending[site+"/"+key.key] {
-				b.appendLocked(m, held)
+			for _, h := range b.pending[site+"/"+key.key] {
+				if h.apply != nil {
+					h.apply(m)
+				}
+
+				b.appendLocked(m, h.Entry)
 			}
 
 			delete(b.pending, site+"/"+key.key)
@@ -188,8 +199,47 @@ func (b *Book) machineEvent(site, machineID string, entry Entry, fn func(*machin
 	b.appendLocked(m, entry)
 }
 
-// byAddress adds an entry to the machine an address at site is tied to, or holds it for one.
-func (b *Book) byAddress(site, key string, entry Entry) {
+// identify records how a machine was seen booting; b.mu is held.
+func (b *Book) identify(m *machine, mac, arch, platform string) {
+	if mac != "" && !slices.Contains(m.MACs, mac) {
+		m.MACs = append(m.MACs, mac)
+		if len(m.MACs) > maxMACs {
+			m.MACs = m.MACs[len(m.MACs)-maxMACs:]
+		}
+	}
+
+	switch arch {
+	case "x86_64", "i386", "amd64":
+		m.Arch = "amd64"
+	case "arm64", "aarch64":
+		m.Arch = "arm64"
+	}
+
+	switch platform {
+	case "pcbios":
+		m.Firmware = "bios"
+	case "efi":
+		m.Firmware = "uefi"
+	}
+}
+
+// maxMACs bounds the interfaces kept per machine.
+const maxMACs = 8
+
+// firmwareOfClass is the firmware a DHCP client class names ("" when none).
+func firmwareOfClass(class string) string {
+	switch {
+	case class == "bios":
+		return "bios"
+	case strings.HasPrefix(class, "uefi-"), strings.HasPrefix(class, "http-"):
+		return "uefi"
+	default:
+		return ""
+	}
+}
+
+// byAddress adds an entry to the machine an address at site is tied to (and applies fn), or holds it for one.
+func (b *Book) byAddress(site, key string, entry Entry, fn func(*machine)) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 
@@ -201,6 +251,10 @@ func (b *Book) byAddress(site, key string, entry Entry) {
 	addr := site + "/" + strings.SplitN(key, "/", 2)[1]
 	if id, ok := ties[addr]; ok {
 		if m := b.machines[id]; m != nil {
+			if fn != nil {
+				fn(m)
+			}
+
 			b.appendLocked(m, entry)
 
 			return
@@ -209,7 +263,7 @@ func (b *Book) byAddress(site, key string, entry Entry) {
 
 	pk := site + "/" + key
 
-	held, ok := b.pending[pk]
+	list, ok := b.pending[pk]
 	if !ok && len(b.pending) >= b.cfg.MaxPending {
 		b.metrics.refused.WithLabelValues("too_many_pending").Inc()
 
@@ -218,12 +272,12 @@ func (b *Book) byAddress(site, key string, entry Entry) {
 
 	entry.Text = clip(entry.Text, b.cfg.MaxText)
 
-	held = append(held, entry)
-	if len(held) > maxPendingPerAddress {
-		held = held[len(held)-maxPendingPerAddress:]
+	list = append(list, held{Entry: entry, apply: fn})
+	if len(list) > maxPendingPerAddress {
+		list = list[len(list)-maxPendingPerAddress:]
 	}
 
-	b.pending[pk] = held
+	b.pending[pk] = list
 }
 
 func normalMAC(s string) (string, bool) {

@@ -72,6 +72,13 @@ func (b *Book) merge(id string, stored Record) {
 		m.BMCAddress, m.BMCProtocol = cmp.Or(m.BMCAddress, stored.BMCAddress), cmp.Or(m.BMCProtocol, stored.BMCProtocol)
 		m.Waiting = cmp.Or(m.Waiting, stored.Waiting)
 		m.Installed = m.Installed || stored.Installed
+		m.Arch, m.Firmware = cmp.Or(m.Arch, stored.Arch), cmp.Or(m.Firmware, stored.Firmware)
+
+		for _, mac := range stored.MACs {
+			if !slices.Contains(m.MACs, mac) && len(m.MACs) < maxMACs {
+				m.MACs = append(m.MACs, mac)
+			}
+		}
 	}
 
 	entries := append(slices.Clone(stored.Entries), m.Entries...)
@@ -101,12 +108,19 @@ func FromSpec(spec *specs.MachineTimelineSpec, maxText int) Record {
 			Site: clip(spec.GetSiteId(), maxText), Phase: clip(spec.GetPhase(), 64), Power: clip(spec.GetPower(), 16),
 			BMCAddress: clip(spec.GetBmcAddress(), maxText), BMCProtocol: clip(spec.GetBmcProtocol(), 16),
 			AgentConnected: spec.GetAgentConnected(), Waiting: clip(spec.GetWaiting(), maxText), Installed: spec.GetInstalled(),
+			Arch: clip(spec.GetArch(), 16), Firmware: clip(spec.GetFirmware(), 16),
 		},
 		Dropped: spec.GetDropped(),
 	}
 
 	if ts := spec.GetUpdated(); ts.IsValid() {
 		rec.Updated = ts.AsTime()
+	}
+
+	for _, mac := range spec.GetMacs() {
+		if mac, ok := normalMAC(mac); ok && len(rec.MACs) < maxMACs {
+			rec.MACs = append(rec.MACs, mac)
+		}
 	}
 
 	for _, e := range spec.GetEntries() {
@@ -130,7 +144,7 @@ func ToSpec(rec Record) *specs.MachineTimelineSpec {
 	spec := &specs.MachineTimelineSpec{
 		Schema: resources.MachineTimelineSchema, Dropped: rec.Dropped, SiteId: rec.Site, Phase: rec.Phase, Power: rec.Power,
 		BmcAddress: rec.BMCAddress, BmcProtocol: rec.BMCProtocol, AgentConnected: rec.AgentConnected, Waiting: rec.Waiting,
-		Installed: rec.Installed,
+		Installed: rec.Installed, Macs: rec.MACs, Arch: rec.Arch, Firmware: rec.Firmware,
 	}
 
 	if !rec.Updated.IsZero() {

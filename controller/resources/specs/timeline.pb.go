@@ -44,7 +44,11 @@ type MachineTimelineSpec struct {
 	// waiting is why the lifecycle cannot go on with the machine ("" when nothing holds it).
 	Waiting string `protobuf:"bytes,11,opt,name=waiting,proto3" json:"waiting,omitempty"`
 	// installed is whether Omni reported the machine installed (since its last wipe).
-	Installed     bool `protobuf:"varint,12,opt,name=installed,proto3" json:"installed,omitempty"`
+	Installed bool `protobuf:"varint,12,opt,name=installed,proto3" json:"installed,omitempty"`
+	// macs, arch and firmware are how the machine was seen booting (its boot scripts and DHCP requests).
+	Macs          []string `protobuf:"bytes,13,rep,name=macs,proto3" json:"macs,omitempty"`
+	Arch          string   `protobuf:"bytes,14,opt,name=arch,proto3" json:"arch,omitempty"`
+	Firmware      string   `protobuf:"bytes,15,opt,name=firmware,proto3" json:"firmware,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -163,6 +167,27 @@ func (x *MachineTimelineSpec) GetInstalled() bool {
 	return false
 }
 
+func (x *MachineTimelineSpec) GetMacs() []string {
+	if x != nil {
+		return x.Macs
+	}
+	return nil
+}
+
+func (x *MachineTimelineSpec) GetArch() string {
+	if x != nil {
+		return x.Arch
+	}
+	return ""
+}
+
+func (x *MachineTimelineSpec) GetFirmware() string {
+	if x != nil {
+		return x.Firmware
+	}
+	return ""
+}
+
 // TimelineEntry is one thing that happened to a machine.
 type TimelineEntry struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -248,7 +273,7 @@ var File_controller_resources_specs_timeline_proto protoreflect.FileDescriptor
 
 const file_controller_resources_specs_timeline_proto_rawDesc = "" +
 	"\n" +
-	")controller/resources/specs/timeline.proto\x12\x17outpost.resources.specs\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa9\x03\n" +
+	")controller/resources/specs/timeline.proto\x12\x17outpost.resources.specs\x1a\x1fgoogle/protobuf/timestamp.proto\"\xed\x03\n" +
 	"\x13MachineTimelineSpec\x12\x16\n" +
 	"\x06schema\x18\x01 \x01(\rR\x06schema\x12@\n" +
 	"\aentries\x18\x02 \x03(\v2&.outpost.resources.specs.TimelineEntryR\aentries\x12\x18\n" +
@@ -263,7 +288,10 @@ const file_controller_resources_specs_timeline_proto_rawDesc = "" +
 	"\aupdated\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\aupdated\x12\x18\n" +
 	"\awaiting\x18\v \x01(\tR\awaiting\x12\x1c\n" +
-	"\tinstalled\x18\f \x01(\bR\tinstalled\"\x97\x01\n" +
+	"\tinstalled\x18\f \x01(\bR\tinstalled\x12\x12\n" +
+	"\x04macs\x18\r \x03(\tR\x04macs\x12\x12\n" +
+	"\x04arch\x18\x0e \x01(\tR\x04arch\x12\x1a\n" +
+	"\bfirmware\x18\x0f \x01(\tR\bfirmware\"\x97\x01\n" +
 	"\rTimelineEntry\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x12\n" +

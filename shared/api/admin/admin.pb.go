@@ -1002,7 +1002,11 @@ type Machine struct {
 	Installed bool                   `protobuf:"varint,9,opt,name=installed,proto3" json:"installed,omitempty"`
 	Updated   *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=updated,proto3" json:"updated,omitempty"`
 	// last is the newest timeline entry.
-	Last          *TimelineEntry `protobuf:"bytes,11,opt,name=last,proto3" json:"last,omitempty"`
+	Last *TimelineEntry `protobuf:"bytes,11,opt,name=last,proto3" json:"last,omitempty"`
+	// macs, arch and firmware are how the machine was seen booting.
+	Macs          []string `protobuf:"bytes,12,rep,name=macs,proto3" json:"macs,omitempty"`
+	Arch          string   `protobuf:"bytes,13,opt,name=arch,proto3" json:"arch,omitempty"`
+	Firmware      string   `protobuf:"bytes,14,opt,name=firmware,proto3" json:"firmware,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1112,6 +1116,27 @@ func (x *Machine) GetLast() *TimelineEntry {
 		return x.Last
 	}
 	return nil
+}
+
+func (x *Machine) GetMacs() []string {
+	if x != nil {
+		return x.Macs
+	}
+	return nil
+}
+
+func (x *Machine) GetArch() string {
+	if x != nil {
+		return x.Arch
+	}
+	return ""
+}
+
+func (x *Machine) GetFirmware() string {
+	if x != nil {
+		return x.Firmware
+	}
+	return ""
 }
 
 // TimelineEntry is one thing that happened to a machine.
@@ -1366,7 +1391,7 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\x05limit\x18\x04 \x01(\rR\x05limit\"`\n" +
 	"\x14ListMachinesResponse\x122\n" +
 	"\bmachines\x18\x01 \x03(\v2\x16.outpost.admin.MachineR\bmachines\x12\x14\n" +
-	"\x05total\x18\x02 \x01(\rR\x05total\"\xfa\x02\n" +
+	"\x05total\x18\x02 \x01(\rR\x05total\"\xbe\x03\n" +
 	"\aMachine\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x17\n" +
@@ -1381,7 +1406,10 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\tinstalled\x18\t \x01(\bR\tinstalled\x124\n" +
 	"\aupdated\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\aupdated\x120\n" +
-	"\x04last\x18\v \x01(\v2\x1c.outpost.admin.TimelineEntryR\x04last\"\x97\x01\n" +
+	"\x04last\x18\v \x01(\v2\x1c.outpost.admin.TimelineEntryR\x04last\x12\x12\n" +
+	"\x04macs\x18\f \x03(\tR\x04macs\x12\x12\n" +
+	"\x04arch\x18\r \x01(\tR\x04arch\x12\x1a\n" +
+	"\bfirmware\x18\x0e \x01(\tR\bfirmware\"\x97\x01\n" +
 	"\rTimelineEntry\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x12\n" +
