@@ -336,6 +336,9 @@ func CachedInputs(qcontrollers ...controller.QController) []options.Option {
 	return opts
 }
 
+// localHistory bounds the events kept per kind of a local namespace for a watcher that falls behind.
+const localHistory = 65536
+
 // WithLocalNamespaces returns st with the controllers' local namespaces served from memory (one in-memory
 // state per namespace, for the life of the returned state) and every other namespace from st.
 func WithLocalNamespaces(st state.CoreState, qcontrollers ...controller.QController) state.State {
@@ -343,7 +346,10 @@ func WithLocalNamespaces(st state.CoreState, qcontrollers ...controller.QControl
 
 	return state.WrapCore(namespaced.NewState(func(ns resource.Namespace) state.CoreState {
 		if local[ns] {
-			return inmem.NewState(ns)
+			// room for every machine's record to be touched at once (a whole fleet due together) before the
+			// runtime's watch reads them: a watcher that falls further behind fails, and the runtime with it
+			return inmem.NewStateWithOptions(inmem.WithHistoryInitialCapacity(1024), inmem.WithHistoryMaxCapacity(localHistory),
+				inmem.WithHistoryGap(20))(ns)
 		}
 
 		return st

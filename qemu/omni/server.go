@@ -98,6 +98,13 @@ type Server struct {
 	token string
 }
 
+// historyOptions keep as many events per kind for a watcher that falls behind as Omni v1.9.3 keeps
+// (internal/backend/runtime/omni/state_boltdb.go: 5000, gap 20); a stand-in with the default 100 ends the
+// watches of a provider with thousands of machines, which Omni does not.
+func historyOptions() []inmem.StateOption {
+	return []inmem.StateOption{inmem.WithHistoryMaxCapacity(5000), inmem.WithHistoryGap(20)}
+}
+
 // New opens (or creates) the stand-in's state and service-account keys.
 func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
@@ -109,7 +116,8 @@ func New(cfg Config) (*Server, error) {
 	var core state.CoreState
 
 	if cfg.StateDir == "" {
-		core = namespaced.NewState(inmem.Build)
+		build := inmem.NewStateWithOptions(historyOptions()...)
+		core = namespaced.NewState(func(ns resource.Namespace) state.CoreState { return build(ns) })
 	} else {
 		if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 			return nil, fmt.Errorf("create state directory: %w", err)
@@ -124,7 +132,7 @@ func New(cfg Config) (*Server, error) {
 
 		s.bolt = bs
 		core = namespaced.NewState(func(ns resource.Namespace) state.CoreState {
-			return inmem.NewStateWithOptions(inmem.WithBackingStore(bs.WithNamespace(ns)))(ns)
+			return inmem.NewStateWithOptions(append(historyOptions(), inmem.WithBackingStore(bs.WithNamespace(ns)))...)(ns)
 		})
 	}
 
