@@ -64,7 +64,7 @@ func BenchmarkSitesPage(b *testing.B) {
 	b.ResetTimer()
 
 	for b.Loop() {
-		if _, err := p.SitesPage(b.Context(), 1); err != nil {
+		if _, err := p.SitesPage(b.Context(), "", 1); err != nil {
 			b.Fatal(err)
 		}
 	}

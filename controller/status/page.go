@@ -80,6 +80,7 @@ func NewPages(opts Options) (*Pages, error) {
 		"dash":   dash,
 		"add":    func(a, b int) int { return a + b },
 		"phases": func() []string { return append(lifecycle.Phases(), timeline.UnknownPhase) },
+		"states": SiteStates,
 	}).ParseFS(templateFiles, "templates/*.html")
 	if err != nil {
 		return nil, fmt.Errorf("status templates: %w", err)
@@ -158,6 +159,8 @@ type Pager struct {
 }
 
 type sitesData struct {
+	// State is the link state shown ("": all).
+	State string
 	Sites []SiteRow
 	Pager
 	Connected, Offline int
@@ -174,26 +177,37 @@ type machineData struct {
 	Record timeline.Record
 }
 
-// SitesPage renders the sites page, page n, to a buffer (the handler's work, also measured by benchmarks).
-func (p *Pages) SitesPage(ctx context.Context, page int) (*bytes.Buffer, error) {
-	sites, err := p.opts.Sites.Sites(ctx)
+// SiteStates are the states a site's link can be in.
+func SiteStates() []string { return []string{"connected", "offline", "revoked", "awaiting-enrolment"} }
+
+// SitesPage renders page n of the sites in state ("": all) to a buffer (the handler's work, also measured by
+// benchmarks).
+func (p *Pages) SitesPage(ctx context.Context, state string, page int) (*bytes.Buffer, error) {
+	all, err := p.opts.Sites.Sites(ctx)
 	if err != nil {
 		return nil, err
 	}
 
 	byPhase := p.opts.Machines.Phases()
 
-	slices.SortFunc(sites, func(a, b Site) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(all, func(a, b Site) int { return strings.Compare(a.ID, b.ID) })
 
-	data := sitesData{Pager: pager(page, len(sites))}
+	data := sitesData{State: state}
+	sites := all[:0:0]
 
-	for _, s := range sites {
+	for _, s := range all {
 		if s.State == "connected" {
 			data.Connected++
 		} else {
 			data.Offline++
 		}
+
+		if state == "" || s.State == state {
+			sites = append(sites, s)
+		}
 	}
+
+	data.Pager = pager(page, len(sites))
 
 	for _, n := range byPhase {
 		for _, c := range n {
@@ -255,6 +269,13 @@ func (p *Pages) render(name string, data any) (*bytes.Buffer, error) {
 func (p *Pages) sitesPage(w http.ResponseWriter, r *http.Request) {
 	page := 1
 
+	state := r.URL.Query().Get("state")
+	if state != "" && !slices.Contains(SiteStates(), state) {
+		http.Error(w, fmt.Sprintf("state must be one of %v", SiteStates()), http.StatusBadRequest)
+
+		return
+	}
+
 	if s := r.URL.Query().Get("page"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > maxPageNumber {
@@ -266,7 +287,7 @@ func (p *Pages) sitesPage(w http.ResponseWriter, r *http.Request) {
 		page = n
 	}
 
-	buf, err := p.SitesPage(r.Context(), page)
+	buf, err := p.SitesPage(r.Context(), state, page)
 	p.write(w, buf, err)
 }
 

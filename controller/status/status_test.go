@@ -119,8 +119,13 @@ func TestSitesPageCountsPhases(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, "wiping: 2")
 	require.Contains(t, body, "installed: 3")
-	require.Contains(t, body, "1 connected, 1 not; 5 machines")
+	require.Contains(t, body, "1 sites connected, 1 not; 5 machines")
 	require.Contains(t, body, `href="/status/machines?phase=wiping&amp;site=a"`)
+
+	code, body = get(t, srv.URL+"/status/?state=offline")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `href="/status/machines?site=b"`)
+	require.NotContains(t, body, `href="/status/machines?site=a"`)
 
 	code, body = get(t, srv.URL+"/status/machines?site=a&phase=wiping")
 	require.Equal(t, http.StatusOK, code)
@@ -140,6 +145,7 @@ func TestBadQueriesRefused(t *testing.T) {
 		"page":        "/status/machines?page=-1",
 		"huge page":   "/status/machines?page=99999999999999999999",
 		"sites page":  "/status/?page=x",
+		"site state":  "/status/?state=" + url.QueryEscape(hostile),
 		"unknown one": "/status/machines/" + strings.Repeat("a", 36),
 	} {
 		code, body := get(t, srv.URL+path)
