@@ -109,6 +109,8 @@ func rootCommand(lookup func(string) (string, bool)) (*cobra.Command, *envflag.B
 	f.StringVar(&cfg.ImageFactoryURL, "image-factory-url", cfg.ImageFactoryURL, "image factory URL (schematics) when no install assets directory is set")
 	f.StringVar(&cfg.PXEBaseURL, "pxe-base-url", cfg.PXEBaseURL, "where the image factory serves PXE scripts and images (default: the factory URL)")
 	f.StringVar(&cfg.TrustedRootsFile, "trusted-roots-file", cfg.TrustedRootsFile, "PEM CA bundle added to machines' join config (custom CA in front of Omni)")
+	f.StringVar(&cfg.ExtraMachineConfigFile, "extra-machine-config-file", cfg.ExtraMachineConfigFile, "Talos multi-documents (network, resolvers, time servers, ...) served with the join config to machines in agent mode")
+	f.DurationVar(&cfg.LeaseDuration, "lease-duration", cfg.LeaseDuration, "with Omni: a standby controller takes over after the active one has not renewed its lease this long")
 
 	f.StringSliceVar(&cfg.MachineLabels, "machine-labels", cfg.MachineLabels, "key=value labels published on every machine in Omni, besides its site label (comma separated)")
 	f.StringVar(&cfg.BMCProtocol, "bmc-protocol", cfg.BMCProtocol, "how edges talk to BMCs: auto (Redfish when it answers, else IPMI), ipmi or redfish")

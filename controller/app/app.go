@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outpost-metal/outpost/controller/config"
+	"github.com/outpost-metal/outpost/controller/lease"
 )
 
 // ErrStoppedOnItsOwn means a component returned before the controller was told to stop: the controller
@@ -44,6 +45,8 @@ type Controller struct {
 	ran        atomic.Bool
 
 	uplinkAddr, httpAddr net.Addr
+	// elector is the lease this controller campaigns for (nil without Omni: it always acts).
+	elector *lease.Elector
 }
 
 // component is one long-running unit: run returns nil once ctx is done.

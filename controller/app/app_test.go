@@ -99,7 +99,7 @@ func TestBuildFailureClosesWhatWasBuilt(t *testing.T) {
 			want: "build listeners: http: listen tcp",
 		},
 		{
-			name: "trusted roots missing, in the lifecycle",
+			name: "trusted roots missing, before Omni is asked anything",
 			change: func(t *testing.T, cfg *config.Config) {
 				t.Helper()
 
@@ -108,7 +108,7 @@ func TestBuildFailureClosesWhatWasBuilt(t *testing.T) {
 				cfg.ImageFactoryURL = "https://factory.invalid"
 				cfg.TrustedRootsFile = filepath.Join(t.TempDir(), "missing.pem")
 			},
-			want: "build lifecycle: trusted roots:",
+			want: "build configuration: trusted roots:",
 		},
 		{
 			name: "no agent images, in the site assets",

@@ -19,7 +19,9 @@ import (
 
 	"github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/config"
+	"github.com/outpost-metal/outpost/controller/lease"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/omni"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/sites"
 	"github.com/outpost-metal/outpost/controller/timeline"
@@ -53,6 +55,15 @@ type builder struct {
 	timelines *timeline.Book
 	// httpAccess wraps the HTTP listener and handler (TLS, token: status.go; nil: served as they are).
 	httpAccess func(net.Listener) (net.Listener, http.Handler, error)
+
+	// trustedRoots (PEM) and extraDocs are what the configuration names in files, read before anything is
+	// built so that a missing file is reported at once, not after Omni answers.
+	trustedRoots string
+	extraDocs    omni.ExtraDocuments
+
+	// elector is the lease (with Omni); acting are the components that run only while it is held (see act).
+	elector *lease.Elector
+	acting  []component
 }
 
 // step is one construction step, named for the error it may return.
@@ -70,8 +81,8 @@ func Build(ctx context.Context, cfg config.Config, log *zap.Logger) (*Controller
 	steps := []step{
 		{"configuration", b.configuration},
 		{"store", b.openStore},
-		{"enrollment CA", b.loadCA},
 		{"metrics", b.newMetrics},
+		{"enrollment CA", b.loadCA},
 		{"site assets", b.newSiteAssets},
 		{"edge wiring", b.newEdgeWiring},
 		{"uplink server", b.newUplinkServer},
@@ -83,6 +94,7 @@ func Build(ctx context.Context, cfg config.Config, log *zap.Logger) (*Controller
 	steps = append(steps,
 		step{"lifecycle", b.newLifecycle},
 		step{"listeners", b.listen},
+		step{"lease", func(context.Context) error { b.runActing(); return nil }},
 	)
 
 	for _, s := range steps {
@@ -117,6 +129,25 @@ func (b *builder) configuration(context.Context) error {
 		return err
 	}
 
+	if b.cfg.TrustedRootsFile != "" {
+		pem, err := os.ReadFile(b.cfg.TrustedRootsFile)
+		if err != nil {
+			return fmt.Errorf("trusted roots: %w", err)
+		}
+
+		b.trustedRoots = string(pem)
+	}
+
+	if b.cfg.ExtraMachineConfigFile != "" {
+		docs, err := omni.LoadExtraDocuments(b.cfg.ExtraMachineConfigFile)
+		if err != nil {
+			return err
+		}
+
+		b.extraDocs = docs
+		b.log.Info("extra machine-config documents served with the join config", zap.Strings("documents", docs.Kinds()))
+	}
+
 	if err := os.MkdirAll(b.cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("create state directory: %w", err)
 	}
@@ -136,7 +167,11 @@ func (b *builder) openStore(context.Context) error {
 	return nil
 }
 
-func (b *builder) loadCA(context.Context) error {
+func (b *builder) loadCA(ctx context.Context) error {
+	if b.cfg.OmniEnabled() {
+		return b.loadSharedState(ctx)
+	}
+
 	ca, err := sites.LoadOrCreateCA(filepath.Join(b.cfg.StateDir, "ca"), time.Now())
 	if err != nil {
 		return err
@@ -188,6 +223,7 @@ func (b *builder) newAdmin(context.Context) error {
 
 func (b *builder) newHTTP(context.Context) error {
 	b.mux = newHTTPMux(b.metrics)
+	b.mux.Handle("GET /readyz", readyHandler(b.ctrl))
 
 	return nil
 }
@@ -195,14 +231,20 @@ func (b *builder) newHTTP(context.Context) error {
 // listen opens the listeners last, so that a failure of any other step leaves no port taken, and adds the
 // servers on them to the run list.
 func (b *builder) listen(context.Context) error {
-	uplinkLn, err := net.Listen("tcp", b.cfg.UplinkListen)
-	if err != nil {
-		return fmt.Errorf("uplink: %w", err)
-	}
+	if b.elector != nil {
+		if err := b.listenUplinkPerTerm(); err != nil {
+			return err
+		}
+	} else {
+		uplinkLn, err := net.Listen("tcp", b.cfg.UplinkListen)
+		if err != nil {
+			return fmt.Errorf("uplink: %w", err)
+		}
 
-	b.onClose("uplink listener", uplinkLn.Close)
-	b.ctrl.uplinkAddr = uplinkLn.Addr()
-	b.run("uplink", func(ctx context.Context) error { return b.uplink.Serve(ctx, uplinkLn) })
+		b.onClose("uplink listener", uplinkLn.Close)
+		b.ctrl.uplinkAddr = uplinkLn.Addr()
+		b.run("uplink", func(ctx context.Context) error { return b.uplink.Serve(ctx, uplinkLn) })
+	}
 
 	adminLn, err := listenUnix(b.cfg.AdminSocketPath())
 	if err != nil {
@@ -232,7 +274,7 @@ func (b *builder) listen(context.Context) error {
 	}
 
 	b.log.Info("controller built",
-		zap.String("uplink", uplinkLn.Addr().String()),
+		zap.Stringer("uplink", b.ctrl.uplinkAddr), zap.Bool("standby_capable", b.elector != nil),
 		zap.String("admin_socket", b.cfg.AdminSocketPath()),
 		zap.String("ca_fingerprint", fmt.Sprintf("%x", b.ca.Fingerprint())),
 	)

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/controller"
@@ -51,17 +50,6 @@ func (b *builder) newLifecycle(context.Context) error {
 		bootplans.NoSiteAddresses{})
 	if err != nil {
 		return err
-	}
-
-	var trustedRoots string
-
-	if cfg.TrustedRootsFile != "" {
-		pem, err := os.ReadFile(cfg.TrustedRootsFile)
-		if err != nil {
-			return fmt.Errorf("trusted roots: %w", err)
-		}
-
-		trustedRoots = string(pem)
 	}
 
 	lifecycleMetrics := lifecycle.NewMetrics()
@@ -110,7 +98,7 @@ func (b *builder) newLifecycle(context.Context) error {
 	}
 
 	session := &omniSession{
-		log: b.log, edges: b.edges, types: types, health: b.uplink.Health, trustedRoots: trustedRoots,
+		log: b.log, edges: b.edges, types: types, health: b.uplink.Health, trustedRoots: b.trustedRoots, extra: b.extraDocs,
 		controllers: qcs, timelines: b.timelines,
 	}
 
@@ -119,7 +107,7 @@ func (b *builder) newLifecycle(context.Context) error {
 		return err
 	}
 
-	b.run("lifecycle", keeper.Run)
+	b.act("lifecycle", keeper.Run)
 
 	return nil
 }
@@ -131,6 +119,7 @@ type omniSession struct {
 	types        resources.Types
 	health       func(context.Context) error
 	trustedRoots string
+	extra        omni.ExtraDocuments
 	controllers  []controller.QController
 	// timelines are loaded from Omni before the lifecycle runs and written back while it does (nil: none).
 	timelines *timeline.Book
@@ -160,7 +149,7 @@ func (s *omniSession) run(ctx context.Context, conn *omni.Connection) error {
 	watcher := conn.NewJoinConfigWatcher(s.trustedRoots, func(jc omni.JoinConfig) {
 		s.edges.pusher.SetConfig([]byte(jc.Documents))
 		s.log.Info("join config from Omni pushed to sites")
-	})
+	}).WithExtraDocuments(s.extra)
 
 	eg, ctx := errgroup.WithContext(ctx)
 

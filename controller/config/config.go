@@ -11,6 +11,7 @@ import (
 
 	"github.com/outpost-metal/outpost/controller/bootplans"
 	"github.com/outpost-metal/outpost/controller/labels"
+	"github.com/outpost-metal/outpost/controller/lease"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/omni"
 	"github.com/outpost-metal/outpost/controller/sites"
@@ -49,6 +50,10 @@ type Config struct {
 
 	// Omni is the Omni connection; the lifecycle runs only when its endpoint is set.
 	Omni omni.Config
+	// Lease says how the controllers of one provider decide which of them acts (with Omni only; Holder and
+	// UplinkAddress are filled in at start). LeaseDuration, when set, replaces it with lease.ForDuration.
+	Lease         lease.Config
+	LeaseDuration time.Duration
 	// Lifecycle tunes the machine lifecycle.
 	Lifecycle lifecycle.Config
 	// Planner says what agent mode boots and how machines boot from disk.
@@ -63,6 +68,9 @@ type Config struct {
 	PXEBaseURL      string
 	// TrustedRootsFile is a PEM bundle added to the machines' join config (a custom CA in front of Omni).
 	TrustedRootsFile string
+	// ExtraMachineConfigFile holds Talos multi-documents added to the join config machines in agent mode get
+	// (see omni.ExtraDocuments).
+	ExtraMachineConfigFile string
 	// BMCProtocol is how edges talk to BMCs: auto (Redfish when it answers, else IPMI), ipmi or redfish.
 	BMCProtocol string
 	// MachineLabels are key=value labels published on every machine in Omni (besides its site label).
@@ -87,6 +95,7 @@ func Default() Config {
 		// Caching is what a site wants unless told otherwise: it keeps booting when the WAN is down.
 		DefaultAssetPolicy: "cache",
 		Omni:               omni.Default(),
+		Lease:              lease.Default(),
 		Lifecycle:          lifecycle.Default(),
 		Planner:            bootplans.DefaultPlannerConfig(),
 		InstallAssetsURL:   "/assets/install",
@@ -98,7 +107,7 @@ func Default() Config {
 // AbsolutePaths makes every path setting absolute (relative to the working directory), so the admin socket's
 // address and every file the controller opens mean the same thing wherever they are used.
 func (c *Config) AbsolutePaths() error {
-	return absolute(&c.StateDir, &c.AdminSocket, &c.AssetsDir, &c.AgentAssetsDir, &c.InstallAssetsDir, &c.TrustedRootsFile)
+	return absolute(&c.StateDir, &c.AdminSocket, &c.AssetsDir, &c.AgentAssetsDir, &c.InstallAssetsDir, &c.TrustedRootsFile, &c.ExtraMachineConfigFile)
 }
 
 func absolute(paths ...*string) error {

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/resource"
@@ -43,8 +44,11 @@ type Config struct {
 }
 
 // Default returns a 15 s lease renewed every 3 s, given up by its holder 3 s before a standby may take it.
-func Default() Config {
-	return Config{Duration: 15 * time.Second, Renew: 3 * time.Second, Margin: 3 * time.Second}
+func Default() Config { return ForDuration(15 * time.Second) }
+
+// ForDuration returns a lease of d renewed every d/5, given up by its holder d/5 before a standby may take it.
+func ForDuration(d time.Duration) Config {
+	return Config{Duration: d, Renew: d / 5, Margin: d / 5}
 }
 
 // Validate reports a configuration under which two controllers could act at once.
@@ -71,7 +75,11 @@ type Elector struct {
 	now    func() time.Time
 	leader prometheus.Gauge
 	terms  prometheus.Counter
+	acting atomic.Bool
 }
+
+// Acting reports whether this controller holds the lease now.
+func (e *Elector) Acting() bool { return e.acting.Load() }
 
 // New returns an elector for the lease of types' provider in st. now is the clock (time.Now); reg may be nil.
 func New(cfg Config, st state.State, types resources.Types, log *zap.Logger, now func() time.Time, reg prometheus.Registerer) (*Elector, error) {
@@ -231,8 +239,12 @@ func (e *Elector) fill(spec *specs.ControllerLeaseSpec, terms uint64) {
 func (e *Elector) hold(ctx context.Context, lead func(ctx context.Context) error) (bool, error) {
 	e.leader.Set(1)
 	e.terms.Inc()
+	e.acting.Store(true)
 
-	defer e.leader.Set(0)
+	defer func() {
+		e.acting.Store(false)
+		e.leader.Set(0)
+	}()
 
 	e.log.Info("acting: this controller holds the lease")
 

@@ -1,0 +1,203 @@
+package app
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/outpost-metal/outpost/controller/lease"
+	"github.com/outpost-metal/outpost/controller/omni"
+	"github.com/outpost-metal/outpost/controller/seal"
+	"github.com/outpost-metal/outpost/controller/sites"
+)
+
+// With Omni configured, the controller keeps its sites and enrollment CA in Omni's provider namespace, and a
+// lease there decides which of the provider's controllers acts: the state directory holds only caches (the
+// asset store) and what a controller kept before it moved its state to Omni, which is imported once.
+
+// loadSharedState connects to Omni for the site registry, the CA and the lease (unary calls that outlive an
+// Omni restart: the client reconnects), loads or creates the CA there (importing the state directory's), imports
+// the sites the state directory holds, and builds the lease elector.
+func (b *builder) loadSharedState(ctx context.Context) error {
+	conn, err := omni.Connect(ctx, b.cfg.Omni, b.log.Named("shared-state"))
+	if err != nil {
+		return err
+	}
+
+	b.onClose("omni connection (sites and lease)", conn.Close)
+
+	key, err := seal.KeyFromServiceAccount(b.cfg.Omni.ServiceAccountKey, sites.CASealPurpose)
+	if err != nil {
+		return err
+	}
+
+	box, err := seal.New(key, rand.Reader)
+	if err != nil {
+		return err
+	}
+
+	ca, origin, err := sites.LoadOrCreateSharedCA(ctx, conn.State(), conn.Types(), box, filepath.Join(b.cfg.StateDir, "ca"), time.Now())
+	if err != nil {
+		return err
+	}
+
+	b.ca = ca
+	b.registry = sites.NewRegistry(conn.State(), ca, rand.Reader, time.Now, sites.Kind(conn.Types().Sites()))
+
+	imported, err := sites.ImportSites(ctx, sites.NewRegistry(b.store, ca, rand.Reader, time.Now), b.registry, b.log)
+	if err != nil {
+		return fmt.Errorf("import the state directory's sites into omni: %w", err)
+	}
+
+	b.log.Info("sites and enrollment CA kept in omni", zap.String("ca", string(origin)), zap.Int("sites_imported", imported))
+
+	holder, err := holderName()
+	if err != nil {
+		return err
+	}
+
+	cfg := b.cfg.Lease
+	if b.cfg.LeaseDuration > 0 {
+		cfg = lease.ForDuration(b.cfg.LeaseDuration)
+	}
+
+	cfg.Holder = holder
+	cfg.UplinkAddress = b.cfg.UplinkListen
+
+	b.elector, err = lease.New(cfg, conn.State(), conn.Types(), b.log, time.Now, b.metrics)
+
+	return err
+}
+
+// holderName names this controller process in the lease: host name and a random suffix, so a restarted
+// controller is a new holder.
+func holderName() (string, error) {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "controller"
+	}
+
+	suffix := make([]byte, 4)
+	if _, err := rand.Read(suffix); err != nil {
+		return "", fmt.Errorf("lease holder name: %w", err)
+	}
+
+	return host + "-" + hex.EncodeToString(suffix), nil
+}
+
+// act adds a component that runs only while this controller holds the lease (all of them when there is no
+// lease: no Omni, so no other controller to share with).
+func (b *builder) act(name string, fn func(ctx context.Context) error) {
+	if b.elector == nil {
+		b.run(name, fn)
+
+		return
+	}
+
+	b.acting = append(b.acting, component{name: name, run: fn})
+}
+
+// runActing adds the one component that campaigns for the lease and, in each term, runs the acting
+// components under one errgroup: a lost lease stops them all and the controller stands by again; one of them
+// stopping or failing ends the term and the controller (a standby takes over).
+func (b *builder) runActing() {
+	if b.elector == nil || len(b.acting) == 0 {
+		return
+	}
+
+	acting, log, elector := b.acting, b.log, b.elector
+
+	b.ctrl.elector = elector
+	b.run("lease", func(ctx context.Context) error {
+		return elector.Run(ctx, func(ctx context.Context) error {
+			eg, ectx := errgroup.WithContext(ctx)
+
+			for _, comp := range acting {
+				eg.Go(func() error {
+					log.Info("acting component started", zap.String("component", comp.name))
+
+					err := comp.run(ectx)
+
+					switch {
+					case err != nil:
+						err = fmt.Errorf("%s: %w", comp.name, err)
+					case ectx.Err() == nil:
+						err = fmt.Errorf("%s: %w", comp.name, ErrStoppedOnItsOwn)
+					}
+
+					log.Info("acting component stopped", zap.String("component", comp.name), zap.Bool("failed", err != nil))
+
+					return err
+				})
+			}
+
+			err := eg.Wait()
+			if ctx.Err() != nil {
+				// The term ended (lease lost or shutdown): the components' errors are their way out.
+				return nil
+			}
+
+			return err
+		})
+	})
+}
+
+// listenUplinkPerTerm serves the uplink only while this controller holds the lease: a standby does not listen,
+// so an edge given several controller addresses is refused at once and dials the next. The port is checked
+// now, so that a port taken shows at start and not at a takeover.
+func (b *builder) listenUplinkPerTerm() error {
+	ln, err := net.Listen("tcp", b.cfg.UplinkListen)
+	if err != nil {
+		return fmt.Errorf("uplink: %w", err)
+	}
+
+	b.ctrl.uplinkAddr = ln.Addr()
+	addr := ln.Addr().String()
+
+	if err := ln.Close(); err != nil {
+		return fmt.Errorf("uplink: %w", err)
+	}
+
+	b.act("uplink", func(ctx context.Context) error {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("listen on %s after taking the lease: %w", addr, err)
+		}
+
+		return errors.Join(b.uplink.Serve(ctx, ln), ignoreClosed(ln.Close()))
+	})
+
+	return nil
+}
+
+func ignoreClosed(err error) error {
+	if errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+
+	return err
+}
+
+// readyHandler answers 200 while this controller acts (holds the lease, or there is none) and 503 while it
+// stands by: a Kubernetes Service in front of two controllers sends edges to the active one.
+func readyHandler(c *Controller) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		if c.elector != nil && !c.elector.Acting() {
+			http.Error(w, "standby: another controller holds the lease", http.StatusServiceUnavailable)
+
+			return
+		}
+
+		w.Write([]byte("acting\n")) //nolint:errcheck,gosec // the client went away
+	}
+}
