@@ -35,6 +35,11 @@ type Config struct {
 	IPMIUsername string
 	// Concurrency is how many machines each controller handles at once.
 	Concurrency uint
+	// ObservationConcurrency is how many machines the observation handles at once (0: 64, and never fewer than
+	// Concurrency). Each observation waits on a call through the machine's edge (the agent's Hello, bounded by
+	// CallTimeout): with few workers, slow edges make every other machine's observation wait, and nothing
+	// else happens to a machine until it is observed.
+	ObservationConcurrency uint
 	// StaticLabels are published on every machine's InfraMachineStatus (validated with package labels).
 	StaticLabels map[string]string
 }

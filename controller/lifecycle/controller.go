@@ -32,6 +32,8 @@ type machineController struct {
 	output resource.Type // "" for none
 	outNS  resource.Namespace
 	step   step
+	// concurrency overrides the configured Concurrency (0: none).
+	concurrency uint
 }
 
 func newMachineController(e *env, name string, output resource.Type, outNS resource.Namespace, s step) *machineController {
@@ -67,7 +69,7 @@ func (c *machineController) Settings() controller.QSettings {
 	return controller.QSettings{
 		Inputs:      inputs,
 		Outputs:     outputs,
-		Concurrency: optional.Some(c.env.cfg.Concurrency),
+		Concurrency: optional.Some(max(c.concurrency, c.env.cfg.Concurrency)),
 	}
 }
 

@@ -25,9 +25,18 @@ type machineObservation struct {
 
 const observationName = "lifecycle.MachineObservationController"
 
+// defaultObservationConcurrency is the observation's workers when ObservationConcurrency is 0.
+const defaultObservationConcurrency = 64
+
 func newMachineObservationController(e *env) *machineController {
-	return newMachineController(e, observationName, e.Types.MachineObservation, e.Types.Namespace,
-		&machineObservation{env: e})
+	c := newMachineController(e, observationName, e.Types.MachineObservation, e.Types.Namespace, &machineObservation{env: e})
+
+	c.concurrency = e.cfg.ObservationConcurrency
+	if c.concurrency == 0 {
+		c.concurrency = defaultObservationConcurrency
+	}
+
+	return c
 }
 
 func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view) error {
