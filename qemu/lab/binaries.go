@@ -34,6 +34,8 @@ type ControllerOptions struct {
 	AgentAssetsDir string
 	// AssetPolicy is the sites' default asset policy (passthrough, cache, offline); empty keeps the default.
 	AssetPolicy string
+	// Restart appends to the existing log (a controller restarted mid-run).
+	Restart bool
 }
 
 // StartController runs the controller binary in the core namespace against o (trusting a real Omni's CA
@@ -70,7 +72,7 @@ func (l *Lab) StartController(ctx context.Context, core *Core, bin string, o *Om
 		args = append(args, "--power-cooldown", opts.PowerCooldown.String(), "--poll-interval", opts.PowerCooldown.String())
 	}
 
-	p, err := l.Start(ProcSpec{Name: "controller", NS: core.NS, Cmd: bin, Args: args, Env: env})
+	p, err := l.Start(ProcSpec{Name: "controller", NS: core.NS, Cmd: bin, Args: args, Env: env, Append: opts.Restart})
 	if err != nil {
 		return nil, err
 	}

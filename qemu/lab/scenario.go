@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -32,10 +33,12 @@ type Env struct {
 	Bare     []*Machine
 	Timeline *Timeline
 
-	opts    Options
-	edgeBin string
-	preseed string
-	tokens  []string
+	opts     Options
+	edgeBin  string
+	preseed  string
+	tokens   []string
+	ctrlBin  string
+	ctrlOpts ControllerOptions
 }
 
 // Binaries are the programs the lab runs.
@@ -118,9 +121,8 @@ func Setup(ctx context.Context, l *Lab, bins Binaries, images Images, opts Optio
 		return nil, err
 	}
 
-	if e.Controller, err = l.StartController(ctx, e.Core, bins.Controller, e.Omni, ControllerOptions{
-		LocalAssetsDir: local, PowerCooldown: labCooldown,
-	}); err != nil {
+	e.ctrlBin, e.ctrlOpts = bins.Controller, ControllerOptions{LocalAssetsDir: local, PowerCooldown: labCooldown}
+	if e.Controller, err = l.StartController(ctx, e.Core, e.ctrlBin, e.Omni, e.ctrlOpts); err != nil {
 		return nil, err
 	}
 
@@ -261,6 +263,8 @@ func (e *Env) Steps() []Step {
 				return e.wanCut(ctx, e.Sites[0], bios1, uefi1)
 			}},
 			{Name: "kill site 2's edge and restart it", Run: func(ctx context.Context) error { return e.restartEdge(ctx, 1) }},
+			{Name: "kill the controller, delete its state directory and start it again: sites, CA and machine knowledge " +
+				"come back from Omni, both edges reconnect with the certificates they had", Run: e.restartControllerFresh},
 			{Name: "release the allocated machines (cluster delete): new wipe ID, wiped again, ready, kept on (site 1's BMC " +
 				"stops answering for a while)", Run: func(ctx context.Context) error { return e.release(ctx, bios1, bios1, uefi2) }},
 		}
@@ -274,6 +278,8 @@ func (e *Env) Steps() []Step {
 				return e.wanCut(ctx, e.Sites[0], bios1, uefi1)
 			}},
 			{Name: "kill site 2's edge and restart it", Run: func(ctx context.Context) error { return e.restartEdge(ctx, 1) }},
+			{Name: "kill the controller, delete its state directory and start it again: sites, CA and machine knowledge " +
+				"come back from Omni, both edges reconnect with the certificates they had", Run: e.restartControllerFresh},
 			{Name: "release the allocated machines (site 1's BMC stops answering for a while)", Run: func(ctx context.Context) error {
 				return e.release(ctx, bios1, bios1, uefi2)
 			}},
@@ -762,6 +768,64 @@ func (e *Env) restartEdge(ctx context.Context, i int) error {
 	e.Timeline.Step("edge killed to uplink back", e.Sites[i].Name, start, err)
 
 	return err
+}
+
+// restartControllerFresh kills the controller, deletes its state directory and starts it again, as a controller
+// moved to a new host would start: with Omni, its sites, enrollment CA and machine locations are in Omni, so it
+// loads the CA from there (the edges' certificates and pinned fingerprint still hold: a new CA would fail their
+// TLS), lists both sites, and knows every machine before it decides anything. The release step that follows
+// shows the lifecycle carrying on.
+func (e *Env) restartControllerFresh(ctx context.Context) error {
+	start := time.Now()
+	ctrlFrom := e.Controller.Proc.Log.Size()
+
+	edgeFrom := make([]int64, len(e.Edges))
+	for i, p := range e.Edges {
+		edgeFrom[i] = p.Log.Size()
+	}
+
+	e.Controller.Proc.Kill()
+
+	if err := os.RemoveAll(e.Controller.StateDir); err != nil {
+		return fmt.Errorf("delete the controller's state directory: %w", err)
+	}
+
+	opts := e.ctrlOpts
+	opts.Restart = true
+
+	c, err := e.Lab.StartController(ctx, e.Core, e.ctrlBin, e.Omni, opts)
+	if err != nil {
+		return err
+	}
+
+	e.Controller = c
+
+	for _, needle := range []string{`"ca":"omni"`, `"machine locations loaded from omni"`} {
+		if err := c.Proc.Log.WaitFor(ctx, ctrlFrom, needle, time.Minute); err != nil {
+			return fmt.Errorf("restarted controller: %w", err)
+		}
+	}
+
+	for i, p := range e.Edges {
+		if err := p.Log.WaitFor(ctx, edgeFrom[i], `"uplink connected"`, 2*time.Minute); err != nil {
+			return fmt.Errorf("%s's edge after the controller restart: %w", e.Sites[i].Name, err)
+		}
+	}
+
+	list, err := c.site(ctx, "list")
+	if err != nil {
+		return err
+	}
+
+	for _, s := range e.Sites {
+		if !strings.Contains(list, s.Name) {
+			return fmt.Errorf("site %s missing after the restart:\n%s", s.Name, list)
+		}
+	}
+
+	e.Timeline.Step("controller killed, state deleted, to both edges back", "", start, nil)
+
+	return nil
 }
 
 // release releases the machines (a real Omni's cluster is deleted, the stand-in's node removed): Omni sets a
