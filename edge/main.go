@@ -74,7 +74,7 @@ func rootCommand(lookup func(string) (string, bool)) (*cobra.Command, *envflag.B
 
 	f = root.Flags()
 	f.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
-	f.StringVar(&cfg.Uplink.ControllerAddress, "controller", cfg.Uplink.ControllerAddress, "controller uplink address, host:port")
+	f.StringVar(&cfg.Uplink.ControllerAddress, "controller", cfg.Uplink.ControllerAddress, "controller uplink address, host:port; several, comma separated, for an active controller and its standbys (dialled in turn)")
 	f.StringVar(&cfg.Uplink.JoinToken, "join-token", cfg.Uplink.JoinToken, "join token from 'controller site create' (needed once, to enrol; prefer the variable or --join-token-file: a flag shows in the process list)")
 	f.StringVar(&cfg.JoinTokenFile, "join-token-file", cfg.JoinTokenFile, "file holding the join token")
 	f.DurationVar(&cfg.Uplink.BackoffMin, "reconnect-min", cfg.Uplink.BackoffMin, "shortest wait between reconnection attempts (each wait is jittered)")
