@@ -48,6 +48,7 @@ func (b *builder) newStatus(context.Context) error {
 	}
 
 	pages.Register(b.mux)
+	b.run("status streams", pages.Run)
 	adminpb.RegisterMachinesServer(b.admin, status.NewAPI(book))
 
 	guard := status.NewGuard(token, b.mux)

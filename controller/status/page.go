@@ -46,6 +46,8 @@ type Pages struct {
 	opts    Options
 	tmpl    *template.Template
 	streams atomic.Int64
+	// stopped is closed when Run ends: live streams end with it (an HTTP server's shutdown waits for them).
+	stopped chan struct{}
 }
 
 // NewPages returns the status pages.
@@ -70,7 +72,7 @@ func NewPages(opts Options) (*Pages, error) {
 		opts.Heartbeat = 15 * time.Second
 	}
 
-	p := &Pages{opts: opts}
+	p := &Pages{opts: opts, stopped: make(chan struct{})}
 
 	tmpl, err := template.New("status").Funcs(template.FuncMap{
 		"ago":    p.ago,
@@ -89,6 +91,15 @@ func NewPages(opts Options) (*Pages, error) {
 	p.tmpl = tmpl
 
 	return p, nil
+}
+
+// Run ends every live-update stream once ctx is done, so that the HTTP server can shut down at once. It
+// returns nil then.
+func (p *Pages) Run(ctx context.Context) error {
+	<-ctx.Done()
+	close(p.stopped)
+
+	return nil
 }
 
 // Register mounts the pages on mux.
@@ -368,6 +379,8 @@ func (p *Pages) events(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-r.Context().Done():
 			return
+		case <-p.stopped:
+			return
 		case <-heartbeat.C:
 			if _, err := fmt.Fprint(w, ": alive\n\n"); err != nil || rc.Flush() != nil {
 				return
@@ -383,6 +396,8 @@ func (p *Pages) events(w http.ResponseWriter, r *http.Request) {
 
 		select {
 		case <-r.Context().Done():
+			return
+		case <-p.stopped:
 			return
 		case <-time.After(p.opts.UpdateEvery):
 		}

@@ -48,8 +48,28 @@ func hostileFleet(t *testing.T) (siteList, *timeline.Book) {
 func newServer(t *testing.T, sites status.Sites, book *timeline.Book, token []byte) *httptest.Server {
 	t.Helper()
 
+	srv, _ := newStoppableServer(t, sites, book, token)
+
+	return srv
+}
+
+// newStoppableServer also returns the stop of the pages' Run.
+func newStoppableServer(t *testing.T, sites status.Sites, book *timeline.Book, token []byte) (*httptest.Server, context.CancelFunc) {
+	t.Helper()
+
 	pages, err := status.NewPages(status.Options{Sites: sites, Machines: book, Now: time.Now, UpdateEvery: time.Millisecond})
 	require.NoError(t, err)
+
+	ctx, stop := context.WithCancel(t.Context())
+
+	ran := make(chan error, 1)
+
+	go func() { ran <- pages.Run(ctx) }()
+
+	t.Cleanup(func() {
+		stop()
+		require.NoError(t, <-ran)
+	})
 
 	mux := http.NewServeMux()
 	pages.Register(mux)
@@ -57,7 +77,7 @@ func newServer(t *testing.T, sites status.Sites, book *timeline.Book, token []by
 	srv := httptest.NewServer(status.NewGuard(token, mux))
 	t.Cleanup(srv.Close)
 
-	return srv
+	return srv, stop
 }
 
 func get(t *testing.T, url string, header ...string) (int, string) {
@@ -256,4 +276,29 @@ func TestAccessCheck(t *testing.T) {
 			require.Error(t, err, name)
 		}
 	}
+}
+
+// A live stream ends when the pages stop (the HTTP server's shutdown does not wait for its clients).
+func TestEventsEndWithRun(t *testing.T) {
+	t.Parallel()
+
+	sites, book := hostileFleet(t)
+	srv, stop := newStoppableServer(t, sites, book, nil)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/status/events", nil)
+	require.NoError(t, err)
+
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+
+	defer resp.Body.Close()
+
+	stop()
+
+	_, err = io.Copy(io.Discard, resp.Body)
+	require.NoError(t, err, "the stream ended from the server's side, before the client's deadline")
+	require.NoError(t, ctx.Err())
 }
