@@ -143,6 +143,9 @@ func TestStatusTokenAndTLS(t *testing.T) {
 	code, body = fetch(t, client, base+"/healthz", "")
 	require.Equal(t, http.StatusOK, code)
 	require.Equal(t, "ok\n", body)
+
+	code, _ = fetch(t, client, base+"/readyz", "")
+	require.NotEqual(t, http.StatusUnauthorized, code, "readiness probes need no token")
 }
 
 func selfSigned(t *testing.T, dir string) (cert, key string) {

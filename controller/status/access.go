@@ -97,7 +97,8 @@ func (a Access) Listen(ln net.Listener) (net.Listener, error) {
 // cookieName carries the token for browsers (which cannot add a header to a page or an EventSource).
 const cookieName = "outpost_status"
 
-// Guard refuses requests without the token (401), counting them, except HealthPath. A browser logs in once at LoginPath: the
+// Guard refuses requests without the token (401), counting them, except the probes' HealthPath and
+// ReadyPath. A browser logs in once at LoginPath: the
 // token then travels as an HTTP-only, secure, same-site cookie.
 type Guard struct {
 	token  []byte
@@ -109,8 +110,11 @@ type Guard struct {
 // LoginPath is where a browser gives the token.
 const LoginPath = "/status/login"
 
-// HealthPath is the health check, served without the token (to probes).
-const HealthPath = "/healthz"
+// HealthPath and ReadyPath are the health and readiness checks, served without the token (to probes).
+const (
+	HealthPath = "/healthz"
+	ReadyPath  = "/readyz"
+)
 
 // NewGuard returns next behind the token (nil token: next itself, for loopback).
 func NewGuard(token []byte, next http.Handler) *Guard {
@@ -144,7 +148,7 @@ func (g *Guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.serveLogin(w, r)
 
 		return
-	case HealthPath: // for probes; it says only "ok"
+	case HealthPath, ReadyPath: // for probes; they say only whether the controller lives and acts
 		g.next.ServeHTTP(w, r)
 
 		return
