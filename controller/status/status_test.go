@@ -139,7 +139,7 @@ func TestSitesPageCountsPhases(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, "wiping: 2")
 	require.Contains(t, body, "installed: 3")
-	require.Contains(t, body, "1 sites connected, 1 not; 5 machines")
+	require.Contains(t, body, "Sites: 1 connected, 1 not; 5 machines")
 	require.Contains(t, body, `href="/status/machines?phase=wiping&amp;site=a"`)
 
 	code, body = get(t, srv.URL+"/status/?state=offline")
