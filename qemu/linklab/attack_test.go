@@ -88,7 +88,7 @@ func TestAttackFloodLocksNoEdgeOut(t *testing.T) {
 	httpAddr := freeLoopbackPort(t)
 
 	ctl := startProcess(t, nil, controllerBin, "--state-dir", stateDir, "--uplink-listen", "127.0.0.1:0", "--http-listen", httpAddr)
-	uplinkAddr := ctl.logField(t, "controller starting", "uplink")
+	uplinkAddr := ctl.logField(t, "controller built", "uplink")
 	pid := ctl.cmd.Process.Pid
 
 	createSite := func(site string, args ...string) string {

@@ -102,7 +102,7 @@ func TestBinariesEnrolListRevoke(t *testing.T) {
 				Uplink string `json:"uplink"`
 			}
 
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "controller starting" {
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "controller built" {
 				addr <- line.Uplink
 			}
 		}
@@ -227,7 +227,7 @@ func TestBinariesAirGappedSiteGetsAgentAssetsByRelay(t *testing.T) {
 
 	ctl := startProcess(t, nil, filepath.Join(bin, "controller"), "--state-dir", stateDir, "--uplink-listen", "127.0.0.1:0",
 		"--http-listen", "", "--agent-assets-dir", agentDir, "--default-asset-policy", "offline")
-	uplinkAddr := ctl.logField(t, "controller starting", "uplink")
+	uplinkAddr := ctl.logField(t, "controller built", "uplink")
 
 	out, err := exec.Command(filepath.Join(bin, "controller"), "--state-dir", stateDir, "site", "create", "bunker").Output()
 	require.NoError(t, err)

@@ -131,7 +131,7 @@ func TestBinariesLifecycleWithOmniStandIn(t *testing.T) {
 		"--state-dir", stateDir, "--uplink-listen", "127.0.0.1:0", "--http-listen", "",
 		"--omni-endpoint", "grpc://"+omniLn.Addr().String(), "--install-assets-dir", installDir,
 		"--poll-interval", "1s", "--power-cooldown", "2s", "--log-level", "debug")
-	uplinkAddr := ctl.logField(t, "controller starting", "uplink")
+	uplinkAddr := ctl.logField(t, "controller built", "uplink")
 
 	require.Eventually(t, func() bool {
 		ps, err := safe.StateGetByID[*infra.ProviderStatus](ctx, stand.State(), "bare-metal")
