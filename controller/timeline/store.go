@@ -16,6 +16,9 @@ import (
 	"github.com/outpost-metal/outpost/controller/resources/specs"
 )
 
+// component names the book in logs.
+const component = "machine_timelines"
+
 // Load merges the MachineTimeline records kept in Omni into the book: a machine's stored entries come before
 // the ones recorded since this process started (capped as usual), and its stored summary is taken where the
 // lifecycle has not said anything newer. A record that names no valid machine or was written by a newer
@@ -29,6 +32,8 @@ func (b *Book) Load(ctx context.Context, st state.State, t resources.Types, log 
 	if err != nil {
 		return fmt.Errorf("list machine timelines: %w", err)
 	}
+
+	log = log.With(zap.String("component", component))
 
 	loaded := 0
 
@@ -167,6 +172,8 @@ func (b *Book) Persist(ctx context.Context, st state.State, t resources.Types, l
 	if err := t.RegisterTimeline(); err != nil {
 		return err
 	}
+
+	log = log.With(zap.String("component", component))
 
 	tick := time.NewTicker(b.cfg.WriteInterval)
 	defer tick.Stop()
