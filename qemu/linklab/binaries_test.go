@@ -238,7 +238,7 @@ func TestBinariesAirGappedSiteGetsAgentAssetsByRelay(t *testing.T) {
 	edge := startProcess(t, nil, filepath.Join(bin, "edge"), "--state-dir", t.TempDir(), "--controller", uplinkAddr,
 		"--join-token", strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0]), "--http-listen", "127.0.0.1:0",
 		"--api-listen", "127.0.0.1:0", "--tftp-listen", "", "--ipxe-dir", ipxeDir)
-	httpAddr := edge.logField(t, "edge started", "http")
+	httpAddr := edge.logField(t, "edge starting", "http")
 
 	for name, want := range map[string][]byte{"vmlinuz": kernel, "initramfs.xz": initrd} {
 		require.Eventually(t, func() bool {

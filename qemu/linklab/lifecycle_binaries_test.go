@@ -157,8 +157,8 @@ func TestBinariesLifecycleWithOmniStandIn(t *testing.T) {
 	edge := startProcess(t, nil, filepath.Join(bin, "edge"), "--state-dir", t.TempDir(), "--controller", uplinkAddr,
 		"--join-token", token, "--http-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0", "--tftp-listen", "",
 		"--ipxe-dir", ipxeDir, "--log-level", "debug")
-	httpAddr := edge.logField(t, "edge started", "http")
-	apiAddr := edge.logField(t, "edge started", "agent_api")
+	httpAddr := edge.logField(t, "edge starting", "http")
+	apiAddr := edge.logField(t, "edge starting", "agent_api")
 
 	const machineID = "5a3e0f1e-8c1b-4bde-9c53-3f2e1a0b7c11"
 
