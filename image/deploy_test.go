@@ -3,24 +3,38 @@ package image_test
 import (
 	"bufio"
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"io"
+	"math/big"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/coreos/go-systemd/v22/unit"
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
+	"github.com/outpost-metal/outpost/controller/status"
 	"github.com/outpost-metal/outpost/image"
 )
 
@@ -168,9 +182,9 @@ type k8sObjects struct {
 	namespaces      []corev1.Namespace
 	serviceAccounts []corev1.ServiceAccount
 	configMaps      []corev1.ConfigMap
-	claims          []corev1.PersistentVolumeClaim
 	deployments     []appsv1.Deployment
 	services        []corev1.Service
+	budgets         []policyv1.PodDisruptionBudget
 }
 
 // decodeManifest decodes every document of a manifest strictly into the Kubernetes API type of its kind: an
@@ -214,9 +228,9 @@ func decodeManifest(data []byte) (k8sObjects, error) {
 		case "ConfigMap":
 			objs.configMaps = append(objs.configMaps, corev1.ConfigMap{})
 			target, version = &objs.configMaps[len(objs.configMaps)-1], "v1"
-		case "PersistentVolumeClaim":
-			objs.claims = append(objs.claims, corev1.PersistentVolumeClaim{})
-			target, version = &objs.claims[len(objs.claims)-1], "v1"
+		case "PodDisruptionBudget":
+			objs.budgets = append(objs.budgets, policyv1.PodDisruptionBudget{})
+			target, version = &objs.budgets[len(objs.budgets)-1], "policy/v1"
 		case "Deployment":
 			objs.deployments = append(objs.deployments, appsv1.Deployment{})
 			target, version = &objs.deployments[len(objs.deployments)-1], "apps/v1"
@@ -285,6 +299,10 @@ func manifestEnvNames(objs k8sObjects) []string {
 	return names
 }
 
+// httpAccessVars are the variables that give the controller's HTTP listener its token and TLS certificate,
+// which it needs off loopback.
+var httpAccessVars = []string{"OUTPOST_HTTP_TOKEN_FILE", "OUTPOST_HTTP_TLS_CERT", "OUTPOST_HTTP_TLS_KEY"}
+
 func TestKubernetesManifest(t *testing.T) {
 	t.Parallel()
 
@@ -299,21 +317,25 @@ func TestKubernetesManifest(t *testing.T) {
 	ns := objs.namespaces[0].Name
 	require.Len(t, objs.serviceAccounts, 1)
 	require.Len(t, objs.configMaps, 1)
-	require.Len(t, objs.claims, 1)
 	require.Len(t, objs.deployments, 1)
 	require.Len(t, objs.services, 2)
+	require.Len(t, objs.budgets, 1)
 
 	for _, m := range []metav1.ObjectMeta{
-		objs.serviceAccounts[0].ObjectMeta, objs.configMaps[0].ObjectMeta, objs.claims[0].ObjectMeta,
-		objs.deployments[0].ObjectMeta, objs.services[0].ObjectMeta, objs.services[1].ObjectMeta,
+		objs.serviceAccounts[0].ObjectMeta, objs.configMaps[0].ObjectMeta, objs.deployments[0].ObjectMeta,
+		objs.services[0].ObjectMeta, objs.services[1].ObjectMeta, objs.budgets[0].ObjectMeta,
 	} {
 		require.Equal(t, ns, m.Namespace, "%s is not in the manifest's namespace", m.Name)
 	}
 
+	// two controllers, one acting and one standing by; a new pod is alive before an old one goes
 	d := objs.deployments[0]
 	require.NotNil(t, d.Spec.Replicas)
-	require.EqualValues(t, 1, *d.Spec.Replicas, "two controllers against one Omni: the controller takes no lease yet and its sites and CA are on the volume")
-	require.Equal(t, appsv1.RecreateDeploymentStrategyType, d.Spec.Strategy.Type, "a rolling update runs two at once")
+	require.EqualValues(t, 2, *d.Spec.Replicas, "an active controller and a standby")
+	require.Equal(t, appsv1.RollingUpdateDeploymentStrategyType, d.Spec.Strategy.Type)
+	require.NotNil(t, d.Spec.Strategy.RollingUpdate)
+	require.Equal(t, "1", d.Spec.Strategy.RollingUpdate.MaxSurge.String(), "a new pod starts before an old one stops")
+	require.Equal(t, "0", d.Spec.Strategy.RollingUpdate.MaxUnavailable.String(), "an old pod stops only once a new one is alive")
 
 	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
 	require.NoError(t, err)
@@ -327,7 +349,34 @@ func TestKubernetesManifest(t *testing.T) {
 	require.NotNil(t, pod.SecurityContext.RunAsNonRoot)
 	require.True(t, *pod.SecurityContext.RunAsNonRoot)
 	require.EqualValues(t, image.ControllerUID, *pod.SecurityContext.RunAsUser)
-	require.EqualValues(t, image.ControllerGID, *pod.SecurityContext.FSGroup, "the state volume must be writable by the controller's group")
+	require.EqualValues(t, image.ControllerGID, *pod.SecurityContext.FSGroup, "the volumes must be readable and writable by the controller's group")
+
+	// the two are spread over nodes where the cluster can
+	require.NotNil(t, pod.Affinity)
+	require.NotNil(t, pod.Affinity.PodAntiAffinity, "no pod anti-affinity")
+
+	spread := false
+
+	for _, term := range pod.Affinity.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution {
+		sel, err := metav1.LabelSelectorAsSelector(term.PodAffinityTerm.LabelSelector)
+		require.NoError(t, err)
+
+		if term.PodAffinityTerm.TopologyKey == corev1.LabelHostname && sel.Matches(labels.Set(d.Spec.Template.Labels)) && term.Weight > 0 {
+			spread = true
+		}
+	}
+
+	require.True(t, spread, "no preferred anti-affinity of the controller's pods to each other by node")
+	require.Empty(t, pod.Affinity.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution, "a one-node cluster could not run both")
+
+	// voluntary evictions take one at a time
+	pdb := objs.budgets[0]
+	require.NotNil(t, pdb.Spec.MinAvailable)
+	require.Equal(t, "1", pdb.Spec.MinAvailable.String())
+	require.Nil(t, pdb.Spec.MaxUnavailable)
+	pdbSel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
+	require.NoError(t, err)
+	require.True(t, pdbSel.Matches(labels.Set(d.Spec.Template.Labels)), "the PodDisruptionBudget does not select the controller's pods")
 
 	require.Len(t, pod.Containers, 1)
 	c := pod.Containers[0]
@@ -342,10 +391,14 @@ func TestKubernetesManifest(t *testing.T) {
 	require.Equal(t, image.ControllerUplinkPort, int(containerPort(t, c, "uplink", 0)))
 	require.Equal(t, image.ControllerHTTPPort, int(containerPort(t, c, "http", 0)))
 
+	// Every probe asks /healthz, over TLS. Readiness is not /readyz (200 only while acting): Kubernetes counts
+	// ready pods for rollouts and disruption budgets, and with a standby never ready a rollout (maxUnavailable
+	// 0) would wait forever for a new pod to be ready, and the budget would never let the acting pod be evicted.
 	for name, p := range map[string]*corev1.Probe{"startup": c.StartupProbe, "readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
 		require.NotNil(t, p, "%s probe", name)
 		require.NotNil(t, p.HTTPGet, "%s probe is not an HTTP GET", name)
 		require.Equal(t, "/healthz", p.HTTPGet.Path, "%s probe", name)
+		require.Equal(t, corev1.URISchemeHTTPS, p.HTTPGet.Scheme, "%s probe: the HTTP listener is off loopback, so TLS", name)
 		require.Equal(t, image.ControllerHTTPPort, int(containerPort(t, c, p.HTTPGet.Port.StrVal, p.HTTPGet.Port.IntVal)), "%s probe port", name)
 	}
 
@@ -354,16 +407,14 @@ func TestKubernetesManifest(t *testing.T) {
 	require.True(t, *c.SecurityContext.ReadOnlyRootFilesystem)
 	require.Equal(t, []corev1.Capability{"ALL"}, c.SecurityContext.Capabilities.Drop)
 
-	// the key comes from a Secret, under the name the controller reads
-	var key *corev1.EnvVar
-
-	for i := range c.Env {
-		if c.Env[i].Name == image.EnvOmniServiceAccountKey {
-			key = &c.Env[i]
-		}
+	env := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		env[e.Name] = e
 	}
 
-	require.NotNil(t, key, "no %s", image.EnvOmniServiceAccountKey)
+	// the key comes from a Secret, under the name the controller reads
+	key, ok := env[image.EnvOmniServiceAccountKey]
+	require.True(t, ok, "no %s", image.EnvOmniServiceAccountKey)
 	require.Empty(t, key.Value, "the key is written into the manifest")
 	require.NotNil(t, key.ValueFrom)
 	require.NotNil(t, key.ValueFrom.SecretKeyRef, "the key does not come from a Secret")
@@ -371,25 +422,49 @@ func TestKubernetesManifest(t *testing.T) {
 
 	require.Len(t, c.EnvFrom, 1)
 	require.Equal(t, objs.configMaps[0].Name, c.EnvFrom[0].ConfigMapRef.Name)
-	require.Contains(t, objs.configMaps[0].Data, image.EnvOmniEndpoint)
+	require.Contains(t, objs.configMaps[0].Data, image.EnvOmniEndpoint, "the pair needs Omni (its lease, sites and CA)")
 
-	// the state directory is on the claim, which is ReadWriteOnce
 	volumes := map[string]corev1.Volume{}
 	for _, v := range pod.Volumes {
 		volumes[v.Name] = v
 	}
 
-	var stateClaim string
+	mounted := func(path string) (corev1.VolumeMount, corev1.Volume) {
+		t.Helper()
 
-	for _, m := range c.VolumeMounts {
-		if m.MountPath == image.ControllerStateDir {
-			require.NotNil(t, volumes[m.Name].PersistentVolumeClaim, "the state directory is not on a persistent volume")
-			stateClaim = volumes[m.Name].PersistentVolumeClaim.ClaimName
+		for _, m := range c.VolumeMounts {
+			if path == m.MountPath || strings.HasPrefix(path, strings.TrimSuffix(m.MountPath, "/")+"/") {
+				v, ok := volumes[m.Name]
+				require.True(t, ok, "mount %s names no volume", m.Name)
+
+				return m, v
+			}
 		}
+
+		t.Fatalf("nothing is mounted at %s", path)
+
+		return corev1.VolumeMount{}, corev1.Volume{}
 	}
 
-	require.Equal(t, objs.claims[0].Name, stateClaim, "the state directory is not mounted from the manifest's claim")
-	require.Equal(t, []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, objs.claims[0].Spec.AccessModes)
+	// With Omni the state directory holds caches only: it goes with the pod.
+	_, state := mounted(image.ControllerStateDir)
+	require.NotNil(t, state.EmptyDir, "the state directory is not an emptyDir")
+
+	// The image listens for HTTP off loopback, where the controller wants a token and TLS: they come from files
+	// of a Secret mounted read-only.
+	httpListen := envMap(image.ControllerEnv())[image.EnvControllerHTTPListen]
+	require.False(t, status.IsLoopback(httpListen), "the image's HTTP listener %q", httpListen)
+
+	for _, name := range httpAccessVars {
+		e, ok := env[name]
+		require.True(t, ok, "no %s: the controller refuses an HTTP listener off loopback without it", name)
+		require.True(t, filepath.IsAbs(e.Value), "%s=%q", name, e.Value)
+
+		m, v := mounted(e.Value)
+		require.True(t, m.ReadOnly, "%s is on a writable mount", name)
+		require.NotNil(t, v.Secret, "%s is not from a Secret", name)
+		require.NotEmpty(t, v.Secret.SecretName)
+	}
 
 	// one Service carries the uplink, the other the HTTP port; both select the pods
 	servicePorts := map[int32]bool{}
@@ -424,8 +499,9 @@ func TestKubernetesManifestStrict(t *testing.T) {
 	m := image.KubernetesManifest()
 
 	for name, bad := range map[string][]byte{
-		"unknown field": bytes.Replace(m, []byte("  replicas: 1\n"), []byte("  replicas: 1\n  replica: 2\n"), 1),
-		"wrong type":    bytes.Replace(m, []byte("  replicas: 1\n"), []byte("  replicas: one\n"), 1),
+		"unknown field": bytes.Replace(m, []byte("  replicas: 2\n"), []byte("  replicas: 2\n  replica: 2\n"), 1),
+		"wrong type":    bytes.Replace(m, []byte("  replicas: 2\n"), []byte("  replicas: two\n"), 1),
+		"budget field":  bytes.Replace(m, []byte("  minAvailable: 1\n"), []byte("  minAvailable: 1\n  minAvailible: 1\n"), 1),
 		"unknown kind":  append(bytes.Clone(m), []byte("---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: x\n")...),
 		"wrong version": bytes.Replace(m, []byte("apiVersion: apps/v1\n"), []byte("apiVersion: apps/v1beta1\n"), 1),
 	} {
@@ -456,5 +532,193 @@ func TestRenderKubernetesManifest(t *testing.T) {
 	} {
 		_, err := image.RenderKubernetesManifest(ref)
 		require.ErrorContains(t, err, want, ref)
+	}
+}
+
+// writeHTTPSecret writes what the manifest's HTTP Secret holds (token, tls.crt, tls.key) into dir and returns
+// the token.
+func writeHTTPSecret(t *testing.T, dir string) string {
+	t.Helper()
+
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "outpost-controller"},
+		DNSNames: []string{"outpost-controller.outpost.svc"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	require.NoError(t, err)
+
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	require.NoError(t, err)
+
+	token := rand.Text()
+
+	require.NoError(t, os.MkdirAll(dir, 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "tls.crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "tls.key"), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "token"), []byte(token+"\n"), 0o600))
+
+	return token
+}
+
+// TestKubernetesPodRuns runs the real controller with the environment the manifest's pod has (the image's, and
+// the container's own variables with the Secret's files and the state directory moved to the test's), and asks
+// what the kubelet's probes ask: they must pass, while the rest of the HTTP listener wants the token. It runs
+// without Omni (the ConfigMap's values are placeholders to fill in), so the controller acts alone.
+func TestKubernetesPodRuns(t *testing.T) {
+	t.Parallel()
+
+	if testing.Short() {
+		t.Skip("builds the controller; skipped under -short")
+	}
+
+	objs, err := decodeManifest(image.KubernetesManifest())
+	require.NoError(t, err)
+
+	c := objs.deployments[0].Spec.Template.Spec.Containers[0]
+	dir := t.TempDir()
+
+	// the pod's files, moved into the test's directory
+	moved := map[string]string{}
+
+	for _, m := range c.VolumeMounts {
+		moved[m.MountPath] = filepath.Join(dir, strings.ReplaceAll(strings.Trim(m.MountPath, "/"), "/", "_"))
+	}
+
+	move := func(p string) string {
+		for from, to := range moved {
+			if rest, ok := strings.CutPrefix(p, from); ok && (rest == "" || rest[0] == '/') {
+				return to + rest
+			}
+		}
+
+		return p
+	}
+
+	// The HTTP listener keeps the image's empty host (every address, off loopback) on a free port; edges'
+	// uplink stays on loopback.
+	anyLn, err := net.Listen("tcp", ":0")
+	require.NoError(t, err)
+
+	httpPort := anyLn.Addr().(*net.TCPAddr).Port
+	require.NoError(t, anyLn.Close())
+
+	env := overrideEnv(image.ControllerEnv(), map[string]string{
+		image.EnvControllerStateDir:     move(image.ControllerStateDir),
+		image.EnvControllerUplinkListen: freeAddr(t),
+		image.EnvControllerHTTPListen:   ":" + strconv.Itoa(httpPort),
+	})
+
+	secretDir := ""
+
+	for _, e := range c.Env {
+		if e.ValueFrom != nil {
+			continue // the Omni key: no Omni here
+		}
+
+		env = append(env, e.Name+"="+move(e.Value))
+
+		if e.Name == httpAccessVars[0] {
+			secretDir = filepath.Dir(move(e.Value))
+		}
+	}
+
+	require.NotEmpty(t, secretDir, "no %s in the container's environment", httpAccessVars[0])
+	token := writeHTTPSecret(t, secretDir)
+	require.NoError(t, os.MkdirAll(move(image.ControllerStateDir), 0o700))
+
+	var logs bytes.Buffer
+
+	cmd := exec.Command(buildController(t))
+	cmd.Env, cmd.Stdout, cmd.Stderr = env, &logs, &logs
+	require.NoError(t, cmd.Start())
+
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill() //nolint:errcheck
+			<-waited
+		}
+	})
+
+	// as the kubelet does: TLS without checking the certificate
+	client := &http.Client{
+		Timeout:   2 * time.Second,
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}, //nolint:gosec // the kubelet's probes do not verify either
+	}
+	base := "https://127.0.0.1:" + strconv.Itoa(httpPort)
+
+	get := func(path, bearer string) (int, error) {
+		req, err := http.NewRequest(http.MethodGet, base+path, nil)
+		if err != nil {
+			return 0, err
+		}
+
+		if bearer != "" {
+			req.Header.Set("Authorization", "Bearer "+bearer)
+		}
+
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, err
+		}
+
+		resp.Body.Close() //nolint:errcheck
+
+		return resp.StatusCode, nil
+	}
+
+	startup := c.StartupProbe.HTTPGet
+	deadline := time.Now().Add(time.Minute)
+
+	for {
+		code, err := get(startup.Path, "")
+		if err == nil {
+			require.Equal(t, http.StatusOK, code, "startup probe %s", startup.Path)
+
+			break
+		}
+
+		select {
+		case err := <-waited:
+			t.Fatalf("the controller exited with the pod's environment: %v\n%s", err, logs.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+
+		require.True(t, time.Now().Before(deadline), "no answer to the startup probe within a minute: %v\n%s", err, logs.String())
+	}
+
+	for name, p := range map[string]*corev1.Probe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
+		code, err := get(p.HTTPGet.Path, "")
+		require.NoError(t, err, "%s probe", name)
+		require.Equal(t, http.StatusOK, code, "%s probe %s", name, p.HTTPGet.Path)
+	}
+
+	// the rest of the listener is the operator's: the token, read from the Secret's file, lets one in
+	code, err := get("/metrics", "")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusUnauthorized, code, "/metrics without the token")
+
+	code, err = get("/metrics", token)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code, "/metrics with the Secret's token")
+
+	// what a load balancer's health check asks, without the token: without Omni there is no lease, so it acts
+	code, err = get("/readyz", "")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code, "/readyz")
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+
+	select {
+	case err := <-waited:
+		require.NoError(t, err, "the controller did not exit cleanly on SIGTERM:\n%s", logs.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the controller did not stop within 30 s of SIGTERM:\n%s", logs.String())
 	}
 }
