@@ -190,6 +190,14 @@ func TestMachineConfigPatch(t *testing.T) {
 		},
 		{name: "no token", cfg: image.PatchConfig{ControllerAddress: "10.0.0.1:8443"}, wantErr: "join token is empty"},
 		{name: "no port", cfg: image.PatchConfig{ControllerAddress: "10.0.0.1", JoinToken: "t"}, wantErr: "want host:port"},
+		{
+			name: "two controllers",
+			cfg:  image.PatchConfig{ControllerAddress: "ctl-a.example.test:8443,ctl-b.example.test:8443", JoinToken: "t"},
+			want: []string{"OUTPOST_CONTROLLER=ctl-a.example.test:8443,ctl-b.example.test:8443"},
+		},
+		{name: "second without port", cfg: image.PatchConfig{ControllerAddress: "10.0.0.1:8443,10.0.0.2", JoinToken: "t"}, wantErr: `"10.0.0.2": want host:port`},
+		{name: "empty second", cfg: image.PatchConfig{ControllerAddress: "10.0.0.1:8443,", JoinToken: "t"}, wantErr: `"": want host:port`},
+		{name: "nine controllers", cfg: image.PatchConfig{ControllerAddress: strings.Repeat("a:1,", 8) + "a:1", JoinToken: "t"}, wantErr: "at most 8"},
 		{name: "address without interface", cfg: image.PatchConfig{ControllerAddress: "a:1", JoinToken: "t", Addresses: []netip.Prefix{netip.MustParsePrefix("10.0.0.2/24")}}, wantErr: "need an interface"},
 		{name: "bad hostname", cfg: image.PatchConfig{ControllerAddress: "a:1", JoinToken: "t", Hostname: strings.Repeat("a", 254)}, wantErr: "too long"},
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 
 	"github.com/siderolabs/talos/pkg/machinery/config/config"
 	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
@@ -23,7 +24,8 @@ const (
 
 // PatchConfig is what an operator says about one appliance.
 type PatchConfig struct {
-	// ControllerAddress is the controller's uplink address, host:port.
+	// ControllerAddress is the controller's uplink address, host:port; several, comma separated, for an active
+	// controller and its standby.
 	ControllerAddress string
 	// JoinToken is the token `controller site create` printed for this site.
 	JoinToken string
@@ -43,8 +45,17 @@ type PatchConfig struct {
 func (p PatchConfig) Validate() error {
 	var errs []error
 
-	if _, port, err := net.SplitHostPort(p.ControllerAddress); err != nil || port == "" {
-		errs = append(errs, fmt.Errorf("controller address %q: want host:port", p.ControllerAddress))
+	// Several addresses (an active controller and its standbys) are comma separated, as the edge reads them;
+	// it dials at most 8.
+	addrs := strings.Split(p.ControllerAddress, ",")
+	if len(addrs) > 8 {
+		errs = append(errs, fmt.Errorf("controller address: %d addresses, the edge dials at most 8", len(addrs)))
+	}
+
+	for _, addr := range addrs {
+		if _, port, err := net.SplitHostPort(strings.TrimSpace(addr)); err != nil || port == "" {
+			errs = append(errs, fmt.Errorf("controller address %q: want host:port", addr))
+		}
 	}
 
 	if p.JoinToken == "" {

@@ -51,7 +51,7 @@ func run(args []string) error {
 
 	var p image.PatchConfig
 
-	fs.StringVar(&p.ControllerAddress, "controller", env("MKIMAGE_CONTROLLER", ""), "controller uplink address host:port; with -token writes the machine-config patch (MKIMAGE_CONTROLLER)")
+	fs.StringVar(&p.ControllerAddress, "controller", env("MKIMAGE_CONTROLLER", ""), "controller uplink address host:port, several comma separated for an active controller and its standby; with -token writes the machine-config patch (MKIMAGE_CONTROLLER)")
 	fs.StringVar(&p.JoinToken, "token", env("MKIMAGE_TOKEN", ""), "site join token (MKIMAGE_TOKEN)")
 	fs.StringVar(&p.Hostname, "hostname", env("MKIMAGE_HOSTNAME", ""), "appliance host name (MKIMAGE_HOSTNAME)")
 	fs.StringVar(&p.Interface, "interface", env("MKIMAGE_INTERFACE", ""), "link for a static address (MKIMAGE_INTERFACE)")
