@@ -46,6 +46,9 @@ type Config struct {
 	BMC BMC
 	// OnReboot is called by the Reboot RPC (optional).
 	OnReboot func()
+	// BeforeWipe is called by WipeDisks before any disk is touched (optional): an error fails the call with
+	// nothing wiped. Tests use it to hold a wipe while they act (kill the controller that asked for it).
+	BeforeWipe func(ctx context.Context) error
 	// RetryInterval is the pause between tunnel attempts (default 1s).
 	RetryInterval time.Duration
 	// Logger is required.
@@ -245,6 +248,12 @@ func (s *service) Reboot(context.Context, *agentpb.RebootRequest) (*agentpb.Rebo
 const fastWipeBytes = 1 << 20
 
 func (s *service) WipeDisks(ctx context.Context, req *agentpb.WipeDisksRequest) (*agentpb.WipeDisksResponse, error) {
+	if s.cfg.BeforeWipe != nil {
+		if err := s.cfg.BeforeWipe(ctx); err != nil {
+			return nil, status.Errorf(codes.Unavailable, "wipe not started: %v", err)
+		}
+	}
+
 	for _, path := range s.cfg.Disks {
 		if err := wipe(ctx, path, req.GetZeroes()); err != nil {
 			return nil, status.Errorf(codes.Internal, "wipe %s: %v", path, err)

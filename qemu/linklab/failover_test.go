@@ -1,0 +1,244 @@
+package linklab_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/siderolabs/omni/client/api/omni/specs"
+	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/outpost-metal/outpost/qemu/omni"
+	"github.com/outpost-metal/outpost/qemu/testagent"
+	"github.com/outpost-metal/outpost/qemu/vbmc"
+)
+
+// hasLine reports whether the process logged msg with field equal to value (any value when value is "").
+func (p *process) hasLine(msg, field, value string) bool {
+	sc := bufio.NewScanner(strings.NewReader(p.log.String()))
+	for sc.Scan() {
+		var line map[string]any
+		if json.Unmarshal(sc.Bytes(), &line) != nil || line["msg"] != msg {
+			continue
+		}
+
+		if v, _ := line[field].(string); field == "" || value == "" || v == value {
+			return true
+		}
+	}
+
+	return false
+}
+
+// TestBinariesStandbyTakesOverMidWipe runs two controller binaries of one provider against the Omni stand-in
+// (each with a state directory of its own), an edge given both addresses, and a machine (test agent, virtual IPMI
+// BMC). The first controller acts; it is killed while the accepted machine's wipe is in progress (the agent holds
+// it). The standby acts after the lease runs out, the edge reconnects to it, the wipe is done again and completes
+// exactly once, the machine is ready, and its BMC saw no power action.
+func TestBinariesStandbyTakesOverMidWipe(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binaries; skipped with -short")
+	}
+
+	t.Parallel()
+
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+
+	bin := buildBinaries(t)
+
+	ocfg := omni.Default()
+	ocfg.Logger = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	stand, err := omni.New(ocfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { stand.Close() }) //nolint:errcheck
+
+	omniLn, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+
+	omniCtx, stopOmni := context.WithCancel(context.Background())
+	omniDone := make(chan error, 1)
+
+	go func() { omniDone <- stand.Serve(omniCtx, omniLn) }()
+
+	t.Cleanup(func() {
+		stopOmni()
+		<-omniDone
+	})
+
+	const lease = 3 * time.Second
+
+	installDir := t.TempDir()
+	controller := func(name string) (*process, string, string) {
+		stateDir := t.TempDir()
+		p := startProcess(t, []string{"OMNI_SERVICE_ACCOUNT_KEY=" + stand.ProviderKey()}, filepath.Join(bin, "controller"),
+			"--state-dir", stateDir, "--uplink-listen", "127.0.0.1:0", "--http-listen", "",
+			"--omni-endpoint", "grpc://"+omniLn.Addr().String(), "--install-assets-dir", installDir,
+			"--poll-interval", "1s", "--power-cooldown", "2s", "--lease-duration", lease.String(), "--log-level", "debug")
+
+		return p, stateDir, p.logField(t, "controller built", "uplink")
+	}
+
+	acting := func(p *process) func() bool {
+		return func() bool { return p.hasLine("acting: this controller holds the lease", "", "") }
+	}
+
+	a, dirA, addrA := controller("a")
+	require.Eventually(t, acting(a), time.Minute, 50*time.Millisecond, "the first controller never acted")
+
+	b, _, addrB := controller("b")
+	require.Never(t, acting(b), 2*lease, 100*time.Millisecond, "the second controller acted while the first renewed")
+
+	out, err := exec.Command(filepath.Join(bin, "controller"), "--state-dir", dirA, "site", "create", "lab-site").Output()
+	require.NoError(t, err)
+
+	token := strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+
+	ipxeDir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(ipxeDir, "undionly.kpxe"), []byte("stand-in"), 0o644))
+
+	edge := startProcess(t, nil, filepath.Join(bin, "edge"), "--state-dir", t.TempDir(), "--controller", addrA+","+addrB,
+		"--join-token", token, "--http-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0", "--tftp-listen", "",
+		"--ipxe-dir", ipxeDir, "--log-level", "debug")
+	httpAddr := edge.logField(t, "edge starting", "http")
+	apiAddr := edge.logField(t, "edge starting", "agent_api")
+	require.Eventually(t, func() bool { return edge.hasLine("uplink connected", "controller", addrA) }, time.Minute, 50*time.Millisecond)
+
+	const machineID = "5a3e0f1e-8c1b-4bde-9c53-3f2e1a0b7c12"
+
+	// The machine boots through the edge (its join config fetched from this address): the boot evidence its
+	// agent's tunnel is bound to.
+	require.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + httpAddr + "/config?u=" + machineID) //nolint:noctx
+		if err != nil {
+			return false
+		}
+
+		resp.Body.Close() //nolint:errcheck,gosec
+
+		return resp.StatusCode == http.StatusOK
+	}, time.Minute, 100*time.Millisecond, "the edge never served the join config")
+
+	// The agent holds the first wipe until its caller goes away; every later one goes ahead.
+	var (
+		wipeCalls, wipesDone atomic.Int32
+		firstHeld            = make(chan struct{})
+	)
+
+	disk := filepath.Join(t.TempDir(), "disk.img")
+	require.NoError(t, os.WriteFile(disk, bytes.Repeat([]byte{0xa5}, 1<<20), 0o600))
+
+	machine := &fakeMachine{t: t, cfg: testagent.Config{
+		Endpoint: apiAddr, MachineID: machineID, Disks: []string{disk},
+		RetryInterval: 100 * time.Millisecond, Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
+		BeforeWipe: func(ctx context.Context) error {
+			if wipeCalls.Add(1) == 1 {
+				close(firstHeld)
+				<-ctx.Done()
+
+				return ctx.Err()
+			}
+
+			wipesDone.Add(1)
+
+			return nil
+		},
+	}}
+	t.Cleanup(machine.stop)
+
+	var (
+		powerMu sync.Mutex
+		power   []vbmc.Action
+	)
+
+	chassis := vbmc.NewChassis(vbmc.WithHook(func(ctx context.Context, action vbmc.Action, o vbmc.Override) error {
+		powerMu.Lock()
+		power = append(power, action)
+		powerMu.Unlock()
+
+		return machine.hook(ctx, action, o)
+	}))
+	require.NoError(t, chassis.SetPower(ctx, true))
+
+	powerMu.Lock()
+	power = nil // the test's own power-on
+	powerMu.Unlock()
+
+	bmc, err := vbmc.NewIPMI(chassis, "admin", "lab-password")
+	require.NoError(t, err)
+
+	bmcConn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+
+	bmcCtx, stopBMC := context.WithCancel(context.Background())
+	bmcDone := make(chan error, 1)
+
+	go func() { bmcDone <- bmc.Serve(bmcCtx, bmcConn) }()
+
+	t.Cleanup(func() {
+		stopBMC()
+		<-bmcDone
+	})
+
+	joinToken, err := omni.NewAdmin(stand.State()).JoinToken(ctx, "bare-metal")
+	require.NoError(t, err)
+	provision(ctx, t, omniLn.Addr().String(), joinToken, machineID)
+
+	admin := omni.NewAdmin(stand.State())
+	require.NoError(t, admin.SetBMCConfig(ctx, machineID, &specs.InfraMachineBMCConfigSpec_IPMI{
+		Address: "127.0.0.1", Port: uint32(bmcConn.LocalAddr().(*net.UDPAddr).Port), Username: "admin", Password: "lab-password", //nolint:forcetypeassert,gosec
+	}))
+	require.NoError(t, admin.Accept(ctx, machineID))
+
+	select {
+	case <-firstHeld:
+	case <-ctx.Done():
+		t.Fatal("the first controller never asked for the wipe")
+	}
+
+	// The active controller dies in the middle of the wipe.
+	killed := time.Now()
+
+	require.NoError(t, a.cmd.Process.Kill())
+	a.cmd.Wait() //nolint:errcheck
+
+	require.Eventually(t, acting(b), 30*time.Second, 50*time.Millisecond, "the standby did not act within 30 s")
+	tookOver := time.Since(killed)
+
+	require.Eventually(t, func() bool { return edge.hasLine("uplink connected", "controller", addrB) }, time.Minute, 50*time.Millisecond,
+		"the edge did not reconnect to the standby")
+
+	require.Eventually(t, func() bool {
+		st, err := safe.StateGetByID[*infra.MachineStatus](ctx, stand.State(), machineID)
+
+		return err == nil && st.TypedSpec().Value.GetReadyToUse()
+	}, 2*time.Minute, 100*time.Millisecond, "the machine never became ready to use under the standby")
+	t.Logf("the standby acted %s after the active controller was killed (lease %s); ready %s after the kill",
+		tookOver.Round(10*time.Millisecond), lease, time.Since(killed).Round(10*time.Millisecond))
+
+	data, err := os.ReadFile(disk)
+	require.NoError(t, err)
+	require.Equal(t, bytes.Repeat([]byte{0}, 1<<20), data, "the disk was not zeroed")
+	require.EqualValues(t, 1, wipesDone.Load(), "the wipe completed exactly once (%d calls)", wipeCalls.Load())
+
+	powerMu.Lock()
+	defer powerMu.Unlock()
+
+	require.Empty(t, power, "the BMC saw power actions during accept and takeover")
+	require.NotContains(t, b.log.String(), "lab-password")
+}
