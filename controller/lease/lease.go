@@ -189,7 +189,9 @@ func (e *Elector) campaign(ctx context.Context, w *watch) (bool, error) {
 	case spec.GetHolder() == e.cfg.Holder:
 		// This controller's own record, from before a restart or a lost lease: it was not acting on it.
 	case spec.GetHolder() == "":
-	case now.Sub(w.since) >= e.cfg.Duration:
+	case now.Sub(w.since) >= max(e.cfg.Duration, spec.GetDuration().AsDuration()):
+		// The holder's own duration counts when it is longer: a standby configured with a shorter one must not
+		// take over while the holder still acts.
 		e.log.Warn("lease taken over: its holder did not renew it for a whole lease duration",
 			zap.String("previous_holder", spec.GetHolder()), zap.Duration("unchanged_for", now.Sub(w.since)))
 	default:

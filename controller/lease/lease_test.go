@@ -224,3 +224,31 @@ func TestConfigValidation(t *testing.T) {
 	cfg.Holder = "c"
 	require.NoError(t, cfg.Validate())
 }
+
+// A standby configured with a shorter lease than the holder's waits the holder's: it must not take over while
+// the holder, by its own clock, still acts.
+func TestAStandbyWaitsTheHoldersDuration(t *testing.T) {
+	st, types := setup(t)
+	a := &acting{}
+
+	long := lease.Config{Holder: "c1", Duration: 2 * time.Second, Renew: 200 * time.Millisecond, Margin: 500 * time.Millisecond}
+	c1 := &controller{name: "c1", st: &cuttable{State: st}, done: make(chan error, 1)}
+
+	e1, err := lease.New(long, c1.st, types, zaptest.NewLogger(t).Named("c1"), time.Now, nil)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer func() { cancel(); <-c1.done }()
+
+	go func() { c1.done <- e1.Run(ctx, a.lead("c1")) }()
+
+	require.Eventually(t, func() bool { return holder(t, st, types) == "c1" }, 5*time.Second, 10*time.Millisecond)
+	start(t, st, types, a, "c2") // its own lease: 800 ms
+
+	cut := time.Now()
+	c1.st.cut.Store(true)
+
+	require.Eventually(t, func() bool { w := a.who(); return len(w) == 1 && w[0] == "c2" }, 10*time.Second, 10*time.Millisecond)
+	require.GreaterOrEqual(t, time.Since(cut), long.Duration-config("").Renew, "the standby waited the holder's duration")
+	require.EqualValues(t, 1, a.most.Load())
+}
