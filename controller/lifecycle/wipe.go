@@ -77,13 +77,14 @@ func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.Q
 		return nil
 	}, func() { s.env.due.after(wipeName, v.id, 0) })
 
-	// A wipe takes long (hours when zeroing): it does not hold one of the controller's workers meanwhile, or a
-	// few long wipes would keep every other machine's wipe waiting. Its end puts the machine back in this
-	// controller's queue, and that reconcile records it.
+	// The reconcile waits for the wipe (its end also puts the machine back in this controller's queue, for a
+	// reconcile that stopped waiting when the runtime was rebuilt). Not waiting, and recording the wipe from
+	// that next reconcile, recorded no wipe at all in 10 minutes at 20,000 machines in the fleet simulator
+	// (against 342 with the wait); until that is understood, a long wipe holds one worker.
 	select {
 	case <-jb.done:
-	default:
-		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 
 	s.env.jobs.collect(jb)
