@@ -39,13 +39,14 @@ type ControllerOptions struct {
 }
 
 // StartController runs the controller binary in the core namespace against o (trusting a real Omni's CA
-// through SSL_CERT_FILE), with the lab's local install assets and short power cooldown and poll interval.
+// through SSL_CERT_FILE), with the lab's local install assets and short power cooldown and poll interval. Its
+// HTTP listener (status pages, metrics) is on the namespace's loopback, where no token is needed.
 func (l *Lab) StartController(ctx context.Context, core *Core, bin string, o *Omni, opts ControllerOptions) (*Controller, error) {
 	c := &Controller{Bin: bin, StateDir: filepath.Join(l.Dir, "controller-state")}
 
 	args := []string{
 		"--state-dir", c.StateDir, "--uplink-listen", fmt.Sprintf("%s:%d", CoreAddr, ControllerPort),
-		"--http-listen", "", "--log-level", "debug", "--server-name", CoreAddr, "--provider-id", ProviderID,
+		"--http-listen", fmt.Sprintf("127.0.0.1:%d", ControllerHTTPPort), "--log-level", "debug", "--server-name", CoreAddr, "--provider-id", ProviderID,
 		"--agent-talos-version", LabTalosVersion, "--console", "ttyS0",
 	}
 	env := []string{"OMNI_ENDPOINT=" + o.Endpoint, "OMNI_SERVICE_ACCOUNT_KEY=" + o.ProviderKey}
