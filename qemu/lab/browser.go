@@ -477,9 +477,12 @@ func statusURL(path string) string {
 // sites page, the machine list and each of ms's pages. Every machine must appear at its site with the phase
 // the controller's CLI reports at the same moment (read before and after the pages; the check is repeated
 // until both readings agree with the pages, within a deadline), each site connected with its machines
-// counted by phase, and each machine's timeline must list its boot steps in order. A screenshot of each page
-// is kept under the lab directory.
-func (e *Env) checkStatusPages(ctx context.Context, ms ...*Machine) error {
+// counted by phase, and each machine's timeline must list its boot steps in order. want is the phase the
+// scenario expects of each machine at this point, which the CLI's reading and the pages must both show. A
+// screenshot of each page is kept under the lab directory.
+func (e *Env) checkStatusPages(ctx context.Context, want map[*Machine]string) error {
+	ms := slices.SortedFunc(maps.Keys(want), func(a, b *Machine) int { return strings.Compare(a.Spec.Name, b.Spec.Name) })
+
 	bin, err := FindChromium()
 	if err != nil {
 		return err
@@ -492,7 +495,7 @@ func (e *Env) checkStatusPages(ctx context.Context, ms ...*Machine) error {
 	deadline := time.Now().Add(3 * time.Minute)
 
 	for {
-		last = e.compareStatusPages(ctx, b, ms)
+		last = e.compareStatusPages(ctx, b, ms, want)
 		if last == nil {
 			break
 		}
@@ -533,7 +536,7 @@ func (e *Env) checkStatusPages(ctx context.Context, ms ...*Machine) error {
 }
 
 // compareStatusPages is one reading of checkStatusPages.
-func (e *Env) compareStatusPages(ctx context.Context, b Browser, ms []*Machine) error {
+func (e *Env) compareStatusPages(ctx context.Context, b Browser, ms []*Machine, want map[*Machine]string) error {
 	before, err := e.Controller.MachinePhases(ctx)
 	if err != nil {
 		return err
@@ -583,8 +586,9 @@ func (e *Env) compareStatusPages(ctx context.Context, b Browser, ms []*Machine) 
 			continue
 		}
 
-		if cli.Site != m.Site.Name || cli.Phase == "" || cli.Phase == "unknown" {
-			errs = append(errs, fmt.Errorf("%s: the controller's CLI has it at site %q in phase %q", m.Spec.Name, cli.Site, cli.Phase))
+		if cli.Site != m.Site.Name || cli.Phase != want[m] {
+			errs = append(errs, fmt.Errorf("%s: the controller's CLI has it at site %q in phase %q, the scenario expects %q %q",
+				m.Spec.Name, cli.Site, cli.Phase, m.Site.Name, want[m]))
 		}
 
 		i := slices.IndexFunc(list, func(p PageMachine) bool { return strings.EqualFold(p.ID, id) })
@@ -611,11 +615,11 @@ func (e *Env) compareStatusPages(ctx context.Context, b Browser, ms []*Machine) 
 
 	// Each lab site: connected, its machines counted by phase as the CLI counts them.
 	for _, s := range e.Sites {
-		want := map[string]int{}
+		counts := map[string]int{}
 
 		for _, c := range after {
 			if c.Site == s.Name {
-				want[c.Phase]++
+				counts[c.Phase]++
 			}
 		}
 
@@ -626,8 +630,8 @@ func (e *Env) compareStatusPages(ctx context.Context, b Browser, ms []*Machine) 
 			errs = append(errs, fmt.Errorf("site %s: not on the sites page", s.Name))
 		case sites[i].State != "connected":
 			errs = append(errs, fmt.Errorf("site %s: link %q on the sites page", s.Name, sites[i].State))
-		case !maps.Equal(sites[i].Phases, want):
-			errs = append(errs, fmt.Errorf("site %s: the sites page counts %v by phase, the CLI %v", s.Name, sites[i].Phases, want))
+		case !maps.Equal(sites[i].Phases, counts):
+			errs = append(errs, fmt.Errorf("site %s: the sites page counts %v by phase, the CLI %v", s.Name, sites[i].Phases, counts))
 		}
 	}
 

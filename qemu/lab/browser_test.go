@@ -146,3 +146,11 @@ func FuzzParseStatusPages(f *testing.F) {
 		}
 	})
 }
+
+// Without Chromium the lab says why (the scenario's step is then skipped with that reason, not failed).
+func TestFindChromiumMissing(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+
+	_, err := lab.FindChromium()
+	require.ErrorContains(t, err, "no chromium binary in PATH")
+}

@@ -242,7 +242,7 @@ func (e *Env) Steps() []Step {
 			}},
 			{Name: "allocate them: install event counted by Omni (the stand-in is told what a real Talos's event sink " +
 				"reports), installed OS booted from disk", Run: func(ctx context.Context) error { return e.allocate(ctx, bios1, uefi2) }},
-			e.statusPagesStep(bios1, uefi2),
+			e.statusPagesStep([]*Machine{bios1, uefi2}, nil),
 			{Name: "release them: agent mode, wiped, powered off", Run: func(ctx context.Context) error {
 				return e.release(ctx, nil, bios1, uefi2)
 			}},
@@ -258,7 +258,7 @@ func (e *Env) Steps() []Step {
 			}},
 			{Name: "allocate one machine per site (cluster template, Talos " + LabTalosVersion + "): the install plan PXE-booted, " +
 				"talos.config to its edge", Run: func(ctx context.Context) error { return e.allocate(ctx, bios1, uefi2) }},
-			e.statusPagesStep(bios1, uefi1, bios2, uefi2),
+			e.statusPagesStep([]*Machine{bios1, uefi2}, []*Machine{uefi1, bios2}),
 			{Name: "install event counted, installed OS booted from disk as installed", Skip: "stand-in run: " + whyNoInstallEvent},
 			{Name: "cut site 1's WAN: the allocated machine boots what its install boot wrote to disk (Omni does not count it " +
 				"installed), the idle one (kept on) is reset into agent mode", Run: func(ctx context.Context) error {
@@ -276,7 +276,7 @@ func (e *Env) Steps() []Step {
 			{Name: "discover and accept the BIOS machines", Run: func(ctx context.Context) error { return e.discoverAndAccept(ctx, bios1, bios2) }},
 			{Name: "discover and accept the UEFI machines", Run: func(ctx context.Context) error { return e.discoverAndAccept(ctx, uefi1, uefi2) }},
 			{Name: "allocate one machine per site", Run: func(ctx context.Context) error { return e.allocate(ctx, bios1, uefi2) }},
-			e.statusPagesStep(bios1, uefi1, bios2, uefi2),
+			e.statusPagesStep([]*Machine{bios1, uefi2}, []*Machine{uefi1, bios2}),
 			{Name: "cut site 1's WAN: disk boot and agent mode still work", Run: func(ctx context.Context) error {
 				return e.wanCut(ctx, e.Sites[0], bios1, uefi1)
 			}},
@@ -290,18 +290,33 @@ func (e *Env) Steps() []Step {
 	}
 }
 
-// statusPagesStep checks the controller's status pages in a headless browser (checkStatusPages) once every
-// machine in ms has a site and a phase; without Chromium the step is skipped with the reason.
-func (e *Env) statusPagesStep(ms ...*Machine) Step {
-	names := make([]string, 0, len(ms))
-	for _, m := range ms {
-		names = append(names, m.Spec.Name)
+// statusPagesStep checks the controller's status pages in a headless browser (checkStatusPages) after the
+// allocation: the allocated machines installed (installing against a real Omni, which never hears of a lab
+// machine's install), the idle ones ready. Without Chromium the step is skipped with the reason.
+func (e *Env) statusPagesStep(allocated, idle []*Machine) Step {
+	installed := "installed"
+	if e.real() {
+		installed = "installing"
+	}
+
+	want := map[*Machine]string{}
+
+	var names []string
+
+	for _, m := range allocated {
+		want[m] = installed
+		names = append(names, m.Spec.Name+" "+installed)
+	}
+
+	for _, m := range idle {
+		want[m] = "ready"
+		names = append(names, m.Spec.Name+" ready")
 	}
 
 	return Step{
-		Name: "status pages in headless Chromium: sites connected with machines by phase, " + strings.Join(names, ", ") +
-			" listed at their site in the phase the controller's CLI reports, each timeline's boot steps in order",
-		Run:  func(ctx context.Context) error { return e.checkStatusPages(ctx, ms...) },
+		Name: "status pages in headless Chromium: sites connected with machines counted by phase; " + strings.Join(names, ", ") +
+			" at their site, as the controller's CLI reports; each timeline's boot steps in order",
+		Run:  func(ctx context.Context) error { return e.checkStatusPages(ctx, want) },
 		Skip: browserSkip(),
 	}
 }
