@@ -16,7 +16,7 @@ import (
 	assetsapi "github.com/outpost-metal/outpost/shared/api/assets"
 )
 
-// Policy is the site's asset policy, set by the controller (DESIGN §3).
+// Policy is the site's asset policy (passthrough, cache or offline), set by the controller.
 type Policy string
 
 // The policies.

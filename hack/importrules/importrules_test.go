@@ -1,4 +1,4 @@
-// Package importrules_test enforces the package boundaries of DESIGN §1:
+// Package importrules_test enforces the package boundaries the README describes:
 // edge and controller never import each other, shared imports neither,
 // and nothing in the product imports the lab (qemu/).
 package importrules_test

@@ -26,7 +26,7 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// Policy is a site's asset policy (DESIGN §3).
+// Policy is a site's asset policy (passthrough, cache or offline; see the README on boot assets).
 type Policy int32
 
 const (
