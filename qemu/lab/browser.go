@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"os/exec"
@@ -70,7 +71,7 @@ func (b Browser) Screenshot(ctx context.Context, url, path string) error {
 	}
 	defer f.Close() //nolint:errcheck
 
-	if _, err := f.Read(head); err != nil || !bytes.Equal(head, []byte("\x89PNG\r\n\x1a\n")) {
+	if _, err := io.ReadFull(f, head); err != nil || !bytes.Equal(head, []byte("\x89PNG\r\n\x1a\n")) {
 		return fmt.Errorf("screenshot of %s: %s is not a PNG", url, path)
 	}
 
