@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -19,6 +20,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/omni"
 	"github.com/outpost-metal/outpost/controller/seal"
 	"github.com/outpost-metal/outpost/controller/sites"
+	"github.com/outpost-metal/outpost/shared/atomicfile"
 )
 
 // With Omni configured, the controller keeps its sites and enrollment CA in Omni's provider namespace, and a
@@ -61,7 +63,7 @@ func (b *builder) loadSharedState(ctx context.Context) error {
 
 	b.log.Info("sites and enrollment CA kept in omni", zap.String("ca", string(origin)), zap.Int("sites_imported", imported))
 
-	holder, err := holderName()
+	holder, err := holderName(b.cfg.StateDir)
 	if err != nil {
 		return err
 	}
@@ -79,20 +81,50 @@ func (b *builder) loadSharedState(ctx context.Context) error {
 	return err
 }
 
-// holderName names this controller process in the lease: host name and a random suffix, so a restarted
-// controller is a new holder.
-func holderName() (string, error) {
+// holderName names this controller in the lease: its host name and an ID kept in the state directory. The ID
+// outlives a restart, so a controller that crashed and starts again with the same state directory takes its own
+// lease back at once instead of waiting a whole lease duration: the store's lock, taken before this, says no
+// other process uses that directory, so the record's holder is this controller's dead predecessor. A new state
+// directory is a new holder.
+func holderName(stateDir string) (string, error) {
 	host, err := os.Hostname()
 	if err != nil || host == "" {
 		host = "controller"
 	}
 
-	suffix := make([]byte, 4)
-	if _, err := rand.Read(suffix); err != nil {
-		return "", fmt.Errorf("lease holder name: %w", err)
+	path := filepath.Join(stateDir, "controller-id")
+
+	id, err := os.ReadFile(path)
+	if err == nil && validHolderID(strings.TrimSpace(string(id))) {
+		return host + "-" + strings.TrimSpace(string(id)), nil
 	}
 
-	return host + "-" + hex.EncodeToString(suffix), nil
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("lease holder ID: %w", err)
+	}
+
+	raw := make([]byte, 6)
+	if _, err := rand.Read(raw); err != nil {
+		return "", fmt.Errorf("lease holder ID: %w", err)
+	}
+
+	fresh := hex.EncodeToString(raw)
+	if err := atomicfile.Write(path, []byte(fresh+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("lease holder ID: %w", err)
+	}
+
+	return host + "-" + fresh, nil
+}
+
+// validHolderID reports whether a stored ID is one holderName wrote (a damaged file gets a new ID).
+func validHolderID(id string) bool {
+	if len(id) != 12 {
+		return false
+	}
+
+	_, err := hex.DecodeString(id)
+
+	return err == nil
 }
 
 // act adds a component that runs only while this controller holds the lease (all of them when there is no

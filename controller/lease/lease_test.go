@@ -252,3 +252,34 @@ func TestAStandbyWaitsTheHoldersDuration(t *testing.T) {
 	require.GreaterOrEqual(t, time.Since(cut), long.Duration-config("").Renew, "the standby waited the holder's duration")
 	require.EqualValues(t, 1, a.most.Load())
 }
+
+// A controller that crashed (its lease neither renewed nor given up) and starts again under the same holder name
+// takes its own lease back at once: the record's holder is its dead predecessor.
+func TestACrashedHolderRestartedTakesItsLeaseBackAtOnce(t *testing.T) {
+	st, types := setup(t)
+	a := &acting{}
+
+	crashed := &cuttable{State: st}
+
+	e, err := lease.New(config("c1"), crashed, types, zaptest.NewLogger(t).Named("c1-old"), time.Now, nil)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+
+	go func() { done <- e.Run(ctx, a.lead("c1-old")) }()
+
+	require.Eventually(t, func() bool { return holder(t, st, types) == "c1" }, 5*time.Second, 10*time.Millisecond)
+
+	// The crash: nothing it does reaches Omni any more, so the lease is not given up.
+	crashed.cut.Store(true)
+	cancel()
+	<-done
+	require.Equal(t, "c1", holder(t, st, types))
+
+	restarted := time.Now()
+
+	start(t, st, types, a, "c1")
+	require.Eventually(t, func() bool { w := a.who(); return len(w) == 1 && w[0] == "c1" }, 5*time.Second, 10*time.Millisecond)
+	require.Less(t, time.Since(restarted), config("").Duration, "taken back without waiting a lease duration")
+}
