@@ -62,24 +62,7 @@ func TestBinariesStandbyTakesOverMidWipe(t *testing.T) {
 
 	bin := buildBinaries(t)
 
-	ocfg := omni.Default()
-	ocfg.Logger = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
-	stand, err := omni.New(ocfg)
-	require.NoError(t, err)
-	t.Cleanup(func() { stand.Close() }) //nolint:errcheck
-
-	omniLn, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-
-	omniCtx, stopOmni := context.WithCancel(context.Background())
-	omniDone := make(chan error, 1)
-
-	go func() { omniDone <- stand.Serve(omniCtx, omniLn) }()
-
-	t.Cleanup(func() {
-		stopOmni()
-		<-omniDone
-	})
+	stand, omniLn := serveStandIn(t)
 
 	const lease = 3 * time.Second
 
@@ -179,21 +162,7 @@ func TestBinariesStandbyTakesOverMidWipe(t *testing.T) {
 	power = nil // the test's own power-on
 	powerMu.Unlock()
 
-	bmc, err := vbmc.NewIPMI(chassis, "admin", "lab-password")
-	require.NoError(t, err)
-
-	bmcConn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	require.NoError(t, err)
-
-	bmcCtx, stopBMC := context.WithCancel(context.Background())
-	bmcDone := make(chan error, 1)
-
-	go func() { bmcDone <- bmc.Serve(bmcCtx, bmcConn) }()
-
-	t.Cleanup(func() {
-		stopBMC()
-		<-bmcDone
-	})
+	bmcConn := serveIPMI(t, chassis, "admin", "lab-password")
 
 	joinToken, err := omni.NewAdmin(stand.State()).JoinToken(ctx, "bare-metal")
 	require.NoError(t, err)

@@ -105,24 +105,7 @@ func TestBinariesLifecycleWithOmniStandIn(t *testing.T) {
 	bin := buildBinaries(t)
 
 	// Omni, in process: its state is what the test inspects.
-	ocfg := omni.Default()
-	ocfg.Logger = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
-	stand, err := omni.New(ocfg)
-	require.NoError(t, err)
-	t.Cleanup(func() { stand.Close() }) //nolint:errcheck
-
-	omniLn, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-
-	omniCtx, stopOmni := context.WithCancel(context.Background())
-	omniDone := make(chan error, 1)
-
-	go func() { omniDone <- stand.Serve(omniCtx, omniLn) }()
-
-	t.Cleanup(func() {
-		stopOmni()
-		<-omniDone
-	})
+	stand, omniLn := serveStandIn(t)
 
 	// The controller binary, against the stand-in, with short timers.
 	stateDir := t.TempDir()
@@ -191,21 +174,7 @@ func TestBinariesLifecycleWithOmniStandIn(t *testing.T) {
 	chassis := vbmc.NewChassis(vbmc.WithHook(machine.hook))
 	require.NoError(t, chassis.SetPower(ctx, true))
 
-	bmc, err := vbmc.NewIPMI(chassis, "admin", "lab-password")
-	require.NoError(t, err)
-
-	bmcConn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	require.NoError(t, err)
-
-	bmcCtx, stopBMC := context.WithCancel(context.Background())
-	bmcDone := make(chan error, 1)
-
-	go func() { bmcDone <- bmc.Serve(bmcCtx, bmcConn) }()
-
-	t.Cleanup(func() {
-		stopBMC()
-		<-bmcDone
-	})
+	bmcConn := serveIPMI(t, chassis, "admin", "lab-password")
 
 	// The machine joins Omni as its agent would (SideroLink Provision with the join token from /config);
 	// the operator supplies its BMC and accepts it.
@@ -291,6 +260,56 @@ func TestBinariesLifecycleWithOmniStandIn(t *testing.T) {
 	for _, p := range []*process{ctl, ctl2, edge} {
 		require.NotContains(t, p.log.String(), "lab-password")
 	}
+}
+
+// serveStandIn serves the Omni stand-in in process (its state is what a test inspects) on a loopback listener
+// until the test ends.
+func serveStandIn(t *testing.T) (*omni.Server, net.Listener) {
+	t.Helper()
+
+	ocfg := omni.Default()
+	ocfg.Logger = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	stand, err := omni.New(ocfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { stand.Close() }) //nolint:errcheck
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+
+	go func() { done <- stand.Serve(ctx, ln) }()
+
+	t.Cleanup(func() {
+		stop()
+		<-done
+	})
+
+	return stand, ln
+}
+
+// serveIPMI serves a virtual IPMI BMC of chassis with one user on a loopback UDP port until the test ends.
+func serveIPMI(t *testing.T, chassis *vbmc.Chassis, user, password string) *net.UDPConn {
+	t.Helper()
+
+	bmc, err := vbmc.NewIPMI(chassis, user, password)
+	require.NoError(t, err)
+
+	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+
+	go func() { done <- bmc.Serve(ctx, conn) }()
+
+	t.Cleanup(func() {
+		stop()
+		<-done
+	})
+
+	return conn
 }
 
 // provision joins a machine to the stand-in over SideroLink, as the agent image does at boot.
