@@ -191,9 +191,11 @@ func legitimateFetch(t *testing.T, addr string, want []byte) time.Duration {
 	c, err := pintftp.NewClient(addr)
 	require.NoError(t, err)
 	require.NoError(t, c.SetLocalAddr("127.0.0.2"))
-	// What a ROM does: ask the size and a large block, wait a second per packet, retry a few times.
+	// What a ROM does: ask the size and a large block, wait a second per packet, give up after ten
+	// timeouts in a row (iPXE's retry timer gives up after ten; it also backs off, which this client
+	// does not, so this one gives up sooner than iPXE would).
 	c.SetTimeout(time.Second)
-	c.SetRetries(5)
+	c.SetRetries(10)
 	c.SetBlockSize(1468)
 	c.RequestTSize(true)
 
