@@ -258,12 +258,16 @@ func (e *Elector) hold(ctx context.Context, lead func(ctx context.Context) error
 	go func() { result <- lead(lctx) }()
 
 	// The record was written just now; acting stops Duration-Margin after the last write that is known to
-	// have been made, counted from before it was sent.
-	stopAt := time.NewTimer(e.cfg.Duration - e.cfg.Margin)
+	// have been made, counted from before it was sent. A renewal never runs past that moment: one that hangs
+	// on an unreachable Omni would otherwise hold the loop past it, into the margin a standby relies on.
+	stopBy := time.Now().Add(e.cfg.Duration - e.cfg.Margin)
+	stopAt := time.NewTimer(time.Until(stopBy))
 	defer stopAt.Stop()
 
 	ticker := time.NewTicker(e.cfg.Renew)
 	defer ticker.Stop()
+
+	const notRenewed = "not renewed for the lease duration less the margin (Omni unreachable or slow)"
 
 	var why string
 
@@ -276,13 +280,17 @@ loop:
 
 			return true, err
 		case <-stopAt.C:
-			why = "not renewed for the lease duration less the margin (Omni unreachable or slow)"
+			why = notRenewed
 
 			break loop
 		case <-ticker.C:
-			sent := e.now()
+			sent := time.Now()
 
-			lost, err := e.renew(lctx)
+			rctx, rcancel := context.WithDeadline(lctx, stopBy)
+			lost, err := e.renew(rctx)
+
+			rcancel()
+
 			switch {
 			case lost != "":
 				why = "taken over by " + lost
@@ -290,13 +298,18 @@ loop:
 				break loop
 			case err != nil && lctx.Err() != nil:
 				continue // stopping: the result is next
+			case err != nil && !time.Now().Before(stopBy):
+				why = notRenewed
+
+				break loop
 			case err != nil:
 				e.log.Warn("lease: renewal failed (retrying until the lease runs out)", zap.Error(err))
 
 				continue
 			}
 
-			stopAt.Reset(e.cfg.Duration - e.cfg.Margin - e.now().Sub(sent))
+			stopBy = sent.Add(e.cfg.Duration - e.cfg.Margin)
+			stopAt.Reset(time.Until(stopBy))
 		}
 	}
 
@@ -313,6 +326,8 @@ loop:
 	if err != nil && !errors.Is(err, context.Canceled) {
 		e.log.Warn("stopped after losing the lease", zap.Error(err))
 	}
+
+	e.log.Info("stopped acting: a standby may take the lease", zap.Duration("took", time.Since(stopping)))
 
 	return false, nil
 }

@@ -24,42 +24,67 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// cuttable is a state a test can cut off from one controller, as a network partition or a stuck Omni would.
+// cuttable is a state a test can cut off from one controller, as a network partition or a stuck Omni would:
+// cut, every call fails at once; hung, every call waits until its context ends (an Omni that accepts the
+// connection and never answers). It remembers when the last update that went through was begun.
 type cuttable struct {
 	state.State
-	cut atomic.Bool
+	cut, hang atomic.Bool
+	lastWrite atomic.Int64 // unix nanoseconds
 }
 
 var errCut = errors.New("omni unreachable (cut by the test)")
 
+func (c *cuttable) blocked(ctx context.Context) error {
+	switch {
+	case c.hang.Load():
+		<-ctx.Done()
+
+		return ctx.Err()
+	case c.cut.Load():
+		return errCut
+	}
+
+	return nil
+}
+
 func (c *cuttable) Get(ctx context.Context, p resource.Pointer, opts ...state.GetOption) (resource.Resource, error) {
-	if c.cut.Load() {
-		return nil, errCut
+	if err := c.blocked(ctx); err != nil {
+		return nil, err
 	}
 
 	return c.State.Get(ctx, p, opts...)
 }
 
 func (c *cuttable) Create(ctx context.Context, r resource.Resource, opts ...state.CreateOption) error {
-	if c.cut.Load() {
-		return errCut
+	if err := c.blocked(ctx); err != nil {
+		return err
 	}
 
 	return c.State.Create(ctx, r, opts...)
 }
 
 func (c *cuttable) Update(ctx context.Context, r resource.Resource, opts ...state.UpdateOption) error {
-	if c.cut.Load() {
-		return errCut
+	if err := c.blocked(ctx); err != nil {
+		return err
 	}
 
-	return c.State.Update(ctx, r, opts...)
+	begun := time.Now()
+
+	if err := c.State.Update(ctx, r, opts...); err != nil {
+		return err
+	}
+
+	c.lastWrite.Store(begun.UnixNano())
+
+	return nil
 }
 
 // acting counts the controllers acting at once and remembers the most there ever were.
 type acting struct {
 	now, most atomic.Int32
 	by        sync.Map // holder -> true while acting
+	stopped   sync.Map // holder -> when it was last told to stop
 }
 
 func (a *acting) lead(holder string) func(ctx context.Context) error {
@@ -74,6 +99,7 @@ func (a *acting) lead(holder string) func(ctx context.Context) error {
 
 		a.by.Store(holder, true)
 		<-ctx.Done()
+		a.stopped.Store(holder, time.Now())
 		a.by.Delete(holder)
 		a.now.Add(-1)
 
@@ -282,4 +308,45 @@ func TestACrashedHolderRestartedTakesItsLeaseBackAtOnce(t *testing.T) {
 	start(t, st, types, a, "c1")
 	require.Eventually(t, func() bool { w := a.who(); return len(w) == 1 && w[0] == "c1" }, 5*time.Second, 10*time.Millisecond)
 	require.Less(t, time.Since(restarted), config("").Duration, "taken back without waiting a lease duration")
+}
+
+// TestAHolderWhoseRenewalsHangStopsInTime: an Omni that never answers makes every renewal wait its whole
+// timeout. The holder still stops acting Duration-Margin after its last renewal, not a renewal's timeout
+// later; with a renew interval longer than the margin, waiting out the hung renewal would run into the
+// time a standby may already act.
+func TestAHolderWhoseRenewalsHangStopsInTime(t *testing.T) {
+	st, types := setup(t)
+	a := &acting{}
+
+	cfg := lease.Config{Holder: "c1", Duration: 800 * time.Millisecond, Renew: 400 * time.Millisecond, Margin: 100 * time.Millisecond}
+	require.NoError(t, cfg.Validate())
+
+	shared := &cuttable{State: st}
+	e, err := lease.New(cfg, shared, types, zaptest.NewLogger(t), time.Now, prometheus.NewRegistry())
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+
+	go func() { done <- e.Run(ctx, a.lead("c1")) }()
+
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+
+	// Renewed at least once, then Omni hangs.
+	require.Eventually(t, func() bool { return shared.lastWrite.Load() != 0 }, 5*time.Second, 10*time.Millisecond)
+	shared.hang.Store(true)
+
+	require.Eventually(t, func() bool { return len(a.who()) == 0 }, 5*time.Second, 10*time.Millisecond)
+
+	stopped, ok := a.stopped.Load("c1")
+	require.True(t, ok)
+
+	last := time.Unix(0, shared.lastWrite.Load())
+	took := stopped.(time.Time).Sub(last) //nolint:forcetypeassert
+	t.Logf("stopped acting %s after the last renewal was begun (stop by %s; a standby may act from %s)",
+		took.Round(time.Millisecond), cfg.Duration-cfg.Margin, cfg.Duration)
+	require.Less(t, took, cfg.Duration, "the holder still acted when a standby could take the lease")
 }

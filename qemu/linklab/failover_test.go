@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -210,4 +211,214 @@ func TestBinariesStandbyTakesOverMidWipe(t *testing.T) {
 
 	require.Empty(t, power, "the BMC saw power actions during accept and takeover")
 	require.NotContains(t, b.log.String(), "lab-password")
+}
+
+// cutProxy forwards TCP connections to target. Cut, it closes what it forwards and holds every new connection
+// open without forwarding a byte, as a network that drops everything does, until it is mended.
+type cutProxy struct {
+	ln     net.Listener
+	target string
+
+	mu    sync.Mutex
+	cut   bool
+	conns map[net.Conn]struct{}
+}
+
+func startCutProxy(t *testing.T, target string) *cutProxy {
+	t.Helper()
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+
+	p := &cutProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	t.Cleanup(func() {
+		ln.Close() //nolint:errcheck,gosec
+		p.setCut(true)
+	})
+
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+
+			go p.serve(c)
+		}
+	}()
+
+	return p
+}
+
+func (p *cutProxy) addr() string { return p.ln.Addr().String() }
+
+// track remembers c for a cut; it reports false (and c is closed) when the proxy is cut now.
+func (p *cutProxy) track(cs ...net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+
+	if p.cut {
+		return false
+	}
+
+	for _, c := range cs {
+		p.conns[c] = struct{}{}
+	}
+
+	return true
+}
+
+func (p *cutProxy) serve(c net.Conn) {
+	if !p.track(c) {
+		// Held, never answered: a dial succeeds at the TCP level and then hears nothing.
+		p.mu.Lock()
+		p.conns[c] = struct{}{}
+		p.mu.Unlock()
+
+		return
+	}
+
+	up, err := net.Dial("tcp", p.target)
+	if err != nil {
+		c.Close() //nolint:errcheck,gosec
+
+		return
+	}
+
+	if !p.track(up) {
+		up.Close() //nolint:errcheck,gosec
+
+		return
+	}
+
+	go func() { _, _ = io.Copy(up, c); up.Close() }() //nolint:errcheck,gosec
+	_, _ = io.Copy(c, up)
+	c.Close() //nolint:errcheck,gosec
+}
+
+func (p *cutProxy) setCut(cut bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+
+	p.cut = cut
+	for c := range p.conns {
+		c.Close() //nolint:errcheck,gosec
+		delete(p.conns, c)
+	}
+}
+
+// actingSpan is one term of a controller: when it logged that it acts and when it logged that it stopped (zero
+// while it still acts).
+type actingSpan struct {
+	who         string
+	start, stop time.Time
+}
+
+// actingSpans reads the terms out of a controller's JSON log.
+func actingSpans(t *testing.T, who string, p *process) []actingSpan {
+	t.Helper()
+
+	var spans []actingSpan
+
+	sc := bufio.NewScanner(strings.NewReader(p.log.String()))
+	for sc.Scan() {
+		var line struct {
+			Msg string    `json:"msg"`
+			TS  time.Time `json:"ts"`
+		}
+
+		if json.Unmarshal(sc.Bytes(), &line) != nil {
+			continue
+		}
+
+		switch {
+		case line.Msg == "acting: this controller holds the lease":
+			spans = append(spans, actingSpan{who: who, start: line.TS})
+		case strings.HasPrefix(line.Msg, "stopped acting") || line.Msg == "lease given up":
+			require.NotEmpty(t, spans, "%s stopped acting before it acted", who)
+			spans[len(spans)-1].stop = line.TS
+		}
+	}
+
+	return spans
+}
+
+// TestBinariesCutOffControllerStopsBeforeStandbyActs runs two controller binaries against the Omni stand-in,
+// the first one through a proxy that can cut it off from Omni while it stays alive, and an edge given both
+// addresses. Cut off, the first stops acting before the second acts; the edge follows the second; mended, the
+// first stays a standby. From both logs: at no moment do two controllers act.
+func TestBinariesCutOffControllerStopsBeforeStandbyActs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binaries; skipped with -short")
+	}
+
+	t.Parallel()
+
+	bin := buildBinaries(t)
+	stand, omniLn := serveStandIn(t)
+	proxy := startCutProxy(t, omniLn.Addr().String())
+
+	const lease = 3 * time.Second
+
+	controller := func(omniAddr string) (*process, string, string) {
+		stateDir := t.TempDir()
+		p := startProcess(t, []string{"OMNI_SERVICE_ACCOUNT_KEY=" + stand.ProviderKey()}, filepath.Join(bin, "controller"),
+			"--state-dir", stateDir, "--uplink-listen", "127.0.0.1:0", "--http-listen", "",
+			"--omni-endpoint", "grpc://"+omniAddr, "--install-assets-dir", t.TempDir(),
+			"--poll-interval", "1s", "--lease-duration", lease.String(), "--log-level", "debug")
+
+		return p, stateDir, p.logField(t, "controller built", "uplink")
+	}
+
+	acting := func(p *process) func() bool {
+		return func() bool { return p.hasLine("acting: this controller holds the lease", "", "") }
+	}
+
+	a, dirA, addrA := controller(proxy.addr())
+	require.Eventually(t, acting(a), time.Minute, 50*time.Millisecond, "the first controller never acted")
+
+	b, _, addrB := controller(omniLn.Addr().String())
+	require.Never(t, acting(b), 2*lease, 100*time.Millisecond, "the second controller acted while the first renewed")
+
+	out, err := exec.Command(filepath.Join(bin, "controller"), "--state-dir", dirA, "site", "create", "lab-site").Output()
+	require.NoError(t, err)
+
+	token := strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+
+	ipxeDir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(ipxeDir, "undionly.kpxe"), []byte("stand-in"), 0o644))
+
+	edge := startProcess(t, nil, filepath.Join(bin, "edge"), "--state-dir", t.TempDir(), "--controller", addrA+","+addrB,
+		"--join-token", token, "--http-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0", "--tftp-listen", "",
+		"--ipxe-dir", ipxeDir, "--log-level", "debug")
+	require.Eventually(t, func() bool { return edge.hasLine("uplink connected", "controller", addrA) }, time.Minute, 50*time.Millisecond)
+
+	// The first controller stays up, but nothing it sends reaches Omni any more.
+	cut := time.Now()
+
+	proxy.setCut(true)
+
+	require.Eventually(t, acting(b), 30*time.Second, 50*time.Millisecond, "the standby did not act within 30 s of the cut")
+	tookOver := time.Since(cut)
+
+	require.Eventually(t, func() bool { return edge.hasLine("uplink connected", "controller", addrB) }, time.Minute, 50*time.Millisecond,
+		"the edge did not reconnect to the standby")
+
+	// Mended, the first controller finds the lease held and stays a standby.
+	proxy.setCut(false)
+	require.Never(t, func() bool { return len(actingSpans(t, "a", a)) > 1 }, 3*lease, 100*time.Millisecond,
+		"the first controller acted again while the second held the lease")
+
+	spansA, spansB := actingSpans(t, "a", a), actingSpans(t, "b", b)
+	require.Len(t, spansA, 1)
+	require.Len(t, spansB, 1)
+	require.False(t, spansA[0].stop.IsZero(), "the cut-off controller never logged that it stopped acting")
+
+	t.Logf("cut at %s; a acted %s - %s; b acted from %s (%s after the cut, lease %s); a stopped %s before b acted",
+		cut.UTC().Format(time.StampMilli), spansA[0].start.UTC().Format(time.StampMilli), spansA[0].stop.UTC().Format(time.StampMilli),
+		spansB[0].start.UTC().Format(time.StampMilli), tookOver.Round(10*time.Millisecond), lease,
+		spansB[0].start.Sub(spansA[0].stop).Round(time.Millisecond))
+
+	require.True(t, spansA[0].stop.Before(spansB[0].start), "both controllers acted at once")
+	require.True(t, a.hasLine("lease lost: stopping", "reason", ""), "the cut-off controller gave no reason for stopping")
 }
