@@ -100,11 +100,13 @@ func (c *Client) ListSites(ctx context.Context, out io.Writer, now time.Time) er
 		return writeJSON(out, resp)
 	}
 
+	writeStandby(out, resp.GetStandby())
+
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SITE\tSTATE\tEDGE VERSION\tLAST SEEN\tREMOTE\tDESCRIPTION")
 
 	for _, s := range resp.GetSites() {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.GetSiteId(), siteState(s), dash(peer(s.GetEdgeVersion())),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.GetSiteId(), siteStateAt(s, resp.GetStandby()), dash(peer(s.GetEdgeVersion())),
 			ago(s.GetLastSeen(), now), dash(peer(s.GetRemoteAddress())), peer(s.GetDescription()))
 	}
 
@@ -113,6 +115,30 @@ func (c *Client) ListSites(ctx context.Context, out io.Writer, now time.Time) er
 
 // peer makes a string an edge (or anyone) supplied safe to print: escapes shown, not interpreted; bounded.
 func peer(s string) string { return printable.String(s, 80) }
+
+// writeStandby says, above what a standby controller answered, that the sessions are elsewhere.
+func writeStandby(out io.Writer, sb *adminpb.Standby) {
+	if sb == nil {
+		return
+	}
+
+	holder := peer(sb.GetActiveHolder())
+	if holder == "" {
+		holder = "none yet"
+	}
+
+	fmt.Fprintf(out, "this controller stands by; the acting one is %s (uplink %s): edges are connected there, so it alone knows which sites are online.\n",
+		holder, dash(peer(sb.GetActiveUplink())))
+}
+
+// siteStateAt is siteState as the answering controller knows it: a standby cannot tell connected from offline.
+func siteStateAt(s *adminpb.Site, sb *adminpb.Standby) string {
+	if sb != nil && !s.GetRevoked() && s.GetEnrolled() {
+		return "enrolled"
+	}
+
+	return siteState(s)
+}
 
 func siteState(s *adminpb.Site) string {
 	switch {
@@ -192,9 +218,11 @@ func (c *Client) ShowSite(ctx context.Context, siteID string, out io.Writer, now
 		return writeJSONObject(out, parts)
 	}
 
+	writeStandby(out, resp.GetStandby())
+
 	s := resp.GetSite()
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "state:\t%s\n", siteState(s))
+	fmt.Fprintf(tw, "state:\t%s\n", siteStateAt(s, resp.GetStandby()))
 	fmt.Fprintf(tw, "description:\t%s\n", peer(s.GetDescription()))
 	fmt.Fprintf(tw, "edge version:\t%s\n", dash(peer(s.GetEdgeVersion())))
 	fmt.Fprintf(tw, "last seen:\t%s\n", ago(s.GetLastSeen(), now))

@@ -216,7 +216,12 @@ func (b *builder) newUplinkServer(context.Context) error {
 
 func (b *builder) newAdmin(context.Context) error {
 	b.admin = grpc.NewServer()
-	adminpb.RegisterAdminServer(b.admin, sites.NewAdmin(b.registry, b.uplink, b.store, b.assets.catalog))
+	var opts []sites.AdminOption
+	if b.elector != nil {
+		opts = append(opts, sites.WithRole(b.elector))
+	}
+
+	adminpb.RegisterAdminServer(b.admin, sites.NewAdmin(b.registry, b.uplink, b.store, b.assets.catalog, opts...))
 
 	return nil
 }

@@ -196,6 +196,10 @@ func (b *builder) listenUplinkPerTerm() error {
 	b.ctrl.uplinkAddr = ln.Addr()
 	addr := ln.Addr().String()
 
+	if b.elector != nil {
+		b.elector.SetUplinkAddress(addr)
+	}
+
 	if err := ln.Close(); err != nil {
 		return fmt.Errorf("uplink: %w", err)
 	}

@@ -81,6 +81,26 @@ type Elector struct {
 // Acting reports whether this controller holds the lease now.
 func (e *Elector) Acting() bool { return e.acting.Load() }
 
+// SetUplinkAddress replaces the address written in the record for operators (the one the uplink listener
+// was given may be a wildcard or port 0). Call it before Run.
+func (e *Elector) SetUplinkAddress(addr string) { e.cfg.UplinkAddress = addr }
+
+// Holder reads who holds the lease now and where it accepts edges ("" for both when nobody does).
+func (e *Elector) Holder(ctx context.Context) (holder, uplink string, err error) {
+	rec, err := safe.StateGet[*resources.ControllerLease](ctx, e.st, e.md)
+	if state.IsNotFoundError(err) {
+		return "", "", nil
+	}
+
+	if err != nil {
+		return "", "", fmt.Errorf("read the lease: %w", err)
+	}
+
+	spec := rec.TypedSpec().Value
+
+	return spec.GetHolder(), spec.GetUplinkAddress(), nil
+}
+
 // New returns an elector for the lease of types' provider in st. now is the clock (time.Now); reg may be nil.
 func New(cfg Config, st state.State, types resources.Types, log *zap.Logger, now func() time.Time, reg prometheus.Registerer) (*Elector, error) {
 	if err := cfg.Validate(); err != nil {

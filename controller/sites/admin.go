@@ -24,6 +24,7 @@ type Admin struct {
 	server   *Server
 	statuses state.State
 	assets   AssetState
+	role     Role
 }
 
 // AssetState is what the operator API needs of the boot-asset catalog.
@@ -32,9 +33,41 @@ type AssetState interface {
 	SetPolicy(siteID string, policy assetspb.Policy) error
 }
 
+// Role tells whether this controller acts now, and when it stands by, which one does (nil: it always acts).
+type Role interface {
+	Acting() bool
+	Holder(ctx context.Context) (holder, uplink string, err error)
+}
+
+// AdminOption changes what NewAdmin builds.
+type AdminOption func(*Admin)
+
+// WithRole makes the admin API say when this controller stands by, naming the active one: the sessions, and
+// so which sites are connected, are known only there.
+func WithRole(r Role) AdminOption { return func(a *Admin) { a.role = r } }
+
 // NewAdmin returns the operator API over a registry, the uplink server and (optionally, nil) the asset catalog.
-func NewAdmin(registry *Registry, server *Server, statuses state.State, assets AssetState) *Admin {
-	return &Admin{registry: registry, server: server, statuses: statuses, assets: assets}
+func NewAdmin(registry *Registry, server *Server, statuses state.State, assets AssetState, opts ...AdminOption) *Admin {
+	a := &Admin{registry: registry, server: server, statuses: statuses, assets: assets}
+	for _, o := range opts {
+		o(a)
+	}
+
+	return a
+}
+
+// standby describes the active controller when this one stands by (nil when it acts).
+func (a *Admin) standby(ctx context.Context) *adminpb.Standby {
+	if a.role == nil || a.role.Acting() {
+		return nil
+	}
+
+	holder, uplink, err := a.role.Holder(ctx)
+	if err != nil {
+		holder = "unknown (" + err.Error() + ")"
+	}
+
+	return &adminpb.Standby{ActiveHolder: holder, ActiveUplink: uplink}
 }
 
 // CreateSite implements adminpb.AdminServer.
@@ -78,7 +111,7 @@ func (a *Admin) ListSites(ctx context.Context, _ *adminpb.ListSitesRequest) (*ad
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 
-	out := &adminpb.ListSitesResponse{}
+	out := &adminpb.ListSitesResponse{Standby: a.standby(ctx)}
 
 	for _, site := range list {
 		view, err := a.view(ctx, site)
@@ -130,7 +163,7 @@ func (a *Admin) ShowSite(ctx context.Context, req *adminpb.ShowSiteRequest) (*ad
 		return nil, err
 	}
 
-	out := &adminpb.ShowSiteResponse{Site: view}
+	out := &adminpb.ShowSiteResponse{Site: view, Standby: a.standby(ctx)}
 
 	if a.assets != nil {
 		out.Assets = a.assets.SiteAssets(req.GetSiteId())

@@ -307,6 +307,37 @@ func (r *Registry) List(ctx context.Context) ([]*resources.Site, error) {
 	return slices.Collect(list.All()), nil
 }
 
+// Watch calls changed with a site's ID each time the site is created, changed or deleted, by this process or
+// any other writing the same store (a standby controller's admin socket, against Omni), until ctx ends or the
+// watch fails; it returns that error (nil when ctx ended). It does not replay the sites that exist already.
+func (r *Registry) Watch(ctx context.Context, changed func(siteID string)) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	events := make(chan state.Event)
+	if err := r.st.WatchKind(ctx, r.kind.New("").Metadata(), events); err != nil {
+		return fmt.Errorf("watch sites: %w", err)
+	}
+
+	for {
+		var ev state.Event
+
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev = <-events:
+		}
+
+		switch ev.Type {
+		case state.Errored:
+			return fmt.Errorf("watch sites: %w", ev.Error)
+		case state.Created, state.Updated, state.Destroyed:
+			changed(ev.Resource.Metadata().ID())
+		case state.Bootstrapped, state.Noop:
+		}
+	}
+}
+
 func (r *Registry) update(ctx context.Context, siteID string, fn func(*resources.Site) error) (*resources.Site, error) {
 	site, err := safe.StateUpdateWithConflicts(ctx, r.st, r.kind.New(siteID).Metadata(), fn)
 	if err != nil {

@@ -157,6 +157,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	defer stopHousekeeping()
 
 	wg.Go(func() { s.housekeep(housekeeping) })
+	wg.Go(func() { s.followRevocations(housekeeping) })
 
 	var acceptDelay time.Duration
 
@@ -205,6 +206,40 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		}
 
 		wg.Go(func() { s.handle(ctx, conn, source, accepted, release) })
+	}
+}
+
+// followRevocations ends the session of a site revoked or deleted anywhere, not only through this process's
+// admin socket: with the registry in Omni, a standby controller's admin socket or another tool writes it. The
+// site's record is checked as a new session's would be; only a definite answer (revoked, no such site) ends
+// a session, never an unreachable store.
+func (s *Server) followRevocations(ctx context.Context) {
+	const retry = 5 * time.Second
+
+	for {
+		err := s.opts.Registry.Watch(ctx, func(siteID string) {
+			live := s.table.get(siteID)
+			if live == nil {
+				return
+			}
+
+			err := s.opts.Registry.Authorize(ctx, siteID, live.certSerial)
+			if errors.Is(err, ErrRevoked) || errors.Is(err, ErrUnknownSite) {
+				s.log.Info("site revoked or deleted: ending its session", zap.String("site", siteID), zap.Error(err))
+				live.peer.Close()
+			}
+		})
+		if ctx.Err() != nil {
+			return
+		}
+
+		s.log.Warn("cannot follow site revocations (retrying)", zap.Error(err), zap.Duration("retry_in", retry))
+
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(retry):
+		}
 	}
 }
 
@@ -601,6 +636,7 @@ func (s *Server) serveSession(ctx context.Context, conn *tls.Conn, hello *uplink
 		edgeVersion: hello.GetEdgeVersion(),
 		since:       s.opts.Now(),
 		certExpiry:  leaf.NotAfter,
+		certSerial:  leaf.SerialNumber.String(),
 	}
 
 	if old := s.table.replace(live); old != nil {
@@ -683,6 +719,7 @@ type liveSession struct {
 	edgeVersion string
 	since       time.Time
 	certExpiry  time.Time
+	certSerial  string
 	sessions    uint64
 }
 

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -24,6 +23,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/outpost-metal/outpost/qemu/linklab"
 	"github.com/outpost-metal/outpost/qemu/omni"
 	"github.com/outpost-metal/outpost/qemu/testagent"
 	"github.com/outpost-metal/outpost/qemu/vbmc"
@@ -213,100 +213,6 @@ func TestBinariesStandbyTakesOverMidWipe(t *testing.T) {
 	require.NotContains(t, b.log.String(), "lab-password")
 }
 
-// cutProxy forwards TCP connections to target. Cut, it closes what it forwards and holds every new connection
-// open without forwarding a byte, as a network that drops everything does, until it is mended.
-type cutProxy struct {
-	ln     net.Listener
-	target string
-
-	mu    sync.Mutex
-	cut   bool
-	conns map[net.Conn]struct{}
-}
-
-func startCutProxy(t *testing.T, target string) *cutProxy {
-	t.Helper()
-
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-
-	p := &cutProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
-	t.Cleanup(func() {
-		ln.Close() //nolint:errcheck,gosec
-		p.setCut(true)
-	})
-
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-
-			go p.serve(c)
-		}
-	}()
-
-	return p
-}
-
-func (p *cutProxy) addr() string { return p.ln.Addr().String() }
-
-// track remembers c for a cut; it reports false (and c is closed) when the proxy is cut now.
-func (p *cutProxy) track(cs ...net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-
-	if p.cut {
-		return false
-	}
-
-	for _, c := range cs {
-		p.conns[c] = struct{}{}
-	}
-
-	return true
-}
-
-func (p *cutProxy) serve(c net.Conn) {
-	if !p.track(c) {
-		// Held, never answered: a dial succeeds at the TCP level and then hears nothing.
-		p.mu.Lock()
-		p.conns[c] = struct{}{}
-		p.mu.Unlock()
-
-		return
-	}
-
-	up, err := net.Dial("tcp", p.target)
-	if err != nil {
-		c.Close() //nolint:errcheck,gosec
-
-		return
-	}
-
-	if !p.track(up) {
-		up.Close() //nolint:errcheck,gosec
-
-		return
-	}
-
-	go func() { _, _ = io.Copy(up, c); up.Close() }() //nolint:errcheck,gosec
-	_, _ = io.Copy(c, up)
-	c.Close() //nolint:errcheck,gosec
-}
-
-func (p *cutProxy) setCut(cut bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-
-	p.cut = cut
-	for c := range p.conns {
-		c.Close() //nolint:errcheck,gosec
-		delete(p.conns, c)
-	}
-}
-
 // actingSpan is one term of a controller: when it logged that it acts and when it logged that it stopped (zero
 // while it still acts).
 type actingSpan struct {
@@ -356,7 +262,7 @@ func TestBinariesCutOffControllerStopsBeforeStandbyActs(t *testing.T) {
 
 	bin := buildBinaries(t)
 	stand, omniLn := serveStandIn(t)
-	proxy := startCutProxy(t, omniLn.Addr().String())
+	proxy := linklab.StartProxy(t, omniLn.Addr().String())
 
 	const lease = 3 * time.Second
 
@@ -374,10 +280,10 @@ func TestBinariesCutOffControllerStopsBeforeStandbyActs(t *testing.T) {
 		return func() bool { return p.hasLine("acting: this controller holds the lease", "", "") }
 	}
 
-	a, dirA, addrA := controller(proxy.addr())
+	a, dirA, addrA := controller(proxy.Addr)
 	require.Eventually(t, acting(a), time.Minute, 50*time.Millisecond, "the first controller never acted")
 
-	b, _, addrB := controller(omniLn.Addr().String())
+	b, dirB, addrB := controller(omniLn.Addr().String())
 	require.Never(t, acting(b), 2*lease, 100*time.Millisecond, "the second controller acted while the first renewed")
 
 	out, err := exec.Command(filepath.Join(bin, "controller"), "--state-dir", dirA, "site", "create", "lab-site").Output()
@@ -396,7 +302,8 @@ func TestBinariesCutOffControllerStopsBeforeStandbyActs(t *testing.T) {
 	// The first controller stays up, but nothing it sends reaches Omni any more.
 	cut := time.Now()
 
-	proxy.setCut(true)
+	proxy.SetBlackhole(true)
+	proxy.Cut()
 
 	require.Eventually(t, acting(b), 30*time.Second, 50*time.Millisecond, "the standby did not act within 30 s of the cut")
 	tookOver := time.Since(cut)
@@ -405,7 +312,8 @@ func TestBinariesCutOffControllerStopsBeforeStandbyActs(t *testing.T) {
 		"the edge did not reconnect to the standby")
 
 	// Mended, the first controller finds the lease held and stays a standby.
-	proxy.setCut(false)
+	proxy.SetBlackhole(false)
+	proxy.Cut()
 	require.Never(t, func() bool { return len(actingSpans(t, "a", a)) > 1 }, 3*lease, 100*time.Millisecond,
 		"the first controller acted again while the second held the lease")
 
@@ -421,4 +329,28 @@ func TestBinariesCutOffControllerStopsBeforeStandbyActs(t *testing.T) {
 
 	require.True(t, spansA[0].stop.Before(spansB[0].start), "both controllers acted at once")
 	require.True(t, a.hasLine("lease lost: stopping", "reason", ""), "the cut-off controller gave no reason for stopping")
+
+	// Asked through the standby's admin socket, the site list names the acting controller instead of calling
+	// every site offline; the acting one's shows the site connected.
+	siteList := func(stateDir string) string {
+		out, err := exec.Command(filepath.Join(bin, "controller"), "--state-dir", stateDir, "site", "list").CombinedOutput()
+		require.NoError(t, err, "%s", out)
+
+		return string(out)
+	}
+
+	listA := siteList(dirA)
+	t.Logf("site list on the standby:\n%s", listA)
+	require.Contains(t, listA, "this controller stands by; the acting one is ")
+	require.Contains(t, listA, "(uplink "+addrB+")")
+	require.Regexp(t, `lab-site\s+enrolled`, listA)
+	require.Regexp(t, `lab-site\s+connected`, siteList(dirB))
+
+	// A site revoked through the standby loses its session on the acting controller.
+	out, err = exec.Command(filepath.Join(bin, "controller"), "--state-dir", dirA, "site", "revoke", "lab-site").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Eventually(t, func() bool { return b.hasLine("site revoked or deleted: ending its session", "site", "lab-site") },
+		10*time.Second, 50*time.Millisecond, "the acting controller kept the revoked site's session")
+	require.Eventually(t, func() bool { return edge.hasLine("uplink rejected", "", "") }, 30*time.Second, 50*time.Millisecond,
+		"the edge of the revoked site was not refused")
 }

@@ -285,6 +285,7 @@ type Proxy struct {
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
 	down   bool
+	hole   bool
 	wg     sync.WaitGroup
 }
 
@@ -316,12 +317,20 @@ func (p *Proxy) accept() {
 		}
 
 		p.mu.Lock()
-		down := p.down
+		down, hole := p.down, p.hole
+		if hole {
+			// Held open, never answered, until the next Cut.
+			p.conns[in] = struct{}{}
+		}
 		p.mu.Unlock()
 
 		if down {
 			in.Close() //nolint:errcheck
 
+			continue
+		}
+
+		if hole {
 			continue
 		}
 
@@ -378,6 +387,14 @@ func (p *Proxy) Cut() {
 	}
 
 	p.conns = map[net.Conn]struct{}{}
+}
+
+// SetBlackhole makes the proxy accept new connections and never forward a byte of them (hole=true), as a
+// network that drops everything looks to a client: its dials succeed and then hear nothing. Cut closes them.
+func (p *Proxy) SetBlackhole(hole bool) {
+	p.mu.Lock()
+	p.hole = hole
+	p.mu.Unlock()
 }
 
 // SetDown makes the proxy refuse new connections (down=true) or pass them again.

@@ -2,6 +2,7 @@ package linklab_test
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"net"
 	"os"
@@ -197,6 +198,41 @@ func TestRevokedSiteIsDisconnectedAndRefused(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return logs.FilterMessage("uplink rejected").FilterField(zap.String("reason", `site "doomed" has been revoked`)).Len() > 0
 	}, 10*time.Second, 10*time.Millisecond)
+}
+
+// TestSiteRevokedElsewhereIsDisconnected: a site revoked (or deleted) by another writer of the same store, as a
+// standby controller's admin socket writes Omni, loses its session on the controller that holds it.
+func TestSiteRevokedElsewhereIsDisconnected(t *testing.T) {
+	t.Parallel()
+
+	for _, tc := range []struct {
+		name   string
+		change func(*sites.Registry, string) error
+	}{
+		{"revoked", func(r *sites.Registry, id string) error { return r.Revoke(context.Background(), id) }},
+		{"deleted", func(r *sites.Registry, id string) error { return r.Delete(context.Background(), id) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+
+			ctrl := linklab.StartController(t, linklab.ControllerOptions{})
+			token := ctrl.CreateSite(t, "elsewhere", sites.TokenOptions{})
+			kept := ctrl.CreateSite(t, "kept", sites.TokenOptions{})
+
+			linklab.StartEdge(t, ctrl.Addr, token, linklab.EdgeOptions{})
+			linklab.StartEdge(t, ctrl.Addr, kept, linklab.EdgeOptions{})
+			ctrl.WaitConnected(t, "elsewhere")
+			ctrl.WaitConnected(t, "kept")
+
+			other := sites.NewRegistry(ctrl.State, ctrl.CA, rand.Reader, time.Now)
+			require.NoError(t, tc.change(other, "elsewhere"))
+
+			require.Eventually(t, func() bool { return !ctrl.Server.Connected("elsewhere") }, 10*time.Second, 10*time.Millisecond,
+				"the session of a site %s elsewhere went on", tc.name)
+			require.Never(t, func() bool { return !ctrl.Server.Connected("kept") }, time.Second, 20*time.Millisecond,
+				"another site's session was ended")
+		})
+	}
 }
 
 func TestProtocolVersionMismatchExplainedAtBothEnds(t *testing.T) {

@@ -384,16 +384,74 @@ func (x *Site) GetLabels() map[string]string {
 	return nil
 }
 
+// Standby says the controller that answered does not act now: another holds the lease and the edges' sessions,
+// so this one cannot tell which sites are connected.
+type Standby struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// active_holder names the controller that holds the lease ("" when none does yet).
+	ActiveHolder string `protobuf:"bytes,1,opt,name=active_holder,json=activeHolder,proto3" json:"active_holder,omitempty"`
+	// active_uplink is where that controller accepts edges.
+	ActiveUplink  string `protobuf:"bytes,2,opt,name=active_uplink,json=activeUplink,proto3" json:"active_uplink,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Standby) Reset() {
+	*x = Standby{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Standby) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Standby) ProtoMessage() {}
+
+func (x *Standby) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Standby.ProtoReflect.Descriptor instead.
+func (*Standby) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Standby) GetActiveHolder() string {
+	if x != nil {
+		return x.ActiveHolder
+	}
+	return ""
+}
+
+func (x *Standby) GetActiveUplink() string {
+	if x != nil {
+		return x.ActiveUplink
+	}
+	return ""
+}
+
 type ListSitesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sites         []*Site                `protobuf:"bytes,1,rep,name=sites,proto3" json:"sites,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Sites []*Site                `protobuf:"bytes,1,rep,name=sites,proto3" json:"sites,omitempty"`
+	// standby is set when the answering controller stands by.
+	Standby       *Standby `protobuf:"bytes,2,opt,name=standby,proto3" json:"standby,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListSitesResponse) Reset() {
 	*x = ListSitesResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[5]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -405,7 +463,7 @@ func (x *ListSitesResponse) String() string {
 func (*ListSitesResponse) ProtoMessage() {}
 
 func (x *ListSitesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[5]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -418,12 +476,19 @@ func (x *ListSitesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSitesResponse.ProtoReflect.Descriptor instead.
 func (*ListSitesResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{5}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListSitesResponse) GetSites() []*Site {
 	if x != nil {
 		return x.Sites
+	}
+	return nil
+}
+
+func (x *ListSitesResponse) GetStandby() *Standby {
+	if x != nil {
+		return x.Standby
 	}
 	return nil
 }
@@ -437,7 +502,7 @@ type RevokeSiteRequest struct {
 
 func (x *RevokeSiteRequest) Reset() {
 	*x = RevokeSiteRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[6]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -449,7 +514,7 @@ func (x *RevokeSiteRequest) String() string {
 func (*RevokeSiteRequest) ProtoMessage() {}
 
 func (x *RevokeSiteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[6]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -462,7 +527,7 @@ func (x *RevokeSiteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeSiteRequest.ProtoReflect.Descriptor instead.
 func (*RevokeSiteRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{6}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RevokeSiteRequest) GetSiteId() string {
@@ -480,7 +545,7 @@ type RevokeSiteResponse struct {
 
 func (x *RevokeSiteResponse) Reset() {
 	*x = RevokeSiteResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[7]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -492,7 +557,7 @@ func (x *RevokeSiteResponse) String() string {
 func (*RevokeSiteResponse) ProtoMessage() {}
 
 func (x *RevokeSiteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[7]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -505,7 +570,7 @@ func (x *RevokeSiteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeSiteResponse.ProtoReflect.Descriptor instead.
 func (*RevokeSiteResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{7}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{8}
 }
 
 type DeleteSiteRequest struct {
@@ -517,7 +582,7 @@ type DeleteSiteRequest struct {
 
 func (x *DeleteSiteRequest) Reset() {
 	*x = DeleteSiteRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[8]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -529,7 +594,7 @@ func (x *DeleteSiteRequest) String() string {
 func (*DeleteSiteRequest) ProtoMessage() {}
 
 func (x *DeleteSiteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[8]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -542,7 +607,7 @@ func (x *DeleteSiteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSiteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSiteRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{8}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DeleteSiteRequest) GetSiteId() string {
@@ -560,7 +625,7 @@ type DeleteSiteResponse struct {
 
 func (x *DeleteSiteResponse) Reset() {
 	*x = DeleteSiteResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[9]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -572,7 +637,7 @@ func (x *DeleteSiteResponse) String() string {
 func (*DeleteSiteResponse) ProtoMessage() {}
 
 func (x *DeleteSiteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[9]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -585,7 +650,7 @@ func (x *DeleteSiteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSiteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSiteResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{9}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{10}
 }
 
 type ShowSiteRequest struct {
@@ -597,7 +662,7 @@ type ShowSiteRequest struct {
 
 func (x *ShowSiteRequest) Reset() {
 	*x = ShowSiteRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[10]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -609,7 +674,7 @@ func (x *ShowSiteRequest) String() string {
 func (*ShowSiteRequest) ProtoMessage() {}
 
 func (x *ShowSiteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[10]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -622,7 +687,7 @@ func (x *ShowSiteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShowSiteRequest.ProtoReflect.Descriptor instead.
 func (*ShowSiteRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{10}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ShowSiteRequest) GetSiteId() string {
@@ -633,16 +698,18 @@ func (x *ShowSiteRequest) GetSiteId() string {
 }
 
 type ShowSiteResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Site          *Site                  `protobuf:"bytes,1,opt,name=site,proto3" json:"site,omitempty"`
-	Assets        *assets.SiteAssetState `protobuf:"bytes,2,opt,name=assets,proto3" json:"assets,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Site   *Site                  `protobuf:"bytes,1,opt,name=site,proto3" json:"site,omitempty"`
+	Assets *assets.SiteAssetState `protobuf:"bytes,2,opt,name=assets,proto3" json:"assets,omitempty"`
+	// standby is set when the answering controller stands by.
+	Standby       *Standby `protobuf:"bytes,3,opt,name=standby,proto3" json:"standby,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ShowSiteResponse) Reset() {
 	*x = ShowSiteResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[11]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -654,7 +721,7 @@ func (x *ShowSiteResponse) String() string {
 func (*ShowSiteResponse) ProtoMessage() {}
 
 func (x *ShowSiteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[11]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -667,7 +734,7 @@ func (x *ShowSiteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShowSiteResponse.ProtoReflect.Descriptor instead.
 func (*ShowSiteResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{11}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ShowSiteResponse) GetSite() *Site {
@@ -684,6 +751,13 @@ func (x *ShowSiteResponse) GetAssets() *assets.SiteAssetState {
 	return nil
 }
 
+func (x *ShowSiteResponse) GetStandby() *Standby {
+	if x != nil {
+		return x.Standby
+	}
+	return nil
+}
+
 type SetAssetPolicyRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SiteId        string                 `protobuf:"bytes,1,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
@@ -694,7 +768,7 @@ type SetAssetPolicyRequest struct {
 
 func (x *SetAssetPolicyRequest) Reset() {
 	*x = SetAssetPolicyRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[12]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -706,7 +780,7 @@ func (x *SetAssetPolicyRequest) String() string {
 func (*SetAssetPolicyRequest) ProtoMessage() {}
 
 func (x *SetAssetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[12]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -719,7 +793,7 @@ func (x *SetAssetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAssetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetAssetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{12}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SetAssetPolicyRequest) GetSiteId() string {
@@ -744,7 +818,7 @@ type SetAssetPolicyResponse struct {
 
 func (x *SetAssetPolicyResponse) Reset() {
 	*x = SetAssetPolicyResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[13]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -756,7 +830,7 @@ func (x *SetAssetPolicyResponse) String() string {
 func (*SetAssetPolicyResponse) ProtoMessage() {}
 
 func (x *SetAssetPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[13]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -769,7 +843,7 @@ func (x *SetAssetPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAssetPolicyResponse.ProtoReflect.Descriptor instead.
 func (*SetAssetPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{13}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{14}
 }
 
 type SetSiteLabelsRequest struct {
@@ -782,7 +856,7 @@ type SetSiteLabelsRequest struct {
 
 func (x *SetSiteLabelsRequest) Reset() {
 	*x = SetSiteLabelsRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[14]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -794,7 +868,7 @@ func (x *SetSiteLabelsRequest) String() string {
 func (*SetSiteLabelsRequest) ProtoMessage() {}
 
 func (x *SetSiteLabelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[14]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -807,7 +881,7 @@ func (x *SetSiteLabelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSiteLabelsRequest.ProtoReflect.Descriptor instead.
 func (*SetSiteLabelsRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{14}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SetSiteLabelsRequest) GetSiteId() string {
@@ -832,7 +906,7 @@ type SetSiteLabelsResponse struct {
 
 func (x *SetSiteLabelsResponse) Reset() {
 	*x = SetSiteLabelsResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[15]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -844,7 +918,7 @@ func (x *SetSiteLabelsResponse) String() string {
 func (*SetSiteLabelsResponse) ProtoMessage() {}
 
 func (x *SetSiteLabelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[15]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -857,7 +931,7 @@ func (x *SetSiteLabelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSiteLabelsResponse.ProtoReflect.Descriptor instead.
 func (*SetSiteLabelsResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{15}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{16}
 }
 
 type ListMachinesRequest struct {
@@ -874,7 +948,7 @@ type ListMachinesRequest struct {
 
 func (x *ListMachinesRequest) Reset() {
 	*x = ListMachinesRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[16]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -886,7 +960,7 @@ func (x *ListMachinesRequest) String() string {
 func (*ListMachinesRequest) ProtoMessage() {}
 
 func (x *ListMachinesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[16]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -899,7 +973,7 @@ func (x *ListMachinesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachinesRequest.ProtoReflect.Descriptor instead.
 func (*ListMachinesRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{16}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListMachinesRequest) GetSiteId() string {
@@ -941,7 +1015,7 @@ type ListMachinesResponse struct {
 
 func (x *ListMachinesResponse) Reset() {
 	*x = ListMachinesResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[17]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -953,7 +1027,7 @@ func (x *ListMachinesResponse) String() string {
 func (*ListMachinesResponse) ProtoMessage() {}
 
 func (x *ListMachinesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[17]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -966,7 +1040,7 @@ func (x *ListMachinesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachinesResponse.ProtoReflect.Descriptor instead.
 func (*ListMachinesResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{17}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListMachinesResponse) GetMachines() []*Machine {
@@ -1013,7 +1087,7 @@ type Machine struct {
 
 func (x *Machine) Reset() {
 	*x = Machine{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[18]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1025,7 +1099,7 @@ func (x *Machine) String() string {
 func (*Machine) ProtoMessage() {}
 
 func (x *Machine) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[18]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1038,7 +1112,7 @@ func (x *Machine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Machine.ProtoReflect.Descriptor instead.
 func (*Machine) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{18}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Machine) GetMachineId() string {
@@ -1154,7 +1228,7 @@ type TimelineEntry struct {
 
 func (x *TimelineEntry) Reset() {
 	*x = TimelineEntry{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[19]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1166,7 +1240,7 @@ func (x *TimelineEntry) String() string {
 func (*TimelineEntry) ProtoMessage() {}
 
 func (x *TimelineEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[19]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1179,7 +1253,7 @@ func (x *TimelineEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineEntry.ProtoReflect.Descriptor instead.
 func (*TimelineEntry) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{19}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *TimelineEntry) GetTime() *timestamppb.Timestamp {
@@ -1226,7 +1300,7 @@ type ShowMachineRequest struct {
 
 func (x *ShowMachineRequest) Reset() {
 	*x = ShowMachineRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[20]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1238,7 +1312,7 @@ func (x *ShowMachineRequest) String() string {
 func (*ShowMachineRequest) ProtoMessage() {}
 
 func (x *ShowMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[20]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1251,7 +1325,7 @@ func (x *ShowMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShowMachineRequest.ProtoReflect.Descriptor instead.
 func (*ShowMachineRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{20}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ShowMachineRequest) GetMachineId() string {
@@ -1273,7 +1347,7 @@ type ShowMachineResponse struct {
 
 func (x *ShowMachineResponse) Reset() {
 	*x = ShowMachineResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[21]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1285,7 +1359,7 @@ func (x *ShowMachineResponse) String() string {
 func (*ShowMachineResponse) ProtoMessage() {}
 
 func (x *ShowMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[21]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1298,7 +1372,7 @@ func (x *ShowMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShowMachineResponse.ProtoReflect.Descriptor instead.
 func (*ShowMachineResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{21}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ShowMachineResponse) GetMachine() *Machine {
@@ -1359,9 +1433,13 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\x06labels\x18\f \x03(\v2\x1f.outpost.admin.Site.LabelsEntryR\x06labels\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"S\n" +
+	"\aStandby\x12#\n" +
+	"\ractive_holder\x18\x01 \x01(\tR\factiveHolder\x12#\n" +
+	"\ractive_uplink\x18\x02 \x01(\tR\factiveUplink\"p\n" +
 	"\x11ListSitesResponse\x12)\n" +
-	"\x05sites\x18\x01 \x03(\v2\x13.outpost.admin.SiteR\x05sites\",\n" +
+	"\x05sites\x18\x01 \x03(\v2\x13.outpost.admin.SiteR\x05sites\x120\n" +
+	"\astandby\x18\x02 \x01(\v2\x16.outpost.admin.StandbyR\astandby\",\n" +
 	"\x11RevokeSiteRequest\x12\x17\n" +
 	"\asite_id\x18\x01 \x01(\tR\x06siteId\"\x14\n" +
 	"\x12RevokeSiteResponse\",\n" +
@@ -1369,10 +1447,11 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\asite_id\x18\x01 \x01(\tR\x06siteId\"\x14\n" +
 	"\x12DeleteSiteResponse\"*\n" +
 	"\x0fShowSiteRequest\x12\x17\n" +
-	"\asite_id\x18\x01 \x01(\tR\x06siteId\"s\n" +
+	"\asite_id\x18\x01 \x01(\tR\x06siteId\"\xa5\x01\n" +
 	"\x10ShowSiteResponse\x12'\n" +
 	"\x04site\x18\x01 \x01(\v2\x13.outpost.admin.SiteR\x04site\x126\n" +
-	"\x06assets\x18\x02 \x01(\v2\x1e.outpost.assets.SiteAssetStateR\x06assets\"`\n" +
+	"\x06assets\x18\x02 \x01(\v2\x1e.outpost.assets.SiteAssetStateR\x06assets\x120\n" +
+	"\astandby\x18\x03 \x01(\v2\x16.outpost.admin.StandbyR\astandby\"`\n" +
 	"\x15SetAssetPolicyRequest\x12\x17\n" +
 	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12.\n" +
 	"\x06policy\x18\x02 \x01(\x0e2\x16.outpost.assets.PolicyR\x06policy\"\x18\n" +
@@ -1451,81 +1530,84 @@ func file_shared_api_admin_admin_proto_rawDescGZIP() []byte {
 	return file_shared_api_admin_admin_proto_rawDescData
 }
 
-var file_shared_api_admin_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_shared_api_admin_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_shared_api_admin_admin_proto_goTypes = []any{
 	(*CreateSiteRequest)(nil),      // 0: outpost.admin.CreateSiteRequest
 	(*CreateSiteResponse)(nil),     // 1: outpost.admin.CreateSiteResponse
 	(*NewJoinTokenRequest)(nil),    // 2: outpost.admin.NewJoinTokenRequest
 	(*ListSitesRequest)(nil),       // 3: outpost.admin.ListSitesRequest
 	(*Site)(nil),                   // 4: outpost.admin.Site
-	(*ListSitesResponse)(nil),      // 5: outpost.admin.ListSitesResponse
-	(*RevokeSiteRequest)(nil),      // 6: outpost.admin.RevokeSiteRequest
-	(*RevokeSiteResponse)(nil),     // 7: outpost.admin.RevokeSiteResponse
-	(*DeleteSiteRequest)(nil),      // 8: outpost.admin.DeleteSiteRequest
-	(*DeleteSiteResponse)(nil),     // 9: outpost.admin.DeleteSiteResponse
-	(*ShowSiteRequest)(nil),        // 10: outpost.admin.ShowSiteRequest
-	(*ShowSiteResponse)(nil),       // 11: outpost.admin.ShowSiteResponse
-	(*SetAssetPolicyRequest)(nil),  // 12: outpost.admin.SetAssetPolicyRequest
-	(*SetAssetPolicyResponse)(nil), // 13: outpost.admin.SetAssetPolicyResponse
-	(*SetSiteLabelsRequest)(nil),   // 14: outpost.admin.SetSiteLabelsRequest
-	(*SetSiteLabelsResponse)(nil),  // 15: outpost.admin.SetSiteLabelsResponse
-	(*ListMachinesRequest)(nil),    // 16: outpost.admin.ListMachinesRequest
-	(*ListMachinesResponse)(nil),   // 17: outpost.admin.ListMachinesResponse
-	(*Machine)(nil),                // 18: outpost.admin.Machine
-	(*TimelineEntry)(nil),          // 19: outpost.admin.TimelineEntry
-	(*ShowMachineRequest)(nil),     // 20: outpost.admin.ShowMachineRequest
-	(*ShowMachineResponse)(nil),    // 21: outpost.admin.ShowMachineResponse
-	nil,                            // 22: outpost.admin.Site.LabelsEntry
-	nil,                            // 23: outpost.admin.SetSiteLabelsRequest.LabelsEntry
-	(*durationpb.Duration)(nil),    // 24: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),  // 25: google.protobuf.Timestamp
-	(*assets.SiteAssetState)(nil),  // 26: outpost.assets.SiteAssetState
-	(assets.Policy)(0),             // 27: outpost.assets.Policy
+	(*Standby)(nil),                // 5: outpost.admin.Standby
+	(*ListSitesResponse)(nil),      // 6: outpost.admin.ListSitesResponse
+	(*RevokeSiteRequest)(nil),      // 7: outpost.admin.RevokeSiteRequest
+	(*RevokeSiteResponse)(nil),     // 8: outpost.admin.RevokeSiteResponse
+	(*DeleteSiteRequest)(nil),      // 9: outpost.admin.DeleteSiteRequest
+	(*DeleteSiteResponse)(nil),     // 10: outpost.admin.DeleteSiteResponse
+	(*ShowSiteRequest)(nil),        // 11: outpost.admin.ShowSiteRequest
+	(*ShowSiteResponse)(nil),       // 12: outpost.admin.ShowSiteResponse
+	(*SetAssetPolicyRequest)(nil),  // 13: outpost.admin.SetAssetPolicyRequest
+	(*SetAssetPolicyResponse)(nil), // 14: outpost.admin.SetAssetPolicyResponse
+	(*SetSiteLabelsRequest)(nil),   // 15: outpost.admin.SetSiteLabelsRequest
+	(*SetSiteLabelsResponse)(nil),  // 16: outpost.admin.SetSiteLabelsResponse
+	(*ListMachinesRequest)(nil),    // 17: outpost.admin.ListMachinesRequest
+	(*ListMachinesResponse)(nil),   // 18: outpost.admin.ListMachinesResponse
+	(*Machine)(nil),                // 19: outpost.admin.Machine
+	(*TimelineEntry)(nil),          // 20: outpost.admin.TimelineEntry
+	(*ShowMachineRequest)(nil),     // 21: outpost.admin.ShowMachineRequest
+	(*ShowMachineResponse)(nil),    // 22: outpost.admin.ShowMachineResponse
+	nil,                            // 23: outpost.admin.Site.LabelsEntry
+	nil,                            // 24: outpost.admin.SetSiteLabelsRequest.LabelsEntry
+	(*durationpb.Duration)(nil),    // 25: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 26: google.protobuf.Timestamp
+	(*assets.SiteAssetState)(nil),  // 27: outpost.assets.SiteAssetState
+	(assets.Policy)(0),             // 28: outpost.assets.Policy
 }
 var file_shared_api_admin_admin_proto_depIdxs = []int32{
-	24, // 0: outpost.admin.CreateSiteRequest.token_ttl:type_name -> google.protobuf.Duration
-	25, // 1: outpost.admin.CreateSiteResponse.token_expires:type_name -> google.protobuf.Timestamp
-	24, // 2: outpost.admin.NewJoinTokenRequest.token_ttl:type_name -> google.protobuf.Duration
-	25, // 3: outpost.admin.Site.last_seen:type_name -> google.protobuf.Timestamp
-	25, // 4: outpost.admin.Site.connected_since:type_name -> google.protobuf.Timestamp
-	25, // 5: outpost.admin.Site.token_expires:type_name -> google.protobuf.Timestamp
-	22, // 6: outpost.admin.Site.labels:type_name -> outpost.admin.Site.LabelsEntry
+	25, // 0: outpost.admin.CreateSiteRequest.token_ttl:type_name -> google.protobuf.Duration
+	26, // 1: outpost.admin.CreateSiteResponse.token_expires:type_name -> google.protobuf.Timestamp
+	25, // 2: outpost.admin.NewJoinTokenRequest.token_ttl:type_name -> google.protobuf.Duration
+	26, // 3: outpost.admin.Site.last_seen:type_name -> google.protobuf.Timestamp
+	26, // 4: outpost.admin.Site.connected_since:type_name -> google.protobuf.Timestamp
+	26, // 5: outpost.admin.Site.token_expires:type_name -> google.protobuf.Timestamp
+	23, // 6: outpost.admin.Site.labels:type_name -> outpost.admin.Site.LabelsEntry
 	4,  // 7: outpost.admin.ListSitesResponse.sites:type_name -> outpost.admin.Site
-	4,  // 8: outpost.admin.ShowSiteResponse.site:type_name -> outpost.admin.Site
-	26, // 9: outpost.admin.ShowSiteResponse.assets:type_name -> outpost.assets.SiteAssetState
-	27, // 10: outpost.admin.SetAssetPolicyRequest.policy:type_name -> outpost.assets.Policy
-	23, // 11: outpost.admin.SetSiteLabelsRequest.labels:type_name -> outpost.admin.SetSiteLabelsRequest.LabelsEntry
-	18, // 12: outpost.admin.ListMachinesResponse.machines:type_name -> outpost.admin.Machine
-	25, // 13: outpost.admin.Machine.updated:type_name -> google.protobuf.Timestamp
-	19, // 14: outpost.admin.Machine.last:type_name -> outpost.admin.TimelineEntry
-	25, // 15: outpost.admin.TimelineEntry.time:type_name -> google.protobuf.Timestamp
-	18, // 16: outpost.admin.ShowMachineResponse.machine:type_name -> outpost.admin.Machine
-	19, // 17: outpost.admin.ShowMachineResponse.timeline:type_name -> outpost.admin.TimelineEntry
-	0,  // 18: outpost.admin.Admin.CreateSite:input_type -> outpost.admin.CreateSiteRequest
-	2,  // 19: outpost.admin.Admin.NewJoinToken:input_type -> outpost.admin.NewJoinTokenRequest
-	3,  // 20: outpost.admin.Admin.ListSites:input_type -> outpost.admin.ListSitesRequest
-	6,  // 21: outpost.admin.Admin.RevokeSite:input_type -> outpost.admin.RevokeSiteRequest
-	8,  // 22: outpost.admin.Admin.DeleteSite:input_type -> outpost.admin.DeleteSiteRequest
-	10, // 23: outpost.admin.Admin.ShowSite:input_type -> outpost.admin.ShowSiteRequest
-	12, // 24: outpost.admin.Admin.SetAssetPolicy:input_type -> outpost.admin.SetAssetPolicyRequest
-	14, // 25: outpost.admin.Admin.SetSiteLabels:input_type -> outpost.admin.SetSiteLabelsRequest
-	16, // 26: outpost.admin.Machines.ListMachines:input_type -> outpost.admin.ListMachinesRequest
-	20, // 27: outpost.admin.Machines.ShowMachine:input_type -> outpost.admin.ShowMachineRequest
-	1,  // 28: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
-	1,  // 29: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
-	5,  // 30: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
-	7,  // 31: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
-	9,  // 32: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
-	11, // 33: outpost.admin.Admin.ShowSite:output_type -> outpost.admin.ShowSiteResponse
-	13, // 34: outpost.admin.Admin.SetAssetPolicy:output_type -> outpost.admin.SetAssetPolicyResponse
-	15, // 35: outpost.admin.Admin.SetSiteLabels:output_type -> outpost.admin.SetSiteLabelsResponse
-	17, // 36: outpost.admin.Machines.ListMachines:output_type -> outpost.admin.ListMachinesResponse
-	21, // 37: outpost.admin.Machines.ShowMachine:output_type -> outpost.admin.ShowMachineResponse
-	28, // [28:38] is the sub-list for method output_type
-	18, // [18:28] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	5,  // 8: outpost.admin.ListSitesResponse.standby:type_name -> outpost.admin.Standby
+	4,  // 9: outpost.admin.ShowSiteResponse.site:type_name -> outpost.admin.Site
+	27, // 10: outpost.admin.ShowSiteResponse.assets:type_name -> outpost.assets.SiteAssetState
+	5,  // 11: outpost.admin.ShowSiteResponse.standby:type_name -> outpost.admin.Standby
+	28, // 12: outpost.admin.SetAssetPolicyRequest.policy:type_name -> outpost.assets.Policy
+	24, // 13: outpost.admin.SetSiteLabelsRequest.labels:type_name -> outpost.admin.SetSiteLabelsRequest.LabelsEntry
+	19, // 14: outpost.admin.ListMachinesResponse.machines:type_name -> outpost.admin.Machine
+	26, // 15: outpost.admin.Machine.updated:type_name -> google.protobuf.Timestamp
+	20, // 16: outpost.admin.Machine.last:type_name -> outpost.admin.TimelineEntry
+	26, // 17: outpost.admin.TimelineEntry.time:type_name -> google.protobuf.Timestamp
+	19, // 18: outpost.admin.ShowMachineResponse.machine:type_name -> outpost.admin.Machine
+	20, // 19: outpost.admin.ShowMachineResponse.timeline:type_name -> outpost.admin.TimelineEntry
+	0,  // 20: outpost.admin.Admin.CreateSite:input_type -> outpost.admin.CreateSiteRequest
+	2,  // 21: outpost.admin.Admin.NewJoinToken:input_type -> outpost.admin.NewJoinTokenRequest
+	3,  // 22: outpost.admin.Admin.ListSites:input_type -> outpost.admin.ListSitesRequest
+	7,  // 23: outpost.admin.Admin.RevokeSite:input_type -> outpost.admin.RevokeSiteRequest
+	9,  // 24: outpost.admin.Admin.DeleteSite:input_type -> outpost.admin.DeleteSiteRequest
+	11, // 25: outpost.admin.Admin.ShowSite:input_type -> outpost.admin.ShowSiteRequest
+	13, // 26: outpost.admin.Admin.SetAssetPolicy:input_type -> outpost.admin.SetAssetPolicyRequest
+	15, // 27: outpost.admin.Admin.SetSiteLabels:input_type -> outpost.admin.SetSiteLabelsRequest
+	17, // 28: outpost.admin.Machines.ListMachines:input_type -> outpost.admin.ListMachinesRequest
+	21, // 29: outpost.admin.Machines.ShowMachine:input_type -> outpost.admin.ShowMachineRequest
+	1,  // 30: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
+	1,  // 31: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
+	6,  // 32: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
+	8,  // 33: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
+	10, // 34: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
+	12, // 35: outpost.admin.Admin.ShowSite:output_type -> outpost.admin.ShowSiteResponse
+	14, // 36: outpost.admin.Admin.SetAssetPolicy:output_type -> outpost.admin.SetAssetPolicyResponse
+	16, // 37: outpost.admin.Admin.SetSiteLabels:output_type -> outpost.admin.SetSiteLabelsResponse
+	18, // 38: outpost.admin.Machines.ListMachines:output_type -> outpost.admin.ListMachinesResponse
+	22, // 39: outpost.admin.Machines.ShowMachine:output_type -> outpost.admin.ShowMachineResponse
+	30, // [30:40] is the sub-list for method output_type
+	20, // [20:30] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_admin_admin_proto_init() }
@@ -1539,7 +1621,7 @@ func file_shared_api_admin_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_admin_admin_proto_rawDesc), len(file_shared_api_admin_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
