@@ -41,7 +41,7 @@ func adminClient(cfg *config.Config, output *string, timeout time.Duration, fn f
 }
 
 func machineCommand(cfg *config.Config) *cobra.Command {
-	machine := &cobra.Command{Use: "machine", Short: "Show machines: list (by site and phase), show one with its timeline"}
+	machine := &cobra.Command{Use: "machine", Short: "Show machines: list (by site and phase), show one with its timeline; set a boot mode"}
 
 	var (
 		output string
@@ -84,7 +84,21 @@ func machineCommand(cfg *config.Config) *cobra.Command {
 		},
 	}
 
-	machine.AddCommand(list, show)
+	bootMode := &cobra.Command{
+		Use:   "boot-mode MACHINE bios|uefi|auto",
+		Short: "Set the firmware a machine's network boots use, over what it reports (auto: its reports decide again)",
+		Long: "Set the firmware the controller assumes when it asks a machine's BMC for a one-time network boot. The\n" +
+			"machine reports its own (DHCP option 93, its boot script request); an operator's word is above both\n" +
+			"until it is handed back with auto. The machine must have booted through an edge once.",
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return adminClient(cfg, &output, 30*time.Second, func(ctx context.Context, c *admincli.Client) error {
+				return c.SetBootMode(ctx, args[0], args[1], cmd.OutOrStdout())
+			})(cmd, args)
+		},
+	}
+
+	machine.AddCommand(list, show, bootMode)
 
 	return machine
 }

@@ -274,3 +274,29 @@ func (c *Client) siteMachines(ctx context.Context, siteID string) (*adminpb.List
 
 	return resp, err
 }
+
+// SetBootMode sets (bios, uefi) or hands back (auto) a machine's boot mode and prints what is assumed now.
+func (c *Client) SetBootMode(ctx context.Context, machineID, firmware string, out io.Writer) error {
+	resp, err := c.machinesAPI.SetBootMode(ctx, &adminpb.SetBootModeRequest{MachineId: machineID, Firmware: firmware})
+	if err != nil {
+		return describe("set boot mode", err)
+	}
+
+	if c.Output == OutputJSON {
+		return writeJSON(out, resp)
+	}
+
+	source := resp.GetSource()
+	switch source {
+	case "operator":
+		source = "set by an operator"
+	case "":
+		source = "until the machine reports one"
+	default:
+		source = "as the machine reported it (" + source + ")"
+	}
+
+	_, err = fmt.Fprintf(out, "machine %s boots as %s, %s\n", peer(machineID), dash(resp.GetFirmware()), source)
+
+	return err
+}

@@ -49,7 +49,12 @@ func (b *builder) newStatus(context.Context) error {
 
 	pages.Register(b.mux)
 	b.run("status streams", pages.Run)
-	adminpb.RegisterMachinesServer(b.admin, status.NewAPI(book))
+	apiOpts := []status.APIOption{status.WithBootModes(b.edges.locations)}
+	if b.elector != nil {
+		apiOpts = append(apiOpts, status.WithRole(b.elector))
+	}
+
+	adminpb.RegisterMachinesServer(b.admin, status.NewAPI(book, apiOpts...))
 
 	guard := status.NewGuard(token, b.mux)
 	if err := registerAll(b.metrics, book, guard); err != nil {

@@ -246,3 +246,73 @@ func TestSetPXEOnceWithoutKnownFirmware(t *testing.T) {
 		edge.mu.Unlock()
 	}
 }
+
+// An operator's boot mode is used over what the machine reported, until it is handed back; handed back, the
+// mode known stays until the machine reports again, and then its report decides.
+func TestSetPXEOnceOperatorBootMode(t *testing.T) {
+	t.Parallel()
+
+	edge := &siteEdge{}
+	srv := grpc.NewServer()
+	bmcpb.RegisterBMCServer(srv, edge)
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+
+	go srv.Serve(ln) //nolint:errcheck
+
+	t.Cleanup(srv.Stop)
+
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+
+	t.Cleanup(func() { conn.Close() }) //nolint:errcheck
+
+	const id = "4c4c4544-0042-3510-8052-b4c04f384836"
+
+	locs := lifecycle.NewLocations(zaptest.NewLogger(t))
+
+	_, _, err = locs.OverrideFirmware(id, "uefi")
+	require.ErrorIs(t, err, lifecycle.ErrNotLocated, "a machine never seen has nothing to attach a mode to")
+
+	_, err = locs.Seen("site-a", id)
+	require.NoError(t, err)
+	locs.SetFirmware(id, "bios", "dhcp")
+
+	_, _, err = locs.OverrideFirmware(id, "efi")
+	require.ErrorIs(t, err, lifecycle.ErrBadFirmware)
+
+	access := machineaccess.New(func(string) (grpc.ClientConnInterface, error) { return conn, nil }, locs)
+	bmc := &specs.BMCConfigurationSpec{Ipmi: &specs.BMCConfigurationSpec_IPMI{Address: "10.0.0.5", Port: 623, Username: "u", Password: "p"}}
+	c := &lifecycle.EdgeClients{Access: access, Sites: locs}
+
+	pxe := func(step string) bmcpb.BootMode {
+		edge.mu.Lock()
+		edge.pxeMode = bmcpb.BootMode_BOOT_MODE_UNSPECIFIED
+		edge.mu.Unlock()
+
+		require.NoError(t, c.SetPXEOnce(t.Context(), "site-a", id, bmc), step)
+
+		edge.mu.Lock()
+		defer edge.mu.Unlock()
+
+		return edge.pxeMode
+	}
+
+	require.Equal(t, bmcpb.BootMode_BOOT_MODE_BIOS, pxe("as reported"))
+
+	fw, source, err := locs.OverrideFirmware(id, "uefi")
+	require.NoError(t, err)
+	require.Equal(t, []string{"uefi", "operator"}, []string{fw, source})
+
+	locs.SetFirmware(id, "bios", "ipxe") // the machine's own report does not undo the operator's word
+	require.Equal(t, bmcpb.BootMode_BOOT_MODE_UEFI, pxe("operator's mode"))
+
+	fw, source, err = locs.OverrideFirmware(id, "auto")
+	require.NoError(t, err)
+	require.Equal(t, []string{"uefi", ""}, []string{fw, source})
+	require.Equal(t, bmcpb.BootMode_BOOT_MODE_UEFI, pxe("handed back, nothing reported since"))
+
+	locs.SetFirmware(id, "bios", "dhcp")
+	require.Equal(t, bmcpb.BootMode_BOOT_MODE_BIOS, pxe("reported after the hand-back"))
+}

@@ -35,6 +35,11 @@ type Locations struct {
 	// dirty are the machines whose record must be written to Omni; changed wakes Persist.
 	dirty   map[string]bool
 	changed chan struct{}
+	// writing are the machines of the pass Persist is writing now; passed is closed (and replaced) at the
+	// end of each pass. persisting says Persist runs. WaitWritten waits on them.
+	writing    map[string]bool
+	passed     chan struct{}
+	persisting bool
 	// loaded is closed once Load has merged the records kept in Omni.
 	loaded     chan struct{}
 	loadedOnce sync.Once
@@ -58,6 +63,8 @@ func NewLocations(logger *zap.Logger) *Locations {
 		firmwareByMAC: map[string]string{},
 		dirty:         map[string]bool{},
 		changed:       make(chan struct{}, 1),
+		writing:       map[string]bool{},
+		passed:        make(chan struct{}),
 		loaded:        make(chan struct{}),
 		now:           time.Now,
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -233,6 +240,46 @@ func (l *Locations) SetFirmware(machineID, firmware, source string) {
 		cur.Firmware, cur.FirmwareSource = firmware, source
 		l.markLocked(machineID)
 	}
+}
+
+// ErrNotLocated means the machine was never seen at a site (it has not booted through an edge, or it was
+// forgotten): there is nothing to attach a boot mode to yet.
+var ErrNotLocated = errors.New("machine not seen at any site")
+
+// ErrBadFirmware means a boot mode other than bios, uefi or auto.
+var ErrBadFirmware = errors.New(`boot mode must be "bios", "uefi" or "auto"`)
+
+// OverrideFirmware sets an operator's boot mode for machineID ("bios" or "uefi"), above anything the machine
+// reports, or with "auto" hands it back to the machine's own reports: the firmware known now stays until the
+// machine reports one (so a reboot still knows its mode), and any report replaces it. It returns what is
+// assumed now and its source.
+func (l *Locations) OverrideFirmware(machineID, firmware string) (string, string, error) {
+	if firmware != "bios" && firmware != "uefi" && firmware != "auto" {
+		return "", "", fmt.Errorf("%w: %q", ErrBadFirmware, firmware)
+	}
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+
+	cur, ok := l.machines[machineID]
+	if !ok {
+		return "", "", fmt.Errorf("%s: %w", machineID, ErrNotLocated)
+	}
+
+	fw, source := firmware, "operator"
+	if firmware == "auto" {
+		fw, source = cur.Firmware, cur.FirmwareSource
+		if source == "operator" {
+			source = "" // the weakest: the machine's next report wins
+		}
+	}
+
+	if cur.Firmware != fw || cur.FirmwareSource != source {
+		cur.Firmware, cur.FirmwareSource = fw, source
+		l.markLocked(machineID)
+	}
+
+	return cur.Firmware, cur.FirmwareSource, nil
 }
 
 // AddMAC records an interface machineID was seen booting from (bounded per machine).

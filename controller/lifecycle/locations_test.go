@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/resource"
+	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/cosi-project/runtime/pkg/state"
 	"github.com/cosi-project/runtime/pkg/state/impl/inmem"
 	"github.com/cosi-project/runtime/pkg/state/impl/namespaced"
@@ -123,6 +124,19 @@ func TestLocationsPersistAndLoad(t *testing.T) {
 	second := lifecycle.NewLocations(zaptest.NewLogger(t))
 	require.NoError(t, second.AgentConnected("site-b", b, true))
 	require.NoError(t, second.AgentConnected("site-b", b, false))
+
+	// a third one, whose edge placed a (its boot table) and saw a DHCP request before the records were read:
+	// the record's stronger firmware source and what the edge did not say are merged in
+	third := lifecycle.NewLocations(zaptest.NewLogger(t))
+	_, err = third.Seen("site-a", a)
+	require.NoError(t, err)
+	third.SetFirmware(a, "bios", "dhcp")
+	require.NoError(t, third.Load(t.Context(), st, types))
+
+	merged := must(third.Locate(a))
+	require.Equal(t, []string{"site-a", "uefi", "ipxe", "amd64"}, []string{merged.SiteID, merged.Firmware, merged.FirmwareSource, merged.Arch})
+	require.Equal(t, []string{"52:54:00:aa:00:01"}, merged.MACs)
+
 	require.NoError(t, second.Load(t.Context(), st, types))
 
 	select {
@@ -186,4 +200,47 @@ func FuzzLocationsSeen(f *testing.F) {
 			require.Equal(t, site, loc.SiteID)
 		}
 	})
+}
+
+// WaitWritten returns once the record in Omni says what the locations know: an operator's boot mode is kept
+// when the call returns, not some time later.
+func TestLocationsWaitWritten(t *testing.T) {
+	t.Parallel()
+
+	const id = "4c4c4544-0042-3510-8052-b4c04f384840"
+
+	st := state.WrapCore(namespaced.NewState(inmem.Build))
+	types := resources.NewTypes("bare-metal")
+	require.NoError(t, types.Register())
+
+	locs := lifecycle.NewLocations(zaptest.NewLogger(t))
+	_, err := locs.Seen("site-a", id)
+	require.NoError(t, err)
+	require.NoError(t, locs.WaitWritten(t.Context(), id), "nothing persists yet: nothing to wait for")
+
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+
+	go func() { done <- locs.Persist(ctx, st, types) }()
+
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+
+	require.Eventually(t, func() bool {
+		_, err := st.Get(ctx, types.NewMachineLocation(id).Metadata())
+
+		return err == nil
+	}, 5*time.Second, 5*time.Millisecond, "Persist runs")
+
+	for _, fw := range []string{"bios", "uefi", "bios"} {
+		_, _, err := locs.OverrideFirmware(id, fw)
+		require.NoError(t, err)
+		require.NoError(t, locs.WaitWritten(t.Context(), id))
+
+		rec, err := safe.StateGet[*resources.MachineLocation](t.Context(), st, types.NewMachineLocation(id).Metadata())
+		require.NoError(t, err)
+		require.Equal(t, []string{fw, "operator"}, []string{rec.TypedSpec().Value.GetFirmware(), rec.TypedSpec().Value.GetFirmwareSource()})
+	}
 }

@@ -25,7 +25,7 @@ func (l *Locations) Load(ctx context.Context, st state.State, t resources.Types)
 		return fmt.Errorf("list machine locations: %w", err)
 	}
 
-	loaded := 0
+	loaded, merged := 0, 0
 
 	l.mu.Lock()
 
@@ -44,7 +44,16 @@ func (l *Locations) Load(ctx context.Context, st state.State, t resources.Types)
 			continue
 		}
 
-		if _, known := l.machines[id]; known {
+		if cur, known := l.machines[id]; known {
+			// Where the machine is and its agent: what its edge said since the start wins. What the edge
+			// does not say (its firmware and who said it, an operator included; its arch, MACs, last boot)
+			// comes from the record unless something at least as strong was reported since.
+			if l.mergeRecordLocked(cur, spec) {
+				l.markLocked(id)
+			}
+
+			merged++
+
 			continue
 		}
 
@@ -64,15 +73,59 @@ func (l *Locations) Load(ctx context.Context, st state.State, t resources.Types)
 	l.mu.Unlock()
 
 	l.loadedOnce.Do(func() { close(l.loaded) })
-	l.logger.Info("machine locations loaded from omni", zap.Int("machines", loaded))
+	l.logger.Info("machine locations loaded from omni", zap.Int("machines", loaded), zap.Int("merged_with_edge_reports", merged))
 
 	return nil
+}
+
+// mergeRecordLocked fills in cur, a machine an edge reported since the start, from its stored record: the
+// firmware when the record's source ranks above what was reported (an operator's word above a DHCP request)
+// or nothing was, the arch when none was reported, the MACs not reported, the later last boot. It reports
+// whether cur changed.
+func (l *Locations) mergeRecordLocked(cur *Location, spec *specs.MachineLocationSpec) bool {
+	changed := false
+
+	if fw := spec.GetFirmware(); (fw == "bios" || fw == "uefi") &&
+		(cur.Firmware == "" || firmwareRank[spec.GetFirmwareSource()] > firmwareRank[cur.FirmwareSource]) {
+		cur.Firmware, cur.FirmwareSource = fw, spec.GetFirmwareSource()
+		changed = true
+	}
+
+	if cur.Arch == "" && spec.GetArch() != "" {
+		cur.Arch = spec.GetArch()
+		changed = true
+	}
+
+	for _, mac := range spec.GetMacs() {
+		if len(cur.MACs) < maxMACsPerMachine && !slices.Contains(cur.MACs, mac) {
+			cur.MACs = append(cur.MACs, mac)
+			changed = true
+		}
+	}
+
+	if ts := spec.GetLastSeen(); ts.IsValid() && ts.AsTime().After(cur.LastSeen) {
+		cur.LastSeen = ts.AsTime()
+		changed = true
+	}
+
+	return changed
 }
 
 // Persist writes every change to Omni until ctx ends: one record per machine, coalesced (many changes of a
 // machine between two passes are one write). A write that fails is retried on the next pass; nothing is lost
 // while the process lives.
 func (l *Locations) Persist(ctx context.Context, st state.State, t resources.Types) error {
+	l.mu.Lock()
+	l.persisting = true
+	l.mu.Unlock()
+
+	defer func() {
+		l.mu.Lock()
+		l.persisting = false
+		l.endPassLocked()
+		l.mu.Unlock()
+	}()
+
 	for {
 		select {
 		case <-ctx.Done():
@@ -83,23 +136,36 @@ func (l *Locations) Persist(ctx context.Context, st state.State, t resources.Typ
 		l.mu.Lock()
 		batch := l.dirty
 		l.dirty = map[string]bool{}
+		l.writing = batch
 		l.mu.Unlock()
 
 		failed := 0
 
 		for id := range batch {
 			if err := l.write(ctx, st, t, id); err != nil {
+				l.mu.Lock()
 				if ctx.Err() != nil {
+					// Stopping: the rest of the pass is written by the next term (or the next process
+					// from what the edges report).
+					for rest := range batch {
+						l.markLocked(rest)
+					}
+
+					l.mu.Unlock()
+
 					return nil
 				}
 
-				failed++
-
-				l.mu.Lock()
 				l.markLocked(id)
 				l.mu.Unlock()
+
+				failed++
 			}
 		}
+
+		l.mu.Lock()
+		l.endPassLocked()
+		l.mu.Unlock()
 
 		if failed > 0 {
 			l.logger.Warn("machine locations not written to omni, retrying", zap.Int("failed", failed))
@@ -109,6 +175,35 @@ func (l *Locations) Persist(ctx context.Context, st state.State, t resources.Typ
 				return nil
 			case <-time.After(time.Second):
 			}
+		}
+	}
+}
+
+// endPassLocked ends a pass of Persist: its machines are written or dirty again.
+func (l *Locations) endPassLocked() {
+	l.writing = map[string]bool{}
+	close(l.passed)
+	l.passed = make(chan struct{})
+}
+
+// WaitWritten waits until what is known of machineID now is written to Omni (at once when nothing is
+// pending, or when nothing persists the locations: without Omni they live in memory only). An error means
+// ctx ended first: the change is kept and written when Omni answers.
+func (l *Locations) WaitWritten(ctx context.Context, machineID string) error {
+	for {
+		l.mu.Lock()
+		pending := l.persisting && (l.dirty[machineID] || l.writing[machineID])
+		passed := l.passed
+		l.mu.Unlock()
+
+		if !pending {
+			return nil
+		}
+
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("machine %s: not yet written to omni: %w", machineID, ctx.Err())
+		case <-passed:
 		}
 	}
 }

@@ -2,12 +2,15 @@ package status
 
 import (
 	"context"
+	"errors"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/timeline"
 	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
 )
@@ -19,11 +22,89 @@ const MaxPage = 5000
 type API struct {
 	adminpb.UnimplementedMachinesServer
 
-	machines Machines
+	machines  Machines
+	bootModes BootModes
+	role      Role
 }
 
+// BootModes keeps the operator's boot mode per machine (the lifecycle's locations).
+type BootModes interface {
+	OverrideFirmware(machineID, firmware string) (now, source string, err error)
+	// WaitWritten waits until what is known of the machine is kept in Omni.
+	WaitWritten(ctx context.Context, machineID string) error
+}
+
+// writeTimeout bounds how long SetBootMode waits for the change to be kept in Omni.
+const writeTimeout = 15 * time.Second
+
+// Role tells whether this controller acts now and, when it stands by, which one does.
+type Role interface {
+	Acting() bool
+	Holder(ctx context.Context) (holder, uplink string, err error)
+}
+
+// APIOption changes what NewAPI builds.
+type APIOption func(*API)
+
+// WithBootModes serves SetBootMode over b; refused as unavailable without it.
+func WithBootModes(b BootModes) APIOption { return func(a *API) { a.bootModes = b } }
+
+// WithRole refuses changes while this controller stands by: they belong to the acting one, whose machine
+// knowledge is the one that is kept.
+func WithRole(r Role) APIOption { return func(a *API) { a.role = r } }
+
 // NewAPI returns the Machines admin API over the machines' timelines.
-func NewAPI(machines Machines) *API { return &API{machines: machines} }
+func NewAPI(machines Machines, opts ...APIOption) *API {
+	a := &API{machines: machines}
+	for _, o := range opts {
+		o(a)
+	}
+
+	return a
+}
+
+// SetBootMode implements adminpb.MachinesServer.
+func (a *API) SetBootMode(ctx context.Context, req *adminpb.SetBootModeRequest) (*adminpb.SetBootModeResponse, error) {
+	if a.bootModes == nil {
+		return nil, grpcstatus.Error(codes.Unimplemented, "this controller keeps no machine locations")
+	}
+
+	if a.role != nil && !a.role.Acting() {
+		holder, uplink, err := a.role.Holder(ctx)
+		if err != nil {
+			holder = "unknown (" + err.Error() + ")"
+		}
+
+		return nil, grpcstatus.Errorf(codes.FailedPrecondition,
+			"this controller stands by: set the boot mode on the acting one, %s (uplink %s)", holder, uplink)
+	}
+
+	id := strings.ToLower(req.GetMachineId())
+
+	fw, source, err := a.bootModes.OverrideFirmware(id, strings.ToLower(req.GetFirmware()))
+
+	switch {
+	case errors.Is(err, lifecycle.ErrBadFirmware):
+		return nil, grpcstatus.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, lifecycle.ErrNotLocated):
+		return nil, grpcstatus.Errorf(codes.NotFound,
+			"machine %q was never seen at a site: it must boot through an edge once, or be in an edge's inventory, before its boot mode can be set",
+			clipID(req.GetMachineId()))
+	case err != nil:
+		return nil, grpcstatus.Error(codes.Internal, err.Error())
+	}
+
+	wctx, cancel := context.WithTimeout(ctx, writeTimeout)
+	defer cancel()
+
+	if err := a.bootModes.WaitWritten(wctx, id); err != nil {
+		return nil, grpcstatus.Errorf(codes.Unavailable,
+			"boot mode %s set, but Omni has not stored it yet (%v): it is kept and stored when Omni answers; a restart before then loses it",
+			fw, err)
+	}
+
+	return &adminpb.SetBootModeResponse{Firmware: fw, Source: source}, nil
+}
 
 // ListMachines implements adminpb.MachinesServer.
 func (a *API) ListMachines(_ context.Context, req *adminpb.ListMachinesRequest) (*adminpb.ListMachinesResponse, error) {

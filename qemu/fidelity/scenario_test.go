@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -231,11 +232,48 @@ func sitesInOmni(ctx context.Context, t *testing.T, b fidelity.Backend) []string
 	rec, err := safe.StateGet[*resources.EnrollmentCA](ctx, b.Admin(), conn.Types().NewEnrollmentCA(resources.EnrollmentCAID).Metadata())
 	require.NoError(t, err)
 
+	enrols := reg2.CheckToken(ctx, tok) == nil
+
+	// A site revoked through one controller's registry is seen by the other's watch (the acting controller
+	// ends the site's session on it). The watch starts at some point after the goroutine does: revoke again
+	// (the same record written again) until it has seen one.
+	var seen atomic.Bool
+
+	wctx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan error, 1)
+
+	go func() {
+		watched <- reg1.Watch(wctx, func(id string) {
+			if id == "branch-1" {
+				seen.Store(true)
+			}
+		})
+	}()
+
+	revokedSeen := false
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && !revokedSeen; {
+		require.NoError(t, reg2.Revoke(ctx, "branch-1"))
+
+		revokedSeen = seen.Load()
+		if !revokedSeen {
+			select {
+			case <-time.After(200 * time.Millisecond):
+			case <-ctx.Done():
+			}
+
+			revokedSeen = seen.Load()
+		}
+	}
+
+	stopWatch()
+	require.NoError(t, <-watched)
+
 	return []string{
 		"first=" + string(origin1), "second=" + string(origin2),
 		fmt.Sprintf("same_ca=%v", ca1.Fingerprint() == ca2.Fingerprint()), fmt.Sprintf("sites_seen=%d", len(list)),
-		fmt.Sprintf("token_enrols=%v", reg2.CheckToken(ctx, tok) == nil),
+		fmt.Sprintf("token_enrols=%v", enrols),
 		fmt.Sprintf("reader_sees_key_sealed=%v", seal.Sealed(rec.TypedSpec().Value.GetSealedKey())),
+		fmt.Sprintf("revoke_seen_by_other=%v", revokedSeen),
 	}
 }
 

@@ -93,6 +93,8 @@ func (p *process) logField(t *testing.T, msg, field string) string {
 // Omni and heartbeats, the join config reaches the edge's /config, and an accepted machine is wiped through its
 // agent (the disk file really zeroed), reported ready to use and powered off through its BMC.
 func TestBinariesLifecycleWithOmniStandIn(t *testing.T) {
+	const operatorMode = "bios"
+
 	if testing.Short() {
 		t.Skip("builds and runs both binaries; skipped with -short")
 	}
@@ -225,6 +227,18 @@ func TestBinariesLifecycleWithOmniStandIn(t *testing.T) {
 		return l["rack"] == "r7" && l["site"] == "lab-site"
 	}, time.Minute, 100*time.Millisecond, "site and operator labels on the machine's status")
 
+	// An operator sets the machine's boot mode (bad input refused first); the mode is kept in Omni with the
+	// machine's location, so the power-on after the restart below boots the machine that way.
+	out, err = exec.Command(filepath.Join(bin, "controller"), "--state-dir", stateDir, "machine", "boot-mode", machineID, "efi").CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(out), `boot mode must be "bios", "uefi" or "auto"`)
+
+	out, err = exec.Command(filepath.Join(bin, "controller"), "--state-dir", stateDir, "machine", "boot-mode", machineID, operatorMode).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "boots as "+operatorMode+", set by an operator")
+
+	boots := len(chassis.Boots())
+
 	// The controller restarts (same state, same address) while the machine is idle and off. Where the machine
 	// is comes from Omni, not from an edge event: a power-on asked for in Omni reaches its BMC at once.
 	require.NoError(t, ctl.cmd.Process.Signal(syscall.SIGTERM))
@@ -240,6 +254,11 @@ func TestBinariesLifecycleWithOmniStandIn(t *testing.T) {
 		"the power-on asked for in Omni did not reach the BMC within 10 s of the controller's restart")
 	t.Logf("power-on reached the BMC %s after the controller restarted", time.Since(restarted).Round(10*time.Millisecond))
 	require.NotContains(t, ctl2.log.String(), "machine not seen at any site")
+
+	after := chassis.Boots()[boots:]
+	t.Logf("boots after the restart: %+v", after)
+	require.NotEmpty(t, after)
+	require.Equal(t, vbmc.BootMode(operatorMode), after[0].Mode, "the power-on did not boot in the operator's mode")
 
 	// What Omni holds in the provider's namespace (readable by any Omni Reader) has the password sealed.
 	types := resources.NewTypes("bare-metal")

@@ -442,7 +442,8 @@ type MachineLocationSpec struct {
 	LastSeen *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=last_seen,json=lastSeen,proto3" json:"last_seen,omitempty"`
 	// agent_connected is whether the machine's agent tunnel was open at the edge when last reported.
 	AgentConnected bool `protobuf:"varint,6,opt,name=agent_connected,json=agentConnected,proto3" json:"agent_connected,omitempty"`
-	// firmware_source says where firmware came from: "dhcp", "ipxe", "bmc" or "operator".
+	// firmware_source says where firmware came from: "dhcp", "ipxe" or "operator"; "" when unknown, or when an
+	// operator handed an override back to the machine's reports (any report replaces it).
 	FirmwareSource string `protobuf:"bytes,7,opt,name=firmware_source,json=firmwareSource,proto3" json:"firmware_source,omitempty"`
 	// schema is the record's format version; a newer one than the controller knows is left alone.
 	Schema        uint32 `protobuf:"varint,8,opt,name=schema,proto3" json:"schema,omitempty"`

@@ -1396,6 +1396,113 @@ func (x *ShowMachineResponse) GetDropped() uint64 {
 	return 0
 }
 
+type SetBootModeRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	MachineId string                 `protobuf:"bytes,1,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
+	// firmware is "bios" or "uefi" (the operator's word, above anything the machine reports), or "auto" (what
+	// the machine reports decides again; until it reports, the firmware known now stays).
+	Firmware      string `protobuf:"bytes,2,opt,name=firmware,proto3" json:"firmware,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetBootModeRequest) Reset() {
+	*x = SetBootModeRequest{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetBootModeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetBootModeRequest) ProtoMessage() {}
+
+func (x *SetBootModeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetBootModeRequest.ProtoReflect.Descriptor instead.
+func (*SetBootModeRequest) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *SetBootModeRequest) GetMachineId() string {
+	if x != nil {
+		return x.MachineId
+	}
+	return ""
+}
+
+func (x *SetBootModeRequest) GetFirmware() string {
+	if x != nil {
+		return x.Firmware
+	}
+	return ""
+}
+
+type SetBootModeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// firmware is what the controller now assumes ("" when nothing is known) and source where it came from.
+	Firmware      string `protobuf:"bytes,1,opt,name=firmware,proto3" json:"firmware,omitempty"`
+	Source        string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetBootModeResponse) Reset() {
+	*x = SetBootModeResponse{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetBootModeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetBootModeResponse) ProtoMessage() {}
+
+func (x *SetBootModeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetBootModeResponse.ProtoReflect.Descriptor instead.
+func (*SetBootModeResponse) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *SetBootModeResponse) GetFirmware() string {
+	if x != nil {
+		return x.Firmware
+	}
+	return ""
+}
+
+func (x *SetBootModeResponse) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
 var File_shared_api_admin_admin_proto protoreflect.FileDescriptor
 
 const file_shared_api_admin_admin_proto_rawDesc = "" +
@@ -1501,7 +1608,14 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\x13ShowMachineResponse\x120\n" +
 	"\amachine\x18\x01 \x01(\v2\x16.outpost.admin.MachineR\amachine\x128\n" +
 	"\btimeline\x18\x02 \x03(\v2\x1c.outpost.admin.TimelineEntryR\btimeline\x12\x18\n" +
-	"\adropped\x18\x03 \x01(\x04R\adropped2\xaf\x05\n" +
+	"\adropped\x18\x03 \x01(\x04R\adropped\"O\n" +
+	"\x12SetBootModeRequest\x12\x1d\n" +
+	"\n" +
+	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x1a\n" +
+	"\bfirmware\x18\x02 \x01(\tR\bfirmware\"I\n" +
+	"\x13SetBootModeResponse\x12\x1a\n" +
+	"\bfirmware\x18\x01 \x01(\tR\bfirmware\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source2\xaf\x05\n" +
 	"\x05Admin\x12Q\n" +
 	"\n" +
 	"CreateSite\x12 .outpost.admin.CreateSiteRequest\x1a!.outpost.admin.CreateSiteResponse\x12U\n" +
@@ -1513,10 +1627,11 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"DeleteSite\x12 .outpost.admin.DeleteSiteRequest\x1a!.outpost.admin.DeleteSiteResponse\x12K\n" +
 	"\bShowSite\x12\x1e.outpost.admin.ShowSiteRequest\x1a\x1f.outpost.admin.ShowSiteResponse\x12]\n" +
 	"\x0eSetAssetPolicy\x12$.outpost.admin.SetAssetPolicyRequest\x1a%.outpost.admin.SetAssetPolicyResponse\x12Z\n" +
-	"\rSetSiteLabels\x12#.outpost.admin.SetSiteLabelsRequest\x1a$.outpost.admin.SetSiteLabelsResponse2\xb9\x01\n" +
+	"\rSetSiteLabels\x12#.outpost.admin.SetSiteLabelsRequest\x1a$.outpost.admin.SetSiteLabelsResponse2\x8f\x02\n" +
 	"\bMachines\x12W\n" +
 	"\fListMachines\x12\".outpost.admin.ListMachinesRequest\x1a#.outpost.admin.ListMachinesResponse\x12T\n" +
-	"\vShowMachine\x12!.outpost.admin.ShowMachineRequest\x1a\".outpost.admin.ShowMachineResponseB3Z1github.com/outpost-metal/outpost/shared/api/adminb\x06proto3"
+	"\vShowMachine\x12!.outpost.admin.ShowMachineRequest\x1a\".outpost.admin.ShowMachineResponse\x12T\n" +
+	"\vSetBootMode\x12!.outpost.admin.SetBootModeRequest\x1a\".outpost.admin.SetBootModeResponseB3Z1github.com/outpost-metal/outpost/shared/api/adminb\x06proto3"
 
 var (
 	file_shared_api_admin_admin_proto_rawDescOnce sync.Once
@@ -1530,7 +1645,7 @@ func file_shared_api_admin_admin_proto_rawDescGZIP() []byte {
 	return file_shared_api_admin_admin_proto_rawDescData
 }
 
-var file_shared_api_admin_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_shared_api_admin_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_shared_api_admin_admin_proto_goTypes = []any{
 	(*CreateSiteRequest)(nil),      // 0: outpost.admin.CreateSiteRequest
 	(*CreateSiteResponse)(nil),     // 1: outpost.admin.CreateSiteResponse
@@ -1555,32 +1670,34 @@ var file_shared_api_admin_admin_proto_goTypes = []any{
 	(*TimelineEntry)(nil),          // 20: outpost.admin.TimelineEntry
 	(*ShowMachineRequest)(nil),     // 21: outpost.admin.ShowMachineRequest
 	(*ShowMachineResponse)(nil),    // 22: outpost.admin.ShowMachineResponse
-	nil,                            // 23: outpost.admin.Site.LabelsEntry
-	nil,                            // 24: outpost.admin.SetSiteLabelsRequest.LabelsEntry
-	(*durationpb.Duration)(nil),    // 25: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),  // 26: google.protobuf.Timestamp
-	(*assets.SiteAssetState)(nil),  // 27: outpost.assets.SiteAssetState
-	(assets.Policy)(0),             // 28: outpost.assets.Policy
+	(*SetBootModeRequest)(nil),     // 23: outpost.admin.SetBootModeRequest
+	(*SetBootModeResponse)(nil),    // 24: outpost.admin.SetBootModeResponse
+	nil,                            // 25: outpost.admin.Site.LabelsEntry
+	nil,                            // 26: outpost.admin.SetSiteLabelsRequest.LabelsEntry
+	(*durationpb.Duration)(nil),    // 27: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 28: google.protobuf.Timestamp
+	(*assets.SiteAssetState)(nil),  // 29: outpost.assets.SiteAssetState
+	(assets.Policy)(0),             // 30: outpost.assets.Policy
 }
 var file_shared_api_admin_admin_proto_depIdxs = []int32{
-	25, // 0: outpost.admin.CreateSiteRequest.token_ttl:type_name -> google.protobuf.Duration
-	26, // 1: outpost.admin.CreateSiteResponse.token_expires:type_name -> google.protobuf.Timestamp
-	25, // 2: outpost.admin.NewJoinTokenRequest.token_ttl:type_name -> google.protobuf.Duration
-	26, // 3: outpost.admin.Site.last_seen:type_name -> google.protobuf.Timestamp
-	26, // 4: outpost.admin.Site.connected_since:type_name -> google.protobuf.Timestamp
-	26, // 5: outpost.admin.Site.token_expires:type_name -> google.protobuf.Timestamp
-	23, // 6: outpost.admin.Site.labels:type_name -> outpost.admin.Site.LabelsEntry
+	27, // 0: outpost.admin.CreateSiteRequest.token_ttl:type_name -> google.protobuf.Duration
+	28, // 1: outpost.admin.CreateSiteResponse.token_expires:type_name -> google.protobuf.Timestamp
+	27, // 2: outpost.admin.NewJoinTokenRequest.token_ttl:type_name -> google.protobuf.Duration
+	28, // 3: outpost.admin.Site.last_seen:type_name -> google.protobuf.Timestamp
+	28, // 4: outpost.admin.Site.connected_since:type_name -> google.protobuf.Timestamp
+	28, // 5: outpost.admin.Site.token_expires:type_name -> google.protobuf.Timestamp
+	25, // 6: outpost.admin.Site.labels:type_name -> outpost.admin.Site.LabelsEntry
 	4,  // 7: outpost.admin.ListSitesResponse.sites:type_name -> outpost.admin.Site
 	5,  // 8: outpost.admin.ListSitesResponse.standby:type_name -> outpost.admin.Standby
 	4,  // 9: outpost.admin.ShowSiteResponse.site:type_name -> outpost.admin.Site
-	27, // 10: outpost.admin.ShowSiteResponse.assets:type_name -> outpost.assets.SiteAssetState
+	29, // 10: outpost.admin.ShowSiteResponse.assets:type_name -> outpost.assets.SiteAssetState
 	5,  // 11: outpost.admin.ShowSiteResponse.standby:type_name -> outpost.admin.Standby
-	28, // 12: outpost.admin.SetAssetPolicyRequest.policy:type_name -> outpost.assets.Policy
-	24, // 13: outpost.admin.SetSiteLabelsRequest.labels:type_name -> outpost.admin.SetSiteLabelsRequest.LabelsEntry
+	30, // 12: outpost.admin.SetAssetPolicyRequest.policy:type_name -> outpost.assets.Policy
+	26, // 13: outpost.admin.SetSiteLabelsRequest.labels:type_name -> outpost.admin.SetSiteLabelsRequest.LabelsEntry
 	19, // 14: outpost.admin.ListMachinesResponse.machines:type_name -> outpost.admin.Machine
-	26, // 15: outpost.admin.Machine.updated:type_name -> google.protobuf.Timestamp
+	28, // 15: outpost.admin.Machine.updated:type_name -> google.protobuf.Timestamp
 	20, // 16: outpost.admin.Machine.last:type_name -> outpost.admin.TimelineEntry
-	26, // 17: outpost.admin.TimelineEntry.time:type_name -> google.protobuf.Timestamp
+	28, // 17: outpost.admin.TimelineEntry.time:type_name -> google.protobuf.Timestamp
 	19, // 18: outpost.admin.ShowMachineResponse.machine:type_name -> outpost.admin.Machine
 	20, // 19: outpost.admin.ShowMachineResponse.timeline:type_name -> outpost.admin.TimelineEntry
 	0,  // 20: outpost.admin.Admin.CreateSite:input_type -> outpost.admin.CreateSiteRequest
@@ -1593,18 +1710,20 @@ var file_shared_api_admin_admin_proto_depIdxs = []int32{
 	15, // 27: outpost.admin.Admin.SetSiteLabels:input_type -> outpost.admin.SetSiteLabelsRequest
 	17, // 28: outpost.admin.Machines.ListMachines:input_type -> outpost.admin.ListMachinesRequest
 	21, // 29: outpost.admin.Machines.ShowMachine:input_type -> outpost.admin.ShowMachineRequest
-	1,  // 30: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
-	1,  // 31: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
-	6,  // 32: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
-	8,  // 33: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
-	10, // 34: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
-	12, // 35: outpost.admin.Admin.ShowSite:output_type -> outpost.admin.ShowSiteResponse
-	14, // 36: outpost.admin.Admin.SetAssetPolicy:output_type -> outpost.admin.SetAssetPolicyResponse
-	16, // 37: outpost.admin.Admin.SetSiteLabels:output_type -> outpost.admin.SetSiteLabelsResponse
-	18, // 38: outpost.admin.Machines.ListMachines:output_type -> outpost.admin.ListMachinesResponse
-	22, // 39: outpost.admin.Machines.ShowMachine:output_type -> outpost.admin.ShowMachineResponse
-	30, // [30:40] is the sub-list for method output_type
-	20, // [20:30] is the sub-list for method input_type
+	23, // 30: outpost.admin.Machines.SetBootMode:input_type -> outpost.admin.SetBootModeRequest
+	1,  // 31: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
+	1,  // 32: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
+	6,  // 33: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
+	8,  // 34: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
+	10, // 35: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
+	12, // 36: outpost.admin.Admin.ShowSite:output_type -> outpost.admin.ShowSiteResponse
+	14, // 37: outpost.admin.Admin.SetAssetPolicy:output_type -> outpost.admin.SetAssetPolicyResponse
+	16, // 38: outpost.admin.Admin.SetSiteLabels:output_type -> outpost.admin.SetSiteLabelsResponse
+	18, // 39: outpost.admin.Machines.ListMachines:output_type -> outpost.admin.ListMachinesResponse
+	22, // 40: outpost.admin.Machines.ShowMachine:output_type -> outpost.admin.ShowMachineResponse
+	24, // 41: outpost.admin.Machines.SetBootMode:output_type -> outpost.admin.SetBootModeResponse
+	31, // [31:42] is the sub-list for method output_type
+	20, // [20:31] is the sub-list for method input_type
 	20, // [20:20] is the sub-list for extension type_name
 	20, // [20:20] is the sub-list for extension extendee
 	0,  // [0:20] is the sub-list for field type_name
@@ -1621,7 +1740,7 @@ func file_shared_api_admin_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_admin_admin_proto_rawDesc), len(file_shared_api_admin_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

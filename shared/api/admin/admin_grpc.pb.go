@@ -413,6 +413,7 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 const (
 	Machines_ListMachines_FullMethodName = "/outpost.admin.Machines/ListMachines"
 	Machines_ShowMachine_FullMethodName  = "/outpost.admin.Machines/ShowMachine"
+	Machines_SetBootMode_FullMethodName  = "/outpost.admin.Machines/SetBootMode"
 )
 
 // MachinesClient is the client API for Machines service.
@@ -426,6 +427,9 @@ type MachinesClient interface {
 	ListMachines(ctx context.Context, in *ListMachinesRequest, opts ...grpc.CallOption) (*ListMachinesResponse, error)
 	// ShowMachine returns one machine with its timeline.
 	ShowMachine(ctx context.Context, in *ShowMachineRequest, opts ...grpc.CallOption) (*ShowMachineResponse, error)
+	// SetBootMode sets the firmware the controller assumes for a machine's network boots (its one-time PXE
+	// boot through the BMC), over what the machine reported, or hands it back to what the machine reports.
+	SetBootMode(ctx context.Context, in *SetBootModeRequest, opts ...grpc.CallOption) (*SetBootModeResponse, error)
 }
 
 type machinesClient struct {
@@ -456,6 +460,16 @@ func (c *machinesClient) ShowMachine(ctx context.Context, in *ShowMachineRequest
 	return out, nil
 }
 
+func (c *machinesClient) SetBootMode(ctx context.Context, in *SetBootModeRequest, opts ...grpc.CallOption) (*SetBootModeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetBootModeResponse)
+	err := c.cc.Invoke(ctx, Machines_SetBootMode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MachinesServer is the server API for Machines service.
 // All implementations must embed UnimplementedMachinesServer
 // for forward compatibility.
@@ -467,6 +481,9 @@ type MachinesServer interface {
 	ListMachines(context.Context, *ListMachinesRequest) (*ListMachinesResponse, error)
 	// ShowMachine returns one machine with its timeline.
 	ShowMachine(context.Context, *ShowMachineRequest) (*ShowMachineResponse, error)
+	// SetBootMode sets the firmware the controller assumes for a machine's network boots (its one-time PXE
+	// boot through the BMC), over what the machine reported, or hands it back to what the machine reports.
+	SetBootMode(context.Context, *SetBootModeRequest) (*SetBootModeResponse, error)
 	mustEmbedUnimplementedMachinesServer()
 }
 
@@ -482,6 +499,9 @@ func (UnimplementedMachinesServer) ListMachines(context.Context, *ListMachinesRe
 }
 func (UnimplementedMachinesServer) ShowMachine(context.Context, *ShowMachineRequest) (*ShowMachineResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ShowMachine not implemented")
+}
+func (UnimplementedMachinesServer) SetBootMode(context.Context, *SetBootModeRequest) (*SetBootModeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetBootMode not implemented")
 }
 func (UnimplementedMachinesServer) mustEmbedUnimplementedMachinesServer() {}
 func (UnimplementedMachinesServer) testEmbeddedByValue()                  {}
@@ -540,6 +560,24 @@ func _Machines_ShowMachine_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Machines_SetBootMode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetBootModeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MachinesServer).SetBootMode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Machines_SetBootMode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MachinesServer).SetBootMode(ctx, req.(*SetBootModeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Machines_ServiceDesc is the grpc.ServiceDesc for Machines service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -554,6 +592,10 @@ var Machines_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ShowMachine",
 			Handler:    _Machines_ShowMachine_Handler,
+		},
+		{
+			MethodName: "SetBootMode",
+			Handler:    _Machines_SetBootMode_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

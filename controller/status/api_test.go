@@ -1,0 +1,75 @@
+package status_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
+
+	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/status"
+	"github.com/outpost-metal/outpost/controller/timeline"
+	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
+)
+
+// role is a controller that acts or stands by as the test says, the lease held by "ctrl-b".
+type role struct{ acting atomic.Bool }
+
+func (r *role) Acting() bool { return r.acting.Load() }
+
+func (r *role) Holder(context.Context) (string, string, error) { return "ctrl-b", "10.0.0.2:8443", nil }
+
+func TestSetBootMode(t *testing.T) {
+	t.Parallel()
+
+	const id = "4c4c4544-0042-3510-8052-b4c04f384833"
+
+	locs := lifecycle.NewLocations(zaptest.NewLogger(t))
+	_, err := locs.Seen("site-a", id)
+	require.NoError(t, err)
+	locs.SetFirmware(id, "bios", "dhcp")
+
+	r := &role{}
+	api := status.NewAPI(timeline.New(timeline.DefaultConfig(), time.Now), status.WithBootModes(locs), status.WithRole(r))
+
+	set := func(machine, fw string) (*adminpb.SetBootModeResponse, codes.Code, string) {
+		resp, err := api.SetBootMode(t.Context(), &adminpb.SetBootModeRequest{MachineId: machine, Firmware: fw})
+
+		return resp, grpcstatus.Code(err), grpcstatus.Convert(err).Message()
+	}
+
+	// A standby refuses and names the acting controller; nothing changes.
+	_, code, msg := set(id, "uefi")
+	require.Equal(t, codes.FailedPrecondition, code)
+	require.Contains(t, msg, "ctrl-b (uplink 10.0.0.2:8443)")
+	require.Equal(t, "bios", must(locs.Locate(id)).Firmware)
+
+	r.acting.Store(true)
+
+	resp, code, _ := set(id, "UEFI")
+	require.Equal(t, codes.OK, code)
+	require.Equal(t, "uefi", resp.GetFirmware())
+	require.Equal(t, "operator", resp.GetSource())
+	require.Equal(t, "uefi", must(locs.Locate(id)).Firmware)
+
+	_, code, msg = set(id, "efi")
+	require.Equal(t, codes.InvalidArgument, code)
+	require.Contains(t, msg, `"bios", "uefi" or "auto"`)
+
+	_, code, msg = set("4c4c4544-0042-3510-8052-b4c04f384899", "bios")
+	require.Equal(t, codes.NotFound, code)
+	require.Contains(t, msg, "never seen at a site")
+}
+
+func must[T any](v T, ok bool) T {
+	if !ok {
+		panic("not found")
+	}
+
+	return v
+}
