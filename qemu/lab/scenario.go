@@ -243,6 +243,10 @@ func (e *Env) Steps() []Step {
 			{Name: "allocate them: install event counted by Omni (the stand-in is told what a real Talos's event sink " +
 				"reports), installed OS booted from disk", Run: func(ctx context.Context) error { return e.allocate(ctx, bios1, uefi2) }},
 			e.statusPagesStep([]*Machine{bios1, uefi2}, nil),
+			{Name: "kill the controller, delete its state directory and start it again; the installed UEFI machine, set " +
+				"to network-boot first and reset right then, is told by its edge to boot its disk", Run: func(ctx context.Context) error {
+				return e.restartControllerFresh(ctx, uefi2)
+			}},
 			{Name: "release them: agent mode, wiped, powered off", Run: func(ctx context.Context) error {
 				return e.release(ctx, nil, bios1, uefi2)
 			}},
@@ -266,7 +270,9 @@ func (e *Env) Steps() []Step {
 			}},
 			{Name: "kill site 2's edge and restart it", Run: func(ctx context.Context) error { return e.restartEdge(ctx, 1) }},
 			{Name: "kill the controller, delete its state directory and start it again: sites, CA and machine knowledge " +
-				"come back from Omni, both edges reconnect with the certificates they had", Run: e.restartControllerFresh},
+				"come back from Omni, both edges reconnect with the certificates they had", Run: func(ctx context.Context) error {
+				return e.restartControllerFresh(ctx, nil)
+			}},
 			{Name: "release the allocated machines (cluster delete): new wipe ID, wiped again, ready, kept on (site 1's BMC " +
 				"stops answering for a while)", Run: func(ctx context.Context) error { return e.release(ctx, bios1, bios1, uefi2) }},
 		}
@@ -282,7 +288,8 @@ func (e *Env) Steps() []Step {
 			}},
 			{Name: "kill site 2's edge and restart it", Run: func(ctx context.Context) error { return e.restartEdge(ctx, 1) }},
 			{Name: "kill the controller, delete its state directory and start it again: sites, CA and machine knowledge " +
-				"come back from Omni, both edges reconnect with the certificates they had", Run: e.restartControllerFresh},
+				"come back from Omni, both edges reconnect with the certificates they had; an installed machine reset " +
+				"right then network-boots to its disk", Run: func(ctx context.Context) error { return e.restartControllerFresh(ctx, uefi2) }},
 			{Name: "release the allocated machines (site 1's BMC stops answering for a while)", Run: func(ctx context.Context) error {
 				return e.release(ctx, bios1, bios1, uefi2)
 			}},
@@ -809,7 +816,11 @@ func (e *Env) restartEdge(ctx context.Context, i int) error {
 // loads the CA from there (the edges' certificates and pinned fingerprint still hold: a new CA would fail their
 // TLS), lists both sites, and knows every machine before it decides anything. The release step that follows
 // shows the lifecycle carrying on.
-func (e *Env) restartControllerFresh(ctx context.Context) error {
+//
+// installed is reset the moment the new controller starts: its firmware network-boots first, and its edge
+// must still tell it to boot its disk, from the boot table it holds while the controller knows nothing yet
+// and after the controller has pushed its own (which never drops a machine it has not heard of).
+func (e *Env) restartControllerFresh(ctx context.Context, installed *Machine) error {
 	start := time.Now()
 	ctrlFrom := e.Controller.Proc.Log.Size()
 
@@ -833,6 +844,20 @@ func (e *Env) restartControllerFresh(ctx context.Context) error {
 	}
 
 	e.Controller = c
+
+	var diskFrom int64
+
+	resetAt := time.Now()
+
+	if installed != nil {
+		// Network first, as many installed servers are left: every boot asks the edge.
+		diskFrom = installed.Serial.Size()
+		installed.Chassis.SetOverride(vbmc.Override{Device: vbmc.BootPXE, Mode: bootModeOf(installed), Persistent: true})
+
+		if err := installed.Chassis.Reset(ctx); err != nil {
+			return err
+		}
+	}
 
 	for _, needle := range []string{`"ca":"omni"`, `"machine locations loaded from omni"`} {
 		if err := c.Proc.Log.WaitFor(ctx, ctrlFrom, needle, time.Minute); err != nil {
@@ -858,6 +883,45 @@ func (e *Env) restartControllerFresh(ctx context.Context) error {
 	}
 
 	e.Timeline.Step("controller killed, state deleted, to both edges back", "", start, nil)
+
+	if installed == nil {
+		return nil
+	}
+
+	err = e.waitNetbootToDisk(ctx, installed, diskFrom)
+	e.Timeline.Step("installed machine (network first) reset as the controller restarted, to disk boot", installed.Spec.Name, resetAt, err)
+
+	// Back to disk first, as the lab's machines are elsewhere.
+	installed.Chassis.SetOverride(vbmc.Override{Mode: bootModeOf(installed)})
+
+	return err
+}
+
+// bootModeOf is the chassis boot mode matching m's firmware.
+func bootModeOf(m *Machine) vbmc.BootMode {
+	if m.Spec.Firmware == UEFI {
+		return vbmc.ModeUEFI
+	}
+
+	return vbmc.ModeBIOS
+}
+
+// waitNetbootToDisk waits until m, booting network first, reached its installed OS: its firmware asked the
+// network (iPXE ran) and the edge's answer sent it on to its disk instead of agent mode or an install.
+func (e *Env) waitNetbootToDisk(ctx context.Context, m *Machine, from int64) error {
+	marker := "OUTPOST-INSTALLED-OS " + m.Spec.UUID + " " + string(m.Spec.Firmware)
+	if err := m.WaitSerial(ctx, from, marker, 5*time.Minute); err != nil {
+		return fmt.Errorf("network-first boot did not reach the installed OS: %w", err)
+	}
+
+	out := m.Serial.Since(from)
+	if !bytes.Contains(out, []byte("iPXE")) {
+		return fmt.Errorf("the boot did not go through the network first (no iPXE on the console)")
+	}
+
+	if bytes.Contains(out, []byte(AgentStartMarker)) {
+		return fmt.Errorf("the installed machine was booted into agent mode")
+	}
 
 	return nil
 }
