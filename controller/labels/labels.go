@@ -16,6 +16,10 @@ import (
 // Site is the key of the label naming the machine's site.
 const Site = "site"
 
+// Alert is the key of the label saying something is wrong with the machine's identity at its site (another
+// host or a clone asked for its agent tunnel, another site claimed it); absent when nothing is.
+const Alert = "outpost-alert"
+
 // systemPrefix is Omni's own label prefix: Omni skips such labels on an InfraMachineStatus.
 const systemPrefix = "omni.sidero.dev/"
 
@@ -74,8 +78,11 @@ func Parse(pairs []string) (map[string]string, error) {
 			return nil, err
 		}
 
-		if k == Site {
+		switch k {
+		case Site:
 			return nil, fmt.Errorf("label key %q is set by the controller to the machine's site", k)
+		case Alert:
+			return nil, fmt.Errorf("label key %q is set by the controller when a machine's identity is contested", k)
 		}
 
 		out[k] = v
@@ -85,8 +92,9 @@ func Parse(pairs []string) (map[string]string, error) {
 }
 
 // Machine returns the labels of a machine at site: the static labels, then the site's own (which win),
-// then the site label (which always says where the machine is). site may be empty (not located yet).
-func Machine(static, siteLabels map[string]string, site string) map[string]string {
+// then the site label (which always says where the machine is) and the alert label when alert is set. site
+// may be empty (not located yet).
+func Machine(static, siteLabels map[string]string, site, alert string) map[string]string {
 	out := maps.Clone(static)
 	if out == nil {
 		out = map[string]string{}
@@ -96,6 +104,10 @@ func Machine(static, siteLabels map[string]string, site string) map[string]strin
 
 	if site != "" {
 		out[Site] = site
+	}
+
+	if alert != "" {
+		out[Alert] = alert
 	}
 
 	return out

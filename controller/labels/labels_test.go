@@ -47,7 +47,7 @@ func TestParse(t *testing.T) {
 func TestMachineAndApply(t *testing.T) {
 	t.Parallel()
 
-	want := labels.Machine(map[string]string{"tier": "gold", "rack": "default"}, map[string]string{"rack": "r7"}, "branch-7")
+	want := labels.Machine(map[string]string{"tier": "gold", "rack": "default"}, map[string]string{"rack": "r7"}, "branch-7", "")
 	require.Equal(t, map[string]string{"tier": "gold", "rack": "r7", "site": "branch-7"}, want)
 
 	current := map[string]string{"omni.sidero.dev/infra-provider-id": "bare-metal", "old": "x", "rack": "r1", "tier": "gold"}

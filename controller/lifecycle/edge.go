@@ -64,7 +64,19 @@ type Location struct {
 	Power       string
 	PowerAt     time.Time
 	PowerReason string
+	// Alert says what is wrong with the machine's identity ("" when nothing; see the Alert constants), raised
+	// last at AlertAt; it stays until the machine's own agent tunnel opens again.
+	Alert   string
+	AlertAt time.Time
 }
+
+// Alerts: what a machine's Alert says.
+const (
+	AlertTunnelContested   = "tunnel-contested"
+	AlertTunnelOtherSource = "tunnel-from-other-address"
+	AlertSecondTunnel      = "second-tunnel"
+	AlertClaimedElsewhere  = "claimed-by-other-site"
+)
 
 // SiteLocator tells which site a machine is at.
 type SiteLocator interface {

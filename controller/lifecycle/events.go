@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/printable"
 )
 
 // HandleEvent feeds an edge event into the locations (it fits bootplans.Handler): a boot answer places the
@@ -51,9 +52,12 @@ func (l *Locations) HandleEvent(ctx context.Context, site string, e *bootpb.Even
 			l.SetFirmware(id, fw, "dhcp")
 		}
 	case *bootpb.Event_AgentTunnel:
-		switch err := l.AgentConnected(site, strings.ToLower(k.AgentTunnel.GetMachineId()), k.AgentTunnel.GetOpen()); {
+		id := strings.ToLower(k.AgentTunnel.GetMachineId())
+
+		switch err := l.AgentConnected(site, id, k.AgentTunnel.GetOpen()); {
 		case errors.Is(err, ErrClaimRefused):
 			l.reject(site, "claim_from_other_site", err)
+			l.Raise(id, AlertClaimedElsewhere, "agent tunnel at site "+site+" from "+printable.String(k.AgentTunnel.GetRemoteIp(), 64))
 		case err != nil:
 			l.reject(site, "bad_machine_id", err)
 		}
@@ -78,6 +82,28 @@ func (l *Locations) HandleEvent(ctx context.Context, site string, e *bootpb.Even
 		}
 
 		l.powerReported(site, strings.ToLower(k.PowerChanged.GetMachineId()), k.PowerChanged.GetState(), k.PowerChanged.GetError(), at)
+	case *bootpb.Event_TunnelRefused:
+		id := strings.ToLower(k.TunnelRefused.GetMachineId())
+
+		alert, ok := map[string]string{
+			"contested_machine_id":    AlertTunnelContested,
+			"source_not_boot_address": AlertTunnelOtherSource,
+			"duplicate_machine_id":    AlertSecondTunnel,
+		}[k.TunnelRefused.GetReason()]
+		if !ok {
+			l.reject(site, "unknown_refusal_reason", nil)
+
+			return nil
+		}
+
+		if loc, known := l.Locate(id); !known || loc.SiteID != site {
+			// Only the machine's own site speaks for it; a refusal elsewhere is that site's business.
+			l.rejected.WithLabelValues("refusal_from_other_site").Inc()
+
+			return nil
+		}
+
+		l.Raise(id, alert, "agent tunnel from "+printable.String(k.TunnelRefused.GetRemoteIp(), 64)+" refused at site "+site)
 	case *bootpb.Event_PxeSeen:
 		// names no machine
 	default:
@@ -93,7 +119,13 @@ func (l *Locations) reject(site, reason string, err error) {
 }
 
 // Describe implements prometheus.Collector.
-func (l *Locations) Describe(ch chan<- *prometheus.Desc) { l.rejected.Describe(ch) }
+func (l *Locations) Describe(ch chan<- *prometheus.Desc) {
+	l.rejected.Describe(ch)
+	l.alerts.Describe(ch)
+}
 
 // Collect implements prometheus.Collector.
-func (l *Locations) Collect(ch chan<- prometheus.Metric) { l.rejected.Collect(ch) }
+func (l *Locations) Collect(ch chan<- prometheus.Metric) {
+	l.rejected.Collect(ch)
+	l.alerts.Collect(ch)
+}

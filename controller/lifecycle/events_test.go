@@ -92,3 +92,60 @@ type where struct {
 func whereOf(l lifecycle.Location) where {
 	return where{SiteID: l.SiteID, Arch: l.Arch, Firmware: l.Firmware, Source: l.FirmwareSource, AgentConnected: l.AgentConnected}
 }
+
+// A tunnel refused at a machine's own site (another host, or a clone, asked for it) and a claim from another
+// site raise an alert on the machine; its own tunnel opening again clears it. Refusals for machines nobody
+// knows, or reported by another site, raise nothing.
+func TestIdentityAlertsFromEdgeEvents(t *testing.T) {
+	t.Parallel()
+
+	const id = "4c4c4544-0042-3510-8052-b4c04f384838"
+
+	l := lifecycle.NewLocations(zaptest.NewLogger(t))
+	refused := func(site, machine, reason string) {
+		require.NoError(t, l.HandleEvent(t.Context(), site, &bootpb.Event{Kind: &bootpb.Event_TunnelRefused{
+			TunnelRefused: &bootpb.TunnelRefused{MachineId: machine, Reason: reason, RemoteIp: "10.0.0.66"},
+		}}))
+	}
+	tunnel := func(site string, open bool) {
+		require.NoError(t, l.HandleEvent(t.Context(), site, &bootpb.Event{Kind: &bootpb.Event_AgentTunnel{
+			AgentTunnel: &bootpb.AgentTunnel{MachineId: id, Open: open, RemoteIp: "10.0.0.66"},
+		}}))
+	}
+	alert := func() string {
+		loc, ok := l.Locate(id)
+		require.True(t, ok)
+
+		return loc.Alert
+	}
+
+	refused("site-a", id, "duplicate_machine_id")
+	_, known := l.Locate(id)
+	require.False(t, known, "a refusal places no machine")
+
+	_, err := l.Seen("site-a", id)
+	require.NoError(t, err)
+
+	refused("site-b", id, "duplicate_machine_id")
+	require.Empty(t, alert(), "another site's refusal")
+	refused("site-a", id, "no_such_reason")
+	require.Empty(t, alert())
+
+	for reason, want := range map[string]string{
+		"contested_machine_id":    lifecycle.AlertTunnelContested,
+		"source_not_boot_address": lifecycle.AlertTunnelOtherSource,
+		"duplicate_machine_id":    lifecycle.AlertSecondTunnel,
+	} {
+		refused("site-a", id, reason)
+		require.Equal(t, want, alert(), reason)
+	}
+
+	tunnel("site-a", true)
+	require.Empty(t, alert(), "cleared by the machine's own tunnel")
+
+	tunnel("site-b", true) // a claim from another site: refused, and raised
+	require.Equal(t, lifecycle.AlertClaimedElsewhere, alert())
+	loc, _ := l.Locate(id)
+	require.Equal(t, "site-a", loc.SiteID)
+	require.True(t, loc.AgentConnected, "the claim changed nothing of the machine's own tunnel")
+}

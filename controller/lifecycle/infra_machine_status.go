@@ -121,7 +121,7 @@ func (s *infraMachineStatus) apply(v *view, st *infra.MachineStatus) {
 		// (the observation carries the site's labels, so a change of them reaches this controller)
 		site, _ := v.site()
 
-		labels.Apply(st.Metadata().Labels().Raw(), labels.Machine(s.env.cfg.StaticLabels, v.obs.GetSiteLabels(), site),
+		labels.Apply(st.Metadata().Labels().Raw(), labels.Machine(s.env.cfg.StaticLabels, v.obs.GetSiteLabels(), site, v.obs.GetAlert()),
 			st.Metadata().Labels().Set, st.Metadata().Labels().Delete)
 	}
 }

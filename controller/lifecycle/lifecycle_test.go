@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/labels"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/lifecycle/lifecycletest"
 	"github.com/outpost-metal/outpost/controller/omni"
@@ -651,6 +652,17 @@ func TestStatusLabels(t *testing.T) {
 		l := labelsOf()
 
 		return l["site"] == "site-a" && l["tier"] == "gold" && l[omnires.LabelInfraProviderID] == providerID
+	})
+
+	// An identity alert (another host asked for the machine's tunnel) is a label while it lasts.
+	h.edge.SetAlert("m1", lifecycle.AlertSecondTunnel)
+	h.eventually("the alert label", func() bool { return labelsOf()[labels.Alert] == lifecycle.AlertSecondTunnel })
+
+	h.edge.SetAlert("m1", "")
+	h.eventually("the alert label gone", func() bool {
+		_, set := labelsOf()[labels.Alert]
+
+		return !set && labelsOf()["site"] == "site-a"
 	})
 }
 

@@ -25,6 +25,7 @@ var ErrBadMachineID = errors.New("machine id is not a uuid")
 type Locations struct {
 	logger   *zap.Logger
 	rejected *prometheus.CounterVec
+	alerts   *prometheus.CounterVec
 	now      func() time.Time
 
 	mu       sync.Mutex
@@ -71,6 +72,10 @@ func NewLocations(logger *zap.Logger) *Locations {
 			Namespace: "outpost", Subsystem: "lifecycle", Name: "edge_events_rejected_total",
 			Help: "Edge events about machines that were not used, by reason.",
 		}, []string{"reason"}),
+		alerts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "outpost", Subsystem: "lifecycle", Name: "machine_alerts_total",
+			Help: "Alerts raised on machines whose identity was contested (another host or a clone asked for its agent tunnel, another site claimed it), by alert.",
+		}, []string{"alert"}),
 	}
 }
 
@@ -186,6 +191,12 @@ func (l *Locations) AgentConnected(siteID, machineID string, connected bool) err
 
 	if connected {
 		cur.LastSeen = l.now()
+
+		if cur.Alert != "" {
+			l.logger.Info("machine alert cleared: its own agent tunnel is open", zap.String("machine", machineID),
+				zap.String("alert", cur.Alert))
+			cur.Alert, cur.AlertAt = "", time.Time{}
+		}
 	}
 
 	if cur.AgentConnected != connected || connected {
@@ -194,6 +205,27 @@ func (l *Locations) AgentConnected(siteID, machineID string, connected bool) err
 	}
 
 	return nil
+}
+
+// Raise records an alert about a known machine's identity (one of the Alert constants): it is published on
+// the machine in Omni until the machine's own agent tunnel opens again. A machine not known is ignored: a
+// made-up UUID raises nothing.
+func (l *Locations) Raise(machineID, alert, detail string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+
+	cur, ok := l.machines[machineID]
+	if !ok {
+		return
+	}
+
+	l.logger.Warn("machine alert: its identity is contested", zap.String("machine", machineID), zap.String("site", cur.SiteID),
+		zap.String("alert", alert), zap.String("detail", detail))
+
+	l.alerts.WithLabelValues(alert).Inc()
+
+	cur.Alert, cur.AlertAt = alert, l.now()
+	l.markLocked(machineID)
 }
 
 // SetArch records the architecture a machine's network boot reported (iPXE ${buildarch}: x86_64, arm64).

@@ -60,6 +60,11 @@ func (l *Locations) Load(ctx context.Context, st state.State, t resources.Types)
 		loc := &Location{
 			SiteID: spec.GetSiteId(), AgentConnected: spec.GetAgentConnected(), Arch: spec.GetArch(),
 			Firmware: spec.GetFirmware(), FirmwareSource: spec.GetFirmwareSource(), MACs: slices.Clone(spec.GetMacs()),
+			Alert: knownAlert(spec.GetAlert()),
+		}
+
+		if ts := spec.GetAlertAt(); loc.Alert != "" && ts.IsValid() {
+			loc.AlertAt = ts.AsTime()
 		}
 
 		if ts := spec.GetLastSeen(); ts.IsValid() {
@@ -76,6 +81,17 @@ func (l *Locations) Load(ctx context.Context, st state.State, t resources.Types)
 	l.logger.Info("machine locations loaded from omni", zap.Int("machines", loaded), zap.Int("merged_with_edge_reports", merged))
 
 	return nil
+}
+
+// knownAlert is a stored alert when it is one this controller raises ("" otherwise: a hand-edited record
+// cannot put an arbitrary label on a machine).
+func knownAlert(a string) string {
+	switch a {
+	case AlertTunnelContested, AlertTunnelOtherSource, AlertSecondTunnel, AlertClaimedElsewhere:
+		return a
+	}
+
+	return ""
 }
 
 // mergeRecordLocked fills in cur, a machine an edge reported since the start, from its stored record: the
@@ -223,6 +239,11 @@ func (l *Locations) write(ctx context.Context, st state.State, t resources.Types
 		r.TypedSpec().Value = &specs.MachineLocationSpec{
 			SiteId: loc.SiteID, Arch: loc.Arch, Firmware: loc.Firmware, FirmwareSource: loc.FirmwareSource,
 			Macs: loc.MACs, AgentConnected: loc.AgentConnected, Schema: resources.MachineLocationSchema,
+			Alert: loc.Alert,
+		}
+
+		if !loc.AlertAt.IsZero() {
+			r.TypedSpec().Value.AlertAt = timestamppb.New(loc.AlertAt)
 		}
 
 		if !loc.LastSeen.IsZero() {

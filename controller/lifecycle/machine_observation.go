@@ -51,6 +51,7 @@ func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, 
 		s.env.Metrics.inc(ReasonMachineNotLocated)
 	default:
 		obs.SiteId = loc.SiteID
+		obs.Alert = loc.Alert
 
 		if s.env.SiteLabels != nil {
 			obs.SiteLabels = s.env.SiteLabels.SiteLabels(loc.SiteID)

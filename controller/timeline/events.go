@@ -82,6 +82,24 @@ func (b *Book) HandleEvent(_ context.Context, site string, e *bootpb.Event) erro
 		b.machineEvent(site, t.GetMachineId(), entry, func(m *machine) {
 			m.AgentConnected = t.GetOpen()
 		})
+	case *bootpb.Event_TunnelRefused:
+		r := k.TunnelRefused
+
+		why, ok := map[string]string{
+			"contested_machine_id":    "two machines with this UUID booted lately (a clone, or a forger)",
+			"source_not_boot_address": "it came from another address than the machine booted from",
+			"duplicate_machine_id":    "the machine already has one",
+		}[r.GetReason()]
+		if !ok {
+			b.metrics.refused.WithLabelValues("bad_event").Inc()
+
+			return nil
+		}
+
+		b.machineEvent(site, r.GetMachineId(), Entry{
+			At: at, Kind: KindError, Error: true,
+			Text: "agent tunnel from " + orUnknown(r.GetRemoteIp()) + " refused: " + why,
+		}, nil)
 	case *bootpb.Event_PowerChanged:
 		p := k.PowerChanged
 

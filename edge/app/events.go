@@ -83,3 +83,14 @@ func (s siteEvents) recordTunnel(e tunnel.Event, open bool) {
 
 	s.rec.Record(&bootpb.Event{Kind: &bootpb.Event_AgentTunnel{AgentTunnel: ev}})
 }
+
+// TunnelRefused implements tunnel.RefusalSink: the controller hears that another host (or a clone) asked for
+// a machine's tunnel.
+func (s siteEvents) TunnelRefused(r tunnel.Refusal) {
+	ev := &bootpb.TunnelRefused{MachineId: r.MachineID, Reason: r.Reason}
+	if r.RemoteAddr.IsValid() {
+		ev.RemoteIp = r.RemoteAddr.Addr().String()
+	}
+
+	s.rec.Record(&bootpb.Event{Kind: &bootpb.Event_TunnelRefused{TunnelRefused: ev}})
+}

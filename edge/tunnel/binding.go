@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -125,9 +126,47 @@ func (s *Server) admitBound(ctx context.Context, id string) (func(), error) {
 
 		s.rejected.WithLabelValues(reason).Inc()
 		s.refusals.Note(reason, zap.String("machine", id), zap.Stringer("remote", remoteAddr(ctx)), zap.Error(err))
+		s.reportRefusal(id, reason, remoteAddr(ctx))
 
 		return nil, err
 	}
 
 	return release, nil
+}
+
+// refusalReportInterval is how often one machine's refusals of one reason reach the sink; maxRefusalReports
+// bounds the machines remembered for it (a flood of them starts it afresh).
+const (
+	refusalReportInterval = time.Minute
+	maxRefusalReports     = 4096
+)
+
+// reportRefusal passes a refused tunnel of a machine that booted here to the sink, paced per machine and
+// reason. A machine the edge has no boot evidence of is not reported: made-up UUIDs are free to send.
+func (s *Server) reportRefusal(id, reason string, remote netip.AddrPort) {
+	sink, ok := s.sink.(RefusalSink)
+	if !ok || reason == refuseNoBoot {
+		return
+	}
+
+	now := s.now()
+	key := id + " " + reason
+
+	s.reportMu.Lock()
+	last, seen := s.reported[key]
+
+	if seen && now.Sub(last) < refusalReportInterval {
+		s.reportMu.Unlock()
+
+		return
+	}
+
+	if len(s.reported) >= maxRefusalReports {
+		s.reported = map[string]time.Time{}
+	}
+
+	s.reported[key] = now
+	s.reportMu.Unlock()
+
+	sink.TunnelRefused(Refusal{MachineID: id, Reason: reason, RemoteAddr: remote, Time: now})
 }

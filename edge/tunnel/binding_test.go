@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -105,7 +106,8 @@ func TestTunnelBindingRefusesRogues(t *testing.T) {
 	ev.set(victim, "127.0.0.10")
 	ev.set(clone, "127.0.0.30")
 
-	srv := tunnel.New(tunnel.Options{Logger: zaptest.NewLogger(t), Evidence: ev})
+	refused := &refusals{}
+	srv := tunnel.New(tunnel.Options{Logger: zaptest.NewLogger(t), Evidence: ev, Events: refused})
 
 	ctx, cancel := context.WithCancel(context.Background())
 
@@ -163,6 +165,19 @@ func TestTunnelBindingRefusesRogues(t *testing.T) {
 	_, cloneErrs := connectFrom(t, addr, "127.0.0.30", clone, &fakeAgent{})
 	require.ErrorContains(t, waitErr(t, cloneErrs), "two machines asked for its boot script")
 
+	// each refusal of a machine that booted here reached the controller's sink once, with the rogue's address;
+	// a second attempt of the same kind within a minute adds nothing, and a made-up UUID none at all
+	_, rogueErrs = connectFrom(t, addr, "127.0.0.20", victim, rogue)
+	require.ErrorContains(t, waitErr(t, rogueErrs), "already has one")
+	_, strangerErrs := connectFrom(t, addr, "127.0.0.40", "4c4c4544-0042-3510-8052-b4c04f4e4e49", &fakeAgent{})
+	require.ErrorContains(t, waitErr(t, strangerErrs), "did not boot through this edge")
+
+	require.Equal(t, []string{
+		victim + " source_not_boot_address 127.0.0.20",
+		victim + " duplicate_machine_id 127.0.0.20",
+		clone + " contested_machine_id 127.0.0.30",
+	}, refused.list())
+
 	// the victim's tunnel goes; a new one is taken from the (new) evidence only
 	stopReal()
 	require.Eventually(t, func() bool { return !srv.Connected(victim) }, 5*time.Second, 10*time.Millisecond)
@@ -189,4 +204,28 @@ func (f *fakeAgent) wipeCount() int {
 	defer f.mu.Unlock()
 
 	return f.wiped
+}
+
+// refusals is a tunnel event sink that records the refusals it is told of.
+type refusals struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (r *refusals) TunnelOpened(tunnel.Event) {}
+
+func (r *refusals) TunnelClosed(tunnel.Event) {}
+
+func (r *refusals) TunnelRefused(f tunnel.Refusal) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	r.seen = append(r.seen, f.MachineID+" "+f.Reason+" "+f.RemoteAddr.Addr().String())
+}
+
+func (r *refusals) list() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	return slices.Clone(r.seen)
 }

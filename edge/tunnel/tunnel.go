@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jhump/grpctunnel"
@@ -59,6 +60,23 @@ type EventSink interface {
 	TunnelClosed(Event)
 }
 
+// Refusal is an agent tunnel refused for a machine that booted through this edge (see RefusalSink).
+type Refusal struct {
+	MachineID string
+	// Reason is the refusal's metric label: contested_machine_id, source_not_boot_address or
+	// duplicate_machine_id.
+	Reason     string
+	RemoteAddr netip.AddrPort
+	Time       time.Time
+}
+
+// RefusalSink is an EventSink that also takes refused tunnels of machines the edge knows: another host, or
+// a clone, asking for a machine's tunnel. Each machine and reason reaches it at most once a minute; tunnels
+// of machines with no boot evidence here never do. Called synchronously; must not block.
+type RefusalSink interface {
+	TunnelRefused(Refusal)
+}
+
 // AddressBook tells which address DHCP or PXE last saw for a machine.
 type AddressBook interface {
 	// SeenAddr returns the address last seen for the machine, if any.
@@ -99,11 +117,14 @@ type Server struct {
 	failures *prometheus.CounterVec
 	events   *prometheus.CounterVec
 
-	limits   Limits
-	binder   *binder
-	tunnels  *limiter
-	conns    *limits.Limiter
-	gate     *eventGate
+	limits  Limits
+	binder  *binder
+	tunnels *limiter
+	conns   *limits.Limiter
+	gate    *eventGate
+	// reported is when each machine and refusal reason last reached the sink (reportRefusal).
+	reportMu sync.Mutex
+	reported map[string]time.Time
 	refusals *limits.RejectLog // tunnels and connections refused
 	overflow *limits.RejectLog // tunnel events over the journal budget
 }
@@ -131,6 +152,7 @@ func New(opts Options) *Server {
 	s := &Server{
 		log:      log,
 		sink:     opts.Events,
+		reported: map[string]time.Time{},
 		limits:   opts.Limits,
 		binder:   newBinder(opts.Binding, opts.Evidence),
 		conns:    limits.New(limits.Config{Total: opts.Limits.MaxConns, PerSource: opts.Limits.MaxConnsPerSource}),

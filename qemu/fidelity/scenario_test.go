@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/labels"
 	"github.com/outpost-metal/outpost/controller/lease"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/lifecycle/lifecycletest"
@@ -488,6 +489,31 @@ func scenario(t *testing.T, b fidelity.Backend) *transcript {
 		return slices.Equal(bySite("site-a"), []string{m1}) && slices.Equal(bySite("site-b"), []string{m2})
 	})
 	r.tr.add("site labels", "site-a="+strings.Join(bySite("site-a"), ","), "site-b="+strings.Join(bySite("site-b"), ","))
+
+	// an identity alert (another host asked for the machine's agent tunnel) reaches Omni as a label while it
+	// lasts, where an operator filters machines by it
+	alertLabel := fmt.Sprintf(omnires.InfraProviderLabelPrefixFormat, providerID) + labels.Alert
+	alerted := func() []string {
+		list, err := safe.StateListAll[*omnires.MachineStatus](ctx, b.Admin(), state.WithLabelQuery(resource.LabelEqual(alertLabel, lifecycle.AlertSecondTunnel)))
+		if err != nil {
+			return nil
+		}
+
+		var ids []string
+		for ms := range list.All() {
+			ids = append(ids, ms.Metadata().ID())
+		}
+
+		return ids
+	}
+
+	r.edge.SetAlert(m1, lifecycle.AlertSecondTunnel)
+	r.eventually("the alert label reaches omni", func() bool { return slices.Equal(alerted(), []string{m1}) })
+	raised := strings.Join(alerted(), ",")
+
+	r.edge.SetAlert(m1, "")
+	r.eventually("the alert label leaves omni", func() bool { return len(alerted()) == 0 })
+	r.tr.add("identity alert", "raised_on="+raised, fmt.Sprintf("cleared=%v", len(alerted()) == 0))
 
 	// cordon: reaches the InfraMachine; a reboot request is then left alone
 	require.NoError(t, r.admin.Cordon(ctx, m2, true))

@@ -20,6 +20,8 @@ import (
 
 	"github.com/cosi-project/runtime/pkg/resource"
 	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/jhump/grpctunnel"
+	"github.com/jhump/grpctunnel/tunnelpb"
 	"github.com/siderolabs/omni/client/api/omni/specs"
 	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
 	pb "github.com/siderolabs/siderolink/api/siderolink"
@@ -30,9 +32,13 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 
+	"github.com/outpost-metal/outpost/controller/labels"
+	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/seal"
+	"github.com/outpost-metal/outpost/edge/tunnel"
 	"github.com/outpost-metal/outpost/qemu/omni"
 	"github.com/outpost-metal/outpost/qemu/testagent"
 	"github.com/outpost-metal/outpost/qemu/vbmc"
@@ -199,6 +205,16 @@ func TestBinariesLifecycleWithOmniStandIn(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, bytes.Repeat([]byte{0}, 1<<20), data, "the agent's disk was not zeroed")
 
+	// Another host on the site network asks for the machine's agent tunnel with its UUID: refused at the edge,
+	// and the machine carries an alert label in Omni until its own tunnel opens again (after the restart below).
+	rogueTunnel(ctx, t, apiAddr, "127.0.0.2", machineID)
+	require.Eventually(t, func() bool {
+		st, err := safe.StateGetByID[*infra.MachineStatus](ctx, stand.State(), machineID)
+
+		return err == nil && st.Metadata().Labels().Raw()[labels.Alert] == lifecycle.AlertTunnelOtherSource
+	}, time.Minute, 100*time.Millisecond, "the rogue tunnel raised no alert on the machine in Omni")
+	require.True(t, edge.hasLine("agent tunnel refused", "", ""), "the edge did not log the refusal")
+
 	// Idle and ready, with the preferred power state OFF: powered off through the BMC after the cooldown, once
 	// Omni has collected the machine's information (a real Talos reports in over SideroLink; the stand-in is told).
 	require.NoError(t, admin.CollectInfo(ctx, machineID, "v1.11.5"))
@@ -254,6 +270,13 @@ func TestBinariesLifecycleWithOmniStandIn(t *testing.T) {
 		"the power-on asked for in Omni did not reach the BMC within 10 s of the controller's restart")
 	t.Logf("power-on reached the BMC %s after the controller restarted", time.Since(restarted).Round(10*time.Millisecond))
 	require.NotContains(t, ctl2.log.String(), "machine not seen at any site")
+
+	require.Eventually(t, func() bool {
+		st, err := safe.StateGetByID[*infra.MachineStatus](ctx, stand.State(), machineID)
+		_, alerted := st.Metadata().Labels().Raw()[labels.Alert]
+
+		return err == nil && !alerted
+	}, time.Minute, 100*time.Millisecond, "the alert stayed after the machine's own tunnel opened again")
 
 	after := chassis.Boots()[boots:]
 	t.Logf("boots after the restart: %+v", after)
@@ -405,4 +428,27 @@ func (m *fakeMachine) stop() {
 		cancel()
 		<-done
 	}
+}
+
+// rogueTunnel opens an agent tunnel for machineID from src (a host that did not boot as that machine) and
+// waits until the edge refuses it.
+func rogueTunnel(ctx context.Context, t *testing.T, endpoint, src, machineID string) {
+	t.Helper()
+
+	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+	conn, err := grpc.NewClient("passthrough:///"+endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return dialer.DialContext(ctx, "tcp", a) }))
+	require.NoError(t, err)
+
+	defer conn.Close() //nolint:errcheck
+
+	rts := grpctunnel.NewReverseTunnelServer(tunnelpb.NewTunnelServiceClient(conn))
+	defer rts.Stop()
+
+	callCtx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, tunnel.MachineIDKey, machineID), 30*time.Second)
+	defer cancel()
+
+	// started only says the stream was opened; the edge's refusal ends it at once with the reason
+	_, err = rts.Serve(callCtx)
+	require.ErrorContains(t, err, "refused", "the edge took a tunnel from a host that did not boot as the machine")
 }

@@ -28,6 +28,7 @@ type Machine struct {
 	IPMIPass  string
 	Acked     bootplans.Plan
 	AckedSeen bool
+	Alert     string // the machine's identity alert, as the locations would hold it
 }
 
 // FakeEdge models the sites' edges: machines with power, PXE-once flag, agent and acknowledged plans.
@@ -200,7 +201,17 @@ func (f *FakeEdge) Locate(id string) (lifecycle.Location, bool) {
 		return lifecycle.Location{}, false
 	}
 
-	return lifecycle.Location{SiteID: m.Site, AgentConnected: m.Agent && m.Power}, true
+	return lifecycle.Location{SiteID: m.Site, AgentConnected: m.Agent && m.Power, Alert: m.Alert}, true
+}
+
+// SetAlert sets the identity alert Locate reports for a machine ("" clears it).
+func (f *FakeEdge) SetAlert(id, alert string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	if m, ok := f.machines[id]; ok {
+		m.Alert = alert
+	}
 }
 
 // Site implements bootplans.SiteDirectory.

@@ -350,7 +350,11 @@ type MachineObservationSpec struct {
 	WaitingReason string                 `protobuf:"bytes,4,opt,name=waiting_reason,json=waitingReason,proto3" json:"waiting_reason,omitempty"`
 	ObservedAt    *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=observed_at,json=observedAt,proto3" json:"observed_at,omitempty"`
 	// site_labels are the labels an operator set on the machine's site (published on its InfraMachineStatus).
-	SiteLabels    map[string]string `protobuf:"bytes,6,rep,name=site_labels,json=siteLabels,proto3" json:"site_labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	SiteLabels map[string]string `protobuf:"bytes,6,rep,name=site_labels,json=siteLabels,proto3" json:"site_labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// alert says what is wrong with the machine's identity at its site ("" when nothing): "tunnel-contested"
+	// (two machines with its UUID booted lately), "tunnel-from-other-address", "second-tunnel" (another host
+	// asked for its agent tunnel), "claimed-by-other-site". Published as the outpost-alert label.
+	Alert         string `protobuf:"bytes,7,opt,name=alert,proto3" json:"alert,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -427,6 +431,13 @@ func (x *MachineObservationSpec) GetSiteLabels() map[string]string {
 	return nil
 }
 
+func (x *MachineObservationSpec) GetAlert() string {
+	if x != nil {
+		return x.Alert
+	}
+	return ""
+}
+
 // MachineLocationSpec is where the controller knows a machine to be, learned from its site's edge and kept in
 // Omni so a restarted or moved controller knows it before any edge speaks again.
 type MachineLocationSpec struct {
@@ -446,7 +457,10 @@ type MachineLocationSpec struct {
 	// operator handed an override back to the machine's reports (any report replaces it).
 	FirmwareSource string `protobuf:"bytes,7,opt,name=firmware_source,json=firmwareSource,proto3" json:"firmware_source,omitempty"`
 	// schema is the record's format version; a newer one than the controller knows is left alone.
-	Schema        uint32 `protobuf:"varint,8,opt,name=schema,proto3" json:"schema,omitempty"`
+	Schema uint32 `protobuf:"varint,8,opt,name=schema,proto3" json:"schema,omitempty"`
+	// alert is the machine's open alert (see MachineObservationSpec.alert), alert_at when it was last raised.
+	Alert         string                 `protobuf:"bytes,9,opt,name=alert,proto3" json:"alert,omitempty"`
+	AlertAt       *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=alert_at,json=alertAt,proto3" json:"alert_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -535,6 +549,20 @@ func (x *MachineLocationSpec) GetSchema() uint32 {
 		return x.Schema
 	}
 	return 0
+}
+
+func (x *MachineLocationSpec) GetAlert() string {
+	if x != nil {
+		return x.Alert
+	}
+	return ""
+}
+
+func (x *MachineLocationSpec) GetAlertAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.AlertAt
+	}
+	return nil
 }
 
 // IPMI is an IPMI v2 LAN endpoint with its credentials.
@@ -636,7 +664,7 @@ const file_controller_resources_specs_lifecycle_proto_rawDesc = "" +
 	"\x0elast_reboot_id\x18\x01 \x01(\tR\flastRebootId\x12;\n" +
 	"\vlast_reboot\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"lastReboot\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x8c\x04\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xa2\x04\n" +
 	"\x16MachineObservationSpec\x12[\n" +
 	"\vpower_state\x18\x01 \x01(\x0e2:.outpost.resources.specs.MachineObservationSpec.PowerStateR\n" +
 	"powerState\x12'\n" +
@@ -646,7 +674,8 @@ const file_controller_resources_specs_lifecycle_proto_rawDesc = "" +
 	"\vobserved_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"observedAt\x12`\n" +
 	"\vsite_labels\x18\x06 \x03(\v2?.outpost.resources.specs.MachineObservationSpec.SiteLabelsEntryR\n" +
-	"siteLabels\x1a=\n" +
+	"siteLabels\x12\x14\n" +
+	"\x05alert\x18\a \x01(\tR\x05alert\x1a=\n" +
 	"\x0fSiteLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"N\n" +
@@ -654,7 +683,7 @@ const file_controller_resources_specs_lifecycle_proto_rawDesc = "" +
 	"PowerState\x12\x17\n" +
 	"\x13POWER_STATE_UNKNOWN\x10\x00\x12\x13\n" +
 	"\x0fPOWER_STATE_OFF\x10\x01\x12\x12\n" +
-	"\x0ePOWER_STATE_ON\x10\x02\"\x95\x02\n" +
+	"\x0ePOWER_STATE_ON\x10\x02\"\xe2\x02\n" +
 	"\x13MachineLocationSpec\x12\x17\n" +
 	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12\x12\n" +
 	"\x04arch\x18\x02 \x01(\tR\x04arch\x12\x1a\n" +
@@ -663,7 +692,10 @@ const file_controller_resources_specs_lifecycle_proto_rawDesc = "" +
 	"\tlast_seen\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12'\n" +
 	"\x0fagent_connected\x18\x06 \x01(\bR\x0eagentConnected\x12'\n" +
 	"\x0ffirmware_source\x18\a \x01(\tR\x0efirmwareSource\x12\x16\n" +
-	"\x06schema\x18\b \x01(\rR\x06schemaB=Z;github.com/outpost-metal/outpost/controller/resources/specsb\x06proto3"
+	"\x06schema\x18\b \x01(\rR\x06schema\x12\x14\n" +
+	"\x05alert\x18\t \x01(\tR\x05alert\x125\n" +
+	"\balert_at\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\aalertAtB=Z;github.com/outpost-metal/outpost/controller/resources/specsb\x06proto3"
 
 var (
 	file_controller_resources_specs_lifecycle_proto_rawDescOnce sync.Once
@@ -692,20 +724,21 @@ var file_controller_resources_specs_lifecycle_proto_goTypes = []any{
 	(*timestamppb.Timestamp)(nil),          // 9: google.protobuf.Timestamp
 }
 var file_controller_resources_specs_lifecycle_proto_depIdxs = []int32{
-	7, // 0: outpost.resources.specs.BMCConfigurationSpec.ipmi:type_name -> outpost.resources.specs.BMCConfigurationSpec.IPMI
-	9, // 1: outpost.resources.specs.WipeStatusSpec.wiped_at:type_name -> google.protobuf.Timestamp
-	9, // 2: outpost.resources.specs.PowerOperationSpec.last_power_on:type_name -> google.protobuf.Timestamp
-	9, // 3: outpost.resources.specs.PowerOperationSpec.last_power_off:type_name -> google.protobuf.Timestamp
-	9, // 4: outpost.resources.specs.RebootStatusSpec.last_reboot:type_name -> google.protobuf.Timestamp
-	0, // 5: outpost.resources.specs.MachineObservationSpec.power_state:type_name -> outpost.resources.specs.MachineObservationSpec.PowerState
-	9, // 6: outpost.resources.specs.MachineObservationSpec.observed_at:type_name -> google.protobuf.Timestamp
-	8, // 7: outpost.resources.specs.MachineObservationSpec.site_labels:type_name -> outpost.resources.specs.MachineObservationSpec.SiteLabelsEntry
-	9, // 8: outpost.resources.specs.MachineLocationSpec.last_seen:type_name -> google.protobuf.Timestamp
-	9, // [9:9] is the sub-list for method output_type
-	9, // [9:9] is the sub-list for method input_type
-	9, // [9:9] is the sub-list for extension type_name
-	9, // [9:9] is the sub-list for extension extendee
-	0, // [0:9] is the sub-list for field type_name
+	7,  // 0: outpost.resources.specs.BMCConfigurationSpec.ipmi:type_name -> outpost.resources.specs.BMCConfigurationSpec.IPMI
+	9,  // 1: outpost.resources.specs.WipeStatusSpec.wiped_at:type_name -> google.protobuf.Timestamp
+	9,  // 2: outpost.resources.specs.PowerOperationSpec.last_power_on:type_name -> google.protobuf.Timestamp
+	9,  // 3: outpost.resources.specs.PowerOperationSpec.last_power_off:type_name -> google.protobuf.Timestamp
+	9,  // 4: outpost.resources.specs.RebootStatusSpec.last_reboot:type_name -> google.protobuf.Timestamp
+	0,  // 5: outpost.resources.specs.MachineObservationSpec.power_state:type_name -> outpost.resources.specs.MachineObservationSpec.PowerState
+	9,  // 6: outpost.resources.specs.MachineObservationSpec.observed_at:type_name -> google.protobuf.Timestamp
+	8,  // 7: outpost.resources.specs.MachineObservationSpec.site_labels:type_name -> outpost.resources.specs.MachineObservationSpec.SiteLabelsEntry
+	9,  // 8: outpost.resources.specs.MachineLocationSpec.last_seen:type_name -> google.protobuf.Timestamp
+	9,  // 9: outpost.resources.specs.MachineLocationSpec.alert_at:type_name -> google.protobuf.Timestamp
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_controller_resources_specs_lifecycle_proto_init() }

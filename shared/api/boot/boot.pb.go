@@ -943,6 +943,7 @@ type Event struct {
 	//	*Event_PxeSeen
 	//	*Event_BootServed
 	//	*Event_AgentTunnel
+	//	*Event_TunnelRefused
 	//	*Event_PowerChanged
 	Kind          isEvent_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
@@ -1036,6 +1037,15 @@ func (x *Event) GetAgentTunnel() *AgentTunnel {
 	return nil
 }
 
+func (x *Event) GetTunnelRefused() *TunnelRefused {
+	if x != nil {
+		if x, ok := x.Kind.(*Event_TunnelRefused); ok {
+			return x.TunnelRefused
+		}
+	}
+	return nil
+}
+
 func (x *Event) GetPowerChanged() *PowerChanged {
 	if x != nil {
 		if x, ok := x.Kind.(*Event_PowerChanged); ok {
@@ -1065,6 +1075,10 @@ type Event_AgentTunnel struct {
 	AgentTunnel *AgentTunnel `protobuf:"bytes,20,opt,name=agent_tunnel,json=agentTunnel,proto3,oneof"`
 }
 
+type Event_TunnelRefused struct {
+	TunnelRefused *TunnelRefused `protobuf:"bytes,21,opt,name=tunnel_refused,json=tunnelRefused,proto3,oneof"`
+}
+
 type Event_PowerChanged struct {
 	PowerChanged *PowerChanged `protobuf:"bytes,40,opt,name=power_changed,json=powerChanged,proto3,oneof"`
 }
@@ -1076,6 +1090,8 @@ func (*Event_PxeSeen) isEvent_Kind() {}
 func (*Event_BootServed) isEvent_Kind() {}
 
 func (*Event_AgentTunnel) isEvent_Kind() {}
+
+func (*Event_TunnelRefused) isEvent_Kind() {}
 
 func (*Event_PowerChanged) isEvent_Kind() {}
 
@@ -1390,6 +1406,74 @@ func (x *BootServed) GetPlatform() string {
 	return ""
 }
 
+// TunnelRefused: an agent tunnel was refused for a machine that booted through this edge: another host (or
+// a clone with the same UUID) asked for it. Refusals for machines the edge holds no boot evidence of are
+// not journaled (a flood of made-up UUIDs costs the controller nothing); each machine and reason is
+// journaled at most once a minute.
+type TunnelRefused struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	MachineId string                 `protobuf:"bytes,1,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
+	// reason is "contested_machine_id" (two machines fetched its boot script lately: a cloned UUID or a
+	// forger), "source_not_boot_address" (the tunnel came from another address than the machine booted
+	// from) or "duplicate_machine_id" (the machine already has a tunnel).
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// remote_ip is the refused tunnel's source address.
+	RemoteIp      string `protobuf:"bytes,3,opt,name=remote_ip,json=remoteIp,proto3" json:"remote_ip,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TunnelRefused) Reset() {
+	*x = TunnelRefused{}
+	mi := &file_shared_api_boot_boot_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TunnelRefused) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TunnelRefused) ProtoMessage() {}
+
+func (x *TunnelRefused) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_boot_boot_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TunnelRefused.ProtoReflect.Descriptor instead.
+func (*TunnelRefused) Descriptor() ([]byte, []int) {
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *TunnelRefused) GetMachineId() string {
+	if x != nil {
+		return x.MachineId
+	}
+	return ""
+}
+
+func (x *TunnelRefused) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *TunnelRefused) GetRemoteIp() string {
+	if x != nil {
+		return x.RemoteIp
+	}
+	return ""
+}
+
 // AgentTunnel: a machine's agent opened or closed its reverse tunnel at the edge.
 type AgentTunnel struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1408,7 +1492,7 @@ type AgentTunnel struct {
 
 func (x *AgentTunnel) Reset() {
 	*x = AgentTunnel{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[17]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1420,7 +1504,7 @@ func (x *AgentTunnel) String() string {
 func (*AgentTunnel) ProtoMessage() {}
 
 func (x *AgentTunnel) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[17]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1433,7 +1517,7 @@ func (x *AgentTunnel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentTunnel.ProtoReflect.Descriptor instead.
 func (*AgentTunnel) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{17}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *AgentTunnel) GetMachineId() string {
@@ -1542,7 +1626,7 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"journal_id\x18\x01 \x01(\tR\tjournalId\x12+\n" +
 	"\x06events\x18\x02 \x03(\v2\x13.outpost.boot.EventR\x06events\"'\n" +
 	"\x0fPublishResponse\x12\x14\n" +
-	"\x05acked\x18\x01 \x01(\x04R\x05acked\"\x86\x03\n" +
+	"\x05acked\x18\x01 \x01(\x04R\x05acked\"\xcc\x03\n" +
 	"\x05Event\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\x04R\bsequence\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x125\n" +
@@ -1551,7 +1635,8 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\bpxe_seen\x18\v \x01(\v2\x15.outpost.boot.PXESeenH\x00R\apxeSeen\x12;\n" +
 	"\vboot_served\x18\f \x01(\v2\x18.outpost.boot.BootServedH\x00R\n" +
 	"bootServed\x12>\n" +
-	"\fagent_tunnel\x18\x14 \x01(\v2\x19.outpost.boot.AgentTunnelH\x00R\vagentTunnel\x12A\n" +
+	"\fagent_tunnel\x18\x14 \x01(\v2\x19.outpost.boot.AgentTunnelH\x00R\vagentTunnel\x12D\n" +
+	"\x0etunnel_refused\x18\x15 \x01(\v2\x1b.outpost.boot.TunnelRefusedH\x00R\rtunnelRefused\x12A\n" +
 	"\rpower_changed\x18( \x01(\v2\x1a.outpost.boot.PowerChangedH\x00R\fpowerChangedB\x06\n" +
 	"\x04kind\"Y\n" +
 	"\fPowerChanged\x12\x1d\n" +
@@ -1578,7 +1663,12 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\x04mode\x18\x04 \x01(\tR\x04mode\x12\x1b\n" +
 	"\tremote_ip\x18\x05 \x01(\tR\bremoteIp\x12#\n" +
 	"\rtable_version\x18\x06 \x01(\x04R\ftableVersion\x12\x1a\n" +
-	"\bplatform\x18\a \x01(\tR\bplatform\"\xa1\x01\n" +
+	"\bplatform\x18\a \x01(\tR\bplatform\"c\n" +
+	"\rTunnelRefused\x12\x1d\n" +
+	"\n" +
+	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x1b\n" +
+	"\tremote_ip\x18\x03 \x01(\tR\bremoteIp\"\xa1\x01\n" +
 	"\vAgentTunnel\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x12\n" +
@@ -1617,7 +1707,7 @@ func file_shared_api_boot_boot_proto_rawDescGZIP() []byte {
 }
 
 var file_shared_api_boot_boot_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_shared_api_boot_boot_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_shared_api_boot_boot_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_shared_api_boot_boot_proto_goTypes = []any{
 	(Mode)(0),                     // 0: outpost.boot.Mode
 	(DiskMethod)(0),               // 1: outpost.boot.DiskMethod
@@ -1638,43 +1728,45 @@ var file_shared_api_boot_boot_proto_goTypes = []any{
 	(*DHCPSeen)(nil),              // 16: outpost.boot.DHCPSeen
 	(*PXESeen)(nil),               // 17: outpost.boot.PXESeen
 	(*BootServed)(nil),            // 18: outpost.boot.BootServed
-	(*AgentTunnel)(nil),           // 19: outpost.boot.AgentTunnel
-	nil,                           // 20: outpost.boot.Table.AgentEntry
-	nil,                           // 21: outpost.boot.Delta.AgentEntry
-	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
+	(*TunnelRefused)(nil),         // 19: outpost.boot.TunnelRefused
+	(*AgentTunnel)(nil),           // 20: outpost.boot.AgentTunnel
+	nil,                           // 21: outpost.boot.Table.AgentEntry
+	nil,                           // 22: outpost.boot.Delta.AgentEntry
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
 }
 var file_shared_api_boot_boot_proto_depIdxs = []int32{
 	0,  // 0: outpost.boot.Plan.mode:type_name -> outpost.boot.Mode
 	1,  // 1: outpost.boot.Plan.disk_method:type_name -> outpost.boot.DiskMethod
 	4,  // 2: outpost.boot.Plan.install:type_name -> outpost.boot.Kernel
 	5,  // 3: outpost.boot.Table.plans:type_name -> outpost.boot.Plan
-	20, // 4: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
+	21, // 4: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
 	5,  // 5: outpost.boot.Delta.upsert:type_name -> outpost.boot.Plan
-	21, // 6: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
+	22, // 6: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
 	6,  // 7: outpost.boot.ApplyRequest.snapshot:type_name -> outpost.boot.Table
 	7,  // 8: outpost.boot.ApplyRequest.delta:type_name -> outpost.boot.Delta
 	14, // 9: outpost.boot.PublishRequest.events:type_name -> outpost.boot.Event
-	22, // 10: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
+	23, // 10: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
 	16, // 11: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
 	17, // 12: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
 	18, // 13: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
-	19, // 14: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
-	15, // 15: outpost.boot.Event.power_changed:type_name -> outpost.boot.PowerChanged
-	4,  // 16: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
-	4,  // 17: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
-	2,  // 18: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
-	8,  // 19: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
-	12, // 20: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
-	10, // 21: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
-	3,  // 22: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
-	9,  // 23: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
-	13, // 24: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
-	11, // 25: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
-	22, // [22:26] is the sub-list for method output_type
-	18, // [18:22] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	20, // 14: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
+	19, // 15: outpost.boot.Event.tunnel_refused:type_name -> outpost.boot.TunnelRefused
+	15, // 16: outpost.boot.Event.power_changed:type_name -> outpost.boot.PowerChanged
+	4,  // 17: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
+	4,  // 18: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
+	2,  // 19: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
+	8,  // 20: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
+	12, // 21: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
+	10, // 22: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
+	3,  // 23: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
+	9,  // 24: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
+	13, // 25: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
+	11, // 26: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
+	23, // [23:27] is the sub-list for method output_type
+	19, // [19:23] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_boot_boot_proto_init() }
@@ -1691,6 +1783,7 @@ func file_shared_api_boot_boot_proto_init() {
 		(*Event_PxeSeen)(nil),
 		(*Event_BootServed)(nil),
 		(*Event_AgentTunnel)(nil),
+		(*Event_TunnelRefused)(nil),
 		(*Event_PowerChanged)(nil),
 	}
 	type x struct{}
@@ -1699,7 +1792,7 @@ func file_shared_api_boot_boot_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_boot_boot_proto_rawDesc), len(file_shared_api_boot_boot_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
