@@ -82,6 +82,14 @@ demo: deps ## run the lab with a live table (site, machine, power, phase, last e
 fuzz: ## run every fuzz target for FUZZTIME (default 30s) each
 	hack/fuzz.sh $(FUZZTIME)
 
+# The attack suite: the hostile site network and uplink port, each attack against what it would break (also
+# part of make test). Root runs the raw-socket and namespace parts; without root they say why they skip.
+ATTACK_TESTS = TestFloodLegitimateTransferCompletes|TestRefusalFloodIsBoundedInRepliesEventsAndLogLines|TestSlowClientIsCutOff|TestSlowClientsCannotStopBooting|TestListenerSlowlorisIsEvictedForARealClient|TestTunnelFlood|TestTunnelBindingRefusesRogues|TestServerJunkFloodFromOneMACDoesNotStarveOthers|TestAttackFloodLocksNoEdgeOut|TestWrongJoinTokensInALoopAreLimited|TestSiteLockoutPausesEnrolmentAndTheEdgeWaitsAsTold|TestEnrolmentSessionsAreBoundedAndShortLived|TestIdleConnectionsAreClosedBeforeTLS|TestEdgeCannotNameAnotherSite|TestBinariesLifecycleWithOmniStandIn|TestNetbootOVMFUnderAttack|TestManagerWrongPasswordIsNotRevealed
+
+.PHONY: attack
+attack: ## the attack suite alone: floods, slow clients, rogue tunnels, wrong tokens, an OVMF boot under attack (figures in -v output)
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) -v -run '^($(ATTACK_TESTS))$$' ./edge/... ./qemu/linklab/ ./qemu/bootlab/ ./qemu/vbmc/ | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|_test.go:[0-9]+: '
+
 .PHONY: bench
 bench: ## benchmarks, each side by side with its peer
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./...

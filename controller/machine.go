@@ -98,7 +98,21 @@ func machineCommand(cfg *config.Config) *cobra.Command {
 		},
 	}
 
-	machine.AddCommand(list, show, bootMode)
+	clearAlert := &cobra.Command{
+		Use:   "clear-alert MACHINE",
+		Short: "Clear a machine's identity alert (outpost-alert in Omni) once its cloned UUID or rogue host is dealt with",
+		Long: "Clear the alert the controller raised when another host or a clone asked for the machine's agent tunnel, or\n" +
+			"another site claimed it. A contested UUID (two machines booting as one) holds every agent call to the\n" +
+			"machine until this is run; the others clear by themselves when the machine's own tunnel opens again.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return adminClient(cfg, &output, 30*time.Second, func(ctx context.Context, c *admincli.Client) error {
+				return c.ClearAlert(ctx, args[0], cmd.OutOrStdout())
+			})(cmd, args)
+		},
+	}
+
+	machine.AddCommand(list, show, bootMode, clearAlert)
 
 	return machine
 }

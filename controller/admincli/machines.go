@@ -300,3 +300,25 @@ func (c *Client) SetBootMode(ctx context.Context, machineID, firmware string, ou
 
 	return err
 }
+
+// ClearAlert clears a machine's identity alert and says which one it was.
+func (c *Client) ClearAlert(ctx context.Context, machineID string, out io.Writer) error {
+	resp, err := c.machinesAPI.ClearAlert(ctx, &adminpb.ClearAlertRequest{MachineId: machineID})
+	if err != nil {
+		return describe("clear alert", err)
+	}
+
+	if c.Output == OutputJSON {
+		return writeJSON(out, resp)
+	}
+
+	if resp.GetCleared() == "" {
+		_, err = fmt.Fprintf(out, "machine %s had no alert\n", peer(machineID))
+
+		return err
+	}
+
+	_, err = fmt.Fprintf(out, "machine %s: alert %s cleared\n", peer(machineID), resp.GetCleared())
+
+	return err
+}

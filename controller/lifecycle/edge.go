@@ -65,7 +65,8 @@ type Location struct {
 	PowerAt     time.Time
 	PowerReason string
 	// Alert says what is wrong with the machine's identity ("" when nothing; see the Alert constants), raised
-	// last at AlertAt; it stays until the machine's own agent tunnel opens again.
+	// last at AlertAt; it stays until the machine's own agent tunnel opens again (a contested UUID: until an
+	// operator clears it).
 	Alert   string
 	AlertAt time.Time
 }

@@ -148,4 +148,18 @@ func TestIdentityAlertsFromEdgeEvents(t *testing.T) {
 	loc, _ := l.Locate(id)
 	require.Equal(t, "site-a", loc.SiteID)
 	require.True(t, loc.AgentConnected, "the claim changed nothing of the machine's own tunnel")
+
+	// a contested UUID stays until an operator clears it, whatever tunnel opens meanwhile
+	refused("site-a", id, "contested_machine_id")
+	tunnel("site-a", false)
+	tunnel("site-a", true)
+	require.Equal(t, lifecycle.AlertTunnelContested, alert())
+
+	was, err := l.ClearAlert(id)
+	require.NoError(t, err)
+	require.Equal(t, lifecycle.AlertTunnelContested, was)
+	require.Empty(t, alert())
+
+	_, err = l.ClearAlert("4c4c4544-0042-3510-8052-b4c04f384899")
+	require.ErrorIs(t, err, lifecycle.ErrNotLocated)
 }

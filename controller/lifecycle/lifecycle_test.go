@@ -691,3 +691,25 @@ func TestZeroesWipe(t *testing.T) {
 		require.Equal(t, "WipeDisks zeroes", c, "every wipe was a zeroes wipe")
 	}
 }
+
+// Two machines answering to one UUID (a contested tunnel): the accepted machine gets no agent call (no BMC
+// provisioning, no wipe) until an operator clears the alert; then it goes ahead.
+func TestContestedMachineHeldUntilCleared(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.edge.Add("m1", "site-a")
+	h.edge.SetAlert("m1", lifecycle.AlertTunnelContested)
+	h.omni("m1", accepted)
+
+	h.never("no agent call while the UUID is contested", func() bool {
+		return h.edge.Count("m1", "WipeDisks") > 0 || h.edge.Count("m1", "SetPowerManagement") > 0
+	})
+
+	h.edge.SetAlert("m1", "")
+	h.eventually("wiped and ready once cleared", func() bool {
+		s := h.status("m1")
+
+		return s != nil && s.ReadyToUse && h.edge.Count("m1", "WipeDisks") > 0
+	})
+}

@@ -192,7 +192,7 @@ func (l *Locations) AgentConnected(siteID, machineID string, connected bool) err
 	if connected {
 		cur.LastSeen = l.now()
 
-		if cur.Alert != "" {
+		if cur.Alert != "" && cur.Alert != AlertTunnelContested {
 			l.logger.Info("machine alert cleared: its own agent tunnel is open", zap.String("machine", machineID),
 				zap.String("alert", cur.Alert))
 			cur.Alert, cur.AlertAt = "", time.Time{}
@@ -207,8 +207,30 @@ func (l *Locations) AgentConnected(siteID, machineID string, connected bool) err
 	return nil
 }
 
+// ClearAlert clears a machine's alert, as an operator does once a cloned UUID is fixed (a contested UUID is
+// never cleared otherwise). It returns the alert that was set ("" when none was).
+func (l *Locations) ClearAlert(machineID string) (string, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+
+	cur, ok := l.machines[machineID]
+	if !ok {
+		return "", fmt.Errorf("%s: %w", machineID, ErrNotLocated)
+	}
+
+	was := cur.Alert
+	if was != "" {
+		l.logger.Info("machine alert cleared by an operator", zap.String("machine", machineID), zap.String("alert", was))
+		cur.Alert, cur.AlertAt = "", time.Time{}
+		l.markLocked(machineID)
+	}
+
+	return was, nil
+}
+
 // Raise records an alert about a known machine's identity (one of the Alert constants): it is published on
-// the machine in Omni until the machine's own agent tunnel opens again. A machine not known is ignored: a
+// the machine in Omni until the machine's own agent tunnel opens again, or, for a contested UUID (two
+// machines booting as one), until an operator clears it (ClearAlert); meanwhile no agent call is made. A machine not known is ignored: a
 // made-up UUID raises nothing.
 func (l *Locations) Raise(machineID, alert, detail string) {
 	l.mu.Lock()

@@ -63,7 +63,15 @@ func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, 
 			s.env.Watches.Remove(v.id)
 		}
 
-		if loc.AgentConnected && !v.machine.GetCordoned() {
+		contested := loc.Alert == AlertTunnelContested
+		if contested {
+			// Two machines answer to this UUID: whichever agent is reached may be the wrong one, so no agent
+			// call (wipe, BMC provisioning) until an operator has sorted the machines out.
+			obs.WaitingReason = "two machines with this UUID booted lately (a cloned UUID?): no agent call until an operator " +
+				"fixes it and runs: controller machine clear-alert " + v.id
+		}
+
+		if loc.AgentConnected && !v.machine.GetCordoned() && !contested {
 			callCtx, cancel := context.WithTimeout(ctx, s.env.cfg.CallTimeout)
 			err := s.env.Agent.Hello(callCtx, loc.SiteID, v.id)
 

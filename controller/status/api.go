@@ -30,6 +30,8 @@ type API struct {
 // BootModes keeps the operator's boot mode per machine (the lifecycle's locations).
 type BootModes interface {
 	OverrideFirmware(machineID, firmware string) (now, source string, err error)
+	// ClearAlert clears the machine's identity alert and returns the one that was set.
+	ClearAlert(machineID string) (string, error)
 	// WaitWritten waits until what is known of the machine is kept in Omni.
 	WaitWritten(ctx context.Context, machineID string) error
 }
@@ -69,14 +71,8 @@ func (a *API) SetBootMode(ctx context.Context, req *adminpb.SetBootModeRequest) 
 		return nil, grpcstatus.Error(codes.Unimplemented, "this controller keeps no machine locations")
 	}
 
-	if a.role != nil && !a.role.Acting() {
-		holder, uplink, err := a.role.Holder(ctx)
-		if err != nil {
-			holder = "unknown (" + err.Error() + ")"
-		}
-
-		return nil, grpcstatus.Errorf(codes.FailedPrecondition,
-			"this controller stands by: set the boot mode on the acting one, %s (uplink %s)", holder, uplink)
+	if err := a.acting(ctx, "set the boot mode"); err != nil {
+		return nil, err
 	}
 
 	id := strings.ToLower(req.GetMachineId())
@@ -104,6 +100,51 @@ func (a *API) SetBootMode(ctx context.Context, req *adminpb.SetBootModeRequest) 
 	}
 
 	return &adminpb.SetBootModeResponse{Firmware: fw, Source: source}, nil
+}
+
+// ClearAlert implements adminpb.MachinesServer.
+func (a *API) ClearAlert(ctx context.Context, req *adminpb.ClearAlertRequest) (*adminpb.ClearAlertResponse, error) {
+	if a.bootModes == nil {
+		return nil, grpcstatus.Error(codes.Unimplemented, "this controller keeps no machine locations")
+	}
+
+	if err := a.acting(ctx, "clear the alert"); err != nil {
+		return nil, err
+	}
+
+	id := strings.ToLower(req.GetMachineId())
+
+	was, err := a.bootModes.ClearAlert(id)
+
+	switch {
+	case errors.Is(err, lifecycle.ErrNotLocated):
+		return nil, grpcstatus.Errorf(codes.NotFound, "machine %q was never seen at a site", clipID(req.GetMachineId()))
+	case err != nil:
+		return nil, grpcstatus.Error(codes.Internal, err.Error())
+	}
+
+	wctx, cancel := context.WithTimeout(ctx, writeTimeout)
+	defer cancel()
+
+	if err := a.bootModes.WaitWritten(wctx, id); err != nil {
+		return nil, grpcstatus.Errorf(codes.Unavailable, "alert cleared, but Omni has not stored it yet (%v): it is stored when Omni answers", err)
+	}
+
+	return &adminpb.ClearAlertResponse{Cleared: was}, nil
+}
+
+// acting refuses a change (what) while this controller stands by, naming the acting one.
+func (a *API) acting(ctx context.Context, what string) error {
+	if a.role == nil || a.role.Acting() {
+		return nil
+	}
+
+	holder, uplink, err := a.role.Holder(ctx)
+	if err != nil {
+		holder = "unknown (" + err.Error() + ")"
+	}
+
+	return grpcstatus.Errorf(codes.FailedPrecondition, "this controller stands by: %s on the acting one, %s (uplink %s)", what, holder, uplink)
 }
 
 // ListMachines implements adminpb.MachinesServer.

@@ -64,6 +64,20 @@ func TestSetBootMode(t *testing.T) {
 	_, code, msg = set("4c4c4544-0042-3510-8052-b4c04f384899", "bios")
 	require.Equal(t, codes.NotFound, code)
 	require.Contains(t, msg, "never seen at a site")
+
+	// clearing an alert: refused on a standby; on the acting one it says what was cleared
+	locs.Raise(id, lifecycle.AlertTunnelContested, "test")
+
+	r.acting.Store(false)
+	_, err = api.ClearAlert(t.Context(), &adminpb.ClearAlertRequest{MachineId: id})
+	require.Equal(t, codes.FailedPrecondition, grpcstatus.Code(err))
+	require.Equal(t, lifecycle.AlertTunnelContested, must(locs.Locate(id)).Alert)
+
+	r.acting.Store(true)
+	resp2, err := api.ClearAlert(t.Context(), &adminpb.ClearAlertRequest{MachineId: id})
+	require.NoError(t, err)
+	require.Equal(t, lifecycle.AlertTunnelContested, resp2.GetCleared())
+	require.Empty(t, must(locs.Locate(id)).Alert)
 }
 
 func must[T any](v T, ok bool) T {

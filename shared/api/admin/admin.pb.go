@@ -1503,6 +1503,95 @@ func (x *SetBootModeResponse) GetSource() string {
 	return ""
 }
 
+type ClearAlertRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MachineId     string                 `protobuf:"bytes,1,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClearAlertRequest) Reset() {
+	*x = ClearAlertRequest{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClearAlertRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClearAlertRequest) ProtoMessage() {}
+
+func (x *ClearAlertRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClearAlertRequest.ProtoReflect.Descriptor instead.
+func (*ClearAlertRequest) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ClearAlertRequest) GetMachineId() string {
+	if x != nil {
+		return x.MachineId
+	}
+	return ""
+}
+
+type ClearAlertResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// cleared is the alert that was set ("" when none was).
+	Cleared       string `protobuf:"bytes,1,opt,name=cleared,proto3" json:"cleared,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClearAlertResponse) Reset() {
+	*x = ClearAlertResponse{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClearAlertResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClearAlertResponse) ProtoMessage() {}
+
+func (x *ClearAlertResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClearAlertResponse.ProtoReflect.Descriptor instead.
+func (*ClearAlertResponse) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ClearAlertResponse) GetCleared() string {
+	if x != nil {
+		return x.Cleared
+	}
+	return ""
+}
+
 var File_shared_api_admin_admin_proto protoreflect.FileDescriptor
 
 const file_shared_api_admin_admin_proto_rawDesc = "" +
@@ -1615,7 +1704,12 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\bfirmware\x18\x02 \x01(\tR\bfirmware\"I\n" +
 	"\x13SetBootModeResponse\x12\x1a\n" +
 	"\bfirmware\x18\x01 \x01(\tR\bfirmware\x12\x16\n" +
-	"\x06source\x18\x02 \x01(\tR\x06source2\xaf\x05\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\"2\n" +
+	"\x11ClearAlertRequest\x12\x1d\n" +
+	"\n" +
+	"machine_id\x18\x01 \x01(\tR\tmachineId\".\n" +
+	"\x12ClearAlertResponse\x12\x18\n" +
+	"\acleared\x18\x01 \x01(\tR\acleared2\xaf\x05\n" +
 	"\x05Admin\x12Q\n" +
 	"\n" +
 	"CreateSite\x12 .outpost.admin.CreateSiteRequest\x1a!.outpost.admin.CreateSiteResponse\x12U\n" +
@@ -1627,11 +1721,13 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"DeleteSite\x12 .outpost.admin.DeleteSiteRequest\x1a!.outpost.admin.DeleteSiteResponse\x12K\n" +
 	"\bShowSite\x12\x1e.outpost.admin.ShowSiteRequest\x1a\x1f.outpost.admin.ShowSiteResponse\x12]\n" +
 	"\x0eSetAssetPolicy\x12$.outpost.admin.SetAssetPolicyRequest\x1a%.outpost.admin.SetAssetPolicyResponse\x12Z\n" +
-	"\rSetSiteLabels\x12#.outpost.admin.SetSiteLabelsRequest\x1a$.outpost.admin.SetSiteLabelsResponse2\x8f\x02\n" +
+	"\rSetSiteLabels\x12#.outpost.admin.SetSiteLabelsRequest\x1a$.outpost.admin.SetSiteLabelsResponse2\xe2\x02\n" +
 	"\bMachines\x12W\n" +
 	"\fListMachines\x12\".outpost.admin.ListMachinesRequest\x1a#.outpost.admin.ListMachinesResponse\x12T\n" +
 	"\vShowMachine\x12!.outpost.admin.ShowMachineRequest\x1a\".outpost.admin.ShowMachineResponse\x12T\n" +
-	"\vSetBootMode\x12!.outpost.admin.SetBootModeRequest\x1a\".outpost.admin.SetBootModeResponseB3Z1github.com/outpost-metal/outpost/shared/api/adminb\x06proto3"
+	"\vSetBootMode\x12!.outpost.admin.SetBootModeRequest\x1a\".outpost.admin.SetBootModeResponse\x12Q\n" +
+	"\n" +
+	"ClearAlert\x12 .outpost.admin.ClearAlertRequest\x1a!.outpost.admin.ClearAlertResponseB3Z1github.com/outpost-metal/outpost/shared/api/adminb\x06proto3"
 
 var (
 	file_shared_api_admin_admin_proto_rawDescOnce sync.Once
@@ -1645,7 +1741,7 @@ func file_shared_api_admin_admin_proto_rawDescGZIP() []byte {
 	return file_shared_api_admin_admin_proto_rawDescData
 }
 
-var file_shared_api_admin_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_shared_api_admin_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_shared_api_admin_admin_proto_goTypes = []any{
 	(*CreateSiteRequest)(nil),      // 0: outpost.admin.CreateSiteRequest
 	(*CreateSiteResponse)(nil),     // 1: outpost.admin.CreateSiteResponse
@@ -1672,32 +1768,34 @@ var file_shared_api_admin_admin_proto_goTypes = []any{
 	(*ShowMachineResponse)(nil),    // 22: outpost.admin.ShowMachineResponse
 	(*SetBootModeRequest)(nil),     // 23: outpost.admin.SetBootModeRequest
 	(*SetBootModeResponse)(nil),    // 24: outpost.admin.SetBootModeResponse
-	nil,                            // 25: outpost.admin.Site.LabelsEntry
-	nil,                            // 26: outpost.admin.SetSiteLabelsRequest.LabelsEntry
-	(*durationpb.Duration)(nil),    // 27: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),  // 28: google.protobuf.Timestamp
-	(*assets.SiteAssetState)(nil),  // 29: outpost.assets.SiteAssetState
-	(assets.Policy)(0),             // 30: outpost.assets.Policy
+	(*ClearAlertRequest)(nil),      // 25: outpost.admin.ClearAlertRequest
+	(*ClearAlertResponse)(nil),     // 26: outpost.admin.ClearAlertResponse
+	nil,                            // 27: outpost.admin.Site.LabelsEntry
+	nil,                            // 28: outpost.admin.SetSiteLabelsRequest.LabelsEntry
+	(*durationpb.Duration)(nil),    // 29: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 30: google.protobuf.Timestamp
+	(*assets.SiteAssetState)(nil),  // 31: outpost.assets.SiteAssetState
+	(assets.Policy)(0),             // 32: outpost.assets.Policy
 }
 var file_shared_api_admin_admin_proto_depIdxs = []int32{
-	27, // 0: outpost.admin.CreateSiteRequest.token_ttl:type_name -> google.protobuf.Duration
-	28, // 1: outpost.admin.CreateSiteResponse.token_expires:type_name -> google.protobuf.Timestamp
-	27, // 2: outpost.admin.NewJoinTokenRequest.token_ttl:type_name -> google.protobuf.Duration
-	28, // 3: outpost.admin.Site.last_seen:type_name -> google.protobuf.Timestamp
-	28, // 4: outpost.admin.Site.connected_since:type_name -> google.protobuf.Timestamp
-	28, // 5: outpost.admin.Site.token_expires:type_name -> google.protobuf.Timestamp
-	25, // 6: outpost.admin.Site.labels:type_name -> outpost.admin.Site.LabelsEntry
+	29, // 0: outpost.admin.CreateSiteRequest.token_ttl:type_name -> google.protobuf.Duration
+	30, // 1: outpost.admin.CreateSiteResponse.token_expires:type_name -> google.protobuf.Timestamp
+	29, // 2: outpost.admin.NewJoinTokenRequest.token_ttl:type_name -> google.protobuf.Duration
+	30, // 3: outpost.admin.Site.last_seen:type_name -> google.protobuf.Timestamp
+	30, // 4: outpost.admin.Site.connected_since:type_name -> google.protobuf.Timestamp
+	30, // 5: outpost.admin.Site.token_expires:type_name -> google.protobuf.Timestamp
+	27, // 6: outpost.admin.Site.labels:type_name -> outpost.admin.Site.LabelsEntry
 	4,  // 7: outpost.admin.ListSitesResponse.sites:type_name -> outpost.admin.Site
 	5,  // 8: outpost.admin.ListSitesResponse.standby:type_name -> outpost.admin.Standby
 	4,  // 9: outpost.admin.ShowSiteResponse.site:type_name -> outpost.admin.Site
-	29, // 10: outpost.admin.ShowSiteResponse.assets:type_name -> outpost.assets.SiteAssetState
+	31, // 10: outpost.admin.ShowSiteResponse.assets:type_name -> outpost.assets.SiteAssetState
 	5,  // 11: outpost.admin.ShowSiteResponse.standby:type_name -> outpost.admin.Standby
-	30, // 12: outpost.admin.SetAssetPolicyRequest.policy:type_name -> outpost.assets.Policy
-	26, // 13: outpost.admin.SetSiteLabelsRequest.labels:type_name -> outpost.admin.SetSiteLabelsRequest.LabelsEntry
+	32, // 12: outpost.admin.SetAssetPolicyRequest.policy:type_name -> outpost.assets.Policy
+	28, // 13: outpost.admin.SetSiteLabelsRequest.labels:type_name -> outpost.admin.SetSiteLabelsRequest.LabelsEntry
 	19, // 14: outpost.admin.ListMachinesResponse.machines:type_name -> outpost.admin.Machine
-	28, // 15: outpost.admin.Machine.updated:type_name -> google.protobuf.Timestamp
+	30, // 15: outpost.admin.Machine.updated:type_name -> google.protobuf.Timestamp
 	20, // 16: outpost.admin.Machine.last:type_name -> outpost.admin.TimelineEntry
-	28, // 17: outpost.admin.TimelineEntry.time:type_name -> google.protobuf.Timestamp
+	30, // 17: outpost.admin.TimelineEntry.time:type_name -> google.protobuf.Timestamp
 	19, // 18: outpost.admin.ShowMachineResponse.machine:type_name -> outpost.admin.Machine
 	20, // 19: outpost.admin.ShowMachineResponse.timeline:type_name -> outpost.admin.TimelineEntry
 	0,  // 20: outpost.admin.Admin.CreateSite:input_type -> outpost.admin.CreateSiteRequest
@@ -1711,19 +1809,21 @@ var file_shared_api_admin_admin_proto_depIdxs = []int32{
 	17, // 28: outpost.admin.Machines.ListMachines:input_type -> outpost.admin.ListMachinesRequest
 	21, // 29: outpost.admin.Machines.ShowMachine:input_type -> outpost.admin.ShowMachineRequest
 	23, // 30: outpost.admin.Machines.SetBootMode:input_type -> outpost.admin.SetBootModeRequest
-	1,  // 31: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
-	1,  // 32: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
-	6,  // 33: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
-	8,  // 34: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
-	10, // 35: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
-	12, // 36: outpost.admin.Admin.ShowSite:output_type -> outpost.admin.ShowSiteResponse
-	14, // 37: outpost.admin.Admin.SetAssetPolicy:output_type -> outpost.admin.SetAssetPolicyResponse
-	16, // 38: outpost.admin.Admin.SetSiteLabels:output_type -> outpost.admin.SetSiteLabelsResponse
-	18, // 39: outpost.admin.Machines.ListMachines:output_type -> outpost.admin.ListMachinesResponse
-	22, // 40: outpost.admin.Machines.ShowMachine:output_type -> outpost.admin.ShowMachineResponse
-	24, // 41: outpost.admin.Machines.SetBootMode:output_type -> outpost.admin.SetBootModeResponse
-	31, // [31:42] is the sub-list for method output_type
-	20, // [20:31] is the sub-list for method input_type
+	25, // 31: outpost.admin.Machines.ClearAlert:input_type -> outpost.admin.ClearAlertRequest
+	1,  // 32: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
+	1,  // 33: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
+	6,  // 34: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
+	8,  // 35: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
+	10, // 36: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
+	12, // 37: outpost.admin.Admin.ShowSite:output_type -> outpost.admin.ShowSiteResponse
+	14, // 38: outpost.admin.Admin.SetAssetPolicy:output_type -> outpost.admin.SetAssetPolicyResponse
+	16, // 39: outpost.admin.Admin.SetSiteLabels:output_type -> outpost.admin.SetSiteLabelsResponse
+	18, // 40: outpost.admin.Machines.ListMachines:output_type -> outpost.admin.ListMachinesResponse
+	22, // 41: outpost.admin.Machines.ShowMachine:output_type -> outpost.admin.ShowMachineResponse
+	24, // 42: outpost.admin.Machines.SetBootMode:output_type -> outpost.admin.SetBootModeResponse
+	26, // 43: outpost.admin.Machines.ClearAlert:output_type -> outpost.admin.ClearAlertResponse
+	32, // [32:44] is the sub-list for method output_type
+	20, // [20:32] is the sub-list for method input_type
 	20, // [20:20] is the sub-list for extension type_name
 	20, // [20:20] is the sub-list for extension extendee
 	0,  // [0:20] is the sub-list for field type_name
@@ -1740,7 +1840,7 @@ func file_shared_api_admin_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_admin_admin_proto_rawDesc), len(file_shared_api_admin_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   27,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

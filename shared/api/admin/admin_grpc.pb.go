@@ -414,6 +414,7 @@ const (
 	Machines_ListMachines_FullMethodName = "/outpost.admin.Machines/ListMachines"
 	Machines_ShowMachine_FullMethodName  = "/outpost.admin.Machines/ShowMachine"
 	Machines_SetBootMode_FullMethodName  = "/outpost.admin.Machines/SetBootMode"
+	Machines_ClearAlert_FullMethodName   = "/outpost.admin.Machines/ClearAlert"
 )
 
 // MachinesClient is the client API for Machines service.
@@ -430,6 +431,9 @@ type MachinesClient interface {
 	// SetBootMode sets the firmware the controller assumes for a machine's network boots (its one-time PXE
 	// boot through the BMC), over what the machine reported, or hands it back to what the machine reports.
 	SetBootMode(ctx context.Context, in *SetBootModeRequest, opts ...grpc.CallOption) (*SetBootModeResponse, error)
+	// ClearAlert clears a machine's identity alert (outpost-alert in Omni), as an operator does once two
+	// machines with one UUID are sorted out; until then no agent call is made to a contested machine.
+	ClearAlert(ctx context.Context, in *ClearAlertRequest, opts ...grpc.CallOption) (*ClearAlertResponse, error)
 }
 
 type machinesClient struct {
@@ -470,6 +474,16 @@ func (c *machinesClient) SetBootMode(ctx context.Context, in *SetBootModeRequest
 	return out, nil
 }
 
+func (c *machinesClient) ClearAlert(ctx context.Context, in *ClearAlertRequest, opts ...grpc.CallOption) (*ClearAlertResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClearAlertResponse)
+	err := c.cc.Invoke(ctx, Machines_ClearAlert_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MachinesServer is the server API for Machines service.
 // All implementations must embed UnimplementedMachinesServer
 // for forward compatibility.
@@ -484,6 +498,9 @@ type MachinesServer interface {
 	// SetBootMode sets the firmware the controller assumes for a machine's network boots (its one-time PXE
 	// boot through the BMC), over what the machine reported, or hands it back to what the machine reports.
 	SetBootMode(context.Context, *SetBootModeRequest) (*SetBootModeResponse, error)
+	// ClearAlert clears a machine's identity alert (outpost-alert in Omni), as an operator does once two
+	// machines with one UUID are sorted out; until then no agent call is made to a contested machine.
+	ClearAlert(context.Context, *ClearAlertRequest) (*ClearAlertResponse, error)
 	mustEmbedUnimplementedMachinesServer()
 }
 
@@ -502,6 +519,9 @@ func (UnimplementedMachinesServer) ShowMachine(context.Context, *ShowMachineRequ
 }
 func (UnimplementedMachinesServer) SetBootMode(context.Context, *SetBootModeRequest) (*SetBootModeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetBootMode not implemented")
+}
+func (UnimplementedMachinesServer) ClearAlert(context.Context, *ClearAlertRequest) (*ClearAlertResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ClearAlert not implemented")
 }
 func (UnimplementedMachinesServer) mustEmbedUnimplementedMachinesServer() {}
 func (UnimplementedMachinesServer) testEmbeddedByValue()                  {}
@@ -578,6 +598,24 @@ func _Machines_SetBootMode_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Machines_ClearAlert_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClearAlertRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MachinesServer).ClearAlert(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Machines_ClearAlert_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MachinesServer).ClearAlert(ctx, req.(*ClearAlertRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Machines_ServiceDesc is the grpc.ServiceDesc for Machines service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -596,6 +634,10 @@ var Machines_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetBootMode",
 			Handler:    _Machines_SetBootMode_Handler,
+		},
+		{
+			MethodName: "ClearAlert",
+			Handler:    _Machines_ClearAlert_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
