@@ -501,7 +501,7 @@ func TestNetbootOVMFUnderAttack(t *testing.T) {
 		seen := waitLine(t, lines, "CALLBACK u="+uuid, 5*time.Minute)
 		took, vmCPU, edgeCPU = time.Since(start), cpuSeconds(vm.Process.Pid), cpuSeconds(edge.Process.Pid)-edgeCPU0
 
-		require.Subset(t, seen, []string{"DHCP " + mac + " uefi-x86 ipxe=false", "TFTP ipxe.efi", "DHCP " + mac + " uefi-x86 ipxe=true", "BOOT " + uuid + " agent"},
+		require.Subset(t, seen, []string{"DHCP " + mac + " uefi-x86 ipxe=false", "TFTP ipxe.efi", "DHCP " + mac + " uefi-x86 ipxe=true", "BOOT " + uuid + " agent platform=efi"},
 			"edge saw %q", seen)
 
 		// One VM at a time.

@@ -103,6 +103,10 @@ type SiteOptions struct {
 	// skip ProxyDHCP, so iPXE then ignores the edge's offers: measured here, SeaBIOS+iPXE never reached the
 	// callback with it. The lab leaves it off; with the edge answering, iPXE does not wait for ProxyDHCP anyway.
 	IPXENoProxyDHCP bool
+	// BootFile makes the site's DHCP server hand out the boot file itself, as a site whose firmware ignores
+	// ProxyDHCP offers is set up: the edge's undionly.kpxe over TFTP for PXE ROMs, the edge's init.ipxe over
+	// HTTP for iPXE (user class iPXE).
+	BootFile bool
 }
 
 // NewSite creates the namespaces, the bridge and the site DHCP server; everything is removed when the test ends.
@@ -141,6 +145,12 @@ func NewSite(t *testing.T, opts SiteOptions) *Site {
 	}
 	if opts.IPXENoProxyDHCP {
 		args = append(args, "--dhcp-option=encap:175,176,1b")
+	}
+
+	if opts.BootFile {
+		args = append(args, "--dhcp-userclass=set:ipxe,iPXE",
+			"--dhcp-boot=tag:ipxe,http://"+EdgeIP+"/ipxe/init.ipxe",
+			"--dhcp-boot=tag:!ipxe,undionly.kpxe,,"+EdgeIP)
 	}
 
 	s.Start(t, "dnsmasq", nil, "ip", args...)

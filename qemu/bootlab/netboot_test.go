@@ -19,13 +19,21 @@ import (
 // ProxyDHCP gives the iPXE ROM the script URL, boot.ipxe gives agent mode (the machine is unknown), the
 // kernel and initramfs come from /assets, and the initramfs's /init calls back with its SMBIOS UUID.
 func TestNetbootSeaBIOS(t *testing.T) {
-	netboot(t, "seabios", 3*time.Minute)
+	netboot(t, "seabios", false, 3*time.Minute)
+}
+
+// TestNetbootSiteDHCPBootFile boots a BIOS machine whose boot file comes from the site's own DHCP server
+// (dnsmasq hands iPXE the edge's init.ipxe URL) while the edge's ProxyDHCP answers nobody: the boot script
+// request still tells the edge the machine's firmware (iPXE's ${platform}), which is what a later one-time
+// PXE boot through its BMC needs.
+func TestNetbootSiteDHCPBootFile(t *testing.T) {
+	netboot(t, "seabios", true, 3*time.Minute)
 }
 
 // TestNetbootOVMF boots a UEFI machine (OVMF) with the NIC's option ROM disabled (romfile=), so OVMF's own
 // PXE client takes the ProxyDHCP offer, fetches ipxe.efi over TFTP, and iPXE continues as above.
 func TestNetbootOVMF(t *testing.T) {
-	netboot(t, "ovmf", 5*time.Minute)
+	netboot(t, "ovmf", false, 5*time.Minute)
 }
 
 func randomUUID(t *testing.T) string {
@@ -41,7 +49,9 @@ func randomUUID(t *testing.T) string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
-func netboot(t *testing.T, firmware string, timeout time.Duration) {
+// netboot boots a machine of firmware through the edge; siteBootFile has the site's DHCP server hand out the
+// boot file with the edge's ProxyDHCP silent (--discovery off).
+func netboot(t *testing.T, firmware string, siteBootFile bool, timeout time.Duration) {
 	bootlab.SkipUnlessLab(t, "qemu-system-x86_64", "dpkg-deb")
 
 	for _, f := range []string{"/usr/lib/ipxe/undionly.kpxe", "/usr/lib/ipxe/ipxe.efi", "/usr/share/OVMF/OVMF_CODE_4M.fd"} {
@@ -79,12 +89,17 @@ func netboot(t *testing.T, firmware string, timeout time.Duration) {
 	require.NoError(t, bootlab.BuildInitramfs(initrd, initData, kernel.ModulesDir, []string{"virtio_pci", "virtio_net", "virtio_rng"}))
 	require.NoError(t, initrd.Close())
 
-	site := bootlab.NewSite(t, bootlab.SiteOptions{})
+	site := bootlab.NewSite(t, bootlab.SiteOptions{BootFile: siteBootFile})
+
+	discovery := "all"
+	if siteBootFile {
+		discovery = "off"
+	}
 
 	lines := make(chan string, 64)
 	site.Start(t, "edge", lines, "ip", "netns", "exec", site.NS, edgeBin,
 		"-iface", "br0", "-ip", bootlab.EdgeIP, "-state", filepath.Join(dir, "state"), "-assets", filepath.Join(dir, "assets"),
-		"-log-level", "debug")
+		"-discovery", discovery, "-log-level", "debug")
 
 	waitLine(t, lines, "READY", 30*time.Second)
 
@@ -133,9 +148,17 @@ func netboot(t *testing.T, firmware string, timeout time.Duration) {
 	t.Logf("%s: power-on to callback in %s", firmware, time.Since(start).Round(100*time.Millisecond))
 
 	// The chain went the way the firmware class says it must.
-	want := []string{"DHCP 52:54:00:77:00:01 bios ipxe=true", "BOOT " + uuid + " agent"}
+	want := []string{"DHCP 52:54:00:77:00:01 bios ipxe=true", "BOOT " + uuid + " agent platform=pcbios"}
 	if firmware == "ovmf" {
-		want = []string{"DHCP 52:54:00:77:00:02 uefi-x86 ipxe=false", "TFTP ipxe.efi", "DHCP 52:54:00:77:00:02 uefi-x86 ipxe=true", "BOOT " + uuid + " agent"}
+		want = []string{"DHCP 52:54:00:77:00:02 uefi-x86 ipxe=false", "TFTP ipxe.efi", "DHCP 52:54:00:77:00:02 uefi-x86 ipxe=true", "BOOT " + uuid + " agent platform=efi"}
+	}
+
+	if siteBootFile {
+		want = []string{"BOOT " + uuid + " agent platform=pcbios"}
+
+		for _, l := range seen {
+			require.False(t, strings.HasPrefix(l, "DHCP "), "the edge's ProxyDHCP answered (%q) though it should answer nobody", l)
+		}
 	}
 
 	require.Subset(t, seen, want, "edge saw %q", seen)

@@ -38,6 +38,7 @@ func main() {
 	flag.StringVar(&cfg.IPXEDir, "ipxe-dir", tftp.DefaultDir, "iPXE binaries")
 	flag.StringVar(&cfg.LogLevel, "log-level", "info", "log level")
 	flag.IntVar(&cfg.HTTP.MaxConns, "http-max-conns", cfg.HTTP.MaxConns, "HTTP connections open at once (the edge's --http-max-conns)")
+	flag.StringVar((*string)(&cfg.DHCP.Discovery), "discovery", string(cfg.DHCP.Discovery), "whom the ProxyDHCP answers: all, known or off (the edge's --discovery)")
 	flag.Parse()
 
 	log, err := logging.New(os.Stderr, cfg.LogLevel)
@@ -102,4 +103,6 @@ func (printer) TFTPFetch(f tftp.Fetch) {
 	}
 }
 
-func (printer) BootServed(b ipxe.BootServed) { fmt.Printf("BOOT %s %s\n", b.UUID, b.Mode) }
+func (printer) BootServed(b ipxe.BootServed) {
+	fmt.Printf("BOOT %s %s platform=%s\n", b.UUID, b.Mode, b.Platform)
+}
