@@ -2,7 +2,6 @@ package lifecycle_test
 
 import (
 	"context"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -10,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
@@ -68,23 +66,10 @@ func TestWatchListsFollowTheSite(t *testing.T) {
 	t.Parallel()
 
 	edge := &watchingEdge{}
-	srv := grpc.NewServer()
-	bmcpb.RegisterBMCServer(srv, edge)
-
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-
-	go srv.Serve(ln) //nolint:errcheck
-
-	t.Cleanup(srv.Stop)
-
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-
-	t.Cleanup(func() { conn.Close() }) //nolint:errcheck
+	conn := serveEdge(t, func(srv *grpc.Server) { bmcpb.RegisterBMCServer(srv, edge) })
 
 	locs := lifecycle.NewLocations(zaptest.NewLogger(t))
-	_, err = locs.Seen("site-a", id1)
+	_, err := locs.Seen("site-a", id1)
 	require.NoError(t, err)
 
 	lists, err := lifecycle.NewWatchLists(zaptest.NewLogger(t), "ipmi", locs)

@@ -97,26 +97,15 @@ func TestEdgeClientsOverGRPC(t *testing.T) {
 	t.Parallel()
 
 	edge := &siteEdge{}
-	srv := grpc.NewServer()
-	bmcpb.RegisterBMCServer(srv, edge)
-	agentpb.RegisterAgentServiceServer(srv, edge)
-
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-
-	go srv.Serve(ln) //nolint:errcheck
-
-	t.Cleanup(srv.Stop)
-
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-
-	t.Cleanup(func() { conn.Close() }) //nolint:errcheck
+	conn := serveEdge(t, func(srv *grpc.Server) {
+		bmcpb.RegisterBMCServer(srv, edge)
+		agentpb.RegisterAgentServiceServer(srv, edge)
+	})
 
 	const id = "4c4c4544-0042-3510-8052-b4c04f384833"
 
 	locs := lifecycle.NewLocations(zaptest.NewLogger(t))
-	_, err = locs.Seen("site-a", id)
+	_, err := locs.Seen("site-a", id)
 	require.NoError(t, err)
 	locs.SetFirmware(id, "uefi", "ipxe")
 
@@ -196,20 +185,7 @@ func TestSetPXEOnceWithoutKnownFirmware(t *testing.T) {
 	t.Parallel()
 
 	edge := &siteEdge{}
-	srv := grpc.NewServer()
-	bmcpb.RegisterBMCServer(srv, edge)
-
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-
-	go srv.Serve(ln) //nolint:errcheck
-
-	t.Cleanup(srv.Stop)
-
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-
-	t.Cleanup(func() { conn.Close() }) //nolint:errcheck
+	conn := serveEdge(t, func(srv *grpc.Server) { bmcpb.RegisterBMCServer(srv, edge) })
 
 	const id = "4c4c4544-0042-3510-8052-b4c04f384835"
 
@@ -253,26 +229,13 @@ func TestSetPXEOnceOperatorBootMode(t *testing.T) {
 	t.Parallel()
 
 	edge := &siteEdge{}
-	srv := grpc.NewServer()
-	bmcpb.RegisterBMCServer(srv, edge)
-
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-
-	go srv.Serve(ln) //nolint:errcheck
-
-	t.Cleanup(srv.Stop)
-
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-
-	t.Cleanup(func() { conn.Close() }) //nolint:errcheck
+	conn := serveEdge(t, func(srv *grpc.Server) { bmcpb.RegisterBMCServer(srv, edge) })
 
 	const id = "4c4c4544-0042-3510-8052-b4c04f384836"
 
 	locs := lifecycle.NewLocations(zaptest.NewLogger(t))
 
-	_, _, err = locs.OverrideFirmware(id, "uefi")
+	_, _, err := locs.OverrideFirmware(id, "uefi")
 	require.ErrorIs(t, err, lifecycle.ErrNotLocated, "a machine never seen has nothing to attach a mode to")
 
 	_, err = locs.Seen("site-a", id)
@@ -315,4 +278,26 @@ func TestSetPXEOnceOperatorBootMode(t *testing.T) {
 
 	locs.SetFirmware(id, "bios", "dhcp")
 	require.Equal(t, bmcpb.BootMode_BOOT_MODE_BIOS, pxe("reported after the hand-back"))
+}
+
+// serveEdge serves what register adds on a loopback gRPC server until the test ends and returns a client of it.
+func serveEdge(t *testing.T, register func(*grpc.Server)) *grpc.ClientConn {
+	t.Helper()
+
+	srv := grpc.NewServer()
+	register(srv)
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+
+	go srv.Serve(ln) //nolint:errcheck
+
+	t.Cleanup(srv.Stop)
+
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+
+	t.Cleanup(func() { conn.Close() }) //nolint:errcheck
+
+	return conn
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"testing"
@@ -312,6 +313,16 @@ func TestAPIConnectionLimit(t *testing.T) {
 	}
 
 	require.Eventually(t, func() bool { _, c := h.srv.LimitStats(); return c.Held == 2 }, 5*time.Second, time.Millisecond)
+
+	// Both have heard the server's HTTP/2 settings: written to, they are no longer evictable (a connection the
+	// server has not yet answered may be displaced by a newer one from its source instead of the newer one
+	// being refused; on a busy machine the third dial could otherwise arrive first).
+	for _, c := range conns {
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+
+		_, err := io.ReadFull(c, make([]byte, 9)) // a frame header
+		require.NoError(t, err)
+	}
 
 	// The third connection from that address is reset at once.
 	c, err := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 41)}}).Dial("tcp", h.addr)

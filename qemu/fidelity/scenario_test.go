@@ -470,9 +470,11 @@ func scenario(t *testing.T, b fidelity.Backend) *transcript {
 	r.tr.add("reader sees bmc", readerSeesBMC(ctx, t, b, r.edge.Machine(m1).IPMIPass)...)
 
 	// site labels: Omni shows them on its MachineStatus, where a selector for one site picks that site's machines
-	siteLabel := fmt.Sprintf(omnires.InfraProviderLabelPrefixFormat, providerID) + "site"
-	bySite := func(site string) []string {
-		list, err := safe.StateListAll[*omnires.MachineStatus](ctx, b.Admin(), state.WithLabelQuery(resource.LabelEqual(siteLabel, site)))
+	// labelled lists the machines whose MachineStatus in Omni has the provider's label key=value.
+	labelled := func(key, value string) []string {
+		label := fmt.Sprintf(omnires.InfraProviderLabelPrefixFormat, providerID) + key
+
+		list, err := safe.StateListAll[*omnires.MachineStatus](ctx, b.Admin(), state.WithLabelQuery(resource.LabelEqual(label, value)))
 		if err != nil {
 			return nil
 		}
@@ -484,6 +486,7 @@ func scenario(t *testing.T, b fidelity.Backend) *transcript {
 
 		return ids
 	}
+	bySite := func(site string) []string { return labelled(labels.Site, site) }
 
 	r.eventually("site labels reach omni", func() bool {
 		return slices.Equal(bySite("site-a"), []string{m1}) && slices.Equal(bySite("site-b"), []string{m2})
@@ -492,20 +495,7 @@ func scenario(t *testing.T, b fidelity.Backend) *transcript {
 
 	// an identity alert (another host asked for the machine's agent tunnel) reaches Omni as a label while it
 	// lasts, where an operator filters machines by it
-	alertLabel := fmt.Sprintf(omnires.InfraProviderLabelPrefixFormat, providerID) + labels.Alert
-	alerted := func() []string {
-		list, err := safe.StateListAll[*omnires.MachineStatus](ctx, b.Admin(), state.WithLabelQuery(resource.LabelEqual(alertLabel, lifecycle.AlertSecondTunnel)))
-		if err != nil {
-			return nil
-		}
-
-		var ids []string
-		for ms := range list.All() {
-			ids = append(ids, ms.Metadata().ID())
-		}
-
-		return ids
-	}
+	alerted := func() []string { return labelled(labels.Alert, lifecycle.AlertSecondTunnel) }
 
 	r.edge.SetAlert(m1, lifecycle.AlertSecondTunnel)
 	r.eventually("the alert label reaches omni", func() bool { return slices.Equal(alerted(), []string{m1}) })

@@ -67,41 +67,10 @@ func TestBinariesStandbyTakesOverMidWipe(t *testing.T) {
 
 	const lease = 3 * time.Second
 
-	installDir := t.TempDir()
-	controller := func(name string) (*process, string, string) {
-		stateDir := t.TempDir()
-		p := startProcess(t, []string{"OMNI_SERVICE_ACCOUNT_KEY=" + stand.ProviderKey()}, filepath.Join(bin, "controller"),
-			"--state-dir", stateDir, "--uplink-listen", "127.0.0.1:0", "--http-listen", "",
-			"--omni-endpoint", "grpc://"+omniLn.Addr().String(), "--install-assets-dir", installDir,
-			"--poll-interval", "1s", "--power-cooldown", "2s", "--lease-duration", lease.String(), "--log-level", "debug")
-
-		return p, stateDir, p.logField(t, "controller built", "uplink")
-	}
-
-	acting := func(p *process) func() bool {
-		return func() bool { return p.hasLine("acting: this controller holds the lease", "", "") }
-	}
-
-	a, dirA, addrA := controller("a")
-	require.Eventually(t, acting(a), time.Minute, 50*time.Millisecond, "the first controller never acted")
-
-	b, _, addrB := controller("b")
-	require.Never(t, acting(b), 2*lease, 100*time.Millisecond, "the second controller acted while the first renewed")
-
-	out, err := exec.Command(filepath.Join(bin, "controller"), "--state-dir", dirA, "site", "create", "lab-site").Output()
-	require.NoError(t, err)
-
-	token := strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
-
-	ipxeDir := t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(ipxeDir, "undionly.kpxe"), []byte("stand-in"), 0o644))
-
-	edge := startProcess(t, nil, filepath.Join(bin, "edge"), "--state-dir", t.TempDir(), "--controller", addrA+","+addrB,
-		"--join-token", token, "--http-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0", "--tftp-listen", "",
-		"--ipxe-dir", ipxeDir, "--log-level", "debug")
+	pair := startStandbyPair(t, bin, stand, omniLn.Addr().String(), omniLn.Addr().String(), lease)
+	a, b, addrB, edge := pair.a, pair.b, pair.addrB, pair.edge
 	httpAddr := edge.logField(t, "edge starting", "http")
 	apiAddr := edge.logField(t, "edge starting", "agent_api")
-	require.Eventually(t, func() bool { return edge.hasLine("uplink connected", "controller", addrA) }, time.Minute, 50*time.Millisecond)
 
 	const machineID = "5a3e0f1e-8c1b-4bde-9c53-3f2e1a0b7c12"
 
@@ -187,7 +156,7 @@ func TestBinariesStandbyTakesOverMidWipe(t *testing.T) {
 	require.NoError(t, a.cmd.Process.Kill())
 	a.cmd.Wait() //nolint:errcheck
 
-	require.Eventually(t, acting(b), 30*time.Second, 50*time.Millisecond, "the standby did not act within 30 s")
+	require.Eventually(t, actingCheck(b), 30*time.Second, 50*time.Millisecond, "the standby did not act within 30 s")
 	tookOver := time.Since(killed)
 
 	require.Eventually(t, func() bool { return edge.hasLine("uplink connected", "controller", addrB) }, time.Minute, 50*time.Millisecond,
@@ -266,38 +235,9 @@ func TestBinariesCutOffControllerStopsBeforeStandbyActs(t *testing.T) {
 
 	const lease = 3 * time.Second
 
-	controller := func(omniAddr string) (*process, string, string) {
-		stateDir := t.TempDir()
-		p := startProcess(t, []string{"OMNI_SERVICE_ACCOUNT_KEY=" + stand.ProviderKey()}, filepath.Join(bin, "controller"),
-			"--state-dir", stateDir, "--uplink-listen", "127.0.0.1:0", "--http-listen", "",
-			"--omni-endpoint", "grpc://"+omniAddr, "--install-assets-dir", t.TempDir(),
-			"--poll-interval", "1s", "--lease-duration", lease.String(), "--log-level", "debug")
-
-		return p, stateDir, p.logField(t, "controller built", "uplink")
-	}
-
-	acting := func(p *process) func() bool {
-		return func() bool { return p.hasLine("acting: this controller holds the lease", "", "") }
-	}
-
-	a, dirA, addrA := controller(proxy.Addr)
-	require.Eventually(t, acting(a), time.Minute, 50*time.Millisecond, "the first controller never acted")
-
-	b, dirB, addrB := controller(omniLn.Addr().String())
-	require.Never(t, acting(b), 2*lease, 100*time.Millisecond, "the second controller acted while the first renewed")
-
-	out, err := exec.Command(filepath.Join(bin, "controller"), "--state-dir", dirA, "site", "create", "lab-site").Output()
-	require.NoError(t, err)
-
-	token := strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
-
-	ipxeDir := t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(ipxeDir, "undionly.kpxe"), []byte("stand-in"), 0o644))
-
-	edge := startProcess(t, nil, filepath.Join(bin, "edge"), "--state-dir", t.TempDir(), "--controller", addrA+","+addrB,
-		"--join-token", token, "--http-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0", "--tftp-listen", "",
-		"--ipxe-dir", ipxeDir, "--log-level", "debug")
-	require.Eventually(t, func() bool { return edge.hasLine("uplink connected", "controller", addrA) }, time.Minute, 50*time.Millisecond)
+	// Controller a reaches Omni through the proxy, b directly.
+	pair := startStandbyPair(t, bin, stand, proxy.Addr, omniLn.Addr().String(), lease)
+	a, b, dirA, dirB, addrB, edge := pair.a, pair.b, pair.dirA, pair.dirB, pair.addrB, pair.edge
 
 	// The first controller stays up, but nothing it sends reaches Omni any more.
 	cut := time.Now()
@@ -305,7 +245,7 @@ func TestBinariesCutOffControllerStopsBeforeStandbyActs(t *testing.T) {
 	proxy.SetBlackhole(true)
 	proxy.Cut()
 
-	require.Eventually(t, acting(b), 30*time.Second, 50*time.Millisecond, "the standby did not act within 30 s of the cut")
+	require.Eventually(t, actingCheck(b), 30*time.Second, 50*time.Millisecond, "the standby did not act within 30 s of the cut")
 	tookOver := time.Since(cut)
 
 	require.Eventually(t, func() bool { return edge.hasLine("uplink connected", "controller", addrB) }, time.Minute, 50*time.Millisecond,
@@ -347,10 +287,64 @@ func TestBinariesCutOffControllerStopsBeforeStandbyActs(t *testing.T) {
 	require.Regexp(t, `lab-site\s+connected`, siteList(dirB))
 
 	// A site revoked through the standby loses its session on the acting controller.
-	out, err = exec.Command(filepath.Join(bin, "controller"), "--state-dir", dirA, "site", "revoke", "lab-site").CombinedOutput()
+	out, err := exec.Command(filepath.Join(bin, "controller"), "--state-dir", dirA, "site", "revoke", "lab-site").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	require.Eventually(t, func() bool { return b.hasLine("site revoked or deleted: ending its session", "site", "lab-site") },
 		10*time.Second, 50*time.Millisecond, "the acting controller kept the revoked site's session")
 	require.Eventually(t, func() bool { return edge.hasLine("uplink rejected", "", "") }, 30*time.Second, 50*time.Millisecond,
 		"the edge of the revoked site was not refused")
+}
+
+// actingCheck reports whether the controller logged that it acts.
+func actingCheck(p *process) func() bool {
+	return func() bool { return p.hasLine("acting: this controller holds the lease", "", "") }
+}
+
+// standbyPair is two controller binaries of one provider (each with a state directory of its own) and an edge
+// given both addresses, enrolled through the first and connected to it.
+type standbyPair struct {
+	a, b         *process
+	dirA, dirB   string
+	addrA, addrB string
+	edge         *process
+}
+
+// startStandbyPair starts controller a (reaching Omni at omniA) and, once it acts, controller b (at omniB),
+// checks that b stands by while a renews, creates a site through a and starts its edge with both addresses.
+func startStandbyPair(t *testing.T, bin string, stand *omni.Server, omniA, omniB string, lease time.Duration) standbyPair {
+	t.Helper()
+
+	installDir := t.TempDir()
+	controller := func(omniAddr string) (*process, string, string) {
+		stateDir := t.TempDir()
+		p := startProcess(t, []string{"OMNI_SERVICE_ACCOUNT_KEY=" + stand.ProviderKey()}, filepath.Join(bin, "controller"),
+			"--state-dir", stateDir, "--uplink-listen", "127.0.0.1:0", "--http-listen", "",
+			"--omni-endpoint", "grpc://"+omniAddr, "--install-assets-dir", installDir,
+			"--poll-interval", "1s", "--power-cooldown", "2s", "--lease-duration", lease.String(), "--log-level", "debug")
+
+		return p, stateDir, p.logField(t, "controller built", "uplink")
+	}
+
+	var pair standbyPair
+
+	pair.a, pair.dirA, pair.addrA = controller(omniA)
+	require.Eventually(t, actingCheck(pair.a), time.Minute, 50*time.Millisecond, "the first controller never acted")
+
+	pair.b, pair.dirB, pair.addrB = controller(omniB)
+	require.Never(t, actingCheck(pair.b), 2*lease, 100*time.Millisecond, "the second controller acted while the first renewed")
+
+	out, err := exec.Command(filepath.Join(bin, "controller"), "--state-dir", pair.dirA, "site", "create", "lab-site").Output()
+	require.NoError(t, err)
+
+	token := strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+
+	ipxeDir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(ipxeDir, "undionly.kpxe"), []byte("stand-in"), 0o644))
+
+	pair.edge = startProcess(t, nil, filepath.Join(bin, "edge"), "--state-dir", t.TempDir(), "--controller", pair.addrA+","+pair.addrB,
+		"--join-token", token, "--http-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0", "--tftp-listen", "",
+		"--ipxe-dir", ipxeDir, "--log-level", "debug")
+	require.Eventually(t, func() bool { return pair.edge.hasLine("uplink connected", "controller", pair.addrA) }, time.Minute, 50*time.Millisecond)
+
+	return pair
 }
