@@ -851,9 +851,12 @@ func (e *Env) restartControllerFresh(ctx context.Context, installed *Machine) er
 
 	resetAt := time.Now()
 
+	var siteEdgeFrom int64
+
 	if installed != nil {
 		// Network first, as many installed servers are left: every boot asks the edge.
 		diskFrom = installed.Serial.Size()
+		siteEdgeFrom = e.Edges[installed.Site.Index-1].Log.Size()
 		installed.Chassis.SetOverride(vbmc.Override{Device: vbmc.BootPXE, Mode: bootModeOf(installed), Persistent: true})
 
 		if err := installed.Chassis.Reset(ctx); err != nil {
@@ -890,7 +893,7 @@ func (e *Env) restartControllerFresh(ctx context.Context, installed *Machine) er
 		return nil
 	}
 
-	err = e.waitNetbootToDisk(ctx, installed, diskFrom)
+	err = e.waitNetbootToDisk(ctx, installed, diskFrom, siteEdgeFrom)
 	e.Timeline.Step("installed machine (network first) reset as the controller restarted, to disk boot", installed.Spec.Name, resetAt, err)
 
 	// Back to disk first, as the lab's machines are elsewhere.
@@ -908,21 +911,29 @@ func bootModeOf(m *Machine) vbmc.BootMode {
 	return vbmc.ModeBIOS
 }
 
-// waitNetbootToDisk waits until m, booting network first, reached its installed OS: its firmware asked the
-// network (iPXE ran) and the edge's answer sent it on to its disk instead of agent mode or an install.
-func (e *Env) waitNetbootToDisk(ctx context.Context, m *Machine, from int64) error {
+// waitNetbootToDisk waits until m, booting network first, reached its installed OS: the VM started network
+// first, its site's edge answered its MAC's PXE request after the reset (edgeFrom: the edge log's size then),
+// and the edge's answer sent it on to its disk instead of agent mode or an install. (SeaBIOS's iPXE prints to
+// the screen, not the serial console, so the edge's log is the evidence the network was asked.)
+func (e *Env) waitNetbootToDisk(ctx context.Context, m *Machine, from, edgeFrom int64) error {
 	marker := "OUTPOST-INSTALLED-OS " + m.Spec.UUID + " " + string(m.Spec.Firmware)
 	if err := m.WaitSerial(ctx, from, marker, 5*time.Minute); err != nil {
 		return fmt.Errorf("network-first boot did not reach the installed OS: %w", err)
 	}
 
-	out := m.Serial.Since(from)
-	if !bytes.Contains(out, []byte("iPXE")) {
-		return fmt.Errorf("the boot did not go through the network first (no iPXE on the console)")
+	if !m.LastBoot().PXE {
+		return fmt.Errorf("the machine did not start network first")
 	}
 
-	if bytes.Contains(out, []byte(AgentStartMarker)) {
-		return fmt.Errorf("the installed machine was booted into agent mode")
+	if !e.Edges[m.Site.Index-1].Log.Contains(edgeFrom, `"msg":"proxydhcp reply","component":"dhcp","mac":"`+strings.ToLower(m.Spec.MAC)+`"`) {
+		return fmt.Errorf("the site's edge answered no PXE request of %s after the reset", m.Spec.MAC)
+	}
+
+	out := m.Serial.Since(from)
+	for _, wrong := range []string{AgentStartMarker, "OUTPOST-INIT"} {
+		if bytes.Contains(out, []byte(wrong)) {
+			return fmt.Errorf("the installed machine was network-booted (%s) instead of sent to its disk", wrong)
+		}
 	}
 
 	return nil
