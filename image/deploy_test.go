@@ -649,7 +649,7 @@ func TestKubernetesPodRuns(t *testing.T) {
 	// as the kubelet does: TLS without checking the certificate
 	client := &http.Client{
 		Timeout:   2 * time.Second,
-		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}, //nolint:gosec // the kubelet's probes do not verify either
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}, // the kubelet's probes do not verify either
 	}
 	base := "https://127.0.0.1:" + strconv.Itoa(httpPort)
 

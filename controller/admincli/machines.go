@@ -54,7 +54,7 @@ func (c *Client) machines(ctx context.Context, f MachineFilter) (*adminpb.ListMa
 
 	for {
 		resp, err := c.machinesAPI.ListMachines(ctx, &adminpb.ListMachinesRequest{
-			SiteId: f.Site, Phase: f.Phase, Offset: uint32(len(all.GetMachines())), //nolint:gosec // bounded by maxMachinesListed
+			SiteId: f.Site, Phase: f.Phase, Offset: uint32(len(all.GetMachines())), // bounded by maxMachinesListed
 		})
 		if err != nil {
 			return nil, describe("list machines", err)
@@ -269,7 +269,7 @@ func writeJSONObject(out io.Writer, parts map[string]proto.Message) error {
 func (c *Client) siteMachines(ctx context.Context, siteID string) (*adminpb.ListMachinesResponse, error) {
 	resp, err := c.machines(ctx, MachineFilter{Site: siteID})
 	if status.Code(err) == codes.Unimplemented {
-		return nil, nil //nolint:nilnil // nothing to show is not an error
+		return nil, nil // nothing to show is not an error
 	}
 
 	return resp, err

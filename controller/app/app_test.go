@@ -65,7 +65,7 @@ func refused(addr net.Addr) bool {
 func healthz(t *testing.T, addr net.Addr) string {
 	t.Helper()
 
-	resp, err := http.Get("http://" + addr.String() + "/healthz") //nolint:noctx
+	resp, err := http.Get("http://" + addr.String() + "/healthz")
 	require.NoError(t, err)
 
 	defer resp.Body.Close() //nolint:errcheck

@@ -234,6 +234,6 @@ func readyHandler(c *Controller) http.HandlerFunc {
 			return
 		}
 
-		w.Write([]byte("acting\n")) //nolint:errcheck,gosec // the client went away
+		w.Write([]byte("acting\n")) //nolint:errcheck // the client went away
 	}
 }

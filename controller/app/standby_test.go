@@ -96,7 +96,7 @@ func (r *running) stop() {
 }
 
 func ready(addr net.Addr) int {
-	resp, err := http.Get("http://" + addr.String() + "/readyz") //nolint:noctx
+	resp, err := http.Get("http://" + addr.String() + "/readyz")
 	if err != nil {
 		return 0
 	}

@@ -121,7 +121,7 @@ func TestStatusTokenAndTLS(t *testing.T) {
 
 	defer runBuilt(t, c)()
 
-	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // a test's own certificate
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} // a test's own certificate
 	defer client.CloseIdleConnections()
 
 	base := "https://" + c.HTTPAddr().String()

@@ -131,7 +131,7 @@ func (f *fakeEdge) Apply(_ context.Context, req *bootpb.ApplyRequest) (*bootpb.A
 		return nil, status.Error(codes.FailedPrecondition, "base version")
 	}
 
-	next := proto.Clone(f.table).(*bootpb.Table) //nolint:forcetypeassert
+	next := proto.Clone(f.table).(*bootpb.Table)
 	next.Version = d.GetVersion()
 
 	keep := next.GetPlans()[:0]
@@ -180,7 +180,7 @@ func dialFake(t *testing.T, edge *fakeEdge) *grpc.ClientConn {
 	require.NoError(t, err)
 
 	t.Cleanup(func() {
-		conn.Close() //nolint:errcheck,gosec
+		conn.Close() //nolint:errcheck
 		srv.Stop()
 	})
 

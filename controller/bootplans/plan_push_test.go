@@ -42,7 +42,7 @@ func (e *snapshotEdge) Apply(_ context.Context, req *bootpb.ApplyRequest) (*boot
 	e.mu.Lock()
 	defer e.mu.Unlock()
 
-	e.tbl = proto.Clone(req.GetSnapshot()).(*bootpb.Table) //nolint:forcetypeassert
+	e.tbl = proto.Clone(req.GetSnapshot()).(*bootpb.Table)
 
 	return &bootpb.ApplyResponse{Version: e.tbl.GetVersion()}, nil
 }
@@ -51,7 +51,7 @@ func (e *snapshotEdge) table() *bootpb.Table {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 
-	return proto.Clone(e.tbl).(*bootpb.Table) //nolint:forcetypeassert
+	return proto.Clone(e.tbl).(*bootpb.Table)
 }
 
 // connectEdge serves a snapshotEdge on loopback and keeps site's session running.

@@ -64,9 +64,9 @@ func (p *Plans) Set(site string, tbl *bootpb.Table) uint64 {
 	defer p.mu.Unlock()
 
 	st := p.state(site)
-	next := proto.Clone(tbl).(*bootpb.Table) //nolint:forcetypeassert
+	next := proto.Clone(tbl).(*bootpb.Table)
 
-	v := uint64(p.now().UnixNano()) //nolint:gosec
+	v := uint64(p.now().UnixNano())
 	if st.desired != nil && v <= st.desired.GetVersion() {
 		v = st.desired.GetVersion() + 1
 	}

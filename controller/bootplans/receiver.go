@@ -93,7 +93,7 @@ func (r *Receiver) Inventory(ctx context.Context, req *bootpb.InventoryRequest) 
 	r.log.Info("edge inventory", zap.String("site", site), zap.Int("tunnels", len(req.GetTunnels())),
 		zap.Int("plans", len(req.GetTable())), zap.Int("refused", refused))
 
-	return &bootpb.InventoryResponse{Refused: uint32(refused)}, nil //nolint:gosec // bounded by maxInventory
+	return &bootpb.InventoryResponse{Refused: uint32(refused)}, nil // bounded by maxInventory
 }
 
 // Register registers the Events service (it fits sites.Options.Register).

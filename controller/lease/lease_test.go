@@ -111,7 +111,7 @@ func (a *acting) who() []string {
 	var out []string
 
 	a.by.Range(func(k, _ any) bool {
-		out = append(out, k.(string)) //nolint:forcetypeassert
+		out = append(out, k.(string))
 
 		return true
 	})
@@ -345,7 +345,7 @@ func TestAHolderWhoseRenewalsHangStopsInTime(t *testing.T) {
 	require.True(t, ok)
 
 	last := time.Unix(0, shared.lastWrite.Load())
-	took := stopped.(time.Time).Sub(last) //nolint:forcetypeassert
+	took := stopped.(time.Time).Sub(last)
 	t.Logf("stopped acting %s after the last renewal was begun (stop by %s; a standby may act from %s)",
 		took.Round(time.Millisecond), cfg.Duration-cfg.Margin, cfg.Duration)
 	require.Less(t, took, cfg.Duration, "the holder still acted when a standby could take the lease")

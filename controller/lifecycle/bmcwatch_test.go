@@ -34,7 +34,7 @@ func (e *watchingEdge) Watch(_ context.Context, req *bmcpb.WatchRequest) (*bmcpb
 
 	e.lists = append(e.lists, ids)
 
-	return &bmcpb.WatchResponse{Watching: uint32(len(ids)), Known: []*bmcpb.WatchedPower{{MachineId: id1, State: "on"}}}, nil //nolint:gosec
+	return &bmcpb.WatchResponse{Watching: uint32(len(ids)), Known: []*bmcpb.WatchedPower{{MachineId: id1, State: "on"}}}, nil
 }
 
 func (e *watchingEdge) sent() int {

@@ -30,7 +30,7 @@ func (h dueHeap) Swap(i, j int) {
 }
 
 func (h *dueHeap) Push(x any) {
-	e := x.(*dueEntry) //nolint:forcetypeassert // only entries are pushed
+	e := x.(*dueEntry) // only entries are pushed
 	e.index = len(*h)
 	*h = append(*h, e)
 }

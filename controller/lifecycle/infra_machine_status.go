@@ -57,7 +57,7 @@ func (s *infraMachineStatus) write(ctx context.Context, r controller.QRuntime, v
 	}
 
 	if ok {
-		want := cur.DeepCopy().(*infra.MachineStatus) //nolint:forcetypeassert,errcheck // a copy of its own type
+		want := cur.DeepCopy().(*infra.MachineStatus) //nolint:errcheck // a copy of its own type
 		s.apply(v, want)
 
 		if resource.Equal(cur, want) {

@@ -39,7 +39,7 @@ func (s *power) reconcile(ctx context.Context, logger *zap.Logger, r controller.
 
 	op := &specs.PowerOperationSpec{}
 	if v.power != nil {
-		op = proto.Clone(v.power).(*specs.PowerOperationSpec) //nolint:forcetypeassert
+		op = proto.Clone(v.power).(*specs.PowerOperationSpec)
 	}
 
 	req := v.machine.GetPowerOffRequestId()

@@ -36,7 +36,7 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 	// A reboot carried out while its record could not be written (Omni went away) is recorded first, so the
 	// same request or the cooldown it started is not lost and the machine is not power-cycled again.
 	if rec, ok := s.env.outbox.get(key); ok {
-		rs := rec.(*specs.RebootStatusSpec) //nolint:forcetypeassert // only reboots are kept here
+		rs := rec.(*specs.RebootStatusSpec) // only reboots are kept here
 		if err := s.record(ctx, r, v.id, key, rs); err != nil {
 			return err
 		}
@@ -52,7 +52,7 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 
 	rs := &specs.RebootStatusSpec{}
 	if v.reboot != nil {
-		rs = proto.Clone(v.reboot).(*specs.RebootStatusSpec) //nolint:forcetypeassert
+		rs = proto.Clone(v.reboot).(*specs.RebootStatusSpec)
 	}
 
 	rs.Reason = reason

@@ -46,7 +46,7 @@ func (d *dueRecord) Metadata() *resource.Metadata { return &d.md }
 func (d *dueRecord) Spec() any { return d.touches }
 
 // DeepCopy implements resource.Resource.
-func (d *dueRecord) DeepCopy() resource.Resource { //nolint:ireturn
+func (d *dueRecord) DeepCopy() resource.Resource {
 	return &dueRecord{md: d.md.Copy(), touches: d.touches}
 }
 
@@ -130,7 +130,7 @@ func (s *scheduleController) run(ctx context.Context, logger *zap.Logger, r cont
 
 		for _, k := range due {
 			err := r.Modify(ctx, newDueRecord(dueType(k.controller), k.machine), func(res resource.Resource) error {
-				res.(*dueRecord).touches++ //nolint:forcetypeassert,errcheck // only due records are written here
+				res.(*dueRecord).touches++ //nolint:errcheck // only due records are written here
 
 				return nil
 			})

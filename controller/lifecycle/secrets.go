@@ -33,7 +33,7 @@ func (e *env) loadView(ctx context.Context, r controller.Reader, m *infra.Machin
 		return v, nil
 	}
 
-	bmc := proto.Clone(v.bmc).(*specs.BMCConfigurationSpec) //nolint:forcetypeassert
+	bmc := proto.Clone(v.bmc).(*specs.BMCConfigurationSpec)
 
 	password, err := e.Secrets.Open(bmc.GetIpmi().GetPassword())
 	if err != nil {
@@ -56,7 +56,7 @@ func (e *env) sealBMC(cfg *specs.BMCConfigurationSpec) (*specs.BMCConfigurationS
 		return cfg, nil
 	}
 
-	out := proto.Clone(cfg).(*specs.BMCConfigurationSpec) //nolint:forcetypeassert
+	out := proto.Clone(cfg).(*specs.BMCConfigurationSpec)
 
 	sealed, err := e.Secrets.Seal(out.GetIpmi().GetPassword())
 	if err != nil {
@@ -71,22 +71,22 @@ func (e *env) sealBMC(cfg *specs.BMCConfigurationSpec) (*specs.BMCConfigurationS
 // overlayOwnWrites replaces what was read from the cache with what this process wrote last.
 func (e *env) overlayOwnWrites(v *view) {
 	if rec, ok := e.written.get(e.Types.BMCConfiguration, v.id); ok {
-		v.bmc = rec.(*specs.BMCConfigurationSpec) //nolint:forcetypeassert
+		v.bmc = rec.(*specs.BMCConfigurationSpec)
 	}
 
 	if rec, ok := e.written.get(e.Types.WipeStatus, v.id); ok {
-		v.wipe = rec.(*specs.WipeStatusSpec) //nolint:forcetypeassert
+		v.wipe = rec.(*specs.WipeStatusSpec)
 	}
 
 	if rec, ok := e.written.get(e.Types.PowerOperation, v.id); ok {
-		v.power = rec.(*specs.PowerOperationSpec) //nolint:forcetypeassert
+		v.power = rec.(*specs.PowerOperationSpec)
 	}
 
 	if rec, ok := e.written.get(e.Types.RebootStatus, v.id); ok {
-		v.reboot = rec.(*specs.RebootStatusSpec) //nolint:forcetypeassert
+		v.reboot = rec.(*specs.RebootStatusSpec)
 	}
 
 	if rec, ok := e.written.get(e.Types.MachineObservation, v.id); ok {
-		v.obs = rec.(*specs.MachineObservationSpec) //nolint:forcetypeassert
+		v.obs = rec.(*specs.MachineObservationSpec)
 	}
 }

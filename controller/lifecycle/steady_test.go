@@ -31,7 +31,7 @@ func countReads(st state.State, c *readCounter) state.State {
 	return readCountingState{State: st, reads: c}
 }
 
-func (s readCountingState) Get(ctx context.Context, ptr resource.Pointer, opts ...state.GetOption) (resource.Resource, error) { //nolint:ireturn
+func (s readCountingState) Get(ctx context.Context, ptr resource.Pointer, opts ...state.GetOption) (resource.Resource, error) {
 	if ptr.Namespace() != lifecycle.LocalNamespace {
 		s.reads.n.Add(1)
 	}

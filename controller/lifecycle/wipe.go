@@ -32,7 +32,7 @@ func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.Q
 
 	// A wipe that finished while its record could not be written (Omni went away) is recorded, not repeated.
 	if rec, ok := s.env.outbox.get(key); ok {
-		if w := rec.(*specs.WipeStatusSpec); w.GetLastWipeId() == v.machine.GetWipeId() { //nolint:forcetypeassert // only wipes are kept here
+		if w := rec.(*specs.WipeStatusSpec); w.GetLastWipeId() == v.machine.GetWipeId() { // only wipes are kept here
 			return s.record(ctx, logger, r, v.id, w, "recorded a wipe done before the omni connection broke")
 		}
 	}
@@ -98,7 +98,7 @@ func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.Q
 		return controller.NewRequeueInterval(time.Second) // recorded by a concurrent reconcile meanwhile
 	}
 
-	return s.record(ctx, logger, r, v.id, rec.(*specs.WipeStatusSpec), "disks wiped") //nolint:forcetypeassert // only wipes are kept here
+	return s.record(ctx, logger, r, v.id, rec.(*specs.WipeStatusSpec), "disks wiped") // only wipes are kept here
 }
 
 // record writes a finished wipe to WipeStatus and drops it from the outbox.

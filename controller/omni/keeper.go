@@ -170,5 +170,5 @@ func jitter(d time.Duration) time.Duration {
 		return d
 	}
 
-	return d/2 + rand.N(d/2+1) //nolint:gosec // timing jitter, not a secret
+	return d/2 + rand.N(d/2+1) // timing jitter, not a secret
 }

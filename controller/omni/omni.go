@@ -215,7 +215,7 @@ func classify(err error) error {
 		return fmt.Errorf("%w: %w", ErrWrongProviderID, err)
 	}
 
-	switch status.Code(err) { //nolint:exhaustive
+	switch status.Code(err) {
 	case codes.Unavailable:
 		if msg := status.Convert(err).Message(); strings.Contains(msg, "certificate") || strings.Contains(msg, "x509") {
 			return fmt.Errorf("%w: %w", ErrTLS, err)

@@ -204,7 +204,7 @@ func ImportSites(ctx context.Context, from, to *Registry, log *zap.Logger) (int,
 		}
 
 		rec := to.kind.New(id)
-		rec.TypedSpec().Value = proto.Clone(site.TypedSpec().Value).(*specs.SiteSpec) //nolint:forcetypeassert // Clone keeps the type
+		rec.TypedSpec().Value = proto.Clone(site.TypedSpec().Value).(*specs.SiteSpec) // Clone keeps the type
 
 		if err := to.st.Create(ctx, rec); err != nil && !state.IsConflictError(err) {
 			return copied, fmt.Errorf("import site %s: %w", id, err)

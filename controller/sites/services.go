@@ -50,7 +50,7 @@ func siteStreamInterceptor(siteID string) grpc.StreamServerInterceptor {
 
 type siteStream struct {
 	grpc.ServerStream
-	ctx context.Context //nolint:containedctx // a grpc.ServerStream carries its context by design
+	ctx context.Context // a grpc.ServerStream carries its context by design
 }
 
 func (s *siteStream) Context() context.Context { return s.ctx }

@@ -161,7 +161,7 @@ func (a *API) ListMachines(_ context.Context, req *adminpb.ListMachinesRequest) 
 
 	list, total := a.machines.List(f, int(min(req.GetOffset(), 1<<30)), limit)
 
-	out := &adminpb.ListMachinesResponse{Total: uint32(total), Machines: make([]*adminpb.Machine, 0, len(list))} //nolint:gosec // bounded by the book
+	out := &adminpb.ListMachinesResponse{Total: uint32(total), Machines: make([]*adminpb.Machine, 0, len(list))} // bounded by the book
 	for _, m := range list {
 		out.Machines = append(out.Machines, machineProto(m))
 	}
@@ -212,6 +212,6 @@ func machineProto(m timeline.Machine) *adminpb.Machine {
 
 func entryProto(e timeline.Entry) *adminpb.TimelineEntry {
 	return &adminpb.TimelineEntry{
-		Time: timestamppb.New(e.At), Kind: e.Kind, Text: e.Text, Repeats: uint32(min(e.Repeats, 1<<30)), Error: e.Error, //nolint:gosec // bounded
+		Time: timestamppb.New(e.At), Kind: e.Kind, Text: e.Text, Repeats: uint32(min(e.Repeats, 1<<30)), Error: e.Error, // bounded
 	}
 }

@@ -158,7 +158,7 @@ func ToSpec(rec Record) *specs.MachineTimelineSpec {
 
 	for _, e := range rec.Entries {
 		spec.Entries = append(spec.Entries, &specs.TimelineEntry{
-			Time: timestamppb.New(e.At), Kind: e.Kind, Text: e.Text, Repeats: uint32(min(e.Repeats, 1<<31)), Error: e.Error, //nolint:gosec // bounded
+			Time: timestamppb.New(e.At), Kind: e.Kind, Text: e.Text, Repeats: uint32(min(e.Repeats, 1<<31)), Error: e.Error, // bounded
 		})
 	}
 

@@ -108,7 +108,7 @@ func Build(ctx context.Context, cfg config.Config, log *zap.Logger, opts Options
 
 // build constructs the components in dependency order; each step's closer is added as soon as it opened.
 //
-//nolint:gocyclo,cyclop,funlen // one straight sequence of constructions, each with its own named error
+// one straight sequence of constructions, each with its own named error
 func (e *Edge) build(ctx context.Context, cfg config.Config, opts Options) error {
 	log := e.log
 

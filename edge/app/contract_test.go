@@ -83,7 +83,7 @@ func TestContractAdvertisedIsServed(t *testing.T) {
 	// The ProxyDHCP as wired: the catalog decides what is bootable.
 	dcfg := dhcp.Default()
 	dcfg.ServerIP = "127.0.0.1"
-	dcfg.HTTPPort = edge.Addrs().HTTP.(*net.TCPAddr).Port //nolint:forcetypeassert
+	dcfg.HTTPPort = edge.Addrs().HTTP.(*net.TCPAddr).Port
 	dsrv, err := dhcp.New(dcfg, log, dhcp.Deps{Bootable: catalog.Has, Prefs: snpPrefs{"52:54:00:00:00:05": true}})
 	require.NoError(t, err)
 
@@ -173,7 +173,7 @@ func checkHTTPChain(t *testing.T, name, url string, catalog *tftp.Catalog) {
 func httpGet(t *testing.T, url string) []byte {
 	t.Helper()
 
-	resp, err := http.Get(url) //nolint:noctx
+	resp, err := http.Get(url)
 	require.NoError(t, err)
 
 	defer resp.Body.Close() //nolint:errcheck

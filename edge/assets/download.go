@@ -286,7 +286,7 @@ func lockedFile(path string) (*os.File, error) {
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close() //nolint:errcheck
 
-		return nil, nil //nolint:nilerr // busy: the caller falls back
+		return nil, nil // busy: the caller falls back
 	}
 
 	// The holder before us may have renamed or removed the file after we opened it.

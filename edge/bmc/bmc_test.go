@@ -81,7 +81,7 @@ func fakeUDP(t *testing.T, answer func(req []byte) []byte) int {
 		<-done
 	})
 
-	return conn.LocalAddr().(*net.UDPAddr).Port //nolint:forcetypeassert
+	return conn.LocalAddr().(*net.UDPAddr).Port
 }
 
 // ipmiReply answers an IPMI v1.5 session-less request (the Get Channel Authentication Capabilities that opens every

@@ -19,7 +19,7 @@ func TestServiceAgainstIPMISim(t *testing.T) {
 	t.Parallel()
 
 	target := func(sim *ipmisim.Sim) *bmcpb.Target {
-		return &bmcpb.Target{Host: "127.0.0.1", IpmiPort: uint32(sim.Port), Protocol: bmcpb.Protocol_PROTOCOL_IPMI, //nolint:gosec
+		return &bmcpb.Target{Host: "127.0.0.1", IpmiPort: uint32(sim.Port), Protocol: bmcpb.Protocol_PROTOCOL_IPMI,
 			Username: creds.Username, Password: creds.Password}
 	}
 

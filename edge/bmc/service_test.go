@@ -77,7 +77,7 @@ func TestServiceErrors(t *testing.T) {
 		}},
 		{name: "silent bmc", code: codes.DeadlineExceeded, call: func(ctx context.Context) error {
 			_, err := client.PowerStatus(ctx, &bmcpb.PowerRequest{Target: &bmcpb.Target{
-				Host: "127.0.0.1", IpmiPort: uint32(silent), Protocol: bmcpb.Protocol_PROTOCOL_IPMI, //nolint:gosec
+				Host: "127.0.0.1", IpmiPort: uint32(silent), Protocol: bmcpb.Protocol_PROTOCOL_IPMI,
 				Username: creds.Username, Password: creds.Password,
 			}})
 
@@ -108,7 +108,7 @@ func TestServiceClassifiesRefusals(t *testing.T) {
 		b := fakebmc.Start(t, fakebmc.Options{User: creds.Username, Password: creds.Password})
 		b.Refuse(refuse, cc)
 
-		return &bmcpb.Target{Host: "127.0.0.1", IpmiPort: uint32(b.Port), Protocol: bmcpb.Protocol_PROTOCOL_IPMI, //nolint:gosec
+		return &bmcpb.Target{Host: "127.0.0.1", IpmiPort: uint32(b.Port), Protocol: bmcpb.Protocol_PROTOCOL_IPMI,
 			Username: creds.Username, Password: password}
 	}
 

@@ -112,7 +112,7 @@ func (w *Watcher) Serve(req *bmcpb.WatchRequest) (*bmcpb.WatchResponse, error) {
 		targets = append(targets, WatchTarget{MachineID: t.GetMachineId(), Target: target, Credentials: creds})
 	}
 
-	resp := &bmcpb.WatchResponse{Watching: uint32(w.Set(targets))} //nolint:gosec // bounded by MaxTargets
+	resp := &bmcpb.WatchResponse{Watching: uint32(w.Set(targets))} // bounded by MaxTargets
 
 	for id, state := range w.Known() {
 		resp.Known = append(resp.Known, &bmcpb.WatchedPower{MachineId: id, State: state})
@@ -175,7 +175,7 @@ func (w *Watcher) Set(targets []WatchTarget) int {
 }
 
 func (w *Watcher) spread() time.Duration {
-	return rand.N(w.cfg.Interval/4 + 1) //nolint:gosec // scheduling jitter
+	return rand.N(w.cfg.Interval/4 + 1) // scheduling jitter
 }
 
 // Run polls until ctx ends; it returns nil.
@@ -286,7 +286,7 @@ func (w *Watcher) poll(ctx context.Context, id string) {
 
 	if still && cur == t {
 		cur.last, cur.busy = state, false
-		cur.next = w.now().Add(w.cfg.Interval - w.cfg.Interval/8 + rand.N(w.cfg.Interval/4+1)) //nolint:gosec // jitter
+		cur.next = w.now().Add(w.cfg.Interval - w.cfg.Interval/8 + rand.N(w.cfg.Interval/4+1)) // jitter
 	}
 	w.mu.Unlock()
 

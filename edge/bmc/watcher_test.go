@@ -65,7 +65,7 @@ func TestWatcherReportsChanges(t *testing.T) {
 
 	require.Equal(t, 2, w.Set([]bmc.WatchTarget{
 		{MachineID: "m-good", Target: bmc.Target{Host: "127.0.0.1", IPMIPort: good.Port, Protocol: bmc.ProtocolIPMI}, Credentials: creds},
-		{MachineID: "m-silent", Target: bmc.Target{Host: "127.0.0.1", IPMIPort: silent.LocalAddr().(*net.UDPAddr).Port, Protocol: bmc.ProtocolIPMI}, Credentials: creds}, //nolint:forcetypeassert
+		{MachineID: "m-silent", Target: bmc.Target{Host: "127.0.0.1", IPMIPort: silent.LocalAddr().(*net.UDPAddr).Port, Protocol: bmc.ProtocolIPMI}, Credentials: creds},
 	}))
 
 	require.Eventually(t, func() bool {

@@ -144,7 +144,7 @@ func (t *Table) Apply(req *bootpb.ApplyRequest) (uint64, error) {
 
 	switch {
 	case req.GetSnapshot() != nil:
-		next = proto.Clone(req.GetSnapshot()).(*bootpb.Table) //nolint:forcetypeassert
+		next = proto.Clone(req.GetSnapshot()).(*bootpb.Table)
 		t.keepLeftOut(cur, next)
 	case req.GetDelta() != nil:
 		d := req.GetDelta()
@@ -198,7 +198,7 @@ func (t *Table) keepLeftOut(cur, next *bootpb.Table) {
 
 	for _, p := range cur.GetPlans() {
 		if !have[p.GetUuid()] && !removed[p.GetUuid()] {
-			next.Plans = append(next.Plans, proto.Clone(p).(*bootpb.Plan)) //nolint:forcetypeassert
+			next.Plans = append(next.Plans, proto.Clone(p).(*bootpb.Plan))
 			kept = append(kept, p.GetUuid())
 		}
 	}
@@ -214,7 +214,7 @@ func (t *Table) keepLeftOut(cur, next *bootpb.Table) {
 func (t *Table) Collectors() []prometheus.Collector { return []prometheus.Collector{t.kept} }
 
 func applyDelta(cur *bootpb.Table, d *bootpb.Delta) *bootpb.Table {
-	next := proto.Clone(cur).(*bootpb.Table) //nolint:forcetypeassert
+	next := proto.Clone(cur).(*bootpb.Table)
 	next.Version = d.GetVersion()
 
 	drop := map[string]bool{}
@@ -234,7 +234,7 @@ func applyDelta(cur *bootpb.Table, d *bootpb.Delta) *bootpb.Table {
 	}
 
 	for _, p := range d.GetUpsert() {
-		plans = append(plans, proto.Clone(p).(*bootpb.Plan)) //nolint:forcetypeassert
+		plans = append(plans, proto.Clone(p).(*bootpb.Plan))
 	}
 
 	next.Plans = plans

@@ -368,7 +368,7 @@ func (s *Server) Serve(ctx context.Context, dhcpConn, pxeConn net.PacketConn) er
 
 func (s *Server) read(ctx context.Context, conn net.PacketConn, role Role, jobs chan<- job) error {
 	for {
-		buf := bufPool.Get().(*[]byte) //nolint:forcetypeassert
+		buf := bufPool.Get().(*[]byte)
 
 		n, addr, err := conn.ReadFrom(*buf)
 		if err != nil {

@@ -75,7 +75,7 @@ func startServer(t *testing.T, mutate func(*dhcp.Config)) *serverEnv {
 	cfg := dhcp.Default()
 	cfg.ServerIP = "127.0.0.1"
 	cfg.HTTPPort = 8080
-	cfg.RelayPort = env.relay.LocalAddr().(*net.UDPAddr).Port //nolint:forcetypeassert
+	cfg.RelayPort = env.relay.LocalAddr().(*net.UDPAddr).Port
 
 	if mutate != nil {
 		mutate(&cfg)

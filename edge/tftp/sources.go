@@ -42,7 +42,7 @@ func (s *sourceRates) allow(addr netip.Addr, now time.Time) bool {
 	case s.recent.Len() >= s.max:
 		// Reuse the least recently seen address's bucket: no allocation while a flood cycles through.
 		e = s.recent.Back()
-		old := e.Value.(*bucket) //nolint:forcetypeassert // the list holds only *bucket
+		old := e.Value.(*bucket) // the list holds only *bucket
 		delete(s.byAddr, old.addr)
 		*old = bucket{addr: addr, tokens: s.burst, last: now}
 		s.byAddr[addr] = e
@@ -52,7 +52,7 @@ func (s *sourceRates) allow(addr netip.Addr, now time.Time) bool {
 		s.byAddr[addr] = e
 	}
 
-	b := e.Value.(*bucket) //nolint:forcetypeassert // the list holds only *bucket
+	b := e.Value.(*bucket) // the list holds only *bucket
 
 	if d := now.Sub(b.last); d > 0 {
 		b.tokens = min(s.burst, b.tokens+d.Seconds()*s.rate)

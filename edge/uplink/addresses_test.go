@@ -59,7 +59,7 @@ func TestDialFindsTheActiveController(t *testing.T) {
 			}
 
 			client, server := net.Pipe()
-			server.Close() //nolint:errcheck,gosec
+			server.Close() //nolint:errcheck
 
 			return client, nil
 		},

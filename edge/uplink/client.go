@@ -470,7 +470,7 @@ func (c *Client) dial(ctx context.Context) (net.Conn, string, error) {
 		cancel()
 
 		if err == nil {
-			c.answered.Store(int32(idx)) //nolint:gosec // at most maxControllerAddresses
+			c.answered.Store(int32(idx)) // at most maxControllerAddresses
 
 			return raw, addrs[idx], nil
 		}
@@ -644,7 +644,7 @@ func (b *backoff) next() time.Duration {
 	lo := max(hi/2, b.min)
 	b.ceiling = hi
 
-	return lo + rand.N(hi-lo+1) //nolint:gosec // jitter, not a secret
+	return lo + rand.N(hi-lo+1) // jitter, not a secret
 }
 
 func (b *backoff) reset() { b.ceiling = b.min }
@@ -656,5 +656,5 @@ func honourRetryAfter(wait, retryAfter time.Duration) time.Duration {
 		return wait
 	}
 
-	return max(wait, retryAfter+rand.N(retryAfter/2+1)) //nolint:gosec // jitter, not a secret
+	return max(wait, retryAfter+rand.N(retryAfter/2+1)) // jitter, not a secret
 }

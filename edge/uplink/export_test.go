@@ -29,7 +29,7 @@ func (c *Client) DialController(ctx context.Context) (string, error) {
 		return "", err
 	}
 
-	conn.Close() //nolint:errcheck,gosec
+	conn.Close() //nolint:errcheck
 
 	return addr, nil
 }

@@ -75,7 +75,7 @@ func newTopology(b *testing.B) *topology {
 
 	for _, ns := range []string{tp.serverNS, tp.clientNS} {
 		bootlab.Run(b, "ip", "netns", "add", ns)
-		b.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() }) //nolint:errcheck,gosec
+		b.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() }) //nolint:errcheck
 	}
 
 	for _, args := range [][]string{
@@ -150,7 +150,7 @@ func (tp *topology) startServer(b *testing.B, name string, args ...string) (stop
 			<-done
 		}
 
-		logf.Close() //nolint:errcheck,gosec
+		logf.Close() //nolint:errcheck
 	}
 }
 
@@ -299,7 +299,7 @@ func (tp *topology) runStorm(n int, run byte) (storm, error) {
 
 	for i := range clients {
 		c := &client{mac: net.HardwareAddr{0x02, 0x78, run, byte(i >> 16), byte(i >> 8), byte(i)}}
-		binary.BigEndian.PutUint32(c.xid[:], uint32(run)<<24|uint32(i)) //nolint:gosec
+		binary.BigEndian.PutUint32(c.xid[:], uint32(run)<<24|uint32(i))
 		clients[i] = c
 		byXID[c.xid] = c
 	}

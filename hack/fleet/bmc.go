@@ -201,7 +201,7 @@ type BMCService struct {
 }
 
 func newBMCService(cfg bmc.Config, behave *BMCBehaviour, seed uint64) *BMCService {
-	return &BMCService{cfg: cfg, behave: behave, bmcs: map[string]*simBMC{}, rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))} //nolint:gosec // simulation, not a secret
+	return &BMCService{cfg: cfg, behave: behave, bmcs: map[string]*simBMC{}, rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))} // simulation, not a secret
 }
 
 // Register registers the service (it fits edge/uplink.Options.Register).

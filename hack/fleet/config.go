@@ -119,10 +119,10 @@ func (c Config) Machines() int { return c.Sites * c.MachinesPerSite }
 // filesNeeded estimates the simulator's open files: per site its uplink, agent endpoint and journal, and per
 // agent both ends of its connection when each has its own.
 func (c Config) filesNeeded() uint64 {
-	n := uint64(c.Sites) * 16 //nolint:gosec // validated sizes
+	n := uint64(c.Sites) * 16 // validated sizes
 
 	if c.AgentConns == "machine" {
-		n += 2 * uint64(c.Machines()) //nolint:gosec // validated sizes
+		n += 2 * uint64(c.Machines()) // validated sizes
 	}
 
 	return n + 1024

@@ -47,7 +47,7 @@ func startController(binary string, args, env []string, logPath string) (*contro
 		return nil, err
 	}
 
-	cmd := exec.Command(binary, args...) //nolint:gosec // the controller under test
+	cmd := exec.Command(binary, args...) // the controller under test
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 

@@ -51,7 +51,7 @@ func newFleet(cfg Config, log *zap.Logger, edgeLogFile *os.File) (*fleet, error)
 
 	f := &fleet{
 		cfg: cfg, log: log, edgeLog: edgeLog, omniConns: map[string]*grpc.ClientConn{},
-		rnd: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed+1)), //nolint:gosec // simulation, not a secret
+		rnd: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed+1)), // simulation, not a secret
 	}
 
 	// iPXE binaries and the agent-mode image are placeholders: nothing boots them, but the edge serves only
@@ -67,7 +67,7 @@ func newFleet(cfg Config, log *zap.Logger, edgeLogFile *os.File) (*fleet, error)
 			return nil, err
 		}
 
-		if err := os.WriteFile(p, []byte("fleet simulator placeholder\n"), 0o644); err != nil { //nolint:gosec // served files
+		if err := os.WriteFile(p, []byte("fleet simulator placeholder\n"), 0o644); err != nil { // served files
 			return nil, err
 		}
 	}

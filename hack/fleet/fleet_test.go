@@ -89,7 +89,7 @@ func TestProcCPU(t *testing.T) {
 	t.Parallel()
 
 	deadline := time.Now().Add(200 * time.Millisecond)
-	for time.Now().Before(deadline) { //nolint:revive // burn some CPU to see it counted
+	for time.Now().Before(deadline) { // burn some CPU to see it counted
 	}
 
 	cpu, err := fleet.ProcCPU(os.Getpid())

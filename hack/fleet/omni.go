@@ -90,7 +90,7 @@ func ServeOmni(ctx context.Context, cfg OmniConfig, out io.Writer) error {
 		})
 
 		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(rows) //nolint:errcheck,errchkjson
+		json.NewEncoder(w).Encode(rows) //nolint:errcheck
 	})
 
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}
@@ -140,7 +140,7 @@ func startOmniChild(ctx context.Context, self, stateDir string, logFile *os.File
 		args = append(args, "--state-dir", stateDir)
 	}
 
-	cmd := exec.Command(self, args...) //nolint:gosec // our own binary
+	cmd := exec.Command(self, args...) // our own binary
 	cmd.Stderr = logFile
 
 	stdout, err := cmd.StdoutPipe()

@@ -159,7 +159,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (*Result, error) {
 		log.Info("phase", zap.String("phase", name), zap.Float64("at_s", r.Phases[name]))
 	}
 
-	if out, err := exec.CommandContext(ctx, cfg.ControllerBinary, "--version").Output(); err == nil { //nolint:gosec // the controller under test
+	if out, err := exec.CommandContext(ctx, cfg.ControllerBinary, "--version").Output(); err == nil { // the controller under test
 		r.ControllerVersion = strings.TrimSpace(string(out))
 	}
 
@@ -192,14 +192,14 @@ func writeResult(dir string, r *Result) error {
 		return err
 	}
 
-	if err := os.WriteFile(filepath.Join(dir, "fleet.json"), append(b, '\n'), 0o644); err != nil { //nolint:gosec // a report
+	if err := os.WriteFile(filepath.Join(dir, "fleet.json"), append(b, '\n'), 0o644); err != nil { // a report
 		return err
 	}
 
-	return os.WriteFile(filepath.Join(dir, "summary.txt"), []byte(r.Summary()+"\n"), 0o644) //nolint:gosec // a report
+	return os.WriteFile(filepath.Join(dir, "summary.txt"), []byte(r.Summary()+"\n"), 0o644) // a report
 }
 
-//nolint:gocognit,gocyclo,cyclop,maintidx // one run, phase after phase
+// one run, phase after phase
 func (f *fleet) run(ctx context.Context, r *Result, phase func(string)) error {
 	cfg, log := f.cfg, f.log
 
@@ -525,7 +525,7 @@ func (f *fleet) steadyWindow(ctx context.Context, r *Result, ctl *controllerProc
 	if cfg.Perf {
 		if path, err := exec.LookPath("perf"); err == nil {
 			out := filepath.Join(cfg.OutDir, "perf.data")
-			perf = exec.Command(path, "record", "-F", "199", "-g", "-p", fmt.Sprint(ctl.pid()), "-o", out, "--", "sleep", //nolint:gosec // our own arguments
+			perf = exec.Command(path, "record", "-F", "199", "-g", "-p", fmt.Sprint(ctl.pid()), "-o", out, "--", "sleep", // our own arguments
 				fmt.Sprint(int(cfg.Window.Seconds())))
 			perf.Stdout, perf.Stderr = nil, nil
 
@@ -680,14 +680,14 @@ func (f *fleet) perfReports() []string {
 		out := filepath.Join(f.cfg.OutDir, name)
 		args := append([]string{"report", "-i", data, "--stdio", "--sort", "symbol", "-g", "none", "--percent-limit", "0.5"}, extra...)
 
-		b, err := exec.Command("perf", args...).Output() //nolint:gosec // our own arguments
+		b, err := exec.Command("perf", args...).Output() // our own arguments
 		if err != nil {
 			f.log.Warn("perf report failed", zap.Error(err))
 
 			continue
 		}
 
-		if err := os.WriteFile(out, b, 0o644); err == nil { //nolint:gosec // a report
+		if err := os.WriteFile(out, b, 0o644); err == nil { // a report
 			files = append(files, out)
 		}
 	}
@@ -877,7 +877,7 @@ func (f *fleet) restart(ctx context.Context, r *Result, ctl *controllerProc, arg
 	if err := waitFor(ctx, time.Until(deadline), 100*time.Millisecond, func() (bool, error) {
 		n, err := scrapeMetric(ctx, metricsURL, "outpost_uplink_sites_connected")
 		if err != nil {
-			return false, nil //nolint:nilerr // not serving yet
+			return false, nil // not serving yet
 		}
 
 		return int(n) >= online, nil
@@ -893,7 +893,7 @@ func (f *fleet) restart(ctx context.Context, r *Result, ctl *controllerProc, arg
 	if err := waitFor(ctx, time.Until(deadline), 200*time.Millisecond, func() (bool, error) {
 		loaded, err := findLogLines(next.logPath, "machine locations loaded from omni")
 		if err != nil || len(loaded) == 0 {
-			return false, nil //nolint:nilerr // not written yet
+			return false, nil // not written yet
 		}
 
 		r.Restart.LocationsLoaded = numberField(loaded[0], "machines")

@@ -44,7 +44,7 @@ type site struct {
 	ip    netip.Addr // the site's own loopback address: its uplink's source, its machines' address
 	log   *zap.Logger
 
-	ctx context.Context //nolint:containedctx // the site's run context, which its machines' power-ons derive from
+	ctx context.Context // the site's run context, which its machines' power-ons derive from
 
 	table     *boot.Table
 	jrnl      *journal.Journal
@@ -117,7 +117,7 @@ func newSite(f *fleet, index int, token string) (*site, error) {
 		return nil, err
 	}
 
-	s.bmcs = newBMCService(bmc.Default(), &f.cfg.BMC, uint64(index)+1) //nolint:gosec // index is small
+	s.bmcs = newBMCService(bmc.Default(), &f.cfg.BMC, uint64(index)+1) // index is small
 	if f.cfg.WatchBMCs {
 		s.bmcs.watcher = newEdgeWatch(s.bmcs, s.recorder, bmc.DefaultWatcher())
 	}
@@ -154,7 +154,7 @@ func newSite(f *fleet, index int, token string) (*site, error) {
 		},
 		Counters: func() map[string]int64 {
 			c := s.jrnl.Counters()
-			c["boot_table_version"] = int64(s.table.Version()) //nolint:gosec // versions stay far below 2^63
+			c["boot_table_version"] = int64(s.table.Version()) // versions stay far below 2^63
 
 			return c
 		},
@@ -239,7 +239,7 @@ func (s *site) bootScript(m *machine) (string, error) {
 		return "", fmt.Errorf("boot.ipxe answered %d and reported nothing", code)
 	}
 
-	return mode.(string), nil //nolint:forcetypeassert // only modes are stored
+	return mode.(string), nil // only modes are stored
 }
 
 // provision joins the machine to Omni as the agent image does at boot: the join config from the edge's /config,
@@ -401,7 +401,7 @@ func (w *wan) setDown(down bool) {
 
 	if down {
 		for c := range w.conns {
-			c.(*wanConn).Conn.Close() //nolint:errcheck,forcetypeassert // only wanConns are kept
+			c.(*wanConn).Conn.Close() //nolint:errcheck // only wanConns are kept
 		}
 
 		w.conns = map[net.Conn]struct{}{}
@@ -427,17 +427,17 @@ func siteID(i int) string { return fmt.Sprintf("site-%04d", i) }
 
 // siteAddr is site i's loopback address (127.10.0.0/16 and up), its uplink's and its machines' source.
 func siteAddr(i int) netip.Addr {
-	return netip.AddrFrom4([4]byte{127, byte(10 + i>>16), byte(i >> 8), byte(i)}) //nolint:gosec // bounded by Validate
+	return netip.AddrFrom4([4]byte{127, byte(10 + i>>16), byte(i >> 8), byte(i)}) // bounded by Validate
 }
 
 // machineAddr is machine i's own loopback address (127.128.0.0/9), the source of its agent's connection.
 func machineAddr(i int) netip.Addr {
-	return netip.AddrFrom4([4]byte{127, byte(128 + i>>16), byte(i >> 8), byte(i)}) //nolint:gosec // bounded by Validate
+	return netip.AddrFrom4([4]byte{127, byte(128 + i>>16), byte(i >> 8), byte(i)}) // bounded by Validate
 }
 
 // bmcAddr is machine i's BMC address (127.64.0.0/10: never dialled, the simulated BMC service answers for it).
 func bmcAddr(i int) string {
-	return netip.AddrFrom4([4]byte{127, byte(64 + i>>16), byte(i >> 8), byte(i)}).String() //nolint:gosec // bounded by Validate
+	return netip.AddrFrom4([4]byte{127, byte(64 + i>>16), byte(i >> 8), byte(i)}).String() // bounded by Validate
 }
 
 // machineID is machine i's SMBIOS UUID.
@@ -445,5 +445,5 @@ func machineID(i int) string { return fmt.Sprintf("f1ee7000-0000-4000-8000-%012x
 
 // machineMAC is machine i's MAC (locally administered).
 func machineMAC(i int) net.HardwareAddr {
-	return net.HardwareAddr{0x02, 0xf1, 0xee, byte(i >> 16), byte(i >> 8), byte(i)} //nolint:gosec // bounded by Validate
+	return net.HardwareAddr{0x02, 0xf1, 0xee, byte(i >> 16), byte(i >> 8), byte(i)} // bounded by Validate
 }

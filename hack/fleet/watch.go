@@ -36,7 +36,7 @@ type watchPoller struct{ svc *BMCService }
 
 func (p watchPoller) PowerStatus(ctx context.Context, t bmc.Target, c bmc.Credentials) (bool, error) {
 	// the credentials go with the target, as the edge's Manager has them: a BMC asked without a user refuses
-	return p.svc.powerStatus(ctx, &bmcpb.Target{ //nolint:gosec // a port
+	return p.svc.powerStatus(ctx, &bmcpb.Target{ // a port
 		Host: t.Host, IpmiPort: uint32(t.IPMIPort), Username: c.Username, Password: c.Password,
 	}, MethodWatchPoll)
 }

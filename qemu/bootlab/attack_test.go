@@ -139,7 +139,7 @@ func forgedTFTPFlood(ctx context.Context, dst net.IP, rate int, sent *atomic.Int
 				copy(pkt[16:20], to.Addr[:])
 				binary.BigEndian.PutUint16(pkt[20:], 1024+binary.BigEndian.Uint16(rnd[1:])%60000)
 				binary.BigEndian.PutUint16(pkt[22:], 69)
-				binary.BigEndian.PutUint16(pkt[24:], uint16(8+len(payload))) //nolint:gosec // small
+				binary.BigEndian.PutUint16(pkt[24:], uint16(8+len(payload))) // small
 				pkt = append(pkt, payload...)
 
 				if syscall.Sendto(fd, pkt, 0, to) == nil {
@@ -365,7 +365,7 @@ func addAttacker(t *testing.T, site *bootlab.Site) string {
 	ns := strings.Replace(site.NS, "ob-site-", "ob-atk-", 1)
 
 	bootlab.Run(t, "ip", "netns", "add", ns)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() }) //nolint:errcheck,gosec
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() }) //nolint:errcheck
 
 	for _, args := range [][]string{
 		{"-n", site.NS, "link", "add", "at0", "type", "veth", "peer", "name", "at1", "netns", ns},

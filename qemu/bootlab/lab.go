@@ -117,9 +117,9 @@ func NewSite(t *testing.T, opts SiteOptions) *Site {
 	s := &Site{NS: "ob-site-" + sfx, DHCPNS: "ob-dhcp-" + sfx, Dir: t.TempDir()}
 
 	Run(t, "ip", "netns", "add", s.NS)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", s.NS).Run() }) //nolint:errcheck,gosec
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", s.NS).Run() }) //nolint:errcheck
 	Run(t, "ip", "netns", "add", s.DHCPNS)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", s.DHCPNS).Run() }) //nolint:errcheck,gosec
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", s.DHCPNS).Run() }) //nolint:errcheck
 
 	for _, args := range [][]string{
 		{"-n", s.NS, "link", "set", "lo", "up"},
@@ -206,11 +206,11 @@ func (s *Site) Start(t *testing.T, name string, lines chan<- string, cmd string,
 		_ = c.Wait()         //nolint:errcheck
 
 		if pw != nil {
-			pw.Close() //nolint:errcheck,gosec // ends the line reader
+			pw.Close() //nolint:errcheck // ends the line reader
 		}
 
 		wg.Wait()
-		logf.Close() //nolint:errcheck,gosec
+		logf.Close() //nolint:errcheck
 
 		if t.Failed() {
 			b, _ := os.ReadFile(logf.Name()) //nolint:errcheck

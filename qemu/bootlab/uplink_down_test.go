@@ -65,7 +65,7 @@ func (l *eventLog) snapshot() ([]uint64, []*bootpb.Event) {
 func bootScript(t *testing.T, base, uuid string) (int, string) {
 	t.Helper()
 
-	resp, err := http.Get(base + "/ipxe/boot.ipxe?uuid=" + uuid + "&mac=52-54-00-00-00-01&arch=x86_64") //nolint:noctx
+	resp, err := http.Get(base + "/ipxe/boot.ipxe?uuid=" + uuid + "&mac=52-54-00-00-00-01&arch=x86_64")
 	require.NoError(t, err)
 
 	defer resp.Body.Close() //nolint:errcheck

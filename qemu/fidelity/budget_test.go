@@ -42,7 +42,7 @@ func TestControllerOutlivesWatchBudget(t *testing.T) {
 		t.Skip(reason)
 	}
 
-	real := b.(*fidelity.Real) //nolint:forcetypeassert // startRealOmni returns a *Real
+	real := b.(*fidelity.Real) // startRealOmni returns a *Real
 
 	ctx, cancel := context.WithTimeout(t.Context(), watchBudget+10*time.Minute)
 	defer cancel()
@@ -73,7 +73,7 @@ func TestControllerOutlivesWatchBudget(t *testing.T) {
 	r.eventually("ready to use", func() bool { s := r.status(ctx, m1); return s != nil && s.GetReadyToUse() })
 
 	t.Logf("machine ready; letting the watches stay quiet past the %s retry budget", watchBudget)
-	time.Sleep(watchBudget + time.Minute) //nolint:forbidigo // time itself is what this test needs to pass
+	time.Sleep(watchBudget + time.Minute) // time itself is what this test needs to pass
 
 	require.NoError(t, real.Omni().Restart(ctx))
 	restarted := time.Now()

@@ -47,7 +47,7 @@ func (r *Real) Omni() *realomni.Omni { return r.o }
 // Close closes the clients (the Omni itself is its owner's to stop).
 func (r *Real) Close() error {
 	if r.reader != nil {
-		r.reader.Close() //nolint:errcheck,gosec // the admin's error is the one reported
+		r.reader.Close() //nolint:errcheck // the admin's error is the one reported
 	}
 
 	return r.admin.Close()

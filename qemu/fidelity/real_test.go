@@ -46,7 +46,7 @@ func startRealOmni(t *testing.T) (fidelity.Backend, string) {
 	ns := "ol-fidelity-" + hex.EncodeToString(b)
 	out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() }) //nolint:errcheck,gosec
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() }) //nolint:errcheck
 
 	out, err = exec.Command("ip", "-n", ns, "link", "set", "lo", "up").CombinedOutput()
 	require.NoError(t, err, "%s", out)

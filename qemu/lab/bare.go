@@ -73,7 +73,7 @@ boot
 
 	go srv.Serve(ln) //nolint:errcheck
 
-	l.Defer(func() { srv.Close() }) //nolint:errcheck,gosec
+	l.Defer(func() { srv.Close() }) //nolint:errcheck
 
 	return s, nil
 }

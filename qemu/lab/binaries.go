@@ -171,7 +171,7 @@ func (s *Site) StartEdge(ctx context.Context, bin string, opts EdgeOptions) (*Pr
 		cancel()
 
 		if err == nil {
-			conn.Close() //nolint:errcheck,gosec
+			conn.Close() //nolint:errcheck
 
 			return p, nil
 		}

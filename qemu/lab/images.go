@@ -91,7 +91,7 @@ func BuildImages(ctx context.Context, root, dir string) (Images, error) {
 		}
 
 		if err := bootlab.BuildInitramfs(f, initData, kernel.ModulesDir, InitModules); err != nil {
-			f.Close() //nolint:errcheck,gosec
+			f.Close() //nolint:errcheck
 
 			return Images{}, fmt.Errorf("build initramfs: %w", err)
 		}

@@ -88,7 +88,7 @@ func sweepStale(dir string) {
 	for _, ns := range strings.Fields(string(list)) {
 		if strings.HasPrefix(ns, Prefix) {
 			killNetnsPids(ns)
-			exec.Command("ip", "netns", "del", ns).Run() //nolint:errcheck,gosec
+			exec.Command("ip", "netns", "del", ns).Run() //nolint:errcheck
 		}
 	}
 }
@@ -139,7 +139,7 @@ func (l *Lab) Close() {
 		fns[i]()
 	}
 
-	os.Remove(filepath.Join(l.Dir, "namespaces")) //nolint:errcheck,gosec
+	os.Remove(filepath.Join(l.Dir, "namespaces")) //nolint:errcheck
 }
 
 // IP runs the ip command.
@@ -162,7 +162,7 @@ func (l *Lab) AddNetns(role string) (string, error) {
 	}
 
 	fmt.Fprintln(f, ns) //nolint:errcheck
-	f.Close()           //nolint:errcheck,gosec
+	f.Close()           //nolint:errcheck
 
 	if err := l.IP("netns", "add", ns); err != nil {
 		return "", err
@@ -170,7 +170,7 @@ func (l *Lab) AddNetns(role string) (string, error) {
 
 	l.Defer(func() {
 		killNetnsPids(ns)
-		exec.Command("ip", "netns", "del", ns).Run() //nolint:errcheck,gosec
+		exec.Command("ip", "netns", "del", ns).Run() //nolint:errcheck
 	})
 
 	if err := l.IP("-n", ns, "link", "set", "lo", "up"); err != nil {
@@ -276,14 +276,14 @@ func (l *Lab) Start(spec ProcSpec) (*Proc, error) {
 		name, args = "ip", append([]string{"netns", "exec", spec.NS, spec.Cmd}, spec.Args...)
 	}
 
-	cmd := exec.Command(name, args...) //nolint:gosec
+	cmd := exec.Command(name, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), spec.Env...)
 	// Its own process group (killed as a whole), and killed with the lab process if that dies first.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 
 	if err := cmd.Start(); err != nil {
-		logf.Close() //nolint:errcheck,gosec
+		logf.Close() //nolint:errcheck
 
 		return nil, fmt.Errorf("start %s: %w", spec.Name, err)
 	}
@@ -292,7 +292,7 @@ func (l *Lab) Start(spec ProcSpec) (*Proc, error) {
 
 	go func() {
 		p.err = cmd.Wait()
-		logf.Close() //nolint:errcheck,gosec
+		logf.Close() //nolint:errcheck
 		close(p.done)
 	}()
 

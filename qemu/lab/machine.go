@@ -197,14 +197,14 @@ func writeJunkDisk(path string, size int64) error {
 	}
 
 	if err := f.Truncate(size); err != nil {
-		f.Close() //nolint:errcheck,gosec
+		f.Close() //nolint:errcheck
 
 		return fmt.Errorf("size disk: %w", err)
 	}
 
 	for off := int64(4096); off+int64(len(junk)) <= size; off += 8 << 20 {
 		if _, err := f.WriteAt(junk, off); err != nil {
-			f.Close() //nolint:errcheck,gosec
+			f.Close() //nolint:errcheck
 
 			return fmt.Errorf("fill disk: %w", err)
 		}
@@ -233,7 +233,7 @@ func (m *Machine) DiskZeroed() (bool, error) {
 		}
 
 		if err != nil {
-			return true, nil //nolint:nilerr // io.EOF ends the scan
+			return true, nil // io.EOF ends the scan
 		}
 	}
 }
@@ -308,7 +308,7 @@ func (m *Machine) serveIPMI(ctx context.Context) error {
 		}
 	}()
 
-	m.lab.Defer(func() { cancel(); conn.Close(); <-done }) //nolint:errcheck,gosec
+	m.lab.Defer(func() { cancel(); conn.Close(); <-done }) //nolint:errcheck
 
 	return nil
 }
@@ -338,7 +338,7 @@ func (m *Machine) serveRedfish(ctx context.Context) error {
 
 	go srv.ServeTLS(ln, "", "") //nolint:errcheck
 
-	m.lab.Defer(func() { srv.Close() }) //nolint:errcheck,gosec
+	m.lab.Defer(func() { srv.Close() }) //nolint:errcheck
 
 	return nil
 }
@@ -366,14 +366,14 @@ func selfSigned(host string) (tls.Certificate, error) {
 
 // serveChannel serves the machine's in-band BMC channel (its second serial port) on a unix socket.
 func (m *Machine) serveChannel(ctx context.Context) error {
-	os.Remove(m.sock) //nolint:errcheck,gosec
+	os.Remove(m.sock) //nolint:errcheck
 
 	ln, err := net.Listen("unix", m.sock)
 	if err != nil {
 		return fmt.Errorf("listen bmc channel of %s: %w", m.Spec.Name, err)
 	}
 
-	m.lab.Defer(func() { ln.Close() }) //nolint:errcheck,gosec
+	m.lab.Defer(func() { ln.Close() }) //nolint:errcheck
 
 	go func() {
 		for {
@@ -392,7 +392,7 @@ func (m *Machine) serveChannel(ctx context.Context) error {
 func (m *Machine) channel(ctx context.Context, conn net.Conn) {
 	defer conn.Close() //nolint:errcheck
 
-	go func() { <-ctx.Done(); conn.Close() }() //nolint:errcheck,gosec
+	go func() { <-ctx.Done(); conn.Close() }() //nolint:errcheck
 
 	sc := bufio.NewScanner(conn)
 	for sc.Scan() {

@@ -694,7 +694,7 @@ func (e *Env) wanCut(ctx context.Context, site *Site, allocated, idle *Machine) 
 
 		return e.waitDiskBoot(ctx, m, from)
 	}); err != nil {
-		site.SetWAN(true) //nolint:errcheck,gosec
+		site.SetWAN(true) //nolint:errcheck
 
 		return err
 	}
@@ -716,7 +716,7 @@ func (e *Env) wanCut(ctx context.Context, site *Site, allocated, idle *Machine) 
 
 		return m.WaitSerial(ctx, idleFrom, AgentStartMarker, 5*time.Minute)
 	}); err != nil {
-		site.SetWAN(true) //nolint:errcheck,gosec
+		site.SetWAN(true) //nolint:errcheck
 
 		return err
 	}

@@ -127,7 +127,7 @@ func (l *Lab) StartStandIn(ctx context.Context, core *Core, bin string) (*Omni, 
 	}
 
 	o.Mode, o.ProviderKey, o.Proc = StandInOmni, providerKey, p
-	l.Defer(func() { o.client.Close() }) //nolint:errcheck,gosec
+	l.Defer(func() { o.client.Close() }) //nolint:errcheck
 
 	return o, nil
 }
@@ -170,7 +170,7 @@ func (l *Lab) StartRealOmni(ctx context.Context, core *Core, bins realomni.Binar
 	}
 
 	o.Mode, o.ProviderKey, o.CAFile, o.Real = RealOmni, providerKey, ro.CAFile, ro
-	l.Defer(func() { o.client.Close() }) //nolint:errcheck,gosec
+	l.Defer(func() { o.client.Close() }) //nolint:errcheck
 
 	return o, nil
 }
@@ -282,7 +282,7 @@ func (s *Site) StartSiteEdge(ctx context.Context, bin, assetsDir string) (*Edge,
 		return nil, fmt.Errorf("dial edge of %s: %w", s.Name, err)
 	}
 
-	s.lab.Defer(func() { conn.Close() }) //nolint:errcheck,gosec
+	s.lab.Defer(func() { conn.Close() }) //nolint:errcheck
 
 	return &Edge{Proc: p, Conn: conn, BootPlans: bootpb.NewBootPlansClient(conn)}, nil
 }

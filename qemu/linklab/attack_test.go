@@ -297,7 +297,7 @@ func idleAttacker(ctx context.Context, addr, ip string, counts *attackCounts) {
 // so that the attack costs this process (and the machine the test shares) as little as it can.
 var attackerTLS = &tls.Config{
 	MinVersion:         tls.VersionTLS13,
-	InsecureSkipVerify: true, //nolint:gosec // the attacker trusts anything
+	InsecureSkipVerify: true, // the attacker trusts anything
 	CurvePreferences:   []tls.CurveID{tls.X25519},
 }
 
@@ -344,14 +344,14 @@ func storeMax(peak *atomic.Int64, v int64) {
 func pause(ctx context.Context, d time.Duration) {
 	select {
 	case <-ctx.Done():
-	case <-time.After(d/2 + rand.N(d)): //nolint:gosec // pacing
+	case <-time.After(d/2 + rand.N(d)): // pacing
 	}
 }
 
 func randomSecret() []byte {
 	b := make([]byte, uplink.SecretLen)
 	for i := range b {
-		b[i] = byte(rand.N(256)) //nolint:gosec // a wrong guess
+		b[i] = byte(rand.N(256)) // a wrong guess
 	}
 
 	return b
@@ -396,7 +396,7 @@ func rss(t *testing.T, pid int) int64 {
 func scrape(t *testing.T, addr string) map[string]float64 {
 	t.Helper()
 
-	resp, err := http.Get("http://" + addr + "/metrics") //nolint:noctx
+	resp, err := http.Get("http://" + addr + "/metrics")
 	require.NoError(t, err)
 
 	defer resp.Body.Close() //nolint:errcheck

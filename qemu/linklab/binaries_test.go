@@ -242,7 +242,7 @@ func TestBinariesAirGappedSiteGetsAgentAssetsByRelay(t *testing.T) {
 
 	for name, want := range map[string][]byte{"vmlinuz": kernel, "initramfs.xz": initrd} {
 		require.Eventually(t, func() bool {
-			resp, err := http.Get("http://" + httpAddr + "/assets/agent/x86_64/" + name) //nolint:noctx
+			resp, err := http.Get("http://" + httpAddr + "/assets/agent/x86_64/" + name)
 			if err != nil {
 				return false
 			}

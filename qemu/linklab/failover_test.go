@@ -77,12 +77,12 @@ func TestBinariesStandbyTakesOverMidWipe(t *testing.T) {
 	// The machine boots through the edge (its join config fetched from this address): the boot evidence its
 	// agent's tunnel is bound to.
 	require.Eventually(t, func() bool {
-		resp, err := http.Get("http://" + httpAddr + "/config?u=" + machineID) //nolint:noctx
+		resp, err := http.Get("http://" + httpAddr + "/config?u=" + machineID)
 		if err != nil {
 			return false
 		}
 
-		resp.Body.Close() //nolint:errcheck,gosec
+		resp.Body.Close() //nolint:errcheck
 
 		return resp.StatusCode == http.StatusOK
 	}, time.Minute, 100*time.Millisecond, "the edge never served the join config")
@@ -140,7 +140,7 @@ func TestBinariesStandbyTakesOverMidWipe(t *testing.T) {
 
 	admin := omni.NewAdmin(stand.State())
 	require.NoError(t, admin.SetBMCConfig(ctx, machineID, &specs.InfraMachineBMCConfigSpec_IPMI{
-		Address: "127.0.0.1", Port: uint32(bmcConn.LocalAddr().(*net.UDPAddr).Port), Username: "admin", Password: "lab-password", //nolint:forcetypeassert,gosec
+		Address: "127.0.0.1", Port: uint32(bmcConn.LocalAddr().(*net.UDPAddr).Port), Username: "admin", Password: "lab-password",
 	}))
 	require.NoError(t, admin.Accept(ctx, machineID))
 

@@ -157,7 +157,7 @@ func TestBinariesLifecycleWithOmniStandIn(t *testing.T) {
 	joinToken, err := omni.NewAdmin(stand.State()).JoinToken(ctx, "bare-metal")
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
-		resp, err := http.Get("http://" + httpAddr + "/config?u=" + machineID) //nolint:noctx
+		resp, err := http.Get("http://" + httpAddr + "/config?u=" + machineID)
 		if err != nil {
 			return false
 		}
@@ -190,7 +190,7 @@ func TestBinariesLifecycleWithOmniStandIn(t *testing.T) {
 
 	admin := omni.NewAdmin(stand.State())
 	require.NoError(t, admin.SetBMCConfig(ctx, machineID, &specs.InfraMachineBMCConfigSpec_IPMI{
-		Address: "127.0.0.1", Port: uint32(bmcConn.LocalAddr().(*net.UDPAddr).Port), Username: "admin", Password: "lab-password", //nolint:forcetypeassert,gosec
+		Address: "127.0.0.1", Port: uint32(bmcConn.LocalAddr().(*net.UDPAddr).Port), Username: "admin", Password: "lab-password",
 	}))
 	require.NoError(t, admin.Accept(ctx, machineID))
 

@@ -520,7 +520,7 @@ func TestBadInputNeverBlocksOtherEdges(t *testing.T) {
 func rawHello(t *testing.T, addr string, protocol uint16, hello *uplinkpb.Hello) *uplinkpb.HelloReply {
 	t.Helper()
 
-	conn, err := tls.Dial("tcp", addr, &tls.Config{MinVersion: tls.VersionTLS13, InsecureSkipVerify: true}) //nolint:gosec // test
+	conn, err := tls.Dial("tcp", addr, &tls.Config{MinVersion: tls.VersionTLS13, InsecureSkipVerify: true}) // test
 	require.NoError(t, err)
 
 	defer conn.Close() //nolint:errcheck

@@ -82,7 +82,7 @@ func (a *authenticator) unary(ctx context.Context, req any, info *grpc.UnaryServ
 
 type streamWithContext struct {
 	grpc.ServerStream
-	ctx context.Context //nolint:containedctx // the stream's own context, replaced
+	ctx context.Context // the stream's own context, replaced
 }
 
 func (s streamWithContext) Context() context.Context { return s.ctx }

@@ -97,7 +97,7 @@ func (d *deriver) watchAndDerive(ctx context.Context) error {
 
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil //nolint:nilerr // shutting down
+				return nil // shutting down
 			}
 
 			d.logger.Warn("derive infra machines", zap.Error(err))
@@ -525,7 +525,7 @@ func (d *deriver) bmcConfig(ctx context.Context, id string) error {
 
 	return safe.StateModify(ctx, d.st, infra.NewBMCConfig(id), func(c *infra.BMCConfig) error {
 		if !proto.Equal(c.TypedSpec().Value.GetConfig(), src.TypedSpec().Value) {
-			c.TypedSpec().Value.Config = proto.Clone(src.TypedSpec().Value).(*specs.InfraMachineBMCConfigSpec) //nolint:forcetypeassert
+			c.TypedSpec().Value.Config = proto.Clone(src.TypedSpec().Value).(*specs.InfraMachineBMCConfigSpec)
 		}
 
 		return nil

@@ -191,7 +191,7 @@ func testOmniRestart(t *testing.T, refuseResumed bool) {
 	addr := s.addr
 	s.stop()
 
-	time.Sleep(300 * time.Millisecond) //nolint:forbidigo // Omni stays away for a while on purpose
+	time.Sleep(300 * time.Millisecond) // Omni stays away for a while on purpose
 
 	srv, err := omni.New(func() omni.Config {
 		c := cfg

@@ -240,7 +240,7 @@ func TestDerivation(t *testing.T) {
 		t.Helper()
 
 		m, err := safe.StateWatchFor[*infra.Machine](ctx, s.State(), infra.NewMachine("m-1").Metadata(),
-			state.WithCondition(func(r resource.Resource) (bool, error) { return cond(r.(*infra.Machine)), nil })) //nolint:forcetypeassert
+			state.WithCondition(func(r resource.Resource) (bool, error) { return cond(r.(*infra.Machine)), nil }))
 		require.NoError(t, err, name)
 
 		return m

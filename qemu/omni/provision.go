@@ -117,7 +117,7 @@ func (p *provisioner) Provision(ctx context.Context, req *pb.ProvisionRequest) (
 
 	// Omni parses the token before anything else; its error text is what a machine sending hex gets.
 	if _, err = jointoken.ParseNodeUniqueToken(req.GetNodeUniqueToken()); err != nil {
-		return nil, err //nolint:wrapcheck // already the status Omni answers with
+		return nil, err // already the status Omni answers with
 	}
 
 	if _, err = wgtypes.ParseKey(req.GetNodePublicKey()); err != nil {

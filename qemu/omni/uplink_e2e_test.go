@@ -113,7 +113,7 @@ func (e *uplinkEdge) publish(ctx context.Context, conn grpc.ClientConnInterface)
 
 		for _, ev := range e.journal {
 			if ev.GetSequence() > acked {
-				pending = append(pending, proto.Clone(ev).(*bootpb.Event)) //nolint:forcetypeassert
+				pending = append(pending, proto.Clone(ev).(*bootpb.Event))
 			}
 		}
 		e.mu.Unlock()
@@ -121,7 +121,7 @@ func (e *uplinkEdge) publish(ctx context.Context, conn grpc.ClientConnInterface)
 		if len(pending) > 0 {
 			resp, err := client.Publish(ctx, &bootpb.PublishRequest{JournalId: "journal-1", Events: pending})
 			if err != nil {
-				return nil //nolint:nilerr // the session ended; the next one resends
+				return nil // the session ended; the next one resends
 			}
 
 			acked = resp.GetAcked()
@@ -152,7 +152,7 @@ func (e *uplinkEdge) Apply(_ context.Context, req *bootpb.ApplyRequest) (*bootpb
 	e.mu.Lock()
 	defer e.mu.Unlock()
 
-	e.table = proto.Clone(req.GetSnapshot()).(*bootpb.Table) //nolint:forcetypeassert
+	e.table = proto.Clone(req.GetSnapshot()).(*bootpb.Table)
 
 	return &bootpb.ApplyResponse{Version: e.table.GetVersion()}, nil
 }

@@ -194,11 +194,11 @@ func lock(ctx context.Context, path string, log *zap.Logger) (func(), error) {
 	for waiting := false; ; waiting = true {
 		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 		if err == nil {
-			return func() { f.Close() }, nil //nolint:errcheck,gosec // closing releases the lock
+			return func() { f.Close() }, nil //nolint:errcheck // closing releases the lock
 		}
 
 		if !errors.Is(err, unix.EWOULDBLOCK) {
-			f.Close() //nolint:errcheck,gosec
+			f.Close() //nolint:errcheck
 
 			return nil, fmt.Errorf("lock %s: %w", path, err)
 		}
@@ -209,7 +209,7 @@ func lock(ctx context.Context, path string, log *zap.Logger) (func(), error) {
 
 		select {
 		case <-ctx.Done():
-			f.Close() //nolint:errcheck,gosec
+			f.Close() //nolint:errcheck
 
 			return nil, fmt.Errorf("wait for the omni build lock: %w", ctx.Err())
 		case <-ticker.C:

@@ -213,7 +213,7 @@ func (o *Omni) waitUsable(ctx context.Context, p *process) error {
 
 	defer func() {
 		if c != nil {
-			c.Close() //nolint:errcheck,gosec
+			c.Close() //nolint:errcheck
 		}
 	}()
 
@@ -232,7 +232,7 @@ func (o *Omni) waitUsable(ctx context.Context, p *process) error {
 				return nil
 			}
 
-			c.Close() //nolint:errcheck,gosec // reconnect, reading the key again (it may have been half written)
+			c.Close() //nolint:errcheck // reconnect, reading the key again (it may have been half written)
 			c = nil
 		}
 
@@ -317,7 +317,7 @@ func (o *Omni) omnictl(ctx context.Context, dir string, args ...string) ([]byte,
 
 	var stdout, stderr bytes.Buffer
 
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...) //nolint:gosec // argv is built by this package
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...) // argv is built by this package
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "HOME="+home, "XDG_CONFIG_HOME="+home, "OMNICONFIG="+filepath.Join(home, "omniconfig"),
 		"OMNI_ENDPOINT="+o.Endpoint, serviceAccountKeyEnv+"="+o.AdminKey(), "SSL_CERT_FILE="+o.CAFile)

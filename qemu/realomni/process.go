@@ -29,7 +29,7 @@ func startProcess(argv []string, dir string, env []string, logPath string) (*pro
 
 	fmt.Fprintf(logf, "=== realomni: starting %s at %s\n", argv[0], time.Now().UTC().Format(time.RFC3339)) //nolint:errcheck
 
-	cmd := exec.Command(argv[0], argv[1:]...) //nolint:gosec // argv is built by this package
+	cmd := exec.Command(argv[0], argv[1:]...) // argv is built by this package
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdin = nil
@@ -37,7 +37,7 @@ func startProcess(argv []string, dir string, env []string, logPath string) (*pro
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 
 	if err := cmd.Start(); err != nil {
-		logf.Close() //nolint:errcheck,gosec
+		logf.Close() //nolint:errcheck
 
 		return nil, fmt.Errorf("start %s: %w", argv[0], err)
 	}
@@ -46,7 +46,7 @@ func startProcess(argv []string, dir string, env []string, logPath string) (*pro
 
 	go func() {
 		p.err = cmd.Wait()
-		logf.Close() //nolint:errcheck,gosec
+		logf.Close() //nolint:errcheck
 		close(p.done)
 	}()
 
@@ -93,7 +93,7 @@ func logTail(path string, n int64) string {
 	defer f.Close() //nolint:errcheck
 
 	if fi, err := f.Stat(); err == nil && fi.Size() > n {
-		f.Seek(fi.Size()-n, io.SeekStart) //nolint:errcheck,gosec
+		f.Seek(fi.Size()-n, io.SeekStart) //nolint:errcheck
 	}
 
 	b, _ := io.ReadAll(f) //nolint:errcheck

@@ -37,7 +37,7 @@ func TestBMCOverUplinkQueueing(t *testing.T) {
 	rf := startRedfish(t, ch, bmcUser, bmcPassword)
 
 	good := s.access.BMC(siteA, machineID, &bmcpb.Target{
-		Host: "127.0.0.1", IpmiPort: uint32(port), RedfishEndpoint: rf, Username: bmcUser, Password: bmcPassword, //nolint:gosec
+		Host: "127.0.0.1", IpmiPort: uint32(port), RedfishEndpoint: rf, Username: bmcUser, Password: bmcPassword,
 	})
 
 	t.Run("serialized", func(t *testing.T) {
@@ -68,7 +68,7 @@ func TestBMCOverUplinkQueueing(t *testing.T) {
 		t.Cleanup(func() { silent.Close() }) //nolint:errcheck
 
 		dead := s.access.BMC(siteA, machineID, &bmcpb.Target{
-			Host: "127.0.0.1", IpmiPort: uint32(silent.LocalAddr().(*net.UDPAddr).Port), //nolint:gosec,forcetypeassert
+			Host: "127.0.0.1", IpmiPort: uint32(silent.LocalAddr().(*net.UDPAddr).Port),
 			Protocol: bmcpb.Protocol_PROTOCOL_IPMI, Username: bmcUser, Password: bmcPassword,
 		})
 

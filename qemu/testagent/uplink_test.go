@@ -256,7 +256,7 @@ func TestOverUplink(t *testing.T) {
 			port := startIPMI(t, ch, bmcUser, bmcPassword)
 			rf := startRedfish(t, ch, bmcUser, bmcPassword)
 
-			target := &bmcpb.Target{Host: "127.0.0.1", IpmiPort: uint32(port), RedfishEndpoint: rf, Protocol: tc.protocol, Username: bmcUser, Password: bmcPassword} //nolint:gosec
+			target := &bmcpb.Target{Host: "127.0.0.1", IpmiPort: uint32(port), RedfishEndpoint: rf, Protocol: tc.protocol, Username: bmcUser, Password: bmcPassword}
 			b := s.access.BMC(siteA, machineID, target)
 
 			on, err := b.PowerStatus(ctx)
@@ -282,7 +282,7 @@ func TestOverUplink(t *testing.T) {
 			require.False(t, ch.PowerState())
 
 			// Wrong password: a clear error that does not echo it.
-			bad := s.access.BMC(siteA, machineID, &bmcpb.Target{Host: "127.0.0.1", IpmiPort: uint32(port), Protocol: bmcpb.Protocol_PROTOCOL_IPMI, Username: bmcUser, Password: "not-" + bmcPassword}) //nolint:gosec
+			bad := s.access.BMC(siteA, machineID, &bmcpb.Target{Host: "127.0.0.1", IpmiPort: uint32(port), Protocol: bmcpb.Protocol_PROTOCOL_IPMI, Username: bmcUser, Password: "not-" + bmcPassword})
 			_, err = bad.PowerStatus(ctx)
 			require.Error(t, err)
 			require.NotContains(t, err.Error(), bmcPassword)
@@ -313,7 +313,7 @@ func startIPMI(t testing.TB, ch *vbmc.Chassis, user, password string) int {
 
 	t.Cleanup(func() { cancel(); <-done })
 
-	return conn.LocalAddr().(*net.UDPAddr).Port //nolint:forcetypeassert
+	return conn.LocalAddr().(*net.UDPAddr).Port
 }
 
 func startRedfish(t testing.TB, ch *vbmc.Chassis, user, password string) string {
@@ -341,7 +341,7 @@ func stopRedfish(t testing.TB, url string) {
 
 	srv, ok := redfishServers.Load(url)
 	require.True(t, ok)
-	srv.(*httpServer).stop() //nolint:forcetypeassert
+	srv.(*httpServer).stop()
 }
 
 // BenchmarkHelloOverUplink compares Hello controller -> uplink -> edge -> tunnel -> agent with a

@@ -218,7 +218,7 @@ func TestManagerUnreachableBMCDoesNotBlockOthers(t *testing.T) {
 	deadURL := "http://" + closedTCP.Addr().String()
 	require.NoError(t, closedTCP.Close())
 
-	dead := bmc.Target{Host: "127.0.0.1", IPMIPort: silent.LocalAddr().(*net.UDPAddr).Port, RedfishEndpoint: deadURL} //nolint:forcetypeassert
+	dead := bmc.Target{Host: "127.0.0.1", IPMIPort: silent.LocalAddr().(*net.UDPAddr).Port, RedfishEndpoint: deadURL}
 	good := newMachine(t, false)
 
 	// The dead BMC's calls take their whole 3 s; a call to another BMC must be answered well within that.
@@ -385,7 +385,7 @@ func TestIPMICipherSuiteFallback(t *testing.T) {
 
 	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
 
-	tgt := bmc.Target{Host: "127.0.0.1", IPMIPort: conn.LocalAddr().(*net.UDPAddr).Port, Protocol: bmc.ProtocolIPMI} //nolint:forcetypeassert
+	tgt := bmc.Target{Host: "127.0.0.1", IPMIPort: conn.LocalAddr().(*net.UDPAddr).Port, Protocol: bmc.ProtocolIPMI}
 
 	// Default: 17, then 3.
 	_, err = newManager(t, nil, nil).PowerStatus(t.Context(), tgt, creds)

@@ -46,7 +46,7 @@ func startIPMI(t *testing.T, ch *vbmc.Chassis) int {
 		require.NoError(t, <-done)
 	})
 
-	return conn.LocalAddr().(*net.UDPAddr).Port //nolint:forcetypeassert
+	return conn.LocalAddr().(*net.UDPAddr).Port
 }
 
 func ipmitool(t *testing.T, port int, args ...string) string {

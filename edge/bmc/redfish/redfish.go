@@ -64,7 +64,7 @@ func (c Config) HTTPClient() *http.Client {
 		Timeout: timeout,
 		Transport: &http.Transport{
 			DialContext:           (&net.Dialer{Timeout: timeout}).DialContext,
-			TLSClientConfig:       &tls.Config{InsecureSkipVerify: c.Insecure, MinVersion: tls.VersionTLS12}, //nolint:gosec // BMC certificates are self-signed
+			TLSClientConfig:       &tls.Config{InsecureSkipVerify: c.Insecure, MinVersion: tls.VersionTLS12}, // BMC certificates are self-signed
 			TLSHandshakeTimeout:   timeout,
 			ResponseHeaderTimeout: timeout,
 			MaxIdleConnsPerHost:   1,

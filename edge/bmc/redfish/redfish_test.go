@@ -18,7 +18,7 @@ func FuzzProbe(f *testing.F) {
 	body.Store([]byte{})
 
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		_, _ = w.Write(body.Load().([]byte)) //nolint:errcheck,forcetypeassert
+		_, _ = w.Write(body.Load().([]byte)) //nolint:errcheck
 	}))
 	defer srv.Close()
 

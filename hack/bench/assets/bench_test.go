@@ -48,7 +48,7 @@ func fetchAll(b *testing.B, client *http.Client, url string, size int64) {
 
 	for range concurrentDownloads {
 		wg.Go(func() {
-			resp, err := client.Get(url) //nolint:noctx
+			resp, err := client.Get(url)
 			if err != nil {
 				errs <- err
 

@@ -55,7 +55,7 @@ func run() error {
 	var last error
 
 	for range 10 {
-		resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(cb) //nolint:noctx
+		resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(cb)
 		if err == nil {
 			io.Copy(io.Discard, resp.Body) //nolint:errcheck
 			resp.Body.Close()              //nolint:errcheck

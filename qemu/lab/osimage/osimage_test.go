@@ -73,7 +73,7 @@ func TestFirmwareBootsIt(t *testing.T) {
 			cmd := exec.CommandContext(ctx, "qemu-system-x86_64", args...)
 			require.NoError(t, cmd.Start())
 
-			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() }) //nolint:errcheck,gosec
+			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() }) //nolint:errcheck
 
 			want := "OUTPOST-TEST " + fw
 

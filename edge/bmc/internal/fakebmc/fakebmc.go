@@ -92,7 +92,7 @@ func Start(t testing.TB, opts Options) *BMC {
 		t.Fatalf("fakebmc: listen: %v", err)
 	}
 
-	f.Port = conn.LocalAddr().(*net.UDPAddr).Port //nolint:forcetypeassert
+	f.Port = conn.LocalAddr().(*net.UDPAddr).Port
 
 	srv := server.NewServer(b, &countingConn{PacketConn: udp.Wrap(conn, udp.WithReadTimeout(100*time.Millisecond)), f: f})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -189,7 +189,7 @@ func (c *countingConn) ReadFrom(buf []byte) (int, net.Addr, error) {
 		c.f.mu.Unlock()
 	}
 
-	return n, addr, err //nolint:wrapcheck
+	return n, addr, err
 }
 
 type fakeHAL struct {

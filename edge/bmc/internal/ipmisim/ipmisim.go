@@ -110,7 +110,7 @@ func Start(t *testing.T, opts Options) *Sim {
 }
 
 func (s *Sim) writeConfig(opts Options) error {
-	if err := os.WriteFile(filepath.Join(s.Dir, "chassis.sh"), []byte(chassisScript), 0o755); err != nil { //nolint:gosec // a program
+	if err := os.WriteFile(filepath.Join(s.Dir, "chassis.sh"), []byte(chassisScript), 0o755); err != nil { // a program
 		return fmt.Errorf("write chassis script: %w", err)
 	}
 
@@ -155,8 +155,8 @@ func (s *Sim) start(t *testing.T, opts Options) error {
 		return fmt.Errorf("find a free port: %w", err)
 	}
 
-	port := probe.LocalAddr().(*net.UDPAddr).Port //nolint:forcetypeassert
-	probe.Close()                                 //nolint:errcheck
+	port := probe.LocalAddr().(*net.UDPAddr).Port
+	probe.Close() //nolint:errcheck
 
 	conf := filepath.Join(s.Dir, "lan.conf")
 	if err := os.WriteFile(conf, []byte(s.lanConf(opts, port)), 0o600); err != nil {
@@ -314,11 +314,11 @@ func (s *Sim) flag(name string, on bool) error {
 	path := filepath.Join(s.Dir, name)
 
 	if on {
-		return os.WriteFile(path, nil, 0o600) //nolint:wrapcheck
+		return os.WriteFile(path, nil, 0o600)
 	}
 
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err //nolint:wrapcheck
+		return err
 	}
 
 	return nil
@@ -334,7 +334,7 @@ func (b *syncBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 
-	return b.b.Write(p) //nolint:wrapcheck
+	return b.b.Write(p)
 }
 
 func (b *syncBuffer) String() string {

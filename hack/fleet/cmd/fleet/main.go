@@ -138,7 +138,7 @@ func root() *cobra.Command {
 	f.DurationVar(&cfg.RestartTimeout, "restart-timeout", env.Duration("FLEET_RESTART_TIMEOUT", cfg.RestartTimeout), "bound on the restart's measures [FLEET_RESTART_TIMEOUT]")
 	f.BoolVar(&cfg.Perf, "perf", env.Bool("FLEET_PERF", cfg.Perf), "profile the controller with perf during the window [FLEET_PERF]")
 	f.StringVar(&cfg.Label, "label", env.String("FLEET_LABEL", ""), "free text kept with the figures (a commit, a change) [FLEET_LABEL]")
-	f.Uint64Var(&cfg.Seed, "seed", uint64(env.Int("FLEET_SEED", int(cfg.Seed))), "chooses dead BMCs, offline sites and samples [FLEET_SEED]") //nolint:gosec // small
+	f.Uint64Var(&cfg.Seed, "seed", uint64(env.Int("FLEET_SEED", int(cfg.Seed))), "chooses dead BMCs, offline sites and samples [FLEET_SEED]") // small
 
 	cmd.AddCommand(omniCommand())
 

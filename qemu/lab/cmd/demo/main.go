@@ -174,7 +174,7 @@ func run(ctx context.Context, out string, keep bool) error {
 
 			return nil
 		case <-tick.C:
-			draw(ctx, env, current.Load().(string)) //nolint:forcetypeassert // only strings are stored
+			draw(ctx, env, current.Load().(string)) // only strings are stored
 		}
 	}
 }
@@ -216,6 +216,6 @@ func draw(ctx context.Context, env *lab.Env, step string) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Site, s.Machine, s.Power, s.Phase, ev) //nolint:errcheck
 	}
 
-	tw.Flush() //nolint:errcheck,gosec
+	tw.Flush() //nolint:errcheck
 	fmt.Print(b.String())
 }

@@ -276,7 +276,7 @@ func provisionCmd(endpoint *string, insecureSkipVerify *bool, admin func(context
 
 				creds := insecure.NewCredentials()
 				if u.Scheme == "https" {
-					creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: *insecureSkipVerify}) //nolint:gosec // lab flag
+					creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: *insecureSkipVerify}) // lab flag
 				}
 
 				conn, err := grpc.NewClient(u.Host, grpc.WithTransportCredentials(creds))
