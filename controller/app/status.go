@@ -49,7 +49,7 @@ func (b *builder) newStatus(context.Context) error {
 
 	pages.Register(b.mux)
 	b.run("status streams", pages.Run)
-	apiOpts := []status.APIOption{status.WithBootModes(b.edges.locations)}
+	apiOpts := []status.APIOption{status.WithLocations(b.edges.locations)}
 	if b.elector != nil {
 		apiOpts = append(apiOpts, status.WithRole(b.elector))
 	}

@@ -85,20 +85,26 @@ func (e *Elector) Acting() bool { return e.acting.Load() }
 // was given may be a wildcard or port 0). Call it before Run.
 func (e *Elector) SetUplinkAddress(addr string) { e.cfg.UplinkAddress = addr }
 
-// Holder reads who holds the lease now and where it accepts edges ("" for both when nobody does).
-func (e *Elector) Holder(ctx context.Context) (holder, uplink string, err error) {
-	rec, err := safe.StateGet[*resources.ControllerLease](ctx, e.st, e.md)
-	if state.IsNotFoundError(err) {
-		return "", "", nil
+// ActingElsewhere reports whether another controller acts now (this one stands by) and, when it does, its name
+// and where it accepts edges, as the lease record says; the name reads "unknown (...)" when the record cannot be
+// read, and is empty when nobody holds the lease yet.
+func (e *Elector) ActingElsewhere(ctx context.Context) (holder, uplink string, elsewhere bool) {
+	if e.Acting() {
+		return "", "", false
 	}
 
-	if err != nil {
-		return "", "", fmt.Errorf("read the lease: %w", err)
+	rec, err := safe.StateGet[*resources.ControllerLease](ctx, e.st, e.md)
+
+	switch {
+	case state.IsNotFoundError(err):
+		return "", "", true
+	case err != nil:
+		return "unknown (" + err.Error() + ")", "", true
 	}
 
 	spec := rec.TypedSpec().Value
 
-	return spec.GetHolder(), spec.GetUplinkAddress(), nil
+	return spec.GetHolder(), spec.GetUplinkAddress(), true
 }
 
 // New returns an elector for the lease of types' provider in st. now is the clock (time.Now); reg may be nil.

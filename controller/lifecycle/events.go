@@ -85,11 +85,7 @@ func (l *Locations) HandleEvent(ctx context.Context, site string, e *bootpb.Even
 	case *bootpb.Event_TunnelRefused:
 		id := strings.ToLower(k.TunnelRefused.GetMachineId())
 
-		alert, ok := map[string]string{
-			"contested_machine_id":    AlertTunnelContested,
-			"source_not_boot_address": AlertTunnelOtherSource,
-			"duplicate_machine_id":    AlertSecondTunnel,
-		}[k.TunnelRefused.GetReason()]
+		alert, ok := alertOfRefusal[k.TunnelRefused.GetReason()]
 		if !ok {
 			l.reject(site, "unknown_refusal_reason", nil)
 
@@ -111,6 +107,13 @@ func (l *Locations) HandleEvent(ctx context.Context, site string, e *bootpb.Even
 	}
 
 	return nil
+}
+
+// alertOfRefusal is the alert each reason an edge refuses a known machine's tunnel for raises.
+var alertOfRefusal = map[string]string{
+	"contested_machine_id":    AlertTunnelContested,
+	"source_not_boot_address": AlertTunnelOtherSource,
+	"duplicate_machine_id":    AlertSecondTunnel,
 }
 
 func (l *Locations) reject(site, reason string, err error) {

@@ -244,3 +244,45 @@ func TestLocationsWaitWritten(t *testing.T) {
 		require.Equal(t, []string{fw, "operator"}, []string{rec.TypedSpec().Value.GetFirmware(), rec.TypedSpec().Value.GetFirmwareSource()})
 	}
 }
+
+// A restarted controller whose edge reported a machine before the records were read keeps the machine's
+// contested-UUID alert (only an operator clears it); an alert its own open tunnel would have cleared goes.
+func TestLocationsLoadKeepsAlerts(t *testing.T) {
+	t.Parallel()
+
+	const contested, rogue = "4c4c4544-0042-3510-8052-b4c04f384841", "4c4c4544-0042-3510-8052-b4c04f384842"
+
+	st := state.WrapCore(namespaced.NewState(inmem.Build))
+	types := resources.NewTypes("bare-metal")
+	require.NoError(t, types.Register())
+
+	first := lifecycle.NewLocations(zaptest.NewLogger(t))
+
+	for id, alert := range map[string]string{contested: lifecycle.AlertTunnelContested, rogue: lifecycle.AlertSecondTunnel} {
+		_, err := first.Seen("site-a", id)
+		require.NoError(t, err)
+		first.Raise(id, alert, "test")
+	}
+
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+
+	go func() { done <- first.Persist(ctx, st, types) }()
+
+	require.Eventually(t, func() bool {
+		list, err := st.List(ctx, types.NewMachineLocation("").Metadata())
+
+		return err == nil && len(list.Items) == 2
+	}, 5*time.Second, 5*time.Millisecond, "both records written")
+
+	cancel()
+	require.NoError(t, <-done)
+
+	second := lifecycle.NewLocations(zaptest.NewLogger(t))
+	require.NoError(t, second.AgentConnected("site-a", contested, true))
+	require.NoError(t, second.AgentConnected("site-a", rogue, true))
+	require.NoError(t, second.Load(t.Context(), st, types))
+
+	require.Equal(t, lifecycle.AlertTunnelContested, must(second.Locate(contested)).Alert)
+	require.Empty(t, must(second.Locate(rogue)).Alert, "the machine's own tunnel opened since")
+}

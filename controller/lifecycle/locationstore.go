@@ -48,9 +48,9 @@ func (l *Locations) Load(ctx context.Context, st state.State, t resources.Types)
 			// Where the machine is and its agent: what its edge said since the start wins. What the edge
 			// does not say (its firmware and who said it, an operator included; its arch, MACs, last boot)
 			// comes from the record unless something at least as strong was reported since.
-			if l.mergeRecordLocked(cur, spec) {
-				l.markLocked(id)
-			}
+			// (It was marked for writing when the edge reported it; Persist starts after Load and writes the
+			// merged view.)
+			mergeRecord(cur, spec)
 
 			merged++
 
@@ -86,45 +86,50 @@ func (l *Locations) Load(ctx context.Context, st state.State, t resources.Types)
 // knownAlert is a stored alert when it is one this controller raises ("" otherwise: a hand-edited record
 // cannot put an arbitrary label on a machine).
 func knownAlert(a string) string {
-	switch a {
-	case AlertTunnelContested, AlertTunnelOtherSource, AlertSecondTunnel, AlertClaimedElsewhere:
+	if a == AlertClaimedElsewhere {
 		return a
+	}
+
+	for _, known := range alertOfRefusal {
+		if a == known {
+			return a
+		}
 	}
 
 	return ""
 }
 
-// mergeRecordLocked fills in cur, a machine an edge reported since the start, from its stored record: the
-// firmware when the record's source ranks above what was reported (an operator's word above a DHCP request)
-// or nothing was, the arch when none was reported, the MACs not reported, the later last boot. It reports
-// whether cur changed.
-func (l *Locations) mergeRecordLocked(cur *Location, spec *specs.MachineLocationSpec) bool {
-	changed := false
-
+// mergeRecord fills in cur, a machine an edge reported since the start, from its stored record: the firmware
+// when the record's source ranks above what was reported (an operator's word above a DHCP request) or nothing
+// was, the arch when none was reported, the MACs not reported, the later last boot, and the record's alert
+// when none is set: a contested UUID always (only an operator clears it), another one only while the
+// machine's own tunnel has not opened since (that clears it).
+func mergeRecord(cur *Location, spec *specs.MachineLocationSpec) {
 	if fw := spec.GetFirmware(); (fw == "bios" || fw == "uefi") &&
 		(cur.Firmware == "" || firmwareRank[spec.GetFirmwareSource()] > firmwareRank[cur.FirmwareSource]) {
 		cur.Firmware, cur.FirmwareSource = fw, spec.GetFirmwareSource()
-		changed = true
 	}
 
-	if cur.Arch == "" && spec.GetArch() != "" {
+	if cur.Arch == "" {
 		cur.Arch = spec.GetArch()
-		changed = true
 	}
 
 	for _, mac := range spec.GetMacs() {
 		if len(cur.MACs) < maxMACsPerMachine && !slices.Contains(cur.MACs, mac) {
 			cur.MACs = append(cur.MACs, mac)
-			changed = true
 		}
 	}
 
 	if ts := spec.GetLastSeen(); ts.IsValid() && ts.AsTime().After(cur.LastSeen) {
 		cur.LastSeen = ts.AsTime()
-		changed = true
 	}
 
-	return changed
+	if alert := knownAlert(spec.GetAlert()); cur.Alert == "" && (alert == AlertTunnelContested || (alert != "" && !cur.AgentConnected)) {
+		cur.Alert = alert
+		if ts := spec.GetAlertAt(); ts.IsValid() {
+			cur.AlertAt = ts.AsTime()
+		}
+	}
 }
 
 // Persist writes every change to Omni until ctx ends: one record per machine, coalesced (many changes of a

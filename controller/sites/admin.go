@@ -33,10 +33,9 @@ type AssetState interface {
 	SetPolicy(siteID string, policy assetspb.Policy) error
 }
 
-// Role tells whether this controller acts now, and when it stands by, which one does (nil: it always acts).
+// Role tells, when this controller stands by, which one acts and where it accepts edges (nil: it always acts).
 type Role interface {
-	Acting() bool
-	Holder(ctx context.Context) (holder, uplink string, err error)
+	ActingElsewhere(ctx context.Context) (holder, uplink string, elsewhere bool)
 }
 
 // AdminOption changes what NewAdmin builds.
@@ -58,13 +57,13 @@ func NewAdmin(registry *Registry, server *Server, statuses state.State, assets A
 
 // standby describes the active controller when this one stands by (nil when it acts).
 func (a *Admin) standby(ctx context.Context) *adminpb.Standby {
-	if a.role == nil || a.role.Acting() {
+	if a.role == nil {
 		return nil
 	}
 
-	holder, uplink, err := a.role.Holder(ctx)
-	if err != nil {
-		holder = "unknown (" + err.Error() + ")"
+	holder, uplink, elsewhere := a.role.ActingElsewhere(ctx)
+	if !elsewhere {
+		return nil
 	}
 
 	return &adminpb.Standby{ActiveHolder: holder, ActiveUplink: uplink}

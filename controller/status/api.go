@@ -23,12 +23,13 @@ type API struct {
 	adminpb.UnimplementedMachinesServer
 
 	machines  Machines
-	bootModes BootModes
+	locations Locations
 	role      Role
 }
 
-// BootModes keeps the operator's boot mode per machine (the lifecycle's locations).
-type BootModes interface {
+// Locations is what an operator may change in the controller's machine knowledge (the lifecycle's
+// locations, kept in Omni).
+type Locations interface {
 	OverrideFirmware(machineID, firmware string) (now, source string, err error)
 	// ClearAlert clears the machine's identity alert and returns the one that was set.
 	ClearAlert(machineID string) (string, error)
@@ -36,20 +37,19 @@ type BootModes interface {
 	WaitWritten(ctx context.Context, machineID string) error
 }
 
-// writeTimeout bounds how long SetBootMode waits for the change to be kept in Omni.
+// writeTimeout bounds how long a change waits to be kept in Omni.
 const writeTimeout = 15 * time.Second
 
-// Role tells whether this controller acts now and, when it stands by, which one does.
+// Role tells, when this controller stands by, which one acts and where it accepts edges.
 type Role interface {
-	Acting() bool
-	Holder(ctx context.Context) (holder, uplink string, err error)
+	ActingElsewhere(ctx context.Context) (holder, uplink string, elsewhere bool)
 }
 
 // APIOption changes what NewAPI builds.
 type APIOption func(*API)
 
-// WithBootModes serves SetBootMode over b; refused as unavailable without it.
-func WithBootModes(b BootModes) APIOption { return func(a *API) { a.bootModes = b } }
+// WithLocations serves the changes (SetBootMode, ClearAlert) over l; refused as unimplemented without it.
+func WithLocations(l Locations) APIOption { return func(a *API) { a.locations = l } }
 
 // WithRole refuses changes while this controller stands by: they belong to the acting one, whose machine
 // knowledge is the one that is kept.
@@ -63,88 +63,6 @@ func NewAPI(machines Machines, opts ...APIOption) *API {
 	}
 
 	return a
-}
-
-// SetBootMode implements adminpb.MachinesServer.
-func (a *API) SetBootMode(ctx context.Context, req *adminpb.SetBootModeRequest) (*adminpb.SetBootModeResponse, error) {
-	if a.bootModes == nil {
-		return nil, grpcstatus.Error(codes.Unimplemented, "this controller keeps no machine locations")
-	}
-
-	if err := a.acting(ctx, "set the boot mode"); err != nil {
-		return nil, err
-	}
-
-	id := strings.ToLower(req.GetMachineId())
-
-	fw, source, err := a.bootModes.OverrideFirmware(id, strings.ToLower(req.GetFirmware()))
-
-	switch {
-	case errors.Is(err, lifecycle.ErrBadFirmware):
-		return nil, grpcstatus.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, lifecycle.ErrNotLocated):
-		return nil, grpcstatus.Errorf(codes.NotFound,
-			"machine %q was never seen at a site: it must boot through an edge once, or be in an edge's inventory, before its boot mode can be set",
-			clipID(req.GetMachineId()))
-	case err != nil:
-		return nil, grpcstatus.Error(codes.Internal, err.Error())
-	}
-
-	wctx, cancel := context.WithTimeout(ctx, writeTimeout)
-	defer cancel()
-
-	if err := a.bootModes.WaitWritten(wctx, id); err != nil {
-		return nil, grpcstatus.Errorf(codes.Unavailable,
-			"boot mode %s set, but Omni has not stored it yet (%v): it is kept and stored when Omni answers; a restart before then loses it",
-			fw, err)
-	}
-
-	return &adminpb.SetBootModeResponse{Firmware: fw, Source: source}, nil
-}
-
-// ClearAlert implements adminpb.MachinesServer.
-func (a *API) ClearAlert(ctx context.Context, req *adminpb.ClearAlertRequest) (*adminpb.ClearAlertResponse, error) {
-	if a.bootModes == nil {
-		return nil, grpcstatus.Error(codes.Unimplemented, "this controller keeps no machine locations")
-	}
-
-	if err := a.acting(ctx, "clear the alert"); err != nil {
-		return nil, err
-	}
-
-	id := strings.ToLower(req.GetMachineId())
-
-	was, err := a.bootModes.ClearAlert(id)
-
-	switch {
-	case errors.Is(err, lifecycle.ErrNotLocated):
-		return nil, grpcstatus.Errorf(codes.NotFound, "machine %q was never seen at a site", clipID(req.GetMachineId()))
-	case err != nil:
-		return nil, grpcstatus.Error(codes.Internal, err.Error())
-	}
-
-	wctx, cancel := context.WithTimeout(ctx, writeTimeout)
-	defer cancel()
-
-	if err := a.bootModes.WaitWritten(wctx, id); err != nil {
-		return nil, grpcstatus.Errorf(codes.Unavailable, "alert cleared, but Omni has not stored it yet (%v): it is stored when Omni answers", err)
-	}
-
-	return &adminpb.ClearAlertResponse{Cleared: was}, nil
-}
-
-// acting refuses a change (what) while this controller stands by, naming the acting one.
-func (a *API) acting(ctx context.Context, what string) error {
-	if a.role == nil || a.role.Acting() {
-		return nil
-	}
-
-	holder, uplink, err := a.role.Holder(ctx)
-	if err != nil {
-		holder = "unknown (" + err.Error() + ")"
-	}
-
-	return grpcstatus.Errorf(codes.FailedPrecondition, "this controller stands by: %s on the acting one, %s (uplink %s)", what, holder, uplink)
 }
 
 // ListMachines implements adminpb.MachinesServer.
@@ -182,6 +100,76 @@ func (a *API) ShowMachine(_ context.Context, req *adminpb.ShowMachineRequest) (*
 	}
 
 	return out, nil
+}
+
+// SetBootMode implements adminpb.MachinesServer.
+func (a *API) SetBootMode(ctx context.Context, req *adminpb.SetBootModeRequest) (*adminpb.SetBootModeResponse, error) {
+	out := &adminpb.SetBootModeResponse{}
+
+	err := a.change(ctx, "set the boot mode", req.GetMachineId(), func(id string) (err error) {
+		out.Firmware, out.Source, err = a.locations.OverrideFirmware(id, strings.ToLower(req.GetFirmware()))
+
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	return out, nil
+}
+
+// ClearAlert implements adminpb.MachinesServer.
+func (a *API) ClearAlert(ctx context.Context, req *adminpb.ClearAlertRequest) (*adminpb.ClearAlertResponse, error) {
+	out := &adminpb.ClearAlertResponse{}
+
+	err := a.change(ctx, "clear the alert", req.GetMachineId(), func(id string) (err error) {
+		out.Cleared, err = a.locations.ClearAlert(id)
+
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	return out, nil
+}
+
+// change makes an operator's change (what) to a machine's knowledge on the acting controller and returns once
+// Omni keeps it: refused on a standby (naming the acting one), for a machine never seen at a site, or for bad
+// input; Unavailable when Omni does not store it in time (the change is kept and stored when Omni answers).
+func (a *API) change(ctx context.Context, what, machineID string, apply func(id string) error) error {
+	if a.locations == nil {
+		return grpcstatus.Error(codes.Unimplemented, "this controller keeps no machine locations")
+	}
+
+	if a.role != nil {
+		if holder, uplink, elsewhere := a.role.ActingElsewhere(ctx); elsewhere {
+			return grpcstatus.Errorf(codes.FailedPrecondition, "this controller stands by: %s on the acting one, %s (uplink %s)", what, holder, uplink)
+		}
+	}
+
+	id := strings.ToLower(machineID)
+
+	switch err := apply(id); {
+	case errors.Is(err, lifecycle.ErrBadFirmware):
+		return grpcstatus.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, lifecycle.ErrNotLocated):
+		return grpcstatus.Errorf(codes.NotFound,
+			"machine %q was never seen at a site: it must boot through an edge once, or be in an edge's inventory, before its knowledge can be changed",
+			clipID(machineID))
+	case err != nil:
+		return grpcstatus.Error(codes.Internal, err.Error())
+	}
+
+	wctx, cancel := context.WithTimeout(ctx, writeTimeout)
+	defer cancel()
+
+	if err := a.locations.WaitWritten(wctx, id); err != nil {
+		return grpcstatus.Errorf(codes.Unavailable,
+			"%s: done, but Omni has not stored it yet (%v): it is kept and stored when Omni answers; a restart before then loses it", what, err)
+	}
+
+	return nil
 }
 
 func clipID(s string) string {

@@ -20,9 +20,13 @@ import (
 // role is a controller that acts or stands by as the test says, the lease held by "ctrl-b".
 type role struct{ acting atomic.Bool }
 
-func (r *role) Acting() bool { return r.acting.Load() }
+func (r *role) ActingElsewhere(context.Context) (string, string, bool) {
+	if r.acting.Load() {
+		return "", "", false
+	}
 
-func (r *role) Holder(context.Context) (string, string, error) { return "ctrl-b", "10.0.0.2:8443", nil }
+	return "ctrl-b", "10.0.0.2:8443", true
+}
 
 func TestSetBootMode(t *testing.T) {
 	t.Parallel()
@@ -35,7 +39,7 @@ func TestSetBootMode(t *testing.T) {
 	locs.SetFirmware(id, "bios", "dhcp")
 
 	r := &role{}
-	api := status.NewAPI(timeline.New(timeline.DefaultConfig(), time.Now), status.WithBootModes(locs), status.WithRole(r))
+	api := status.NewAPI(timeline.New(timeline.DefaultConfig(), time.Now), status.WithLocations(locs), status.WithRole(r))
 
 	set := func(machine, fw string) (*adminpb.SetBootModeResponse, codes.Code, string) {
 		resp, err := api.SetBootMode(t.Context(), &adminpb.SetBootModeRequest{MachineId: machine, Firmware: fw})
