@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -269,7 +270,83 @@ func siteCommand(cfg *config.Config) *cobra.Command {
 		},
 	}
 
-	site.AddCommand(create, token, list, show, policy, label, revoke, del)
+	site.AddCommand(create, token, list, show, policy, label, siteSetCommand(withClient), siteMachineCommand(withClient), revoke, del)
 
 	return site
+}
+
+// clientRun wraps a command's body in a connection to the admin socket.
+type clientRun func(fn func(ctx context.Context, c *admincli.Client) error) func(*cobra.Command, []string) error
+
+// siteSetCommand is `controller site set`: a site's own discovery, BMC protocol, wipe method and extra
+// documents; only the flags given change, and "default" (or an empty file name) hands one back.
+func siteSetCommand(withClient clientRun) *cobra.Command {
+	var discovery, bmcProtocol, wipeMethod, extraConfig string
+
+	cmd := &cobra.Command{
+		Use:   "set SITE [--discovery all|known|off] [--bmc-protocol auto|ipmi|redfish] [--wipe-method fast|zeroes] [--extra-machine-config-file FILE]",
+		Short: "Set a site's own discovery policy, BMC protocol, wipe method or extra machine-config documents (\"default\" returns one to the controller's)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var set admincli.SiteSettings
+
+			given := func(name string, v *string) *string {
+				if !cmd.Flags().Changed(name) {
+					return nil
+				}
+
+				if *v == "default" {
+					*v = ""
+				}
+
+				return v
+			}
+
+			set.Discovery, set.BMCProtocol, set.WipeMethod = given("discovery", &discovery), given("bmc-protocol", &bmcProtocol), given("wipe-method", &wipeMethod)
+			set.ExtraConfigFile = given("extra-machine-config-file", &extraConfig)
+
+			if set == (admincli.SiteSettings{}) {
+				return errors.New("nothing to set: give --discovery, --bmc-protocol, --wipe-method or --extra-machine-config-file")
+			}
+
+			return withClient(func(ctx context.Context, c *admincli.Client) error {
+				return c.SetSiteSettings(ctx, args[0], set, cmd.OutOrStdout())
+			})(cmd, args)
+		},
+	}
+
+	f := cmd.Flags()
+	f.StringVar(&discovery, "discovery", "", "which PXE clients the site's ProxyDHCP answers: all, known (machines the controller knows or registered) or off")
+	f.StringVar(&bmcProtocol, "bmc-protocol", "", "how the site's edge reaches BMCs: auto, ipmi or redfish")
+	f.StringVar(&wipeMethod, "wipe-method", "", "how the site's machines are wiped: fast or zeroes")
+	f.StringVar(&extraConfig, "extra-machine-config-file", "", "Talos documents served with the join config at this site (\"\" or default clears them)")
+	// The controller's own flags of these names have variables; an operator's shell that has them set must
+	// not change a site with them.
+	envflag.CommandLineOnly(f, "discovery", "bmc-protocol", "wipe-method", "extra-machine-config-file")
+
+	return cmd
+}
+
+// siteMachineCommand is `controller site machine add|remove SITE MAC...`: machines registered before they
+// boot, which a site with discovery known answers.
+func siteMachineCommand(withClient clientRun) *cobra.Command {
+	cmd := &cobra.Command{Use: "machine", Short: "Register machines at a site before they boot (discovery known answers them)"}
+
+	for _, remove := range []bool{false, true} {
+		use, short := "add SITE MAC...", "Register machines by MAC at a site (all or none: a malformed MAC changes nothing)"
+		if remove {
+			use, short = "remove SITE MAC...", "Unregister machines by MAC at a site"
+		}
+
+		cmd.AddCommand(&cobra.Command{
+			Use: use, Short: short, Args: cobra.MinimumNArgs(2),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				return withClient(func(ctx context.Context, c *admincli.Client) error {
+					return c.RegisterMachines(ctx, args[0], args[1:], remove, cmd.OutOrStdout())
+				})(cmd, args)
+			},
+		})
+	}
+
+	return cmd
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,13 +12,16 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-metal/outpost/shared/envflag"
 )
 
 func lookupIn(vars map[string]string) func(string) (string, bool) {
 	return func(k string) (string, bool) { v, ok := vars[k]; return v, ok }
 }
 
-// Every flag of every command has its variable, named after the flag, listed in its help.
+// Every flag of every command has its variable, named after the flag, listed in its help, except those marked
+// command line only (site set's, which share names with the controller's own).
 func TestEveryFlagHasItsVariable(t *testing.T) {
 	t.Parallel()
 
@@ -28,6 +32,12 @@ func TestEveryFlagHasItsVariable(t *testing.T) {
 	walk = func(c *cobra.Command) {
 		c.LocalFlags().VisitAll(func(f *pflag.Flag) {
 			want := "OUTPOST_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+			if envflag.IsCommandLineOnly(f) {
+				require.NotContains(t, f.Usage, "[OUTPOST_", "--%s of %q", f.Name, c.CommandPath())
+
+				return
+			}
+
 			require.Contains(t, f.Usage, "["+want, "--%s of %q", f.Name, c.CommandPath())
 		})
 
@@ -37,6 +47,23 @@ func TestEveryFlagHasItsVariable(t *testing.T) {
 	}
 
 	walk(root)
+}
+
+// The controller's variables never reach site set: OUTPOST_WIPE_METHOD in an operator's shell does not change
+// a site's wipe method behind the operator's back (site set without flags still says there is nothing to set).
+func TestSiteSetTakesNoVariables(t *testing.T) {
+	t.Parallel()
+
+	root, _ := rootCommand(lookupIn(map[string]string{
+		"OUTPOST_WIPE_METHOD": "zeroes", "OUTPOST_DISCOVERY": "off", "OUTPOST_BMC_PROTOCOL": "ipmi",
+		"OUTPOST_ADMIN_SOCKET": filepath.Join(t.TempDir(), "none.sock"),
+	}))
+	root.SetArgs([]string{"site", "set", "branch-1"})
+	root.SetOut(io.Discard)
+	root.SetErr(io.Discard)
+
+	err := root.Execute()
+	require.ErrorContains(t, err, "nothing to set")
 }
 
 // Variables reach the commands, the persistent flags of the root through a subcommand too; a variable that

@@ -3,10 +3,12 @@
 package admincli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -237,6 +239,8 @@ func (c *Client) ShowSite(ctx context.Context, siteID string, out io.Writer, now
 		fmt.Fprintf(tw, "labels:\t%s\n", peer(strings.Join(pairs, ",")))
 	}
 
+	writeSettings(tw, s.GetSettings())
+
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -270,6 +274,99 @@ func (c *Client) SetSiteLabels(ctx context.Context, siteID string, pairs []strin
 	_, err = c.api.SetSiteLabels(ctx, &adminpb.SetSiteLabelsRequest{SiteId: siteID, Labels: parsed})
 
 	return describe("set site labels", err)
+}
+
+// SiteSettings are the settings `site set` changes; nil leaves one as it is, "" returns it to the default.
+type SiteSettings struct {
+	Discovery, BMCProtocol, WipeMethod *string
+	// ExtraConfigFile names a file of Talos documents ("" clears the site's).
+	ExtraConfigFile *string
+}
+
+// SetSiteSettings changes a site's own settings and prints them as stored.
+func (c *Client) SetSiteSettings(ctx context.Context, siteID string, set SiteSettings, out io.Writer) error {
+	req := &adminpb.SetSiteSettingsRequest{SiteId: siteID, Discovery: set.Discovery, BmcProtocol: set.BMCProtocol, WipeMethod: set.WipeMethod}
+
+	if set.ExtraConfigFile != nil {
+		req.ExtraConfig = []byte{}
+
+		if *set.ExtraConfigFile != "" {
+			data, err := readBounded(*set.ExtraConfigFile, maxExtraConfigFile)
+			if err != nil {
+				return fmt.Errorf("extra machine-config documents: %w", err)
+			}
+
+			req.ExtraConfig = data
+		}
+	}
+
+	resp, err := c.api.SetSiteSettings(ctx, req)
+	if err != nil {
+		return describe("set site settings", err)
+	}
+
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	writeSettings(tw, resp.GetSettings())
+
+	return tw.Flush()
+}
+
+// RegisterMachines adds (or, with remove, removes) MACs of machines registered at a site before they boot, and
+// prints how many the site has.
+func (c *Client) RegisterMachines(ctx context.Context, siteID string, macs []string, remove bool, out io.Writer) error {
+	req := &adminpb.RegisterMachinesRequest{SiteId: siteID, Add: macs}
+	if remove {
+		req.Add, req.Remove = nil, macs
+	}
+
+	resp, err := c.api.RegisterMachines(ctx, req)
+	if err != nil {
+		return describe("register machines", err)
+	}
+
+	_, err = fmt.Fprintf(out, "site %s: %d registered machines\n", peer(siteID), len(resp.GetRegisteredMacs()))
+
+	return err
+}
+
+// maxExtraConfigFile bounds the documents file read (the controller refuses more than 64 KiB anyway).
+const maxExtraConfigFile = 1 << 20
+
+// readBounded reads a file of at most limit bytes.
+func readBounded(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close() //nolint:errcheck // read only
+
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("%s: more than %d bytes", path, limit)
+	}
+
+	return data, nil
+}
+
+// writeSettings prints a site's own settings ("default" where it has none).
+func writeSettings(tw io.Writer, s *adminpb.SiteSettings) {
+	orDefault := func(v string) string { return cmp.Or(peer(v), "default") }
+
+	fmt.Fprintf(tw, "discovery:\t%s\n", orDefault(s.GetDiscovery()))
+	fmt.Fprintf(tw, "bmc protocol:\t%s\n", orDefault(s.GetBmcProtocol()))
+	fmt.Fprintf(tw, "wipe method:\t%s\n", orDefault(s.GetWipeMethod()))
+
+	docs := "default"
+	if n := len(s.GetExtraConfig()); n > 0 {
+		docs = fmt.Sprintf("%d bytes of the site's own", n)
+	}
+
+	fmt.Fprintf(tw, "extra machine config:\t%s\n", docs)
+	fmt.Fprintf(tw, "registered machines:\t%d\n", len(s.GetRegisteredMacs()))
 }
 
 // SetAssetPolicy sets a site's boot-asset policy (passthrough, cache or offline).

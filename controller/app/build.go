@@ -87,6 +87,7 @@ func Build(ctx context.Context, cfg config.Config, log *zap.Logger) (*Controller
 		{"edge wiring", b.newEdgeWiring},
 		{"uplink server", b.newUplinkServer},
 		{"machine access", b.newMachineAccess},
+		{"site settings", b.newSiteSettings},
 		{"admin API", b.newAdmin},
 		{"http", b.newHTTP},
 	}
@@ -220,6 +221,8 @@ func (b *builder) newAdmin(context.Context) error {
 	if b.elector != nil {
 		opts = append(opts, sites.WithRole(b.elector))
 	}
+
+	opts = append(opts, sites.WithSettings(b.checkSiteSettings))
 
 	adminpb.RegisterAdminServer(b.admin, sites.NewAdmin(b.registry, b.uplink, b.store, b.assets.catalog, opts...))
 

@@ -21,6 +21,8 @@ type edgeWiring struct {
 	receiver  *bootplans.Receiver
 	plans     *bootplans.Plans
 	pusher    *bootplans.TablePusher
+	// policies are the sites' own BMC protocols and wipe methods (controller site set).
+	policies *lifecycle.SitePolicies
 	// clients reach machines through their site's session; built once the uplink server exists.
 	clients *lifecycle.EdgeClients
 }
@@ -30,8 +32,9 @@ type edgeWiring struct {
 func (b *builder) newEdgeWiring(context.Context) error {
 	locations := lifecycle.NewLocations(b.log)
 	plans := bootplans.NewPlans(b.log, nil)
+	policies := lifecycle.NewSitePolicies()
 
-	watches, err := lifecycle.NewWatchLists(b.log, b.cfg.BMCProtocol, locations)
+	watches, err := lifecycle.NewWatchLists(b.log, b.cfg.BMCProtocol, policies, locations)
 	if err != nil {
 		return err
 	}
@@ -42,6 +45,7 @@ func (b *builder) newEdgeWiring(context.Context) error {
 		receiver:  bootplans.NewReceiver(b.log, locations, sites.SiteFromContext).WithInventory(locations),
 		plans:     plans,
 		pusher:    bootplans.NewTablePusher(plans),
+		policies:  policies,
 	}
 
 	return nil
@@ -54,6 +58,7 @@ func (b *builder) newMachineAccess(context.Context) error {
 		Sites:           b.edges.locations,
 		DefaultBootMode: b.cfg.DefaultBootMode,
 		BMCProtocol:     b.cfg.BMCProtocol,
+		Policies:        b.edges.policies,
 	}
 
 	return nil

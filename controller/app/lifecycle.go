@@ -91,6 +91,7 @@ func (b *builder) newLifecycle(context.Context) error {
 	deps.Secrets = secrets
 	deps.Watches = b.edges.watches
 	deps.SiteLabels = b.registry
+	deps.SitePolicies = b.edges.policies
 
 	qcs, err := lifecycle.New(lifecycleCfg, deps)
 	if err != nil {

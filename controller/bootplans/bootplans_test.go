@@ -249,6 +249,15 @@ func TestPushAndDiff(t *testing.T) {
 	require.Equal(t, []string{"b"}, d.GetRemove())
 	require.False(t, d.GetReplaceKernelArgs())
 	require.True(t, d.GetReplaceConfig())
+	require.False(t, d.GetReplaceDiscovery())
+	require.False(t, d.GetReplaceRegisteredMacs())
+
+	to.Discovery, to.RegisteredMacs = bootpb.Discovery_DISCOVERY_OFF, []string{"52:54:00:00:00:01"}
+	d = bootplans.Diff(from, to)
+	require.True(t, d.GetReplaceDiscovery())
+	require.Equal(t, bootpb.Discovery_DISCOVERY_OFF, d.GetDiscovery())
+	require.True(t, d.GetReplaceRegisteredMacs())
+	require.Equal(t, []string{"52:54:00:00:00:01"}, d.GetRegisteredMacs())
 }
 
 type inventoryRecorder struct {

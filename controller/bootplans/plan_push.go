@@ -1,6 +1,7 @@
 package bootplans
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"slices"
@@ -23,11 +24,39 @@ type TablePusher struct {
 	tables map[string]*bootpb.Table // desired table per site (version set by Plans)
 	where  map[string]string        // machine -> site
 	config []byte
+	sites  map[string]SiteTable // what operators set per site
+}
+
+// SiteTable is what an operator set for a site that its boot table carries.
+type SiteTable struct {
+	// Discovery overrides the edge's own discovery setting (DISCOVERY_UNSPECIFIED: it does not).
+	Discovery bootpb.Discovery
+	// RegisteredMACs are machines registered before they boot (normalised).
+	RegisteredMACs []string
+	// ExtraConfig is Talos documents (already checked) served after the join config at this site only.
+	ExtraConfig []byte
+}
+
+// ParseDiscovery maps an operator's discovery setting to the table's: all, known, off, or empty for the edge's
+// own.
+func ParseDiscovery(s string) (bootpb.Discovery, error) {
+	switch s {
+	case "":
+		return bootpb.Discovery_DISCOVERY_UNSPECIFIED, nil
+	case "all":
+		return bootpb.Discovery_DISCOVERY_ALL, nil
+	case "known":
+		return bootpb.Discovery_DISCOVERY_KNOWN, nil
+	case "off":
+		return bootpb.Discovery_DISCOVERY_OFF, nil
+	default:
+		return 0, fmt.Errorf("discovery %q: want all, known or off", s)
+	}
 }
 
 // NewTablePusher returns a pusher over plans.
 func NewTablePusher(plans *Plans) *TablePusher {
-	return &TablePusher{plans: plans, tables: map[string]*bootpb.Table{}, where: map[string]string{}}
+	return &TablePusher{plans: plans, tables: map[string]*bootpb.Table{}, where: map[string]string{}, sites: map[string]SiteTable{}}
 }
 
 // Push implements the lifecycle's PlanPusher.
@@ -85,9 +114,41 @@ func (t *TablePusher) SetConfig(config []byte) {
 	t.config = slices.Clone(config)
 
 	for site, tbl := range t.tables {
-		tbl.Config = t.config
+		tbl.Config = t.siteConfig(site)
 		t.plans.Set(site, tbl)
 	}
+}
+
+// SetSite sets what an operator set for site (the zero SiteTable: nothing) and pushes the site's table when it
+// changed.
+func (t *TablePusher) SetSite(site string, st SiteTable) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+
+	old := t.sites[site]
+	if old.Discovery == st.Discovery && slices.Equal(old.RegisteredMACs, st.RegisteredMACs) && bytes.Equal(old.ExtraConfig, st.ExtraConfig) {
+		return
+	}
+
+	st.RegisteredMACs, st.ExtraConfig = slices.Clone(st.RegisteredMACs), slices.Clone(st.ExtraConfig)
+	t.sites[site] = st
+
+	tbl := t.table(site)
+	tbl.Discovery, tbl.RegisteredMacs, tbl.Config = st.Discovery, st.RegisteredMACs, t.siteConfig(site)
+	t.plans.Set(site, tbl)
+}
+
+// siteConfig is the join config followed by the site's own documents.
+func (t *TablePusher) siteConfig(site string) []byte {
+	extra := t.sites[site].ExtraConfig
+	if len(extra) == 0 || len(t.config) == 0 {
+		return t.config // no join config yet: a machine must not get the site's documents without it
+	}
+
+	out := bytes.TrimRight(slices.Clone(t.config), "\n")
+	out = append(out, "\n---\n"...)
+
+	return append(append(out, bytes.TrimSpace(extra)...), '\n')
 }
 
 // OnSession gives every connecting site a boot table (it fits sites.Options.OnSession), so the join config
@@ -112,7 +173,8 @@ func (t *TablePusher) EnsureSite(site string) {
 func (t *TablePusher) table(site string) *bootpb.Table {
 	tbl, ok := t.tables[site]
 	if !ok {
-		tbl = &bootpb.Table{Config: t.config}
+		st := t.sites[site]
+		tbl = &bootpb.Table{Config: t.siteConfig(site), Discovery: st.Discovery, RegisteredMacs: st.RegisteredMACs}
 		t.tables[site] = tbl
 	}
 

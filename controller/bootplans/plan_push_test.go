@@ -163,3 +163,63 @@ func TestTablePusherEnsureSiteCarriesJoinConfig(t *testing.T) {
 	require.Eventually(t, func() bool { return string(edge.table().GetConfig()) == "kind: SideroLinkConfig\napiUrl: new\n" },
 		10*time.Second, 10*time.Millisecond)
 }
+
+// What an operator set for a site reaches its edge's table (discovery, registered MACs, the site's documents
+// after the join config) and only that site's; a later join config keeps the site's documents after it.
+func TestTablePusherSiteSettings(t *testing.T) {
+	t.Parallel()
+
+	plans := bootplans.NewPlans(zaptest.NewLogger(t), nil)
+	siteA := connectEdge(t, plans, "site-a")
+	siteB := connectEdge(t, plans, "site-b")
+	push := bootplans.NewTablePusher(plans)
+
+	push.EnsureSite("site-b")
+	push.SetSite("site-a", bootplans.SiteTable{
+		Discovery: bootpb.Discovery_DISCOVERY_KNOWN, RegisteredMACs: []string{"52:54:00:00:00:01"}, ExtraConfig: []byte("kind: ResolverConfig\n"),
+	})
+
+	tableOf := func(e *snapshotEdge, want func(*bootpb.Table) bool) *bootpb.Table {
+		var tbl *bootpb.Table
+
+		require.Eventually(t, func() bool { tbl = e.table(); return want(tbl) }, 10*time.Second, 10*time.Millisecond, "edge holds %v", tbl)
+
+		return tbl
+	}
+
+	tbl := tableOf(siteA, func(tb *bootpb.Table) bool { return tb.GetDiscovery() == bootpb.Discovery_DISCOVERY_KNOWN })
+	require.Equal(t, []string{"52:54:00:00:00:01"}, tbl.GetRegisteredMacs())
+	require.Empty(t, tbl.GetConfig(), "no join config yet: the site's documents wait for it")
+
+	push.SetConfig([]byte("kind: SideroLinkConfig\n"))
+
+	tbl = tableOf(siteA, func(tb *bootpb.Table) bool { return len(tb.GetConfig()) > 0 })
+	require.Equal(t, "kind: SideroLinkConfig\n---\nkind: ResolverConfig\n", string(tbl.GetConfig()))
+
+	b := tableOf(siteB, func(tb *bootpb.Table) bool { return len(tb.GetConfig()) > 0 })
+	require.Equal(t, "kind: SideroLinkConfig\n", string(b.GetConfig()), "another site gets the join config alone")
+	require.Equal(t, bootpb.Discovery_DISCOVERY_UNSPECIFIED, b.GetDiscovery())
+	require.Empty(t, b.GetRegisteredMacs())
+
+	push.SetSite("site-a", bootplans.SiteTable{})
+
+	tbl = tableOf(siteA, func(tb *bootpb.Table) bool { return tb.GetDiscovery() == bootpb.Discovery_DISCOVERY_UNSPECIFIED })
+	require.Empty(t, tbl.GetRegisteredMacs())
+	require.Equal(t, "kind: SideroLinkConfig\n", string(tbl.GetConfig()))
+}
+
+func TestParseDiscovery(t *testing.T) {
+	t.Parallel()
+
+	for in, want := range map[string]bootpb.Discovery{
+		"": bootpb.Discovery_DISCOVERY_UNSPECIFIED, "all": bootpb.Discovery_DISCOVERY_ALL,
+		"known": bootpb.Discovery_DISCOVERY_KNOWN, "off": bootpb.Discovery_DISCOVERY_OFF,
+	} {
+		got, err := bootplans.ParseDiscovery(in)
+		require.NoError(t, err)
+		require.Equal(t, want, got)
+	}
+
+	_, err := bootplans.ParseDiscovery("Known")
+	require.ErrorContains(t, err, `discovery "Known": want all, known or off`)
+}

@@ -3,6 +3,7 @@ package bootplans
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -183,12 +184,20 @@ func Diff(from, to *bootpb.Table) *bootpb.Delta {
 		d.Agent, d.ReplaceAgent = to.GetAgent(), true
 	}
 
-	if !stringsEqual(from.GetKernelArgs(), to.GetKernelArgs()) {
+	if !slices.Equal(from.GetKernelArgs(), to.GetKernelArgs()) {
 		d.KernelArgs, d.ReplaceKernelArgs = to.GetKernelArgs(), true
 	}
 
 	if string(from.GetConfig()) != string(to.GetConfig()) {
 		d.Config, d.ReplaceConfig = to.GetConfig(), true
+	}
+
+	if from.GetDiscovery() != to.GetDiscovery() {
+		d.Discovery, d.ReplaceDiscovery = to.GetDiscovery(), true
+	}
+
+	if !slices.Equal(from.GetRegisteredMacs(), to.GetRegisteredMacs()) {
+		d.RegisteredMacs, d.ReplaceRegisteredMacs = to.GetRegisteredMacs(), true
 	}
 
 	return d
@@ -201,20 +210,6 @@ func kernelMapsEqual(a, b map[string]*bootpb.Kernel) bool {
 
 	for k, v := range a {
 		if !proto.Equal(v, b[k]) {
-			return false
-		}
-	}
-
-	return true
-}
-
-func stringsEqual(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-
-	for i := range a {
-		if a[i] != b[i] {
 			return false
 		}
 	}

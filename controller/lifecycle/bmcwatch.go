@@ -24,7 +24,8 @@ import (
 // start of every session and again, shortly after, whenever it changes.
 type WatchLists struct {
 	log      *zap.Logger
-	protocol bmcpb.Protocol
+	protocol bmcpb.Protocol // the controller's; a site's own in policies comes first
+	policies *SitePolicies
 	settle   time.Duration
 	power    PowerReports
 
@@ -39,18 +40,47 @@ type PowerReports interface {
 	PowerReported(site, machineID, state, reason string)
 }
 
-// NewWatchLists returns empty lists; protocol is how the edge reaches the BMCs (ParseBMCProtocol); power
-// (optional) takes the states the edges know.
-func NewWatchLists(log *zap.Logger, protocol string, power PowerReports) (*WatchLists, error) {
+// NewWatchLists returns empty lists; protocol is how the edge reaches the BMCs (ParseBMCProtocol) unless a
+// site's own policy (policies, optional) says otherwise; power (optional) takes the states the edges know.
+func NewWatchLists(log *zap.Logger, protocol string, policies *SitePolicies, power PowerReports) (*WatchLists, error) {
 	p, err := ParseBMCProtocol(protocol)
 	if err != nil {
 		return nil, err
 	}
 
-	return &WatchLists{
-		log: log.With(zap.String("component", "bmc_watch_lists")), protocol: p, settle: time.Second, power: power,
+	w := &WatchLists{
+		log: log.With(zap.String("component", "bmc_watch_lists")), protocol: p, policies: policies, settle: time.Second, power: power,
 		sites: map[string]map[string]*bmcpb.Target{}, where: map[string]string{}, changed: map[string]chan struct{}{},
-	}, nil
+	}
+
+	if policies != nil {
+		policies.OnBMCProtocolChange(w.reprotocol)
+	}
+
+	return w, nil
+}
+
+// reprotocol gives every target of site the site's protocol now (an operator changed it).
+func (w *WatchLists) reprotocol(site string) {
+	p := w.policies.BMCProtocol(site, w.protocol)
+
+	w.mu.Lock()
+	defer w.mu.Unlock()
+
+	changed := false
+
+	for id, t := range w.sites[site] {
+		if t.GetProtocol() != p {
+			t = proto.Clone(t).(*bmcpb.Target)
+			t.Protocol = p
+			w.sites[site][id] = t
+			changed = true
+		}
+	}
+
+	if changed {
+		w.notifyLocked(site)
+	}
 }
 
 func (w *WatchLists) notifyLocked(site string) {
@@ -63,7 +93,7 @@ func (w *WatchLists) notifyLocked(site string) {
 
 // Set makes machineID's BMC (cfg, with its password opened) part of site's list.
 func (w *WatchLists) Set(site, machineID string, cfg *specs.BMCConfigurationSpec) {
-	t, err := target(cfg, w.protocol)
+	t, err := target(cfg, w.policies.BMCProtocol(site, w.protocol))
 	if err != nil {
 		w.Remove(machineID)
 

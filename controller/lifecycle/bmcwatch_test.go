@@ -2,6 +2,7 @@ package lifecycle_test
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -19,8 +20,9 @@ import (
 type watchingEdge struct {
 	bmcpb.UnimplementedBMCServer
 
-	mu    sync.Mutex
-	lists [][]string
+	mu        sync.Mutex
+	lists     [][]string
+	protocols []bmcpb.Protocol // of the last list's targets
 }
 
 func (e *watchingEdge) Watch(_ context.Context, req *bmcpb.WatchRequest) (*bmcpb.WatchResponse, error) {
@@ -28,8 +30,11 @@ func (e *watchingEdge) Watch(_ context.Context, req *bmcpb.WatchRequest) (*bmcpb
 	defer e.mu.Unlock()
 
 	var ids []string
+
+	e.protocols = nil
 	for _, t := range req.GetTargets() {
 		ids = append(ids, t.GetMachineId()+"@"+t.GetHost())
+		e.protocols = append(e.protocols, t.GetProtocol())
 	}
 
 	e.lists = append(e.lists, ids)
@@ -72,7 +77,7 @@ func TestWatchListsFollowTheSite(t *testing.T) {
 	_, err := locs.Seen("site-a", id1)
 	require.NoError(t, err)
 
-	lists, err := lifecycle.NewWatchLists(zaptest.NewLogger(t), "ipmi", locs)
+	lists, err := lifecycle.NewWatchLists(zaptest.NewLogger(t), "ipmi", nil, locs)
 	require.NoError(t, err)
 
 	bmc := func(host string) *specs.BMCConfigurationSpec {
@@ -104,4 +109,50 @@ func TestWatchListsFollowTheSite(t *testing.T) {
 
 	lists.Remove(id2)
 	require.Eventually(t, func() bool { return len(edge.last()) == 0 && edge.sent() > 3 }, 5*time.Second, 5*time.Millisecond)
+}
+
+func (e *watchingEdge) lastProtocols() []bmcpb.Protocol {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+
+	return slices.Clone(e.protocols)
+}
+
+// A site's own BMC protocol reaches its edge's watch list, and a change of it is sent at once; another site
+// keeps the controller's.
+func TestWatchListsFollowTheSitesProtocol(t *testing.T) {
+	t.Parallel()
+
+	edge := &watchingEdge{}
+	conn := serveEdge(t, func(srv *grpc.Server) { bmcpb.RegisterBMCServer(srv, edge) })
+
+	policies := lifecycle.NewSitePolicies()
+	require.NoError(t, policies.Set("site-a", lifecycle.SitePolicy{BMCProtocol: "redfish"}))
+
+	lists, err := lifecycle.NewWatchLists(zaptest.NewLogger(t), "ipmi", policies, nil)
+	require.NoError(t, err)
+
+	bmc := &specs.BMCConfigurationSpec{Ipmi: &specs.BMCConfigurationSpec_IPMI{Address: "10.0.0.1", Port: 623, Username: "u", Password: "p"}}
+	lists.Set("site-a", id1, bmc)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+
+	go func() { done <- lists.OnSession(ctx, "site-a", conn) }()
+
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+
+	require.Eventually(t, func() bool {
+		return slices.Equal(edge.lastProtocols(), []bmcpb.Protocol{bmcpb.Protocol_PROTOCOL_REDFISH})
+	},
+		5*time.Second, 5*time.Millisecond, "the site's own protocol: %v", edge.lastProtocols())
+
+	require.NoError(t, policies.Set("site-a", lifecycle.SitePolicy{BMCProtocol: "auto"}))
+	require.Eventually(t, func() bool { return slices.Equal(edge.lastProtocols(), []bmcpb.Protocol{bmcpb.Protocol_PROTOCOL_AUTO}) },
+		5*time.Second, 5*time.Millisecond, "the change is sent: %v", edge.lastProtocols())
+
+	require.NoError(t, policies.Set("site-b", lifecycle.SitePolicy{WipeMethod: "zeroes"}))
+	require.Equal(t, "zeroes", policies.WipeMethod("site-b", "fast"))
+	require.Equal(t, "fast", policies.WipeMethod("site-a", "fast"))
+	require.Equal(t, bmcpb.Protocol_PROTOCOL_IPMI, policies.BMCProtocol("site-b", bmcpb.Protocol_PROTOCOL_IPMI))
 }

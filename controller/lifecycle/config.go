@@ -95,6 +95,8 @@ type Deps struct {
 	Secrets Secrets
 	// SiteLabels gives the labels an operator set on a site (optional).
 	SiteLabels SiteLabels
+	// SitePolicies are the sites' own BMC protocol and wipe method (optional: the controller's for all).
+	SitePolicies *SitePolicies
 	// Watches tells each site's edge which BMCs to watch (optional: without it the controller asks the BMCs).
 	Watches *WatchLists
 	// Journal records what happens to each machine for operators (optional).

@@ -27,8 +27,10 @@ type EdgeClients struct {
 	// reported (no boot through the edge yet, no BMC that says): "uefi" (the default when empty) or "bios".
 	DefaultBootMode string
 	// BMCProtocol is how the edge talks to BMCs: "auto" (Redfish when it answers, else IPMI; the default when
-	// empty), "ipmi" or "redfish".
+	// empty), "ipmi" or "redfish"; a site's own (Policies) comes first.
 	BMCProtocol string
+	// Policies are the sites' own settings (optional).
+	Policies *SitePolicies
 }
 
 // ParseBMCProtocol checks a BMC protocol setting: auto, ipmi or redfish.
@@ -77,7 +79,7 @@ func (c *EdgeClients) bmc(site, id string, bmc *specs.BMCConfigurationSpec) (*ma
 		return nil, err
 	}
 
-	t, err := target(bmc, proto)
+	t, err := target(bmc, c.Policies.BMCProtocol(site, proto))
 	if err != nil {
 		return nil, fmt.Errorf("bmc of %s: %w", id, err)
 	}

@@ -141,6 +141,21 @@ func TestEdgeClientsOverGRPC(t *testing.T) {
 	_, err = (&lifecycle.EdgeClients{Access: access, Sites: locs, BMCProtocol: "smoke-signals"}).PowerStatus(ctx, "site-a", id, bmc)
 	require.ErrorContains(t, err, "want auto, ipmi or redfish")
 
+	// A site's own protocol comes before the controller's, and handing it back restores the controller's.
+	policies := lifecycle.NewSitePolicies()
+	require.NoError(t, policies.Set("site-a", lifecycle.SitePolicy{BMCProtocol: "redfish"}))
+	require.ErrorContains(t, policies.Set("site-a", lifecycle.SitePolicy{WipeMethod: "shred"}), `wipe method "shred"`)
+
+	pc := &lifecycle.EdgeClients{Access: access, Sites: locs, BMCProtocol: "ipmi", Policies: policies}
+	_, err = pc.PowerStatus(ctx, "site-a", id, bmc)
+	require.NoError(t, err)
+	require.Equal(t, bmcpb.Protocol_PROTOCOL_REDFISH, edge.target.GetProtocol(), "the site's own")
+
+	require.NoError(t, policies.Set("site-a", lifecycle.SitePolicy{}))
+	_, err = pc.PowerStatus(ctx, "site-a", id, bmc)
+	require.NoError(t, err)
+	require.Equal(t, bmcpb.Protocol_PROTOCOL_IPMI, edge.target.GetProtocol(), "the controller's again")
+
 	require.NoError(t, c.SetPXEOnce(ctx, "site-a", id, bmc))
 	require.Equal(t, bmcpb.BootMode_BOOT_MODE_UEFI, edge.pxeMode)
 	require.NoError(t, c.PowerOn(ctx, "site-a", id, bmc))

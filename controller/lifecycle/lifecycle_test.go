@@ -3,6 +3,7 @@ package lifecycle_test
 import (
 	"context"
 	"crypto/rand"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -70,6 +71,8 @@ type harness struct {
 	stats     *lifecycle.Metrics
 	// journal gets the machines' timelines (nil: none).
 	journal lifecycle.Journal
+	// policies are the sites' own settings (none unless a test sets one).
+	policies *lifecycle.SitePolicies
 
 	ctrls []controller.QController
 	// omniReads counts the runtime's reads that reach the state itself (not its cache): what would go to Omni.
@@ -89,6 +92,8 @@ func newHarness(t *testing.T, configure ...func(*lifecycle.Config)) *harness {
 		clock: &fakeClock{},
 		types: resources.NewTypes(providerID),
 		stats: lifecycle.NewMetrics(),
+
+		policies: lifecycle.NewSitePolicies(),
 	}
 
 	h.configure = configure
@@ -121,7 +126,7 @@ func (h *harness) start() {
 
 	h.ctrls, err = lifecycle.New(cfg, lifecycle.Deps{
 		Types: h.types, Power: h.edge, Agent: h.edge, Sites: h.edge, Plans: h.edge, Planner: planner,
-		Now: h.clock.Now, Rand: rand.Reader, Metrics: h.stats, Secrets: box, Journal: h.journal,
+		Now: h.clock.Now, Rand: rand.Reader, Metrics: h.stats, Secrets: box, Journal: h.journal, SitePolicies: h.policies,
 	})
 	require.NoError(h.t, err)
 
@@ -690,6 +695,28 @@ func TestZeroesWipe(t *testing.T) {
 	for _, c := range h.edge.Calls("m1", "WipeDisks") {
 		require.Equal(t, "WipeDisks zeroes", c, "every wipe was a zeroes wipe")
 	}
+}
+
+// A site's own wipe method (controller site set) comes before the controller's: site-a zeroes its machines'
+// disks, site-b keeps the controller's fast wipe.
+func TestSiteWipeMethod(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	require.NoError(t, h.policies.Set("site-a", lifecycle.SitePolicy{WipeMethod: "zeroes"}))
+
+	h.edge.Add("m1", "site-a")
+	h.edge.Add("m2", "site-b")
+	h.omni("m1", accepted)
+	h.omni("m2", accepted)
+
+	h.eventually("both ready", func() bool {
+		a, b := h.status("m1"), h.status("m2")
+
+		return a != nil && a.ReadyToUse && b != nil && b.ReadyToUse
+	})
+	require.Equal(t, []string{"WipeDisks zeroes"}, slices.Compact(h.edge.Calls("m1", "WipeDisks")), "site-a's own method")
+	require.Equal(t, []string{"WipeDisks"}, slices.Compact(h.edge.Calls("m2", "WipeDisks")), "the controller's method")
 }
 
 // Two machines answering to one UUID (a contested tunnel): the accepted machine gets no agent call (no BMC

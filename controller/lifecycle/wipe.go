@@ -54,14 +54,15 @@ func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.Q
 
 	// The wipe runs apart from this reconcile: when the runtime is rebuilt meanwhile (Omni restarted), it goes
 	// on, and the next reconcile joins it rather than wiping again.
-	zeroes, timeout := s.env.cfg.WipeMethod == "zeroes", s.env.cfg.WipeTimeout
+	method := s.env.SitePolicies.WipeMethod(site, s.env.cfg.WipeMethod)
+	zeroes, timeout := method == "zeroes", s.env.cfg.WipeTimeout
 	if zeroes {
 		timeout = s.env.cfg.ZeroesWipeTimeout
 	}
 
 	jb := s.env.jobs.start(ctx, key, wipeID, timeout, func(ctx context.Context) error {
 		logger.Info("wiping disks", zap.String("site", site), zap.String("wipe_id", wipeID), zap.Bool("zeroes", zeroes))
-		s.env.note(v.id, "wipe-started", "wiping disks ("+s.env.cfg.WipeMethod+")")
+		s.env.note(v.id, "wipe-started", "wiping disks ("+method+")")
 
 		if err := s.env.Agent.WipeDisks(ctx, site, v.id, zeroes); err != nil {
 			return err

@@ -109,6 +109,28 @@ func ParseExtraDocuments(data []byte) (ExtraDocuments, error) {
 	return ExtraDocuments{text: strings.TrimSpace(text), kinds: kinds}, nil
 }
 
+// Text is the documents as machinery encodes them (empty for none).
+func (d ExtraDocuments) Text() string { return d.text }
+
+// CheckSiteDocuments checks a site's own documents (ParseExtraDocuments) and that they fit beside the
+// provider's, d: machinery refuses two documents that conflict, as it would when a machine reads them.
+func (d ExtraDocuments) CheckSiteDocuments(site []byte) error {
+	docs, err := ParseExtraDocuments(site)
+	if err != nil {
+		return err
+	}
+
+	if d.Empty() {
+		return nil
+	}
+
+	if _, err := configloader.NewFromBytes([]byte(d.text + "\n---\n" + docs.text + "\n")); err != nil {
+		return fmt.Errorf("they do not fit beside the provider's own (--extra-machine-config-file): %w", err)
+	}
+
+	return nil
+}
+
 // appendTo returns the join config's documents followed by the extra ones, checked together by machinery (two
 // documents that conflict are refused): the error says so, and the caller serves the join config alone.
 func (d ExtraDocuments) appendTo(docs string) (string, error) {

@@ -25,6 +25,8 @@ type Admin struct {
 	statuses state.State
 	assets   AssetState
 	role     Role
+	// checkSettings checks a site's settings before they are stored; nil takes none.
+	checkSettings SettingsCheck
 }
 
 // AssetState is what the operator API needs of the boot-asset catalog.
@@ -44,6 +46,9 @@ type AdminOption func(*Admin)
 // WithRole makes the admin API say when this controller stands by, naming the active one: the sessions, and
 // so which sites are connected, are known only there.
 func WithRole(r Role) AdminOption { return func(a *Admin) { a.role = r } }
+
+// WithSettings makes the admin API take sites' own settings, each change checked by check.
+func WithSettings(check SettingsCheck) AdminOption { return func(a *Admin) { a.checkSettings = check } }
 
 // NewAdmin returns the operator API over a registry, the uplink server and (optionally, nil) the asset catalog.
 func NewAdmin(registry *Registry, server *Server, statuses state.State, assets AssetState, opts ...AdminOption) *Admin {
@@ -147,6 +152,7 @@ func (a *Admin) view(ctx context.Context, site *resources.Site) (*adminpb.Site, 
 		TokenUsed:      spec.GetTokenUsed(),
 		Enrolled:       len(spec.GetCertificateSerials()) > 0,
 		Labels:         spec.GetLabels(),
+		Settings:       settingsView(SettingsOf(site)),
 	}, nil
 }
 

@@ -216,3 +216,5 @@ type snpPrefs map[string]bool
 func (p snpPrefs) SNPOnly(mac net.HardwareAddr, _ string) bool { return p[mac.String()] }
 
 func (p snpPrefs) Known(mac net.HardwareAddr, _ string) bool { _, ok := p[mac.String()]; return ok }
+
+func (snpPrefs) Discovery() string { return "" }

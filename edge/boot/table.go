@@ -64,9 +64,10 @@ type Table struct {
 }
 
 type snapshot struct {
-	table  *bootpb.Table
-	byUUID map[string]*bootpb.Plan
-	byMAC  map[string]*bootpb.Plan
+	table      *bootpb.Table
+	byUUID     map[string]*bootpb.Plan
+	byMAC      map[string]*bootpb.Plan
+	registered map[string]bool // MACs an operator registered (Table.registered_macs)
 }
 
 // Open loads the table from the state directory (an absent file is an empty table at version 0).
@@ -251,10 +252,35 @@ func applyDelta(cur *bootpb.Table, d *bootpb.Delta) *bootpb.Table {
 		next.Config = d.GetConfig()
 	}
 
+	if d.GetReplaceDiscovery() {
+		next.Discovery = d.GetDiscovery()
+	}
+
+	if d.GetReplaceRegisteredMacs() {
+		next.RegisteredMacs = d.GetRegisteredMacs()
+	}
+
 	return next
 }
 
+// MaxRegisteredMACs bounds the MACs an operator may register at one site.
+const MaxRegisteredMACs = 65536
+
 func validateTable(tbl *bootpb.Table) error {
+	if _, ok := bootpb.Discovery_name[int32(tbl.GetDiscovery())]; !ok {
+		return fmt.Errorf("discovery %d: %w", tbl.GetDiscovery(), ErrInvalid)
+	}
+
+	if n := len(tbl.GetRegisteredMacs()); n > MaxRegisteredMACs {
+		return fmt.Errorf("%d registered MACs, at most %d: %w", n, MaxRegisteredMACs, ErrInvalid)
+	}
+
+	for _, m := range tbl.GetRegisteredMacs() {
+		if _, err := net.ParseMAC(m); err != nil {
+			return fmt.Errorf("registered mac %q: %w", m, ErrInvalid)
+		}
+	}
+
 	seen := map[string]bool{}
 
 	for i, p := range tbl.GetPlans() {
@@ -288,6 +314,12 @@ func validateTable(tbl *bootpb.Table) error {
 }
 
 func normalizeTable(tbl *bootpb.Table) {
+	for i, m := range tbl.GetRegisteredMacs() {
+		if hw, err := net.ParseMAC(m); err == nil {
+			tbl.RegisteredMacs[i] = hw.String()
+		}
+	}
+
 	for _, p := range tbl.GetPlans() {
 		p.Uuid = NormalizeUUID(p.GetUuid())
 
@@ -300,7 +332,11 @@ func normalizeTable(tbl *bootpb.Table) {
 }
 
 func index(tbl *bootpb.Table) *snapshot {
-	s := &snapshot{table: tbl, byUUID: map[string]*bootpb.Plan{}, byMAC: map[string]*bootpb.Plan{}}
+	s := &snapshot{table: tbl, byUUID: map[string]*bootpb.Plan{}, byMAC: map[string]*bootpb.Plan{}, registered: map[string]bool{}}
+
+	for _, m := range tbl.GetRegisteredMacs() {
+		s.registered[m] = true
+	}
 
 	for _, p := range tbl.GetPlans() {
 		s.byUUID[p.GetUuid()] = p
@@ -389,10 +425,27 @@ func (t *Table) SNPOnly(mac net.HardwareAddr, uuid string) bool {
 	return t.cur.Load().find(NormalizeUUID(uuid), mac).GetSnpOnly()
 }
 
-// Known reports whether the table holds a plan for the machine (by UUID, or by one of the MACs a plan
-// names: machines an operator registered before they booted).
+// Known reports whether the table holds the machine: a plan for it (by UUID, or by one of the MACs a plan
+// names), or its MAC among those an operator registered before it booted.
 func (t *Table) Known(mac net.HardwareAddr, uuid string) bool {
-	return t.cur.Load().find(NormalizeUUID(uuid), mac) != nil
+	s := t.cur.Load()
+
+	return s.find(NormalizeUUID(uuid), mac) != nil || (len(mac) > 0 && s.registered[mac.String()])
+}
+
+// Discovery is the site's discovery policy as the controller set it: all, known or off; "" when it set none
+// (dhcp.Preferences).
+func (t *Table) Discovery() string {
+	switch t.cur.Load().table.GetDiscovery() {
+	case bootpb.Discovery_DISCOVERY_ALL:
+		return "all"
+	case bootpb.Discovery_DISCOVERY_KNOWN:
+		return "known"
+	case bootpb.Discovery_DISCOVERY_OFF:
+		return "off"
+	default:
+		return ""
+	}
 }
 
 // MachineConfig returns the config to serve at /config for a machine (its own, else the table's);

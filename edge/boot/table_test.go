@@ -232,3 +232,49 @@ func TestSnapshotNeverDropsByIgnorance(t *testing.T) {
 	reopened := open(t, dir)
 	require.ElementsMatch(t, []string{uuidInstall}, reopened.UUIDs())
 }
+
+// The site's discovery policy and the MACs an operator registered come with the table, survive a restart,
+// and make a registered machine known before any plan names it; a bad value is refused whole.
+func TestSiteDiscoveryAndRegisteredMACs(t *testing.T) {
+	t.Parallel()
+
+	dir := t.TempDir()
+	tbl := open(t, dir)
+	registered, stranger := net.HardwareAddr{0x52, 0x54, 0, 0, 0, 0x42}, net.HardwareAddr{0x52, 0x54, 0, 0, 0, 0x43}
+
+	require.Empty(t, tbl.Discovery(), "no policy until the controller sets one")
+	require.False(t, tbl.Known(registered, ""))
+
+	_, err := tbl.Apply(&bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Snapshot{Snapshot: &bootpb.Table{
+		Version: 1, Discovery: bootpb.Discovery_DISCOVERY_KNOWN, RegisteredMacs: []string{"52-54-00-00-00-42"},
+	}}})
+	require.NoError(t, err)
+	require.Equal(t, "known", tbl.Discovery())
+	require.True(t, tbl.Known(registered, ""), "a registered MAC, written with dashes, is known")
+	require.False(t, tbl.Known(stranger, ""))
+	require.False(t, tbl.Known(nil, ""))
+
+	reopened := open(t, dir)
+	require.Equal(t, "known", reopened.Discovery())
+	require.True(t, reopened.Known(registered, ""))
+
+	for _, bad := range []*bootpb.Delta{
+		{BaseVersion: 1, Version: 2, Discovery: bootpb.Discovery(9), ReplaceDiscovery: true},
+		{BaseVersion: 1, Version: 2, RegisteredMacs: []string{"52:54:00:00:00:44", "not-a-mac"}, ReplaceRegisteredMacs: true},
+		{BaseVersion: 1, Version: 2, RegisteredMacs: make([]string, boot.MaxRegisteredMACs+1), ReplaceRegisteredMacs: true},
+	} {
+		_, err := tbl.Apply(&bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Delta{Delta: bad}})
+		require.ErrorIs(t, err, boot.ErrInvalid)
+	}
+
+	require.EqualValues(t, 1, tbl.Version(), "a refused change leaves the table")
+
+	_, err = tbl.Apply(&bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Delta{Delta: &bootpb.Delta{
+		BaseVersion: 1, Version: 2, Discovery: bootpb.Discovery_DISCOVERY_UNSPECIFIED, ReplaceDiscovery: true,
+		RegisteredMacs: []string{stranger.String()}, ReplaceRegisteredMacs: true,
+	}}})
+	require.NoError(t, err)
+	require.Empty(t, tbl.Discovery(), "handed back to the edge's own setting")
+	require.False(t, tbl.Known(registered, ""), "unregistered")
+	require.True(t, tbl.Known(stranger, ""))
+}

@@ -116,6 +116,8 @@ type Preferences interface {
 	SNPOnly(mac net.HardwareAddr, uuid string) bool
 	// Known reports whether the machine is in the boot table (by UUID, or by a MAC an operator registered).
 	Known(mac net.HardwareAddr, uuid string) bool
+	// Discovery is the policy the controller set for the site ("" when it set none: Params.Discovery holds).
+	Discovery() string
 }
 
 // Discovery is which PXE clients the ProxyDHCP answers.
@@ -161,6 +163,17 @@ type Params struct {
 	Mode Mode
 	// ClientPort and RelayPort are where replies go (68 and 67; tests change them).
 	ClientPort, RelayPort int
+}
+
+// discovery is the site's policy from the controller when it set one, else the edge's own.
+func (p Params) discovery() Discovery {
+	if p.Prefs != nil {
+		if d := Discovery(p.Prefs.Discovery()); d != "" {
+			return d
+		}
+	}
+
+	return p.Discovery
 }
 
 // HTTPBase returns "http://<server>[:port]".
@@ -258,16 +271,18 @@ func DecidePacket(p Params, role Role, peer netip.AddrPort, req *dhcpv4.DHCPv4) 
 		d.UUID = uuid
 	}
 
-	switch {
-	case p.Mode == Mode4011Only && role == RoleDHCP:
+	if p.Mode == Mode4011Only && role == RoleDHCP {
 		d.Drop = DropMode4011Only
 
 		return d
-	case p.Discovery == DiscoverOff:
+	}
+
+	switch discovery := p.discovery(); {
+	case discovery == DiscoverOff:
 		d.Drop = DropDiscoveryOff
 
 		return d
-	case p.Discovery == DiscoverKnown && (p.Prefs == nil || !p.Prefs.Known(req.ClientHWAddr, d.UUID)):
+	case discovery == DiscoverKnown && (p.Prefs == nil || !p.Prefs.Known(req.ClientHWAddr, d.UUID)):
 		d.Drop = DropUnknownMachine
 
 		return d

@@ -26,6 +26,17 @@ func (p snpPrefs) SNPOnly(mac net.HardwareAddr, _ string) bool { return p[mac.St
 // Known: every MAC named in the map is in the boot table.
 func (p snpPrefs) Known(mac net.HardwareAddr, _ string) bool { _, ok := p[mac.String()]; return ok }
 
+func (snpPrefs) Discovery() string { return "" }
+
+// sitePolicy is a boot table whose controller set the site's discovery policy.
+type sitePolicy struct {
+	snpPrefs
+
+	discovery string
+}
+
+func (p sitePolicy) Discovery() string { return p.discovery }
+
 // Discovery policy and ProxyDHCP mode: who is answered on which port.
 func TestDecidePolicies(t *testing.T) {
 	t.Parallel()
@@ -53,6 +64,12 @@ func TestDecidePolicies(t *testing.T) {
 		{name: "4011-only leaves 67 to the site", mode: dhcp.Mode4011Only, role: dhcp.RoleDHCP, mt: dhcpv4.MessageTypeDiscover,
 			want: dhcp.DropMode4011Only},
 		{name: "4011-only answers 4011", mode: dhcp.Mode4011Only, role: dhcp.RolePXE, mt: dhcpv4.MessageTypeRequest},
+		{name: "the controller's known overrides the edge's all", discovery: dhcp.DiscoverAll,
+			prefs: sitePolicy{stranger, "known"}, role: dhcp.RoleDHCP, mt: dhcpv4.MessageTypeDiscover, want: dhcp.DropUnknownMachine},
+		{name: "the controller's all overrides the edge's off", discovery: dhcp.DiscoverOff,
+			prefs: sitePolicy{stranger, "all"}, role: dhcp.RoleDHCP, mt: dhcpv4.MessageTypeDiscover},
+		{name: "the controller's off overrides the edge's known", discovery: dhcp.DiscoverKnown,
+			prefs: sitePolicy{known, "off"}, role: dhcp.RolePXE, mt: dhcpv4.MessageTypeRequest, want: dhcp.DropDiscoveryOff},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

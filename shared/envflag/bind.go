@@ -40,10 +40,32 @@ func VarName(prefix, flag string) string {
 	return prefix + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
 }
 
+// commandLineOnly is the annotation CommandLineOnly puts on a flag.
+const commandLineOnly = "envflag-command-line-only"
+
+// CommandLineOnly keeps the named flags of fs out of every Binding: they take no variable. For flags of an
+// operator's one-off command that share a name with the server's (controller site set --wipe-method beside
+// the controller's own --wipe-method): the server's variable, set in the same environment, must not turn into
+// a change the operator never typed.
+func CommandLineOnly(fs *pflag.FlagSet, names ...string) {
+	for _, n := range names {
+		if err := fs.SetAnnotation(n, commandLineOnly, []string{"true"}); err != nil {
+			panic(fmt.Sprintf("envflag: %v", err))
+		}
+	}
+}
+
+// IsCommandLineOnly reports whether CommandLineOnly marked f.
+func IsCommandLineOnly(f *pflag.Flag) bool {
+	_, ok := f.Annotations[commandLineOnly]
+
+	return ok
+}
+
 // Bind gives every flag in sets the variable VarName(prefix, name), plus the alias variables named in aliases
 // by flag name (older or conventional names kept working, such as OMNI_ENDPOINT), and appends the variables
 // to each flag's usage ("... [OUTPOST_WIPE_TIMEOUT]") so that --help shows them. A flag that appears in more
-// than one set (a cobra persistent flag) is bound once. Call it after every flag is defined; an alias for a
+// than one set (a cobra persistent flag) is bound once; one marked CommandLineOnly is not bound. Call it after every flag is defined; an alias for a
 // flag that does not exist is a programming error and panics.
 func Bind(prefix string, aliases map[string][]string, sets ...*pflag.FlagSet) *Binding {
 	b := &Binding{}
@@ -51,7 +73,7 @@ func Bind(prefix string, aliases map[string][]string, sets ...*pflag.FlagSet) *B
 
 	for _, fs := range sets {
 		fs.VisitAll(func(f *pflag.Flag) {
-			if seen[f] {
+			if seen[f] || IsCommandLineOnly(f) {
 				return
 			}
 

@@ -41,9 +41,21 @@ type SiteSpec struct {
 	// asset_policy is the site's boot-asset policy (outpost.assets.Policy); 0 means the controller's default.
 	AssetPolicy int32 `protobuf:"varint,9,opt,name=asset_policy,json=assetPolicy,proto3" json:"asset_policy,omitempty"`
 	// labels are published on every machine of the site (validated by controller/labels).
-	Labels        map[string]string `protobuf:"bytes,10,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Labels map[string]string `protobuf:"bytes,10,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The site's own settings (controller site set); empty means the controller's default.
+	// discovery is which PXE clients the site's ProxyDHCP answers: all, known or off.
+	Discovery string `protobuf:"bytes,11,opt,name=discovery,proto3" json:"discovery,omitempty"`
+	// bmc_protocol is how the site's edge talks to BMCs: auto, ipmi or redfish.
+	BmcProtocol string `protobuf:"bytes,12,opt,name=bmc_protocol,json=bmcProtocol,proto3" json:"bmc_protocol,omitempty"`
+	// wipe_method is how the site's machines are wiped: fast or zeroes.
+	WipeMethod string `protobuf:"bytes,13,opt,name=wipe_method,json=wipeMethod,proto3" json:"wipe_method,omitempty"`
+	// extra_config is Talos machine-config documents added to the join config the site's machines get.
+	ExtraConfig []byte `protobuf:"bytes,14,opt,name=extra_config,json=extraConfig,proto3" json:"extra_config,omitempty"`
+	// registered_macs are machines an operator registered before they boot (controller site machine add):
+	// with discovery known they are answered. Lower case, colon separated.
+	RegisteredMacs []string `protobuf:"bytes,15,rep,name=registered_macs,json=registeredMacs,proto3" json:"registered_macs,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *SiteSpec) Reset() {
@@ -146,6 +158,41 @@ func (x *SiteSpec) GetLabels() map[string]string {
 	return nil
 }
 
+func (x *SiteSpec) GetDiscovery() string {
+	if x != nil {
+		return x.Discovery
+	}
+	return ""
+}
+
+func (x *SiteSpec) GetBmcProtocol() string {
+	if x != nil {
+		return x.BmcProtocol
+	}
+	return ""
+}
+
+func (x *SiteSpec) GetWipeMethod() string {
+	if x != nil {
+		return x.WipeMethod
+	}
+	return ""
+}
+
+func (x *SiteSpec) GetExtraConfig() []byte {
+	if x != nil {
+		return x.ExtraConfig
+	}
+	return nil
+}
+
+func (x *SiteSpec) GetRegisteredMacs() []string {
+	if x != nil {
+		return x.RegisteredMacs
+	}
+	return nil
+}
+
 // SiteStatusSpec is the live connection state of a site (ephemeral).
 type SiteStatusSpec struct {
 	state               protoimpl.MessageState `protogen:"open.v1"`
@@ -243,7 +290,7 @@ var File_controller_resources_specs_specs_proto protoreflect.FileDescriptor
 
 const file_controller_resources_specs_specs_proto_rawDesc = "" +
 	"\n" +
-	"&controller/resources/specs/specs.proto\x12\x17outpost.resources.specs\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf8\x03\n" +
+	"&controller/resources/specs/specs.proto\x12\x17outpost.resources.specs\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa6\x05\n" +
 	"\bSiteSpec\x12 \n" +
 	"\vdescription\x18\x01 \x01(\tR\vdescription\x12\x1d\n" +
 	"\n" +
@@ -257,7 +304,13 @@ const file_controller_resources_specs_specs_proto_rawDesc = "" +
 	"\acreated\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\acreated\x12!\n" +
 	"\fasset_policy\x18\t \x01(\x05R\vassetPolicy\x12E\n" +
 	"\x06labels\x18\n" +
-	" \x03(\v2-.outpost.resources.specs.SiteSpec.LabelsEntryR\x06labels\x1a9\n" +
+	" \x03(\v2-.outpost.resources.specs.SiteSpec.LabelsEntryR\x06labels\x12\x1c\n" +
+	"\tdiscovery\x18\v \x01(\tR\tdiscovery\x12!\n" +
+	"\fbmc_protocol\x18\f \x01(\tR\vbmcProtocol\x12\x1f\n" +
+	"\vwipe_method\x18\r \x01(\tR\n" +
+	"wipeMethod\x12!\n" +
+	"\fextra_config\x18\x0e \x01(\fR\vextraConfig\x12'\n" +
+	"\x0fregistered_macs\x18\x0f \x03(\tR\x0eregisteredMacs\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe2\x02\n" +

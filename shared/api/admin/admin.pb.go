@@ -266,8 +266,10 @@ type Site struct {
 	TokenUsed      bool                   `protobuf:"varint,10,opt,name=token_used,json=tokenUsed,proto3" json:"token_used,omitempty"`
 	Enrolled       bool                   `protobuf:"varint,11,opt,name=enrolled,proto3" json:"enrolled,omitempty"`
 	Labels         map[string]string      `protobuf:"bytes,12,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// settings are the site's own settings; an empty value means the controller's default.
+	Settings      *SiteSettings `protobuf:"bytes,13,opt,name=settings,proto3" json:"settings,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Site) Reset() {
@@ -384,6 +386,95 @@ func (x *Site) GetLabels() map[string]string {
 	return nil
 }
 
+func (x *Site) GetSettings() *SiteSettings {
+	if x != nil {
+		return x.Settings
+	}
+	return nil
+}
+
+// SiteSettings are what an operator sets per site; empty strings mean the controller's default.
+type SiteSettings struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// discovery: all, known or off.
+	Discovery string `protobuf:"bytes,1,opt,name=discovery,proto3" json:"discovery,omitempty"`
+	// bmc_protocol: auto, ipmi or redfish.
+	BmcProtocol string `protobuf:"bytes,2,opt,name=bmc_protocol,json=bmcProtocol,proto3" json:"bmc_protocol,omitempty"`
+	// wipe_method: fast or zeroes.
+	WipeMethod string `protobuf:"bytes,3,opt,name=wipe_method,json=wipeMethod,proto3" json:"wipe_method,omitempty"`
+	// extra_config: Talos machine-config documents served with the join config.
+	ExtraConfig []byte `protobuf:"bytes,4,opt,name=extra_config,json=extraConfig,proto3" json:"extra_config,omitempty"`
+	// registered_macs: machines registered before they boot.
+	RegisteredMacs []string `protobuf:"bytes,5,rep,name=registered_macs,json=registeredMacs,proto3" json:"registered_macs,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *SiteSettings) Reset() {
+	*x = SiteSettings{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SiteSettings) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SiteSettings) ProtoMessage() {}
+
+func (x *SiteSettings) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SiteSettings.ProtoReflect.Descriptor instead.
+func (*SiteSettings) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *SiteSettings) GetDiscovery() string {
+	if x != nil {
+		return x.Discovery
+	}
+	return ""
+}
+
+func (x *SiteSettings) GetBmcProtocol() string {
+	if x != nil {
+		return x.BmcProtocol
+	}
+	return ""
+}
+
+func (x *SiteSettings) GetWipeMethod() string {
+	if x != nil {
+		return x.WipeMethod
+	}
+	return ""
+}
+
+func (x *SiteSettings) GetExtraConfig() []byte {
+	if x != nil {
+		return x.ExtraConfig
+	}
+	return nil
+}
+
+func (x *SiteSettings) GetRegisteredMacs() []string {
+	if x != nil {
+		return x.RegisteredMacs
+	}
+	return nil
+}
+
 // Standby says the controller that answered does not act now: another holds the lease and the edges' sessions,
 // so this one cannot tell which sites are connected.
 type Standby struct {
@@ -398,7 +489,7 @@ type Standby struct {
 
 func (x *Standby) Reset() {
 	*x = Standby{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[5]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -410,7 +501,7 @@ func (x *Standby) String() string {
 func (*Standby) ProtoMessage() {}
 
 func (x *Standby) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[5]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -423,7 +514,7 @@ func (x *Standby) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Standby.ProtoReflect.Descriptor instead.
 func (*Standby) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{5}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Standby) GetActiveHolder() string {
@@ -451,7 +542,7 @@ type ListSitesResponse struct {
 
 func (x *ListSitesResponse) Reset() {
 	*x = ListSitesResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[6]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -463,7 +554,7 @@ func (x *ListSitesResponse) String() string {
 func (*ListSitesResponse) ProtoMessage() {}
 
 func (x *ListSitesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[6]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -476,7 +567,7 @@ func (x *ListSitesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSitesResponse.ProtoReflect.Descriptor instead.
 func (*ListSitesResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{6}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListSitesResponse) GetSites() []*Site {
@@ -502,7 +593,7 @@ type RevokeSiteRequest struct {
 
 func (x *RevokeSiteRequest) Reset() {
 	*x = RevokeSiteRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[7]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -514,7 +605,7 @@ func (x *RevokeSiteRequest) String() string {
 func (*RevokeSiteRequest) ProtoMessage() {}
 
 func (x *RevokeSiteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[7]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -527,7 +618,7 @@ func (x *RevokeSiteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeSiteRequest.ProtoReflect.Descriptor instead.
 func (*RevokeSiteRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{7}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RevokeSiteRequest) GetSiteId() string {
@@ -545,7 +636,7 @@ type RevokeSiteResponse struct {
 
 func (x *RevokeSiteResponse) Reset() {
 	*x = RevokeSiteResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[8]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -557,7 +648,7 @@ func (x *RevokeSiteResponse) String() string {
 func (*RevokeSiteResponse) ProtoMessage() {}
 
 func (x *RevokeSiteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[8]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -570,7 +661,7 @@ func (x *RevokeSiteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeSiteResponse.ProtoReflect.Descriptor instead.
 func (*RevokeSiteResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{8}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{9}
 }
 
 type DeleteSiteRequest struct {
@@ -582,7 +673,7 @@ type DeleteSiteRequest struct {
 
 func (x *DeleteSiteRequest) Reset() {
 	*x = DeleteSiteRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[9]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -594,7 +685,7 @@ func (x *DeleteSiteRequest) String() string {
 func (*DeleteSiteRequest) ProtoMessage() {}
 
 func (x *DeleteSiteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[9]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -607,7 +698,7 @@ func (x *DeleteSiteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSiteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSiteRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{9}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeleteSiteRequest) GetSiteId() string {
@@ -625,7 +716,7 @@ type DeleteSiteResponse struct {
 
 func (x *DeleteSiteResponse) Reset() {
 	*x = DeleteSiteResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[10]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -637,7 +728,7 @@ func (x *DeleteSiteResponse) String() string {
 func (*DeleteSiteResponse) ProtoMessage() {}
 
 func (x *DeleteSiteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[10]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -650,7 +741,7 @@ func (x *DeleteSiteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSiteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSiteResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{10}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{11}
 }
 
 type ShowSiteRequest struct {
@@ -662,7 +753,7 @@ type ShowSiteRequest struct {
 
 func (x *ShowSiteRequest) Reset() {
 	*x = ShowSiteRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[11]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -674,7 +765,7 @@ func (x *ShowSiteRequest) String() string {
 func (*ShowSiteRequest) ProtoMessage() {}
 
 func (x *ShowSiteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[11]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -687,7 +778,7 @@ func (x *ShowSiteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShowSiteRequest.ProtoReflect.Descriptor instead.
 func (*ShowSiteRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{11}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ShowSiteRequest) GetSiteId() string {
@@ -709,7 +800,7 @@ type ShowSiteResponse struct {
 
 func (x *ShowSiteResponse) Reset() {
 	*x = ShowSiteResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[12]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -721,7 +812,7 @@ func (x *ShowSiteResponse) String() string {
 func (*ShowSiteResponse) ProtoMessage() {}
 
 func (x *ShowSiteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[12]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -734,7 +825,7 @@ func (x *ShowSiteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShowSiteResponse.ProtoReflect.Descriptor instead.
 func (*ShowSiteResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{12}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ShowSiteResponse) GetSite() *Site {
@@ -768,7 +859,7 @@ type SetAssetPolicyRequest struct {
 
 func (x *SetAssetPolicyRequest) Reset() {
 	*x = SetAssetPolicyRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[13]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -780,7 +871,7 @@ func (x *SetAssetPolicyRequest) String() string {
 func (*SetAssetPolicyRequest) ProtoMessage() {}
 
 func (x *SetAssetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[13]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -793,7 +884,7 @@ func (x *SetAssetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAssetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetAssetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{13}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SetAssetPolicyRequest) GetSiteId() string {
@@ -818,7 +909,7 @@ type SetAssetPolicyResponse struct {
 
 func (x *SetAssetPolicyResponse) Reset() {
 	*x = SetAssetPolicyResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[14]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -830,7 +921,7 @@ func (x *SetAssetPolicyResponse) String() string {
 func (*SetAssetPolicyResponse) ProtoMessage() {}
 
 func (x *SetAssetPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[14]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -843,7 +934,7 @@ func (x *SetAssetPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAssetPolicyResponse.ProtoReflect.Descriptor instead.
 func (*SetAssetPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{14}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{15}
 }
 
 type SetSiteLabelsRequest struct {
@@ -856,7 +947,7 @@ type SetSiteLabelsRequest struct {
 
 func (x *SetSiteLabelsRequest) Reset() {
 	*x = SetSiteLabelsRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[15]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -868,7 +959,7 @@ func (x *SetSiteLabelsRequest) String() string {
 func (*SetSiteLabelsRequest) ProtoMessage() {}
 
 func (x *SetSiteLabelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[15]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -881,7 +972,7 @@ func (x *SetSiteLabelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSiteLabelsRequest.ProtoReflect.Descriptor instead.
 func (*SetSiteLabelsRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{15}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SetSiteLabelsRequest) GetSiteId() string {
@@ -906,7 +997,7 @@ type SetSiteLabelsResponse struct {
 
 func (x *SetSiteLabelsResponse) Reset() {
 	*x = SetSiteLabelsResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[16]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -918,7 +1009,7 @@ func (x *SetSiteLabelsResponse) String() string {
 func (*SetSiteLabelsResponse) ProtoMessage() {}
 
 func (x *SetSiteLabelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[16]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -931,7 +1022,232 @@ func (x *SetSiteLabelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSiteLabelsResponse.ProtoReflect.Descriptor instead.
 func (*SetSiteLabelsResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{16}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{17}
+}
+
+type SetSiteSettingsRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	SiteId string                 `protobuf:"bytes,1,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
+	// Each field given replaces the site's value; an empty value returns it to the controller's default.
+	Discovery     *string `protobuf:"bytes,2,opt,name=discovery,proto3,oneof" json:"discovery,omitempty"`
+	BmcProtocol   *string `protobuf:"bytes,3,opt,name=bmc_protocol,json=bmcProtocol,proto3,oneof" json:"bmc_protocol,omitempty"`
+	WipeMethod    *string `protobuf:"bytes,4,opt,name=wipe_method,json=wipeMethod,proto3,oneof" json:"wipe_method,omitempty"`
+	ExtraConfig   []byte  `protobuf:"bytes,5,opt,name=extra_config,json=extraConfig,proto3,oneof" json:"extra_config,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetSiteSettingsRequest) Reset() {
+	*x = SetSiteSettingsRequest{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetSiteSettingsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetSiteSettingsRequest) ProtoMessage() {}
+
+func (x *SetSiteSettingsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetSiteSettingsRequest.ProtoReflect.Descriptor instead.
+func (*SetSiteSettingsRequest) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *SetSiteSettingsRequest) GetSiteId() string {
+	if x != nil {
+		return x.SiteId
+	}
+	return ""
+}
+
+func (x *SetSiteSettingsRequest) GetDiscovery() string {
+	if x != nil && x.Discovery != nil {
+		return *x.Discovery
+	}
+	return ""
+}
+
+func (x *SetSiteSettingsRequest) GetBmcProtocol() string {
+	if x != nil && x.BmcProtocol != nil {
+		return *x.BmcProtocol
+	}
+	return ""
+}
+
+func (x *SetSiteSettingsRequest) GetWipeMethod() string {
+	if x != nil && x.WipeMethod != nil {
+		return *x.WipeMethod
+	}
+	return ""
+}
+
+func (x *SetSiteSettingsRequest) GetExtraConfig() []byte {
+	if x != nil {
+		return x.ExtraConfig
+	}
+	return nil
+}
+
+type SetSiteSettingsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Settings      *SiteSettings          `protobuf:"bytes,1,opt,name=settings,proto3" json:"settings,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetSiteSettingsResponse) Reset() {
+	*x = SetSiteSettingsResponse{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetSiteSettingsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetSiteSettingsResponse) ProtoMessage() {}
+
+func (x *SetSiteSettingsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetSiteSettingsResponse.ProtoReflect.Descriptor instead.
+func (*SetSiteSettingsResponse) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *SetSiteSettingsResponse) GetSettings() *SiteSettings {
+	if x != nil {
+		return x.Settings
+	}
+	return nil
+}
+
+type RegisterMachinesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SiteId        string                 `protobuf:"bytes,1,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
+	Add           []string               `protobuf:"bytes,2,rep,name=add,proto3" json:"add,omitempty"`
+	Remove        []string               `protobuf:"bytes,3,rep,name=remove,proto3" json:"remove,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegisterMachinesRequest) Reset() {
+	*x = RegisterMachinesRequest{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterMachinesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterMachinesRequest) ProtoMessage() {}
+
+func (x *RegisterMachinesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterMachinesRequest.ProtoReflect.Descriptor instead.
+func (*RegisterMachinesRequest) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *RegisterMachinesRequest) GetSiteId() string {
+	if x != nil {
+		return x.SiteId
+	}
+	return ""
+}
+
+func (x *RegisterMachinesRequest) GetAdd() []string {
+	if x != nil {
+		return x.Add
+	}
+	return nil
+}
+
+func (x *RegisterMachinesRequest) GetRemove() []string {
+	if x != nil {
+		return x.Remove
+	}
+	return nil
+}
+
+type RegisterMachinesResponse struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	RegisteredMacs []string               `protobuf:"bytes,1,rep,name=registered_macs,json=registeredMacs,proto3" json:"registered_macs,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *RegisterMachinesResponse) Reset() {
+	*x = RegisterMachinesResponse{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterMachinesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterMachinesResponse) ProtoMessage() {}
+
+func (x *RegisterMachinesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterMachinesResponse.ProtoReflect.Descriptor instead.
+func (*RegisterMachinesResponse) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *RegisterMachinesResponse) GetRegisteredMacs() []string {
+	if x != nil {
+		return x.RegisteredMacs
+	}
+	return nil
 }
 
 type ListMachinesRequest struct {
@@ -948,7 +1264,7 @@ type ListMachinesRequest struct {
 
 func (x *ListMachinesRequest) Reset() {
 	*x = ListMachinesRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[17]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -960,7 +1276,7 @@ func (x *ListMachinesRequest) String() string {
 func (*ListMachinesRequest) ProtoMessage() {}
 
 func (x *ListMachinesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[17]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -973,7 +1289,7 @@ func (x *ListMachinesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachinesRequest.ProtoReflect.Descriptor instead.
 func (*ListMachinesRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{17}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListMachinesRequest) GetSiteId() string {
@@ -1015,7 +1331,7 @@ type ListMachinesResponse struct {
 
 func (x *ListMachinesResponse) Reset() {
 	*x = ListMachinesResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[18]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1027,7 +1343,7 @@ func (x *ListMachinesResponse) String() string {
 func (*ListMachinesResponse) ProtoMessage() {}
 
 func (x *ListMachinesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[18]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1040,7 +1356,7 @@ func (x *ListMachinesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachinesResponse.ProtoReflect.Descriptor instead.
 func (*ListMachinesResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{18}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListMachinesResponse) GetMachines() []*Machine {
@@ -1087,7 +1403,7 @@ type Machine struct {
 
 func (x *Machine) Reset() {
 	*x = Machine{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[19]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1099,7 +1415,7 @@ func (x *Machine) String() string {
 func (*Machine) ProtoMessage() {}
 
 func (x *Machine) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[19]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1112,7 +1428,7 @@ func (x *Machine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Machine.ProtoReflect.Descriptor instead.
 func (*Machine) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{19}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Machine) GetMachineId() string {
@@ -1228,7 +1544,7 @@ type TimelineEntry struct {
 
 func (x *TimelineEntry) Reset() {
 	*x = TimelineEntry{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[20]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1240,7 +1556,7 @@ func (x *TimelineEntry) String() string {
 func (*TimelineEntry) ProtoMessage() {}
 
 func (x *TimelineEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[20]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1253,7 +1569,7 @@ func (x *TimelineEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineEntry.ProtoReflect.Descriptor instead.
 func (*TimelineEntry) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{20}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *TimelineEntry) GetTime() *timestamppb.Timestamp {
@@ -1300,7 +1616,7 @@ type ShowMachineRequest struct {
 
 func (x *ShowMachineRequest) Reset() {
 	*x = ShowMachineRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[21]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1312,7 +1628,7 @@ func (x *ShowMachineRequest) String() string {
 func (*ShowMachineRequest) ProtoMessage() {}
 
 func (x *ShowMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[21]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1325,7 +1641,7 @@ func (x *ShowMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShowMachineRequest.ProtoReflect.Descriptor instead.
 func (*ShowMachineRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{21}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ShowMachineRequest) GetMachineId() string {
@@ -1347,7 +1663,7 @@ type ShowMachineResponse struct {
 
 func (x *ShowMachineResponse) Reset() {
 	*x = ShowMachineResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[22]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1359,7 +1675,7 @@ func (x *ShowMachineResponse) String() string {
 func (*ShowMachineResponse) ProtoMessage() {}
 
 func (x *ShowMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[22]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1372,7 +1688,7 @@ func (x *ShowMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShowMachineResponse.ProtoReflect.Descriptor instead.
 func (*ShowMachineResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{22}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ShowMachineResponse) GetMachine() *Machine {
@@ -1408,7 +1724,7 @@ type SetBootModeRequest struct {
 
 func (x *SetBootModeRequest) Reset() {
 	*x = SetBootModeRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[23]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1420,7 +1736,7 @@ func (x *SetBootModeRequest) String() string {
 func (*SetBootModeRequest) ProtoMessage() {}
 
 func (x *SetBootModeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[23]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1433,7 +1749,7 @@ func (x *SetBootModeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBootModeRequest.ProtoReflect.Descriptor instead.
 func (*SetBootModeRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{23}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SetBootModeRequest) GetMachineId() string {
@@ -1461,7 +1777,7 @@ type SetBootModeResponse struct {
 
 func (x *SetBootModeResponse) Reset() {
 	*x = SetBootModeResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[24]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1473,7 +1789,7 @@ func (x *SetBootModeResponse) String() string {
 func (*SetBootModeResponse) ProtoMessage() {}
 
 func (x *SetBootModeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[24]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1486,7 +1802,7 @@ func (x *SetBootModeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBootModeResponse.ProtoReflect.Descriptor instead.
 func (*SetBootModeResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{24}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SetBootModeResponse) GetFirmware() string {
@@ -1512,7 +1828,7 @@ type ClearAlertRequest struct {
 
 func (x *ClearAlertRequest) Reset() {
 	*x = ClearAlertRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[25]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1524,7 +1840,7 @@ func (x *ClearAlertRequest) String() string {
 func (*ClearAlertRequest) ProtoMessage() {}
 
 func (x *ClearAlertRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[25]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1537,7 +1853,7 @@ func (x *ClearAlertRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClearAlertRequest.ProtoReflect.Descriptor instead.
 func (*ClearAlertRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{25}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ClearAlertRequest) GetMachineId() string {
@@ -1557,7 +1873,7 @@ type ClearAlertResponse struct {
 
 func (x *ClearAlertResponse) Reset() {
 	*x = ClearAlertResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[26]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1569,7 +1885,7 @@ func (x *ClearAlertResponse) String() string {
 func (*ClearAlertResponse) ProtoMessage() {}
 
 func (x *ClearAlertResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[26]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1582,7 +1898,7 @@ func (x *ClearAlertResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClearAlertResponse.ProtoReflect.Descriptor instead.
 func (*ClearAlertResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{26}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ClearAlertResponse) GetCleared() string {
@@ -1611,7 +1927,7 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\asite_id\x18\x01 \x01(\tR\x06siteId\x126\n" +
 	"\ttoken_ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\btokenTtl\x12\x1a\n" +
 	"\breusable\x18\x03 \x01(\bR\breusable\"\x12\n" +
-	"\x10ListSitesRequest\"\xb1\x04\n" +
+	"\x10ListSitesRequest\"\xea\x04\n" +
 	"\x04Site\x12\x17\n" +
 	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x18\n" +
@@ -1626,10 +1942,18 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"token_used\x18\n" +
 	" \x01(\bR\ttokenUsed\x12\x1a\n" +
 	"\benrolled\x18\v \x01(\bR\benrolled\x127\n" +
-	"\x06labels\x18\f \x03(\v2\x1f.outpost.admin.Site.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x18\f \x03(\v2\x1f.outpost.admin.Site.LabelsEntryR\x06labels\x127\n" +
+	"\bsettings\x18\r \x01(\v2\x1b.outpost.admin.SiteSettingsR\bsettings\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"S\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbc\x01\n" +
+	"\fSiteSettings\x12\x1c\n" +
+	"\tdiscovery\x18\x01 \x01(\tR\tdiscovery\x12!\n" +
+	"\fbmc_protocol\x18\x02 \x01(\tR\vbmcProtocol\x12\x1f\n" +
+	"\vwipe_method\x18\x03 \x01(\tR\n" +
+	"wipeMethod\x12!\n" +
+	"\fextra_config\x18\x04 \x01(\fR\vextraConfig\x12'\n" +
+	"\x0fregistered_macs\x18\x05 \x03(\tR\x0eregisteredMacs\"S\n" +
 	"\aStandby\x12#\n" +
 	"\ractive_holder\x18\x01 \x01(\tR\factiveHolder\x12#\n" +
 	"\ractive_uplink\x18\x02 \x01(\tR\factiveUplink\"p\n" +
@@ -1658,7 +1982,27 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x17\n" +
-	"\x15SetSiteLabelsResponse\"r\n" +
+	"\x15SetSiteLabelsResponse\"\x8a\x02\n" +
+	"\x16SetSiteSettingsRequest\x12\x17\n" +
+	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12!\n" +
+	"\tdiscovery\x18\x02 \x01(\tH\x00R\tdiscovery\x88\x01\x01\x12&\n" +
+	"\fbmc_protocol\x18\x03 \x01(\tH\x01R\vbmcProtocol\x88\x01\x01\x12$\n" +
+	"\vwipe_method\x18\x04 \x01(\tH\x02R\n" +
+	"wipeMethod\x88\x01\x01\x12&\n" +
+	"\fextra_config\x18\x05 \x01(\fH\x03R\vextraConfig\x88\x01\x01B\f\n" +
+	"\n" +
+	"_discoveryB\x0f\n" +
+	"\r_bmc_protocolB\x0e\n" +
+	"\f_wipe_methodB\x0f\n" +
+	"\r_extra_config\"R\n" +
+	"\x17SetSiteSettingsResponse\x127\n" +
+	"\bsettings\x18\x01 \x01(\v2\x1b.outpost.admin.SiteSettingsR\bsettings\"\\\n" +
+	"\x17RegisterMachinesRequest\x12\x17\n" +
+	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12\x10\n" +
+	"\x03add\x18\x02 \x03(\tR\x03add\x12\x16\n" +
+	"\x06remove\x18\x03 \x03(\tR\x06remove\"C\n" +
+	"\x18RegisterMachinesResponse\x12'\n" +
+	"\x0fregistered_macs\x18\x01 \x03(\tR\x0eregisteredMacs\"r\n" +
 	"\x13ListMachinesRequest\x12\x17\n" +
 	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12\x14\n" +
 	"\x05phase\x18\x02 \x01(\tR\x05phase\x12\x16\n" +
@@ -1709,7 +2053,7 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\n" +
 	"machine_id\x18\x01 \x01(\tR\tmachineId\".\n" +
 	"\x12ClearAlertResponse\x12\x18\n" +
-	"\acleared\x18\x01 \x01(\tR\acleared2\xaf\x05\n" +
+	"\acleared\x18\x01 \x01(\tR\acleared2\xf6\x06\n" +
 	"\x05Admin\x12Q\n" +
 	"\n" +
 	"CreateSite\x12 .outpost.admin.CreateSiteRequest\x1a!.outpost.admin.CreateSiteResponse\x12U\n" +
@@ -1721,7 +2065,9 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"DeleteSite\x12 .outpost.admin.DeleteSiteRequest\x1a!.outpost.admin.DeleteSiteResponse\x12K\n" +
 	"\bShowSite\x12\x1e.outpost.admin.ShowSiteRequest\x1a\x1f.outpost.admin.ShowSiteResponse\x12]\n" +
 	"\x0eSetAssetPolicy\x12$.outpost.admin.SetAssetPolicyRequest\x1a%.outpost.admin.SetAssetPolicyResponse\x12Z\n" +
-	"\rSetSiteLabels\x12#.outpost.admin.SetSiteLabelsRequest\x1a$.outpost.admin.SetSiteLabelsResponse2\xe2\x02\n" +
+	"\rSetSiteLabels\x12#.outpost.admin.SetSiteLabelsRequest\x1a$.outpost.admin.SetSiteLabelsResponse\x12`\n" +
+	"\x0fSetSiteSettings\x12%.outpost.admin.SetSiteSettingsRequest\x1a&.outpost.admin.SetSiteSettingsResponse\x12c\n" +
+	"\x10RegisterMachines\x12&.outpost.admin.RegisterMachinesRequest\x1a'.outpost.admin.RegisterMachinesResponse2\xe2\x02\n" +
 	"\bMachines\x12W\n" +
 	"\fListMachines\x12\".outpost.admin.ListMachinesRequest\x1a#.outpost.admin.ListMachinesResponse\x12T\n" +
 	"\vShowMachine\x12!.outpost.admin.ShowMachineRequest\x1a\".outpost.admin.ShowMachineResponse\x12T\n" +
@@ -1741,92 +2087,103 @@ func file_shared_api_admin_admin_proto_rawDescGZIP() []byte {
 	return file_shared_api_admin_admin_proto_rawDescData
 }
 
-var file_shared_api_admin_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_shared_api_admin_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_shared_api_admin_admin_proto_goTypes = []any{
-	(*CreateSiteRequest)(nil),      // 0: outpost.admin.CreateSiteRequest
-	(*CreateSiteResponse)(nil),     // 1: outpost.admin.CreateSiteResponse
-	(*NewJoinTokenRequest)(nil),    // 2: outpost.admin.NewJoinTokenRequest
-	(*ListSitesRequest)(nil),       // 3: outpost.admin.ListSitesRequest
-	(*Site)(nil),                   // 4: outpost.admin.Site
-	(*Standby)(nil),                // 5: outpost.admin.Standby
-	(*ListSitesResponse)(nil),      // 6: outpost.admin.ListSitesResponse
-	(*RevokeSiteRequest)(nil),      // 7: outpost.admin.RevokeSiteRequest
-	(*RevokeSiteResponse)(nil),     // 8: outpost.admin.RevokeSiteResponse
-	(*DeleteSiteRequest)(nil),      // 9: outpost.admin.DeleteSiteRequest
-	(*DeleteSiteResponse)(nil),     // 10: outpost.admin.DeleteSiteResponse
-	(*ShowSiteRequest)(nil),        // 11: outpost.admin.ShowSiteRequest
-	(*ShowSiteResponse)(nil),       // 12: outpost.admin.ShowSiteResponse
-	(*SetAssetPolicyRequest)(nil),  // 13: outpost.admin.SetAssetPolicyRequest
-	(*SetAssetPolicyResponse)(nil), // 14: outpost.admin.SetAssetPolicyResponse
-	(*SetSiteLabelsRequest)(nil),   // 15: outpost.admin.SetSiteLabelsRequest
-	(*SetSiteLabelsResponse)(nil),  // 16: outpost.admin.SetSiteLabelsResponse
-	(*ListMachinesRequest)(nil),    // 17: outpost.admin.ListMachinesRequest
-	(*ListMachinesResponse)(nil),   // 18: outpost.admin.ListMachinesResponse
-	(*Machine)(nil),                // 19: outpost.admin.Machine
-	(*TimelineEntry)(nil),          // 20: outpost.admin.TimelineEntry
-	(*ShowMachineRequest)(nil),     // 21: outpost.admin.ShowMachineRequest
-	(*ShowMachineResponse)(nil),    // 22: outpost.admin.ShowMachineResponse
-	(*SetBootModeRequest)(nil),     // 23: outpost.admin.SetBootModeRequest
-	(*SetBootModeResponse)(nil),    // 24: outpost.admin.SetBootModeResponse
-	(*ClearAlertRequest)(nil),      // 25: outpost.admin.ClearAlertRequest
-	(*ClearAlertResponse)(nil),     // 26: outpost.admin.ClearAlertResponse
-	nil,                            // 27: outpost.admin.Site.LabelsEntry
-	nil,                            // 28: outpost.admin.SetSiteLabelsRequest.LabelsEntry
-	(*durationpb.Duration)(nil),    // 29: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),  // 30: google.protobuf.Timestamp
-	(*assets.SiteAssetState)(nil),  // 31: outpost.assets.SiteAssetState
-	(assets.Policy)(0),             // 32: outpost.assets.Policy
+	(*CreateSiteRequest)(nil),        // 0: outpost.admin.CreateSiteRequest
+	(*CreateSiteResponse)(nil),       // 1: outpost.admin.CreateSiteResponse
+	(*NewJoinTokenRequest)(nil),      // 2: outpost.admin.NewJoinTokenRequest
+	(*ListSitesRequest)(nil),         // 3: outpost.admin.ListSitesRequest
+	(*Site)(nil),                     // 4: outpost.admin.Site
+	(*SiteSettings)(nil),             // 5: outpost.admin.SiteSettings
+	(*Standby)(nil),                  // 6: outpost.admin.Standby
+	(*ListSitesResponse)(nil),        // 7: outpost.admin.ListSitesResponse
+	(*RevokeSiteRequest)(nil),        // 8: outpost.admin.RevokeSiteRequest
+	(*RevokeSiteResponse)(nil),       // 9: outpost.admin.RevokeSiteResponse
+	(*DeleteSiteRequest)(nil),        // 10: outpost.admin.DeleteSiteRequest
+	(*DeleteSiteResponse)(nil),       // 11: outpost.admin.DeleteSiteResponse
+	(*ShowSiteRequest)(nil),          // 12: outpost.admin.ShowSiteRequest
+	(*ShowSiteResponse)(nil),         // 13: outpost.admin.ShowSiteResponse
+	(*SetAssetPolicyRequest)(nil),    // 14: outpost.admin.SetAssetPolicyRequest
+	(*SetAssetPolicyResponse)(nil),   // 15: outpost.admin.SetAssetPolicyResponse
+	(*SetSiteLabelsRequest)(nil),     // 16: outpost.admin.SetSiteLabelsRequest
+	(*SetSiteLabelsResponse)(nil),    // 17: outpost.admin.SetSiteLabelsResponse
+	(*SetSiteSettingsRequest)(nil),   // 18: outpost.admin.SetSiteSettingsRequest
+	(*SetSiteSettingsResponse)(nil),  // 19: outpost.admin.SetSiteSettingsResponse
+	(*RegisterMachinesRequest)(nil),  // 20: outpost.admin.RegisterMachinesRequest
+	(*RegisterMachinesResponse)(nil), // 21: outpost.admin.RegisterMachinesResponse
+	(*ListMachinesRequest)(nil),      // 22: outpost.admin.ListMachinesRequest
+	(*ListMachinesResponse)(nil),     // 23: outpost.admin.ListMachinesResponse
+	(*Machine)(nil),                  // 24: outpost.admin.Machine
+	(*TimelineEntry)(nil),            // 25: outpost.admin.TimelineEntry
+	(*ShowMachineRequest)(nil),       // 26: outpost.admin.ShowMachineRequest
+	(*ShowMachineResponse)(nil),      // 27: outpost.admin.ShowMachineResponse
+	(*SetBootModeRequest)(nil),       // 28: outpost.admin.SetBootModeRequest
+	(*SetBootModeResponse)(nil),      // 29: outpost.admin.SetBootModeResponse
+	(*ClearAlertRequest)(nil),        // 30: outpost.admin.ClearAlertRequest
+	(*ClearAlertResponse)(nil),       // 31: outpost.admin.ClearAlertResponse
+	nil,                              // 32: outpost.admin.Site.LabelsEntry
+	nil,                              // 33: outpost.admin.SetSiteLabelsRequest.LabelsEntry
+	(*durationpb.Duration)(nil),      // 34: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 35: google.protobuf.Timestamp
+	(*assets.SiteAssetState)(nil),    // 36: outpost.assets.SiteAssetState
+	(assets.Policy)(0),               // 37: outpost.assets.Policy
 }
 var file_shared_api_admin_admin_proto_depIdxs = []int32{
-	29, // 0: outpost.admin.CreateSiteRequest.token_ttl:type_name -> google.protobuf.Duration
-	30, // 1: outpost.admin.CreateSiteResponse.token_expires:type_name -> google.protobuf.Timestamp
-	29, // 2: outpost.admin.NewJoinTokenRequest.token_ttl:type_name -> google.protobuf.Duration
-	30, // 3: outpost.admin.Site.last_seen:type_name -> google.protobuf.Timestamp
-	30, // 4: outpost.admin.Site.connected_since:type_name -> google.protobuf.Timestamp
-	30, // 5: outpost.admin.Site.token_expires:type_name -> google.protobuf.Timestamp
-	27, // 6: outpost.admin.Site.labels:type_name -> outpost.admin.Site.LabelsEntry
-	4,  // 7: outpost.admin.ListSitesResponse.sites:type_name -> outpost.admin.Site
-	5,  // 8: outpost.admin.ListSitesResponse.standby:type_name -> outpost.admin.Standby
-	4,  // 9: outpost.admin.ShowSiteResponse.site:type_name -> outpost.admin.Site
-	31, // 10: outpost.admin.ShowSiteResponse.assets:type_name -> outpost.assets.SiteAssetState
-	5,  // 11: outpost.admin.ShowSiteResponse.standby:type_name -> outpost.admin.Standby
-	32, // 12: outpost.admin.SetAssetPolicyRequest.policy:type_name -> outpost.assets.Policy
-	28, // 13: outpost.admin.SetSiteLabelsRequest.labels:type_name -> outpost.admin.SetSiteLabelsRequest.LabelsEntry
-	19, // 14: outpost.admin.ListMachinesResponse.machines:type_name -> outpost.admin.Machine
-	30, // 15: outpost.admin.Machine.updated:type_name -> google.protobuf.Timestamp
-	20, // 16: outpost.admin.Machine.last:type_name -> outpost.admin.TimelineEntry
-	30, // 17: outpost.admin.TimelineEntry.time:type_name -> google.protobuf.Timestamp
-	19, // 18: outpost.admin.ShowMachineResponse.machine:type_name -> outpost.admin.Machine
-	20, // 19: outpost.admin.ShowMachineResponse.timeline:type_name -> outpost.admin.TimelineEntry
-	0,  // 20: outpost.admin.Admin.CreateSite:input_type -> outpost.admin.CreateSiteRequest
-	2,  // 21: outpost.admin.Admin.NewJoinToken:input_type -> outpost.admin.NewJoinTokenRequest
-	3,  // 22: outpost.admin.Admin.ListSites:input_type -> outpost.admin.ListSitesRequest
-	7,  // 23: outpost.admin.Admin.RevokeSite:input_type -> outpost.admin.RevokeSiteRequest
-	9,  // 24: outpost.admin.Admin.DeleteSite:input_type -> outpost.admin.DeleteSiteRequest
-	11, // 25: outpost.admin.Admin.ShowSite:input_type -> outpost.admin.ShowSiteRequest
-	13, // 26: outpost.admin.Admin.SetAssetPolicy:input_type -> outpost.admin.SetAssetPolicyRequest
-	15, // 27: outpost.admin.Admin.SetSiteLabels:input_type -> outpost.admin.SetSiteLabelsRequest
-	17, // 28: outpost.admin.Machines.ListMachines:input_type -> outpost.admin.ListMachinesRequest
-	21, // 29: outpost.admin.Machines.ShowMachine:input_type -> outpost.admin.ShowMachineRequest
-	23, // 30: outpost.admin.Machines.SetBootMode:input_type -> outpost.admin.SetBootModeRequest
-	25, // 31: outpost.admin.Machines.ClearAlert:input_type -> outpost.admin.ClearAlertRequest
-	1,  // 32: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
-	1,  // 33: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
-	6,  // 34: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
-	8,  // 35: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
-	10, // 36: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
-	12, // 37: outpost.admin.Admin.ShowSite:output_type -> outpost.admin.ShowSiteResponse
-	14, // 38: outpost.admin.Admin.SetAssetPolicy:output_type -> outpost.admin.SetAssetPolicyResponse
-	16, // 39: outpost.admin.Admin.SetSiteLabels:output_type -> outpost.admin.SetSiteLabelsResponse
-	18, // 40: outpost.admin.Machines.ListMachines:output_type -> outpost.admin.ListMachinesResponse
-	22, // 41: outpost.admin.Machines.ShowMachine:output_type -> outpost.admin.ShowMachineResponse
-	24, // 42: outpost.admin.Machines.SetBootMode:output_type -> outpost.admin.SetBootModeResponse
-	26, // 43: outpost.admin.Machines.ClearAlert:output_type -> outpost.admin.ClearAlertResponse
-	32, // [32:44] is the sub-list for method output_type
-	20, // [20:32] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	34, // 0: outpost.admin.CreateSiteRequest.token_ttl:type_name -> google.protobuf.Duration
+	35, // 1: outpost.admin.CreateSiteResponse.token_expires:type_name -> google.protobuf.Timestamp
+	34, // 2: outpost.admin.NewJoinTokenRequest.token_ttl:type_name -> google.protobuf.Duration
+	35, // 3: outpost.admin.Site.last_seen:type_name -> google.protobuf.Timestamp
+	35, // 4: outpost.admin.Site.connected_since:type_name -> google.protobuf.Timestamp
+	35, // 5: outpost.admin.Site.token_expires:type_name -> google.protobuf.Timestamp
+	32, // 6: outpost.admin.Site.labels:type_name -> outpost.admin.Site.LabelsEntry
+	5,  // 7: outpost.admin.Site.settings:type_name -> outpost.admin.SiteSettings
+	4,  // 8: outpost.admin.ListSitesResponse.sites:type_name -> outpost.admin.Site
+	6,  // 9: outpost.admin.ListSitesResponse.standby:type_name -> outpost.admin.Standby
+	4,  // 10: outpost.admin.ShowSiteResponse.site:type_name -> outpost.admin.Site
+	36, // 11: outpost.admin.ShowSiteResponse.assets:type_name -> outpost.assets.SiteAssetState
+	6,  // 12: outpost.admin.ShowSiteResponse.standby:type_name -> outpost.admin.Standby
+	37, // 13: outpost.admin.SetAssetPolicyRequest.policy:type_name -> outpost.assets.Policy
+	33, // 14: outpost.admin.SetSiteLabelsRequest.labels:type_name -> outpost.admin.SetSiteLabelsRequest.LabelsEntry
+	5,  // 15: outpost.admin.SetSiteSettingsResponse.settings:type_name -> outpost.admin.SiteSettings
+	24, // 16: outpost.admin.ListMachinesResponse.machines:type_name -> outpost.admin.Machine
+	35, // 17: outpost.admin.Machine.updated:type_name -> google.protobuf.Timestamp
+	25, // 18: outpost.admin.Machine.last:type_name -> outpost.admin.TimelineEntry
+	35, // 19: outpost.admin.TimelineEntry.time:type_name -> google.protobuf.Timestamp
+	24, // 20: outpost.admin.ShowMachineResponse.machine:type_name -> outpost.admin.Machine
+	25, // 21: outpost.admin.ShowMachineResponse.timeline:type_name -> outpost.admin.TimelineEntry
+	0,  // 22: outpost.admin.Admin.CreateSite:input_type -> outpost.admin.CreateSiteRequest
+	2,  // 23: outpost.admin.Admin.NewJoinToken:input_type -> outpost.admin.NewJoinTokenRequest
+	3,  // 24: outpost.admin.Admin.ListSites:input_type -> outpost.admin.ListSitesRequest
+	8,  // 25: outpost.admin.Admin.RevokeSite:input_type -> outpost.admin.RevokeSiteRequest
+	10, // 26: outpost.admin.Admin.DeleteSite:input_type -> outpost.admin.DeleteSiteRequest
+	12, // 27: outpost.admin.Admin.ShowSite:input_type -> outpost.admin.ShowSiteRequest
+	14, // 28: outpost.admin.Admin.SetAssetPolicy:input_type -> outpost.admin.SetAssetPolicyRequest
+	16, // 29: outpost.admin.Admin.SetSiteLabels:input_type -> outpost.admin.SetSiteLabelsRequest
+	18, // 30: outpost.admin.Admin.SetSiteSettings:input_type -> outpost.admin.SetSiteSettingsRequest
+	20, // 31: outpost.admin.Admin.RegisterMachines:input_type -> outpost.admin.RegisterMachinesRequest
+	22, // 32: outpost.admin.Machines.ListMachines:input_type -> outpost.admin.ListMachinesRequest
+	26, // 33: outpost.admin.Machines.ShowMachine:input_type -> outpost.admin.ShowMachineRequest
+	28, // 34: outpost.admin.Machines.SetBootMode:input_type -> outpost.admin.SetBootModeRequest
+	30, // 35: outpost.admin.Machines.ClearAlert:input_type -> outpost.admin.ClearAlertRequest
+	1,  // 36: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
+	1,  // 37: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
+	7,  // 38: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
+	9,  // 39: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
+	11, // 40: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
+	13, // 41: outpost.admin.Admin.ShowSite:output_type -> outpost.admin.ShowSiteResponse
+	15, // 42: outpost.admin.Admin.SetAssetPolicy:output_type -> outpost.admin.SetAssetPolicyResponse
+	17, // 43: outpost.admin.Admin.SetSiteLabels:output_type -> outpost.admin.SetSiteLabelsResponse
+	19, // 44: outpost.admin.Admin.SetSiteSettings:output_type -> outpost.admin.SetSiteSettingsResponse
+	21, // 45: outpost.admin.Admin.RegisterMachines:output_type -> outpost.admin.RegisterMachinesResponse
+	23, // 46: outpost.admin.Machines.ListMachines:output_type -> outpost.admin.ListMachinesResponse
+	27, // 47: outpost.admin.Machines.ShowMachine:output_type -> outpost.admin.ShowMachineResponse
+	29, // 48: outpost.admin.Machines.SetBootMode:output_type -> outpost.admin.SetBootModeResponse
+	31, // 49: outpost.admin.Machines.ClearAlert:output_type -> outpost.admin.ClearAlertResponse
+	36, // [36:50] is the sub-list for method output_type
+	22, // [22:36] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_admin_admin_proto_init() }
@@ -1834,13 +2191,14 @@ func file_shared_api_admin_admin_proto_init() {
 	if File_shared_api_admin_admin_proto != nil {
 		return
 	}
+	file_shared_api_admin_admin_proto_msgTypes[18].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_admin_admin_proto_rawDesc), len(file_shared_api_admin_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   29,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -21,14 +21,16 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Admin_CreateSite_FullMethodName     = "/outpost.admin.Admin/CreateSite"
-	Admin_NewJoinToken_FullMethodName   = "/outpost.admin.Admin/NewJoinToken"
-	Admin_ListSites_FullMethodName      = "/outpost.admin.Admin/ListSites"
-	Admin_RevokeSite_FullMethodName     = "/outpost.admin.Admin/RevokeSite"
-	Admin_DeleteSite_FullMethodName     = "/outpost.admin.Admin/DeleteSite"
-	Admin_ShowSite_FullMethodName       = "/outpost.admin.Admin/ShowSite"
-	Admin_SetAssetPolicy_FullMethodName = "/outpost.admin.Admin/SetAssetPolicy"
-	Admin_SetSiteLabels_FullMethodName  = "/outpost.admin.Admin/SetSiteLabels"
+	Admin_CreateSite_FullMethodName       = "/outpost.admin.Admin/CreateSite"
+	Admin_NewJoinToken_FullMethodName     = "/outpost.admin.Admin/NewJoinToken"
+	Admin_ListSites_FullMethodName        = "/outpost.admin.Admin/ListSites"
+	Admin_RevokeSite_FullMethodName       = "/outpost.admin.Admin/RevokeSite"
+	Admin_DeleteSite_FullMethodName       = "/outpost.admin.Admin/DeleteSite"
+	Admin_ShowSite_FullMethodName         = "/outpost.admin.Admin/ShowSite"
+	Admin_SetAssetPolicy_FullMethodName   = "/outpost.admin.Admin/SetAssetPolicy"
+	Admin_SetSiteLabels_FullMethodName    = "/outpost.admin.Admin/SetSiteLabels"
+	Admin_SetSiteSettings_FullMethodName  = "/outpost.admin.Admin/SetSiteSettings"
+	Admin_RegisterMachines_FullMethodName = "/outpost.admin.Admin/RegisterMachines"
 )
 
 // AdminClient is the client API for Admin service.
@@ -54,6 +56,11 @@ type AdminClient interface {
 	// SetSiteLabels replaces the labels published on every machine of a site (Omni's MachineClass selectors
 	// see them); all are checked before any is stored.
 	SetSiteLabels(ctx context.Context, in *SetSiteLabelsRequest, opts ...grpc.CallOption) (*SetSiteLabelsResponse, error)
+	// SetSiteSettings changes a site's own settings (discovery, BMC protocol, wipe method, extra machine-config
+	// documents); every given value is checked before any is stored.
+	SetSiteSettings(ctx context.Context, in *SetSiteSettingsRequest, opts ...grpc.CallOption) (*SetSiteSettingsResponse, error)
+	// RegisterMachines adds or removes MACs of machines an operator registered at a site before they boot.
+	RegisterMachines(ctx context.Context, in *RegisterMachinesRequest, opts ...grpc.CallOption) (*RegisterMachinesResponse, error)
 }
 
 type adminClient struct {
@@ -144,6 +151,26 @@ func (c *adminClient) SetSiteLabels(ctx context.Context, in *SetSiteLabelsReques
 	return out, nil
 }
 
+func (c *adminClient) SetSiteSettings(ctx context.Context, in *SetSiteSettingsRequest, opts ...grpc.CallOption) (*SetSiteSettingsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetSiteSettingsResponse)
+	err := c.cc.Invoke(ctx, Admin_SetSiteSettings_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) RegisterMachines(ctx context.Context, in *RegisterMachinesRequest, opts ...grpc.CallOption) (*RegisterMachinesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RegisterMachinesResponse)
+	err := c.cc.Invoke(ctx, Admin_RegisterMachines_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -167,6 +194,11 @@ type AdminServer interface {
 	// SetSiteLabels replaces the labels published on every machine of a site (Omni's MachineClass selectors
 	// see them); all are checked before any is stored.
 	SetSiteLabels(context.Context, *SetSiteLabelsRequest) (*SetSiteLabelsResponse, error)
+	// SetSiteSettings changes a site's own settings (discovery, BMC protocol, wipe method, extra machine-config
+	// documents); every given value is checked before any is stored.
+	SetSiteSettings(context.Context, *SetSiteSettingsRequest) (*SetSiteSettingsResponse, error)
+	// RegisterMachines adds or removes MACs of machines an operator registered at a site before they boot.
+	RegisterMachines(context.Context, *RegisterMachinesRequest) (*RegisterMachinesResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -200,6 +232,12 @@ func (UnimplementedAdminServer) SetAssetPolicy(context.Context, *SetAssetPolicyR
 }
 func (UnimplementedAdminServer) SetSiteLabels(context.Context, *SetSiteLabelsRequest) (*SetSiteLabelsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetSiteLabels not implemented")
+}
+func (UnimplementedAdminServer) SetSiteSettings(context.Context, *SetSiteSettingsRequest) (*SetSiteSettingsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetSiteSettings not implemented")
+}
+func (UnimplementedAdminServer) RegisterMachines(context.Context, *RegisterMachinesRequest) (*RegisterMachinesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RegisterMachines not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -366,6 +404,42 @@ func _Admin_SetSiteLabels_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_SetSiteSettings_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetSiteSettingsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).SetSiteSettings(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_SetSiteSettings_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).SetSiteSettings(ctx, req.(*SetSiteSettingsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_RegisterMachines_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RegisterMachinesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).RegisterMachines(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_RegisterMachines_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).RegisterMachines(ctx, req.(*RegisterMachinesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -404,6 +478,14 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetSiteLabels",
 			Handler:    _Admin_SetSiteLabels_Handler,
+		},
+		{
+			MethodName: "SetSiteSettings",
+			Handler:    _Admin_SetSiteSettings_Handler,
+		},
+		{
+			MethodName: "RegisterMachines",
+			Handler:    _Admin_RegisterMachines_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -135,6 +135,63 @@ func (DiskMethod) EnumDescriptor() ([]byte, []int) {
 	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{1}
 }
 
+// Discovery is which PXE clients a site's ProxyDHCP answers, as the controller sets it for the site.
+type Discovery int32
+
+const (
+	// DISCOVERY_UNSPECIFIED: the edge's own setting (--discovery).
+	Discovery_DISCOVERY_UNSPECIFIED Discovery = 0
+	// DISCOVERY_ALL answers every PXE client: unknown machines boot agent mode and join Omni.
+	Discovery_DISCOVERY_ALL Discovery = 1
+	// DISCOVERY_KNOWN answers only machines the table holds (a plan, or a registered MAC).
+	Discovery_DISCOVERY_KNOWN Discovery = 2
+	// DISCOVERY_OFF answers nobody (the site's own DHCP server hands out boot files).
+	Discovery_DISCOVERY_OFF Discovery = 3
+)
+
+// Enum value maps for Discovery.
+var (
+	Discovery_name = map[int32]string{
+		0: "DISCOVERY_UNSPECIFIED",
+		1: "DISCOVERY_ALL",
+		2: "DISCOVERY_KNOWN",
+		3: "DISCOVERY_OFF",
+	}
+	Discovery_value = map[string]int32{
+		"DISCOVERY_UNSPECIFIED": 0,
+		"DISCOVERY_ALL":         1,
+		"DISCOVERY_KNOWN":       2,
+		"DISCOVERY_OFF":         3,
+	}
+)
+
+func (x Discovery) Enum() *Discovery {
+	p := new(Discovery)
+	*p = x
+	return p
+}
+
+func (x Discovery) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Discovery) Descriptor() protoreflect.EnumDescriptor {
+	return file_shared_api_boot_boot_proto_enumTypes[2].Descriptor()
+}
+
+func (Discovery) Type() protoreflect.EnumType {
+	return &file_shared_api_boot_boot_proto_enumTypes[2]
+}
+
+func (x Discovery) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Discovery.Descriptor instead.
+func (Discovery) EnumDescriptor() ([]byte, []int) {
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{2}
+}
+
 type StateRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -399,9 +456,14 @@ type Table struct {
 	// removed, in a snapshot, names machines the controller took out of this site on purpose (moved away,
 	// deleted). An edge keeps every plan a snapshot leaves out unless it is named here: a controller that does
 	// not know a machine (yet) never empties the table by ignorance.
-	Removed       []string `protobuf:"bytes,6,rep,name=removed,proto3" json:"removed,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Removed []string `protobuf:"bytes,6,rep,name=removed,proto3" json:"removed,omitempty"`
+	// discovery overrides the edge's own discovery setting when set.
+	Discovery Discovery `protobuf:"varint,7,opt,name=discovery,proto3,enum=outpost.boot.Discovery" json:"discovery,omitempty"`
+	// registered_macs are machines an operator registered before they boot: known to discovery before any
+	// plan names them.
+	RegisteredMacs []string `protobuf:"bytes,8,rep,name=registered_macs,json=registeredMacs,proto3" json:"registered_macs,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Table) Reset() {
@@ -476,6 +538,20 @@ func (x *Table) GetRemoved() []string {
 	return nil
 }
 
+func (x *Table) GetDiscovery() Discovery {
+	if x != nil {
+		return x.Discovery
+	}
+	return Discovery_DISCOVERY_UNSPECIFIED
+}
+
+func (x *Table) GetRegisteredMacs() []string {
+	if x != nil {
+		return x.RegisteredMacs
+	}
+	return nil
+}
+
 // Delta changes a table of base_version into version.
 type Delta struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
@@ -486,14 +562,18 @@ type Delta struct {
 	// remove deletes plans by uuid.
 	Remove []string `protobuf:"bytes,4,rep,name=remove,proto3" json:"remove,omitempty"`
 	// When set, these replace the table-wide fields.
-	Agent             map[string]*Kernel `protobuf:"bytes,5,rep,name=agent,proto3" json:"agent,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	ReplaceAgent      bool               `protobuf:"varint,6,opt,name=replace_agent,json=replaceAgent,proto3" json:"replace_agent,omitempty"`
-	KernelArgs        []string           `protobuf:"bytes,7,rep,name=kernel_args,json=kernelArgs,proto3" json:"kernel_args,omitempty"`
-	ReplaceKernelArgs bool               `protobuf:"varint,8,opt,name=replace_kernel_args,json=replaceKernelArgs,proto3" json:"replace_kernel_args,omitempty"`
-	Config            []byte             `protobuf:"bytes,9,opt,name=config,proto3" json:"config,omitempty"`
-	ReplaceConfig     bool               `protobuf:"varint,10,opt,name=replace_config,json=replaceConfig,proto3" json:"replace_config,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	Agent                 map[string]*Kernel `protobuf:"bytes,5,rep,name=agent,proto3" json:"agent,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	ReplaceAgent          bool               `protobuf:"varint,6,opt,name=replace_agent,json=replaceAgent,proto3" json:"replace_agent,omitempty"`
+	KernelArgs            []string           `protobuf:"bytes,7,rep,name=kernel_args,json=kernelArgs,proto3" json:"kernel_args,omitempty"`
+	ReplaceKernelArgs     bool               `protobuf:"varint,8,opt,name=replace_kernel_args,json=replaceKernelArgs,proto3" json:"replace_kernel_args,omitempty"`
+	Config                []byte             `protobuf:"bytes,9,opt,name=config,proto3" json:"config,omitempty"`
+	ReplaceConfig         bool               `protobuf:"varint,10,opt,name=replace_config,json=replaceConfig,proto3" json:"replace_config,omitempty"`
+	Discovery             Discovery          `protobuf:"varint,11,opt,name=discovery,proto3,enum=outpost.boot.Discovery" json:"discovery,omitempty"`
+	ReplaceDiscovery      bool               `protobuf:"varint,12,opt,name=replace_discovery,json=replaceDiscovery,proto3" json:"replace_discovery,omitempty"`
+	RegisteredMacs        []string           `protobuf:"bytes,13,rep,name=registered_macs,json=registeredMacs,proto3" json:"registered_macs,omitempty"`
+	ReplaceRegisteredMacs bool               `protobuf:"varint,14,opt,name=replace_registered_macs,json=replaceRegisteredMacs,proto3" json:"replace_registered_macs,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *Delta) Reset() {
@@ -592,6 +672,34 @@ func (x *Delta) GetConfig() []byte {
 func (x *Delta) GetReplaceConfig() bool {
 	if x != nil {
 		return x.ReplaceConfig
+	}
+	return false
+}
+
+func (x *Delta) GetDiscovery() Discovery {
+	if x != nil {
+		return x.Discovery
+	}
+	return Discovery_DISCOVERY_UNSPECIFIED
+}
+
+func (x *Delta) GetReplaceDiscovery() bool {
+	if x != nil {
+		return x.ReplaceDiscovery
+	}
+	return false
+}
+
+func (x *Delta) GetRegisteredMacs() []string {
+	if x != nil {
+		return x.RegisteredMacs
+	}
+	return nil
+}
+
+func (x *Delta) GetReplaceRegisteredMacs() bool {
+	if x != nil {
+		return x.ReplaceRegisteredMacs
 	}
 	return false
 }
@@ -1579,7 +1687,7 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\n" +
 	"extra_args\x18\x06 \x03(\tR\textraArgs\x12\x19\n" +
 	"\bsnp_only\x18\a \x01(\bR\asnpOnly\x12\x16\n" +
-	"\x06config\x18\b \x01(\fR\x06config\"\xa4\x02\n" +
+	"\x06config\x18\b \x01(\fR\x06config\"\x84\x03\n" +
 	"\x05Table\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12(\n" +
 	"\x05plans\x18\x02 \x03(\v2\x12.outpost.boot.PlanR\x05plans\x124\n" +
@@ -1587,11 +1695,13 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\vkernel_args\x18\x04 \x03(\tR\n" +
 	"kernelArgs\x12\x16\n" +
 	"\x06config\x18\x05 \x01(\fR\x06config\x12\x18\n" +
-	"\aremoved\x18\x06 \x03(\tR\aremoved\x1aN\n" +
+	"\aremoved\x18\x06 \x03(\tR\aremoved\x125\n" +
+	"\tdiscovery\x18\a \x01(\x0e2\x17.outpost.boot.DiscoveryR\tdiscovery\x12'\n" +
+	"\x0fregistered_macs\x18\b \x03(\tR\x0eregisteredMacs\x1aN\n" +
 	"\n" +
 	"AgentEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
-	"\x05value\x18\x02 \x01(\v2\x14.outpost.boot.KernelR\x05value:\x028\x01\"\xc3\x03\n" +
+	"\x05value\x18\x02 \x01(\v2\x14.outpost.boot.KernelR\x05value:\x028\x01\"\x88\x05\n" +
 	"\x05Delta\x12!\n" +
 	"\fbase_version\x18\x01 \x01(\x04R\vbaseVersion\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12*\n" +
@@ -1604,7 +1714,11 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\x13replace_kernel_args\x18\b \x01(\bR\x11replaceKernelArgs\x12\x16\n" +
 	"\x06config\x18\t \x01(\fR\x06config\x12%\n" +
 	"\x0ereplace_config\x18\n" +
-	" \x01(\bR\rreplaceConfig\x1aN\n" +
+	" \x01(\bR\rreplaceConfig\x125\n" +
+	"\tdiscovery\x18\v \x01(\x0e2\x17.outpost.boot.DiscoveryR\tdiscovery\x12+\n" +
+	"\x11replace_discovery\x18\f \x01(\bR\x10replaceDiscovery\x12'\n" +
+	"\x0fregistered_macs\x18\r \x03(\tR\x0eregisteredMacs\x126\n" +
+	"\x17replace_registered_macs\x18\x0e \x01(\bR\x15replaceRegisteredMacs\x1aN\n" +
 	"\n" +
 	"AgentEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
@@ -1686,7 +1800,12 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"DiskMethod\x12\x19\n" +
 	"\x15DISK_METHOD_IPXE_EXIT\x10\x00\x12\x18\n" +
 	"\x14DISK_METHOD_HTTP_404\x10\x01\x12\x1c\n" +
-	"\x18DISK_METHOD_IPXE_SANBOOT\x10\x022\x8f\x01\n" +
+	"\x18DISK_METHOD_IPXE_SANBOOT\x10\x02*a\n" +
+	"\tDiscovery\x12\x19\n" +
+	"\x15DISCOVERY_UNSPECIFIED\x10\x00\x12\x11\n" +
+	"\rDISCOVERY_ALL\x10\x01\x12\x13\n" +
+	"\x0fDISCOVERY_KNOWN\x10\x02\x12\x11\n" +
+	"\rDISCOVERY_OFF\x10\x032\x8f\x01\n" +
 	"\tBootPlans\x12@\n" +
 	"\x05State\x12\x1a.outpost.boot.StateRequest\x1a\x1b.outpost.boot.StateResponse\x12@\n" +
 	"\x05Apply\x12\x1a.outpost.boot.ApplyRequest\x1a\x1b.outpost.boot.ApplyResponse2\x9e\x01\n" +
@@ -1706,67 +1825,70 @@ func file_shared_api_boot_boot_proto_rawDescGZIP() []byte {
 	return file_shared_api_boot_boot_proto_rawDescData
 }
 
-var file_shared_api_boot_boot_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_shared_api_boot_boot_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
 var file_shared_api_boot_boot_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_shared_api_boot_boot_proto_goTypes = []any{
 	(Mode)(0),                     // 0: outpost.boot.Mode
 	(DiskMethod)(0),               // 1: outpost.boot.DiskMethod
-	(*StateRequest)(nil),          // 2: outpost.boot.StateRequest
-	(*StateResponse)(nil),         // 3: outpost.boot.StateResponse
-	(*Kernel)(nil),                // 4: outpost.boot.Kernel
-	(*Plan)(nil),                  // 5: outpost.boot.Plan
-	(*Table)(nil),                 // 6: outpost.boot.Table
-	(*Delta)(nil),                 // 7: outpost.boot.Delta
-	(*ApplyRequest)(nil),          // 8: outpost.boot.ApplyRequest
-	(*ApplyResponse)(nil),         // 9: outpost.boot.ApplyResponse
-	(*InventoryRequest)(nil),      // 10: outpost.boot.InventoryRequest
-	(*InventoryResponse)(nil),     // 11: outpost.boot.InventoryResponse
-	(*PublishRequest)(nil),        // 12: outpost.boot.PublishRequest
-	(*PublishResponse)(nil),       // 13: outpost.boot.PublishResponse
-	(*Event)(nil),                 // 14: outpost.boot.Event
-	(*PowerChanged)(nil),          // 15: outpost.boot.PowerChanged
-	(*DHCPSeen)(nil),              // 16: outpost.boot.DHCPSeen
-	(*PXESeen)(nil),               // 17: outpost.boot.PXESeen
-	(*BootServed)(nil),            // 18: outpost.boot.BootServed
-	(*TunnelRefused)(nil),         // 19: outpost.boot.TunnelRefused
-	(*AgentTunnel)(nil),           // 20: outpost.boot.AgentTunnel
-	nil,                           // 21: outpost.boot.Table.AgentEntry
-	nil,                           // 22: outpost.boot.Delta.AgentEntry
-	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
+	(Discovery)(0),                // 2: outpost.boot.Discovery
+	(*StateRequest)(nil),          // 3: outpost.boot.StateRequest
+	(*StateResponse)(nil),         // 4: outpost.boot.StateResponse
+	(*Kernel)(nil),                // 5: outpost.boot.Kernel
+	(*Plan)(nil),                  // 6: outpost.boot.Plan
+	(*Table)(nil),                 // 7: outpost.boot.Table
+	(*Delta)(nil),                 // 8: outpost.boot.Delta
+	(*ApplyRequest)(nil),          // 9: outpost.boot.ApplyRequest
+	(*ApplyResponse)(nil),         // 10: outpost.boot.ApplyResponse
+	(*InventoryRequest)(nil),      // 11: outpost.boot.InventoryRequest
+	(*InventoryResponse)(nil),     // 12: outpost.boot.InventoryResponse
+	(*PublishRequest)(nil),        // 13: outpost.boot.PublishRequest
+	(*PublishResponse)(nil),       // 14: outpost.boot.PublishResponse
+	(*Event)(nil),                 // 15: outpost.boot.Event
+	(*PowerChanged)(nil),          // 16: outpost.boot.PowerChanged
+	(*DHCPSeen)(nil),              // 17: outpost.boot.DHCPSeen
+	(*PXESeen)(nil),               // 18: outpost.boot.PXESeen
+	(*BootServed)(nil),            // 19: outpost.boot.BootServed
+	(*TunnelRefused)(nil),         // 20: outpost.boot.TunnelRefused
+	(*AgentTunnel)(nil),           // 21: outpost.boot.AgentTunnel
+	nil,                           // 22: outpost.boot.Table.AgentEntry
+	nil,                           // 23: outpost.boot.Delta.AgentEntry
+	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
 }
 var file_shared_api_boot_boot_proto_depIdxs = []int32{
 	0,  // 0: outpost.boot.Plan.mode:type_name -> outpost.boot.Mode
 	1,  // 1: outpost.boot.Plan.disk_method:type_name -> outpost.boot.DiskMethod
-	4,  // 2: outpost.boot.Plan.install:type_name -> outpost.boot.Kernel
-	5,  // 3: outpost.boot.Table.plans:type_name -> outpost.boot.Plan
-	21, // 4: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
-	5,  // 5: outpost.boot.Delta.upsert:type_name -> outpost.boot.Plan
-	22, // 6: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
-	6,  // 7: outpost.boot.ApplyRequest.snapshot:type_name -> outpost.boot.Table
-	7,  // 8: outpost.boot.ApplyRequest.delta:type_name -> outpost.boot.Delta
-	14, // 9: outpost.boot.PublishRequest.events:type_name -> outpost.boot.Event
-	23, // 10: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
-	16, // 11: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
-	17, // 12: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
-	18, // 13: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
-	20, // 14: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
-	19, // 15: outpost.boot.Event.tunnel_refused:type_name -> outpost.boot.TunnelRefused
-	15, // 16: outpost.boot.Event.power_changed:type_name -> outpost.boot.PowerChanged
-	4,  // 17: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
-	4,  // 18: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
-	2,  // 19: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
-	8,  // 20: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
-	12, // 21: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
-	10, // 22: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
-	3,  // 23: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
-	9,  // 24: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
-	13, // 25: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
-	11, // 26: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
-	23, // [23:27] is the sub-list for method output_type
-	19, // [19:23] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	5,  // 2: outpost.boot.Plan.install:type_name -> outpost.boot.Kernel
+	6,  // 3: outpost.boot.Table.plans:type_name -> outpost.boot.Plan
+	22, // 4: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
+	2,  // 5: outpost.boot.Table.discovery:type_name -> outpost.boot.Discovery
+	6,  // 6: outpost.boot.Delta.upsert:type_name -> outpost.boot.Plan
+	23, // 7: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
+	2,  // 8: outpost.boot.Delta.discovery:type_name -> outpost.boot.Discovery
+	7,  // 9: outpost.boot.ApplyRequest.snapshot:type_name -> outpost.boot.Table
+	8,  // 10: outpost.boot.ApplyRequest.delta:type_name -> outpost.boot.Delta
+	15, // 11: outpost.boot.PublishRequest.events:type_name -> outpost.boot.Event
+	24, // 12: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
+	17, // 13: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
+	18, // 14: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
+	19, // 15: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
+	21, // 16: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
+	20, // 17: outpost.boot.Event.tunnel_refused:type_name -> outpost.boot.TunnelRefused
+	16, // 18: outpost.boot.Event.power_changed:type_name -> outpost.boot.PowerChanged
+	5,  // 19: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
+	5,  // 20: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
+	3,  // 21: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
+	9,  // 22: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
+	13, // 23: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
+	11, // 24: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
+	4,  // 25: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
+	10, // 26: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
+	14, // 27: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
+	12, // 28: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
+	25, // [25:29] is the sub-list for method output_type
+	21, // [21:25] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_boot_boot_proto_init() }
@@ -1791,7 +1913,7 @@ func file_shared_api_boot_boot_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_boot_boot_proto_rawDesc), len(file_shared_api_boot_boot_proto_rawDesc)),
-			NumEnums:      2,
+			NumEnums:      3,
 			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   2,

@@ -1,0 +1,77 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"go.uber.org/zap"
+
+	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/sites"
+)
+
+// checkSiteSettings is the rule for what an operator may set on a site (controller site set): the discovery
+// names the boot table knows, the BMC protocols and wipe methods the lifecycle knows, and documents machinery
+// accepts beside the provider's own.
+func (b *builder) checkSiteSettings(_ string, s sites.Settings) error {
+	var errs []error
+
+	if _, err := bootplans.ParseDiscovery(s.Discovery); err != nil {
+		errs = append(errs, err)
+	}
+
+	if err := (lifecycle.SitePolicy{BMCProtocol: s.BMCProtocol, WipeMethod: s.WipeMethod}).Validate(); err != nil {
+		errs = append(errs, err)
+	}
+
+	if len(s.ExtraConfig) > 0 {
+		if err := b.extraDocs.CheckSiteDocuments(s.ExtraConfig); err != nil {
+			errs = append(errs, fmt.Errorf("extra machine-config documents: %w", err))
+		}
+	}
+
+	return errors.Join(errs...)
+}
+
+// applySiteSettings hands a site's settings to those that apply them: its boot table (discovery, registered
+// machines, documents) and the lifecycle's site policies (BMC protocol, wipe method). Settings stored before
+// this controller's rules changed, and now refused by them, are logged and the site keeps the defaults.
+func (b *builder) applySiteSettings(siteID string, s sites.Settings) {
+	log := b.log.With(zap.String("site", siteID))
+
+	if err := b.checkSiteSettings(siteID, s); err != nil {
+		log.Warn("site settings refused; the site runs with the controller's defaults", zap.Error(err))
+
+		s = sites.Settings{}
+	}
+
+	discovery, _ := bootplans.ParseDiscovery(s.Discovery) //nolint:errcheck // checked above
+	b.edges.pusher.SetSite(siteID, bootplans.SiteTable{Discovery: discovery, RegisteredMACs: s.RegisteredMACs, ExtraConfig: s.ExtraConfig})
+
+	if err := b.edges.policies.Set(siteID, lifecycle.SitePolicy{BMCProtocol: s.BMCProtocol, WipeMethod: s.WipeMethod}); err != nil {
+		log.Warn("site policy refused", zap.Error(err)) // cannot happen after the check
+	}
+}
+
+// newSiteSettings applies every site's settings now, so the first table a site's edge gets carries them, and
+// runs "site settings", which follows every later change (made through any controller's admin socket).
+func (b *builder) newSiteSettings(ctx context.Context) error {
+	list, err := b.registry.List(ctx)
+	if err != nil {
+		return err
+	}
+
+	for _, site := range list {
+		b.applySiteSettings(site.Metadata().ID(), sites.SettingsOf(site))
+	}
+
+	b.run("site settings", func(ctx context.Context) error {
+		b.registry.FollowSettings(ctx, b.log, b.applySiteSettings)
+
+		return nil
+	})
+
+	return nil
+}

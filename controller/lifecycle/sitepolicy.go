@@ -1,0 +1,110 @@
+package lifecycle
+
+import (
+	"fmt"
+	"sync"
+
+	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+)
+
+// SitePolicy is what an operator set for one site (controller site set) that the lifecycle applies; an empty
+// field means the controller's own setting.
+type SitePolicy struct {
+	// BMCProtocol is how the site's edge reaches its BMCs: auto, ipmi or redfish.
+	BMCProtocol string
+	// WipeMethod is how the site's machines are wiped: fast or zeroes.
+	WipeMethod string
+}
+
+// Validate checks the policy's values.
+func (p SitePolicy) Validate() error {
+	if _, err := ParseBMCProtocol(p.BMCProtocol); err != nil {
+		return err
+	}
+
+	if p.WipeMethod != "" && p.WipeMethod != "fast" && p.WipeMethod != "zeroes" {
+		return fmt.Errorf("wipe method %q: want fast or zeroes", p.WipeMethod)
+	}
+
+	return nil
+}
+
+// SitePolicies holds every site's SitePolicy. The BMC clients, the edges' watch lists and the wipe read it; a
+// change of a site's BMC protocol is passed on to the watch lists at once. Safe for concurrent use; a nil
+// *SitePolicies holds no site's policy.
+type SitePolicies struct {
+	mu       sync.RWMutex
+	sites    map[string]SitePolicy
+	onChange []func(site string)
+}
+
+// NewSitePolicies returns policies holding no site's.
+func NewSitePolicies() *SitePolicies {
+	return &SitePolicies{sites: map[string]SitePolicy{}}
+}
+
+// Set replaces site's policy (the zero policy hands the site back to the controller's settings).
+func (p *SitePolicies) Set(site string, sp SitePolicy) error {
+	if err := sp.Validate(); err != nil {
+		return fmt.Errorf("site %s: %w", site, err)
+	}
+
+	p.mu.Lock()
+	old := p.sites[site]
+
+	if sp == (SitePolicy{}) {
+		delete(p.sites, site)
+	} else {
+		p.sites[site] = sp
+	}
+
+	hooks := p.onChange
+	p.mu.Unlock()
+
+	if old.BMCProtocol != sp.BMCProtocol {
+		for _, f := range hooks {
+			f(site)
+		}
+	}
+
+	return nil
+}
+
+// OnBMCProtocolChange registers f, called with the site whose BMC protocol changed.
+func (p *SitePolicies) OnBMCProtocolChange(f func(site string)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+
+	p.onChange = append(p.onChange, f)
+}
+
+func (p *SitePolicies) get(site string) SitePolicy {
+	if p == nil {
+		return SitePolicy{}
+	}
+
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+
+	return p.sites[site]
+}
+
+// BMCProtocol is site's BMC protocol, fallback (the controller's) when it has none of its own.
+func (p *SitePolicies) BMCProtocol(site string, fallback bmcpb.Protocol) bmcpb.Protocol {
+	if s := p.get(site).BMCProtocol; s != "" {
+		if proto, err := ParseBMCProtocol(s); err == nil {
+			return proto
+		}
+	}
+
+	return fallback
+}
+
+// WipeMethod is site's wipe method, fallback (the controller's) when it has none of its own.
+func (p *SitePolicies) WipeMethod(site, fallback string) string {
+	if s := p.get(site).WipeMethod; s != "" {
+		return s
+	}
+
+	return fallback
+}

@@ -1,0 +1,246 @@
+package sites
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"time"
+
+	"github.com/cosi-project/runtime/pkg/state"
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/outpost-metal/outpost/controller/resources"
+	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
+)
+
+// MaxRegisteredMACs bounds the machines an operator may register at one site (the edge refuses more).
+const MaxRegisteredMACs = 65536
+
+// Settings are a site's own settings (controller site set, controller site machine add): the values are
+// checked by the consumers' rules (SettingsCheck), not here; an empty value means the controller's default.
+type Settings struct {
+	// Discovery is which PXE clients the site's ProxyDHCP answers: all, known or off.
+	Discovery string
+	// BMCProtocol is how the site's edge reaches BMCs: auto, ipmi or redfish.
+	BMCProtocol string
+	// WipeMethod is how the site's machines are wiped: fast or zeroes.
+	WipeMethod string
+	// ExtraConfig is Talos machine-config documents served with the join config at this site.
+	ExtraConfig []byte
+	// RegisteredMACs are machines registered before they boot, lower case and colon separated, sorted.
+	RegisteredMACs []string
+}
+
+// SettingsOf returns a stored site's settings.
+func SettingsOf(site *resources.Site) Settings {
+	spec := site.TypedSpec().Value
+
+	return Settings{
+		Discovery: spec.GetDiscovery(), BMCProtocol: spec.GetBmcProtocol(), WipeMethod: spec.GetWipeMethod(),
+		ExtraConfig: spec.GetExtraConfig(), RegisteredMACs: spec.GetRegisteredMacs(),
+	}
+}
+
+// SettingsCheck checks a site's settings as a whole before they are stored (the app's rules: the discovery
+// names, the BMC protocols, the wipe methods, the documents machinery accepts beside the provider's own).
+type SettingsCheck func(siteID string, s Settings) error
+
+// SetSettings changes the site's settings with change, checked by check before anything is stored; it returns
+// what was stored.
+func (r *Registry) SetSettings(ctx context.Context, siteID string, check SettingsCheck, change func(*Settings) error) (Settings, error) {
+	var stored Settings
+
+	_, err := r.update(ctx, siteID, func(site *resources.Site) error {
+		s := SettingsOf(site)
+		s.RegisteredMACs = slices.Clone(s.RegisteredMACs)
+
+		if err := change(&s); err != nil {
+			return err
+		}
+
+		if err := check(siteID, s); err != nil {
+			return err
+		}
+
+		spec := site.TypedSpec().Value
+		spec.Discovery, spec.BmcProtocol, spec.WipeMethod = s.Discovery, s.BMCProtocol, s.WipeMethod
+		spec.ExtraConfig, spec.RegisteredMacs = s.ExtraConfig, s.RegisteredMACs
+		stored = s
+
+		return nil
+	})
+
+	return stored, err
+}
+
+// NormalizeMACs parses MACs as an operator writes them (colons or dashes, any case) into the stored form;
+// the first malformed one is the error, naming it.
+func NormalizeMACs(macs []string) ([]string, error) {
+	out := make([]string, 0, len(macs))
+
+	for _, m := range macs {
+		hw, err := net.ParseMAC(m)
+		if err != nil || len(hw) != 6 {
+			return nil, fmt.Errorf("%q is not a MAC address (want six bytes such as 52:54:00:12:34:56)", m)
+		}
+
+		out = append(out, hw.String())
+	}
+
+	return out, nil
+}
+
+// FollowSettings calls apply with every site's settings, at once and then on every change (a deleted site
+// with the zero Settings), until ctx ends. The registry may live in Omni, written by another controller too;
+// a broken watch is started again.
+func (r *Registry) FollowSettings(ctx context.Context, log *zap.Logger, apply func(siteID string, s Settings)) {
+	const retry = 5 * time.Second
+
+	for ctx.Err() == nil {
+		err := r.followSettings(ctx, apply)
+		if ctx.Err() != nil {
+			return
+		}
+
+		log.Warn("site settings watch ended; starting it again", zap.Error(err), zap.Duration("in", retry))
+
+		select {
+		case <-ctx.Done():
+		case <-time.After(retry):
+		}
+	}
+}
+
+func (r *Registry) followSettings(ctx context.Context, apply func(siteID string, s Settings)) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	events := make(chan state.Event)
+	if err := r.st.WatchKind(ctx, r.kind.New("").Metadata(), events, state.WithBootstrapContents(true)); err != nil {
+		return fmt.Errorf("watch sites: %w", err)
+	}
+
+	for {
+		var ev state.Event
+
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev = <-events:
+		}
+
+		switch ev.Type {
+		case state.Errored:
+			return fmt.Errorf("watch sites: %w", ev.Error)
+		case state.Created, state.Updated:
+			if site, ok := ev.Resource.(*resources.Site); ok {
+				apply(site.Metadata().ID(), SettingsOf(site))
+			}
+		case state.Destroyed:
+			apply(ev.Resource.Metadata().ID(), Settings{})
+		case state.Bootstrapped, state.Noop:
+		}
+	}
+}
+
+// settingsView is the operator's view of a site's settings.
+func settingsView(s Settings) *adminpb.SiteSettings {
+	return &adminpb.SiteSettings{
+		Discovery: s.Discovery, BmcProtocol: s.BMCProtocol, WipeMethod: s.WipeMethod,
+		ExtraConfig: s.ExtraConfig, RegisteredMacs: s.RegisteredMACs,
+	}
+}
+
+// badSettings is a refusal of the operator's input (the settings check, a limit), told apart from a store error.
+type badSettings struct{ err error }
+
+func (b *badSettings) Error() string { return b.err.Error() }
+
+// SetSiteSettings implements adminpb.AdminServer: every given value replaces the site's (empty: back to the
+// controller's default); the whole result is checked before any of it is stored.
+func (a *Admin) SetSiteSettings(ctx context.Context, req *adminpb.SetSiteSettingsRequest) (*adminpb.SetSiteSettingsResponse, error) {
+	if a.checkSettings == nil {
+		return nil, status.Error(codes.Unimplemented, "this controller takes no site settings")
+	}
+
+	stored, err := a.registry.SetSettings(ctx, req.GetSiteId(), a.wrapCheck, func(s *Settings) error {
+		if req.Discovery != nil {
+			s.Discovery = req.GetDiscovery()
+		}
+
+		if req.BmcProtocol != nil {
+			s.BMCProtocol = req.GetBmcProtocol()
+		}
+
+		if req.WipeMethod != nil {
+			s.WipeMethod = req.GetWipeMethod()
+		}
+
+		if req.ExtraConfig != nil {
+			s.ExtraConfig = req.GetExtraConfig()
+		}
+
+		return nil
+	})
+	if err != nil {
+		return nil, settingsStatus(err)
+	}
+
+	return &adminpb.SetSiteSettingsResponse{Settings: settingsView(stored)}, nil
+}
+
+// RegisterMachines implements adminpb.AdminServer: MACs are added and removed together, or, when one is
+// malformed or the site would hold too many, not at all.
+func (a *Admin) RegisterMachines(ctx context.Context, req *adminpb.RegisterMachinesRequest) (*adminpb.RegisterMachinesResponse, error) {
+	if a.checkSettings == nil {
+		return nil, status.Error(codes.Unimplemented, "this controller takes no site settings")
+	}
+
+	add, err := NormalizeMACs(req.GetAdd())
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+
+	remove, err := NormalizeMACs(req.GetRemove())
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+
+	stored, err := a.registry.SetSettings(ctx, req.GetSiteId(), a.wrapCheck, func(s *Settings) error {
+		macs := slices.DeleteFunc(s.RegisteredMACs, func(m string) bool { return slices.Contains(remove, m) })
+		macs = append(macs, add...)
+		slices.Sort(macs)
+		s.RegisteredMACs = slices.Compact(macs)
+
+		if len(s.RegisteredMACs) > MaxRegisteredMACs {
+			return &badSettings{fmt.Errorf("%d registered machines, at most %d per site", len(s.RegisteredMACs), MaxRegisteredMACs)}
+		}
+
+		return nil
+	})
+	if err != nil {
+		return nil, settingsStatus(err)
+	}
+
+	return &adminpb.RegisterMachinesResponse{RegisteredMacs: stored.RegisteredMACs}, nil
+}
+
+func (a *Admin) wrapCheck(siteID string, s Settings) error {
+	if err := a.checkSettings(siteID, s); err != nil {
+		return &badSettings{err}
+	}
+
+	return nil
+}
+
+func settingsStatus(err error) error {
+	if bad, ok := errors.AsType[*badSettings](err); ok {
+		return status.Error(codes.InvalidArgument, bad.Error())
+	}
+
+	return registryStatus(err)
+}
