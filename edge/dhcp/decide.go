@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 
 	"github.com/insomniacslk/dhcp/dhcpv4"
@@ -213,6 +214,41 @@ type Decision struct {
 // "use the boot file in this reply, skip boot-server discovery" (PXE 2.1 §2.4.7).
 var pxeVendorOptions = []byte{6, 1, 8, 255}
 
+// pxeBootItem is the PXE_BOOT_ITEM sub-option of option 43 (PXE 2.1 §2.4.7): a boot server type and layer,
+// two bytes each. A client sent to the edge by a site DHCP server's boot menu (dnsmasq's pxe-service naming
+// the edge as the boot server) asks for an item; iPXE takes only an answer that names the same type.
+const pxeBootItem = 71
+
+// bootItem returns the PXE_BOOT_ITEM the request asks for (nil when it asks for none, or the option does not
+// parse: such a request is answered as any other).
+func bootItem(req *dhcpv4.DHCPv4) []byte {
+	raw := req.Options.Get(dhcpv4.OptionVendorSpecificInformation)
+	if raw == nil {
+		return nil
+	}
+
+	sub := dhcpv4.Options{}
+	if err := sub.FromBytes(raw); err != nil {
+		return nil
+	}
+
+	if item := sub.Get(dhcpv4.GenericOptionCode(pxeBootItem)); len(item) == 4 {
+		return item
+	}
+
+	return nil
+}
+
+// vendorOptions is the reply's option 43: the discovery control, and the boot item asked for echoed.
+func vendorOptions(req *dhcpv4.DHCPv4) []byte {
+	item := bootItem(req)
+	if item == nil {
+		return pxeVendorOptions
+	}
+
+	return append([]byte{6, 1, 8, pxeBootItem, 4}, append(slices.Clone(item), 255)...)
+}
+
 // userClassIPXE is the raw option 77 iPXE sends.
 var userClassIPXE = []byte("iPXE")
 
@@ -368,7 +404,7 @@ func buildReply(p Params, req *dhcpv4.DHCPv4, msgType dhcpv4.MessageType, d Deci
 	reply.UpdateOption(dhcpv4.OptBootFileName(d.BootFile))
 
 	if !d.Firmware.HTTPBoot() {
-		reply.UpdateOption(dhcpv4.OptGeneric(dhcpv4.OptionVendorSpecificInformation, pxeVendorOptions))
+		reply.UpdateOption(dhcpv4.OptGeneric(dhcpv4.OptionVendorSpecificInformation, vendorOptions(req)))
 	}
 
 	for _, code := range []dhcpv4.OptionCode{dhcpv4.OptionClientMachineIdentifier, dhcpv4.OptionRelayAgentInformation} {

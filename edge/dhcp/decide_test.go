@@ -204,6 +204,28 @@ func TestDecideReplyFields(t *testing.T) {
 			wantMT: dhcpv4.MessageTypeOffer, wantDst: "255.255.255.255:68",
 		},
 		{
+			// A site DHCP server's boot menu (dnsmasq pxe-service naming the edge) sends the client here with
+			// a boot item: iPXE takes the answer only when it names the same item.
+			name: "a boot-server discovery request gets its boot item back", role: dhcp.RolePXE, msg: dhcpv4.MessageTypeRequest,
+			peer: netip.MustParseAddrPort("10.20.0.50:68"), mods: []dhcpv4.Modifier{dhcpv4.WithClientIP(net.IPv4(10, 20, 0, 50)),
+				dhcpv4.WithGeneric(dhcpv4.OptionVendorSpecificInformation, []byte{71, 4, 0x03, 0xe8, 0, 0, 255})},
+			wantMT: dhcpv4.MessageTypeAck, wantDst: "10.20.0.50:68",
+			check: func(t *testing.T, reply *dhcpv4.DHCPv4) {
+				t.Helper()
+				require.Equal(t, []byte{6, 1, 8, 71, 4, 0x03, 0xe8, 0, 0, 255}, reply.Options.Get(dhcpv4.OptionVendorSpecificInformation))
+			},
+		},
+		{
+			name: "a malformed option 43 is answered as if absent", role: dhcp.RolePXE, msg: dhcpv4.MessageTypeRequest,
+			peer: netip.MustParseAddrPort("10.20.0.50:68"), mods: []dhcpv4.Modifier{dhcpv4.WithClientIP(net.IPv4(10, 20, 0, 50)),
+				dhcpv4.WithGeneric(dhcpv4.OptionVendorSpecificInformation, []byte{71, 9, 1})},
+			wantMT: dhcpv4.MessageTypeAck, wantDst: "10.20.0.50:68",
+			check: func(t *testing.T, reply *dhcpv4.DHCPv4) {
+				t.Helper()
+				require.Equal(t, []byte{6, 1, 8, 255}, reply.Options.Get(dhcpv4.OptionVendorSpecificInformation))
+			},
+		},
+		{
 			name: "request on 4011 is an ack to the client", role: dhcp.RolePXE, msg: dhcpv4.MessageTypeRequest,
 			peer: netip.MustParseAddrPort("10.20.0.50:68"), mods: []dhcpv4.Modifier{dhcpv4.WithClientIP(net.IPv4(10, 20, 0, 50))},
 			wantMT: dhcpv4.MessageTypeAck, wantDst: "10.20.0.50:68",
@@ -284,7 +306,7 @@ func TestDecideReplyFields(t *testing.T) {
 			require.Equal(t, testServer.String(), r.TFTPServerName(), "option 66")
 			require.True(t, r.ServerIdentifier().Equal(net.IP(testServer.AsSlice())), "option 54")
 			require.Equal(t, "PXEClient", r.ClassIdentifier(), "option 60")
-			require.Equal(t, []byte{6, 1, 8, 255}, r.Options.Get(dhcpv4.OptionVendorSpecificInformation), "option 43 discovery control 8")
+			require.Equal(t, []byte{6, 1, 8}, r.Options.Get(dhcpv4.OptionVendorSpecificInformation)[:3], "option 43 discovery control 8")
 			require.Equal(t, "ipxe.efi", r.BootFileName, "file header")
 			require.Equal(t, "ipxe.efi", r.BootFileNameOption(), "option 67")
 			require.Equal(t, tc.wantDst, d.Dest.String())

@@ -398,7 +398,7 @@ func (s *Server) read(ctx context.Context, conn net.PacketConn, role Role, jobs 
 		case jobs <- job{buf: buf, n: n, peer: peer, role: role, conn: conn}:
 		default:
 			bufPool.Put(buf)
-			s.drop(DropQueueFull, nil, peer)
+			s.drop(DropQueueFull, nil, peer, nil)
 		}
 	}
 }
@@ -411,7 +411,7 @@ func (s *Server) handle(j job) {
 	// Rate-limit on the raw chaddr before parsing, so a junk flood from one MAC costs little.
 	mac, hasMAC := rawMAC(raw)
 	if hasMAC && !s.allow(mac) {
-		s.drop(DropRateLimited, nil, j.peer)
+		s.drop(DropRateLimited, nil, j.peer, nil)
 
 		return
 	}
@@ -420,13 +420,13 @@ func (s *Server) handle(j job) {
 	d := Decide(p, j.role, j.peer, raw)
 
 	if d.Reply == nil {
-		s.drop(d.Drop, d.Err, j.peer)
+		s.drop(d.Drop, d.Err, j.peer, d.MAC)
 
 		return
 	}
 
 	if _, err := j.conn.WriteTo(d.Reply.ToBytes(), net.UDPAddrFromAddrPort(d.Dest)); err != nil {
-		s.drop(DropWriteFailed, err, j.peer)
+		s.drop(DropWriteFailed, err, j.peer, d.MAC)
 
 		return
 	}
@@ -449,12 +449,14 @@ func (s *Server) handle(j job) {
 	}
 }
 
-func (s *Server) drop(reason DropReason, err error, peer netip.AddrPort) {
+// drop counts a request not answered and logs it (at debug: a flood must not flood the log); mac is the
+// client's when the request was read that far.
+func (s *Server) drop(reason DropReason, err error, peer netip.AddrPort, mac net.HardwareAddr) {
 	s.drops.WithLabelValues(string(reason)).Inc()
 	s.nDrops.Add(1)
 
 	if ce := s.log.Check(zap.DebugLevel, "proxydhcp drop"); ce != nil {
-		ce.Write(zap.String("reason", string(reason)), zap.Error(err), zap.Stringer("peer", peer))
+		ce.Write(zap.String("reason", string(reason)), zap.Error(err), zap.Stringer("peer", peer), zap.Stringer("mac", mac))
 	}
 }
 

@@ -107,6 +107,13 @@ type SiteOptions struct {
 	// ProxyDHCP offers is set up: the edge's undionly.kpxe over TFTP for PXE ROMs, the edge's init.ipxe over
 	// HTTP for iPXE (user class iPXE).
 	BootFile bool
+	// PXEService makes the site's DHCP server name the edge as its PXE boot server (dnsmasq --pxe-service for
+	// BIOS and x86-64 UEFI clients, a boot server type of its own): clients take their lease and a one-item
+	// boot menu from dnsmasq, then ask the edge on port 4011 for that item (PXE boot server discovery), as
+	// beside a site DHCP server that offers PXE while the edge runs --proxydhcp-mode 4011-only. iPXE's UEFI
+	// build has no PXE menus (measured here: "Booting from PXE menu", then "No more network devices", and no
+	// request reaches 4011), so on UEFI the site's server hands iPXE the edge's script URL itself.
+	PXEService bool
 }
 
 // NewSite creates the namespaces, the bridge and the site DHCP server; everything is removed when the test ends.
@@ -151,6 +158,13 @@ func NewSite(t *testing.T, opts SiteOptions) *Site {
 		args = append(args, "--dhcp-userclass=set:ipxe,iPXE",
 			"--dhcp-boot=tag:ipxe,http://"+EdgeIP+"/ipxe/init.ipxe",
 			"--dhcp-boot=tag:!ipxe,undionly.kpxe,,"+EdgeIP)
+	}
+
+	if opts.PXEService {
+		// Type 1000: a boot server type that is neither local boot (0) nor one dnsmasq numbers for itself.
+		args = append(args, "--pxe-service=x86PC,Outpost edge,1000,"+EdgeIP, "--pxe-service=tag:!ipxe,x86-64_EFI,Outpost edge,1000,"+EdgeIP,
+			"--dhcp-userclass=set:ipxe,iPXE", "--dhcp-match=set:efi64,option:client-arch,7",
+			"--dhcp-boot=tag:ipxe,tag:efi64,http://"+EdgeIP+"/ipxe/init.ipxe")
 	}
 
 	s.Start(t, "dnsmasq", nil, "ip", args...)

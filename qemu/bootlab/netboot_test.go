@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +20,7 @@ import (
 // ProxyDHCP gives the iPXE ROM the script URL, boot.ipxe gives agent mode (the machine is unknown), the
 // kernel and initramfs come from /assets, and the initramfs's /init calls back with its SMBIOS UUID.
 func TestNetbootSeaBIOS(t *testing.T) {
-	netboot(t, "seabios", false, 3*time.Minute)
+	netboot(t, bootCase{firmware: "seabios", timeout: 3 * time.Minute})
 }
 
 // TestNetbootSiteDHCPBootFile boots a BIOS machine whose boot file comes from the site's own DHCP server
@@ -27,13 +28,67 @@ func TestNetbootSeaBIOS(t *testing.T) {
 // request still tells the edge the machine's firmware (iPXE's ${platform}), which is what a later one-time
 // PXE boot through its BMC needs.
 func TestNetbootSiteDHCPBootFile(t *testing.T) {
-	netboot(t, "seabios", true, 3*time.Minute)
+	netboot(t, bootCase{
+		firmware: "seabios", site: bootlab.SiteOptions{BootFile: true}, edgeArgs: []string{"-discovery", "off"}, timeout: 3 * time.Minute,
+		want: []string{"BOOT %s agent platform=pcbios"}, noDHCP: true,
+	})
+}
+
+// TestNetbootKnownOnly runs a site with discovery known, as the controller sets it (controller site set
+// --discovery known, controller site machine add): the registered BIOS machine boots, while an unregistered one
+// on the same bridge, booting at the same time, gets no ProxyDHCP answer at all (the edge drops it as an
+// unknown machine).
+func TestNetbootKnownOnly(t *testing.T) {
+	netboot(t, bootCase{
+		firmware: "seabios", edgeArgs: []string{"-register-macs", "52:54:00:77:00:01"}, timeout: 3 * time.Minute, stranger: true,
+	})
+}
+
+// TestNetbootProxy4011Only runs the edge's ProxyDHCP on port 4011 only, beside a site DHCP server that names
+// the edge as its boot server (dnsmasq --pxe-service=x86PC,...,10.77.0.2): the BIOS machine's iPXE gets its
+// lease and boot menu from dnsmasq, asks the edge on 4011 for the menu's boot item, and boots agent mode.
+func TestNetbootProxy4011Only(t *testing.T) {
+	netboot(t, bootCase{
+		firmware: "seabios", site: bootlab.SiteOptions{PXEService: true}, edgeArgs: []string{"-proxydhcp-mode", "4011-only"},
+		timeout: 3 * time.Minute, want: []string{"DHCP 52:54:00:77:00:01 bios ipxe=true", "BOOT %s agent platform=pcbios"},
+		// answered on 4011 (the edge's reply log says role pxe); port 67 is left to the site's server
+		logHas: [][]string{{`"msg":"proxydhcp reply"`, `"role":"pxe"`}},
+	})
+}
+
+// TestNetbootProxy4011OnlyOVMF is TestNetbootProxy4011Only for a UEFI machine: OVMF's own PXE client takes
+// dnsmasq's menu, asks the edge on 4011 (from port 4011) and gets ipxe.efi over TFTP; iPXE's UEFI build has no
+// PXE menus, so it takes the edge's script URL from the site's server (SiteOptions.PXEService).
+func TestNetbootProxy4011OnlyOVMF(t *testing.T) {
+	netboot(t, bootCase{
+		firmware: "ovmf", site: bootlab.SiteOptions{PXEService: true}, edgeArgs: []string{"-proxydhcp-mode", "4011-only"},
+		timeout: 5 * time.Minute, want: []string{"DHCP 52:54:00:77:00:02 uefi-x86 ipxe=false", "TFTP ipxe.efi", "BOOT %s agent platform=efi"},
+		logHas: [][]string{{`"msg":"proxydhcp reply"`, `"role":"pxe"`, `"ipxe":false`}},
+	})
 }
 
 // TestNetbootOVMF boots a UEFI machine (OVMF) with the NIC's option ROM disabled (romfile=), so OVMF's own
 // PXE client takes the ProxyDHCP offer, fetches ipxe.efi over TFTP, and iPXE continues as above.
 func TestNetbootOVMF(t *testing.T) {
-	netboot(t, "ovmf", false, 5*time.Minute)
+	netboot(t, bootCase{firmware: "ovmf", timeout: 5 * time.Minute})
+}
+
+// bootCase is one lab boot: the firmware, the site's DHCP server, the edge's flags, and what the edge must
+// have printed before the machine called back.
+type bootCase struct {
+	firmware string
+	site     bootlab.SiteOptions
+	edgeArgs []string
+	timeout  time.Duration
+	// want are edge lines (%s: the machine's UUID); nil: the chain the firmware class goes through.
+	want []string
+	// noDHCP says the edge's ProxyDHCP must answer nobody.
+	noDHCP bool
+	// stranger boots a second, unregistered BIOS machine beside the first: the edge must drop its every
+	// request as an unknown machine's and answer none.
+	stranger bool
+	// logHas are lines the edge's log must hold, each given as the fragments one line holds.
+	logHas [][]string
 }
 
 func randomUUID(t *testing.T) string {
@@ -49,9 +104,8 @@ func randomUUID(t *testing.T) string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
-// netboot boots a machine of firmware through the edge; siteBootFile has the site's DHCP server hand out the
-// boot file with the edge's ProxyDHCP silent (--discovery off).
-func netboot(t *testing.T, firmware string, siteBootFile bool, timeout time.Duration) {
+// netboot boots a machine as bc says through the edge.
+func netboot(t *testing.T, bc bootCase) {
 	bootlab.SkipUnlessLab(t, "qemu-system-x86_64", "dpkg-deb")
 
 	for _, f := range []string{"/usr/lib/ipxe/undionly.kpxe", "/usr/lib/ipxe/ipxe.efi", "/usr/share/OVMF/OVMF_CODE_4M.fd"} {
@@ -89,19 +143,25 @@ func netboot(t *testing.T, firmware string, siteBootFile bool, timeout time.Dura
 	require.NoError(t, bootlab.BuildInitramfs(initrd, initData, kernel.ModulesDir, []string{"virtio_pci", "virtio_net", "virtio_rng"}))
 	require.NoError(t, initrd.Close())
 
-	site := bootlab.NewSite(t, bootlab.SiteOptions{BootFile: siteBootFile})
-
-	discovery := "all"
-	if siteBootFile {
-		discovery = "off"
-	}
+	site := bootlab.NewSite(t, bc.site)
+	firmware, timeout := bc.firmware, bc.timeout
 
 	lines := make(chan string, 64)
-	site.Start(t, "edge", lines, "ip", "netns", "exec", site.NS, edgeBin,
+	site.Start(t, "edge", lines, "ip", append([]string{"netns", "exec", site.NS, edgeBin,
 		"-iface", "br0", "-ip", bootlab.EdgeIP, "-state", filepath.Join(dir, "state"), "-assets", filepath.Join(dir, "assets"),
-		"-discovery", discovery, "-log-level", "debug")
+		"-log-level", "debug"}, bc.edgeArgs...)...)
 
 	waitLine(t, lines, "READY", 30*time.Second)
+
+	const strangerMAC = "52:54:00:77:00:03"
+
+	if bc.stranger {
+		strangerTap := site.AddTap(t)
+		site.Start(t, "qemu-stranger", nil, "ip", "netns", "exec", site.NS, "qemu-system-x86_64",
+			"-m", "256", "-smp", "1", "-nodefaults", "-display", "none", "-no-reboot", "-machine", "pc,accel=tcg", "-boot", "n",
+			"-netdev", "tap,id=n0,ifname="+strangerTap+",script=no,downscript=no",
+			"-device", "virtio-net-pci,netdev=n0,mac="+strangerMAC+",bootindex=1")
+	}
 
 	tap := site.AddTap(t)
 	uuid := randomUUID(t)
@@ -148,20 +208,46 @@ func netboot(t *testing.T, firmware string, siteBootFile bool, timeout time.Dura
 	t.Logf("%s: power-on to callback in %s", firmware, time.Since(start).Round(100*time.Millisecond))
 
 	// The chain went the way the firmware class says it must.
-	want := []string{"DHCP 52:54:00:77:00:01 bios ipxe=true", "BOOT " + uuid + " agent platform=pcbios"}
+	want := []string{"DHCP 52:54:00:77:00:01 bios ipxe=true", "BOOT %s agent platform=pcbios"}
 	if firmware == "ovmf" {
-		want = []string{"DHCP 52:54:00:77:00:02 uefi-x86 ipxe=false", "TFTP ipxe.efi", "DHCP 52:54:00:77:00:02 uefi-x86 ipxe=true", "BOOT " + uuid + " agent platform=efi"}
+		want = []string{"DHCP 52:54:00:77:00:02 uefi-x86 ipxe=false", "TFTP ipxe.efi", "DHCP 52:54:00:77:00:02 uefi-x86 ipxe=true", "BOOT %s agent platform=efi"}
 	}
 
-	if siteBootFile {
-		want = []string{"BOOT " + uuid + " agent platform=pcbios"}
+	if bc.want != nil {
+		want = bc.want
+	}
 
-		for _, l := range seen {
-			require.False(t, strings.HasPrefix(l, "DHCP "), "the edge's ProxyDHCP answered (%q) though it should answer nobody", l)
+	for i, w := range want {
+		if strings.Contains(w, "%s") {
+			want[i] = fmt.Sprintf(w, uuid)
 		}
 	}
 
+	for _, l := range seen {
+		require.False(t, bc.noDHCP && strings.HasPrefix(l, "DHCP "), "the edge's ProxyDHCP answered (%q) though it should answer nobody", l)
+		require.False(t, strings.HasPrefix(l, "DHCP "+strangerMAC), "the edge answered the unregistered machine: %q", l)
+	}
+
 	require.Subset(t, seen, want, "edge saw %q", seen)
+
+	logHas := bc.logHas
+	if bc.stranger {
+		// The unregistered machine asked, and was dropped as unknown (the edge's debug log names it), while the
+		// registered one booted.
+		logHas = append(logHas, []string{`"reason":"unknown_machine"`, `"mac":"` + strangerMAC + `"`})
+	}
+
+	edgeLog := filepath.Join(site.Dir, "edge.log")
+
+	for _, frags := range logHas {
+		require.Eventually(t, func() bool {
+			b, err := os.ReadFile(edgeLog)
+
+			return err == nil && slices.ContainsFunc(strings.Split(string(b), "\n"), func(l string) bool {
+				return !slices.ContainsFunc(frags, func(f string) bool { return !strings.Contains(l, f) })
+			})
+		}, time.Minute, time.Second, "no line with %q in %s", frags, edgeLog)
+	}
 }
 
 func tailBytes(b []byte, n int) []byte {

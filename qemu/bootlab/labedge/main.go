@@ -14,22 +14,28 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/outpost-metal/outpost/edge/app"
 	"github.com/outpost-metal/outpost/edge/config"
 	"github.com/outpost-metal/outpost/edge/dhcp"
 	"github.com/outpost-metal/outpost/edge/ipxe"
 	"github.com/outpost-metal/outpost/edge/tftp"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 	"github.com/outpost-metal/outpost/shared/logging"
 )
 
 func main() {
 	cfg := config.Default()
 
-	var assets string
+	var assets, registered string
 
 	flag.StringVar(&cfg.DHCP.Interface, "iface", "br0", "interface to serve ProxyDHCP on")
 	flag.StringVar(&cfg.DHCP.ServerIP, "ip", "", "the edge's address on that interface")
@@ -39,6 +45,9 @@ func main() {
 	flag.StringVar(&cfg.LogLevel, "log-level", "info", "log level")
 	flag.IntVar(&cfg.HTTP.MaxConns, "http-max-conns", cfg.HTTP.MaxConns, "HTTP connections open at once (the edge's --http-max-conns)")
 	flag.StringVar((*string)(&cfg.DHCP.Discovery), "discovery", string(cfg.DHCP.Discovery), "whom the ProxyDHCP answers: all, known or off (the edge's --discovery)")
+	flag.StringVar((*string)(&cfg.DHCP.Mode), "proxydhcp-mode", string(cfg.DHCP.Mode), "full or 4011-only (the edge's --proxydhcp-mode)")
+	flag.StringVar(&registered, "register-macs", "", "comma-separated MACs registered before they boot, with discovery known for the site: "+
+		"applied as the controller applies a site's table, through the edge's boot-plan service")
 	flag.Parse()
 
 	log, err := logging.New(os.Stderr, cfg.LogLevel)
@@ -50,13 +59,13 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 
-	if err := run(ctx, log, cfg, assets); err != nil {
+	if err := run(ctx, log, cfg, assets, registered); err != nil {
 		log.Error("labedge failed", zap.Error(err))
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, log *zap.Logger, cfg config.Config, assets string) error {
+func run(ctx context.Context, log *zap.Logger, cfg config.Config, assets, registered string) error {
 	cfg.HTTP.Listen = ":80"
 	cfg.HTTP.MaxConnsPerSource = min(cfg.HTTP.MaxConnsPerSource, cfg.HTTP.MaxConns)
 
@@ -75,9 +84,48 @@ func run(ctx context.Context, log *zap.Logger, cfg config.Config, assets string)
 		return err
 	}
 
-	fmt.Println("READY")
+	if registered == "" {
+		fmt.Println("READY")
 
-	return edge.Run(ctx)
+		return edge.Run(ctx)
+	}
+
+	eg, ctx := errgroup.WithContext(ctx)
+	eg.Go(func() error { return edge.Run(ctx) })
+	eg.Go(func() error {
+		if err := registerSite(ctx, controllerAPI.Addr().String(), strings.Split(registered, ",")); err != nil {
+			return err
+		}
+
+		fmt.Println("READY")
+
+		return nil
+	})
+
+	return eg.Wait()
+}
+
+// registerSite applies the table a controller sends a site set to discovery known with macs registered
+// (controller site set --discovery known; controller site machine add), over the edge's own boot-plan
+// service, as the controller does.
+func registerSite(ctx context.Context, addr string, macs []string) error {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close() //nolint:errcheck // test tooling
+
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+
+	_, err = bootpb.NewBootPlansClient(conn).Apply(ctx, &bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Snapshot{Snapshot: &bootpb.Table{
+		Version: 1, Discovery: bootpb.Discovery_DISCOVERY_KNOWN, RegisteredMacs: macs,
+	}}}, grpc.WaitForReady(true))
+	if err != nil {
+		return fmt.Errorf("apply the site's table: %w", err)
+	}
+
+	return nil
 }
 
 // logRequests logs every request and prints the /config ones (the booted /init calls back).
