@@ -107,6 +107,13 @@ func (c *Controller) CreateSite(ctx context.Context, name string) (string, error
 	return strings.TrimSpace(out), err
 }
 
+// SetSite changes a site's own settings (`controller site set <name> <flags>`).
+func (c *Controller) SetSite(ctx context.Context, name string, flags ...string) error {
+	_, err := c.site(ctx, append([]string{"set", name}, flags...)...)
+
+	return err
+}
+
 // SiteShow returns `controller site show <name>`: the site's state and its asset catalog.
 func (c *Controller) SiteShow(ctx context.Context, name string) (string, error) {
 	return c.site(ctx, "show", name)

@@ -213,6 +213,16 @@ func writeJunkDisk(path string, size int64) error {
 	return f.Close()
 }
 
+// BMCActions returns the power and boot-override calls each of the machine's BMC front ends carried out:
+// IPMI's, and Redfish's (0 for a machine whose BMC serves no Redfish).
+func (m *Machine) BMCActions() (ipmi, redfish int64) {
+	if m.redfish != nil {
+		redfish = int64(m.redfish.Actions())
+	}
+
+	return m.ipmi.Actions(), redfish
+}
+
 // DiskZeroed reports whether every byte of the disk is zero (checked on the host).
 func (m *Machine) DiskZeroed() (bool, error) {
 	f, err := os.Open(m.Disk)

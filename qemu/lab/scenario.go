@@ -39,6 +39,9 @@ type Env struct {
 	tokens   []string
 	ctrlBin  string
 	ctrlOpts ControllerOptions
+	// zeroes are the sites set to wipe with zeroes (controller site set --wipe-method zeroes): their
+	// machines' disks are checked byte by byte after a wipe.
+	zeroes map[*Site]bool
 }
 
 // Binaries are the programs the lab runs.
@@ -90,7 +93,7 @@ func Setup(ctx context.Context, l *Lab, bins Binaries, images Images, opts Optio
 		return nil, fmt.Errorf("lab options: StandInOnly needs the stand-in, not %s", opts.Omni)
 	}
 
-	e := &Env{Lab: l, Timeline: NewTimeline(filepath.Join(l.Dir, "timeline.md")), edgeBin: bins.Edge, opts: opts}
+	e := &Env{Lab: l, Timeline: NewTimeline(filepath.Join(l.Dir, "timeline.md")), edgeBin: bins.Edge, opts: opts, zeroes: map[*Site]bool{}}
 
 	var err error
 
@@ -135,6 +138,15 @@ func Setup(ctx context.Context, l *Lab, bins Binaries, images Images, opts Optio
 		token, err := e.Controller.CreateSite(ctx, site.Name)
 		if err != nil {
 			return nil, err
+		}
+
+		if i == 2 {
+			// Site 2 wipes with zeroes, its own setting; site 1 keeps the controller's fast wipe.
+			if err := e.Controller.SetSite(ctx, site.Name, "--wipe-method", "zeroes"); err != nil {
+				return nil, err
+			}
+
+			e.zeroes[site] = true
 		}
 
 		edge, err := site.StartEdge(ctx, bins.Edge, EdgeOptions{Token: token, PreseedDir: e.preseed})
@@ -252,6 +264,7 @@ func (e *Env) Steps() []Step {
 			{Name: "release them: agent mode, wiped, powered off", Run: func(ctx context.Context) error {
 				return e.release(ctx, nil, bios1, uefi2)
 			}},
+			e.bmcProtocolsStep(bios1, uefi2),
 		}
 	case e.real():
 		return []Step{
@@ -277,6 +290,7 @@ func (e *Env) Steps() []Step {
 			}},
 			{Name: "release the allocated machines (cluster delete): new wipe ID, wiped again, ready, kept on (site 1's BMC " +
 				"stops answering for a while)", Run: func(ctx context.Context) error { return e.release(ctx, bios1, bios1, uefi2) }},
+			e.bmcProtocolsStep(bios1, uefi2),
 		}
 	default:
 		return []Step{
@@ -295,7 +309,46 @@ func (e *Env) Steps() []Step {
 			{Name: "release the allocated machines (site 1's BMC stops answering for a while)", Run: func(ctx context.Context) error {
 				return e.release(ctx, bios1, bios1, uefi2)
 			}},
+			e.bmcProtocolsStep(bios1, uefi2),
 		}
+	}
+}
+
+// bmcProtocolsStep checks, once the machines went through their lifecycle, which protocol carried it (the
+// controller's --bmc-protocol auto: Redfish where the BMC answers it): the driven machines (allocated and
+// released: power off, one-time PXE, power on) with a Redfish BMC were driven over Redfish, those with an
+// IPMI-only BMC over IPMI; and no machine with a Redfish BMC got a single IPMI power or boot call.
+func (e *Env) bmcProtocolsStep(driven ...*Machine) Step {
+	var names []string
+	for _, m := range driven {
+		names = append(names, m.Spec.Name)
+	}
+
+	return Step{
+		Name: "BMC protocols: " + strings.Join(names, ", ") + " driven over their BMC's protocol (UEFI machines' power and " +
+			"one-time PXE over Redfish, BIOS machines' over IPMI); no machine with a Redfish BMC got an IPMI call",
+		Run: func(context.Context) error {
+			var errs []error
+
+			for _, m := range e.Machines {
+				ipmi, redfish := m.BMCActions()
+				e.Lab.log.Info("bmc actions", zap.String("machine", m.Spec.Name), zap.String("bmc", string(m.Spec.BMC)),
+					zap.Int64("ipmi", ipmi), zap.Int64("redfish", redfish))
+
+				isDriven := slices.Contains(driven, m)
+
+				switch {
+				case m.Spec.BMC == Redfish && ipmi != 0:
+					errs = append(errs, fmt.Errorf("%s (Redfish BMC): %d IPMI actions, want none", m.Spec.Name, ipmi))
+				case m.Spec.BMC == Redfish && isDriven && redfish == 0:
+					errs = append(errs, fmt.Errorf("%s (Redfish BMC): driven, but no Redfish action", m.Spec.Name))
+				case m.Spec.BMC == IPMI && isDriven && ipmi == 0:
+					errs = append(errs, fmt.Errorf("%s (IPMI BMC): driven, but no IPMI action", m.Spec.Name))
+				}
+			}
+
+			return errors.Join(errs...)
+		},
 	}
 }
 
@@ -497,7 +550,12 @@ func (e *Env) waitReady(ctx context.Context, m *Machine) error {
 		return err
 	}
 
-	if err := poll(ctx, 5*time.Minute, "disk wiped (first and last MiB zero on the host)", m, m.DiskWiped); err != nil {
+	wiped, what := m.DiskWiped, "disk wiped (first and last MiB zero on the host)"
+	if e.zeroes[m.Site] {
+		wiped, what = m.DiskZeroed, "disk zeroed, every byte read on the host (the site's --wipe-method zeroes)"
+	}
+
+	if err := poll(ctx, 5*time.Minute, what, m, wiped); err != nil {
 		return err
 	}
 

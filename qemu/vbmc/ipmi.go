@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/bougou/go-ipmi/pkg/bmc"
@@ -18,13 +19,19 @@ import (
 
 // IPMI is the IPMI v2 (lanplus) front end of a Chassis.
 type IPMI struct {
-	bmc *bmc.BMC
+	bmc     *bmc.BMC
+	actions *atomic.Int64
 }
+
+// Actions returns how many chassis controls (power on, off, cycle, reset) and boot flag sets this front end
+// did: what shows that a lifecycle ran over IPMI.
+func (i *IPMI) Actions() int64 { return i.actions.Load() }
 
 // NewIPMI returns an IPMI BMC for ch with one administrator (user ID 2). cipherSuites limits the
 // RMCP+ cipher suites it accepts (none: the library's defaults); each must be one go-ipmi implements.
 func NewIPMI(ch *Chassis, user, password string, cipherSuites ...uint8) (*IPMI, error) {
-	h := &ipmiHAL{HAL: mock.New(), chassis: ipmiChassis{ch: ch}}
+	actions := &atomic.Int64{}
+	h := &ipmiHAL{HAL: mock.New(), chassis: ipmiChassis{ch: ch, actions: actions}}
 
 	opts := []bmc.Option{bmc.WithClock(clock.Real)}
 
@@ -57,7 +64,7 @@ func NewIPMI(ch *Chassis, user, password string, cipherSuites ...uint8) (*IPMI, 
 		return nil, fmt.Errorf("store ipmi user: %w", err)
 	}
 
-	return &IPMI{bmc: b}, nil
+	return &IPMI{bmc: b, actions: actions}, nil
 }
 
 // Serve answers RMCP/RMCP+ on conn until ctx ends; it closes conn.
@@ -91,18 +98,29 @@ func (h *ipmiHAL) Chassis() hal.ChassisHAL { return h.chassis }
 type ipmiChassis struct {
 	*mock.Chassis
 
-	ch *Chassis
+	ch      *Chassis
+	actions *atomic.Int64
 }
 
 func (c ipmiChassis) PowerState(context.Context) (bool, error) { return c.ch.PowerState(), nil }
 
-func (c ipmiChassis) SetPower(ctx context.Context, on bool) error { return c.ch.SetPower(ctx, on) }
+func (c ipmiChassis) SetPower(ctx context.Context, on bool) error {
+	c.actions.Add(1)
 
-func (c ipmiChassis) PowerCycle(ctx context.Context) error { return c.ch.Reset(ctx) }
+	return c.ch.SetPower(ctx, on)
+}
 
-func (c ipmiChassis) ColdReset(ctx context.Context) error { return c.ch.Reset(ctx) }
+func (c ipmiChassis) PowerCycle(ctx context.Context) error { return c.reset(ctx) }
 
-func (c ipmiChassis) WarmReset(ctx context.Context) error { return c.ch.Reset(ctx) }
+func (c ipmiChassis) ColdReset(ctx context.Context) error { return c.reset(ctx) }
+
+func (c ipmiChassis) WarmReset(ctx context.Context) error { return c.reset(ctx) }
+
+func (c ipmiChassis) reset(ctx context.Context) error {
+	c.actions.Add(1)
+
+	return c.ch.Reset(ctx)
+}
 
 func (c ipmiChassis) Identify(context.Context, uint8) error { return nil }
 
@@ -128,6 +146,7 @@ func (c ipmiChassis) SetBootFlags(_ context.Context, f *types.BootOptionParam_Bo
 	}
 
 	c.ch.SetOverride(o)
+	c.actions.Add(1)
 
 	return nil
 }

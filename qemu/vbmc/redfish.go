@@ -44,7 +44,17 @@ type Redfish struct {
 	version  int // bumps on every change of the system; the ETag
 	created  int
 	modes    int // PATCHes that named BootSourceOverrideMode
+	actions  int // boot overrides set and resets done
 	pending  *Override
+}
+
+// Actions returns how many boot overrides this front end set and resets (power on, off, cycle) it did: what
+// shows that a lifecycle ran over Redfish.
+func (r *Redfish) Actions() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	return r.actions
 }
 
 // ModePatches returns how many PATCHes named BootSourceOverrideMode (clients should send it only
@@ -338,8 +348,15 @@ func (r *Redfish) patchBoot(w http.ResponseWriter, req *http.Request, pending bo
 	}
 
 	r.bump()
+	r.counted()
 
 	w.WriteHeader(http.StatusNoContent)
+}
+
+func (r *Redfish) counted() {
+	r.mu.Lock()
+	r.actions++
+	r.mu.Unlock()
 }
 
 func (r *Redfish) reset(w http.ResponseWriter, req *http.Request) {
@@ -381,6 +398,7 @@ func (r *Redfish) reset(w http.ResponseWriter, req *http.Request) {
 	}
 
 	r.bump()
+	r.counted()
 	w.WriteHeader(http.StatusNoContent)
 }
 
