@@ -1,5 +1,6 @@
 // Package assetscli implements `edge assets ...`: operator commands on the edge's asset cache that run
-// without the uplink, such as importing assets from a USB stick at an air-gapped site.
+// without the uplink, such as importing assets from a USB stick at an air-gapped site, and making the bundle
+// to carry there.
 package assetscli
 
 import (
@@ -7,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -81,5 +83,70 @@ itself, links, or a manifest that does not match its files is refused and nothin
 		},
 	})
 
+	var trees []string
+
+	bundle := &cobra.Command{
+		Use:   "bundle <dir> [NAME=FILE ...] [--tree PREFIX=DIR ...]",
+		Short: "Write an import bundle (outpost-assets.json and the files) for edge assets import or --assets-preseed-dir",
+		Long: `Bundle writes the files given into <dir>, each once under its SHA-256, and outpost-assets.json naming every
+asset with its size and digest (written last: an interrupted bundle has no manifest and imports nothing). NAME is
+the logical name the edge serves it under /assets/ (agent/x86_64/vmlinuz, install/<schematic>/<version>/...);
+one FILE may have several names. --tree PREFIX=DIR adds every file under DIR as PREFIX/<path>. Names are checked
+as the import checks them.`,
+		Example: `  edge assets bundle /media/usb/bundle agent/x86_64/vmlinuz=vmlinuz agent/x86_64/initramfs.xz=initramfs.xz \
+    --tree install=/srv/talos-install`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return Bundle(args[0], args[1:], trees, cmd.OutOrStdout())
+		},
+	}
+	bundle.Flags().StringArrayVar(&trees, "tree", nil, "PREFIX=DIR: every file under DIR, named PREFIX/<path below DIR>")
+
+	cmd.AddCommand(bundle)
+
 	return cmd
+}
+
+// Bundle writes an import bundle into dir from NAME=FILE pairs and PREFIX=DIR trees and prints what it holds.
+func Bundle(dir string, pairs, trees []string, w io.Writer) error {
+	var files []assets.BundleFile
+
+	for _, p := range pairs {
+		name, file, ok := strings.Cut(p, "=")
+		if !ok || name == "" || file == "" {
+			return fmt.Errorf("%q: want NAME=FILE", p)
+		}
+
+		files = append(files, assets.BundleFile{Name: name, Source: file})
+	}
+
+	for _, t := range trees {
+		prefix, root, ok := strings.Cut(t, "=")
+		if !ok || prefix == "" || root == "" {
+			return fmt.Errorf("--tree %q: want PREFIX=DIR", t)
+		}
+
+		tree, err := assets.TreeFiles(prefix, root)
+		if err != nil {
+			return err
+		}
+
+		files = append(files, tree...)
+	}
+
+	b, err := assets.WriteBundle(dir, files)
+	if err != nil {
+		return err
+	}
+
+	var total int64
+
+	for _, a := range b.Assets {
+		fmt.Fprintf(w, "%s sha256:%s (%d bytes)\n", a.Name, a.SHA256, a.Size) //nolint:errcheck // best-effort listing
+		total += a.Size
+	}
+
+	_, err = fmt.Fprintf(w, "%d assets (%d bytes) in %s; import with: edge assets import %s\n", len(b.Assets), total, dir, dir)
+
+	return err
 }
