@@ -40,7 +40,7 @@ $(TOOLS)/.stamp: hack/tools/go.mod hack/tools/go.sum
 	touch $@
 
 .PHONY: tools
-tools: $(TOOLS)/.stamp ## build the pinned tools (protoc plugins, golangci-lint, gotestsum) into _out/tools
+tools: $(TOOLS)/.stamp ## build the pinned tools (protoc plugins, golangci-lint, gotestsum, deadcode) into _out/tools
 
 .PHONY: generate
 generate: tools ## regenerate protobuf code with the pinned generators
@@ -57,8 +57,9 @@ check-dirty: generate ## fail when generated code or go.mod differ from what is 
 		git status --porcelain; git diff | head -50; echo "generated code is stale: run 'make generate' and commit"; exit 1; fi
 
 .PHONY: lint
-lint: tools ## golangci-lint (pinned)
+lint: tools ## golangci-lint (pinned) and the dead-code check (hack/deadcode.sh)
 	$(TOOLS)/golangci-lint run ./...
+	hack/deadcode.sh $(TOOLS)/deadcode
 
 .PHONY: test-unit
 test-unit: ## the fast loop: unit tests only (-short skips lab tests)
@@ -68,6 +69,7 @@ test-unit: ## the fast loop: unit tests only (-short skips lab tests)
 test: deps check-dirty tools ## everything: generated code check, vet, lint, all tests including lab tests (root)
 	$(GO) vet ./...
 	$(TOOLS)/golangci-lint run ./...
+	hack/deadcode.sh $(TOOLS)/deadcode
 	$(TOOLS)/gotestsum --format testname -- -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 .PHONY: e2e

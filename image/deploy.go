@@ -30,9 +30,6 @@ var kubernetesManifest []byte
 // ControllerUnit returns the systemd unit.
 func ControllerUnit() []byte { return bytes.Clone(controllerUnit) }
 
-// KubernetesManifest returns the Kubernetes manifest as committed.
-func KubernetesManifest() []byte { return bytes.Clone(kubernetesManifest) }
-
 // RenderKubernetesManifest returns the Kubernetes manifest with the controller's image set to ref, the name the
 // image was pushed under (a registry's name for it, or outpost-controller:<version> for a cluster that has the
 // image loaded already).

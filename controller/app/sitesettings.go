@@ -47,7 +47,7 @@ func (b *builder) applySiteSettings(siteID string, s sites.Settings) {
 		s = sites.Settings{}
 	}
 
-	discovery, _ := bootplans.ParseDiscovery(s.Discovery) //nolint:errcheck // checked above
+	discovery, _ := bootplans.ParseDiscovery(s.Discovery) // checked above
 	b.edges.pusher.SetSite(siteID, bootplans.SiteTable{Discovery: discovery, RegisteredMACs: s.RegisteredMACs, ExtraConfig: s.ExtraConfig})
 
 	if err := b.edges.policies.Set(siteID, lifecycle.SitePolicy{BMCProtocol: s.BMCProtocol, WipeMethod: s.WipeMethod}); err != nil {

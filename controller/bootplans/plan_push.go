@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // TablePusher turns per-machine plans into each site's boot table and hands the tables to Plans, which keeps
@@ -91,7 +92,7 @@ func (t *TablePusher) Push(ctx context.Context, site string, plan Plan) (uint64,
 			tbl.Agent = map[string]*bootpb.Kernel{}
 		}
 
-		tbl.Agent[ipxeArch(plan.Arch)] = &bootpb.Kernel{KernelUrl: plan.KernelURL, InitrdUrl: plan.InitrdURL}
+		tbl.Agent[metal.Arch(plan.Arch).IPXE()] = &bootpb.Kernel{KernelUrl: plan.KernelURL, InitrdUrl: plan.InitrdURL}
 	}
 
 	t.where[plan.MachineID] = site
@@ -196,15 +197,6 @@ func (t *TablePusher) remove(site, uuid string) {
 			tbl.Removed = slices.Delete(tbl.Removed, 0, len(tbl.Removed)-maxRemoved)
 		}
 	}
-}
-
-// ipxeArch maps an asset architecture to iPXE's ${buildarch} naming used by the boot table.
-func ipxeArch(arch string) string {
-	if arch == "arm64" {
-		return "arm64"
-	}
-
-	return "x86_64"
 }
 
 // ToProto converts a plan to the boot table's form.

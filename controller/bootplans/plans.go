@@ -3,6 +3,7 @@ package bootplans
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -180,7 +181,7 @@ func Diff(from, to *bootpb.Table) *bootpb.Delta {
 		}
 	}
 
-	if !kernelMapsEqual(from.GetAgent(), to.GetAgent()) {
+	if !maps.EqualFunc(from.GetAgent(), to.GetAgent(), func(a, b *bootpb.Kernel) bool { return proto.Equal(a, b) }) {
 		d.Agent, d.ReplaceAgent = to.GetAgent(), true
 	}
 
@@ -201,18 +202,4 @@ func Diff(from, to *bootpb.Table) *bootpb.Delta {
 	}
 
 	return d
-}
-
-func kernelMapsEqual(a, b map[string]*bootpb.Kernel) bool {
-	if len(a) != len(b) {
-		return false
-	}
-
-	for k, v := range a {
-		if !proto.Equal(v, b[k]) {
-			return false
-		}
-	}
-
-	return true
 }

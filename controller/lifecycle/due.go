@@ -140,11 +140,3 @@ func (s *dues) take(limit int) (due []dueKey, wait time.Duration) {
 
 	return due, wait
 }
-
-// pending is how many looks are scheduled.
-func (s *dues) pending() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-
-	return len(s.heap)
-}

@@ -20,6 +20,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/machineaccess"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // siteEdge is one site's edge as gRPC sees it: the BMC service and the agent proxy, recording what arrives.
@@ -86,7 +87,7 @@ func (e *siteEdge) Hello(ctx context.Context, _ *agentpb.HelloRequest) (*agentpb
 	e.mu.Lock()
 	defer e.mu.Unlock()
 
-	e.hellos = append(e.hellos, md.Get(machineaccess.MachineIDKey)...)
+	e.hellos = append(e.hellos, md.Get(metal.MetadataKey)...)
 
 	return &agentpb.HelloResponse{}, nil
 }

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/metal"
 	"github.com/outpost-metal/outpost/shared/printable"
 )
 
@@ -62,19 +63,13 @@ func (l *Locations) HandleEvent(ctx context.Context, site string, e *bootpb.Even
 			l.reject(site, "bad_machine_id", err)
 		}
 	case *bootpb.Event_DhcpSeen:
-		fw := k.DhcpSeen.GetFirmware()
-
-		switch {
-		case fw == "bios":
-			fw = "bios"
-		case strings.HasPrefix(fw, "uefi-"), strings.HasPrefix(fw, "http-"):
-			fw = "uefi"
-		default:
+		fw, ok := metal.FirmwareFromDHCPClass(k.DhcpSeen.GetFirmware())
+		if !ok {
 			return nil
 		}
 
-		l.SetFirmwareByMAC(k.DhcpSeen.GetMac(), fw)
-		l.SetFirmware(strings.ToLower(k.DhcpSeen.GetUuid()), fw, "dhcp")
+		l.SetFirmwareByMAC(k.DhcpSeen.GetMac(), string(fw))
+		l.SetFirmware(metal.NormalizeID(k.DhcpSeen.GetUuid()), string(fw), "dhcp")
 	case *bootpb.Event_PowerChanged:
 		var at time.Time
 		if ts := e.GetTime(); ts.IsValid() {

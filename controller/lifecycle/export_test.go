@@ -31,7 +31,12 @@ func (s *dues) Take(limit int) ([]string, time.Duration) {
 }
 
 // Pending is how many looks are scheduled.
-func (s *dues) Pending() int { return s.pending() }
+func (s *dues) Pending() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	return len(s.heap)
+}
 
 // Woken reports whether a wake-up is pending (and takes it).
 func (s *dues) Woken() bool {

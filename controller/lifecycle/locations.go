@@ -11,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // ErrBadMachineID means an edge event named a machine ID that is not an SMBIOS UUID.
@@ -251,15 +253,13 @@ func (l *Locations) Raise(machineID, alert, detail string) {
 }
 
 // SetArch records the architecture a machine's network boot reported (iPXE ${buildarch}: x86_64, arm64).
-func (l *Locations) SetArch(machineID, arch string) {
-	switch arch {
-	case "x86_64", "i386", "amd64":
-		arch = "amd64"
-	case "arm64", "aarch64":
-		arch = "arm64"
-	default:
+func (l *Locations) SetArch(machineID, reported string) {
+	a, ok := metal.ParseArch(reported)
+	if !ok {
 		return
 	}
+
+	arch := string(a)
 
 	l.mu.Lock()
 	defer l.mu.Unlock()

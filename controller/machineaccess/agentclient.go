@@ -9,6 +9,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // Agent returns a client for the agent of machineID at siteID. Every call checks that the machine
@@ -36,7 +38,7 @@ func (a *agentConn) route(ctx context.Context) (context.Context, grpc.ClientConn
 
 	md, _ := metadata.FromOutgoingContext(ctx)
 	md = md.Copy()
-	md.Set(MachineIDKey, a.machineID) // exactly one value: the edge refuses more
+	md.Set(metal.MetadataKey, a.machineID) // exactly one value: the edge refuses more
 
 	return metadata.NewOutgoingContext(ctx, md), conn, nil
 }

@@ -6,6 +6,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 )
@@ -22,19 +23,12 @@ type BMC struct {
 func (c *Client) BMC(siteID, machineID string, target *bmcpb.Target) *BMC {
 	t := &bmcpb.Target{}
 	if target != nil {
-		t = copyTarget(target)
+		t = proto.Clone(target).(*bmcpb.Target)
 	}
 
 	t.MachineId = machineID
 
 	return &BMC{c: c, siteID: siteID, machineID: machineID, target: t}
-}
-
-func copyTarget(t *bmcpb.Target) *bmcpb.Target {
-	return &bmcpb.Target{
-		MachineId: t.GetMachineId(), Host: t.GetHost(), IpmiPort: t.GetIpmiPort(), RedfishEndpoint: t.GetRedfishEndpoint(),
-		Protocol: t.GetProtocol(), Username: t.GetUsername(), Password: t.GetPassword(),
-	}
 }
 
 func (b *BMC) client() (bmcpb.BMCClient, error) {

@@ -10,9 +10,6 @@ import (
 	"google.golang.org/grpc"
 )
 
-// MachineIDKey is the metadata key the edge routes agent calls by.
-const MachineIDKey = "machine-id"
-
 // Sentinel errors callers branch on.
 var (
 	// ErrWrongSite means the machine is known at another site than the one named.

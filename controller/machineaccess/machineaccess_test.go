@@ -14,6 +14,7 @@ import (
 
 	"github.com/outpost-metal/outpost/controller/machineaccess"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // recorder is a connection that records the calls that reached it.
@@ -25,7 +26,7 @@ type recorder struct {
 func (r *recorder) Invoke(ctx context.Context, method string, _, _ any, _ ...grpc.CallOption) error {
 	md, _ := metadata.FromOutgoingContext(ctx)
 	r.methods = append(r.methods, method)
-	r.ids = append(r.ids, md.Get(machineaccess.MachineIDKey)...)
+	r.ids = append(r.ids, md.Get(metal.MetadataKey)...)
 
 	return nil
 }
@@ -78,7 +79,7 @@ func TestAgentRouting(t *testing.T) {
 			c := newClient(rec, tc.offline)
 
 			// A stray machine-id on the caller's context is replaced, not added to.
-			ctx := metadata.AppendToOutgoingContext(t.Context(), machineaccess.MachineIDKey, there)
+			ctx := metadata.AppendToOutgoingContext(t.Context(), metal.MetadataKey, there)
 
 			_, err := c.Agent(tc.site, tc.machine).Hello(ctx, &agentpb.HelloRequest{})
 			require.Equal(t, tc.code, status.Code(err), "%v", err)

@@ -109,9 +109,6 @@ func ParseExtraDocuments(data []byte) (ExtraDocuments, error) {
 	return ExtraDocuments{text: strings.TrimSpace(text), kinds: kinds}, nil
 }
 
-// Text is the documents as machinery encodes them (empty for none).
-func (d ExtraDocuments) Text() string { return d.text }
-
 // CheckSiteDocuments checks a site's own documents (ParseExtraDocuments) and that they fit beside the
 // provider's, d: machinery refuses two documents that conflict, as it would when a machine reads them.
 func (d ExtraDocuments) CheckSiteDocuments(site []byte) error {

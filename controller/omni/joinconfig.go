@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/state"
@@ -33,9 +32,6 @@ type JoinConfigWatcher struct {
 	onChange     func(JoinConfig)
 	logger       *zap.Logger
 	retry        time.Duration
-
-	mu  sync.Mutex
-	cur *JoinConfig
 }
 
 // NewJoinConfigWatcher returns a watcher; trustedRootsPEM (optional) is appended as a TrustedRootsConfig document;
@@ -52,18 +48,6 @@ func (w *JoinConfigWatcher) WithExtraDocuments(d ExtraDocuments) *JoinConfigWatc
 	w.extra = d
 
 	return w
-}
-
-// Current returns the latest join config, false before the first one arrived.
-func (w *JoinConfigWatcher) Current() (JoinConfig, bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-
-	if w.cur == nil {
-		return JoinConfig{}, false
-	}
-
-	return *w.cur, true
 }
 
 // Run watches until ctx ends, re-subscribing (with backoff) when the watch breaks, e.g. when Omni restarts.
@@ -118,10 +102,6 @@ func (w *JoinConfigWatcher) watch(ctx context.Context) error {
 
 				continue
 			}
-
-			w.mu.Lock()
-			w.cur = &cfg
-			w.mu.Unlock()
 
 			w.logger.Info("provider join config updated", zap.String("version", jc.Metadata().Version().String()))
 

@@ -18,9 +18,6 @@ type Site = typed.Resource[SiteSpec, SiteExtension]
 // SiteSpec wraps specs.SiteSpec.
 type SiteSpec = protobuf.ResourceSpec[specs.SiteSpec, *specs.SiteSpec]
 
-// NewSite returns an empty Site with the given ID in the controller's own store (LocalSites).
-func NewSite(id string) *Site { return LocalSites.New(id) }
-
 // SiteKind says where Site resources live: in the controller's own store (LocalSites), or in Omni (Types.Sites),
 // where the provider's namespace holds them under a provider-scoped type, as Omni requires of an infra
 // provider's own resources. The spec is the same in both.

@@ -377,11 +377,3 @@ func (a *admission) sweepLocked(now time.Time) {
 		}
 	}
 }
-
-// tracked returns how many sources and sites are counted (tests).
-func (a *admission) tracked() (sources, sites int) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-
-	return len(a.sources), len(a.sites)
-}

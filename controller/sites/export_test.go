@@ -73,7 +73,12 @@ func (a *Admission) AcquireEnroll(source, siteID string) (func(), *Refusal) {
 func (a *Admission) Sweep() { a.a.sweep() }
 
 // Tracked returns how many sources and sites are counted.
-func (a *Admission) Tracked() (int, int) { return a.a.tracked() }
+func (a *Admission) Tracked() (int, int) {
+	a.a.mu.Lock()
+	defer a.a.mu.Unlock()
+
+	return len(a.a.sources), len(a.a.sites)
+}
 
 // SourceKey is sourceKey.
 func SourceKey(addr net.Addr) string { return sourceKey(addr) }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // maxPendingPerAddress bounds the entries held for one address not tied to a machine yet.
@@ -226,18 +227,12 @@ func (b *Book) identify(m *machine, mac, arch, platform string) {
 		}
 	}
 
-	switch arch {
-	case "x86_64", "i386", "amd64":
-		m.Arch = "amd64"
-	case "arm64", "aarch64":
-		m.Arch = "arm64"
+	if a, ok := metal.ParseArch(arch); ok {
+		m.Arch = string(a)
 	}
 
-	switch platform {
-	case "pcbios":
-		m.Firmware = "bios"
-	case "efi":
-		m.Firmware = "uefi"
+	if fw, ok := metal.FirmwareFromPlatform(platform); ok {
+		m.Firmware = string(fw)
 	}
 }
 
@@ -246,14 +241,9 @@ const maxMACs = 8
 
 // firmwareOfClass is the firmware a DHCP client class names ("" when none).
 func firmwareOfClass(class string) string {
-	switch {
-	case class == "bios":
-		return "bios"
-	case strings.HasPrefix(class, "uefi-"), strings.HasPrefix(class, "http-"):
-		return "uefi"
-	default:
-		return ""
-	}
+	fw, _ := metal.FirmwareFromDHCPClass(class) // "" for a class it does not know
+
+	return string(fw)
 }
 
 // byAddress adds an entry to the machine an address at site is tied to (and applies fn), or holds it for one.

@@ -321,9 +321,6 @@ func ignoreClosed(err error) error {
 	return err
 }
 
-// Addrs returns the addresses the edge serves on.
-func (e *Edge) Addrs() Addrs { return e.addrs }
-
 // Run runs every component until ctx ends or one of them ends: an error, or a component returning on its
 // own (ErrEndedEarly), stops all the others and is returned, naming the component. Once every component
 // has returned, Run closes what Build opened. It returns nil when ctx ended and everything stopped cleanly.

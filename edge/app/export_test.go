@@ -18,3 +18,6 @@ func NewComponent(name string, run func(context.Context) error) Component {
 func RunComponents(ctx context.Context, log *zap.Logger, comps []Component) error {
 	return runComponents(ctx, log, comps)
 }
+
+// Addrs returns the addresses the edge serves on.
+func (e *Edge) Addrs() Addrs { return e.addrs }

@@ -29,7 +29,7 @@ import (
 	"github.com/outpost-metal/outpost/edge/app"
 	"github.com/outpost-metal/outpost/edge/config"
 	"github.com/outpost-metal/outpost/edge/journal"
-	"github.com/outpost-metal/outpost/edge/tunnel"
+	"github.com/outpost-metal/outpost/shared/metal"
 	"github.com/outpost-metal/outpost/shared/uplink"
 )
 
@@ -83,7 +83,7 @@ func openTunnel(t *testing.T, apiAddr, machineID string) (stop func(), done <-ch
 	rts := grpctunnel.NewReverseTunnelServer(tunnelpb.NewTunnelServiceClient(conn))
 	agentpb.RegisterAgentServiceServer(rts, agentpb.UnimplementedAgentServiceServer{})
 
-	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), tunnel.MachineIDKey, machineID))
+	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), metal.MetadataKey, machineID))
 	errCh := make(chan error, 1)
 
 	go func() {

@@ -66,12 +66,6 @@ func AgentName(arch, kind string) string {
 	return "agent/" + arch + "/" + kind
 }
 
-// TalosName is the logical name of a Talos install boot asset for a version, image factory schematic and
-// architecture.
-func TalosName(version, schematic, arch, kind string) string {
-	return "talos/" + version + "/" + schematic + "/" + arch + "/" + kind
-}
-
 // Ref identifies one asset: its logical name, digest and size, and where it may be fetched from.
 type Ref struct {
 	Name   string

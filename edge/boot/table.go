@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -19,6 +18,7 @@ import (
 
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 	"github.com/outpost-metal/outpost/shared/atomicfile"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // FileName is the table's file in the state directory.
@@ -34,11 +34,6 @@ var ErrInvalid = errors.New("invalid boot table change")
 type Config struct {
 	// StateDir is the directory the table is persisted in.
 	StateDir string `json:"state_dir"`
-}
-
-// Default returns the production defaults.
-func Default() Config {
-	return Config{StateDir: "/var/lib/outpost-edge"}
 }
 
 // Validate checks the configuration.
@@ -186,11 +181,11 @@ func (t *Table) keepLeftOut(cur, next *bootpb.Table) {
 	have, removed := map[string]bool{}, map[string]bool{}
 
 	for _, p := range next.GetPlans() {
-		have[NormalizeUUID(p.GetUuid())] = true
+		have[metal.NormalizeID(p.GetUuid())] = true
 	}
 
 	for _, u := range next.GetRemoved() {
-		removed[NormalizeUUID(u)] = true
+		removed[metal.NormalizeID(u)] = true
 	}
 
 	next.Removed = nil
@@ -220,11 +215,11 @@ func applyDelta(cur *bootpb.Table, d *bootpb.Delta) *bootpb.Table {
 
 	drop := map[string]bool{}
 	for _, u := range d.GetRemove() {
-		drop[NormalizeUUID(u)] = true
+		drop[metal.NormalizeID(u)] = true
 	}
 
 	for _, p := range d.GetUpsert() {
-		drop[NormalizeUUID(p.GetUuid())] = true
+		drop[metal.NormalizeID(p.GetUuid())] = true
 	}
 
 	plans := next.GetPlans()[:0]
@@ -284,7 +279,7 @@ func validateTable(tbl *bootpb.Table) error {
 	seen := map[string]bool{}
 
 	for i, p := range tbl.GetPlans() {
-		u := NormalizeUUID(p.GetUuid())
+		u := metal.NormalizeID(p.GetUuid())
 		if u == "" {
 			return fmt.Errorf("plan %d has no uuid: %w", i, ErrInvalid)
 		}
@@ -321,7 +316,7 @@ func normalizeTable(tbl *bootpb.Table) {
 	}
 
 	for _, p := range tbl.GetPlans() {
-		p.Uuid = NormalizeUUID(p.GetUuid())
+		p.Uuid = metal.NormalizeID(p.GetUuid())
 
 		for i, m := range p.GetMacs() {
 			if hw, err := net.ParseMAC(m); err == nil {
@@ -364,11 +359,6 @@ func (t *Table) persist(tbl *bootpb.Table) error {
 	return nil
 }
 
-// NormalizeUUID lower-cases a UUID and strips braces and spaces.
-func NormalizeUUID(u string) string {
-	return strings.ToLower(strings.Trim(strings.TrimSpace(u), "{}"))
-}
-
 // Entry is the resolved plan of one machine, ready to render.
 type Entry struct {
 	// Known is false for a machine the table does not name (it gets agent mode).
@@ -390,7 +380,7 @@ type Entry struct {
 // Lookup resolves a machine by UUID, then by MAC. The returned messages must not be modified.
 func (t *Table) Lookup(uuid string, mac net.HardwareAddr, arch string) Entry {
 	s := t.cur.Load()
-	e := Entry{UUID: NormalizeUUID(uuid), Version: s.table.GetVersion(), Agent: s.table.GetAgent()[arch]}
+	e := Entry{UUID: metal.NormalizeID(uuid), Version: s.table.GetVersion(), Agent: s.table.GetAgent()[arch]}
 
 	p := s.find(e.UUID, mac)
 	if p != nil {
@@ -422,7 +412,7 @@ func (s *snapshot) find(uuid string, mac net.HardwareAddr) *bootpb.Plan {
 
 // SNPOnly reports whether the machine must get the SNP-only UEFI binary (dhcp.Preferences).
 func (t *Table) SNPOnly(mac net.HardwareAddr, uuid string) bool {
-	return t.cur.Load().find(NormalizeUUID(uuid), mac).GetSnpOnly()
+	return t.cur.Load().find(metal.NormalizeID(uuid), mac).GetSnpOnly()
 }
 
 // Known reports whether the table holds the machine: a plan for it (by UUID, or by one of the MACs a plan
@@ -430,7 +420,7 @@ func (t *Table) SNPOnly(mac net.HardwareAddr, uuid string) bool {
 func (t *Table) Known(mac net.HardwareAddr, uuid string) bool {
 	s := t.cur.Load()
 
-	return s.find(NormalizeUUID(uuid), mac) != nil || (len(mac) > 0 && s.registered[mac.String()])
+	return s.find(metal.NormalizeID(uuid), mac) != nil || (len(mac) > 0 && s.registered[mac.String()])
 }
 
 // Discovery is the site's discovery policy as the controller set it: all, known or off; "" when it set none
@@ -452,7 +442,7 @@ func (t *Table) Discovery() string {
 // nil when the controller has sent none.
 func (t *Table) MachineConfig(uuid string) []byte {
 	s := t.cur.Load()
-	if p := s.find(NormalizeUUID(uuid), nil); len(p.GetConfig()) > 0 {
+	if p := s.find(metal.NormalizeID(uuid), nil); len(p.GetConfig()) > 0 {
 		return p.GetConfig()
 	}
 

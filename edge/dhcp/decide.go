@@ -1,7 +1,6 @@
 package dhcp
 
 import (
-	"bytes"
 	"fmt"
 	"net"
 	"net/netip"
@@ -249,8 +248,8 @@ func vendorOptions(req *dhcpv4.DHCPv4) []byte {
 	return append([]byte{6, 1, 8, pxeBootItem, 4}, append(slices.Clone(item), 255)...)
 }
 
-// userClassIPXE is the raw option 77 iPXE sends.
-var userClassIPXE = []byte("iPXE")
+// userClassIPXE is the user class (option 77) iPXE sends, raw or in RFC 3004 form.
+const userClassIPXE = "iPXE"
 
 // Decide answers one ProxyDHCP request given as raw bytes. It never panics on any input.
 func Decide(p Params, role Role, peer netip.AddrPort, raw []byte) Decision {
@@ -281,16 +280,17 @@ func DecidePacket(p Params, role Role, peer netip.AddrPort, req *dhcpv4.DHCPv4) 
 		return d
 	}
 
-	code, err := parseArch(archOpt)
-	if err != nil {
-		d.Drop, d.Err = DropBadArch, err
+	var archs iana.Archs
+	if err := archs.FromBytes(archOpt); err != nil || len(archs) == 0 {
+		d.Drop, d.Err = DropBadArch, fmt.Errorf("option 93 of length %d is not a list of architecture codes", len(archOpt))
 
 		return d
 	}
 
-	d.Firmware = FirmwareFromArch(code)
+	// The first code is the one the client boots as (RFC 4578 §2.1).
+	d.Firmware = FirmwareFromArch(archs[0])
 	if d.Firmware == FirmwareUnknown {
-		d.Drop, d.Err = DropUnknownArch, fmt.Errorf("architecture code %d", code)
+		d.Drop, d.Err = DropUnknownArch, fmt.Errorf("architecture code %d (%s)", uint16(archs[0]), archs[0])
 
 		return d
 	}
@@ -337,8 +337,7 @@ func DecidePacket(p Params, role Role, peer netip.AddrPort, req *dhcpv4.DHCPv4) 
 		return d
 	}
 
-	d.IPXE = bytes.Equal(req.Options.Get(dhcpv4.OptionUserClassInformation), userClassIPXE) ||
-		isRFC3004IPXE(req.Options.Get(dhcpv4.OptionUserClassInformation)) ||
+	d.IPXE = slices.Contains(req.UserClass(), userClassIPXE) ||
 		req.Options.Has(dhcpv4.GenericOptionCode(175))
 
 	snp := p.Prefs != nil && p.Prefs.SNPOnly(req.ClientHWAddr, d.UUID)
@@ -455,22 +454,4 @@ func firstByte(v []byte) int {
 	}
 
 	return int(v[0])
-}
-
-// isRFC3004IPXE matches a user class option in RFC 3004 form holding "iPXE".
-func isRFC3004IPXE(v []byte) bool {
-	for len(v) > 0 {
-		n := int(v[0])
-		if n == 0 || len(v) < 1+n {
-			return false
-		}
-
-		if bytes.Equal(v[1:1+n], userClassIPXE) {
-			return true
-		}
-
-		v = v[1+n:]
-	}
-
-	return false
 }

@@ -5,10 +5,7 @@
 // Server wraps it with sockets, a bounded worker pool, a per-MAC rate limit and metrics.
 package dhcp
 
-import (
-	"encoding/binary"
-	"fmt"
-)
+import "github.com/insomniacslk/dhcp/iana"
 
 // Firmware is the class of boot firmware a client runs, derived from DHCP option 93
 // (RFC 4578 client system architecture; codes from the IANA "Processor Architecture Types" registry).
@@ -71,28 +68,19 @@ func (f Firmware) Arch() string {
 }
 
 // FirmwareFromArch maps an option 93 architecture code to a firmware class (RFC 4578 §2.1, IANA registry).
-func FirmwareFromArch(code uint16) Firmware {
+func FirmwareFromArch(code iana.Arch) Firmware {
 	switch code {
-	case 0:
+	case iana.INTEL_X86PC:
 		return FirmwareBIOS
-	case 6, 7, 9:
+	case iana.EFI_IA32, iana.EFI_X86_64, iana.EFI_BC:
 		return FirmwareUEFIx86
-	case 11, 22:
+	case iana.EFI_ARM64, iana.UBOOT_ARM64:
 		return FirmwareUEFIARM64
-	case 15, 16:
+	case iana.EFI_X86_HTTP, iana.EFI_X86_64_HTTP:
 		return FirmwareHTTPx86
-	case 19, 24:
+	case iana.EFI_ARM64_HTTP, iana.UBOOT_ARM64_HTTP:
 		return FirmwareHTTPARM64
 	default:
 		return FirmwareUnknown
 	}
-}
-
-// parseArch reads the first architecture code of an option 93 value (a list of 16-bit codes).
-func parseArch(v []byte) (uint16, error) {
-	if len(v) == 0 || len(v)%2 != 0 {
-		return 0, fmt.Errorf("option 93 length %d is not a positive multiple of 2", len(v))
-	}
-
-	return binary.BigEndian.Uint16(v[:2]), nil
 }

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -163,8 +162,6 @@ type Server struct {
 	replies  *prometheus.CounterVec
 	drops    *prometheus.CounterVec
 
-	nReplies, nDrops atomic.Int64
-
 	mu   sync.Mutex
 	macs map[[6]byte]*macState
 }
@@ -267,11 +264,6 @@ func (s *Server) BootableFirmware() []Firmware {
 	return out
 }
 
-// Counters returns named counts for the edge status RPC.
-func (s *Server) Counters() map[string]int64 {
-	return map[string]int64{"dhcp_replies": s.nReplies.Load(), "dhcp_dropped": s.nDrops.Load()}
-}
-
 func resolveServerIP(cfg Config) (netip.Addr, error) {
 	if cfg.ServerIP != "" {
 		return netip.MustParseAddr(cfg.ServerIP), nil // validated above
@@ -294,23 +286,6 @@ func resolveServerIP(cfg Config) (netip.Addr, error) {
 	}
 
 	return netip.Addr{}, fmt.Errorf("interface %q has no IPv4 address", cfg.Interface)
-}
-
-// Run opens both ports on the configured interface and serves them until ctx ends.
-func (s *Server) Run(ctx context.Context) error {
-	dhcpConn, err := ListenPacket(ctx, s.cfg.Interface, s.cfg.Port, s.cfg.ReadBuffer)
-	if err != nil {
-		return err
-	}
-	defer dhcpConn.Close() //nolint:errcheck
-
-	pxeConn, err := ListenPacket(ctx, s.cfg.Interface, s.cfg.PXEPort, s.cfg.ReadBuffer)
-	if err != nil {
-		return err
-	}
-	defer pxeConn.Close() //nolint:errcheck
-
-	return s.Serve(ctx, dhcpConn, pxeConn)
 }
 
 type job struct {
@@ -432,7 +407,6 @@ func (s *Server) handle(j job) {
 	}
 
 	s.replies.WithLabelValues(j.role.String(), d.Firmware.String()).Inc()
-	s.nReplies.Add(1)
 
 	if ce := s.log.Check(zap.DebugLevel, "proxydhcp reply"); ce != nil {
 		ce.Write(zap.Stringer("mac", d.MAC), zap.Stringer("firmware", d.Firmware), zap.Bool("ipxe", d.IPXE),
@@ -453,7 +427,6 @@ func (s *Server) handle(j job) {
 // client's when the request was read that far.
 func (s *Server) drop(reason DropReason, err error, peer netip.AddrPort, mac net.HardwareAddr) {
 	s.drops.WithLabelValues(string(reason)).Inc()
-	s.nDrops.Add(1)
 
 	if ce := s.log.Check(zap.DebugLevel, "proxydhcp drop"); ce != nil {
 		ce.Write(zap.String("reason", string(reason)), zap.Error(err), zap.Stringer("peer", peer), zap.Stringer("mac", mac))

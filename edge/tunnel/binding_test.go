@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/outpost-metal/outpost/edge/tunnel"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // evidence is a boot-evidence book the test edits: where each machine's boot fetched from, and which are
@@ -66,7 +67,7 @@ func connectFrom(t *testing.T, addr, src, machineID string, agent agentpb.AgentS
 	agentpb.RegisterAgentServiceServer(rts, agent)
 
 	ctx, cancel := context.WithCancel(context.Background())
-	ctx = metadata.AppendToOutgoingContext(ctx, tunnel.MachineIDKey, machineID)
+	ctx = metadata.AppendToOutgoingContext(ctx, metal.MetadataKey, machineID)
 
 	errCh := make(chan error, 1)
 	finished := make(chan struct{})

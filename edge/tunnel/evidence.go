@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/outpost-metal/outpost/edge/boot"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // ContestWindow is how long two MACs asking for one machine's boot script keep it contested.
@@ -42,7 +42,7 @@ func (b *BootBook) Note(uuid string, addr netip.Addr, mac net.HardwareAddr) {
 		return
 	}
 
-	uuid = boot.NormalizeUUID(uuid)
+	uuid = metal.NormalizeID(uuid)
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -78,7 +78,7 @@ func (b *BootBook) SeenAddr(machineID string) (netip.Addr, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 
-	a, ok := b.seen[boot.NormalizeUUID(machineID)]
+	a, ok := b.seen[metal.NormalizeID(machineID)]
 
 	return a, ok
 }
@@ -93,7 +93,7 @@ func (b *BootBook) Contested(machineID string) bool {
 
 	n, now := 0, b.now()
 
-	for _, at := range b.macs[boot.NormalizeUUID(machineID)] {
+	for _, at := range b.macs[metal.NormalizeID(machineID)] {
 		if now.Sub(at) <= ContestWindow {
 			n++
 		}

@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/outpost-metal/outpost/edge/tunnel"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // floodEnv names the variable that turns a run of this test binary into a tunnel-flood process.
@@ -84,7 +85,7 @@ func TestTunnelFloodProcess(t *testing.T) {
 		wg.Go(func() {
 			defer conn.Close()
 
-			_, err := rts.Serve(metadata.AppendToOutgoingContext(ctx, tunnel.MachineIDKey, randomUUID()))
+			_, err := rts.Serve(metadata.AppendToOutgoingContext(ctx, metal.MetadataKey, randomUUID()))
 			switch status.Code(err) {
 			case codes.ResourceExhausted:
 				refused.Add(1)
@@ -264,7 +265,7 @@ func TestTunnelFlood(t *testing.T) {
 			if tc.legit {
 				legit = 1
 				begin := time.Now()
-				connect(t, ln.Addr().String(), &fakeAgent{}, tunnel.MachineIDKey, machineA)
+				connect(t, ln.Addr().String(), &fakeAgent{}, metal.MetadataKey, machineA)
 				require.Eventually(t, func() bool { return srv.Connected(machineA) }, 10*time.Second, time.Millisecond,
 					"a real agent could not connect during the flood")
 

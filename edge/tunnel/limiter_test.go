@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/outpost-metal/outpost/edge/tunnel"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // fakeClock is a limits.Clock moved by hand; due timers run inside Advance.
@@ -150,7 +151,7 @@ func openOn(t *testing.T, conn *grpc.ClientConn) (cancel func(), done <-chan err
 	rts := grpctunnel.NewReverseTunnelServer(tunnelpb.NewTunnelServiceClient(conn))
 	agentpb.RegisterAgentServiceServer(rts, &fakeAgent{})
 
-	ctx, cancelCtx := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), tunnel.MachineIDKey, randomUUID()))
+	ctx, cancelCtx := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), metal.MetadataKey, randomUUID()))
 	errCh := make(chan error, 1)
 
 	go func() {

@@ -28,14 +28,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/outpost-metal/outpost/edge/limits"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
-
-// MachineIDKey is the metadata key naming the machine, both on the agent's tunnel and on proxied calls
-// (the talos-metal-agent's constants.MachineIDMetadataKey).
-const MachineIDKey = "machine-id"
-
-// ErrMalformedMachineID is returned for a machine-id that is missing or not an SMBIOS UUID.
-var ErrMalformedMachineID = errors.New("malformed machine-id")
 
 // Event describes a tunnel opening or closing.
 type Event struct {
@@ -358,44 +352,14 @@ func (g guardedService) OpenReverseTunnel(stream tunnelpb.TunnelService_OpenReve
 	return g.inner.OpenReverseTunnel(stream)
 }
 
-// MachineIDFromMetadata returns the normalized machine-id from md, or ErrMalformedMachineID.
+// MachineIDFromMetadata returns the normalized machine-id from md, or metal.ErrMalformedID.
 func MachineIDFromMetadata(md metadata.MD) (string, error) {
-	vals := md.Get(MachineIDKey)
+	vals := md.Get(metal.MetadataKey)
 	if len(vals) != 1 {
-		return "", fmt.Errorf("%w: want exactly one %s value, got %d", ErrMalformedMachineID, MachineIDKey, len(vals))
+		return "", fmt.Errorf("%w: want exactly one %s value, got %d", metal.ErrMalformedID, metal.MetadataKey, len(vals))
 	}
 
-	return ParseMachineID(vals[0])
-}
-
-// ParseMachineID checks that id is an SMBIOS UUID (8-4-4-4-12 hex digits) and returns it in lower case.
-func ParseMachineID(id string) (string, error) {
-	const uuidLen = 36
-
-	if len(id) != uuidLen {
-		return "", fmt.Errorf("%w: length %d, want a UUID", ErrMalformedMachineID, len(id))
-	}
-
-	for i := range len(id) {
-		c := id[i]
-
-		switch i {
-		case 8, 13, 18, 23:
-			if c != '-' {
-				return "", fmt.Errorf("%w: want a UUID", ErrMalformedMachineID)
-			}
-		default:
-			if !isHex(c) {
-				return "", fmt.Errorf("%w: want a UUID", ErrMalformedMachineID)
-			}
-		}
-	}
-
-	return strings.ToLower(id), nil
-}
-
-func isHex(c byte) bool {
-	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
+	return metal.ParseID(vals[0])
 }
 
 func affinityKey(ch grpctunnel.TunnelChannel) any {

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/outpost-metal/outpost/edge/tunnel"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 func TestMain(m *testing.M) {
@@ -201,7 +202,7 @@ func connect(t *testing.T, addr string, agent agentpb.AgentServiceServer, md ...
 }
 
 func machineCtx(ctx context.Context, id string) context.Context {
-	return metadata.AppendToOutgoingContext(ctx, tunnel.MachineIDKey, id)
+	return metadata.AppendToOutgoingContext(ctx, metal.MetadataKey, id)
 }
 
 func TestProxyAgentCalls(t *testing.T) {
@@ -209,7 +210,7 @@ func TestProxyAgentCalls(t *testing.T) {
 
 	h := newHarness(t, book{machineA: netip.MustParseAddr("127.0.0.1")})
 	agent := &fakeAgent{}
-	connect(t, h.tunnelAddr, agent, tunnel.MachineIDKey, machineA)
+	connect(t, h.tunnelAddr, agent, metal.MetadataKey, machineA)
 
 	require.Eventually(t, func() bool { return h.srv.Connected(machineA) }, 5*time.Second, 10*time.Millisecond)
 
@@ -251,7 +252,7 @@ func TestProxyDisconnectAndReconnect(t *testing.T) {
 
 	h := newHarness(t, nil)
 	agent := &fakeAgent{block: make(chan struct{})}
-	stop, _ := connect(t, h.tunnelAddr, agent, tunnel.MachineIDKey, machineA)
+	stop, _ := connect(t, h.tunnelAddr, agent, metal.MetadataKey, machineA)
 
 	require.Eventually(t, func() bool { return h.srv.Connected(machineA) }, 5*time.Second, 10*time.Millisecond)
 
@@ -291,7 +292,7 @@ func TestProxyDisconnectAndReconnect(t *testing.T) {
 	require.Less(t, time.Since(start), 3*time.Second)
 
 	// Reconnect restores calls.
-	connect(t, h.tunnelAddr, &fakeAgent{}, tunnel.MachineIDKey, machineA)
+	connect(t, h.tunnelAddr, &fakeAgent{}, metal.MetadataKey, machineA)
 	require.Eventually(t, func() bool { return h.srv.Connected(machineA) }, 5*time.Second, 10*time.Millisecond)
 
 	_, err = client.Hello(machineCtx(t.Context(), machineA), &agentpb.HelloRequest{})
@@ -311,10 +312,10 @@ func TestTunnelBadMachineID(t *testing.T) {
 		md   []string
 	}{
 		{name: "missing"},
-		{name: "empty", md: []string{tunnel.MachineIDKey, ""}},
-		{name: "not a uuid", md: []string{tunnel.MachineIDKey, "../../etc/passwd"}},
-		{name: "bad hex", md: []string{tunnel.MachineIDKey, "4c4c4544-0042-3510-8052-b4c04f4e4eZZ"}},
-		{name: "two values", md: []string{tunnel.MachineIDKey, machineA, tunnel.MachineIDKey, machineA}},
+		{name: "empty", md: []string{metal.MetadataKey, ""}},
+		{name: "not a uuid", md: []string{metal.MetadataKey, "../../etc/passwd"}},
+		{name: "bad hex", md: []string{metal.MetadataKey, "4c4c4544-0042-3510-8052-b4c04f4e4eZZ"}},
+		{name: "two values", md: []string{metal.MetadataKey, machineA, metal.MetadataKey, machineA}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, done := connect(t, h.tunnelAddr, &fakeAgent{}, tc.md...)
@@ -337,7 +338,7 @@ func TestProxyBadCalls(t *testing.T) {
 
 	h := newHarness(t, nil)
 	agent := &fakeAgent{block: make(chan struct{})}
-	connect(t, h.tunnelAddr, agent, tunnel.MachineIDKey, machineA)
+	connect(t, h.tunnelAddr, agent, metal.MetadataKey, machineA)
 	require.Eventually(t, func() bool { return h.srv.Connected(machineA) }, 5*time.Second, 10*time.Millisecond)
 
 	client := agentpb.NewAgentServiceClient(h.caller)
@@ -384,7 +385,7 @@ func TestTunnelAddressMismatch(t *testing.T) {
 	t.Parallel()
 
 	h := newHarness(t, book{machineA: netip.MustParseAddr("192.0.2.7")})
-	connect(t, h.tunnelAddr, &fakeAgent{}, tunnel.MachineIDKey, "4C4C4544-0042-3510-8052-B4C04F4E4E31")
+	connect(t, h.tunnelAddr, &fakeAgent{}, metal.MetadataKey, "4C4C4544-0042-3510-8052-B4C04F4E4E31")
 
 	require.Eventually(t, func() bool { o, _ := h.events.counts(); return o == 1 }, 5*time.Second, 10*time.Millisecond)
 
@@ -414,9 +415,9 @@ func TestParseMachineID(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 
-			got, err := tunnel.ParseMachineID(tc.in)
+			got, err := metal.ParseID(tc.in)
 			if !tc.ok {
-				require.ErrorIs(t, err, tunnel.ErrMalformedMachineID)
+				require.ErrorIs(t, err, metal.ErrMalformedID)
 
 				return
 			}
@@ -433,9 +434,9 @@ func FuzzParseMachineID(f *testing.F) {
 	f.Add("4c4c4544-0042-3510-8052-b4c04f4e4e3\xff")
 
 	f.Fuzz(func(t *testing.T, s string) {
-		id, err := tunnel.ParseMachineID(s)
+		id, err := metal.ParseID(s)
 		if err == nil {
-			again, err := tunnel.ParseMachineID(id)
+			again, err := metal.ParseID(id)
 			require.NoError(t, err)
 			require.Equal(t, id, again)
 		}
@@ -476,7 +477,7 @@ func BenchmarkHello(b *testing.B) {
 	rts := grpctunnel.NewReverseTunnelServer(tunnelpb.NewTunnelServiceClient(conn))
 	agentpb.RegisterAgentServiceServer(rts, &fakeAgent{})
 
-	go rts.Serve(metadata.AppendToOutgoingContext(ctx, tunnel.MachineIDKey, machineA)) //nolint:errcheck
+	go rts.Serve(metadata.AppendToOutgoingContext(ctx, metal.MetadataKey, machineA)) //nolint:errcheck
 	defer rts.Stop()
 
 	require.Eventually(b, func() bool { return srv.Connected(machineA) }, 5*time.Second, 10*time.Millisecond)

@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/outpost-metal/outpost/edge/dhcp"
-	"github.com/outpost-metal/outpost/edge/tunnel"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // machine is a simulated machine: a power state and, while powered, a boot sequence run against its site's
@@ -196,7 +196,7 @@ func (m *machine) runAgent(ctx context.Context) {
 		srv := grpctunnel.NewReverseTunnelServer(tunnelpb.NewTunnelServiceClient(conn))
 		agentpb.RegisterAgentServiceServer(srv, &agent{m: m})
 
-		tctx := metadata.AppendToOutgoingContext(ctx, tunnel.MachineIDKey, m.id)
+		tctx := metadata.AppendToOutgoingContext(ctx, metal.MetadataKey, m.id)
 
 		m.agentUp.Store(true)
 		started, err := srv.Serve(tctx)

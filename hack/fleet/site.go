@@ -33,6 +33,7 @@ import (
 	"github.com/outpost-metal/outpost/edge/tunnel"
 	"github.com/outpost-metal/outpost/edge/uplink"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // site is one simulated site: a real edge's components (uplink client, boot table, journal, iPXE HTTP handler,
@@ -305,7 +306,7 @@ type bootObserver struct{ s *site }
 func (o bootObserver) BootServed(b ipxe.BootServed) {
 	o.s.book.Note(b.UUID, b.Remote, b.MAC)
 	o.s.recorder.BootServed(b)
-	o.s.modes.Store(boot.NormalizeUUID(b.UUID), b.Mode)
+	o.s.modes.Store(metal.NormalizeID(b.UUID), b.Mode)
 }
 
 // ConfigServed notes the address the booted machine fetched its config from (where its agent dials from).

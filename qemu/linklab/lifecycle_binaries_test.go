@@ -38,10 +38,10 @@ import (
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/seal"
-	"github.com/outpost-metal/outpost/edge/tunnel"
 	"github.com/outpost-metal/outpost/qemu/omni"
 	"github.com/outpost-metal/outpost/qemu/testagent"
 	"github.com/outpost-metal/outpost/qemu/vbmc"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // process is a started binary whose log the test reads.
@@ -445,7 +445,7 @@ func rogueTunnel(ctx context.Context, t *testing.T, endpoint, src, machineID str
 	rts := grpctunnel.NewReverseTunnelServer(tunnelpb.NewTunnelServiceClient(conn))
 	defer rts.Stop()
 
-	callCtx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, tunnel.MachineIDKey, machineID), 30*time.Second)
+	callCtx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, metal.MetadataKey, machineID), 30*time.Second)
 	defer cancel()
 
 	// started only says the stream was opened; the edge's refusal ends it at once with the reason

@@ -30,6 +30,7 @@ import (
 	"github.com/outpost-metal/outpost/qemu/omni"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // uplinkEdge is a fake site edge behind the real uplink: one machine with a BMC, an agent and the site's boot
@@ -205,7 +206,7 @@ func (e *uplinkEdge) SetPXEOnce(context.Context, *bmcpb.SetPXEOnceRequest) (*bmc
 // agentCall checks the call reaches a connected agent of the machine named in the metadata.
 func (e *uplinkEdge) agentCall(ctx context.Context) error {
 	md, _ := metadata.FromIncomingContext(ctx)
-	if ids := md.Get(machineaccess.MachineIDKey); len(ids) != 1 || ids[0] != e.machineID || !e.agent {
+	if ids := md.Get(metal.MetadataKey); len(ids) != 1 || ids[0] != e.machineID || !e.agent {
 		return status.Error(codes.Unavailable, "no agent tunnel for this machine")
 	}
 

@@ -24,6 +24,7 @@ import (
 
 	"github.com/outpost-metal/outpost/edge/tunnel"
 	"github.com/outpost-metal/outpost/qemu/testagent"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 func TestMain(m *testing.M) {
@@ -110,7 +111,7 @@ func TestAgentOverTLSTunnel(t *testing.T) {
 	require.Eventually(t, func() bool { return edge.Connected(machineID) }, 10*time.Second, 10*time.Millisecond)
 
 	client := agentpb.NewAgentServiceClient(edge.Channel(machineID))
-	callCtx := metadata.AppendToOutgoingContext(ctx, tunnel.MachineIDKey, machineID)
+	callCtx := metadata.AppendToOutgoingContext(ctx, metal.MetadataKey, machineID)
 
 	_, err = client.Hello(callCtx, &agentpb.HelloRequest{})
 	require.NoError(t, err)

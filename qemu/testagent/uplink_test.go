@@ -30,6 +30,7 @@ import (
 	"github.com/outpost-metal/outpost/qemu/testagent"
 	"github.com/outpost-metal/outpost/qemu/vbmc"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // logSink collects every log line of a run (all components, debug level) to scan it afterwards.
@@ -358,7 +359,7 @@ func BenchmarkHelloOverUplink(b *testing.B) {
 		ctx    context.Context
 	}{
 		{name: "direct-tunnel", client: agentpb.NewAgentServiceClient(s.tunnel.Channel(machineID)),
-			ctx: metadata.AppendToOutgoingContext(context.Background(), tunnel.MachineIDKey, machineID)},
+			ctx: metadata.AppendToOutgoingContext(context.Background(), metal.MetadataKey, machineID)},
 		{name: "controller-uplink-edge-tunnel", client: s.access.Agent(siteA, machineID), ctx: context.Background()},
 	} {
 		b.Run(bc.name, func(b *testing.B) {

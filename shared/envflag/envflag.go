@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -22,11 +21,6 @@ type Env struct {
 
 // New reads the process environment.
 func New() *Env { return &Env{lookup: os.LookupEnv} }
-
-// NewFrom reads a given environment (tests).
-func NewFrom(vars map[string]string) *Env {
-	return &Env{lookup: func(k string) (string, bool) { v, ok := vars[k]; return v, ok }}
-}
 
 // String returns the variable's value, or def when it is unset.
 func (e *Env) String(name, def string) string {
@@ -86,15 +80,6 @@ func (e *Env) Bool(name string, def bool) bool {
 	}
 
 	return b
-}
-
-// List returns the variable split at commas, or def when it is unset or empty.
-func (e *Env) List(name string, def []string) []string {
-	if v, ok := e.lookup(name); ok && v != "" {
-		return strings.Split(v, ",")
-	}
-
-	return def
 }
 
 // Err returns every variable that did not parse, or nil.

@@ -1,0 +1,121 @@
+// Package metal is the vocabulary both binaries use for one machine: its ID (the SMBIOS UUID its firmware
+// reports), the gRPC metadata key that names it on agent calls, its architecture and its firmware class, each
+// with the one mapping from the names the boot chain reports (iPXE's ${buildarch} and ${platform}).
+package metal
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// MetadataKey names the machine on an agent's reverse tunnel and on the calls proxied to it (the
+// talos-metal-agent's constants.MachineIDMetadataKey).
+const MetadataKey = "machine-id"
+
+// ErrMalformedID is returned for a machine ID that is not an SMBIOS UUID.
+var ErrMalformedID = errors.New("malformed machine-id")
+
+// ParseID checks that id is an SMBIOS UUID (8-4-4-4-12 hex digits) and returns it in lower case, the form
+// every table and record keys machines by.
+func ParseID(id string) (string, error) {
+	const uuidLen = 36
+
+	if len(id) != uuidLen {
+		return "", fmt.Errorf("%w: length %d, want a UUID", ErrMalformedID, len(id))
+	}
+
+	for i := range len(id) {
+		c := id[i]
+
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return "", fmt.Errorf("%w: want a UUID", ErrMalformedID)
+			}
+		default:
+			if !isHex(c) {
+				return "", fmt.Errorf("%w: want a UUID", ErrMalformedID)
+			}
+		}
+	}
+
+	return strings.ToLower(id), nil
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+// NormalizeID is the lenient form of an ID as peers write it (braces, spaces, upper case): trimmed and lower
+// case, not checked. Use ParseID where a malformed ID must be refused.
+func NormalizeID(id string) string {
+	return strings.ToLower(strings.Trim(strings.TrimSpace(id), "{}"))
+}
+
+// Arch is a machine's CPU architecture, named as Talos and the asset catalog name it.
+type Arch string
+
+// Architectures.
+const (
+	AMD64 Arch = "amd64"
+	ARM64 Arch = "arm64"
+)
+
+// ParseArch maps what a boot reports (iPXE's ${buildarch}: i386 for a BIOS machine's iPXE, x86_64, arm64) or a
+// kernel's name for it (amd64, aarch64) to the machine's architecture; false for anything else.
+func ParseArch(s string) (Arch, bool) {
+	switch s {
+	case "x86_64", "i386", "amd64":
+		return AMD64, true
+	case "arm64", "aarch64":
+		return ARM64, true
+	default:
+		return "", false
+	}
+}
+
+// IPXE is iPXE's name for the architecture's 64-bit build (x86_64, arm64), under which the boot table keys
+// its agent-mode kernels.
+func (a Arch) IPXE() string {
+	if a == ARM64 {
+		return "arm64"
+	}
+
+	return "x86_64"
+}
+
+// Firmware is the firmware class a machine boots with, as a one-time PXE boot through its BMC must ask.
+type Firmware string
+
+// Firmware classes.
+const (
+	BIOS Firmware = "bios"
+	UEFI Firmware = "uefi"
+)
+
+// FirmwareFromPlatform maps iPXE's ${platform} (pcbios, efi) to the firmware class; false for anything else.
+func FirmwareFromPlatform(platform string) (Firmware, bool) {
+	switch platform {
+	case "pcbios":
+		return BIOS, true
+	case "efi":
+		return UEFI, true
+	default:
+		return "", false
+	}
+}
+
+// FirmwareFromDHCPClass maps the firmware class an edge reports from a PXE client's DHCP request (the edge's
+// names for DHCP option 93: bios, uefi-x86, uefi-arm64, http-x86, http-arm64) to the firmware class; false
+// for anything else.
+func FirmwareFromDHCPClass(class string) (Firmware, bool) {
+	switch class {
+	case "bios":
+		return BIOS, true
+	case "uefi-x86", "uefi-arm64", "http-x86", "http-arm64":
+		return UEFI, true
+	default:
+		return "", false
+	}
+}
