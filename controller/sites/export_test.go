@@ -101,6 +101,3 @@ func (l *RejectLog) Flush() { l.l.flush() }
 
 // MaxHealthMessage is maxHealthMessage.
 const MaxHealthMessage = maxHealthMessage
-
-// HealthOf is healthOf.
-func HealthOf(sites []string, online func(string) bool) error { return healthOf(sites, online) }

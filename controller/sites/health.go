@@ -24,11 +24,12 @@ func (s *Server) Health(ctx context.Context) error {
 		ids = append(ids, site.Metadata().ID())
 	}
 
-	return healthOf(ids, s.Connected)
+	return HealthOf(ids, s.Connected)
 }
 
-// healthOf is Health over a list of sites and what is connected.
-func healthOf(sites []string, online func(siteID string) bool) error {
+// HealthOf is the health Omni is told for sites, given which are connected: nil when all are, else how many
+// are and the names of those that are not, within the length Omni shows.
+func HealthOf(sites []string, online func(siteID string) bool) error {
 	var offline []string
 
 	for _, s := range sites {

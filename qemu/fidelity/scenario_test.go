@@ -136,7 +136,12 @@ func (r *run) startController(ctx context.Context) {
 
 	keeper, err := controlleromni.NewKeeper(ocfg, zaptest.NewLogger(t).Named(r.b.Name()), nil,
 		func(ctx context.Context, conn *controlleromni.Connection) error {
-			rt, err := conn.NewRuntime(nil, ctrls...)
+			// The provider's health is the sites' (as the controller's uplink reports it), here the fake edge's.
+			health := func(context.Context) error {
+				return sites.HealthOf(fidelitySites, func(site string) bool { return !r.edge.Offline(site) })
+			}
+
+			rt, err := conn.NewRuntime(health, ctrls...)
 			if err != nil {
 				return err
 			}
@@ -389,6 +394,10 @@ func scenario(t *testing.T, b fidelity.Backend) *transcript {
 	})
 	r.tr.add("heartbeat", "written=true")
 
+	// site health: a site whose link is cut is named in the provider's health within a minute, and the
+	// health clears when it is back
+	r.tr.add("site health", siteHealth(ctx, t, b, r.edge, providerID)...)
+
 	// sites and the enrollment CA kept in Omni: a second controller with an empty state directory has both
 	r.tr.add("sites in omni", sitesInOmni(ctx, t, b)...)
 
@@ -608,4 +617,39 @@ func argKeys(args []string) []string {
 	slices.Sort(keys)
 
 	return keys
+}
+
+// fidelitySites are the sites the scenario's machines are at.
+var fidelitySites = []string{"site-a", "site-b"}
+
+// siteHealth cuts site-b's link and waits (a minute at most) for Omni's provider health to name it, then
+// restores it and waits for the health to clear.
+func siteHealth(ctx context.Context, t *testing.T, b fidelity.Backend, edge *lifecycletest.FakeEdge, providerID string) []string {
+	t.Helper()
+
+	healthError := func() string {
+		hs, err := safe.StateGetByID[*infra.ProviderHealthStatus](ctx, b.Admin(), providerID)
+		if err != nil {
+			return "unreadable: " + err.Error()
+		}
+
+		return hs.TypedSpec().Value.GetError()
+	}
+
+	cut := time.Now()
+	edge.SetOffline("site-b", true)
+
+	var named string
+
+	require.Eventually(t, func() bool { named = healthError(); return strings.Contains(named, "offline: site-b") },
+		time.Minute, 100*time.Millisecond, "provider health %q does not name site-b a minute after its link was cut", named)
+
+	took := time.Since(cut)
+	within := took < time.Minute
+	t.Logf("%s: provider health named the cut site %s after its link was cut", b.Name(), took.Round(10*time.Millisecond))
+
+	edge.SetOffline("site-b", false)
+	require.Eventually(t, func() bool { return healthError() == "" }, time.Minute, 100*time.Millisecond, "provider health still %q", healthError())
+
+	return []string{"offline=" + named, fmt.Sprintf("named_within_a_minute=%v", within), "back=healthy"}
 }

@@ -66,6 +66,14 @@ func (f *FakeEdge) SetOffline(site string, offline bool) {
 	f.offline[site] = offline
 }
 
+// Offline reports whether site is offline (SetOffline).
+func (f *FakeEdge) Offline(site string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	return f.offline[site]
+}
+
 // HoldAcks makes Push wait for release to be closed before acknowledging (nil: acknowledge at once).
 func (f *FakeEdge) HoldAcks(release chan struct{}) {
 	f.mu.Lock()
