@@ -42,11 +42,8 @@ func (l *Locations) HandleEvent(ctx context.Context, site string, e *bootpb.Even
 		l.SetArch(id, k.BootServed.GetArch())
 		l.AddMAC(id, k.BootServed.GetMac())
 
-		switch k.BootServed.GetPlatform() {
-		case "pcbios":
-			l.SetFirmware(id, "bios", "ipxe")
-		case "efi":
-			l.SetFirmware(id, "uefi", "ipxe")
+		if fw, ok := metal.FirmwareFromPlatform(k.BootServed.GetPlatform()); ok {
+			l.SetFirmware(id, string(fw), "ipxe")
 		}
 
 		if fw, ok := l.firmwareOfMAC(k.BootServed.GetMac()); ok {

@@ -15,8 +15,8 @@ import (
 	"github.com/outpost-metal/outpost/shared/metal"
 )
 
-// ErrBadMachineID means an edge event named a machine ID that is not an SMBIOS UUID.
-var ErrBadMachineID = errors.New("machine id is not a uuid")
+// ErrBadMachineID means an edge event named a machine ID that is not an SMBIOS UUID (the vocabulary's error).
+var ErrBadMachineID = metal.ErrMalformedID
 
 // Locations is the SiteLocator fed from edge events: where each machine was last seen, how it boots and
 // whether its agent tunnel is open there. It is kept in memory for the lifecycle's reads and made durable in
@@ -110,20 +110,8 @@ func (l *Locations) markLocked(machineID string) {
 
 // checkID accepts the canonical SMBIOS UUID form (8-4-4-4-12 hex digits), as iPXE's ${uuid} and the agent send it.
 func checkID(machineID string) error {
-	if len(machineID) != 36 {
+	if _, err := metal.ParseID(machineID); err != nil {
 		return fmt.Errorf("%w: %q", ErrBadMachineID, machineID)
-	}
-
-	for i, c := range machineID {
-		switch {
-		case i == 8 || i == 13 || i == 18 || i == 23:
-			if c != '-' {
-				return fmt.Errorf("%w: %q", ErrBadMachineID, machineID)
-			}
-		case c >= '0' && c <= '9', c >= 'a' && c <= 'f', c >= 'A' && c <= 'F':
-		default:
-			return fmt.Errorf("%w: %q", ErrBadMachineID, machineID)
-		}
 	}
 
 	return nil

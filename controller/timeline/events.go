@@ -308,23 +308,9 @@ func normalIP(s string) (string, bool) {
 
 // validID accepts the canonical SMBIOS UUID form (8-4-4-4-12 hex digits, lower case).
 func validID(id string) bool {
-	if len(id) != 36 {
-		return false
-	}
+	parsed, err := metal.ParseID(id)
 
-	for i, c := range id {
-		switch {
-		case i == 8 || i == 13 || i == 18 || i == 23:
-			if c != '-' {
-				return false
-			}
-		case c >= '0' && c <= '9', c >= 'a' && c <= 'f':
-		default:
-			return false
-		}
-	}
-
-	return true
+	return err == nil && parsed == id
 }
 
 func orUnknown(s string) string {

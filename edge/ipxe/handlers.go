@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outpost-metal/outpost/edge/tftp"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 func (s *Server) serveInit(w http.ResponseWriter, r *http.Request) {
@@ -170,8 +171,10 @@ func (s *Server) serveConfig(w http.ResponseWriter, r *http.Request) {
 
 	writeText(w, "application/yaml", cfg)
 
-	if obs, ok := s.deps.Observer.(ConfigObserver); ok && uuidRE.MatchString(strings.ToLower(u)) {
-		obs.ConfigServed(strings.ToLower(u), remoteAddr(r))
+	if obs, ok := s.deps.Observer.(ConfigObserver); ok {
+		if id, err := metal.ParseID(u); err == nil {
+			obs.ConfigServed(id, remoteAddr(r))
+		}
 	}
 }
 

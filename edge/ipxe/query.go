@@ -5,8 +5,9 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"regexp"
 	"strings"
+
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // maxQueryLen bounds the raw query of boot.ipxe; iPXE sends well under 200 bytes.
@@ -27,13 +28,15 @@ type BootQuery struct {
 	Platform string
 }
 
-var uuidRE = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
-
 // knownArch lists iPXE build architectures we boot.
 var knownArch = map[string]bool{"i386": true, "x86_64": true, "arm64": true}
 
-// knownPlatform lists iPXE platforms (${platform}).
-var knownPlatform = map[string]bool{"pcbios": true, "efi": true}
+// knownPlatform reports whether p is an iPXE ${platform} the edge boots (pcbios, efi).
+func knownPlatform(p string) bool {
+	_, ok := metal.FirmwareFromPlatform(p)
+
+	return ok
+}
 
 // ParseBootQuery validates a raw boot.ipxe query string. Each parameter may appear at most once.
 func ParseBootQuery(raw string) (BootQuery, error) {
@@ -54,12 +57,13 @@ func ParseBootQuery(raw string) (BootQuery, error) {
 		}
 	}
 
-	if u := strings.ToLower(vals.Get("uuid")); u != "" {
-		if !uuidRE.MatchString(u) {
+	if u := vals.Get("uuid"); u != "" {
+		id, err := metal.ParseID(u)
+		if err != nil {
 			return q, fmt.Errorf("uuid %q: %w", truncate(u), ErrBadQuery)
 		}
 
-		q.UUID = u
+		q.UUID = id
 	}
 
 	if m := vals.Get("mac"); m != "" {
@@ -80,7 +84,7 @@ func ParseBootQuery(raw string) (BootQuery, error) {
 		return q, fmt.Errorf("arch %q: %w", truncate(q.Arch), ErrBadQuery)
 	}
 
-	if q.Platform = vals.Get("platform"); q.Platform != "" && !knownPlatform[q.Platform] {
+	if q.Platform = vals.Get("platform"); q.Platform != "" && !knownPlatform(q.Platform) {
 		return q, fmt.Errorf("platform %q: %w", truncate(q.Platform), ErrBadQuery)
 	}
 
