@@ -30,8 +30,8 @@ type bmcConfiguration struct {
 }
 
 func newBMCConfigurationController(e *env) *machineController {
-	return newMachineController(e, "lifecycle.BMCConfigurationController", e.Types.BMCConfiguration, e.Types.Namespace,
-		&bmcConfiguration{env: e})
+	return callsEdge(newMachineController(e, "lifecycle.BMCConfigurationController", e.Types.BMCConfiguration, e.Types.Namespace,
+		&bmcConfiguration{env: e}))
 }
 
 func (s *bmcConfiguration) reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view) error {

@@ -13,9 +13,9 @@ import (
 	"github.com/outpost-metal/outpost/controller/resources"
 )
 
-// The observation, which waits on an edge call for every machine, has more workers than the other steps, so
-// slow edges do not keep every other machine from being observed.
-func TestObservationConcurrency(t *testing.T) {
+// The steps that wait on edge calls (observation, BMC configuration, wipe, power, reboot) have more workers
+// than the others, so slow edges and dead BMCs do not keep every other machine waiting.
+func TestEdgeCallConcurrency(t *testing.T) {
 	t.Parallel()
 
 	edge := lifecycletest.NewFakeEdge()
@@ -39,13 +39,18 @@ func TestObservationConcurrency(t *testing.T) {
 	}
 
 	def := workers(lifecycle.Default())
-	require.Equal(t, uint(64), def["lifecycle.MachineObservationController"])
-	require.Equal(t, uint(8), def["lifecycle.PowerController"])
+	for _, name := range []string{"MachineObservation", "BMCConfiguration", "Wipe", "Power", "Reboot"} {
+		require.Equal(t, uint(64), def["lifecycle."+name+"Controller"], name)
+	}
+
+	require.Equal(t, uint(8), def["lifecycle.InfraMachineStatusController"])
+	require.Equal(t, uint(8), def["lifecycle.BootPlanController"])
 
 	cfg := lifecycle.Default()
-	cfg.ObservationConcurrency = 16
+	cfg.EdgeCallConcurrency = 16
 	cfg.Concurrency = 32
 	set := workers(cfg)
 	require.Equal(t, uint(32), set["lifecycle.MachineObservationController"], "never fewer than the other steps")
 	require.Equal(t, uint(32), set["lifecycle.WipeController"])
+	require.Equal(t, uint(32), set["lifecycle.TeardownController"])
 }

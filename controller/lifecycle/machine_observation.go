@@ -25,18 +25,21 @@ type machineObservation struct {
 
 const observationName = "lifecycle.MachineObservationController"
 
-// defaultObservationConcurrency is the observation's workers when ObservationConcurrency is 0.
-const defaultObservationConcurrency = 64
+// defaultEdgeCallConcurrency is the workers of a step that waits on edge calls when EdgeCallConcurrency is 0.
+const defaultEdgeCallConcurrency = 64
 
-func newMachineObservationController(e *env) *machineController {
-	c := newMachineController(e, observationName, e.Types.MachineObservation, e.Types.Namespace, &machineObservation{env: e})
-
-	c.concurrency = e.cfg.ObservationConcurrency
+// callsEdge gives c, a step that waits on calls through the machine's edge, the edge-call workers.
+func callsEdge(c *machineController) *machineController {
+	c.concurrency = c.env.cfg.EdgeCallConcurrency
 	if c.concurrency == 0 {
-		c.concurrency = defaultObservationConcurrency
+		c.concurrency = defaultEdgeCallConcurrency
 	}
 
 	return c
+}
+
+func newMachineObservationController(e *env) *machineController {
+	return callsEdge(newMachineController(e, observationName, e.Types.MachineObservation, e.Types.Namespace, &machineObservation{env: e}))
 }
 
 func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view) error {
