@@ -131,13 +131,13 @@ func TestIdentityAlertsFromEdgeEvents(t *testing.T) {
 	refused("site-a", id, "no_such_reason")
 	require.Empty(t, alert())
 
-	for reason, want := range map[string]string{
-		"contested_machine_id":    lifecycle.AlertTunnelContested,
-		"source_not_boot_address": lifecycle.AlertTunnelOtherSource,
-		"duplicate_machine_id":    lifecycle.AlertSecondTunnel,
+	// Each lesser alert replaces the last; a contested UUID (below) is never replaced by one.
+	for _, tc := range []struct{ reason, want string }{
+		{"source_not_boot_address", lifecycle.AlertTunnelOtherSource},
+		{"duplicate_machine_id", lifecycle.AlertSecondTunnel},
 	} {
-		refused("site-a", id, reason)
-		require.Equal(t, want, alert(), reason)
+		refused("site-a", id, tc.reason)
+		require.Equal(t, tc.want, alert(), tc.reason)
 	}
 
 	tunnel("site-a", true)
@@ -149,8 +149,13 @@ func TestIdentityAlertsFromEdgeEvents(t *testing.T) {
 	require.Equal(t, "site-a", loc.SiteID)
 	require.True(t, loc.AgentConnected, "the claim changed nothing of the machine's own tunnel")
 
-	// a contested UUID stays until an operator clears it, whatever tunnel opens meanwhile
+	// a contested UUID stays until an operator clears it, whatever tunnel opens meanwhile, and a lesser alert
+	// raised after it (a second tunnel) does not replace it: the own tunnel would then clear that one and lift
+	// the hold
 	refused("site-a", id, "contested_machine_id")
+	require.Equal(t, lifecycle.AlertTunnelContested, alert())
+	refused("site-a", id, "duplicate_machine_id")
+	require.Equal(t, lifecycle.AlertTunnelContested, alert(), "a lesser alert does not replace a contested UUID")
 	tunnel("site-a", false)
 	tunnel("site-a", true)
 	require.Equal(t, lifecycle.AlertTunnelContested, alert())

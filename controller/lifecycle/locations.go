@@ -236,6 +236,12 @@ func (l *Locations) Raise(machineID, alert, detail string) {
 
 	l.alerts.WithLabelValues(alert).Inc()
 
+	// A contested UUID is only an operator's to clear: a lesser alert (a second tunnel, another address) must
+	// not replace it, or the machine's own tunnel would then clear that one and lift the hold on agent calls.
+	if cur.Alert == AlertTunnelContested && alert != AlertTunnelContested {
+		return
+	}
+
 	cur.Alert, cur.AlertAt = alert, l.now()
 	l.markLocked(machineID)
 }
