@@ -13,8 +13,8 @@ import (
 	"github.com/outpost-metal/outpost/controller/resources"
 )
 
-// The steps that wait on edge calls (observation, BMC configuration, wipe, power, reboot) have more workers
-// than the others, so slow edges and dead BMCs do not keep every other machine waiting.
+// The steps that wait on agent calls through the edge (observation, BMC configuration, wipe) have more workers
+// than the others, so slow edges do not keep every other machine waiting.
 func TestEdgeCallConcurrency(t *testing.T) {
 	t.Parallel()
 
@@ -39,12 +39,13 @@ func TestEdgeCallConcurrency(t *testing.T) {
 	}
 
 	def := workers(lifecycle.Default())
-	for _, name := range []string{"MachineObservation", "BMCConfiguration", "Wipe", "Power", "Reboot"} {
+	for _, name := range []string{"MachineObservation", "BMCConfiguration", "Wipe"} {
 		require.Equal(t, uint(64), def["lifecycle."+name+"Controller"], name)
 	}
 
-	require.Equal(t, uint(8), def["lifecycle.InfraMachineStatusController"])
-	require.Equal(t, uint(8), def["lifecycle.BootPlanController"])
+	for _, name := range []string{"Power", "Reboot", "InfraMachineStatus", "BootPlan"} {
+		require.Equal(t, uint(8), def["lifecycle."+name+"Controller"], name)
+	}
 
 	cfg := lifecycle.Default()
 	cfg.EdgeCallConcurrency = 16

@@ -27,7 +27,7 @@ type reboot struct {
 }
 
 func newRebootController(e *env) *machineController {
-	return callsEdge(newMachineController(e, "lifecycle.RebootController", e.Types.RebootStatus, e.Types.Namespace, &reboot{env: e}))
+	return newMachineController(e, "lifecycle.RebootController", e.Types.RebootStatus, e.Types.Namespace, &reboot{env: e})
 }
 
 func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view) error {
