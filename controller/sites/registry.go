@@ -311,11 +311,22 @@ func (r *Registry) List(ctx context.Context) ([]*resources.Site, error) {
 // any other writing the same store (a standby controller's admin socket, against Omni), until ctx ends or the
 // watch fails; it returns that error (nil when ctx ended). It does not replay the sites that exist already.
 func (r *Registry) Watch(ctx context.Context, changed func(siteID string)) error {
+	return r.watch(ctx, false, func(ev state.Event) { changed(ev.Resource.Metadata().ID()) })
+}
+
+// watch calls fn with every creation, change and deletion of a site (first with every site there is, when
+// bootstrap is set) until ctx ends (nil) or the watch fails (its error).
+func (r *Registry) watch(ctx context.Context, bootstrap bool, fn func(state.Event)) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
+	var opts []state.WatchKindOption
+	if bootstrap {
+		opts = append(opts, state.WithBootstrapContents(true))
+	}
+
 	events := make(chan state.Event)
-	if err := r.st.WatchKind(ctx, r.kind.New("").Metadata(), events); err != nil {
+	if err := r.st.WatchKind(ctx, r.kind.New("").Metadata(), events, opts...); err != nil {
 		return fmt.Errorf("watch sites: %w", err)
 	}
 
@@ -332,7 +343,7 @@ func (r *Registry) Watch(ctx context.Context, changed func(siteID string)) error
 		case state.Errored:
 			return fmt.Errorf("watch sites: %w", ev.Error)
 		case state.Created, state.Updated, state.Destroyed:
-			changed(ev.Resource.Metadata().ID())
+			fn(ev)
 		case state.Bootstrapped, state.Noop:
 		}
 	}

@@ -116,35 +116,14 @@ func (r *Registry) FollowSettings(ctx context.Context, log *zap.Logger, apply fu
 }
 
 func (r *Registry) followSettings(ctx context.Context, apply func(siteID string, s Settings)) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-
-	events := make(chan state.Event)
-	if err := r.st.WatchKind(ctx, r.kind.New("").Metadata(), events, state.WithBootstrapContents(true)); err != nil {
-		return fmt.Errorf("watch sites: %w", err)
-	}
-
-	for {
-		var ev state.Event
-
-		select {
-		case <-ctx.Done():
-			return nil
-		case ev = <-events:
-		}
-
-		switch ev.Type {
-		case state.Errored:
-			return fmt.Errorf("watch sites: %w", ev.Error)
-		case state.Created, state.Updated:
-			if site, ok := ev.Resource.(*resources.Site); ok {
-				apply(site.Metadata().ID(), SettingsOf(site))
-			}
-		case state.Destroyed:
+	return r.watch(ctx, true, func(ev state.Event) {
+		switch site, ok := ev.Resource.(*resources.Site); {
+		case ev.Type == state.Destroyed:
 			apply(ev.Resource.Metadata().ID(), Settings{})
-		case state.Bootstrapped, state.Noop:
+		case ok:
+			apply(site.Metadata().ID(), SettingsOf(site))
 		}
-	}
+	})
 }
 
 // settingsView is the operator's view of a site's settings.
