@@ -39,21 +39,8 @@ type SiteTable struct {
 }
 
 // ParseDiscovery maps an operator's discovery setting to the table's: all, known, off, or empty for the edge's
-// own.
-func ParseDiscovery(s string) (bootpb.Discovery, error) {
-	switch s {
-	case "":
-		return bootpb.Discovery_DISCOVERY_UNSPECIFIED, nil
-	case "all":
-		return bootpb.Discovery_DISCOVERY_ALL, nil
-	case "known":
-		return bootpb.Discovery_DISCOVERY_KNOWN, nil
-	case "off":
-		return bootpb.Discovery_DISCOVERY_OFF, nil
-	default:
-		return 0, fmt.Errorf("discovery %q: want all, known or off", s)
-	}
-}
+// own (the boot API's own mapping).
+func ParseDiscovery(s string) (bootpb.Discovery, error) { return bootpb.ParseDiscovery(s) }
 
 // NewTablePusher returns a pusher over plans.
 func NewTablePusher(plans *Plans) *TablePusher {

@@ -121,7 +121,7 @@ func (d ExtraDocuments) CheckSiteDocuments(site []byte) error {
 		return nil
 	}
 
-	if _, err := configloader.NewFromBytes([]byte(d.text + "\n---\n" + docs.text + "\n")); err != nil {
+	if _, err := configloader.NewFromBytes([]byte(joinDocuments(d.text, docs.text))); err != nil {
 		return fmt.Errorf("they do not fit beside the provider's own (--extra-machine-config-file): %w", err)
 	}
 
@@ -135,7 +135,7 @@ func (d ExtraDocuments) appendTo(docs string) (string, error) {
 		return docs, nil
 	}
 
-	merged := strings.TrimSpace(docs) + "\n---\n" + d.text + "\n"
+	merged := joinDocuments(docs, d.text)
 
 	if _, err := configloader.NewFromBytes([]byte(merged)); err != nil {
 		return "", fmt.Errorf("extra machine-config documents do not fit with Omni's join config: %w", err)
@@ -159,3 +159,8 @@ type agentMode struct{}
 func (agentMode) String() string        { return "metal" }
 func (agentMode) RequiresInstall() bool { return false }
 func (agentMode) InContainer() bool     { return false }
+
+// joinDocuments is two multi-document texts as one (what machines and machinery read).
+func joinDocuments(first, second string) string {
+	return strings.TrimSpace(first) + "\n---\n" + strings.TrimSpace(second) + "\n"
+}

@@ -426,16 +426,7 @@ func (t *Table) Known(mac net.HardwareAddr, uuid string) bool {
 // Discovery is the site's discovery policy as the controller set it: all, known or off; "" when it set none
 // (dhcp.Preferences).
 func (t *Table) Discovery() string {
-	switch t.cur.Load().table.GetDiscovery() {
-	case bootpb.Discovery_DISCOVERY_ALL:
-		return "all"
-	case bootpb.Discovery_DISCOVERY_KNOWN:
-		return "known"
-	case bootpb.Discovery_DISCOVERY_OFF:
-		return "off"
-	default:
-		return ""
-	}
+	return t.cur.Load().table.GetDiscovery().Policy()
 }
 
 // MachineConfig returns the config to serve at /config for a machine (its own, else the table's);

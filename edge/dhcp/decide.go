@@ -238,8 +238,13 @@ func bootItem(req *dhcpv4.DHCPv4) []byte {
 	return nil
 }
 
-// vendorOptions is the reply's option 43: the discovery control, and the boot item asked for echoed.
-func vendorOptions(req *dhcpv4.DHCPv4) []byte {
+// vendorOptions is the reply's option 43: the discovery control, and, on 4011 (an ACK: boot-server requests
+// come only there), the boot item asked for echoed. An OFFER on 67 never parses the client's option 43.
+func vendorOptions(req *dhcpv4.DHCPv4, msgType dhcpv4.MessageType) []byte {
+	if msgType != dhcpv4.MessageTypeAck {
+		return pxeVendorOptions
+	}
+
 	item := bootItem(req)
 	if item == nil {
 		return pxeVendorOptions
@@ -403,7 +408,7 @@ func buildReply(p Params, req *dhcpv4.DHCPv4, msgType dhcpv4.MessageType, d Deci
 	reply.UpdateOption(dhcpv4.OptBootFileName(d.BootFile))
 
 	if !d.Firmware.HTTPBoot() {
-		reply.UpdateOption(dhcpv4.OptGeneric(dhcpv4.OptionVendorSpecificInformation, vendorOptions(req)))
+		reply.UpdateOption(dhcpv4.OptGeneric(dhcpv4.OptionVendorSpecificInformation, vendorOptions(req, msgType)))
 	}
 
 	for _, code := range []dhcpv4.OptionCode{dhcpv4.OptionClientMachineIdentifier, dhcpv4.OptionRelayAgentInformation} {
