@@ -55,7 +55,7 @@ func (b *builder) newLifecycle(context.Context) error {
 	lifecycleMetrics := lifecycle.NewMetrics()
 	keeperMetrics := omni.NewKeeperMetrics()
 
-	if err := registerAll(b.metrics, lifecycleMetrics, b.edges.locations, keeperMetrics); err != nil {
+	if err := registerAll(b.metrics, lifecycleMetrics, b.edges.locations, b.edges.plans, keeperMetrics, omni.RuntimeMetrics()); err != nil {
 		return err
 	}
 

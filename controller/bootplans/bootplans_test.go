@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 	"go.uber.org/zap/zaptest"
@@ -194,7 +195,11 @@ func TestPlansSnapshotThenDeltas(t *testing.T) {
 	conn := dialFake(t, edge)
 
 	plans := bootplans.NewPlans(zaptest.NewLogger(t), nil)
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(plans))
+
 	v1 := plans.Set("site-a", &bootpb.Table{Plans: []*bootpb.Plan{{Uuid: "u1"}, {Uuid: "u2", Mode: bootpb.Mode_MODE_DISK}}})
+	require.Equal(t, 1.0, gathered(t, reg, "outpost_boot_plans_sites_unacknowledged"), "set, no edge yet")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -209,6 +214,9 @@ func TestPlansSnapshotThenDeltas(t *testing.T) {
 	v2 := plans.Set("site-a", &bootpb.Table{Plans: []*bootpb.Plan{{Uuid: "u1", Mode: bootpb.Mode_MODE_INSTALL, Install: &bootpb.Kernel{KernelUrl: "k"}}}})
 	require.Greater(t, v2, v1)
 	require.NoError(t, plans.WaitAcked(waitCtx, "site-a", v2))
+
+	require.Zero(t, gathered(t, reg, "outpost_boot_plans_sites_unacknowledged"), "acknowledged")
+	require.Equal(t, 2.0, gathered(t, reg, "outpost_boot_plans_ack_lag_seconds"), "one lag per acknowledged table")
 
 	cancel()
 	require.NoError(t, <-done)
@@ -229,6 +237,29 @@ func TestPlansSnapshotThenDeltas(t *testing.T) {
 
 	_, applied = edge.snapshot()
 	require.Equal(t, "snapshot", applied[2])
+}
+
+// gathered is the value of reg's metric name: a gauge's value, or how many observations a histogram holds.
+func gathered(t *testing.T, reg prometheus.Gatherer, name string) float64 {
+	t.Helper()
+
+	families, err := reg.Gather()
+	require.NoError(t, err)
+
+	for _, f := range families {
+		if f.GetName() == name {
+			m := f.GetMetric()[0]
+			if h := m.GetHistogram(); h != nil {
+				return float64(h.GetSampleCount())
+			}
+
+			return m.GetGauge().GetValue()
+		}
+	}
+
+	t.Fatalf("no metric %s", name)
+
+	return 0
 }
 
 func TestPushAndDiff(t *testing.T) {

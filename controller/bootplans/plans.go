@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -18,13 +19,19 @@ import (
 )
 
 // Plans holds the desired boot table of every site and keeps each connected edge in sync: a full snapshot
-// when a session starts, then deltas, each acknowledged by the edge once persisted.
+// when a session starts, then deltas, each acknowledged by the edge once persisted. It is a prometheus
+// Collector of its own metrics: how long a table waited for its edge's acknowledgement, and how many sites'
+// edges have not acknowledged their latest table yet.
 type Plans struct {
 	log *zap.Logger
 	now func() time.Time
 
 	mu    sync.Mutex
 	sites map[string]*siteState
+
+	ackLag   prometheus.Histogram
+	unacked  prometheus.GaugeFunc
+	pushTime prometheus.Histogram
 }
 
 type siteState struct {
@@ -41,7 +48,53 @@ func NewPlans(logger *zap.Logger, now func() time.Time) *Plans {
 		now = time.Now
 	}
 
-	return &Plans{log: logger.With(zap.String("component", "bootplans")), now: now, sites: map[string]*siteState{}}
+	p := &Plans{log: logger.With(zap.String("component", "bootplans")), now: now, sites: map[string]*siteState{}}
+
+	p.ackLag = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: "outpost", Subsystem: "boot_plans", Name: "ack_lag_seconds",
+		Help:    "From a site's boot table changing to its edge acknowledging that version (or a later one).",
+		Buckets: prometheus.ExponentialBuckets(0.001, 4, 10), // 1 ms to 262 s
+	})
+	p.pushTime = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: "outpost", Subsystem: "boot_plans", Name: "push_duration_seconds",
+		Help:    "One push of a boot table (snapshot or delta) to an edge, until its acknowledgement.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+	})
+	p.unacked = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "outpost", Subsystem: "boot_plans", Name: "sites_unacknowledged",
+		Help: "Sites whose edge has not acknowledged the latest boot table (offline sites among them).",
+	}, p.countUnacked)
+
+	return p
+}
+
+// Describe implements prometheus.Collector.
+func (p *Plans) Describe(ch chan<- *prometheus.Desc) {
+	p.ackLag.Describe(ch)
+	p.pushTime.Describe(ch)
+	p.unacked.Describe(ch)
+}
+
+// Collect implements prometheus.Collector.
+func (p *Plans) Collect(ch chan<- prometheus.Metric) {
+	p.ackLag.Collect(ch)
+	p.pushTime.Collect(ch)
+	p.unacked.Collect(ch)
+}
+
+func (p *Plans) countUnacked() float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+
+	n := 0
+
+	for _, st := range p.sites {
+		if st.desired.GetVersion() > st.acked.GetVersion() {
+			n++
+		}
+	}
+
+	return float64(n)
 }
 
 func (p *Plans) state(site string) *siteState {
@@ -119,6 +172,7 @@ func (p *Plans) OnSession(ctx context.Context, site string, conn grpc.ClientConn
 				req = &bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Delta{Delta: Diff(edge, desired)}}
 			}
 
+			sent := time.Now()
 			resp, err := client.Apply(ctx, req)
 
 			switch {
@@ -142,6 +196,10 @@ func (p *Plans) OnSession(ctx context.Context, site string, conn grpc.ClientConn
 			st.acked = desired
 			st.notify()
 			p.mu.Unlock()
+
+			// a version is the time its table was set (or just after the one before)
+			p.pushTime.Observe(time.Since(sent).Seconds())
+			p.ackLag.Observe(max(0, p.now().Sub(time.Unix(0, int64(desired.GetVersion()))).Seconds()))
 
 			p.log.Info("boot table acknowledged", zap.String("site", site), zap.Uint64("version", desired.GetVersion()),
 				zap.Bool("snapshot", req.GetSnapshot() != nil))

@@ -31,6 +31,7 @@ type bmcConfiguration struct {
 
 func newBMCConfigurationController(e *env) *machineController {
 	return callsEdge(newMachineController(e, "lifecycle.BMCConfigurationController", e.Types.BMCConfiguration, e.Types.Namespace,
+		omniBMCRecord|bmcRecord|observationRecord,
 		&bmcConfiguration{env: e}))
 }
 

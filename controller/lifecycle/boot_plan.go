@@ -17,7 +17,7 @@ type bootPlan struct {
 }
 
 func newBootPlanController(e *env) *machineController {
-	return newMachineController(e, "lifecycle.BootPlanController", "", "", &bootPlan{env: e})
+	return newMachineController(e, "lifecycle.BootPlanController", "", "", bmcRecord|wipeRecord|observationRecord, &bootPlan{env: e})
 }
 
 func (s *bootPlan) reconcile(ctx context.Context, logger *zap.Logger, _ controller.QRuntime, v *view) error {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/controller"
+	"github.com/cosi-project/runtime/pkg/resource"
 
 	"github.com/outpost-metal/outpost/controller/resources"
 )
@@ -136,6 +137,9 @@ func New(cfg Config, deps Deps) ([]controller.QController, error) {
 		deps.Metrics = NewMetrics()
 	}
 
+	deps.Power = timedPower{next: deps.Power, m: deps.Metrics}
+	deps.Agent = timedAgent{next: deps.Agent, m: deps.Metrics}
+
 	env := &env{
 		cfg: cfg, Deps: deps, gate: newPlanGate(deps.Plans, cfg.CallTimeout), outbox: newOutbox(), jobs: newJobs(), written: newWritten(),
 		due: newDues(time.Now),
@@ -155,6 +159,10 @@ func New(cfg Config, deps Deps) ([]controller.QController, error) {
 		newRebootController(env),
 		newInfraMachineStatusController(env),
 		newTeardownController(env),
+	}
+
+	for _, qc := range qcs {
+		env.finalizers = append(env.finalizers, qc.Name())
 	}
 
 	return append(qcs, newScheduleController(env, qcs)), nil
@@ -177,4 +185,6 @@ type env struct {
 	written *written
 	// due is when each controller looks at each machine again (due.go); it outlives a rebuilt runtime too.
 	due *dues
+	// finalizers are the machine controllers' names, each one's finalizer on the InfraMachines it acts on.
+	finalizers []resource.Finalizer
 }

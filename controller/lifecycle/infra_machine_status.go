@@ -30,7 +30,7 @@ type infraMachineStatus struct {
 
 func newInfraMachineStatusController(e *env) *machineController {
 	return newMachineController(e, "lifecycle.InfraMachineStatusController", infra.InfraMachineStatusType,
-		omniresources.InfraProviderNamespace, &infraMachineStatus{env: e})
+		omniresources.InfraProviderNamespace, ownRecords, &infraMachineStatus{env: e})
 }
 
 func (s *infraMachineStatus) reconcile(ctx context.Context, _ *zap.Logger, r controller.QRuntime, v *view) error {

@@ -22,8 +22,8 @@ import (
 	"github.com/outpost-metal/outpost/controller/resources/specs"
 )
 
-// view is everything the lifecycle knows about one machine: Omni's wishes (InfraMachine, BMCConfig) and the
-// controller's own records. Missing records are nil.
+// view is what the lifecycle knows about one machine, as far as a step reads it: Omni's wishes (InfraMachine,
+// BMCConfig) and the controller's own records. Missing records, and those the step does not read, are nil.
 type view struct {
 	id      string
 	machine *omnispecs.InfraMachineSpec
@@ -57,44 +57,57 @@ func getSpec[T resource.Resource](ctx context.Context, r controller.Reader, md r
 	}
 }
 
-func loadView(ctx context.Context, r controller.Reader, t resources.Types, m *infra.Machine) (*view, error) {
+// loadView reads the records of m that reads names.
+func loadView(ctx context.Context, r controller.Reader, t resources.Types, m *infra.Machine, reads records) (*view, error) {
 	id := m.Metadata().ID()
 	v := &view{id: id, machine: m.TypedSpec().Value, labels: m.Metadata().Labels()}
 
-	if b, ok, err := getSpec[*infra.BMCConfig](ctx, r, *infra.NewBMCConfig(id).Metadata()); err != nil {
-		return nil, err
-	} else if ok {
-		v.omniBMC = b.TypedSpec().Value.GetConfig()
+	if reads.has(omniBMCRecord) {
+		if b, ok, err := getSpec[*infra.BMCConfig](ctx, r, *infra.NewBMCConfig(id).Metadata()); err != nil {
+			return nil, err
+		} else if ok {
+			v.omniBMC = b.TypedSpec().Value.GetConfig()
+		}
 	}
 
-	if b, ok, err := getSpec[*resources.BMCConfiguration](ctx, r, *t.NewBMCConfiguration(id).Metadata()); err != nil {
-		return nil, err
-	} else if ok {
-		v.bmc = b.TypedSpec().Value
+	if reads.has(bmcRecord) {
+		if b, ok, err := getSpec[*resources.BMCConfiguration](ctx, r, *t.NewBMCConfiguration(id).Metadata()); err != nil {
+			return nil, err
+		} else if ok {
+			v.bmc = b.TypedSpec().Value
+		}
 	}
 
-	if w, ok, err := getSpec[*resources.WipeStatus](ctx, r, *t.NewWipeStatus(id).Metadata()); err != nil {
-		return nil, err
-	} else if ok {
-		v.wipe = w.TypedSpec().Value
+	if reads.has(wipeRecord) {
+		if w, ok, err := getSpec[*resources.WipeStatus](ctx, r, *t.NewWipeStatus(id).Metadata()); err != nil {
+			return nil, err
+		} else if ok {
+			v.wipe = w.TypedSpec().Value
+		}
 	}
 
-	if p, ok, err := getSpec[*resources.PowerOperation](ctx, r, *t.NewPowerOperation(id).Metadata()); err != nil {
-		return nil, err
-	} else if ok {
-		v.power = p.TypedSpec().Value
+	if reads.has(powerRecord) {
+		if p, ok, err := getSpec[*resources.PowerOperation](ctx, r, *t.NewPowerOperation(id).Metadata()); err != nil {
+			return nil, err
+		} else if ok {
+			v.power = p.TypedSpec().Value
+		}
 	}
 
-	if rb, ok, err := getSpec[*resources.RebootStatus](ctx, r, *t.NewRebootStatus(id).Metadata()); err != nil {
-		return nil, err
-	} else if ok {
-		v.reboot = rb.TypedSpec().Value
+	if reads.has(rebootRecord) {
+		if rb, ok, err := getSpec[*resources.RebootStatus](ctx, r, *t.NewRebootStatus(id).Metadata()); err != nil {
+			return nil, err
+		} else if ok {
+			v.reboot = rb.TypedSpec().Value
+		}
 	}
 
-	if o, ok, err := getSpec[*resources.MachineObservation](ctx, r, *t.NewMachineObservation(id).Metadata()); err != nil {
-		return nil, err
-	} else if ok {
-		v.obs = o.TypedSpec().Value
+	if reads.has(observationRecord) {
+		if o, ok, err := getSpec[*resources.MachineObservation](ctx, r, *t.NewMachineObservation(id).Metadata()); err != nil {
+			return nil, err
+		} else if ok {
+			v.obs = o.TypedSpec().Value
+		}
 	}
 
 	return v, nil

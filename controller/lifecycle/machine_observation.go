@@ -39,7 +39,7 @@ func callsEdge(c *machineController) *machineController {
 }
 
 func newMachineObservationController(e *env) *machineController {
-	return callsEdge(newMachineController(e, observationName, e.Types.MachineObservation, e.Types.Namespace, &machineObservation{env: e}))
+	return callsEdge(newMachineController(e, observationName, e.Types.MachineObservation, e.Types.Namespace, bmcRecord|observationRecord, &machineObservation{env: e}))
 }
 
 func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view) error {

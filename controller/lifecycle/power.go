@@ -24,7 +24,7 @@ type power struct {
 }
 
 func newPowerController(e *env) *machineController {
-	return newMachineController(e, "lifecycle.PowerController", e.Types.PowerOperation, e.Types.Namespace, &power{env: e})
+	return newMachineController(e, "lifecycle.PowerController", e.Types.PowerOperation, e.Types.Namespace, ownRecords, &power{env: e})
 }
 
 func (s *power) reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view) error {

@@ -27,7 +27,7 @@ type reboot struct {
 }
 
 func newRebootController(e *env) *machineController {
-	return newMachineController(e, "lifecycle.RebootController", e.Types.RebootStatus, e.Types.Namespace, &reboot{env: e})
+	return newMachineController(e, "lifecycle.RebootController", e.Types.RebootStatus, e.Types.Namespace, ownRecords, &reboot{env: e})
 }
 
 func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view) error {
@@ -164,7 +164,7 @@ func (s *reboot) recheck(ctx context.Context, r controller.QRuntime, v *view, si
 		return nil, false, fmt.Errorf("read infra machine again: %w", err)
 	}
 
-	fresh, err = s.env.loadView(ctx, r, m)
+	fresh, err = s.env.loadView(ctx, r, m, ownRecords)
 	if err != nil {
 		return nil, false, err
 	}

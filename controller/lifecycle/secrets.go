@@ -18,16 +18,16 @@ type Secrets interface {
 	Open(v string) (string, error)
 }
 
-// loadView reads everything the lifecycle knows of m, with secrets opened for use in memory only. A BMC
+// loadView reads the records of m that reads names, with secrets opened for use in memory only. A BMC
 // password that cannot be opened (sealed with another provider key) leaves the machine without a usable BMC
 // configuration, which the BMC configuration step then provisions again.
-func (e *env) loadView(ctx context.Context, r controller.Reader, m *infra.Machine) (*view, error) {
-	v, err := loadView(ctx, r, e.Types, m)
+func (e *env) loadView(ctx context.Context, r controller.Reader, m *infra.Machine, reads records) (*view, error) {
+	v, err := loadView(ctx, r, e.Types, m, reads)
 	if err != nil {
 		return nil, err
 	}
 
-	e.overlayOwnWrites(v)
+	e.overlayOwnWrites(v, reads)
 
 	if e.Secrets == nil || v.bmc.GetIpmi().GetPassword() == "" {
 		return v, nil
@@ -69,24 +69,24 @@ func (e *env) sealBMC(cfg *specs.BMCConfigurationSpec) (*specs.BMCConfigurationS
 }
 
 // overlayOwnWrites replaces what was read from the cache with what this process wrote last.
-func (e *env) overlayOwnWrites(v *view) {
-	if rec, ok := e.written.get(e.Types.BMCConfiguration, v.id); ok {
+func (e *env) overlayOwnWrites(v *view, reads records) {
+	if rec, ok := e.written.get(e.Types.BMCConfiguration, v.id); ok && reads.has(bmcRecord) {
 		v.bmc = rec.(*specs.BMCConfigurationSpec)
 	}
 
-	if rec, ok := e.written.get(e.Types.WipeStatus, v.id); ok {
+	if rec, ok := e.written.get(e.Types.WipeStatus, v.id); ok && reads.has(wipeRecord) {
 		v.wipe = rec.(*specs.WipeStatusSpec)
 	}
 
-	if rec, ok := e.written.get(e.Types.PowerOperation, v.id); ok {
+	if rec, ok := e.written.get(e.Types.PowerOperation, v.id); ok && reads.has(powerRecord) {
 		v.power = rec.(*specs.PowerOperationSpec)
 	}
 
-	if rec, ok := e.written.get(e.Types.RebootStatus, v.id); ok {
+	if rec, ok := e.written.get(e.Types.RebootStatus, v.id); ok && reads.has(rebootRecord) {
 		v.reboot = rec.(*specs.RebootStatusSpec)
 	}
 
-	if rec, ok := e.written.get(e.Types.MachineObservation, v.id); ok {
+	if rec, ok := e.written.get(e.Types.MachineObservation, v.id); ok && reads.has(observationRecord) {
 		v.obs = rec.(*specs.MachineObservationSpec)
 	}
 }

@@ -17,8 +17,10 @@ import (
 )
 
 // readCounter counts the reads a runtime makes of its state past the cache (a modify's read before it
-// writes, an uncached get): against Omni each is a signed round trip.
-type readCounter struct{ n atomic.Int64 }
+// writes, an uncached get): against Omni each is a signed round trip. machineWrites counts the runtime's writes
+// of InfraMachines (the lifecycle only adds and removes its finalizers there; each write wakes every lifecycle
+// controller).
+type readCounter struct{ n, machineWrites atomic.Int64 }
 
 // readCountingState is a state whose Gets and Lists outside the lifecycle's local namespace are counted.
 type readCountingState struct {
@@ -37,6 +39,14 @@ func (s readCountingState) Get(ctx context.Context, ptr resource.Pointer, opts .
 	}
 
 	return s.State.Get(ctx, ptr, opts...)
+}
+
+func (s readCountingState) Update(ctx context.Context, res resource.Resource, opts ...state.UpdateOption) error {
+	if res.Metadata().Type() == infra.InfraMachineType {
+		s.reads.machineWrites.Add(1)
+	}
+
+	return s.State.Update(ctx, res, opts...)
 }
 
 func (s readCountingState) List(ctx context.Context, kind resource.Kind, opts ...state.ListOption) (resource.List, error) {

@@ -20,7 +20,7 @@ type teardown struct {
 }
 
 func newTeardownController(e *env) *machineController {
-	return newMachineController(e, teardownName, "", "", &teardown{env: e})
+	return newMachineController(e, teardownName, "", "", 0, &teardown{env: e})
 }
 
 func (s *teardown) reconcile(context.Context, *zap.Logger, controller.QRuntime, *view) error {

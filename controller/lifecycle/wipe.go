@@ -24,7 +24,7 @@ type wipe struct {
 const wipeName = "lifecycle.WipeController"
 
 func newWipeController(e *env) *machineController {
-	return callsEdge(newMachineController(e, wipeName, e.Types.WipeStatus, e.Types.Namespace, &wipe{env: e}))
+	return callsEdge(newMachineController(e, wipeName, e.Types.WipeStatus, e.Types.Namespace, bmcRecord|wipeRecord|observationRecord, &wipe{env: e}))
 }
 
 func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view) error {

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"path"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 )
 
 // Session is what runs on one connection to Omni: it returns when the connection is no longer usable (a
@@ -37,10 +40,11 @@ type Keeper struct {
 type KeeperMetrics struct {
 	connected prometheus.Gauge
 	sessions  *prometheus.CounterVec
+	requests  *prometheus.CounterVec
 }
 
-// NewKeeperMetrics returns unregistered metrics: outpost_omni_connected (1 while a session runs) and
-// outpost_omni_sessions_ended_total{reason}.
+// NewKeeperMetrics returns unregistered metrics: outpost_omni_connected (1 while a session runs),
+// outpost_omni_sessions_ended_total{reason} and outpost_omni_requests_total{method}.
 func NewKeeperMetrics() *KeeperMetrics {
 	return &KeeperMetrics{
 		connected: prometheus.NewGauge(prometheus.GaugeOpts{
@@ -49,6 +53,34 @@ func NewKeeperMetrics() *KeeperMetrics {
 		sessions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outpost_omni_sessions_ended_total", Help: "Omni connections that ended or failed, by reason.",
 		}, []string{"reason"}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outpost_omni_requests_total",
+			Help: "Requests the controller made to Omni's API, by method (Get, List, Watch, Create, Update, Destroy, ...).",
+		}, []string{"method"}),
+	}
+}
+
+// dialOptions count every request made on a connection to Omni (a watch counts once, when it starts).
+func (m *KeeperMetrics) dialOptions() []grpc.DialOption {
+	count := func(fullMethod string) {
+		m.requests.WithLabelValues(path.Base(fullMethod)).Inc() // the method's name: a bounded set
+	}
+
+	return []grpc.DialOption{
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+			invoker grpc.UnaryInvoker, opts ...grpc.CallOption,
+		) error {
+			count(method)
+
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}),
+		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string,
+			streamer grpc.Streamer, opts ...grpc.CallOption,
+		) (grpc.ClientStream, error) {
+			count(method)
+
+			return streamer(ctx, desc, cc, method, opts...)
+		}),
 	}
 }
 
@@ -62,12 +94,14 @@ func (m *KeeperMetrics) SessionsEnded(reason string) prometheus.Counter {
 func (m *KeeperMetrics) Describe(ch chan<- *prometheus.Desc) {
 	m.connected.Describe(ch)
 	m.sessions.Describe(ch)
+	m.requests.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
 func (m *KeeperMetrics) Collect(ch chan<- prometheus.Metric) {
 	m.connected.Collect(ch)
 	m.sessions.Collect(ch)
+	m.requests.Collect(ch)
 }
 
 // NewKeeper returns a keeper running session on every connection. metrics may be nil.
@@ -79,6 +113,8 @@ func NewKeeper(cfg Config, logger *zap.Logger, metrics *KeeperMetrics, session S
 	if metrics == nil {
 		metrics = NewKeeperMetrics()
 	}
+
+	cfg.DialOptions = append(slices.Clone(cfg.DialOptions), metrics.dialOptions()...)
 
 	return &Keeper{
 		cfg: cfg, logger: logger.With(zap.String("component", "omni")), session: session, metrics: metrics,

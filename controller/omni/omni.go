@@ -19,6 +19,8 @@ import (
 	"github.com/cosi-project/runtime/pkg/state"
 	"github.com/cosi-project/runtime/pkg/state/impl/inmem"
 	"github.com/cosi-project/runtime/pkg/state/impl/namespaced"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/siderolabs/go-api-signature/pkg/serviceaccount"
 	"github.com/siderolabs/omni/client/pkg/access"
 	"github.com/siderolabs/omni/client/pkg/client"
@@ -364,7 +366,7 @@ func WithLocalNamespaces(st state.CoreState, qcontrollers ...controller.QControl
 // reconcile's reads cost no round trip, and Omni serves one watch per kind however many machines there are.
 // A controller's local namespaces (LocalNamespaces) are kept in this process's memory.
 func (c *Connection) NewRuntime(health func(context.Context) error, qcontrollers ...controller.QController) (*runtime.Runtime, error) {
-	opts := CachedInputs(qcontrollers...)
+	opts := append(CachedInputs(qcontrollers...), options.WithMetrics(true))
 
 	rt, err := runtime.NewRuntime(WithLocalNamespaces(c.State(), qcontrollers...), c.logger, opts...)
 	if err != nil {
@@ -390,4 +392,24 @@ func (c *Connection) NewRuntime(health func(context.Context) error, qcontrollers
 	}
 
 	return rt, nil
+}
+
+// RuntimeMetrics exposes what the COSI runtime counts of each controller it runs (NewRuntime turns its
+// counting on): the queue of machines waiting for a reconcile, reconciles done and requeued, and the time spent
+// reconciling. The runtime keeps these process-wide, labelled by controller name (a bounded set).
+func RuntimeMetrics() prometheus.Collector {
+	desc := func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, []string{"controller"}, nil)
+	}
+
+	return collectors.NewExpvarCollector(map[string]*prometheus.Desc{
+		"qcontroller_queue_length": desc("outpost_lifecycle_queue_length",
+			"Machines waiting in a lifecycle controller's queue for a reconcile."),
+		"qcontroller_processed": desc("outpost_lifecycle_reconciles_total",
+			"Reconciles a lifecycle controller finished."),
+		"qcontroller_requeues": desc("outpost_lifecycle_requeues_total",
+			"Reconciles a lifecycle controller asked to run again (failed or waiting)."),
+		"qcontroller_reconcile_busy": desc("outpost_lifecycle_reconcile_busy_seconds_total",
+			"Time a lifecycle controller's workers spent reconciling."),
+	})
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/cosi-project/runtime/pkg/resource"
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/cosi-project/runtime/pkg/state"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/siderolabs/go-api-signature/pkg/pgp"
 	"github.com/siderolabs/go-api-signature/pkg/serviceaccount"
@@ -177,9 +178,19 @@ func TestKeeperRetriesRefusedKey(t *testing.T) {
 	kcancel()
 	require.NoError(t, <-done)
 
-	// with the key Omni issued, the session runs
+	// with the key Omni issued, the session runs; its requests to Omni are counted by method
 	cfg.ServiceAccountKey = s.ProviderKey()
-	keeper, err = controlleromni.NewKeeper(cfg, zaptest.NewLogger(t), nil, func(ctx context.Context, _ *controlleromni.Connection) error {
+	metrics = controlleromni.NewKeeperMetrics()
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(metrics))
+
+	keeper, err = controlleromni.NewKeeper(cfg, zaptest.NewLogger(t), metrics, func(ctx context.Context, conn *controlleromni.Connection) error {
+		for range 3 {
+			if _, err := conn.State().List(ctx, infra.NewMachine("").Metadata()); err != nil {
+				return err
+			}
+		}
+
 		sessions <- struct{}{}
 		<-ctx.Done()
 
@@ -198,8 +209,35 @@ func TestKeeperRetriesRefusedKey(t *testing.T) {
 		t.Fatal("no session with a working key")
 	}
 
+	require.Equal(t, 3.0, omniRequests(t, reg, "List"), "each list of the session was one request")
+	require.Positive(t, omniRequests(t, reg, "Get"), "the provider's registration reads its resources")
+
 	kcancel()
 	require.NoError(t, <-done)
+}
+
+// omniRequests is outpost_omni_requests_total{method} as reg gathers it (0 when not counted yet).
+func omniRequests(t *testing.T, reg prometheus.Gatherer, method string) float64 {
+	t.Helper()
+
+	families, err := reg.Gather()
+	require.NoError(t, err)
+
+	for _, f := range families {
+		if f.GetName() != "outpost_omni_requests_total" {
+			continue
+		}
+
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "method" && l.GetValue() == method {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+
+	return 0
 }
 
 func TestJoinConfigFollowsOmni(t *testing.T) {
