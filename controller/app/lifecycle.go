@@ -90,7 +90,7 @@ func (b *builder) newLifecycle(context.Context) error {
 	deps.Metrics = lifecycleMetrics
 	deps.Secrets = secrets
 	deps.Watches = b.edges.watches
-	deps.SiteLabels = b.registry
+	deps.SiteLabels = b.edges.policies
 	deps.SitePolicies = b.edges.policies
 
 	qcs, err := lifecycle.New(lifecycleCfg, deps)

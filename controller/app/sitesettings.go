@@ -36,10 +36,13 @@ func (b *builder) checkSiteSettings(_ string, s sites.Settings) error {
 }
 
 // applySiteSettings hands a site's settings to those that apply them: its boot table (discovery, registered
-// machines, documents) and the lifecycle's site policies (BMC protocol, wipe method). Settings stored before
+// machines, documents) and the lifecycle's site policies (BMC protocol, wipe method, the labels its machines
+// carry). Settings stored before
 // this controller's rules changed, and now refused by them, are logged and the site keeps the defaults.
 func (b *builder) applySiteSettings(siteID string, s sites.Settings) {
 	log := b.log.With(zap.String("site", siteID))
+
+	b.edges.policies.SetLabels(siteID, s.Labels) // checked when set, and not part of the rules below
 
 	if err := b.checkSiteSettings(siteID, s); err != nil {
 		log.Warn("site settings refused; the site runs with the controller's defaults", zap.Error(err))
@@ -53,6 +56,7 @@ func (b *builder) applySiteSettings(siteID string, s sites.Settings) {
 	if err := b.edges.policies.Set(siteID, lifecycle.SitePolicy{BMCProtocol: s.BMCProtocol, WipeMethod: s.WipeMethod}); err != nil {
 		log.Warn("site policy refused", zap.Error(err)) // cannot happen after the check
 	}
+
 }
 
 // newSiteSettings applies every site's settings now, so the first table a site's edge gets carries them, and

@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"fmt"
+	"maps"
 	"sync"
 
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
@@ -29,18 +30,44 @@ func (p SitePolicy) Validate() error {
 	return nil
 }
 
-// SitePolicies holds every site's SitePolicy. The BMC clients, the edges' watch lists and the wipe read it; a
-// change of a site's BMC protocol is passed on to the watch lists at once. Safe for concurrent use; a nil
-// *SitePolicies holds no site's policy.
+// SitePolicies holds every site's SitePolicy and the labels an operator set on it. The BMC clients, the edges'
+// watch lists and the wipe read the policies, the observation the labels (from memory: they are read for every
+// machine at every poll); a change of a site's BMC protocol is passed on to the watch lists at once. Safe for
+// concurrent use; a nil *SitePolicies holds no site's policy.
 type SitePolicies struct {
 	mu       sync.RWMutex
 	sites    map[string]SitePolicy
+	labels   map[string]map[string]string
 	onChange []func(site string)
 }
 
 // NewSitePolicies returns policies holding no site's.
 func NewSitePolicies() *SitePolicies {
-	return &SitePolicies{sites: map[string]SitePolicy{}}
+	return &SitePolicies{sites: map[string]SitePolicy{}, labels: map[string]map[string]string{}}
+}
+
+// SetLabels replaces the labels published on site's machines (none: no labels).
+func (p *SitePolicies) SetLabels(site string, labels map[string]string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+
+	if len(labels) == 0 {
+		delete(p.labels, site)
+	} else {
+		p.labels[site] = maps.Clone(labels)
+	}
+}
+
+// SiteLabels implements SiteLabels. The map returned is shared: callers do not change it.
+func (p *SitePolicies) SiteLabels(site string) map[string]string {
+	if p == nil {
+		return nil
+	}
+
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+
+	return p.labels[site]
 }
 
 // Set replaces site's policy (the zero policy hands the site back to the controller's settings).

@@ -42,19 +42,6 @@ func TestHealthOf(t *testing.T) {
 	require.Regexp(t, `\(\+\d+ more\)$`, err.Error())
 }
 
-func TestRegistrySiteLabels(t *testing.T) {
-	t.Parallel()
-
-	reg := newRegistry(t, time.Now)
-
-	_, _, err := reg.Create(t.Context(), "branch-1", "", sites.TokenOptions{TTL: time.Hour})
-	require.NoError(t, err)
-	require.NoError(t, reg.SetLabels(t.Context(), "branch-1", map[string]string{"rack": "2"}))
-
-	require.Equal(t, map[string]string{"rack": "2"}, reg.SiteLabels("branch-1"))
-	require.Nil(t, reg.SiteLabels("unknown"))
-}
-
 // The server's health lists the registered sites without a live session.
 func TestServerHealth(t *testing.T) {
 	t.Parallel()

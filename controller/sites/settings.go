@@ -33,6 +33,8 @@ type Settings struct {
 	ExtraConfig []byte
 	// RegisteredMACs are machines registered before they boot, lower case and colon separated, sorted.
 	RegisteredMACs []string
+	// Labels are published on the site's machines (controller site label; not changed by SetSettings).
+	Labels map[string]string
 }
 
 // SettingsOf returns a stored site's settings.
@@ -41,7 +43,7 @@ func SettingsOf(site *resources.Site) Settings {
 
 	return Settings{
 		Discovery: spec.GetDiscovery(), BMCProtocol: spec.GetBmcProtocol(), WipeMethod: spec.GetWipeMethod(),
-		ExtraConfig: spec.GetExtraConfig(), RegisteredMACs: spec.GetRegisteredMacs(),
+		ExtraConfig: spec.GetExtraConfig(), RegisteredMACs: spec.GetRegisteredMacs(), Labels: spec.GetLabels(),
 	}
 }
 

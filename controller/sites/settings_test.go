@@ -65,6 +65,11 @@ func TestFollowSettings(t *testing.T) {
 	require.Eventually(t, func() bool { s, _ := latest("branch-1"); return s.WipeMethod == "zeroes" && s.Discovery == "known" },
 		5*time.Second, 5*time.Millisecond, "a change")
 
+	// the labels published on the site's machines come with its settings (the lifecycle reads them from memory)
+	require.NoError(t, reg.SetLabels(ctx, "branch-1", map[string]string{"rack": "2"}))
+	require.Eventually(t, func() bool { s, _ := latest("branch-1"); return s.Labels["rack"] == "2" && s.WipeMethod == "zeroes" },
+		5*time.Second, 5*time.Millisecond, "a change of labels")
+
 	refuse := func(string, sites.Settings) error { return errors.New("no") }
 	_, err = reg.SetSettings(ctx, "branch-1", refuse, func(s *sites.Settings) error { s.WipeMethod = "fast"; return nil })
 	require.Error(t, err)
