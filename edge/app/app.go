@@ -20,9 +20,10 @@ import (
 	"github.com/outpost-metal/outpost/edge/assets"
 	"github.com/outpost-metal/outpost/edge/bmc"
 	"github.com/outpost-metal/outpost/edge/boot"
+	"github.com/outpost-metal/outpost/edge/bootfiles"
 	"github.com/outpost-metal/outpost/edge/config"
 	"github.com/outpost-metal/outpost/edge/dhcp"
-	"github.com/outpost-metal/outpost/edge/ipxe"
+	"github.com/outpost-metal/outpost/edge/httpd"
 	"github.com/outpost-metal/outpost/edge/journal"
 	"github.com/outpost-metal/outpost/edge/limits"
 	"github.com/outpost-metal/outpost/edge/tftp"
@@ -133,7 +134,7 @@ func (e *Edge) build(ctx context.Context, cfg config.Config, opts Options) error
 	book := tunnel.NewBootBook(time.Now)
 	events := siteEvents{rec: journal.NewRecorder(jrnl, log), book: book, tap: opts.Tap}
 
-	catalog, err := tftp.LoadCatalog(cfg.IPXEDir, cfg.DHCP.Files.Names())
+	catalog, err := bootfiles.LoadCatalog(cfg.IPXEDir, cfg.DHCP.Files.Names())
 	if err != nil {
 		return fmt.Errorf("iPXE binaries: %w", err)
 	}
@@ -169,7 +170,7 @@ func (e *Edge) build(ctx context.Context, cfg config.Config, opts Options) error
 	// The edge watches its BMCs itself and journals power changes (the controller sends the list).
 	watcher := bmc.NewWatcher(bmcs, events.rec, bmc.DefaultWatcher(), log, time.Now)
 
-	httpSrv, err := ipxe.New(cfg.HTTP, log, ipxe.Deps{
+	httpSrv, err := httpd.New(cfg.HTTP, log, httpd.Deps{
 		Table:        table,
 		Catalog:      catalog,
 		Observer:     events,

@@ -23,9 +23,9 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outpost-metal/outpost/edge/app"
+	"github.com/outpost-metal/outpost/edge/bootfiles"
 	"github.com/outpost-metal/outpost/edge/config"
 	"github.com/outpost-metal/outpost/edge/dhcp"
-	"github.com/outpost-metal/outpost/edge/tftp"
 	"github.com/outpost-metal/outpost/shared/uplink"
 )
 
@@ -38,7 +38,7 @@ func TestContractAdvertisedIsServed(t *testing.T) {
 
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 
-	binDir := tftp.DefaultDir
+	binDir := bootfiles.DefaultDir
 	if _, err := os.Stat(filepath.Join(binDir, "ipxe.efi")); err != nil {
 		binDir = t.TempDir()
 		for _, n := range dhcp.DefaultBootFiles().Names() {
@@ -77,7 +77,7 @@ func TestContractAdvertisedIsServed(t *testing.T) {
 	}()
 
 	files := dhcp.DefaultBootFiles()
-	catalog, err := tftp.LoadCatalog(binDir, files.Names())
+	catalog, err := bootfiles.LoadCatalog(binDir, files.Names())
 	require.NoError(t, err)
 
 	// The ProxyDHCP as wired: the catalog decides what is bootable.
@@ -139,7 +139,7 @@ func TestContractAdvertisedIsServed(t *testing.T) {
 
 var urlRE = regexp.MustCompile(`http://[^\s]+`)
 
-func checkHTTPChain(t *testing.T, name, url string, catalog *tftp.Catalog) {
+func checkHTTPChain(t *testing.T, name, url string, catalog *bootfiles.Catalog) {
 	t.Helper()
 
 	body := httpGet(t, url)

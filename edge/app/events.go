@@ -3,10 +3,10 @@ package app
 import (
 	"net/netip"
 
+	"github.com/outpost-metal/outpost/edge/bootfiles"
 	"github.com/outpost-metal/outpost/edge/dhcp"
-	"github.com/outpost-metal/outpost/edge/ipxe"
+	"github.com/outpost-metal/outpost/edge/httpd"
 	"github.com/outpost-metal/outpost/edge/journal"
-	"github.com/outpost-metal/outpost/edge/tftp"
 	"github.com/outpost-metal/outpost/edge/tunnel"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
@@ -14,8 +14,8 @@ import (
 // Tap is told what the edge serves, beside the journal (Options.Tap).
 type Tap interface {
 	DHCPSeen(dhcp.Seen)
-	TFTPFetch(tftp.Fetch)
-	BootServed(ipxe.BootServed)
+	TFTPFetch(bootfiles.Fetch)
+	BootServed(httpd.BootServed)
 }
 
 // siteEvents is where the boot servers and the agent tunnels report: every event is journaled (for the
@@ -37,7 +37,7 @@ func (s siteEvents) DHCPSeen(seen dhcp.Seen) {
 }
 
 // TFTPFetch implements tftp.Observer.
-func (s siteEvents) TFTPFetch(f tftp.Fetch) {
+func (s siteEvents) TFTPFetch(f bootfiles.Fetch) {
 	s.rec.TFTPFetch(f)
 
 	if s.tap != nil {
@@ -45,11 +45,11 @@ func (s siteEvents) TFTPFetch(f tftp.Fetch) {
 	}
 }
 
-// HTTPFetch implements ipxe.Observer.
-func (s siteEvents) HTTPFetch(f tftp.Fetch) { s.rec.HTTPFetch(f) }
+// HTTPFetch implements httpd.Observer.
+func (s siteEvents) HTTPFetch(f bootfiles.Fetch) { s.rec.HTTPFetch(f) }
 
-// BootServed implements ipxe.Observer: the boot is journaled and where the machine asked from is noted.
-func (s siteEvents) BootServed(b ipxe.BootServed) {
+// BootServed implements httpd.Observer: the boot is journaled and where the machine asked from is noted.
+func (s siteEvents) BootServed(b httpd.BootServed) {
 	s.book.Note(b.UUID, b.Remote, b.MAC)
 	s.rec.BootServed(b)
 
@@ -58,7 +58,7 @@ func (s siteEvents) BootServed(b ipxe.BootServed) {
 	}
 }
 
-// ConfigServed implements ipxe.ConfigObserver: it notes the address the booted machine fetched its config
+// ConfigServed implements httpd.ConfigObserver: it notes the address the booted machine fetched its config
 // from (where its agent dials from).
 func (s siteEvents) ConfigServed(uuid string, remote netip.Addr) {
 	s.book.Note(uuid, remote, nil)

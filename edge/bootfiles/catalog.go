@@ -1,9 +1,7 @@
-// Package tftp serves the iPXE binaries read-only over TFTP with pin/tftp/v3 (RFC 1350, with the blksize and
-// tsize options of RFC 2347, 2348 and 2349), behind an admission filter that keeps the site network within
-// bounds it cannot exceed: transfers per client address and in total, requests per second per address, sends
-// per packet and per transfer, time per transfer, error replies and journal events per second. It also holds
-// the Catalog of those binaries that the HTTP server's /tftp/ path serves as well.
-package tftp
+// Package bootfiles is the edge's catalog of boot files: the iPXE binaries (Debian's ipxe package) that
+// firmware fetches first, read into memory once at start-up and served the same over TFTP (edge/tftp) and HTTP
+// (edge/httpd's /tftp/ path, for UEFI HTTP boot). The ProxyDHCP names only files the catalog holds.
+package bootfiles
 
 import (
 	"bytes"
@@ -12,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sort"
@@ -30,6 +29,15 @@ var ErrNotFound = errors.New("file not found")
 
 // ErrBadName is returned for names that could escape the served directory or are otherwise invalid.
 var ErrBadName = errors.New("invalid file name")
+
+// Fetch is a boot file served to a client, over TFTP or HTTP, or refused to it: for the event journal ("PXE
+// seen").
+type Fetch struct {
+	Name   string
+	Remote netip.Addr
+	// Err is nil for a completed transfer.
+	Err error
+}
 
 // File is one served binary.
 type File struct {

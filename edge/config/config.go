@@ -13,8 +13,9 @@ import (
 
 	"github.com/outpost-metal/outpost/edge/assets"
 	"github.com/outpost-metal/outpost/edge/bmc"
+	"github.com/outpost-metal/outpost/edge/bootfiles"
 	"github.com/outpost-metal/outpost/edge/dhcp"
-	"github.com/outpost-metal/outpost/edge/ipxe"
+	"github.com/outpost-metal/outpost/edge/httpd"
 	"github.com/outpost-metal/outpost/edge/tftp"
 	"github.com/outpost-metal/outpost/edge/tunnel"
 	"github.com/outpost-metal/outpost/edge/uplink"
@@ -42,7 +43,7 @@ type Config struct {
 	// TFTP serves the iPXE binaries; an empty Listen turns it off.
 	TFTP tftp.Config
 	// HTTP serves iPXE scripts, binaries, assets, /config, /metrics and /healthz.
-	HTTP ipxe.Config
+	HTTP httpd.Config
 	// Assets is the boot-asset cache.
 	Assets assets.Config
 	// Fetcher fills the cache according to the site's policy.
@@ -63,11 +64,11 @@ func Default() Config {
 	return Config{
 		StateDir:     "/var/lib/outpost-edge",
 		LogLevel:     "info",
-		IPXEDir:      tftp.DefaultDir,
+		IPXEDir:      bootfiles.DefaultDir,
 		APIListen:    ":50042",
 		DHCP:         dhcp.Default(),
 		TFTP:         tftp.Default(),
-		HTTP:         ipxe.Default(),
+		HTTP:         httpd.Default(),
 		Assets:       assets.Default(),
 		Fetcher:      assets.DefaultFetcher(),
 		BMC:          bmc.Default(),

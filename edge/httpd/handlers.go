@@ -1,4 +1,4 @@
-package ipxe
+package httpd
 
 import (
 	"errors"
@@ -13,7 +13,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/outpost-metal/outpost/edge/tftp"
+	"github.com/outpost-metal/outpost/edge/bootfiles"
 	"github.com/outpost-metal/outpost/shared/metal"
 )
 
@@ -99,7 +99,7 @@ func (s *Server) serveBinary(w http.ResponseWriter, r *http.Request) {
 	f, err := s.deps.Catalog.Lookup(r.PathValue("file"))
 	if err != nil {
 		reason := "not_found"
-		if errors.Is(err, tftp.ErrBadName) {
+		if errors.Is(err, bootfiles.ErrBadName) {
 			reason = "bad_name"
 		}
 
@@ -113,7 +113,7 @@ func (s *Server) serveBinary(w http.ResponseWriter, r *http.Request) {
 	http.ServeContent(w, r, f.Name, f.ModTime, f.Reader())
 
 	if s.deps.Observer != nil && r.Method == http.MethodGet {
-		s.deps.Observer.HTTPFetch(tftp.Fetch{Name: f.Name, Remote: remoteAddr(r)})
+		s.deps.Observer.HTTPFetch(bootfiles.Fetch{Name: f.Name, Remote: remoteAddr(r)})
 	}
 }
 

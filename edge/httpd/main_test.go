@@ -1,4 +1,4 @@
-package ipxe_test
+package httpd_test
 
 import (
 	"testing"

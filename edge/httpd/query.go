@@ -1,4 +1,4 @@
-package ipxe
+package httpd
 
 import (
 	"errors"

@@ -1,11 +1,11 @@
-// Package ipxe is the edge's HTTP server: the iPXE scripts (/ipxe/init.ipxe, /ipxe/boot.ipxe answered from
+// Package httpd is the edge's HTTP server: the iPXE scripts (/ipxe/init.ipxe, /ipxe/boot.ipxe answered from
 // the boot table), the iPXE binaries for UEFI HTTP boot (/tftp/<file>), boot assets from the asset cache
 // or a local directory (/assets/, with Range, HEAD and ETag), the Talos machine config the controller last
 // sent (/config), /metrics and /healthz.
 //
 // What boot.ipxe answers is decided by Decide (decide.go), a function of the request, the machine's plan,
 // the assets at hand and the time; the handlers (handlers.go) gather those and write the answer.
-package ipxe
+package httpd
 
 import (
 	"context"
@@ -22,8 +22,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outpost-metal/outpost/edge/boot"
+	"github.com/outpost-metal/outpost/edge/bootfiles"
 	"github.com/outpost-metal/outpost/edge/limits"
-	"github.com/outpost-metal/outpost/edge/tftp"
 )
 
 // Table is the boot table as the server reads it (edge/boot.Table).
@@ -46,7 +46,7 @@ type BootServed struct {
 // Observer is told about served boot scripts and binaries (after the response has been flushed).
 type Observer interface {
 	BootServed(BootServed)
-	HTTPFetch(tftp.Fetch)
+	HTTPFetch(bootfiles.Fetch)
 }
 
 // ConfigObserver is told when a machine fetched its config (/config?u=<uuid>): the booted system itself asks,
@@ -64,7 +64,7 @@ type AssetIndex interface {
 // Deps are the server's collaborators. Table and Catalog are required.
 type Deps struct {
 	Table   Table
-	Catalog *tftp.Catalog
+	Catalog *bootfiles.Catalog
 	// Assets tells whether the asset cache holds a name under /assets/ (optional; files in AssetsDir count
 	// too). A boot whose edge-local kernel or initrd is in neither gets a script that waits for them.
 	Assets AssetIndex

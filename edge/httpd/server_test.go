@@ -1,4 +1,4 @@
-package ipxe_test
+package httpd_test
 
 import (
 	"bytes"
@@ -20,8 +20,8 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outpost-metal/outpost/edge/boot"
-	"github.com/outpost-metal/outpost/edge/ipxe"
-	"github.com/outpost-metal/outpost/edge/tftp"
+	"github.com/outpost-metal/outpost/edge/bootfiles"
+	"github.com/outpost-metal/outpost/edge/httpd"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
@@ -36,11 +36,11 @@ const (
 
 type recorder struct {
 	mu      sync.Mutex
-	served  []ipxe.BootServed
-	fetches []tftp.Fetch
+	served  []httpd.BootServed
+	fetches []bootfiles.Fetch
 }
 
-func (r *recorder) BootServed(b ipxe.BootServed) {
+func (r *recorder) BootServed(b httpd.BootServed) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.served = append(r.served, b)
@@ -62,14 +62,14 @@ func (r *recorder) modes(uuid string) []string {
 	return out
 }
 
-func (r *recorder) HTTPFetch(f tftp.Fetch) {
+func (r *recorder) HTTPFetch(f bootfiles.Fetch) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.fetches = append(r.fetches, f)
 }
 
 type env struct {
-	srv    *ipxe.Server
+	srv    *httpd.Server
 	ts     *httptest.Server
 	reg    *prometheus.Registry
 	obs    *recorder
@@ -113,11 +113,11 @@ func newEnv(t *testing.T) *env {
 
 	reg := prometheus.NewRegistry()
 	obs := &recorder{}
-	cfg := ipxe.Default()
+	cfg := httpd.Default()
 	cfg.AssetsDir = assets
 
-	srv, err := ipxe.New(cfg, zaptest.NewLogger(t), ipxe.Deps{
-		Table: tbl, Catalog: tftp.NewCatalog(map[string][]byte{"ipxe.efi": []byte("EFI-BINARY")}),
+	srv, err := httpd.New(cfg, zaptest.NewLogger(t), httpd.Deps{
+		Table: tbl, Catalog: bootfiles.NewCatalog(map[string][]byte{"ipxe.efi": []byte("EFI-BINARY")}),
 		Observer: obs, Registerer: reg, Gatherer: reg, Assets: cache,
 	})
 	require.NoError(t, err)
@@ -281,7 +281,7 @@ func TestBootWaitsForAssetsTheSiteLacks(t *testing.T) {
 
 	// The chain back parses to the same request.
 	again := body[strings.Index(body, "boot.ipxe?")+len("boot.ipxe?") : strings.Index(body, " ||")]
-	q, err := ipxe.ParseBootQuery(again)
+	q, err := httpd.ParseBootQuery(again)
 	require.NoError(t, err)
 	require.Equal(t, uuid, q.UUID)
 	require.Equal(t, "52:54:00:12:34:0a", q.MAC.String())
@@ -421,10 +421,10 @@ func TestConfigBeforeController(t *testing.T) {
 	tbl, err := boot.Open(boot.Config{StateDir: t.TempDir()}, zaptest.NewLogger(t))
 	require.NoError(t, err)
 
-	cfg := ipxe.Default()
+	cfg := httpd.Default()
 	cfg.AssetsDir = t.TempDir()
 
-	srv, err := ipxe.New(cfg, zaptest.NewLogger(t), ipxe.Deps{Table: tbl, Catalog: tftp.NewCatalog(nil)})
+	srv, err := httpd.New(cfg, zaptest.NewLogger(t), httpd.Deps{Table: tbl, Catalog: bootfiles.NewCatalog(nil)})
 	require.NoError(t, err)
 
 	defer srv.Close() //nolint:errcheck
@@ -443,7 +443,7 @@ func FuzzParseBootQuery(f *testing.F) {
 	}
 
 	f.Fuzz(func(t *testing.T, raw string) {
-		q, err := ipxe.ParseBootQuery(raw)
+		q, err := httpd.ParseBootQuery(raw)
 		if err != nil {
 			return
 		}
@@ -468,7 +468,7 @@ func FuzzParseBootQuery(f *testing.F) {
 			t.Fatalf("unsafe encoding %q", enc)
 		}
 
-		back, err := ipxe.ParseBootQuery(enc)
+		back, err := httpd.ParseBootQuery(enc)
 		if err != nil || back.UUID != q.UUID || back.MAC.String() != q.MAC.String() || back.Arch != q.Arch {
 			t.Fatalf("%q -> %q -> %+v, %v; want %+v", raw, enc, back, err, q)
 		}
@@ -482,12 +482,12 @@ func TestCachedAssetsServedFromTheCache(t *testing.T) {
 	tbl, err := boot.Open(boot.Config{StateDir: t.TempDir()}, zaptest.NewLogger(t))
 	require.NoError(t, err)
 
-	cfg := ipxe.Default()
+	cfg := httpd.Default()
 	cfg.AssetsDir = t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(cfg.AssetsDir, "plain"), []byte("from the directory"), 0o644))
 
-	srv, err := ipxe.New(cfg, zaptest.NewLogger(t), ipxe.Deps{
-		Table: tbl, Catalog: tftp.NewCatalog(nil), Assets: &assetIndex{names: map[string]bool{"cached/k": true}},
+	srv, err := httpd.New(cfg, zaptest.NewLogger(t), httpd.Deps{
+		Table: tbl, Catalog: bootfiles.NewCatalog(nil), Assets: &assetIndex{names: map[string]bool{"cached/k": true}},
 		CachedAssets: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "from the cache "+r.URL.Path) }),
 	})
 	require.NoError(t, err)

@@ -1,4 +1,4 @@
-package ipxe_test
+package httpd_test
 
 import (
 	"bufio"
@@ -26,8 +26,8 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outpost-metal/outpost/edge/boot"
-	"github.com/outpost-metal/outpost/edge/ipxe"
-	"github.com/outpost-metal/outpost/edge/tftp"
+	"github.com/outpost-metal/outpost/edge/bootfiles"
+	"github.com/outpost-metal/outpost/edge/httpd"
 )
 
 // slowloris holds connections open with headers that never end, one line every period, from many loopback
@@ -308,7 +308,7 @@ func TestSlowClientsCannotStopBooting(t *testing.T) {
 		t.Skip("attack test: skipped under -short")
 	}
 
-	cfg := ipxe.Default()
+	cfg := httpd.Default()
 	cfg.ReadHeaderTimeout = 3 * time.Second // the default 10 s, shortened to see slow clients time out within the test
 
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
@@ -324,7 +324,7 @@ func TestSlowClientsCannotStopBooting(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(cfg.AssetsDir, "agent/x86_64/vmlinuz"), kernel, 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(cfg.AssetsDir, "agent/x86_64/initramfs.xz"), []byte("initrd"), 0o644))
 
-	srv, err := ipxe.New(cfg, log, ipxe.Deps{Table: tbl, Catalog: tftp.NewCatalog(map[string][]byte{"ipxe.efi": []byte("x")})})
+	srv, err := httpd.New(cfg, log, httpd.Deps{Table: tbl, Catalog: bootfiles.NewCatalog(map[string][]byte{"ipxe.efi": []byte("x")})})
 	require.NoError(t, err)
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

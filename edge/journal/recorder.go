@@ -3,14 +3,15 @@ package journal
 import (
 	"go.uber.org/zap"
 
+	"github.com/outpost-metal/outpost/edge/bootfiles"
 	"github.com/outpost-metal/outpost/edge/dhcp"
-	"github.com/outpost-metal/outpost/edge/ipxe"
+	"github.com/outpost-metal/outpost/edge/httpd"
 	"github.com/outpost-metal/outpost/edge/tftp"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
 // Recorder turns the boot services' observations into journal events. It implements dhcp.Observer,
-// tftp.Observer and ipxe.Observer. A failed append (disk full) is logged and counted, never blocks booting.
+// tftp.Observer and httpd.Observer. A failed append (disk full) is logged and counted, never blocks booting.
 type Recorder struct {
 	j   *Journal
 	log *zap.Logger
@@ -22,9 +23,9 @@ func NewRecorder(j *Journal, logger *zap.Logger) *Recorder {
 }
 
 var (
-	_ dhcp.Observer = (*Recorder)(nil)
-	_ tftp.Observer = (*Recorder)(nil)
-	_ ipxe.Observer = (*Recorder)(nil)
+	_ dhcp.Observer  = (*Recorder)(nil)
+	_ tftp.Observer  = (*Recorder)(nil)
+	_ httpd.Observer = (*Recorder)(nil)
 )
 
 // Record appends any event; other components (agent tunnel, assets) use it for their own kinds.
@@ -46,16 +47,16 @@ func (r *Recorder) DHCPSeen(s dhcp.Seen) {
 }
 
 // TFTPFetch records firmware fetching an iPXE binary over TFTP.
-func (r *Recorder) TFTPFetch(f tftp.Fetch) {
+func (r *Recorder) TFTPFetch(f bootfiles.Fetch) {
 	r.fetch(f, "tftp")
 }
 
 // HTTPFetch records firmware fetching an iPXE binary over HTTP (UEFI HTTP boot).
-func (r *Recorder) HTTPFetch(f tftp.Fetch) {
+func (r *Recorder) HTTPFetch(f bootfiles.Fetch) {
 	r.fetch(f, "http")
 }
 
-func (r *Recorder) fetch(f tftp.Fetch, via string) {
+func (r *Recorder) fetch(f bootfiles.Fetch, via string) {
 	ev := &bootpb.PXESeen{File: f.Name, Via: via}
 	if f.Remote.IsValid() {
 		ev.RemoteIp = f.Remote.String()
@@ -69,7 +70,7 @@ func (r *Recorder) fetch(f tftp.Fetch, via string) {
 }
 
 // BootServed records a boot.ipxe answer.
-func (r *Recorder) BootServed(b ipxe.BootServed) {
+func (r *Recorder) BootServed(b httpd.BootServed) {
 	ev := &bootpb.BootServed{Uuid: b.UUID, Arch: b.Arch, Platform: b.Platform, Mode: b.Mode, TableVersion: b.TableVersion}
 	if b.MAC != nil {
 		ev.Mac = b.MAC.String()

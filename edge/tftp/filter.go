@@ -15,6 +15,8 @@ import (
 	"golang.org/x/net/ipv4"
 
 	"github.com/outpost-metal/outpost/edge/limits"
+
+	"github.com/outpost-metal/outpost/edge/bootfiles"
 )
 
 // Transfer outcomes (the "outcome" label of outpost_tftp_transfers_total).
@@ -95,7 +97,7 @@ type filter struct {
 type transfer struct {
 	remote netip.AddrPort
 	oob    []byte // the control message that answers from the address the request was sent to (see sendFrom)
-	file   *File
+	file   *bootfiles.File
 	mode   string
 	start  time.Time
 	slot   *limits.Slot
@@ -448,12 +450,12 @@ func (f *filter) request(b []byte, p packet) ([]byte, bool) {
 	file, err := s.catalog.Lookup(req.name)
 	if err != nil {
 		result, code, msg := resultNotFound, errFileNotFound, "file not found"
-		if errors.Is(err, ErrBadName) {
+		if errors.Is(err, bootfiles.ErrBadName) {
 			result, code, msg = resultBadName, errAccessViolation, "bad name"
 		}
 
 		f.refuse(p, result, code, msg, zap.String("name", req.name), zap.Error(err))
-		s.report(Fetch{Name: req.name, Remote: p.src.Addr(), Err: err})
+		s.report(bootfiles.Fetch{Name: req.name, Remote: p.src.Addr(), Err: err})
 
 		return nil, false
 	}

@@ -22,6 +22,7 @@ import (
 	pintftp "github.com/pin/tftp/v3"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outpost-metal/outpost/edge/bootfiles"
 	"github.com/outpost-metal/outpost/edge/tftp"
 )
 
@@ -230,7 +231,7 @@ func TestFloodLegitimateTransferCompletes(t *testing.T) {
 	cfg := tftp.Default()
 	// The client fetches back to back, 10-20 times a second from one address: more than a ROM asks.
 	cfg.RequestRatePerSource = 1000
-	srv := start(t, cfg, tftp.NewCatalog(map[string][]byte{"ipxe.efi": data}))
+	srv := start(t, cfg, bootfiles.NewCatalog(map[string][]byte{"ipxe.efi": data}))
 	dst := netip.MustParseAddrPort(srv.addr)
 
 	g0, f0, rss0 := runtime.NumGoroutine(), openFiles(), rssMiB()

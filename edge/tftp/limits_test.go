@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/outpost-metal/outpost/edge/bootfiles"
 	"github.com/outpost-metal/outpost/edge/limits"
 	"github.com/outpost-metal/outpost/edge/tftp"
 )
@@ -24,10 +25,10 @@ import (
 // fetches records what the server reports to the journal.
 type fetches struct {
 	mu  sync.Mutex
-	got []tftp.Fetch
+	got []bootfiles.Fetch
 }
 
-func (f *fetches) TFTPFetch(x tftp.Fetch) {
+func (f *fetches) TFTPFetch(x bootfiles.Fetch) {
 	f.mu.Lock()
 	f.got = append(f.got, x)
 	f.mu.Unlock()
@@ -48,14 +49,14 @@ type server struct {
 	obs  *fetches
 }
 
-func start(t *testing.T, cfg tftp.Config, catalog *tftp.Catalog) *server {
+func start(t *testing.T, cfg tftp.Config, catalog *bootfiles.Catalog) *server {
 	t.Helper()
 
 	return startOn(t, "127.0.0.1:0", cfg, catalog, nil)
 }
 
 // startOn serves on listen, with clock pacing the rates when not nil.
-func startOn(t *testing.T, listen string, cfg tftp.Config, catalog *tftp.Catalog, clock limits.Clock) *server {
+func startOn(t *testing.T, listen string, cfg tftp.Config, catalog *bootfiles.Catalog, clock limits.Clock) *server {
 	t.Helper()
 
 	conn, err := net.ListenPacket("udp4", listen)
@@ -196,8 +197,8 @@ func fastConfig() tftp.Config {
 	return cfg
 }
 
-func bigCatalog() *tftp.Catalog {
-	return tftp.NewCatalog(map[string][]byte{"ipxe.efi": make([]byte, 100_000)})
+func bigCatalog() *bootfiles.Catalog {
+	return bootfiles.NewCatalog(map[string][]byte{"ipxe.efi": make([]byte, 100_000)})
 }
 
 func TestNeverAcknowledgingClientGetsFewSends(t *testing.T) {

@@ -1,3 +1,7 @@
+// Package tftp serves the boot files (edge/bootfiles) read-only over TFTP with pin/tftp/v3 (RFC 1350, with the
+// blksize and tsize options of RFC 2347, 2348 and 2349), behind an admission filter that keeps the site network
+// within bounds it cannot exceed: transfers per client address and in total, requests per second per address,
+// sends per packet and per transfer, time per transfer, error replies and journal events per second.
 package tftp
 
 import (
@@ -20,6 +24,8 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/outpost-metal/outpost/edge/limits"
+
+	"github.com/outpost-metal/outpost/edge/bootfiles"
 )
 
 // Config configures the TFTP server.
@@ -67,7 +73,7 @@ type Config struct {
 // one or two at a time (a tsize probe, then the fetch), under MaxTransfersPerSource.
 func Default() Config {
 	return Config{
-		Listen: ":69", Dir: DefaultDir, BlockSize: 1468,
+		Listen: ":69", Dir: bootfiles.DefaultDir, BlockSize: 1468,
 		Timeout: time.Second, Retries: 4, FirstRetries: 2, MaxResends: 64, MaxTransferTime: 2 * time.Minute,
 		MaxTransfers: 1024, MaxTransfersPerSource: 4, RequestRatePerSource: 10,
 		ErrorRate: 500, EventRate: 20,
@@ -106,17 +112,9 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Fetch describes a completed or refused transfer, for the event journal ("PXE seen").
-type Fetch struct {
-	Name   string
-	Remote netip.Addr
-	// Err is nil for a completed transfer.
-	Err error
-}
-
 // Observer is told about transfers.
 type Observer interface {
-	TFTPFetch(Fetch)
+	TFTPFetch(bootfiles.Fetch)
 }
 
 // Deps are the server's optional collaborators.
@@ -148,7 +146,7 @@ const (
 type Server struct {
 	cfg     Config
 	log     *zap.Logger
-	catalog *Catalog
+	catalog *bootfiles.Catalog
 	deps    Deps
 
 	lim     *limits.Limiter
@@ -162,14 +160,14 @@ type Server struct {
 	errorsDropped prometheus.Counter
 	eventsDropped prometheus.Counter
 
-	// netasciiSizes caches the size of each file in netascii (its tsize in that mode), by *File.
+	// netasciiSizes caches the size of each file in netascii (its tsize in that mode), by *bootfiles.File.
 	netasciiSizes sync.Map
 
 	nServed, nRefused atomic.Int64
 }
 
-// New builds the server over a catalog (see LoadCatalog).
-func New(cfg Config, logger *zap.Logger, catalog *Catalog, deps Deps) (*Server, error) {
+// New builds the server over a catalog (see bootfiles.LoadCatalog).
+func New(cfg Config, logger *zap.Logger, catalog *bootfiles.Catalog, deps Deps) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("tftp config: %w", err)
 	}
@@ -352,7 +350,7 @@ func (s *Server) read(f *filter, _ string, rf io.ReaderFrom) error {
 }
 
 // sizeOf is the file's transfer size in mode (the library converts the bytes to netascii as it sends them).
-func (s *Server) sizeOf(f *File, mode string) int64 {
+func (s *Server) sizeOf(f *bootfiles.File, mode string) int64 {
 	if mode != "netascii" {
 		return int64(len(f.Data))
 	}
@@ -387,7 +385,7 @@ func (s *Server) finished(t *transfer, outcome string) {
 		}
 
 		if s.deps.Observer != nil {
-			s.deps.Observer.TFTPFetch(Fetch{Name: t.file.Name, Remote: t.remote.Addr()})
+			s.deps.Observer.TFTPFetch(bootfiles.Fetch{Name: t.file.Name, Remote: t.remote.Addr()})
 		}
 	case outcomeTooSlow, outcomeResendBudget:
 		s.rejects.Note(outcome, append(fields(), zap.String("hint", s.hints[outcome]))...)
@@ -423,7 +421,7 @@ func (s *Server) note(remote netip.AddrPort, result string, fields ...zap.Field)
 }
 
 // report tells the observer about a refused request while under EventRate.
-func (s *Server) report(f Fetch) {
+func (s *Server) report(f bootfiles.Fetch) {
 	if s.deps.Observer == nil {
 		return
 	}

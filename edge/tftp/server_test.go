@@ -5,8 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"net"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/outpost-metal/outpost/edge/bootfiles"
 	"github.com/outpost-metal/outpost/edge/tftp"
 )
 
@@ -23,7 +22,7 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-func startServer(t *testing.T, catalog *tftp.Catalog) string {
+func startServer(t *testing.T, catalog *bootfiles.Catalog) string {
 	t.Helper()
 
 	cfg := tftp.Default()
@@ -32,7 +31,7 @@ func startServer(t *testing.T, catalog *tftp.Catalog) string {
 	return startServerWith(t, cfg, catalog)
 }
 
-func startServerWith(t *testing.T, cfg tftp.Config, catalog *tftp.Catalog) string {
+func startServerWith(t *testing.T, cfg tftp.Config, catalog *bootfiles.Catalog) string {
 	t.Helper()
 
 	conn, err := net.ListenPacket("udp4", "127.0.0.1:0")
@@ -85,7 +84,7 @@ func TestServeFiles(t *testing.T) {
 	_, err := rand.Read(data)
 	require.NoError(t, err)
 
-	addr := startServer(t, tftp.NewCatalog(map[string][]byte{"ipxe.efi": data, "undionly.kpxe": []byte("tiny")}))
+	addr := startServer(t, bootfiles.NewCatalog(map[string][]byte{"ipxe.efi": data, "undionly.kpxe": []byte("tiny")}))
 
 	for _, tc := range []struct {
 		name    string
@@ -108,7 +107,7 @@ func TestServeFiles(t *testing.T) {
 }
 
 func TestRefusals(t *testing.T) {
-	addr := startServer(t, tftp.NewCatalog(map[string][]byte{"ipxe.efi": []byte("x")}))
+	addr := startServer(t, bootfiles.NewCatalog(map[string][]byte{"ipxe.efi": []byte("x")}))
 
 	for _, name := range []string{"missing.efi", "../etc/passwd", "/../../etc/passwd", "a/./b", "..", "x\\..\\y"} {
 		t.Run(name, func(t *testing.T) {
@@ -127,78 +126,6 @@ func TestRefusals(t *testing.T) {
 	}
 }
 
-func TestLoadCatalog(t *testing.T) {
-	t.Parallel()
-
-	dir := t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "ipxe.efi"), []byte("efi"), 0o644))
-
-	c, err := tftp.LoadCatalog(dir, []string{"ipxe.efi", "undionly.kpxe"})
-	require.NoError(t, err)
-	require.Equal(t, []string{"ipxe.efi"}, c.Names())
-	require.True(t, c.Has("/ipxe.efi"))
-	require.False(t, c.Has("undionly.kpxe"))
-
-	_, err = tftp.LoadCatalog(dir, []string{"undionly.kpxe"})
-	require.ErrorIs(t, err, tftp.ErrNotFound)
-
-	_, err = tftp.LoadCatalog(dir, []string{"../x"})
-	require.ErrorIs(t, err, tftp.ErrBadName)
-}
-
-func TestCleanName(t *testing.T) {
-	t.Parallel()
-
-	for _, tc := range []struct {
-		in, want string
-		bad      bool
-	}{
-		{in: "ipxe.efi", want: "ipxe.efi"},
-		{in: "/ipxe.efi", want: "ipxe.efi"},
-		{in: "arm64/snp.efi", want: "arm64/snp.efi"},
-		{in: "", bad: true},
-		{in: "/", bad: true},
-		{in: "//etc/passwd", bad: true},
-		{in: "../x", bad: true},
-		{in: "a/../../x", bad: true},
-		{in: "a//b", bad: true},
-		{in: "a\\b", bad: true},
-		{in: "a\x00b", bad: true},
-		{in: string(make([]byte, 300)), bad: true},
-	} {
-		got, err := tftp.CleanName(tc.in)
-		if tc.bad {
-			require.ErrorIs(t, err, tftp.ErrBadName, "%q", tc.in)
-
-			continue
-		}
-
-		require.NoError(t, err)
-		require.Equal(t, tc.want, got)
-	}
-}
-
-func FuzzCleanName(f *testing.F) {
-	for _, s := range []string{"ipxe.efi", "/undionly.kpxe", "../../etc/shadow", "a/b/c", "", "\x00", "..\\x"} {
-		f.Add(s)
-	}
-
-	root := "/srv/tftp"
-
-	f.Fuzz(func(t *testing.T, in string) {
-		name, err := tftp.CleanName(in)
-		if err != nil {
-			return
-		}
-
-		joined := filepath.Join(root, filepath.FromSlash(name))
-		rel, err := filepath.Rel(root, joined)
-		if err != nil || rel == ".." || len(rel) >= 3 && rel[:3] == "../" || filepath.IsAbs(rel) || joined == root {
-			t.Fatalf("%q cleaned to %q escapes to %q", in, name, joined)
-		}
-	})
-}
-
 // BenchmarkFetch1MiB fetches a 1 MiB file at blksize 1468 over loopback, as a ROM would (tsize asked).
 func BenchmarkFetch1MiB(b *testing.B) {
 	data := make([]byte, 1<<20)
@@ -211,7 +138,7 @@ func BenchmarkFetch1MiB(b *testing.B) {
 	cfg := tftp.Default()
 	cfg.RequestRatePerSource = 1_000_000 // fetches back to back from one address
 
-	srv, err := tftp.New(cfg, zap.NewNop(), tftp.NewCatalog(map[string][]byte{"ipxe.efi": data}), tftp.Deps{})
+	srv, err := tftp.New(cfg, zap.NewNop(), bootfiles.NewCatalog(map[string][]byte{"ipxe.efi": data}), tftp.Deps{})
 	require.NoError(b, err)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -254,7 +181,7 @@ func TestRepeatedFinalAcknowledgements(t *testing.T) {
 	cfg.Timeout = 500 * time.Millisecond
 	cfg.RequestRatePerSource = 1000 // one address sends every request
 
-	addr := startServerWith(t, cfg, tftp.NewCatalog(map[string][]byte{"undionly.kpxe": []byte("tiny")}))
+	addr := startServerWith(t, cfg, bootfiles.NewCatalog(map[string][]byte{"undionly.kpxe": []byte("tiny")}))
 	to, err := net.ResolveUDPAddr("udp4", addr)
 	require.NoError(t, err)
 

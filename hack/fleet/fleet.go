@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/outpost-metal/outpost/edge/tftp"
+	"github.com/outpost-metal/outpost/edge/bootfiles"
 	"github.com/outpost-metal/outpost/shared/logging"
 )
 
@@ -26,7 +26,7 @@ type fleet struct {
 	log     *zap.Logger // the run's own account, on stderr
 	edgeLog *zap.Logger // every simulated edge's, in a file
 
-	catalog  *tftp.Catalog
+	catalog  *bootfiles.Catalog
 	filesDir string // the edges' HTTP files: the agent-mode kernel and initramfs (placeholders)
 
 	uplinkAddr string
@@ -72,7 +72,7 @@ func newFleet(cfg Config, log *zap.Logger, edgeLogFile *os.File) (*fleet, error)
 		}
 	}
 
-	if f.catalog, err = tftp.LoadCatalog(ipxeDir, []string{"ipxe.efi", "undionly.kpxe"}); err != nil {
+	if f.catalog, err = bootfiles.LoadCatalog(ipxeDir, []string{"ipxe.efi", "undionly.kpxe"}); err != nil {
 		return nil, err
 	}
 

@@ -27,9 +27,9 @@ import (
 	"github.com/outpost-metal/outpost/edge/assets"
 	"github.com/outpost-metal/outpost/edge/bmc"
 	"github.com/outpost-metal/outpost/edge/boot"
-	"github.com/outpost-metal/outpost/edge/ipxe"
+	"github.com/outpost-metal/outpost/edge/bootfiles"
+	"github.com/outpost-metal/outpost/edge/httpd"
 	"github.com/outpost-metal/outpost/edge/journal"
-	"github.com/outpost-metal/outpost/edge/tftp"
 	"github.com/outpost-metal/outpost/edge/tunnel"
 	"github.com/outpost-metal/outpost/edge/uplink"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
@@ -54,7 +54,7 @@ type site struct {
 	tunnels   *tunnel.Server
 	tunnelLn  net.Listener
 	agentConn *grpc.ClientConn
-	httpSrv   *ipxe.Server
+	httpSrv   *httpd.Server
 	fetcher   *assets.Fetcher
 	bmcs      *BMCService
 	link      *uplink.Client
@@ -110,11 +110,11 @@ func newSite(f *fleet, index int, token string) (*site, error) {
 		return nil, err
 	}
 
-	hcfg := ipxe.Default()
+	hcfg := httpd.Default()
 	hcfg.Listen = "in-process:80"
 	hcfg.AssetsDir = f.filesDir
 
-	if s.httpSrv, err = ipxe.New(hcfg, log, ipxe.Deps{Table: s.table, Catalog: f.catalog, Observer: bootObserver{s}}); err != nil {
+	if s.httpSrv, err = httpd.New(hcfg, log, httpd.Deps{Table: s.table, Catalog: f.catalog, Observer: bootObserver{s}}); err != nil {
 		return nil, err
 	}
 
@@ -303,7 +303,7 @@ func siderolinkAPI(doc []byte) (*url.URL, error) {
 // the simulated machine what it was served.
 type bootObserver struct{ s *site }
 
-func (o bootObserver) BootServed(b ipxe.BootServed) {
+func (o bootObserver) BootServed(b httpd.BootServed) {
 	o.s.book.Note(b.UUID, b.Remote, b.MAC)
 	o.s.recorder.BootServed(b)
 	o.s.modes.Store(metal.NormalizeID(b.UUID), b.Mode)
@@ -312,7 +312,7 @@ func (o bootObserver) BootServed(b ipxe.BootServed) {
 // ConfigServed notes the address the booted machine fetched its config from (where its agent dials from).
 func (o bootObserver) ConfigServed(uuid string, remote netip.Addr) { o.s.book.Note(uuid, remote, nil) }
 
-func (o bootObserver) HTTPFetch(f tftp.Fetch) { o.s.recorder.HTTPFetch(f) }
+func (o bootObserver) HTTPFetch(f bootfiles.Fetch) { o.s.recorder.HTTPFetch(f) }
 
 // tunnelEvents journals agent tunnels opening and closing (edge/app's).
 type tunnelEvents struct{ rec *journal.Recorder }

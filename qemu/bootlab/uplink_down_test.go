@@ -20,10 +20,10 @@ import (
 	"github.com/outpost-metal/outpost/controller/bootplans"
 	"github.com/outpost-metal/outpost/controller/sites"
 	"github.com/outpost-metal/outpost/edge/boot"
+	"github.com/outpost-metal/outpost/edge/bootfiles"
 	"github.com/outpost-metal/outpost/edge/dhcp"
-	"github.com/outpost-metal/outpost/edge/ipxe"
+	"github.com/outpost-metal/outpost/edge/httpd"
 	"github.com/outpost-metal/outpost/edge/journal"
-	"github.com/outpost-metal/outpost/edge/tftp"
 	edgeuplink "github.com/outpost-metal/outpost/edge/uplink"
 	"github.com/outpost-metal/outpost/qemu/linklab"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
@@ -108,7 +108,7 @@ func TestBootWithUplinkDown(t *testing.T) {
 
 	recorder := journal.NewRecorder(jrnl, log)
 
-	hcfg := ipxe.Default()
+	hcfg := httpd.Default()
 	hcfg.AssetsDir = t.TempDir()
 
 	// The agent image the edge serves unknown machines (without it they would wait for it).
@@ -117,7 +117,7 @@ func TestBootWithUplinkDown(t *testing.T) {
 	for _, f := range []string{"vmlinuz", "initramfs.xz"} {
 		require.NoError(t, os.WriteFile(filepath.Join(hcfg.AssetsDir, "agent", "x86_64", f), []byte(f), 0o644))
 	}
-	httpSrv, err := ipxe.New(hcfg, log, ipxe.Deps{Table: table, Catalog: tftp.NewCatalog(map[string][]byte{"ipxe.efi": []byte("x")}), Observer: recorder})
+	httpSrv, err := httpd.New(hcfg, log, httpd.Deps{Table: table, Catalog: bootfiles.NewCatalog(map[string][]byte{"ipxe.efi": []byte("x")}), Observer: recorder})
 	require.NoError(t, err)
 	t.Cleanup(func() { httpSrv.Close() }) //nolint:errcheck
 
@@ -164,7 +164,7 @@ func TestBootWithUplinkDown(t *testing.T) {
 		require.Contains(t, body, "metal.provider.address=", "an unknown machine gets agent mode")
 
 		recorder.DHCPSeen(dhcp.Seen{MAC: net.HardwareAddr{0x52, 0x54, 0, 0, 0, 1}, Firmware: dhcp.FirmwareUEFIx86})
-		recorder.TFTPFetch(tftp.Fetch{Name: "ipxe.efi"})
+		recorder.TFTPFetch(bootfiles.Fetch{Name: "ipxe.efi"})
 
 		// The boot table survives an edge restart too (reopened from the state directory).
 		reopened, err := boot.Open(boot.Config{StateDir: stateDir}, log)

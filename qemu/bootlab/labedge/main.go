@@ -24,10 +24,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/outpost-metal/outpost/edge/app"
+	"github.com/outpost-metal/outpost/edge/bootfiles"
 	"github.com/outpost-metal/outpost/edge/config"
 	"github.com/outpost-metal/outpost/edge/dhcp"
-	"github.com/outpost-metal/outpost/edge/ipxe"
-	"github.com/outpost-metal/outpost/edge/tftp"
+	"github.com/outpost-metal/outpost/edge/httpd"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 	"github.com/outpost-metal/outpost/shared/logging"
 )
@@ -41,7 +41,7 @@ func main() {
 	flag.StringVar(&cfg.DHCP.ServerIP, "ip", "", "the edge's address on that interface")
 	flag.StringVar(&cfg.StateDir, "state", "", "state directory")
 	flag.StringVar(&assets, "assets", "", "directory of the boot images served under /assets/")
-	flag.StringVar(&cfg.IPXEDir, "ipxe-dir", tftp.DefaultDir, "iPXE binaries")
+	flag.StringVar(&cfg.IPXEDir, "ipxe-dir", bootfiles.DefaultDir, "iPXE binaries")
 	flag.StringVar(&cfg.LogLevel, "log-level", "info", "log level")
 	flag.IntVar(&cfg.HTTP.MaxConns, "http-max-conns", cfg.HTTP.MaxConns, "HTTP connections open at once (the edge's --http-max-conns)")
 	flag.StringVar((*string)(&cfg.DHCP.Discovery), "discovery", string(cfg.DHCP.Discovery), "whom the ProxyDHCP answers: all, known or off (the edge's --discovery)")
@@ -145,12 +145,12 @@ type printer struct{}
 
 func (printer) DHCPSeen(s dhcp.Seen) { fmt.Printf("DHCP %s %s ipxe=%t\n", s.MAC, s.Firmware, s.IPXE) }
 
-func (printer) TFTPFetch(f tftp.Fetch) {
+func (printer) TFTPFetch(f bootfiles.Fetch) {
 	if f.Err == nil {
 		fmt.Printf("TFTP %s\n", f.Name)
 	}
 }
 
-func (printer) BootServed(b ipxe.BootServed) {
+func (printer) BootServed(b httpd.BootServed) {
 	fmt.Printf("BOOT %s %s platform=%s\n", b.UUID, b.Mode, b.Platform)
 }
