@@ -33,7 +33,7 @@ var ErrInvalid = errors.New("invalid boot table change")
 // Config configures the boot table.
 type Config struct {
 	// StateDir is the directory the table is persisted in.
-	StateDir string `json:"state_dir"`
+	StateDir string
 }
 
 // Validate checks the configuration.

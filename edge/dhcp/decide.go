@@ -62,13 +62,13 @@ const (
 // BootFiles names the iPXE binaries served over TFTP (and over HTTP under /tftp/).
 type BootFiles struct {
 	// BIOS is for firmware class 0.
-	BIOS string `json:"bios"`
+	BIOS string
 	// UEFIx86 is the default for UEFI x86 (it carries its own NIC drivers).
-	UEFIx86 string `json:"uefi_x86"`
+	UEFIx86 string
 	// UEFIx86SNP is for machines whose NIC works only with the firmware's SNP driver.
-	UEFIx86SNP string `json:"uefi_x86_snp"`
+	UEFIx86SNP string
 	// UEFIARM64 is for UEFI arm64 (and U-Boot arm64).
-	UEFIARM64 string `json:"uefi_arm64"`
+	UEFIARM64 string
 }
 
 // DefaultBootFiles are the file names Debian's ipxe package uses (arm64 is not packaged there).

@@ -21,34 +21,34 @@ var ErrNothingBootable = errors.New("no firmware class is bootable")
 // Config configures the ProxyDHCP server.
 type Config struct {
 	// Interface is the network interface to serve (SO_BINDTODEVICE); empty binds to none (tests only).
-	Interface string `json:"interface"`
+	Interface string
 	// ServerIP is the edge's address on that network; empty means the interface's first IPv4 address.
-	ServerIP string `json:"server_ip"`
+	ServerIP string
 	// HTTPPort is the port of the edge's HTTP server.
-	HTTPPort int `json:"http_port"`
+	HTTPPort int
 	// Port and PXEPort are the listening ports (67 and 4011).
-	Port    int `json:"port"`
-	PXEPort int `json:"pxe_port"`
+	Port    int
+	PXEPort int
 	// Files names the iPXE binaries per firmware class.
-	Files BootFiles `json:"files"`
+	Files BootFiles
 	// Workers is the number of goroutines deciding and answering requests.
-	Workers int `json:"workers"`
+	Workers int
 	// QueueSize bounds the requests waiting for a worker; beyond it requests are dropped.
-	QueueSize int `json:"queue_size"`
+	QueueSize int
 	// ReadBuffer is the sockets' kernel receive buffer in bytes (absorbs bursts before the queue).
-	ReadBuffer int `json:"read_buffer"`
+	ReadBuffer int
 	// RatePerMAC and RateBurst limit requests per client MAC (a token bucket per MAC).
-	RatePerMAC float64 `json:"rate_per_mac"`
-	RateBurst  int     `json:"rate_burst"`
+	RatePerMAC float64
+	RateBurst  int
 	// MaxTrackedMACs bounds the per-MAC state; when full it is reset.
-	MaxTrackedMACs int `json:"max_tracked_macs"`
+	MaxTrackedMACs int
 	// ClientPort and RelayPort are where replies go (68 and 67); only tests change them.
-	ClientPort int `json:"client_port"`
-	RelayPort  int `json:"relay_port"`
+	ClientPort int
+	RelayPort  int
 	// Discovery is who is answered: all, known (machines in the boot table) or off.
-	Discovery Discovery `json:"discovery"`
+	Discovery Discovery
 	// Mode is full (67 and 4011) or 4011-only (beside a site DHCP server that offers PXE).
-	Mode Mode `json:"mode"`
+	Mode Mode
 }
 
 // Default returns the production defaults.
@@ -98,7 +98,7 @@ func (c Config) Validate() error {
 	}
 
 	for name, p := range map[string]int{
-		"http_port": c.HTTPPort, "port": c.Port, "pxe_port": c.PXEPort, "client_port": c.ClientPort, "relay_port": c.RelayPort,
+		"HTTP port (of --http-listen)": c.HTTPPort, "DHCP port": c.Port, "PXE port": c.PXEPort, "client port": c.ClientPort, "relay port": c.RelayPort,
 	} {
 		if p <= 0 || p > 65535 {
 			errs = append(errs, fmt.Errorf("%s %d out of range", name, p))
@@ -106,11 +106,11 @@ func (c Config) Validate() error {
 	}
 
 	if c.ReadBuffer < 0 {
-		errs = append(errs, errors.New("read_buffer must not be negative"))
+		errs = append(errs, errors.New("the read buffer must not be negative"))
 	}
 
 	if c.Workers <= 0 || c.QueueSize <= 0 || c.RatePerMAC <= 0 || c.RateBurst <= 0 || c.MaxTrackedMACs <= 0 {
-		errs = append(errs, errors.New("workers, queue_size, rate_per_mac, rate_burst and max_tracked_macs must be positive"))
+		errs = append(errs, errors.New("workers, queue size, rate and burst per MAC and tracked MACs must be positive"))
 	}
 
 	if len(c.Files.Names()) == 0 {

@@ -10,36 +10,36 @@ import (
 // Config configures the HTTP server.
 type Config struct {
 	// Listen is the TCP address to serve (default ":80").
-	Listen string `json:"listen"`
+	Listen string
 	// AssetsDir holds the files served under /assets/.
-	AssetsDir string `json:"assets_dir"`
+	AssetsDir string
 	// AdvertiseHost is host[:port] machines use to reach this server; empty means the request's Host header.
-	AdvertiseHost string `json:"advertise_host"`
+	AdvertiseHost string
 	// AgentAddress is metal.provider.address for agent mode (the edge's agent tunnel endpoint);
 	// empty means the advertised host with AgentPort.
-	AgentAddress string `json:"agent_address"`
+	AgentAddress string
 	// AgentPort is the port of the agent tunnel endpoint when AgentAddress is empty.
-	AgentPort int `json:"agent_port"`
+	AgentPort int
 	// KernelArgs are used when the boot table has no table-wide args (consoles).
-	KernelArgs []string `json:"kernel_args"`
+	KernelArgs []string
 	// AgentKernel and AgentInitrd are the default agent-mode paths; "{arch}" is replaced (x86_64, arm64).
-	AgentKernel string `json:"agent_kernel"`
-	AgentInitrd string `json:"agent_initrd"`
+	AgentKernel string
+	AgentInitrd string
 	// Retries bounds DHCP, probe and download attempts in the scripts.
-	Retries int `json:"retries"`
+	Retries int
 	// AssetWait is how long a machine whose boot assets are not at the site yet waits before asking again.
-	AssetWait time.Duration `json:"asset_wait"`
+	AssetWait time.Duration
 	// ReadHeaderTimeout, ReadTimeout, WriteTimeout and IdleTimeout are the http.Server timeouts.
-	ReadHeaderTimeout time.Duration `json:"read_header_timeout"`
-	ReadTimeout       time.Duration `json:"read_timeout"`
-	WriteTimeout      time.Duration `json:"write_timeout"`
-	IdleTimeout       time.Duration `json:"idle_timeout"`
+	ReadHeaderTimeout time.Duration
+	ReadTimeout       time.Duration
+	WriteTimeout      time.Duration
+	IdleTimeout       time.Duration
 	// MaxConns bounds the open connections, MaxConnsPerSource those from one client address (see
 	// LimitListener). At a bound, the oldest connection that never got a response byte (a client still
 	// sending its headers, as slowloris does for ReadHeaderTimeout at most) or is idle between requests is
 	// closed to make room; when there is none, the new connection is reset at once.
-	MaxConns          int `json:"max_conns"`
-	MaxConnsPerSource int `json:"max_conns_per_source"`
+	MaxConns          int
+	MaxConnsPerSource int
 }
 
 // Default returns the production defaults.
@@ -70,15 +70,15 @@ func (c Config) Validate() error {
 	var errs []error
 
 	if c.Listen == "" || c.AssetsDir == "" {
-		errs = append(errs, errors.New("listen and assets_dir are required"))
+		errs = append(errs, errors.New("a listen address (--http-listen) and an assets directory are required"))
 	}
 
 	if c.AdvertiseHost != "" && !hostRE.MatchString(c.AdvertiseHost) {
-		errs = append(errs, fmt.Errorf("advertise_host %q is not host[:port]", c.AdvertiseHost))
+		errs = append(errs, fmt.Errorf("--advertise-host %q is not host[:port]", c.AdvertiseHost))
 	}
 
 	if c.AgentAddress == "" && (c.AgentPort <= 0 || c.AgentPort > 65535) {
-		errs = append(errs, fmt.Errorf("agent_port %d out of range", c.AgentPort))
+		errs = append(errs, fmt.Errorf("agent port %d out of range (used without --agent-address)", c.AgentPort))
 	}
 
 	if c.Retries <= 0 {
@@ -86,7 +86,7 @@ func (c Config) Validate() error {
 	}
 
 	if c.AssetWait < time.Second {
-		errs = append(errs, fmt.Errorf("asset_wait %s: at least 1s", c.AssetWait))
+		errs = append(errs, fmt.Errorf("asset wait %s: at least 1s", c.AssetWait))
 	}
 
 	if c.ReadHeaderTimeout <= 0 || c.ReadTimeout <= 0 || c.WriteTimeout <= 0 || c.IdleTimeout <= 0 {
@@ -94,7 +94,7 @@ func (c Config) Validate() error {
 	}
 
 	if c.MaxConns <= 0 || c.MaxConnsPerSource <= 0 || c.MaxConnsPerSource > c.MaxConns {
-		errs = append(errs, fmt.Errorf("max_conns %d and max_conns_per_source %d: both positive, per source at most the total",
+		errs = append(errs, fmt.Errorf("--http-max-conns %d and --http-max-conns-per-source %d: both positive, per source at most the total",
 			c.MaxConns, c.MaxConnsPerSource))
 	}
 

@@ -38,15 +38,15 @@ var ErrClosed = errors.New("journal closed")
 // Config configures the journal.
 type Config struct {
 	// Dir is the state directory.
-	Dir string `json:"dir"`
+	Dir string
 	// MaxEvents bounds the unacknowledged events; beyond it the oldest are dropped (and counted).
-	MaxEvents int `json:"max_events"`
+	MaxEvents int
 	// MaxBytes is the file size that triggers a rewrite without acknowledged events.
-	MaxBytes int64 `json:"max_bytes"`
+	MaxBytes int64
 	// BatchSize is the number of events per Publish call.
-	BatchSize int `json:"batch_size"`
+	BatchSize int
 	// RetryInterval is the wait after a failed or unproductive Publish.
-	RetryInterval time.Duration `json:"retry_interval"`
+	RetryInterval time.Duration
 }
 
 // Default returns the production defaults.
@@ -57,7 +57,7 @@ func Default() Config {
 // Validate checks the configuration.
 func (c Config) Validate() error {
 	if c.Dir == "" || c.MaxEvents <= 0 || c.MaxBytes <= 0 || c.BatchSize <= 0 || c.RetryInterval <= 0 {
-		return errors.New("dir, max_events, max_bytes, batch_size and retry_interval are required and positive")
+		return errors.New("journal: a directory, and positive event and byte bounds, batch size and retry interval are required")
 	}
 
 	return nil

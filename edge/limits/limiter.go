@@ -17,9 +17,9 @@ import (
 // Config bounds what sources may hold at once. A zero field means no bound.
 type Config struct {
 	// Total bounds what all sources together hold.
-	Total int `json:"total"`
+	Total int
 	// PerSource bounds what one source address holds.
-	PerSource int `json:"per_source"`
+	PerSource int
 }
 
 // Validate checks the configuration.

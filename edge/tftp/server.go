@@ -31,40 +31,40 @@ import (
 // Config configures the TFTP server.
 type Config struct {
 	// Listen is the UDP address to serve (default ":69").
-	Listen string `json:"listen"`
+	Listen string
 	// Dir is where the iPXE binaries are read from at start-up.
-	Dir string `json:"dir"`
+	Dir string
 	// BlockSize is the largest blksize granted (RFC 2348); it is clamped further to the receiving
 	// interface's MTU minus 28 bytes. 1468 fits a 1500-byte MTU.
-	BlockSize int `json:"block_size"`
+	BlockSize int
 	// Timeout is how long the server waits for an acknowledgement before sending a packet again.
-	Timeout time.Duration `json:"timeout"`
+	Timeout time.Duration
 	// Retries is how many times one packet is sent again to a client that has acknowledged an earlier one.
-	Retries int `json:"retries"`
+	Retries int
 	// FirstRetries is how many times the first packet (OACK or DATA 1) is sent again to a client that has
 	// acknowledged nothing yet: a request with a forged source earns 1+FirstRetries packets at most.
-	FirstRetries int `json:"first_retries"`
+	FirstRetries int
 	// MaxResends bounds the packets sent again over one whole transfer.
-	MaxResends int `json:"max_resends"`
+	MaxResends int
 	// MaxTransferTime bounds one transfer from request to last acknowledgement (a client that acknowledges
 	// each block just before the timeout would otherwise hold its transfer for blocks × Timeout).
-	MaxTransferTime time.Duration `json:"max_transfer_time"`
+	MaxTransferTime time.Duration
 	// MaxTransfers bounds the transfers in progress, MaxTransfersPerSource those of one client address. At a
 	// bound, the oldest transfer whose client has acknowledged nothing yet is ended to make room (the source's
 	// own at the per-source bound); when every transfer is acknowledged, the request is refused.
-	MaxTransfers          int `json:"max_transfers"`
-	MaxTransfersPerSource int `json:"max_transfers_per_source"`
+	MaxTransfers          int
+	MaxTransfersPerSource int
 	// RequestRatePerSource bounds the requests per second one client address sends (bursts of twice as many);
 	// beyond it they are dropped unanswered before anything else is decided. A ROM sends one or two a boot,
 	// and again each time one goes unanswered.
-	RequestRatePerSource int `json:"request_rate_per_source"`
+	RequestRatePerSource int
 	// ErrorRate bounds the error packets per second answering requests refused for good (no such file, a bad
 	// name, a write); beyond it they get no answer (counted), so a flood with forged sources cannot use the
 	// edge to send packets at any rate. Requests refused for now (at a limit) are never answered: see shed.
-	ErrorRate int `json:"error_rate"`
+	ErrorRate int
 	// EventRate bounds the refused requests per second reported to the observer (the event journal);
 	// beyond it they are counted only. Completed transfers are always reported.
-	EventRate int `json:"event_rate"`
+	EventRate int
 }
 
 // Default returns the production defaults, sized for a site of thousands of machines (see the edge's
@@ -85,28 +85,28 @@ func (c Config) Validate() error {
 	var errs []error
 
 	if c.Listen == "" {
-		errs = append(errs, errors.New("listen is required"))
+		errs = append(errs, errors.New("a listen address is required (--tftp-listen)"))
 	}
 
 	if c.Dir == "" {
-		errs = append(errs, errors.New("dir is required"))
+		errs = append(errs, errors.New("a boot-file directory is required (--ipxe-dir)"))
 	}
 
 	if c.BlockSize < minBlockSize || c.BlockSize > maxBlockSize {
-		errs = append(errs, fmt.Errorf("block_size %d outside 512..65464", c.BlockSize))
+		errs = append(errs, fmt.Errorf("block size %d outside 512..65464", c.BlockSize))
 	}
 
 	if c.Timeout <= 0 || c.Retries <= 0 || c.FirstRetries < 0 || c.MaxResends < 0 || c.MaxTransferTime <= 0 {
-		errs = append(errs, errors.New("timeout, retries and max_transfer_time must be positive, first_retries and max_resends not negative"))
+		errs = append(errs, errors.New("the timeout, retries and transfer time must be positive, first retries and resends not negative"))
 	}
 
 	if c.MaxTransfers <= 0 || c.MaxTransfersPerSource <= 0 || c.MaxTransfersPerSource > c.MaxTransfers {
-		errs = append(errs, fmt.Errorf("max_transfers %d and max_transfers_per_source %d: both positive, per source at most the total",
+		errs = append(errs, fmt.Errorf("--tftp-max-transfers %d and --tftp-max-per-source %d: both positive, per source at most the total",
 			c.MaxTransfers, c.MaxTransfersPerSource))
 	}
 
 	if c.RequestRatePerSource <= 0 || c.ErrorRate <= 0 || c.EventRate <= 0 {
-		errs = append(errs, errors.New("request_rate_per_source, error_rate and event_rate must be positive"))
+		errs = append(errs, errors.New("the request rate per source, error rate and event rate must be positive"))
 	}
 
 	return errors.Join(errs...)

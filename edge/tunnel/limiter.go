@@ -20,16 +20,16 @@ type Limits struct {
 	// MaxTunnels bounds the agent tunnels open at once, MaxTunnelsPerSource those from one address,
 	// MaxTunnelsPerConn those on one connection. Over a bound a tunnel is refused (ResourceExhausted): an open
 	// tunnel is a live agent's, so none is ended to make room.
-	MaxTunnels          int `json:"max_tunnels"`
-	MaxTunnelsPerSource int `json:"max_tunnels_per_source"`
-	MaxTunnelsPerConn   int `json:"max_tunnels_per_conn"`
+	MaxTunnels          int
+	MaxTunnelsPerSource int
+	MaxTunnelsPerConn   int
 	// MaxConns and MaxConnsPerSource bound the port's connections, with or without tunnels.
-	MaxConns          int `json:"max_conns"`
-	MaxConnsPerSource int `json:"max_conns_per_source"`
+	MaxConns          int
+	MaxConnsPerSource int
 	// EventRate and EventBurst bound the tunnel opens journaled per second (see eventGate); the close of a
 	// journaled open is always journaled.
-	EventRate  float64 `json:"event_rate"`
-	EventBurst int     `json:"event_burst"`
+	EventRate  float64
+	EventBurst int
 }
 
 // DefaultLimits returns limits sized for a site: agents run while machines are discovered or wiped, one
@@ -50,7 +50,8 @@ func (l Limits) Validate() error {
 	var errs []error
 
 	for name, pair := range map[string][2]int{
-		"tunnels": {l.MaxTunnels, l.MaxTunnelsPerSource}, "connections": {l.MaxConns, l.MaxConnsPerSource},
+		"tunnels (--agent-max-tunnels, --agent-max-tunnels-per-source)": {l.MaxTunnels, l.MaxTunnelsPerSource},
+		"connections (--agent-max-conns)":                               {l.MaxConns, l.MaxConnsPerSource},
 	} {
 		if pair[0] <= 0 || pair[1] <= 0 || pair[1] > pair[0] {
 			errs = append(errs, fmt.Errorf("%s: %d in total and %d per source: both positive, per source at most the total", name, pair[0], pair[1]))
@@ -58,11 +59,11 @@ func (l Limits) Validate() error {
 	}
 
 	if l.MaxTunnelsPerConn <= 0 {
-		errs = append(errs, errors.New("max_tunnels_per_conn must be positive"))
+		errs = append(errs, errors.New("tunnels per connection must be positive"))
 	}
 
 	if l.EventRate <= 0 || l.EventBurst <= 0 {
-		errs = append(errs, errors.New("event_rate and event_burst must be positive"))
+		errs = append(errs, errors.New("the event rate and burst must be positive"))
 	}
 
 	return errors.Join(errs...)
