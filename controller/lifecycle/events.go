@@ -39,10 +39,13 @@ func (l *Locations) HandleEvent(ctx context.Context, site string, e *bootpb.Even
 			l.rejected.WithLabelValues("machine_moved").Inc()
 		}
 
-		l.SetArch(id, k.BootServed.GetArch())
+		if arch, ok := k.BootServed.MachineArch(); ok {
+			l.SetArch(id, arch)
+		}
+
 		l.AddMAC(id, k.BootServed.GetMac())
 
-		if fw, ok := metal.FirmwareFromPlatform(k.BootServed.GetPlatform()); ok {
+		if fw, ok := k.BootServed.MachineFirmware(); ok {
 			l.SetFirmware(id, string(fw), "ipxe")
 		}
 
@@ -60,7 +63,7 @@ func (l *Locations) HandleEvent(ctx context.Context, site string, e *bootpb.Even
 			l.reject(site, "bad_machine_id", err)
 		}
 	case *bootpb.Event_DhcpSeen:
-		fw, ok := metal.FirmwareFromDHCPClass(k.DhcpSeen.GetFirmware())
+		fw, ok := k.DhcpSeen.MachineFirmware()
 		if !ok {
 			return nil
 		}

@@ -246,13 +246,8 @@ func (l *Locations) Raise(machineID, alert, detail string) {
 	l.markLocked(machineID)
 }
 
-// SetArch records the architecture a machine's network boot reported (iPXE ${buildarch}: x86_64, arm64).
-func (l *Locations) SetArch(machineID, reported string) {
-	a, ok := metal.ParseArch(reported)
-	if !ok {
-		return
-	}
-
+// SetArch records the architecture a machine's network boot reported.
+func (l *Locations) SetArch(machineID string, a metal.Arch) {
 	arch := string(a)
 
 	l.mu.Lock()

@@ -17,6 +17,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 func TestLocations(t *testing.T) {
@@ -50,10 +51,8 @@ func TestLocations(t *testing.T) {
 	l.SiteOffline("site-b")
 	require.Equal(t, lifecycle.Location{SiteID: "site-b"}, must(l.Locate(id)))
 
-	l.SetArch(id, "aarch64")
+	l.SetArch(id, metal.ARM64)
 	require.Equal(t, "arm64", must(l.Locate(id)).Arch)
-	l.SetArch(id, "mips")
-	require.Equal(t, "arm64", must(l.Locate(id)).Arch, "unknown arch ignored")
 
 	for _, bad := range []string{"", "../../etc", "m1", "4c4c4544-0042-3510-8052-b4c04f38483"} {
 		_, err = l.Seen("site-a", bad)
@@ -97,7 +96,7 @@ func TestLocationsPersistAndLoad(t *testing.T) {
 
 	_, err := first.Seen("site-a", a)
 	require.NoError(t, err)
-	first.SetArch(a, "x86_64")
+	first.SetArch(a, metal.AMD64)
 	first.SetFirmware(a, "uefi", "ipxe")
 	first.AddMAC(a, "52:54:00:AA:00:01")
 	require.NoError(t, first.AgentConnected("site-b", b, true))

@@ -368,7 +368,7 @@ func WithLocalNamespaces(st state.CoreState, qcontrollers ...controller.QControl
 func (c *Connection) NewRuntime(health func(context.Context) error, qcontrollers ...controller.QController) (*runtime.Runtime, error) {
 	opts := append(CachedInputs(qcontrollers...), options.WithMetrics(true))
 
-	rt, err := runtime.NewRuntime(WithLocalNamespaces(c.State(), qcontrollers...), c.logger, opts...)
+	rt, err := runtime.NewRuntime(WithLocalNamespaces(c.State(), qcontrollers...), runtimeLogger(c.logger), opts...)
 	if err != nil {
 		return nil, fmt.Errorf("create runtime: %w", err)
 	}

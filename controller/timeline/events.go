@@ -36,7 +36,7 @@ func (b *Book) HandleEvent(_ context.Context, site string, e *bootpb.Event) erro
 			return nil
 		}
 
-		text := fmt.Sprintf("DHCP from %s, firmware %s", mac, orUnknown(d.GetFirmware()))
+		text := fmt.Sprintf("DHCP from %s, firmware %s", mac, orUnknown(d.Class().Name()))
 		if d.GetIpxe() {
 			text += ", already in iPXE"
 		}
@@ -46,8 +46,8 @@ func (b *Book) HandleEvent(_ context.Context, site string, e *bootpb.Event) erro
 		}
 
 		b.byAddress(site, "mac/"+mac, Entry{At: at, Kind: KindDHCP, Text: text}, func(m *machine) {
-			if fw := firmwareOfClass(d.GetFirmware()); fw != "" && m.Firmware == "" {
-				m.Firmware = fw
+			if fw, ok := d.MachineFirmware(); ok && m.Firmware == "" {
+				m.Firmware = string(fw)
 			}
 		})
 	case *bootpb.Event_PxeSeen:
@@ -140,7 +140,7 @@ func (b *Book) bootServed(site string, at time.Time, s *bootpb.BootServed) {
 
 	var details []string
 
-	for _, d := range []string{s.GetArch(), s.GetPlatform(), s.GetRemoteIp()} {
+	for _, d := range []string{s.Build().Name(), s.Firmware().Name(), s.GetRemoteIp()} {
 		if d != "" {
 			details = append(details, d)
 		}
@@ -158,7 +158,7 @@ func (b *Book) bootServed(site string, at time.Time, s *bootpb.BootServed) {
 	ip, ipOK := normalIP(s.GetRemoteIp())
 
 	b.machineEvent(site, s.GetUuid(), entry, func(m *machine) {
-		b.identify(m, mac, s.GetArch(), s.GetPlatform())
+		b.identify(m, mac, s)
 
 		// the addresses it booted from are its own now: what was held for them joins its timeline
 		for _, key := range []struct {
@@ -219,7 +219,7 @@ func (b *Book) machineEvent(site, machineID string, entry Entry, fn func(*machin
 }
 
 // identify records how a machine was seen booting; b.mu is held.
-func (b *Book) identify(m *machine, mac, arch, platform string) {
+func (b *Book) identify(m *machine, mac string, s *bootpb.BootServed) {
 	if mac != "" && !slices.Contains(m.MACs, mac) {
 		m.MACs = append(m.MACs, mac)
 		if len(m.MACs) > maxMACs {
@@ -227,24 +227,17 @@ func (b *Book) identify(m *machine, mac, arch, platform string) {
 		}
 	}
 
-	if a, ok := metal.ParseArch(arch); ok {
+	if a, ok := s.MachineArch(); ok {
 		m.Arch = string(a)
 	}
 
-	if fw, ok := metal.FirmwareFromPlatform(platform); ok {
+	if fw, ok := s.MachineFirmware(); ok {
 		m.Firmware = string(fw)
 	}
 }
 
 // maxMACs bounds the interfaces kept per machine.
 const maxMACs = 8
-
-// firmwareOfClass is the firmware a DHCP client class names ("" when none).
-func firmwareOfClass(class string) string {
-	fw, _ := metal.FirmwareFromDHCPClass(class) // "" for a class it does not know
-
-	return string(fw)
-}
 
 // byAddress adds an entry to the machine an address at site is tied to (and applies fn), or holds it for one.
 func (b *Book) byAddress(site, key string, entry Entry, fn func(*machine)) {

@@ -5,7 +5,11 @@
 // Server wraps it with sockets, a bounded worker pool, a per-MAC rate limit and metrics.
 package dhcp
 
-import "github.com/insomniacslk/dhcp/iana"
+import (
+	"github.com/insomniacslk/dhcp/iana"
+
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+)
 
 // Firmware is the class of boot firmware a client runs, derived from DHCP option 93
 // (RFC 4578 client system architecture; codes from the IANA "Processor Architecture Types" registry).
@@ -30,22 +34,31 @@ const (
 // AllFirmware lists the bootable firmware classes in a stable order.
 var AllFirmware = []Firmware{FirmwareBIOS, FirmwareUEFIx86, FirmwareUEFIARM64, FirmwareHTTPx86, FirmwareHTTPARM64}
 
-// String returns the class name used in logs, metrics and events.
-func (f Firmware) String() string {
+// Class is the firmware class as the journal carries it (unspecified for FirmwareUnknown).
+func (f Firmware) Class() bootpb.FirmwareClass {
 	switch f {
 	case FirmwareBIOS:
-		return "bios"
+		return bootpb.FirmwareClass_FIRMWARE_CLASS_BIOS
 	case FirmwareUEFIx86:
-		return "uefi-x86"
+		return bootpb.FirmwareClass_FIRMWARE_CLASS_UEFI_X86
 	case FirmwareUEFIARM64:
-		return "uefi-arm64"
+		return bootpb.FirmwareClass_FIRMWARE_CLASS_UEFI_ARM64
 	case FirmwareHTTPx86:
-		return "http-x86"
+		return bootpb.FirmwareClass_FIRMWARE_CLASS_HTTP_X86
 	case FirmwareHTTPARM64:
-		return "http-arm64"
+		return bootpb.FirmwareClass_FIRMWARE_CLASS_HTTP_ARM64
 	default:
-		return "unknown"
+		return bootpb.FirmwareClass_FIRMWARE_CLASS_UNSPECIFIED
 	}
+}
+
+// String returns the class name used in logs, metrics and events (the journal's name for it).
+func (f Firmware) String() string {
+	if name := f.Class().Name(); name != "" {
+		return name
+	}
+
+	return "unknown"
 }
 
 // HTTPBoot reports whether the class boots from an http:// URL instead of a TFTP file.

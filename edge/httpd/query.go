@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strings"
 
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 	"github.com/outpost-metal/outpost/shared/metal"
 )
 
@@ -26,16 +27,6 @@ type BootQuery struct {
 	Arch string
 	// Platform is iPXE's ${platform}: pcbios or efi, the firmware the machine booted with; empty when not sent.
 	Platform string
-}
-
-// knownArch lists iPXE build architectures we boot.
-var knownArch = map[string]bool{"i386": true, "x86_64": true, "arm64": true}
-
-// knownPlatform reports whether p is an iPXE ${platform} the edge boots (pcbios, efi).
-func knownPlatform(p string) bool {
-	_, ok := metal.FirmwareFromPlatform(p)
-
-	return ok
 }
 
 // ParseBootQuery validates a raw boot.ipxe query string. Each parameter may appear at most once.
@@ -80,11 +71,11 @@ func ParseBootQuery(raw string) (BootQuery, error) {
 		q.Arch = "x86_64"
 	}
 
-	if !knownArch[q.Arch] {
+	if bootpb.IPXEArchNamed(q.Arch) == bootpb.IPXEArch_IPXE_ARCH_UNSPECIFIED {
 		return q, fmt.Errorf("arch %q: %w", truncate(q.Arch), ErrBadQuery)
 	}
 
-	if q.Platform = vals.Get("platform"); q.Platform != "" && !knownPlatform(q.Platform) {
+	if q.Platform = vals.Get("platform"); q.Platform != "" && bootpb.IPXEPlatformNamed(q.Platform) == bootpb.IPXEPlatform_IPXE_PLATFORM_UNSPECIFIED {
 		return q, fmt.Errorf("platform %q: %w", truncate(q.Platform), ErrBadQuery)
 	}
 

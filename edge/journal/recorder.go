@@ -38,7 +38,9 @@ func (r *Recorder) Record(e *bootpb.Event) {
 
 // DHCPSeen records a PXE client answered by the ProxyDHCP.
 func (r *Recorder) DHCPSeen(s dhcp.Seen) {
-	ev := &bootpb.DHCPSeen{Mac: s.MAC.String(), Firmware: s.Firmware.String(), Uuid: s.UUID, Ipxe: s.IPXE}
+	ev := &bootpb.DHCPSeen{
+		Mac: s.MAC.String(), Firmware: s.Firmware.String(), FirmwareClass: s.Firmware.Class(), Uuid: s.UUID, Ipxe: s.IPXE,
+	}
 	if s.Relay.IsValid() {
 		ev.Relay = s.Relay.String()
 	}
@@ -71,7 +73,10 @@ func (r *Recorder) fetch(f bootfiles.Fetch, via string) {
 
 // BootServed records a boot.ipxe answer.
 func (r *Recorder) BootServed(b httpd.BootServed) {
-	ev := &bootpb.BootServed{Uuid: b.UUID, Arch: b.Arch, Platform: b.Platform, Mode: b.Mode, TableVersion: b.TableVersion}
+	ev := &bootpb.BootServed{
+		Uuid: b.UUID, Arch: b.Arch, Platform: b.Platform, Mode: b.Mode, TableVersion: b.TableVersion,
+		IpxeArch: bootpb.IPXEArchNamed(b.Arch), IpxePlatform: bootpb.IPXEPlatformNamed(b.Platform),
+	}
 	if b.MAC != nil {
 		ev.Mac = b.MAC.String()
 	}

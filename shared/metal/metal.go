@@ -62,19 +62,6 @@ const (
 	ARM64 Arch = "arm64"
 )
 
-// ParseArch maps what a boot reports (iPXE's ${buildarch}: i386 for a BIOS machine's iPXE, x86_64, arm64) or a
-// kernel's name for it (amd64, aarch64) to the machine's architecture; false for anything else.
-func ParseArch(s string) (Arch, bool) {
-	switch s {
-	case "x86_64", "i386", "amd64":
-		return AMD64, true
-	case "arm64", "aarch64":
-		return ARM64, true
-	default:
-		return "", false
-	}
-}
-
 // IPXE is iPXE's name for the architecture's 64-bit build (x86_64, arm64), under which the boot table keys
 // its agent-mode kernels.
 func (a Arch) IPXE() string {
@@ -93,29 +80,3 @@ const (
 	BIOS Firmware = "bios"
 	UEFI Firmware = "uefi"
 )
-
-// FirmwareFromPlatform maps iPXE's ${platform} (pcbios, efi) to the firmware class; false for anything else.
-func FirmwareFromPlatform(platform string) (Firmware, bool) {
-	switch platform {
-	case "pcbios":
-		return BIOS, true
-	case "efi":
-		return UEFI, true
-	default:
-		return "", false
-	}
-}
-
-// FirmwareFromDHCPClass maps the firmware class an edge reports from a PXE client's DHCP request (the edge's
-// names for DHCP option 93: bios, uefi-x86, uefi-arm64, http-x86, http-arm64) to the firmware class; false
-// for anything else.
-func FirmwareFromDHCPClass(class string) (Firmware, bool) {
-	switch class {
-	case "bios":
-		return BIOS, true
-	case "uefi-x86", "uefi-arm64", "http-x86", "http-arm64":
-		return UEFI, true
-	default:
-		return "", false
-	}
-}

@@ -192,6 +192,171 @@ func (Discovery) EnumDescriptor() ([]byte, []int) {
 	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{2}
 }
 
+// FirmwareClass is how a PXE client boots, as the ProxyDHCP reads it from DHCP option 93.
+type FirmwareClass int32
+
+const (
+	FirmwareClass_FIRMWARE_CLASS_UNSPECIFIED FirmwareClass = 0
+	// FIRMWARE_CLASS_BIOS: legacy x86 PXE.
+	FirmwareClass_FIRMWARE_CLASS_BIOS       FirmwareClass = 1
+	FirmwareClass_FIRMWARE_CLASS_UEFI_X86   FirmwareClass = 2
+	FirmwareClass_FIRMWARE_CLASS_UEFI_ARM64 FirmwareClass = 3
+	// FIRMWARE_CLASS_HTTP_X86, FIRMWARE_CLASS_HTTP_ARM64: UEFI HTTP boot.
+	FirmwareClass_FIRMWARE_CLASS_HTTP_X86   FirmwareClass = 4
+	FirmwareClass_FIRMWARE_CLASS_HTTP_ARM64 FirmwareClass = 5
+)
+
+// Enum value maps for FirmwareClass.
+var (
+	FirmwareClass_name = map[int32]string{
+		0: "FIRMWARE_CLASS_UNSPECIFIED",
+		1: "FIRMWARE_CLASS_BIOS",
+		2: "FIRMWARE_CLASS_UEFI_X86",
+		3: "FIRMWARE_CLASS_UEFI_ARM64",
+		4: "FIRMWARE_CLASS_HTTP_X86",
+		5: "FIRMWARE_CLASS_HTTP_ARM64",
+	}
+	FirmwareClass_value = map[string]int32{
+		"FIRMWARE_CLASS_UNSPECIFIED": 0,
+		"FIRMWARE_CLASS_BIOS":        1,
+		"FIRMWARE_CLASS_UEFI_X86":    2,
+		"FIRMWARE_CLASS_UEFI_ARM64":  3,
+		"FIRMWARE_CLASS_HTTP_X86":    4,
+		"FIRMWARE_CLASS_HTTP_ARM64":  5,
+	}
+)
+
+func (x FirmwareClass) Enum() *FirmwareClass {
+	p := new(FirmwareClass)
+	*p = x
+	return p
+}
+
+func (x FirmwareClass) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FirmwareClass) Descriptor() protoreflect.EnumDescriptor {
+	return file_shared_api_boot_boot_proto_enumTypes[3].Descriptor()
+}
+
+func (FirmwareClass) Type() protoreflect.EnumType {
+	return &file_shared_api_boot_boot_proto_enumTypes[3]
+}
+
+func (x FirmwareClass) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FirmwareClass.Descriptor instead.
+func (FirmwareClass) EnumDescriptor() ([]byte, []int) {
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{3}
+}
+
+// IPXEArch is the build of the iPXE that asked for its boot script (iPXE's ${buildarch}).
+type IPXEArch int32
+
+const (
+	IPXEArch_IPXE_ARCH_UNSPECIFIED IPXEArch = 0
+	// IPXE_ARCH_I386: the BIOS build, on x86-64 machines too.
+	IPXEArch_IPXE_ARCH_I386   IPXEArch = 1
+	IPXEArch_IPXE_ARCH_X86_64 IPXEArch = 2
+	IPXEArch_IPXE_ARCH_ARM64  IPXEArch = 3
+)
+
+// Enum value maps for IPXEArch.
+var (
+	IPXEArch_name = map[int32]string{
+		0: "IPXE_ARCH_UNSPECIFIED",
+		1: "IPXE_ARCH_I386",
+		2: "IPXE_ARCH_X86_64",
+		3: "IPXE_ARCH_ARM64",
+	}
+	IPXEArch_value = map[string]int32{
+		"IPXE_ARCH_UNSPECIFIED": 0,
+		"IPXE_ARCH_I386":        1,
+		"IPXE_ARCH_X86_64":      2,
+		"IPXE_ARCH_ARM64":       3,
+	}
+)
+
+func (x IPXEArch) Enum() *IPXEArch {
+	p := new(IPXEArch)
+	*p = x
+	return p
+}
+
+func (x IPXEArch) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (IPXEArch) Descriptor() protoreflect.EnumDescriptor {
+	return file_shared_api_boot_boot_proto_enumTypes[4].Descriptor()
+}
+
+func (IPXEArch) Type() protoreflect.EnumType {
+	return &file_shared_api_boot_boot_proto_enumTypes[4]
+}
+
+func (x IPXEArch) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use IPXEArch.Descriptor instead.
+func (IPXEArch) EnumDescriptor() ([]byte, []int) {
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{4}
+}
+
+// IPXEPlatform is the firmware iPXE runs on (iPXE's ${platform}).
+type IPXEPlatform int32
+
+const (
+	IPXEPlatform_IPXE_PLATFORM_UNSPECIFIED IPXEPlatform = 0
+	IPXEPlatform_IPXE_PLATFORM_PCBIOS      IPXEPlatform = 1
+	IPXEPlatform_IPXE_PLATFORM_EFI         IPXEPlatform = 2
+)
+
+// Enum value maps for IPXEPlatform.
+var (
+	IPXEPlatform_name = map[int32]string{
+		0: "IPXE_PLATFORM_UNSPECIFIED",
+		1: "IPXE_PLATFORM_PCBIOS",
+		2: "IPXE_PLATFORM_EFI",
+	}
+	IPXEPlatform_value = map[string]int32{
+		"IPXE_PLATFORM_UNSPECIFIED": 0,
+		"IPXE_PLATFORM_PCBIOS":      1,
+		"IPXE_PLATFORM_EFI":         2,
+	}
+)
+
+func (x IPXEPlatform) Enum() *IPXEPlatform {
+	p := new(IPXEPlatform)
+	*p = x
+	return p
+}
+
+func (x IPXEPlatform) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (IPXEPlatform) Descriptor() protoreflect.EnumDescriptor {
+	return file_shared_api_boot_boot_proto_enumTypes[5].Descriptor()
+}
+
+func (IPXEPlatform) Type() protoreflect.EnumType {
+	return &file_shared_api_boot_boot_proto_enumTypes[5]
+}
+
+func (x IPXEPlatform) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use IPXEPlatform.Descriptor instead.
+func (IPXEPlatform) EnumDescriptor() ([]byte, []int) {
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{5}
+}
+
 type StateRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1270,8 +1435,10 @@ func (x *PowerChanged) GetError() string {
 type DHCPSeen struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Mac   string                 `protobuf:"bytes,1,opt,name=mac,proto3" json:"mac,omitempty"`
-	// firmware is the class: bios, uefi-x86, uefi-arm64, http-x86, http-arm64.
-	Firmware string `protobuf:"bytes,2,opt,name=firmware,proto3" json:"firmware,omitempty"`
+	// firmware is the class by name (bios, uefi-x86, uefi-arm64, http-x86, http-arm64): what edges journaled
+	// before firmware_class, still sent beside it so controllers of either age read the other's events.
+	Firmware      string        `protobuf:"bytes,2,opt,name=firmware,proto3" json:"firmware,omitempty"`
+	FirmwareClass FirmwareClass `protobuf:"varint,6,opt,name=firmware_class,json=firmwareClass,proto3,enum=outpost.boot.FirmwareClass" json:"firmware_class,omitempty"`
 	// uuid is from DHCP option 97 when sent (byte order as the client sent it).
 	Uuid string `protobuf:"bytes,3,opt,name=uuid,proto3" json:"uuid,omitempty"`
 	// ipxe is true when the client already ran iPXE.
@@ -1324,6 +1491,13 @@ func (x *DHCPSeen) GetFirmware() string {
 		return x.Firmware
 	}
 	return ""
+}
+
+func (x *DHCPSeen) GetFirmwareClass() FirmwareClass {
+	if x != nil {
+		return x.FirmwareClass
+	}
+	return FirmwareClass_FIRMWARE_CLASS_UNSPECIFIED
 }
 
 func (x *DHCPSeen) GetUuid() string {
@@ -1423,14 +1597,18 @@ type BootServed struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Uuid  string                 `protobuf:"bytes,1,opt,name=uuid,proto3" json:"uuid,omitempty"`
 	Mac   string                 `protobuf:"bytes,2,opt,name=mac,proto3" json:"mac,omitempty"`
-	Arch  string                 `protobuf:"bytes,3,opt,name=arch,proto3" json:"arch,omitempty"`
+	// arch and platform are iPXE's words (i386, x86_64, arm64; pcbios, efi), what edges journaled before
+	// ipxe_arch and ipxe_platform, still sent beside them.
+	Arch string `protobuf:"bytes,3,opt,name=arch,proto3" json:"arch,omitempty"`
 	// mode is the boot mode served (agent, install, disk, deny).
 	Mode     string `protobuf:"bytes,4,opt,name=mode,proto3" json:"mode,omitempty"`
 	RemoteIp string `protobuf:"bytes,5,opt,name=remote_ip,json=remoteIp,proto3" json:"remote_ip,omitempty"`
 	// table_version is the boot table version the answer came from.
 	TableVersion uint64 `protobuf:"varint,6,opt,name=table_version,json=tableVersion,proto3" json:"table_version,omitempty"`
 	// platform is iPXE's ${platform}: "pcbios" or "efi" (the machine's firmware), empty when not sent.
-	Platform      string `protobuf:"bytes,7,opt,name=platform,proto3" json:"platform,omitempty"`
+	Platform      string       `protobuf:"bytes,7,opt,name=platform,proto3" json:"platform,omitempty"`
+	IpxeArch      IPXEArch     `protobuf:"varint,8,opt,name=ipxe_arch,json=ipxeArch,proto3,enum=outpost.boot.IPXEArch" json:"ipxe_arch,omitempty"`
+	IpxePlatform  IPXEPlatform `protobuf:"varint,9,opt,name=ipxe_platform,json=ipxePlatform,proto3,enum=outpost.boot.IPXEPlatform" json:"ipxe_platform,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1512,6 +1690,20 @@ func (x *BootServed) GetPlatform() string {
 		return x.Platform
 	}
 	return ""
+}
+
+func (x *BootServed) GetIpxeArch() IPXEArch {
+	if x != nil {
+		return x.IpxeArch
+	}
+	return IPXEArch_IPXE_ARCH_UNSPECIFIED
+}
+
+func (x *BootServed) GetIpxePlatform() IPXEPlatform {
+	if x != nil {
+		return x.IpxePlatform
+	}
+	return IPXEPlatform_IPXE_PLATFORM_UNSPECIFIED
 }
 
 // TunnelRefused: an agent tunnel was refused for a machine that booted through this edge: another host (or
@@ -1757,10 +1949,11 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\n" +
 	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"v\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\xba\x01\n" +
 	"\bDHCPSeen\x12\x10\n" +
 	"\x03mac\x18\x01 \x01(\tR\x03mac\x12\x1a\n" +
-	"\bfirmware\x18\x02 \x01(\tR\bfirmware\x12\x12\n" +
+	"\bfirmware\x18\x02 \x01(\tR\bfirmware\x12B\n" +
+	"\x0efirmware_class\x18\x06 \x01(\x0e2\x1b.outpost.boot.FirmwareClassR\rfirmwareClass\x12\x12\n" +
 	"\x04uuid\x18\x03 \x01(\tR\x04uuid\x12\x12\n" +
 	"\x04ipxe\x18\x04 \x01(\bR\x04ipxe\x12\x14\n" +
 	"\x05relay\x18\x05 \x01(\tR\x05relay\"b\n" +
@@ -1768,7 +1961,7 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\tremote_ip\x18\x01 \x01(\tR\bremoteIp\x12\x12\n" +
 	"\x04file\x18\x02 \x01(\tR\x04file\x12\x10\n" +
 	"\x03via\x18\x03 \x01(\tR\x03via\x12\x14\n" +
-	"\x05error\x18\x04 \x01(\tR\x05error\"\xb8\x01\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"\xae\x02\n" +
 	"\n" +
 	"BootServed\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x10\n" +
@@ -1777,7 +1970,9 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\x04mode\x18\x04 \x01(\tR\x04mode\x12\x1b\n" +
 	"\tremote_ip\x18\x05 \x01(\tR\bremoteIp\x12#\n" +
 	"\rtable_version\x18\x06 \x01(\x04R\ftableVersion\x12\x1a\n" +
-	"\bplatform\x18\a \x01(\tR\bplatform\"c\n" +
+	"\bplatform\x18\a \x01(\tR\bplatform\x123\n" +
+	"\tipxe_arch\x18\b \x01(\x0e2\x16.outpost.boot.IPXEArchR\bipxeArch\x12?\n" +
+	"\ripxe_platform\x18\t \x01(\x0e2\x1a.outpost.boot.IPXEPlatformR\fipxePlatform\"c\n" +
 	"\rTunnelRefused\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x16\n" +
@@ -1805,7 +2000,23 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\x15DISCOVERY_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rDISCOVERY_ALL\x10\x01\x12\x13\n" +
 	"\x0fDISCOVERY_KNOWN\x10\x02\x12\x11\n" +
-	"\rDISCOVERY_OFF\x10\x032\x8f\x01\n" +
+	"\rDISCOVERY_OFF\x10\x03*\xc0\x01\n" +
+	"\rFirmwareClass\x12\x1e\n" +
+	"\x1aFIRMWARE_CLASS_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13FIRMWARE_CLASS_BIOS\x10\x01\x12\x1b\n" +
+	"\x17FIRMWARE_CLASS_UEFI_X86\x10\x02\x12\x1d\n" +
+	"\x19FIRMWARE_CLASS_UEFI_ARM64\x10\x03\x12\x1b\n" +
+	"\x17FIRMWARE_CLASS_HTTP_X86\x10\x04\x12\x1d\n" +
+	"\x19FIRMWARE_CLASS_HTTP_ARM64\x10\x05*d\n" +
+	"\bIPXEArch\x12\x19\n" +
+	"\x15IPXE_ARCH_UNSPECIFIED\x10\x00\x12\x12\n" +
+	"\x0eIPXE_ARCH_I386\x10\x01\x12\x14\n" +
+	"\x10IPXE_ARCH_X86_64\x10\x02\x12\x13\n" +
+	"\x0fIPXE_ARCH_ARM64\x10\x03*^\n" +
+	"\fIPXEPlatform\x12\x1d\n" +
+	"\x19IPXE_PLATFORM_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14IPXE_PLATFORM_PCBIOS\x10\x01\x12\x15\n" +
+	"\x11IPXE_PLATFORM_EFI\x10\x022\x8f\x01\n" +
 	"\tBootPlans\x12@\n" +
 	"\x05State\x12\x1a.outpost.boot.StateRequest\x1a\x1b.outpost.boot.StateResponse\x12@\n" +
 	"\x05Apply\x12\x1a.outpost.boot.ApplyRequest\x1a\x1b.outpost.boot.ApplyResponse2\x9e\x01\n" +
@@ -1825,70 +2036,76 @@ func file_shared_api_boot_boot_proto_rawDescGZIP() []byte {
 	return file_shared_api_boot_boot_proto_rawDescData
 }
 
-var file_shared_api_boot_boot_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_shared_api_boot_boot_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
 var file_shared_api_boot_boot_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_shared_api_boot_boot_proto_goTypes = []any{
 	(Mode)(0),                     // 0: outpost.boot.Mode
 	(DiskMethod)(0),               // 1: outpost.boot.DiskMethod
 	(Discovery)(0),                // 2: outpost.boot.Discovery
-	(*StateRequest)(nil),          // 3: outpost.boot.StateRequest
-	(*StateResponse)(nil),         // 4: outpost.boot.StateResponse
-	(*Kernel)(nil),                // 5: outpost.boot.Kernel
-	(*Plan)(nil),                  // 6: outpost.boot.Plan
-	(*Table)(nil),                 // 7: outpost.boot.Table
-	(*Delta)(nil),                 // 8: outpost.boot.Delta
-	(*ApplyRequest)(nil),          // 9: outpost.boot.ApplyRequest
-	(*ApplyResponse)(nil),         // 10: outpost.boot.ApplyResponse
-	(*InventoryRequest)(nil),      // 11: outpost.boot.InventoryRequest
-	(*InventoryResponse)(nil),     // 12: outpost.boot.InventoryResponse
-	(*PublishRequest)(nil),        // 13: outpost.boot.PublishRequest
-	(*PublishResponse)(nil),       // 14: outpost.boot.PublishResponse
-	(*Event)(nil),                 // 15: outpost.boot.Event
-	(*PowerChanged)(nil),          // 16: outpost.boot.PowerChanged
-	(*DHCPSeen)(nil),              // 17: outpost.boot.DHCPSeen
-	(*PXESeen)(nil),               // 18: outpost.boot.PXESeen
-	(*BootServed)(nil),            // 19: outpost.boot.BootServed
-	(*TunnelRefused)(nil),         // 20: outpost.boot.TunnelRefused
-	(*AgentTunnel)(nil),           // 21: outpost.boot.AgentTunnel
-	nil,                           // 22: outpost.boot.Table.AgentEntry
-	nil,                           // 23: outpost.boot.Delta.AgentEntry
-	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
+	(FirmwareClass)(0),            // 3: outpost.boot.FirmwareClass
+	(IPXEArch)(0),                 // 4: outpost.boot.IPXEArch
+	(IPXEPlatform)(0),             // 5: outpost.boot.IPXEPlatform
+	(*StateRequest)(nil),          // 6: outpost.boot.StateRequest
+	(*StateResponse)(nil),         // 7: outpost.boot.StateResponse
+	(*Kernel)(nil),                // 8: outpost.boot.Kernel
+	(*Plan)(nil),                  // 9: outpost.boot.Plan
+	(*Table)(nil),                 // 10: outpost.boot.Table
+	(*Delta)(nil),                 // 11: outpost.boot.Delta
+	(*ApplyRequest)(nil),          // 12: outpost.boot.ApplyRequest
+	(*ApplyResponse)(nil),         // 13: outpost.boot.ApplyResponse
+	(*InventoryRequest)(nil),      // 14: outpost.boot.InventoryRequest
+	(*InventoryResponse)(nil),     // 15: outpost.boot.InventoryResponse
+	(*PublishRequest)(nil),        // 16: outpost.boot.PublishRequest
+	(*PublishResponse)(nil),       // 17: outpost.boot.PublishResponse
+	(*Event)(nil),                 // 18: outpost.boot.Event
+	(*PowerChanged)(nil),          // 19: outpost.boot.PowerChanged
+	(*DHCPSeen)(nil),              // 20: outpost.boot.DHCPSeen
+	(*PXESeen)(nil),               // 21: outpost.boot.PXESeen
+	(*BootServed)(nil),            // 22: outpost.boot.BootServed
+	(*TunnelRefused)(nil),         // 23: outpost.boot.TunnelRefused
+	(*AgentTunnel)(nil),           // 24: outpost.boot.AgentTunnel
+	nil,                           // 25: outpost.boot.Table.AgentEntry
+	nil,                           // 26: outpost.boot.Delta.AgentEntry
+	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
 }
 var file_shared_api_boot_boot_proto_depIdxs = []int32{
 	0,  // 0: outpost.boot.Plan.mode:type_name -> outpost.boot.Mode
 	1,  // 1: outpost.boot.Plan.disk_method:type_name -> outpost.boot.DiskMethod
-	5,  // 2: outpost.boot.Plan.install:type_name -> outpost.boot.Kernel
-	6,  // 3: outpost.boot.Table.plans:type_name -> outpost.boot.Plan
-	22, // 4: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
+	8,  // 2: outpost.boot.Plan.install:type_name -> outpost.boot.Kernel
+	9,  // 3: outpost.boot.Table.plans:type_name -> outpost.boot.Plan
+	25, // 4: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
 	2,  // 5: outpost.boot.Table.discovery:type_name -> outpost.boot.Discovery
-	6,  // 6: outpost.boot.Delta.upsert:type_name -> outpost.boot.Plan
-	23, // 7: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
+	9,  // 6: outpost.boot.Delta.upsert:type_name -> outpost.boot.Plan
+	26, // 7: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
 	2,  // 8: outpost.boot.Delta.discovery:type_name -> outpost.boot.Discovery
-	7,  // 9: outpost.boot.ApplyRequest.snapshot:type_name -> outpost.boot.Table
-	8,  // 10: outpost.boot.ApplyRequest.delta:type_name -> outpost.boot.Delta
-	15, // 11: outpost.boot.PublishRequest.events:type_name -> outpost.boot.Event
-	24, // 12: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
-	17, // 13: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
-	18, // 14: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
-	19, // 15: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
-	21, // 16: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
-	20, // 17: outpost.boot.Event.tunnel_refused:type_name -> outpost.boot.TunnelRefused
-	16, // 18: outpost.boot.Event.power_changed:type_name -> outpost.boot.PowerChanged
-	5,  // 19: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
-	5,  // 20: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
-	3,  // 21: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
-	9,  // 22: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
-	13, // 23: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
-	11, // 24: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
-	4,  // 25: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
-	10, // 26: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
-	14, // 27: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
-	12, // 28: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
-	25, // [25:29] is the sub-list for method output_type
-	21, // [21:25] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	10, // 9: outpost.boot.ApplyRequest.snapshot:type_name -> outpost.boot.Table
+	11, // 10: outpost.boot.ApplyRequest.delta:type_name -> outpost.boot.Delta
+	18, // 11: outpost.boot.PublishRequest.events:type_name -> outpost.boot.Event
+	27, // 12: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
+	20, // 13: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
+	21, // 14: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
+	22, // 15: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
+	24, // 16: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
+	23, // 17: outpost.boot.Event.tunnel_refused:type_name -> outpost.boot.TunnelRefused
+	19, // 18: outpost.boot.Event.power_changed:type_name -> outpost.boot.PowerChanged
+	3,  // 19: outpost.boot.DHCPSeen.firmware_class:type_name -> outpost.boot.FirmwareClass
+	4,  // 20: outpost.boot.BootServed.ipxe_arch:type_name -> outpost.boot.IPXEArch
+	5,  // 21: outpost.boot.BootServed.ipxe_platform:type_name -> outpost.boot.IPXEPlatform
+	8,  // 22: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
+	8,  // 23: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
+	6,  // 24: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
+	12, // 25: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
+	16, // 26: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
+	14, // 27: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
+	7,  // 28: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
+	13, // 29: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
+	17, // 30: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
+	15, // 31: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
+	28, // [28:32] is the sub-list for method output_type
+	24, // [24:28] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_boot_boot_proto_init() }
@@ -1913,7 +2130,7 @@ func file_shared_api_boot_boot_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_boot_boot_proto_rawDesc), len(file_shared_api_boot_boot_proto_rawDesc)),
-			NumEnums:      3,
+			NumEnums:      6,
 			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   2,

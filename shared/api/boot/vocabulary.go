@@ -1,0 +1,123 @@
+package boot
+
+import "github.com/outpost-metal/outpost/shared/metal"
+
+// The journal's boot events carry the firmware class and iPXE's architecture and platform as enums; edges
+// before those fields sent only their names, which every event still carries too. The methods below read the
+// enum, or the name when the enum is unset (an older edge's journal), and map both to the machine's vocabulary.
+
+// firmwareClassNames are the ProxyDHCP's names for each class (its logs, the timeline, older journals).
+var firmwareClassNames = map[FirmwareClass]string{
+	FirmwareClass_FIRMWARE_CLASS_BIOS:       "bios",
+	FirmwareClass_FIRMWARE_CLASS_UEFI_X86:   "uefi-x86",
+	FirmwareClass_FIRMWARE_CLASS_UEFI_ARM64: "uefi-arm64",
+	FirmwareClass_FIRMWARE_CLASS_HTTP_X86:   "http-x86",
+	FirmwareClass_FIRMWARE_CLASS_HTTP_ARM64: "http-arm64",
+}
+
+var ipxeArchNames = map[IPXEArch]string{
+	IPXEArch_IPXE_ARCH_I386:   "i386",
+	IPXEArch_IPXE_ARCH_X86_64: "x86_64",
+	IPXEArch_IPXE_ARCH_ARM64:  "arm64",
+}
+
+var ipxePlatformNames = map[IPXEPlatform]string{
+	IPXEPlatform_IPXE_PLATFORM_PCBIOS: "pcbios",
+	IPXEPlatform_IPXE_PLATFORM_EFI:    "efi",
+}
+
+// byName returns the value named name in names (the zero value for none).
+func byName[E comparable](names map[E]string, name string) E {
+	for v, n := range names {
+		if n == name {
+			return v
+		}
+	}
+
+	var zero E
+
+	return zero
+}
+
+// FirmwareClassNamed is the class the ProxyDHCP calls name (unspecified for a name it does not use).
+func FirmwareClassNamed(name string) FirmwareClass { return byName(firmwareClassNames, name) }
+
+// IPXEArchNamed is the value of iPXE's ${buildarch} (unspecified for an architecture iPXE is not built for here).
+func IPXEArchNamed(name string) IPXEArch { return byName(ipxeArchNames, name) }
+
+// IPXEPlatformNamed is the value of iPXE's ${platform} (unspecified for another platform).
+func IPXEPlatformNamed(name string) IPXEPlatform { return byName(ipxePlatformNames, name) }
+
+// Name is the class's name (bios, uefi-x86, uefi-arm64, http-x86, http-arm64; "" when unspecified).
+func (c FirmwareClass) Name() string { return firmwareClassNames[c] }
+
+// Name is iPXE's name for the build (i386, x86_64, arm64; "" when unspecified).
+func (a IPXEArch) Name() string { return ipxeArchNames[a] }
+
+// Name is iPXE's name for the platform (pcbios, efi; "" when unspecified).
+func (p IPXEPlatform) Name() string { return ipxePlatformNames[p] }
+
+// Class is the client's firmware class: the enum, or the one its name says in an older edge's event.
+func (d *DHCPSeen) Class() FirmwareClass {
+	if c := d.GetFirmwareClass(); c != FirmwareClass_FIRMWARE_CLASS_UNSPECIFIED {
+		return c
+	}
+
+	return FirmwareClassNamed(d.GetFirmware())
+}
+
+// MachineFirmware is the firmware the client boots with (BIOS for the BIOS class, UEFI for the others); false
+// when the event tells none.
+func (d *DHCPSeen) MachineFirmware() (metal.Firmware, bool) {
+	switch d.Class() {
+	case FirmwareClass_FIRMWARE_CLASS_BIOS:
+		return metal.BIOS, true
+	case FirmwareClass_FIRMWARE_CLASS_UNSPECIFIED:
+		return "", false
+	default:
+		return metal.UEFI, true
+	}
+}
+
+// Build is the build of the iPXE that asked: the enum, or the one its name says in an older edge's event.
+func (b *BootServed) Build() IPXEArch {
+	if a := b.GetIpxeArch(); a != IPXEArch_IPXE_ARCH_UNSPECIFIED {
+		return a
+	}
+
+	return IPXEArchNamed(b.GetArch())
+}
+
+// Firmware is the platform iPXE ran on: the enum, or the one its name says in an older edge's event.
+func (b *BootServed) Firmware() IPXEPlatform {
+	if p := b.GetIpxePlatform(); p != IPXEPlatform_IPXE_PLATFORM_UNSPECIFIED {
+		return p
+	}
+
+	return IPXEPlatformNamed(b.GetPlatform())
+}
+
+// MachineArch is the machine's architecture (BIOS iPXE's i386 build runs on x86-64 machines); false when the
+// event tells none.
+func (b *BootServed) MachineArch() (metal.Arch, bool) {
+	switch b.Build() {
+	case IPXEArch_IPXE_ARCH_I386, IPXEArch_IPXE_ARCH_X86_64:
+		return metal.AMD64, true
+	case IPXEArch_IPXE_ARCH_ARM64:
+		return metal.ARM64, true
+	default:
+		return "", false
+	}
+}
+
+// MachineFirmware is the machine's firmware (pcbios: BIOS, efi: UEFI); false when the event tells none.
+func (b *BootServed) MachineFirmware() (metal.Firmware, bool) {
+	switch b.Firmware() {
+	case IPXEPlatform_IPXE_PLATFORM_PCBIOS:
+		return metal.BIOS, true
+	case IPXEPlatform_IPXE_PLATFORM_EFI:
+		return metal.UEFI, true
+	default:
+		return "", false
+	}
+}
