@@ -50,9 +50,9 @@ type Config struct {
 	// together, sites in turn).
 	BootRate int `json:"boot_rate"`
 	// AgentConns is how agents reach their edge: "machine" (each agent on its own connection from its machine's
-	// own address, as real agents do, within the edge's default tunnel limits) or "site" (all agents of a site on
-	// one connection from the site's address, with the edge's per-connection and per-source tunnel limits raised
-	// to allow it: cheaper for the simulator, the same for the controller).
+	// own address, as real agents do, within the edge's default tunnel limits) or "site" (a site's agents on a few
+	// connections from the site's address, 8 on each, with the edge's per-connection and per-source tunnel limits
+	// raised to allow it: cheaper for the simulator, the same for the controller).
 	AgentConns string `json:"agent_conns"`
 	// ProvisionEveryBoot makes the agent call SideroLink Provision on every agent-mode boot, as Talos does;
 	// off, only on the first (the stand-in's cost, not the controller's).
@@ -123,6 +123,8 @@ func (c Config) filesNeeded() uint64 {
 
 	if c.AgentConns == "machine" {
 		n += 2 * uint64(c.Machines()) // validated sizes
+	} else {
+		n += 2 * uint64(c.Sites) * uint64((c.MachinesPerSite+agentsPerConn-1)/agentsPerConn) // validated sizes
 	}
 
 	return n + 1024
@@ -156,7 +158,7 @@ func (c Config) Validate() error {
 
 	if need := c.filesNeeded(); c.OpenFiles > 0 && need > c.OpenFiles {
 		errs = append(errs, fmt.Errorf("the fleet needs about %d open files and the simulator may have %d: "+
-			"use --agent-conns site (one agent connection per site) or fewer machines", need, c.OpenFiles))
+			"use --agent-conns site (a few agent connections per site) or fewer machines", need, c.OpenFiles))
 	}
 
 	if c.ControllerBinary == "" || c.Self == "" || c.WorkDir == "" || c.OutDir == "" {

@@ -13,6 +13,7 @@ import (
 	agentpb "github.com/siderolabs/talos-metal-agent/api/agent"
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -178,9 +179,11 @@ func (m *machine) runAgent(ctx context.Context) {
 		}
 	}
 
-	conn := m.site.agentConn
+	var conn *grpc.ClientConn
 
-	if f.cfg.AgentConns == "machine" {
+	if f.cfg.AgentConns == "site" {
+		conn = m.site.agentConns[m.index%f.cfg.MachinesPerSite/agentsPerConn]
+	} else {
 		c, err := m.site.dialAgent(m.ip)
 		if err != nil {
 			m.site.log.Warn("agent connection", zap.String("machine", m.id), zap.Error(err))

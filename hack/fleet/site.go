@@ -53,7 +53,8 @@ type site struct {
 	book      *tunnel.BootBook
 	tunnels   *tunnel.Server
 	tunnelLn  net.Listener
-	agentConn *grpc.ClientConn
+	// agentConns carry the site's agents in "site" mode, agentsPerConn each.
+	agentConns []*grpc.ClientConn
 	httpSrv   *httpd.Server
 	fetcher   *assets.Fetcher
 	bmcs      *BMCService
@@ -127,8 +128,15 @@ func newSite(f *fleet, index int, token string) (*site, error) {
 		return nil, fmt.Errorf("agent tunnel listener of %s: %w", id, err)
 	}
 
-	if s.agentConn, err = s.dialAgent(ip); err != nil {
-		return nil, err
+	if f.cfg.AgentConns == "site" {
+		for range (f.cfg.MachinesPerSite + agentsPerConn - 1) / agentsPerConn {
+			conn, err := s.dialAgent(ip)
+			if err != nil {
+				return nil, err
+			}
+
+			s.agentConns = append(s.agentConns, conn)
+		}
 	}
 
 	ucfg := uplink.Default()
@@ -182,11 +190,20 @@ func (s *site) dialAgent(ip netip.Addr) (*grpc.ClientConn, error) {
 	return conn, nil
 }
 
+// agentsPerConn is how many agents share one connection in "site" mode: the edge allows 16 streams on an agent
+// connection (one agent needs one), so a site's 40 agents on one connection left all but 16 waiting for a
+// stream, counted up but never connected.
+const agentsPerConn = 8
+
 // run runs the site's edge until ctx ends. ctx also bounds its machines.
 func (s *site) run(ctx context.Context) error {
 	defer s.jrnl.Close()      //nolint:errcheck
 	defer s.httpSrv.Close()   //nolint:errcheck
-	defer s.agentConn.Close() //nolint:errcheck
+	defer func() {
+		for _, c := range s.agentConns {
+			c.Close() //nolint:errcheck
+		}
+	}()
 
 	eg, ctx := errgroup.WithContext(ctx)
 

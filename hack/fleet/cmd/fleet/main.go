@@ -126,7 +126,7 @@ func root() *cobra.Command {
 	f.DurationVar(&cfg.BootDelay, "boot-delay", env.Duration("FLEET_BOOT_DELAY", cfg.BootDelay), "power-on to DHCP [FLEET_BOOT_DELAY]")
 	f.DurationVar(&cfg.WipeTime, "wipe-time", env.Duration("FLEET_WIPE_TIME", cfg.WipeTime), "a disk wipe's duration [FLEET_WIPE_TIME]")
 	f.IntVar(&cfg.BootRate, "boot-rate", env.Int("FLEET_BOOT_RATE", cfg.BootRate), "machines powered on per second at start [FLEET_BOOT_RATE]")
-	f.StringVar(&cfg.AgentConns, "agent-conns", env.String("FLEET_AGENT_CONNS", cfg.AgentConns), "machine: one connection per agent from its own address; site: one per site [FLEET_AGENT_CONNS]")
+	f.StringVar(&cfg.AgentConns, "agent-conns", env.String("FLEET_AGENT_CONNS", cfg.AgentConns), "machine: one connection per agent from its own address; site: a few per site, 8 agents on each [FLEET_AGENT_CONNS]")
 	f.BoolVar(&cfg.WatchBMCs, "watch-bmcs", env.Bool("FLEET_WATCH_BMCS", cfg.WatchBMCs), "edges watch their BMCs as the real edge does [FLEET_WATCH_BMCS]")
 	f.BoolVar(&cfg.ProvisionEveryBoot, "provision-every-boot", env.Bool("FLEET_PROVISION_EVERY_BOOT", cfg.ProvisionEveryBoot), "SideroLink Provision on every agent boot [FLEET_PROVISION_EVERY_BOOT]")
 	f.DurationVar(&cfg.ReadyTimeout, "ready-timeout", env.Duration("FLEET_READY_TIMEOUT", cfg.ReadyTimeout), "bound on the wait for a ready fleet [FLEET_READY_TIMEOUT]")
