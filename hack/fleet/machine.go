@@ -12,8 +12,8 @@ import (
 	"github.com/jhump/grpctunnel/tunnelpb"
 	agentpb "github.com/siderolabs/talos-metal-agent/api/agent"
 	"go.uber.org/zap"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 

@@ -47,19 +47,19 @@ type site struct {
 
 	ctx context.Context // the site's run context, which its machines' power-ons derive from
 
-	table     *boot.Table
-	jrnl      *journal.Journal
-	recorder  *journal.Recorder
-	book      *tunnel.BootBook
-	tunnels   *tunnel.Server
-	tunnelLn  net.Listener
+	table    *boot.Table
+	jrnl     *journal.Journal
+	recorder *journal.Recorder
+	book     *tunnel.BootBook
+	tunnels  *tunnel.Server
+	tunnelLn net.Listener
 	// agentConns carry the site's agents in "site" mode, agentsPerConn each.
 	agentConns []*grpc.ClientConn
-	httpSrv   *httpd.Server
-	fetcher   *assets.Fetcher
-	bmcs      *BMCService
-	link      *uplink.Client
-	wan       *wan
+	httpSrv    *httpd.Server
+	fetcher    *assets.Fetcher
+	bmcs       *BMCService
+	link       *uplink.Client
+	wan        *wan
 
 	machines []*machine
 	modes    sync.Map // machine ID -> boot mode last served (from the observer)
@@ -197,8 +197,8 @@ const agentsPerConn = 8
 
 // run runs the site's edge until ctx ends. ctx also bounds its machines.
 func (s *site) run(ctx context.Context) error {
-	defer s.jrnl.Close()      //nolint:errcheck
-	defer s.httpSrv.Close()   //nolint:errcheck
+	defer s.jrnl.Close()    //nolint:errcheck
+	defer s.httpSrv.Close() //nolint:errcheck
 	defer func() {
 		for _, c := range s.agentConns {
 			c.Close() //nolint:errcheck
