@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cosi-project/runtime/pkg/controller"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outpost-metal/outpost/controller/bootplans"
@@ -18,20 +19,9 @@ import (
 func TestEdgeCallConcurrency(t *testing.T) {
 	t.Parallel()
 
-	edge := lifecycletest.NewFakeEdge()
-
-	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), lifecycletest.FakeResolver{}, edge)
-	require.NoError(t, err)
-
 	workers := func(cfg lifecycle.Config) map[string]uint {
-		ctrls, err := lifecycle.New(cfg, lifecycle.Deps{
-			Types: resources.NewTypes(providerID), Power: edge, Agent: edge, Sites: edge, Plans: edge, Planner: planner,
-			Now: time.Now, Rand: rand.Reader,
-		})
-		require.NoError(t, err)
-
 		out := map[string]uint{}
-		for _, c := range ctrls {
+		for _, c := range newControllers(t, cfg, resources.NewTypes(providerID)) {
 			out[c.Name()] = c.Settings().Concurrency.ValueOr(1)
 		}
 
@@ -54,4 +44,21 @@ func TestEdgeCallConcurrency(t *testing.T) {
 	require.Equal(t, uint(32), set["lifecycle.MachineObservationController"], "never fewer than the other steps")
 	require.Equal(t, uint(32), set["lifecycle.WipeController"])
 	require.Equal(t, uint(32), set["lifecycle.TeardownController"])
+}
+
+// newControllers returns the lifecycle's controllers over a fake edge, to look at how they are set up.
+func newControllers(t *testing.T, cfg lifecycle.Config, types resources.Types) []controller.QController {
+	t.Helper()
+
+	edge := lifecycletest.NewFakeEdge()
+
+	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), lifecycletest.FakeResolver{}, edge)
+	require.NoError(t, err)
+
+	ctrls, err := lifecycle.New(cfg, lifecycle.Deps{
+		Types: types, Power: edge, Agent: edge, Sites: edge, Plans: edge, Planner: planner, Now: time.Now, Rand: rand.Reader,
+	})
+	require.NoError(t, err)
+
+	return ctrls
 }

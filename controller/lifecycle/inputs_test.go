@@ -1,11 +1,9 @@
 package lifecycle_test
 
 import (
-	"crypto/rand"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/cosi-project/runtime/pkg/controller"
 	"github.com/cosi-project/runtime/pkg/resource"
@@ -13,9 +11,7 @@ import (
 	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outpost-metal/outpost/controller/bootplans"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
-	"github.com/outpost-metal/outpost/controller/lifecycle/lifecycletest"
 	"github.com/outpost-metal/outpost/controller/resources"
 )
 
@@ -25,20 +21,10 @@ import (
 func TestControllersAreWokenByWhatTheyRead(t *testing.T) {
 	t.Parallel()
 
-	edge := lifecycletest.NewFakeEdge()
 	types := resources.NewTypes(providerID)
-
-	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), lifecycletest.FakeResolver{}, edge)
-	require.NoError(t, err)
-
-	ctrls, err := lifecycle.New(lifecycle.Default(), lifecycle.Deps{
-		Types: types, Power: edge, Agent: edge, Sites: edge, Plans: edge, Planner: planner, Now: time.Now, Rand: rand.Reader,
-	})
-	require.NoError(t, err)
-
 	inputs := map[string][]resource.Type{}
 
-	for _, c := range ctrls {
+	for _, c := range newControllers(t, lifecycle.Default(), types) {
 		var mapped []resource.Type
 
 		for _, in := range c.Settings().Inputs {
