@@ -123,7 +123,6 @@ func (s *machineObservation) powerState(ctx context.Context, logger *zap.Logger,
 				logger.Info("power state unknown", zap.String("site", site), zap.String("error", loc.PowerReason),
 					zap.String("source", "edge bmc watch"))
 				obs.WaitingReason = "power state unknown: " + loc.PowerReason
-				obs.BmcUnanswered = true
 
 				return specs.MachineObservationSpec_POWER_STATE_UNKNOWN
 			}
@@ -137,7 +136,6 @@ func (s *machineObservation) powerState(ctx context.Context, logger *zap.Logger,
 	if err != nil {
 		logger.Info("power state unknown", zap.String("site", site), zap.Error(err))
 		obs.WaitingReason = "power state unknown: " + err.Error()
-		obs.BmcUnanswered = true
 
 		return specs.MachineObservationSpec_POWER_STATE_UNKNOWN
 	}

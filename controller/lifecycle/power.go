@@ -37,13 +37,6 @@ func (s *power) reconcile(ctx context.Context, logger *zap.Logger, r controller.
 		return s.env.waitFor(logger, "machine not seen at any site")
 	}
 
-	// A BMC that did not answer its last observation (dead, unreachable, its site offline) is not asked again
-	// here: the call would hold one of the few power workers for its whole timeout, every poll interval, ahead of
-	// every other machine's power request. The observation keeps asking; its next answer wakes this controller.
-	if v.obs.GetBmcUnanswered() {
-		return s.env.waitFor(logger, "bmc not answering")
-	}
-
 	op := &specs.PowerOperationSpec{}
 	if v.power != nil {
 		op = proto.Clone(v.power).(*specs.PowerOperationSpec)

@@ -354,10 +354,7 @@ type MachineObservationSpec struct {
 	// alert says what is wrong with the machine's identity at its site ("" when nothing): "tunnel-contested"
 	// (two machines with its UUID booted lately), "tunnel-from-other-address", "second-tunnel" (another host
 	// asked for its agent tunnel), "claimed-by-other-site". Published as the outpost-alert label.
-	Alert string `protobuf:"bytes,7,opt,name=alert,proto3" json:"alert,omitempty"`
-	// bmc_unanswered: the machine's BMC did not answer when its power was last asked for (power_state is unknown
-	// then): dead, unreachable, or its edge's watch could not reach it. A change of the answer is a new observation.
-	BmcUnanswered bool `protobuf:"varint,8,opt,name=bmc_unanswered,json=bmcUnanswered,proto3" json:"bmc_unanswered,omitempty"`
+	Alert         string `protobuf:"bytes,7,opt,name=alert,proto3" json:"alert,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -439,13 +436,6 @@ func (x *MachineObservationSpec) GetAlert() string {
 		return x.Alert
 	}
 	return ""
-}
-
-func (x *MachineObservationSpec) GetBmcUnanswered() bool {
-	if x != nil {
-		return x.BmcUnanswered
-	}
-	return false
 }
 
 // MachineLocationSpec is where the controller knows a machine to be, learned from its site's edge and kept in
@@ -674,7 +664,7 @@ const file_controller_resources_specs_lifecycle_proto_rawDesc = "" +
 	"\x0elast_reboot_id\x18\x01 \x01(\tR\flastRebootId\x12;\n" +
 	"\vlast_reboot\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"lastReboot\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xc9\x04\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xa2\x04\n" +
 	"\x16MachineObservationSpec\x12[\n" +
 	"\vpower_state\x18\x01 \x01(\x0e2:.outpost.resources.specs.MachineObservationSpec.PowerStateR\n" +
 	"powerState\x12'\n" +
@@ -685,8 +675,7 @@ const file_controller_resources_specs_lifecycle_proto_rawDesc = "" +
 	"observedAt\x12`\n" +
 	"\vsite_labels\x18\x06 \x03(\v2?.outpost.resources.specs.MachineObservationSpec.SiteLabelsEntryR\n" +
 	"siteLabels\x12\x14\n" +
-	"\x05alert\x18\a \x01(\tR\x05alert\x12%\n" +
-	"\x0ebmc_unanswered\x18\b \x01(\bR\rbmcUnanswered\x1a=\n" +
+	"\x05alert\x18\a \x01(\tR\x05alert\x1a=\n" +
 	"\x0fSiteLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"N\n" +
