@@ -140,7 +140,7 @@ func (b *Book) bootServed(site string, at time.Time, s *bootpb.BootServed) {
 
 	var details []string
 
-	for _, d := range []string{s.Build().Name(), s.Firmware().Name(), s.GetRemoteIp()} {
+	for _, d := range []string{s.ReportedArch().Name(), s.ReportedPlatform().Name(), s.GetRemoteIp()} {
 		if d != "" {
 			details = append(details, d)
 		}

@@ -79,8 +79,8 @@ func (d *DHCPSeen) MachineFirmware() (metal.Firmware, bool) {
 	}
 }
 
-// Build is the build of the iPXE that asked: the enum, or the one its name says in an older edge's event.
-func (b *BootServed) Build() IPXEArch {
+// ReportedArch is the build of the iPXE that asked: the enum, or the one its name says in an older edge's event.
+func (b *BootServed) ReportedArch() IPXEArch {
 	if a := b.GetIpxeArch(); a != IPXEArch_IPXE_ARCH_UNSPECIFIED {
 		return a
 	}
@@ -88,8 +88,8 @@ func (b *BootServed) Build() IPXEArch {
 	return IPXEArchNamed(b.GetArch())
 }
 
-// Firmware is the platform iPXE ran on: the enum, or the one its name says in an older edge's event.
-func (b *BootServed) Firmware() IPXEPlatform {
+// ReportedPlatform is the platform iPXE ran on: the enum, or the one its name says in an older edge's event.
+func (b *BootServed) ReportedPlatform() IPXEPlatform {
 	if p := b.GetIpxePlatform(); p != IPXEPlatform_IPXE_PLATFORM_UNSPECIFIED {
 		return p
 	}
@@ -100,7 +100,7 @@ func (b *BootServed) Firmware() IPXEPlatform {
 // MachineArch is the machine's architecture (BIOS iPXE's i386 build runs on x86-64 machines); false when the
 // event tells none.
 func (b *BootServed) MachineArch() (metal.Arch, bool) {
-	switch b.Build() {
+	switch b.ReportedArch() {
 	case IPXEArch_IPXE_ARCH_I386, IPXEArch_IPXE_ARCH_X86_64:
 		return metal.AMD64, true
 	case IPXEArch_IPXE_ARCH_ARM64:
@@ -112,7 +112,7 @@ func (b *BootServed) MachineArch() (metal.Arch, bool) {
 
 // MachineFirmware is the machine's firmware (pcbios: BIOS, efi: UEFI); false when the event tells none.
 func (b *BootServed) MachineFirmware() (metal.Firmware, bool) {
-	switch b.Firmware() {
+	switch b.ReportedPlatform() {
 	case IPXEPlatform_IPXE_PLATFORM_PCBIOS:
 		return metal.BIOS, true
 	case IPXEPlatform_IPXE_PLATFORM_EFI:

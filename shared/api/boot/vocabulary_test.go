@@ -40,7 +40,7 @@ func TestBootEventVocabulary(t *testing.T) {
 			got, ok := ev.MachineArch()
 			require.True(t, ok, name)
 			require.Equal(t, want, got, name)
-			require.Equal(t, name, ev.Build().Name())
+			require.Equal(t, name, ev.ReportedArch().Name())
 		}
 	}
 
