@@ -14,7 +14,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/resources"
 )
 
-// The steps that wait on agent calls through the edge (observation, BMC configuration, wipe) have more workers
+// The steps that wait on calls through the edge (observation, BMC configuration, wipe, power) have more workers
 // than the others, so slow edges do not keep every other machine waiting.
 func TestEdgeCallConcurrency(t *testing.T) {
 	t.Parallel()
@@ -29,11 +29,11 @@ func TestEdgeCallConcurrency(t *testing.T) {
 	}
 
 	def := workers(lifecycle.Default())
-	for _, name := range []string{"MachineObservation", "BMCConfiguration", "Wipe"} {
+	for _, name := range []string{"MachineObservation", "BMCConfiguration", "Wipe", "Power"} {
 		require.Equal(t, uint(64), def["lifecycle."+name+"Controller"], name)
 	}
 
-	for _, name := range []string{"Power", "Reboot", "InfraMachineStatus", "BootPlan"} {
+	for _, name := range []string{"Reboot", "InfraMachineStatus", "BootPlan"} {
 		require.Equal(t, uint(8), def["lifecycle."+name+"Controller"], name)
 	}
 

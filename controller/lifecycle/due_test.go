@@ -1,11 +1,13 @@
 package lifecycle_test
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/cosi-project/runtime/pkg/controller"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outpost-metal/outpost/controller/lifecycle"
@@ -118,4 +120,29 @@ func BenchmarkDuesRequeue(b *testing.B) {
 		d.Cancel("obs", id)
 		d.After("obs", id, 30*time.Second)
 	}
+}
+
+// TestFirstFailureRetriedSoon: a step's first failure at a machine is tried again after two seconds, not a
+// poll interval (most failures are a busy BMC the next try gets through); failing again it waits the
+// interval it asked for, and a look that did not fail starts the count again. A BMC's refusal, retried
+// slowly on purpose, is not hurried.
+func TestFirstFailureRetriedSoon(t *testing.T) {
+	t.Parallel()
+
+	cfg := lifecycle.Default()
+	poll := cfg.PollInterval
+	clock := &manualClock{now: time.Unix(1_700_000_000, 0)}
+	busy := errors.New("bmc busy")
+
+	got := lifecycle.NextLooks(cfg, clock.Now,
+		controller.NewRequeueError(busy, poll),    // first failure
+		controller.NewRequeueError(busy, poll),    // second in a row
+		controller.NewRequeueError(busy, poll),    // third
+		controller.NewRequeueInterval(poll),       // a wait, not a failure
+		controller.NewRequeueError(busy, poll),    // first failure again
+		nil,                                       // done
+		controller.NewRequeueError(busy, 10*poll), // a refusal: slow on purpose
+	)
+
+	require.Equal(t, []time.Duration{2 * time.Second, poll, poll, poll, 2 * time.Second, -1, 10 * poll}, got)
 }

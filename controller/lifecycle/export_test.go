@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
 )
 
 // Dues is the lifecycle's schedule of looks (due.go), for its tests.
@@ -56,4 +57,26 @@ func (l *Locations) Rejected(reason string) float64 {
 // Count returns the count of problems of reason.
 func (m *Metrics) Count(reason string) float64 {
 	return testutil.ToFloat64(m.problems.WithLabelValues(reason))
+}
+
+// NextLooks hands each result in turn to the lifecycle's requeue, as one step's reconciles of one machine
+// return them, and says after each how long until the machine is due there again (-1: not scheduled).
+func NextLooks(cfg Config, now func() time.Time, results ...error) []time.Duration {
+	e := &env{cfg: cfg, due: newDues(now), failing: newFailingSet()}
+
+	out := make([]time.Duration, 0, len(results))
+
+	for _, err := range results {
+		e.due.cancel("step", "m1")
+		_ = e.requeue(zap.NewNop(), "step", "m1", err)
+
+		next := time.Duration(-1)
+		if entry, ok := e.due.entries[dueKey{"step", "m1"}]; ok {
+			next = entry.at.Sub(now())
+		}
+
+		out = append(out, next)
+	}
+
+	return out
 }

@@ -366,6 +366,38 @@ func TestPreferredPowerOn(t *testing.T) {
 	h.never("stays on", func() bool { return !h.edge.Machine("m1").Power })
 }
 
+// TestDeadBMCAskedOncePerWish: a BMC that does not answer is asked once for what the power step wants of
+// it, not at every retry, while the observation cannot reach it either (each call would hold a worker for the
+// whole call timeout); a new wish gets one try at once, and the BMC answering again is acted on.
+func TestDeadBMCAskedOncePerWish(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.ready("m1", "site-a")
+
+	tries := func() float64 { return h.stats.Count(lifecycle.ReasonEdgeCallFailed) }
+
+	h.edge.SetBMCDead("m1", true)
+	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.PreferredPowerState = omnispecs.InfraMachineSpec_POWER_STATE_ON })
+	h.eventually("power state unknown", func() bool {
+		return h.status("m1").PowerState == omnispecs.InfraMachineStatusSpec_POWER_STATE_UNKNOWN
+	})
+	h.eventually("the power-on was tried", func() bool { return tries() > 0 })
+
+	// one try under way when the observation saw the BMC go silent may still fail after this count
+	before := tries()
+	h.never("not asked again for the same wish", func() bool { return tries() > before+1 })
+
+	before = tries()
+	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.PowerOffRequestId = "off-1" })
+	h.eventually("a new wish gets its try", func() bool { return tries() > before })
+	h.never("and one only", func() bool { return tries() > before+1 })
+
+	h.edge.SetBMCDead("m1", false)
+	h.eventually("the request is honoured once the bmc answers", func() bool { return h.status("m1").LastPowerOffId == "off-1" })
+	require.Empty(t, h.edge.Calls("m1", "PowerOn"))
+}
+
 func TestRejectDeniesBoot(t *testing.T) {
 	t.Parallel()
 

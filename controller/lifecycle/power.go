@@ -2,7 +2,9 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/cosi-project/runtime/pkg/controller"
 	"go.uber.org/zap"
@@ -17,14 +19,35 @@ import (
 // or Omni prefers it on, off when idle and preferred off, after the cooldown. A user power-off request is
 // honoured at once and never undone while it is active. A power-on that network boots waits until the edge
 // acknowledged the plan it boots into, then sets a one-time PXE boot.
+//
+// A BMC that did not answer is not asked again for the same wish while the machine's observation says its
+// power state is unknown (the edge's watch cannot reach it either): each call would hold a worker for the
+// whole call timeout, every retry, ahead of every other machine's request. A new wish (a user's request, a
+// machine that must now work) gets one try at once; the BMC answering its watch again (the observation
+// changes) wakes this controller to try again.
 type power struct {
-	noTeardown
-
 	env *env
+
+	// unanswered is, per machine, the wish whose BMC call failed last (powerWish).
+	mu         sync.Mutex
+	unanswered map[string]string
 }
 
 func newPowerController(e *env) *machineController {
-	return newMachineController(e, "lifecycle.PowerController", e.Types.PowerOperation, e.Types.Namespace, ownRecords, &power{env: e})
+	return callsEdge(newMachineController(e, "lifecycle.PowerController", e.Types.PowerOperation, e.Types.Namespace, ownRecords,
+		&power{env: e, unanswered: map[string]string{}}))
+}
+
+// powerWish names what the power step wants of a machine's BMC, to tell a new wish from one already tried.
+func powerWish(newRequest bool, request string, wantOn bool) string {
+	switch {
+	case newRequest:
+		return "power-off request " + request
+	case wantOn:
+		return "on"
+	default:
+		return "off"
+	}
 }
 
 func (s *power) reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view) error {
@@ -37,20 +60,63 @@ func (s *power) reconcile(ctx context.Context, logger *zap.Logger, r controller.
 		return s.env.waitFor(logger, "machine not seen at any site")
 	}
 
+	req := v.machine.GetPowerOffRequestId()
+	newRequest := req != "" && v.power.GetPowerOffRequestId() != req
+
+	wantOn := !newRequest && !v.powerOffActive() && (v.requiresPowerOn() || v.preferredOn())
+	wantOff := newRequest || (!v.requiresPowerOn() && !v.preferredOn() && !v.powerOffActive())
+
+	if !wantOn && !wantOff {
+		s.tried(v.id, "", nil)
+
+		return nil
+	}
+
+	wish := powerWish(newRequest, req, wantOn)
+
+	s.mu.Lock()
+	unanswered := s.unanswered[v.id] == wish
+	s.mu.Unlock()
+
+	if unanswered && v.powerState() == specs.MachineObservationSpec_POWER_STATE_UNKNOWN {
+		return s.env.waitFor(logger, "bmc did not answer, nor its edge's watch since")
+	}
+
+	err := s.act(ctx, logger, r, v, site, newRequest, wantOn, wantOff)
+	s.tried(v.id, wish, err)
+
+	return err
+}
+
+// tried keeps whether the wish's BMC call failed (an edge call's failure is a requeue carrying its error).
+func (s *power) tried(id, wish string, err error) {
+	var rq *controller.RequeueError
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	if errors.As(err, &rq) && rq.Err() != nil {
+		s.unanswered[id] = wish
+	} else {
+		delete(s.unanswered, id)
+	}
+}
+
+// teardown forgets the machine's unanswered wish.
+func (s *power) teardown(_ context.Context, _ *zap.Logger, _ controller.QRuntime, v *view) error {
+	s.tried(v.id, "", nil)
+
+	return nil
+}
+
+// act asks the BMC for its power state and does what the wish needs of it.
+func (s *power) act(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view, site string, newRequest, wantOn, wantOff bool) error {
 	op := &specs.PowerOperationSpec{}
 	if v.power != nil {
 		op = proto.Clone(v.power).(*specs.PowerOperationSpec)
 	}
 
 	req := v.machine.GetPowerOffRequestId()
-	newRequest := req != "" && op.GetPowerOffRequestId() != req
-
-	wantOn := !newRequest && !v.powerOffActive() && (v.requiresPowerOn() || v.preferredOn())
-	wantOff := newRequest || (!v.requiresPowerOn() && !v.preferredOn() && !v.powerOffActive())
-
-	if !wantOn && !wantOff {
-		return nil
-	}
 
 	// decide on the BMC's current word, not on the last observation
 	callCtx, cancel := context.WithTimeout(ctx, s.env.cfg.CallTimeout)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/controller"
@@ -167,17 +168,64 @@ func (s *scheduleController) run(ctx context.Context, logger *zap.Logger, r cont
 // requeue is what machineController does with a step's result: a requeue with an interval becomes a due look
 // in the lifecycle's schedule instead of an item parked in COSI's queue (see dues). Its error, when it
 // carries one, is logged here as COSI would have, and not returned.
+//
+// A step's first failure in a row at a machine is retried after firstRetry when it asked for the poll interval
+// or less: most failures are a busy BMC or a dropped call that the next try gets through, and a user's
+// request must not wait a poll interval for that. Failing again, it waits what the step asked for.
 func (e *env) requeue(logger *zap.Logger, controllerName, machineID string, err error) error {
 	var rq *controller.RequeueError
 	if !errors.As(err, &rq) || rq.Interval() <= 0 {
+		e.failing.clear(controllerName, machineID)
+
 		return err
 	}
 
-	e.due.after(controllerName, machineID, rq.Interval())
+	interval := rq.Interval()
+
+	if rq.Err() == nil {
+		e.failing.clear(controllerName, machineID)
+	} else if first := e.failing.add(controllerName, machineID); first && interval <= e.cfg.PollInterval {
+		interval = min(interval, firstRetry)
+	}
+
+	e.due.after(controllerName, machineID, interval)
 
 	if rq.Err() != nil {
-		logger.Error("reconcile failed", zap.Error(rq.Err()), zap.Duration("interval", rq.Interval()))
+		logger.Error("reconcile failed", zap.Error(rq.Err()), zap.Duration("interval", interval))
 	}
 
 	return nil
+}
+
+// firstRetry is how soon a step's first failure at a machine is tried again (requeue).
+const firstRetry = 2 * time.Second
+
+// failingSet is the (controller, machine) pairs whose last reconcile failed.
+type failingSet struct {
+	mu  sync.Mutex
+	set map[dueKey]struct{}
+}
+
+func newFailingSet() *failingSet { return &failingSet{set: map[dueKey]struct{}{}} }
+
+// add records a failure; first reports whether the pair's last reconcile had not failed.
+func (f *failingSet) add(controller, machine string) (first bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	key := dueKey{controller, machine}
+	if _, ok := f.set[key]; ok {
+		return false
+	}
+
+	f.set[key] = struct{}{}
+
+	return true
+}
+
+func (f *failingSet) clear(controller, machine string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	delete(f.set, dueKey{controller, machine})
 }

@@ -9,6 +9,8 @@ import (
 	"sync"
 
 	agentpb "github.com/siderolabs/talos-metal-agent/api/agent"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/bootplans"
@@ -44,11 +46,12 @@ type FakeEdge struct {
 	dropAt   map[string]bool // sites that go offline right after their next acknowledgement
 	// statusReads counts PowerStatus calls per machine (not logged: the observation makes one every poll)
 	statusReads map[string]int
+	deadBMC     map[string]bool // machines whose BMC does not answer
 }
 
 // NewFakeEdge returns a fake edge with no machines.
 func NewFakeEdge() *FakeEdge {
-	return &FakeEdge{machines: map[string]*Machine{}, offline: map[string]bool{}, dropAt: map[string]bool{}, statusReads: map[string]int{}}
+	return &FakeEdge{machines: map[string]*Machine{}, offline: map[string]bool{}, dropAt: map[string]bool{}, statusReads: map[string]int{}, deadBMC: map[string]bool{}}
 }
 
 // Add puts a machine at site, running its agent (a freshly joined machine).
@@ -72,6 +75,15 @@ func (f *FakeEdge) Offline(site string) bool {
 	defer f.mu.Unlock()
 
 	return f.offline[site]
+}
+
+// SetBMCDead makes a machine's BMC stop answering (dead true) or answer again: every BMC call fails as a call
+// the edge gave up on does, while its agent, if running, still answers.
+func (f *FakeEdge) SetBMCDead(id string, dead bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	f.deadBMC[id] = dead
 }
 
 // HoldAcks makes Push wait for release to be closed before acknowledging (nil: acknowledge at once).
@@ -177,6 +189,16 @@ func (f *FakeEdge) get(site, id string) (*Machine, error) {
 	return m, nil
 }
 
+// bmc is get for a call to the machine's BMC.
+func (f *FakeEdge) bmc(site, id string) (*Machine, error) {
+	m, err := f.get(site, id)
+	if err == nil && f.deadBMC[id] {
+		return nil, status.Errorf(codes.DeadlineExceeded, "bmc of %s did not answer", id)
+	}
+
+	return m, err
+}
+
 // boot models a machine starting: PXE-once boots the acknowledged plan; otherwise it boots its disk if Talos is
 // installed, or network boots the acknowledged plan.
 func (m *Machine) boot() {
@@ -276,7 +298,7 @@ func (f *FakeEdge) PowerStatus(_ context.Context, site, id string, _ *specs.BMCC
 
 	f.statusReads[id]++
 
-	m, err := f.get(site, id)
+	m, err := f.bmc(site, id)
 	if err != nil {
 		return lifecycle.PowerUnknown, err
 	}
@@ -293,7 +315,7 @@ func (f *FakeEdge) PowerOn(_ context.Context, site, id string, _ *specs.BMCConfi
 	f.mu.Lock()
 	defer f.mu.Unlock()
 
-	m, err := f.get(site, id)
+	m, err := f.bmc(site, id)
 	if err != nil {
 		return err
 	}
@@ -309,7 +331,7 @@ func (f *FakeEdge) PowerOff(_ context.Context, site, id string, _ *specs.BMCConf
 	f.mu.Lock()
 	defer f.mu.Unlock()
 
-	m, err := f.get(site, id)
+	m, err := f.bmc(site, id)
 	if err != nil {
 		return err
 	}
@@ -325,7 +347,7 @@ func (f *FakeEdge) PowerCycle(_ context.Context, site, id string, _ *specs.BMCCo
 	f.mu.Lock()
 	defer f.mu.Unlock()
 
-	m, err := f.get(site, id)
+	m, err := f.bmc(site, id)
 	if err != nil {
 		return err
 	}
@@ -341,7 +363,7 @@ func (f *FakeEdge) SetPXEOnce(_ context.Context, site, id string, _ *specs.BMCCo
 	f.mu.Lock()
 	defer f.mu.Unlock()
 
-	m, err := f.get(site, id)
+	m, err := f.bmc(site, id)
 	if err != nil {
 		return err
 	}
