@@ -11,6 +11,7 @@ import (
 	"github.com/cosi-project/runtime/pkg/controller"
 	"github.com/cosi-project/runtime/pkg/controller/runtime"
 	"github.com/cosi-project/runtime/pkg/resource"
+	"github.com/cosi-project/runtime/pkg/resource/rtestutils"
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/cosi-project/runtime/pkg/state"
 	"github.com/cosi-project/runtime/pkg/state/impl/inmem"
@@ -18,6 +19,7 @@ import (
 	omnispecs "github.com/siderolabs/omni/client/api/omni/specs"
 	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
 	omnires "github.com/siderolabs/omni/client/pkg/omni/resources/omni"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
@@ -199,6 +201,18 @@ func (h *harness) eventually(what string, cond func() bool) {
 	require.Eventually(h.t, cond, waitFor, tick, what)
 }
 
+// statusIs waits, watching Omni's state, until the machine's InfraMachineStatus passes check.
+func (h *harness) statusIs(id string, check func(s *omnispecs.InfraMachineStatusSpec, a *assert.Assertions)) {
+	h.t.Helper()
+
+	ctx, cancel := context.WithTimeout(h.t.Context(), waitFor)
+	defer cancel()
+
+	rtestutils.AssertResource(ctx, h.t, h.st, id, func(st *infra.MachineStatus, a *assert.Assertions) {
+		check(st.TypedSpec().Value, a)
+	})
+}
+
 // never asserts cond stays false for a while (used for "nothing happens").
 func (h *harness) never(what string, cond func() bool) {
 	h.t.Helper()
@@ -217,11 +231,11 @@ func (h *harness) ready(id, site string) {
 	h.edge.Add(id, site)
 	h.omni(id, accepted)
 
-	h.eventually("ready to use", func() bool { s := h.status(id); return s != nil && s.ReadyToUse })
+	h.statusIs(id, func(s *omnispecs.InfraMachineStatusSpec, a *assert.Assertions) { a.True(s.ReadyToUse, "ready to use") })
 	h.clock.Advance(2 * cooldown)
 	h.eventually("powered off after cooldown", func() bool { return !h.edge.Machine(id).Power })
-	h.eventually("power state reported off", func() bool {
-		return h.status(id).PowerState == omnispecs.InfraMachineStatusSpec_POWER_STATE_OFF
+	h.statusIs(id, func(s *omnispecs.InfraMachineStatusSpec, a *assert.Assertions) {
+		a.Equal(omnispecs.InfraMachineStatusSpec_POWER_STATE_OFF, s.PowerState, "power state reported off")
 	})
 }
 
@@ -234,7 +248,9 @@ func (h *harness) installed(id, site string) {
 	h.eventually("booted the installer", func() bool { return h.edge.Machine(id).Booted == "install" })
 	h.edge.InstallToDisk(id)
 	h.omni(id, func(s *omnispecs.InfraMachineSpec) { s.InstallEventId++ })
-	h.eventually("installed reported", func() bool { return h.status(id).Installed })
+	h.statusIs(id, func(s *omnispecs.InfraMachineStatusSpec, a *assert.Assertions) {
+		a.True(s.Installed, "installed reported")
+	})
 	h.eventually("disk plan acknowledged", func() bool { return h.edge.Machine(id).Acked.Mode == bootplans.ModeDisk })
 }
 
@@ -251,7 +267,7 @@ func TestAcceptToReadyThenPowerOff(t *testing.T) {
 	})
 
 	h.omni("m1", accepted)
-	h.eventually("ready to use", func() bool { s := h.status("m1"); return s != nil && s.ReadyToUse })
+	h.statusIs("m1", func(s *omnispecs.InfraMachineStatusSpec, a *assert.Assertions) { a.True(s.ReadyToUse, "ready to use") })
 
 	m := h.edge.Machine("m1")
 	require.Equal(t, "outpost", m.IPMIUser)
@@ -269,8 +285,8 @@ func TestAcceptToReadyThenPowerOff(t *testing.T) {
 	h.never("not powered off before the cooldown", func() bool { return h.edge.Count("m1", "PowerOff") > 0 })
 	h.clock.Advance(2 * cooldown)
 	h.eventually("powered off after the cooldown", func() bool { return !h.edge.Machine("m1").Power })
-	h.eventually("off reported", func() bool {
-		return h.status("m1").PowerState == omnispecs.InfraMachineStatusSpec_POWER_STATE_OFF
+	h.statusIs("m1", func(s *omnispecs.InfraMachineStatusSpec, a *assert.Assertions) {
+		a.Equal(omnispecs.InfraMachineStatusSpec_POWER_STATE_OFF, s.PowerState, "off reported")
 	})
 	h.never("no further power actions", func() bool { return h.edge.Count("m1", "Power") > 1 })
 }
@@ -292,7 +308,9 @@ func TestAllocateInstallsThenBootsFromDisk(t *testing.T) {
 	h.edge.InstallToDisk("m1")
 	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.InstallEventId = 1 })
 	h.eventually("disk plan", func() bool { return h.edge.Machine("m1").Acked.Mode == bootplans.ModeDisk })
-	h.eventually("installed reported", func() bool { return h.status("m1").Installed })
+	h.statusIs("m1", func(s *omnispecs.InfraMachineStatusSpec, a *assert.Assertions) {
+		a.True(s.Installed, "installed reported")
+	})
 
 	h.clock.Advance(2 * cooldown)
 	h.never("no further reboots or power changes", func() bool {
@@ -317,10 +335,10 @@ func TestReleaseRebootsToAgentWipesAndPowersOff(t *testing.T) {
 		return len(h.edge.Calls("m1", "PowerCycle acked=agent pxe=true")) == 1
 	})
 	h.eventually("wiped again", func() bool { return h.edge.Count("m1", "WipeDisks") == 2 })
-	h.eventually("wiped token reported, installed forgotten", func() bool {
-		s := h.status("m1")
-
-		return s.WipedNodeUniqueToken == "node-token-2" && !s.Installed && s.ReadyToUse
+	h.statusIs("m1", func(s *omnispecs.InfraMachineStatusSpec, a *assert.Assertions) {
+		a.Equal("node-token-2", s.WipedNodeUniqueToken, "wiped token reported")
+		a.False(s.Installed, "installed forgotten")
+		a.True(s.ReadyToUse)
 	})
 	h.clock.Advance(2 * cooldown)
 	h.eventually("powered off", func() bool { return !h.edge.Machine("m1").Power })
@@ -333,7 +351,9 @@ func TestUserReboot(t *testing.T) {
 	h.installed("m1", "site-a")
 
 	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.RequestedRebootId = "reboot-1" })
-	h.eventually("reboot reported", func() bool { return h.status("m1").LastRebootId == "reboot-1" })
+	h.statusIs("m1", func(s *omnispecs.InfraMachineStatusSpec, a *assert.Assertions) {
+		a.Equal("reboot-1", s.LastRebootId, "reboot reported")
+	})
 	require.Equal(t, []string{"PowerCycle acked=disk pxe=false"}, h.edge.Calls("m1", "PowerCycle"))
 	h.never("rebooted once", func() bool { return h.edge.Count("m1", "PowerCycle") > 1 })
 }
@@ -346,7 +366,9 @@ func TestPowerOffRequestHonouredAndNeverUndone(t *testing.T) {
 
 	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.PowerOffRequestId = "off-1" })
 	h.eventually("powered off", func() bool { return !h.edge.Machine("m1").Power })
-	h.eventually("power-off reported", func() bool { return h.status("m1").LastPowerOffId == "off-1" })
+	h.statusIs("m1", func(s *omnispecs.InfraMachineStatusSpec, a *assert.Assertions) {
+		a.Equal("off-1", s.LastPowerOffId, "power-off reported")
+	})
 
 	h.clock.Advance(2 * cooldown)
 	h.never("not powered on again although allocated", func() bool { return h.edge.Count("m1", "PowerOn") > 1 })
@@ -379,8 +401,8 @@ func TestDeadBMCAskedOncePerWish(t *testing.T) {
 
 	h.edge.SetBMCDead("m1", true)
 	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.PreferredPowerState = omnispecs.InfraMachineSpec_POWER_STATE_ON })
-	h.eventually("power state unknown", func() bool {
-		return h.status("m1").PowerState == omnispecs.InfraMachineStatusSpec_POWER_STATE_UNKNOWN
+	h.statusIs("m1", func(s *omnispecs.InfraMachineStatusSpec, a *assert.Assertions) {
+		a.Equal(omnispecs.InfraMachineStatusSpec_POWER_STATE_UNKNOWN, s.PowerState, "power state unknown")
 	})
 	h.eventually("the power-on was tried", func() bool { return tries() > 0 })
 
@@ -394,7 +416,9 @@ func TestDeadBMCAskedOncePerWish(t *testing.T) {
 	h.never("and one only", func() bool { return tries() > before+1 })
 
 	h.edge.SetBMCDead("m1", false)
-	h.eventually("the request is honoured once the bmc answers", func() bool { return h.status("m1").LastPowerOffId == "off-1" })
+	h.statusIs("m1", func(s *omnispecs.InfraMachineStatusSpec, a *assert.Assertions) {
+		a.Equal("off-1", s.LastPowerOffId, "the request is honoured once the bmc answers")
+	})
 	require.Empty(t, h.edge.Calls("m1", "PowerOn"))
 }
 
@@ -532,8 +556,8 @@ func TestNoRebootOnStateReadBeforeWaiting(t *testing.T) {
 	h.eventually("the reboot waits for the edge", func() bool { return h.edge.Count("m1", "Push install") == 2 })
 
 	h.edge.PullPlug("m1")
-	h.eventually("off reported", func() bool {
-		return h.status("m1").PowerState == omnispecs.InfraMachineStatusSpec_POWER_STATE_OFF
+	h.statusIs("m1", func(s *omnispecs.InfraMachineStatusSpec, a *assert.Assertions) {
+		a.Equal(omnispecs.InfraMachineStatusSpec_POWER_STATE_OFF, s.PowerState, "off reported")
 	})
 
 	close(release)
@@ -575,7 +599,7 @@ func TestOmniLostMidWipeWipesOnce(t *testing.T) {
 	h.rebuild()
 	close(release)
 
-	h.eventually("ready to use", func() bool { s := h.status("m1"); return s != nil && s.ReadyToUse })
+	h.statusIs("m1", func(s *omnispecs.InfraMachineStatusSpec, a *assert.Assertions) { a.True(s.ReadyToUse, "ready to use") })
 	require.Equal(t, "node-token", h.status("m1").WipedNodeUniqueToken)
 	h.never("the wipe is not repeated", func() bool { return h.edge.Count("m1", "WipeDisks") > 1 })
 }
@@ -596,7 +620,9 @@ func TestMachineNoEdgeHasSeenWaits(t *testing.T) {
 
 	// it shows up later and proceeds
 	h.edge.Add("ghost", "site-b")
-	h.eventually("ready once seen", func() bool { s := h.status("ghost"); return s != nil && s.ReadyToUse })
+	h.statusIs("ghost", func(s *omnispecs.InfraMachineStatusSpec, a *assert.Assertions) {
+		a.True(s.ReadyToUse, "ready once seen")
+	})
 }
 
 func TestNonsenseBMCConfigLeavesMachineAlone(t *testing.T) {
@@ -615,7 +641,9 @@ func TestNonsenseBMCConfigLeavesMachineAlone(t *testing.T) {
 	h.never("no BMC, no wipe, no power", func() bool {
 		return h.edge.Count("m1", "WipeDisks")+h.edge.Count("m1", "Power")+h.edge.Count("m1", "SetPowerManagement") > 0
 	})
-	h.eventually("reported not ready", func() bool { s := h.status("m1"); return s != nil && !s.ReadyToUse })
+	h.statusIs("m1", func(s *omnispecs.InfraMachineStatusSpec, a *assert.Assertions) {
+		a.False(s.ReadyToUse, "reported not ready")
+	})
 	h.eventually("nonsense counted", func() bool { return h.stats.Count(lifecycle.ReasonInvalidBMCConfig) > 0 })
 }
 
@@ -634,7 +662,7 @@ func TestOmniBMCConfigSealedAndStable(t *testing.T) {
 	require.NoError(t, h.st.Create(t.Context(), bmc))
 
 	h.omni("m1", accepted)
-	h.eventually("ready to use", func() bool { s := h.status("m1"); return s != nil && s.ReadyToUse })
+	h.statusIs("m1", func(s *omnispecs.InfraMachineStatusSpec, a *assert.Assertions) { a.True(s.ReadyToUse, "ready to use") })
 	require.Zero(t, h.edge.Count("m1", "SetPowerManagement"))
 
 	get := func() *resources.BMCConfiguration {
@@ -723,7 +751,9 @@ func TestZeroesWipe(t *testing.T) {
 
 	h.edge.HoldWipes(nil)
 	close(release)
-	h.eventually("ready once a zeroes wipe finished", func() bool { s := h.status("m1"); return s != nil && s.ReadyToUse })
+	h.statusIs("m1", func(s *omnispecs.InfraMachineStatusSpec, a *assert.Assertions) {
+		a.True(s.ReadyToUse, "ready once a zeroes wipe finished")
+	})
 	for _, c := range h.edge.Calls("m1", "WipeDisks") {
 		require.Equal(t, "WipeDisks zeroes", c, "every wipe was a zeroes wipe")
 	}
@@ -742,11 +772,10 @@ func TestSiteWipeMethod(t *testing.T) {
 	h.omni("m1", accepted)
 	h.omni("m2", accepted)
 
-	h.eventually("both ready", func() bool {
-		a, b := h.status("m1"), h.status("m2")
+	for _, id := range []string{"m1", "m2"} {
+		h.statusIs(id, func(s *omnispecs.InfraMachineStatusSpec, a *assert.Assertions) { a.True(s.ReadyToUse, "ready") })
+	}
 
-		return a != nil && a.ReadyToUse && b != nil && b.ReadyToUse
-	})
 	require.Equal(t, []string{"WipeDisks zeroes"}, slices.Compact(h.edge.Calls("m1", "WipeDisks")), "site-a's own method")
 	require.Equal(t, []string{"WipeDisks"}, slices.Compact(h.edge.Calls("m2", "WipeDisks")), "the controller's method")
 }
@@ -766,9 +795,8 @@ func TestContestedMachineHeldUntilCleared(t *testing.T) {
 	})
 
 	h.edge.SetAlert("m1", "")
-	h.eventually("wiped and ready once cleared", func() bool {
-		s := h.status("m1")
-
-		return s != nil && s.ReadyToUse && h.edge.Count("m1", "WipeDisks") > 0
+	h.statusIs("m1", func(s *omnispecs.InfraMachineStatusSpec, a *assert.Assertions) {
+		a.True(s.ReadyToUse, "ready once cleared")
 	})
+	require.Positive(t, h.edge.Count("m1", "WipeDisks"), "wiped before ready")
 }
