@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/controller"
@@ -142,15 +143,15 @@ func (s *omniSession) run(ctx context.Context, conn *omni.Connection) error {
 		}
 	}
 
-	rt, err := conn.NewRuntime(s.health, s.controllers...)
+	joinConfig := conn.NewJoinConfigController(s.trustedRoots, s.extra, func(jc omni.JoinConfig) {
+		s.edges.pusher.SetConfig([]byte(jc.Documents))
+		s.log.Info("join config from Omni pushed to sites")
+	})
+
+	rt, err := conn.NewRuntime(s.health, append(slices.Clone(s.controllers), joinConfig)...)
 	if err != nil {
 		return err
 	}
-
-	watcher := conn.NewJoinConfigWatcher(s.trustedRoots, func(jc omni.JoinConfig) {
-		s.edges.pusher.SetConfig([]byte(jc.Documents))
-		s.log.Info("join config from Omni pushed to sites")
-	}).WithExtraDocuments(s.extra)
 
 	eg, ctx := errgroup.WithContext(ctx)
 
@@ -161,7 +162,6 @@ func (s *omniSession) run(ctx context.Context, conn *omni.Connection) error {
 
 		return nil
 	})
-	eg.Go(func() error { return watcher.Run(ctx) })
 	eg.Go(func() error { return s.edges.locations.Persist(ctx, conn.State(), s.types) })
 
 	if s.timelines != nil {

@@ -409,6 +409,7 @@ func TestDeadBMCAskedOncePerWish(t *testing.T) {
 	// one try under way when the observation saw the BMC go silent may still fail after this count
 	before := tries()
 	h.never("not asked again for the same wish", func() bool { return tries() > before+1 })
+	require.Positive(t, h.stats.Count(lifecycle.ReasonBMCNotAnswering), "the looks that left it alone are counted")
 
 	before = tries()
 	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.PowerOffRequestId = "off-1" })

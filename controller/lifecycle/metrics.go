@@ -17,6 +17,9 @@ const (
 	ReasonInvalidBMCConfig  = "invalid_bmc_config"
 	ReasonMachineNotLocated = "machine_not_located"
 	ReasonBMCRefused        = "bmc_refused"
+	// ReasonBMCNotAnswering counts the power step's looks that left a BMC alone: it did not answer the last
+	// try of the same wish, nor its edge's watch since.
+	ReasonBMCNotAnswering = "bmc_not_answering"
 )
 
 // Metrics are the lifecycle's own: what it could not do, by reason; how long each controller's reconciles

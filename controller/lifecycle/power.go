@@ -79,6 +79,8 @@ func (s *power) reconcile(ctx context.Context, logger *zap.Logger, r controller.
 	s.mu.Unlock()
 
 	if unanswered && v.powerState() == specs.MachineObservationSpec_POWER_STATE_UNKNOWN {
+		s.env.Metrics.inc(ReasonBMCNotAnswering)
+
 		return s.env.waitFor(logger, "bmc did not answer, nor its edge's watch since")
 	}
 

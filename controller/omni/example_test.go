@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/bootplans"
@@ -65,16 +64,12 @@ func Example() {
 		return
 	}
 
-	rt, err := conn.NewRuntime(health, ctrls...)
+	joinConfig := conn.NewJoinConfigController("", omni.ExtraDocuments{}, func(jc omni.JoinConfig) { pusher.SetConfig([]byte(jc.Documents)) })
+
+	rt, err := conn.NewRuntime(health, append(ctrls, joinConfig)...)
 	if err != nil {
 		return
 	}
 
-	joinConfig := conn.NewJoinConfigWatcher("", func(jc omni.JoinConfig) { pusher.SetConfig([]byte(jc.Documents)) })
-
-	eg, ctx := errgroup.WithContext(ctx)
-	eg.Go(func() error { return rt.Run(ctx) })
-	eg.Go(func() error { return joinConfig.Run(ctx) })
-
-	_ = eg.Wait()
+	_ = rt.Run(ctx)
 }

@@ -5,9 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
+	"github.com/cosi-project/runtime/pkg/controller"
+	"github.com/cosi-project/runtime/pkg/resource"
+	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/cosi-project/runtime/pkg/state"
+	"github.com/siderolabs/gen/optional"
+	"github.com/siderolabs/omni/client/pkg/omni/resources"
 	"github.com/siderolabs/omni/client/pkg/omni/resources/siderolink"
 	"github.com/siderolabs/talos/pkg/machinery/config/container"
 	"github.com/siderolabs/talos/pkg/machinery/config/encoder"
@@ -23,97 +27,73 @@ type JoinConfig struct {
 	KernelArgs []string
 }
 
-// JoinConfigWatcher follows Omni's ProviderJoinConfig of the provider and reports every change.
-type JoinConfigWatcher struct {
-	st           state.State
+// JoinConfigController follows Omni's ProviderJoinConfig of the provider, as a controller of the lifecycle's
+// runtime (whose watch-fed cache holds it): each version is built into the JoinConfig edges serve and handed
+// to onChange. A version it cannot use is logged and skipped; the last good one stays in force.
+type JoinConfigController struct {
 	providerID   string
 	trustedRoots string
 	extra        ExtraDocuments
 	onChange     func(JoinConfig)
-	logger       *zap.Logger
-	retry        time.Duration
 }
 
-// NewJoinConfigWatcher returns a watcher; trustedRootsPEM (optional) is appended as a TrustedRootsConfig document;
-// onChange (optional) is called with every new content, e.g. to send it to the edges.
-func (c *Connection) NewJoinConfigWatcher(trustedRootsPEM string, onChange func(JoinConfig)) *JoinConfigWatcher {
-	return &JoinConfigWatcher{
-		st: c.State(), providerID: c.cfg.ProviderID, trustedRoots: trustedRootsPEM, onChange: onChange,
-		logger: c.logger.With(zap.String("component", "omni_join_config")), retry: c.cfg.RetryMin,
+// NewJoinConfigController returns the controller for NewRuntime; trustedRootsPEM (optional) is appended as a
+// TrustedRootsConfig document and extra (optional) are the operator's documents; onChange is called with every
+// new content, e.g. to send it to the edges.
+func (c *Connection) NewJoinConfigController(trustedRootsPEM string, extra ExtraDocuments, onChange func(JoinConfig)) *JoinConfigController {
+	return &JoinConfigController{providerID: c.cfg.ProviderID, trustedRoots: trustedRootsPEM, extra: extra, onChange: onChange}
+}
+
+// Name implements controller.QController.
+func (*JoinConfigController) Name() string { return "omni.JoinConfigController" }
+
+// Settings implements controller.QController: Omni's ProviderJoinConfigs (a provider sees its own only) in.
+func (*JoinConfigController) Settings() controller.QSettings {
+	return controller.QSettings{
+		Inputs: []controller.Input{{
+			Namespace: resources.InfraProviderNamespace, Type: siderolink.ProviderJoinConfigType, Kind: controller.InputQPrimary,
+		}},
+		Concurrency: optional.Some[uint](1),
 	}
 }
 
-// WithExtraDocuments adds the operator's documents to every join config (set before Run).
-func (w *JoinConfigWatcher) WithExtraDocuments(d ExtraDocuments) *JoinConfigWatcher {
-	w.extra = d
-
-	return w
+// MapInput implements controller.QController (it has no mapped inputs).
+func (*JoinConfigController) MapInput(context.Context, *zap.Logger, controller.QRuntime, controller.ReducedResourceMetadata) ([]resource.Pointer, error) {
+	return nil, nil
 }
 
-// Run watches until ctx ends, re-subscribing (with backoff) when the watch breaks, e.g. when Omni restarts.
-func (w *JoinConfigWatcher) Run(ctx context.Context) error {
-	for {
-		err := w.watch(ctx)
-		if ctx.Err() != nil {
-			return nil
-		}
-
-		w.logger.Warn("join config watch broke, re-subscribing", zap.Duration("backoff", w.retry), zap.Error(err))
-
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(w.retry):
-		}
+// Reconcile implements controller.QController.
+func (w *JoinConfigController) Reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, ptr resource.Pointer) error {
+	if ptr.ID() != w.providerID {
+		return nil
 	}
+
+	jc, err := safe.ReaderGet[*siderolink.ProviderJoinConfig](ctx, r, ptr)
+	if state.IsNotFoundError(err) {
+		return nil // Omni removes it only with the provider; machines keep what they were served
+	}
+
+	if err != nil {
+		return fmt.Errorf("read provider join config: %w", err)
+	}
+
+	cfg, err := w.build(logger, jc)
+	if err != nil {
+		logger.Error("unusable provider join config from omni", zap.Error(err))
+
+		return nil
+	}
+
+	logger.Info("provider join config updated", zap.String("version", jc.Metadata().Version().String()))
+
+	if w.onChange != nil {
+		w.onChange(cfg)
+	}
+
+	return nil
 }
 
-func (w *JoinConfigWatcher) watch(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-
-	events := make(chan state.Event)
-
-	if err := w.st.Watch(ctx, siderolink.NewProviderJoinConfig(w.providerID).Metadata(), events); err != nil {
-		return fmt.Errorf("watch provider join config: %w", err)
-	}
-
-	for {
-		var ev state.Event
-
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case ev = <-events:
-		}
-
-		switch ev.Type {
-		case state.Errored:
-			return fmt.Errorf("watch provider join config: %w", ev.Error)
-		case state.Created, state.Updated:
-			jc, ok := ev.Resource.(*siderolink.ProviderJoinConfig)
-			if !ok {
-				continue
-			}
-
-			cfg, err := w.build(jc)
-			if err != nil {
-				w.logger.Error("unusable provider join config from omni", zap.Error(err))
-
-				continue
-			}
-
-			w.logger.Info("provider join config updated", zap.String("version", jc.Metadata().Version().String()))
-
-			if w.onChange != nil {
-				w.onChange(cfg)
-			}
-		case state.Destroyed, state.Bootstrapped, state.Noop:
-		}
-	}
-}
-
-func (w *JoinConfigWatcher) build(jc *siderolink.ProviderJoinConfig) (JoinConfig, error) {
+func (w *JoinConfigController) build(logger *zap.Logger, jc *siderolink.ProviderJoinConfig) (JoinConfig, error) {
 	spec := jc.TypedSpec().Value
 
 	docs := strings.TrimSpace(spec.GetConfig().GetConfig())
@@ -142,7 +122,7 @@ func (w *JoinConfigWatcher) build(jc *siderolink.ProviderJoinConfig) (JoinConfig
 	// The operator's documents were checked when they were loaded; one that conflicts with what Omni sends now
 	// must not keep machines from joining: they get Omni's documents alone, and the log says why.
 	if merged, err := w.extra.appendTo(docs); err != nil {
-		w.logger.Error("extra machine-config documents left out of the join config", zap.Strings("documents", w.extra.Kinds()),
+		logger.Error("extra machine-config documents left out of the join config", zap.Strings("documents", w.extra.Kinds()),
 			zap.Error(err))
 	} else {
 		docs = strings.TrimSpace(merged)

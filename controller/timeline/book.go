@@ -89,11 +89,16 @@ type Config struct {
 	MaxPending int
 	// WriteInterval is how often changed timelines are written to Omni (each at most once per interval).
 	WriteInterval time.Duration
+	// RepeatWriteInterval is how often a timeline whose only change is a repeat of its last entry (the same
+	// failure again: a site offline for an hour, retried every poll) is written: its count and time wait for
+	// this, or for the machine's next real change. At 1,000 machines behind offline sites, one write per
+	// retry was 58 Omni updates a second.
+	RepeatWriteInterval time.Duration
 }
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
-	return Config{MaxEntries: 40, MaxText: 300, MaxMachines: 1 << 17, MaxPending: 4096, WriteInterval: 5 * time.Second}
+	return Config{MaxEntries: 40, MaxText: 300, MaxMachines: 1 << 17, MaxPending: 4096, WriteInterval: 5 * time.Second, RepeatWriteInterval: 5 * time.Minute}
 }
 
 // Book holds every machine's timeline. It is safe for concurrent use.
@@ -109,6 +114,10 @@ type Book struct {
 	// pending holds entries for addresses not tied to a machine yet, keyed "<site>/mac/..." or "<site>/ip/...".
 	pending map[string][]held
 	dirty   map[string]bool
+	// repeated are the machines whose only change since their last write is a repeat (RepeatWriteInterval);
+	// repeatsWritten is when those were last written.
+	repeated       map[string]bool
+	repeatsWritten time.Time
 	// changed is closed and replaced at every change (Changed).
 	changed chan struct{}
 	version uint64
@@ -149,10 +158,15 @@ func New(cfg Config, now func() time.Time) *Book {
 		cfg.WriteInterval = d.WriteInterval
 	}
 
+	if cfg.RepeatWriteInterval <= 0 {
+		cfg.RepeatWriteInterval = d.RepeatWriteInterval
+	}
+
 	return &Book{
 		cfg: cfg, now: now, metrics: newMetrics(),
 		machines: map[string]*machine{}, byMAC: map[string]string{}, byIP: map[string]string{},
-		pending: map[string][]held{}, dirty: map[string]bool{}, changed: make(chan struct{}),
+		pending: map[string][]held{}, dirty: map[string]bool{}, repeated: map[string]bool{}, changed: make(chan struct{}),
+		repeatsWritten: now(),
 	}
 }
 
@@ -174,8 +188,22 @@ func (b *Book) Version() uint64 {
 
 // touchLocked marks a machine changed; b.mu is held.
 func (b *Book) touchLocked(m *machine) {
-	m.Updated = b.now()
+	b.changedLocked(m)
 	b.dirty[m.ID] = true
+	delete(b.repeated, m.ID)
+}
+
+// repeatLocked marks m changed by a repeat of its last entry only: watchers see it at once, Omni later.
+func (b *Book) repeatLocked(m *machine) {
+	b.changedLocked(m)
+
+	if !b.dirty[m.ID] {
+		b.repeated[m.ID] = true
+	}
+}
+
+func (b *Book) changedLocked(m *machine) {
+	m.Updated = b.now()
 	b.version++
 
 	close(b.changed)
@@ -216,7 +244,7 @@ func (b *Book) appendLocked(m *machine, e Entry) {
 			last.Repeats++
 			m.Last = *last
 
-			b.touchLocked(m)
+			b.repeatLocked(m)
 
 			return
 		}

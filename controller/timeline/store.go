@@ -191,12 +191,22 @@ func (b *Book) Persist(ctx context.Context, st state.State, t resources.Types, l
 	}
 }
 
-// Flush writes every timeline changed since the last flush now and returns how many writes failed (they
-// stay to be written).
+// Flush writes every timeline changed since the last flush now, and those changed by repeats only once
+// RepeatWriteInterval has passed since they were last written, and returns how many writes failed (they stay
+// to be written).
 func (b *Book) Flush(ctx context.Context, st state.State, t resources.Types) (failed int) {
 	b.mu.Lock()
 	batch := b.dirty
 	b.dirty = map[string]bool{}
+
+	if now := b.now(); now.Sub(b.repeatsWritten) >= b.cfg.RepeatWriteInterval {
+		for id := range b.repeated {
+			batch[id] = true
+		}
+
+		b.repeated = map[string]bool{}
+		b.repeatsWritten = now
+	}
 	b.mu.Unlock()
 
 	for id := range batch {

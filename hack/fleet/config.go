@@ -35,6 +35,12 @@ type Config struct {
 	// fleet is ready, and stay offline for the rest of the run.
 	DeadBMCFraction     float64 `json:"dead_bmc_fraction"`
 	OfflineSiteFraction float64 `json:"offline_site_fraction"`
+	// FlappingSites of the others lose their WAN link every FlapEvery (for half of it) from the steady state
+	// until the restart; their machines are left out of the figures like an offline site's.
+	FlappingSites int           `json:"flapping_sites"`
+	FlapEvery     time.Duration `json:"flap_every"`
+	// OmniLatency delays every call the stand-in serves (a slow Omni).
+	OmniLatency time.Duration `json:"omni_latency"`
 	// BMC is how the live BMCs answer.
 	BMC BMCBehaviour `json:"bmc"`
 	// WatchBMCs makes the edges watch their BMCs when the controller asks (edge/bmc's Watcher, as the real edge
@@ -94,6 +100,7 @@ func Default() Config {
 		OnFraction:          0.5,
 		DeadBMCFraction:     0.01,
 		OfflineSiteFraction: 0.05,
+		FlapEvery:           5 * time.Second,
 		BMC:                 BMCBehaviour{Latency: 30 * time.Millisecond, Jitter: 40 * time.Millisecond, FailureRate: 0.001, DeadAfter: 4 * time.Second},
 		BootDelay:           2 * time.Second,
 		WipeTime:            time.Second,
@@ -170,7 +177,16 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("poll interval, boot rate, window and timeouts must be positive, cooldown not negative"))
 	}
 
-	if c.IntentSamples < 0 || c.BMC.Latency < 0 || c.BMC.Jitter < 0 || c.BootDelay < 0 || c.WipeTime < 0 || c.InstallTime < 0 || c.Settle < 0 {
+	if c.FlappingSites < 0 || c.FlappingSites > c.Sites-roundCount(c.Sites, c.OfflineSiteFraction) {
+		errs = append(errs, fmt.Errorf("flapping sites %d: want 0 to the sites not offline", c.FlappingSites))
+	}
+
+	if c.FlappingSites > 0 && c.FlapEvery < 100*time.Millisecond {
+		errs = append(errs, fmt.Errorf("flap every %s: want at least 100ms", c.FlapEvery))
+	}
+
+	if c.IntentSamples < 0 || c.BMC.Latency < 0 || c.BMC.Jitter < 0 || c.BootDelay < 0 || c.WipeTime < 0 || c.InstallTime < 0 || c.Settle < 0 ||
+		c.OmniLatency < 0 {
 		errs = append(errs, errors.New("samples, latencies and delays must not be negative"))
 	}
 

@@ -29,7 +29,9 @@ type OmniConfig struct {
 	StateDir string
 	// ProviderID is the infra provider's ID.
 	ProviderID string
-	Logger     *zap.Logger
+	// Latency delays every State API call (a slow Omni; 0: none).
+	Latency time.Duration
+	Logger  *zap.Logger
 }
 
 // OmniEndpoints is what the stand-in's child process tells its parent on its first line of output.
@@ -56,6 +58,7 @@ func ServeOmni(ctx context.Context, cfg OmniConfig, out io.Writer) error {
 	ocfg.ProviderID = cfg.ProviderID
 	ocfg.StateDir = cfg.StateDir
 	ocfg.Calls = calls
+	ocfg.Latency = cfg.Latency
 	ocfg.Logger = cfg.Logger
 
 	srv, err := omni.New(ocfg)
@@ -134,8 +137,8 @@ type omniChild struct {
 }
 
 // startOmniChild runs `<this binary> omni ...` and waits for its endpoints.
-func startOmniChild(ctx context.Context, self, stateDir string, logFile *os.File) (*omniChild, error) {
-	args := []string{"omni", "--listen", "127.0.0.1:0", "--calls-listen", "127.0.0.1:0"}
+func startOmniChild(ctx context.Context, self, stateDir string, latency time.Duration, logFile *os.File) (*omniChild, error) {
+	args := []string{"omni", "--listen", "127.0.0.1:0", "--calls-listen", "127.0.0.1:0", "--latency", latency.String()}
 	if stateDir != "" {
 		args = append(args, "--state-dir", stateDir)
 	}

@@ -40,7 +40,10 @@ type Result struct {
 	Machines     int `json:"machines"`
 	DeadBMCs     int `json:"dead_bmcs"`
 	OfflineSites int `json:"offline_sites"`
-	// Unreachable machines (dead BMC or offline site) are left out of the power age and the samples.
+	// FlappingSites lost their link every FlapEvery, Flaps times in all.
+	FlappingSites int `json:"flapping_sites"`
+	Flaps         int `json:"flaps"`
+	// Unreachable machines (dead BMC, offline or flapping site) are left out of the power age and the samples.
 	Unreachable int `json:"unreachable"`
 
 	// Phases are seconds from the run's start to each milestone.
@@ -211,7 +214,7 @@ func (f *fleet) run(ctx context.Context, r *Result, phase func(string)) error {
 	defer omniLog.Close() //nolint:errcheck
 
 	// In memory: the stand-in outlives the controller's restart, and a bolt file would add an fsync to every write.
-	oc, err := startOmniChild(ctx, cfg.Self, "", omniLog)
+	oc, err := startOmniChild(ctx, cfg.Self, "", cfg.OmniLatency, omniLog)
 	if err != nil {
 		return err
 	}
@@ -299,7 +302,17 @@ func (f *fleet) run(ctx context.Context, r *Result, phase func(string)) error {
 		f.sites = append(f.sites, s)
 	}
 
-	reachable := func(m *machine) bool { return !m.bmc.dead && !offline[m.site.index] }
+	// the flapping sites are the last ones not offline
+	flapping := map[int]bool{}
+	for i := cfg.Sites - 1; i >= 0 && len(flapping) < cfg.FlappingSites; i-- {
+		if !offline[i] {
+			flapping[i] = true
+		}
+	}
+
+	r.FlappingSites = len(flapping)
+
+	reachable := func(m *machine) bool { return !m.bmc.dead && !offline[m.site.index] && !flapping[m.site.index] }
 
 	for _, m := range f.machines {
 		if !reachable(m) {
@@ -448,10 +461,21 @@ func (f *fleet) run(ctx context.Context, r *Result, phase func(string)) error {
 
 	phase("power_settled")
 
-	// The failures of the steady state: sites whose WAN link is down.
+	// The failures of the steady state: sites whose WAN link is down, and sites whose link keeps dropping.
+	var (
+		flapped sync.WaitGroup
+		flaps   atomic.Int64
+	)
+
+	fctx, stopFlapping := context.WithCancel(ctx)
+	defer stopFlapping()
+
 	for _, s := range f.sites {
-		if offline[s.index] {
+		switch {
+		case offline[s.index]:
 			s.wan.setDown(true)
+		case flapping[s.index]:
+			flapped.Go(func() { flaps.Add(int64(s.wan.flap(fctx, cfg.FlapEvery))) })
 		}
 	}
 
@@ -470,6 +494,11 @@ func (f *fleet) run(ctx context.Context, r *Result, phase func(string)) error {
 	if err := f.intents(ctx, r, admin, reachable, wantOn); err != nil {
 		return err
 	}
+
+	stopFlapping()
+	flapped.Wait()
+
+	r.Flaps = int(flaps.Load())
 
 	phase("intents_done")
 

@@ -410,6 +410,31 @@ func (w *wan) isDown() bool {
 	return w.down
 }
 
+// flap cuts the link every period for half of it until ctx ends (leaving it up) and says how many times.
+func (w *wan) flap(ctx context.Context, period time.Duration) int {
+	t := time.NewTicker(period / 2)
+	defer t.Stop()
+
+	defer w.setDown(false)
+
+	cuts := 0
+
+	for {
+		select {
+		case <-ctx.Done():
+			return cuts
+		case <-t.C:
+		}
+
+		down := !w.isDown()
+		if down {
+			cuts++
+		}
+
+		w.setDown(down)
+	}
+}
+
 // setDown cuts the link (closing its connections) or restores it.
 func (w *wan) setDown(down bool) {
 	w.mu.Lock()

@@ -20,7 +20,6 @@ import (
 	omnires "github.com/siderolabs/omni/client/pkg/omni/resources/omni"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/outpost-metal/outpost/controller/bootplans"
 	"github.com/outpost-metal/outpost/controller/labels"
@@ -141,23 +140,19 @@ func (r *run) startController(ctx context.Context) {
 				return sites.HealthOf(fidelitySites, func(site string) bool { return !r.edge.Offline(site) })
 			}
 
-			rt, err := conn.NewRuntime(health, ctrls...)
-			if err != nil {
-				return err
-			}
-
-			w := conn.NewJoinConfigWatcher("", func(jc controlleromni.JoinConfig) {
+			joinConfig := conn.NewJoinConfigController("", controlleromni.ExtraDocuments{}, func(jc controlleromni.JoinConfig) {
 				select {
 				case r.jc <- jc:
 				default:
 				}
 			})
 
-			eg, ctx := errgroup.WithContext(ctx)
-			eg.Go(func() error { return rt.Run(ctx) })
-			eg.Go(func() error { return w.Run(ctx) })
+			rt, err := conn.NewRuntime(health, append(slices.Clone(ctrls), joinConfig)...)
+			if err != nil {
+				return err
+			}
 
-			return eg.Wait()
+			return rt.Run(ctx)
 		})
 	require.NoError(t, err)
 

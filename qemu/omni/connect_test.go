@@ -257,15 +257,24 @@ func TestJoinConfigFollowsOmni(t *testing.T) {
 	require.NoError(t, err)
 
 	changes := make(chan controlleromni.JoinConfig, 4)
-	w := conn.NewJoinConfigWatcher("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----", func(jc controlleromni.JoinConfig) { changes <- jc }).
-		WithExtraDocuments(extra)
+	joinConfig := conn.NewJoinConfigController("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----", extra,
+		func(jc controlleromni.JoinConfig) { changes <- jc })
+
+	rt, err := conn.NewRuntime(func(context.Context) error { return nil }, joinConfig)
+	require.NoError(t, err)
 
 	wctx, wcancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 
-	go func() { done <- w.Run(wctx) }()
+	go func() { done <- rt.Run(wctx) }()
 
-	defer func() { wcancel(); require.NoError(t, <-done) }()
+	defer func() {
+		wcancel()
+
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			require.NoError(t, err)
+		}
+	}()
 
 	jc := <-changes
 	require.Contains(t, jc.Documents, "kind: SideroLinkConfig")

@@ -67,8 +67,10 @@ type Config struct {
 	// TLSCertificate makes the stand-in serve TLS (https:// endpoints); nil serves plaintext gRPC (grpc://).
 	TLSCertificate *tls.Certificate
 	// Calls, when set, counts every State API call served, by identity and method (benchmarks read it).
-	Calls  *CallCounter
-	Logger *zap.Logger
+	Calls *CallCounter
+	// Latency makes every State API call wait this long before it is served (a slow or distant Omni; 0: none).
+	Latency time.Duration
+	Logger  *zap.Logger
 }
 
 // Default returns the stand-in's default configuration.
@@ -84,6 +86,10 @@ func (c Config) Validate() error {
 
 	if c.Logger == nil {
 		return errors.New("logger is nil")
+	}
+
+	if c.Latency < 0 {
+		return fmt.Errorf("latency %s is negative", c.Latency)
 	}
 
 	return nil
@@ -198,6 +204,23 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		streams = append(streams, refuseResumedWatches)
 	}
 
+	if d := s.cfg.Latency; d > 0 {
+		unaries = append(unaries, func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+			if err := wait(ctx, d); err != nil {
+				return nil, err
+			}
+
+			return handler(ctx, req)
+		})
+		streams = append(streams, func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+			if err := wait(ss.Context(), d); err != nil {
+				return err
+			}
+
+			return handler(srv, ss)
+		})
+	}
+
 	opts := []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(unaries...),
 		grpc.ChainStreamInterceptor(streams...),
@@ -300,4 +323,17 @@ func createOrUpdate(ctx context.Context, st state.State, r resource.Resource) er
 	r.Metadata().SetVersion(cur.Metadata().Version())
 
 	return st.Update(ctx, r)
+}
+
+// wait waits d, or until ctx ends.
+func wait(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }

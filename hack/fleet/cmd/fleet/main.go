@@ -137,6 +137,9 @@ func root() *cobra.Command {
 	f.DurationVar(&cfg.IntentTimeout, "intent-timeout", env.Duration("FLEET_INTENT_TIMEOUT", cfg.IntentTimeout), "wait for a request to reach its BMC [FLEET_INTENT_TIMEOUT]")
 	f.DurationVar(&cfg.RestartTimeout, "restart-timeout", env.Duration("FLEET_RESTART_TIMEOUT", cfg.RestartTimeout), "bound on the restart's measures [FLEET_RESTART_TIMEOUT]")
 	f.BoolVar(&cfg.Perf, "perf", env.Bool("FLEET_PERF", cfg.Perf), "profile the controller with perf during the window [FLEET_PERF]")
+	f.DurationVar(&cfg.OmniLatency, "omni-latency", env.Duration("FLEET_OMNI_LATENCY", cfg.OmniLatency), "the stand-in delays every call this long (a slow Omni) [FLEET_OMNI_LATENCY]")
+	f.IntVar(&cfg.FlappingSites, "flapping-sites", env.Int("FLEET_FLAPPING_SITES", cfg.FlappingSites), "sites whose WAN link drops every --flap-every from the steady state on [FLEET_FLAPPING_SITES]")
+	f.DurationVar(&cfg.FlapEvery, "flap-every", env.Duration("FLEET_FLAP_EVERY", cfg.FlapEvery), "a flapping site's link is down half of this, up the other half [FLEET_FLAP_EVERY]")
 	f.StringVar(&cfg.Label, "label", env.String("FLEET_LABEL", ""), "free text kept with the figures (a commit, a change) [FLEET_LABEL]")
 	f.Uint64Var(&cfg.Seed, "seed", uint64(env.Int("FLEET_SEED", int(cfg.Seed))), "chooses dead BMCs, offline sites and samples [FLEET_SEED]") // small
 
@@ -200,6 +203,7 @@ func omniCommand() *cobra.Command {
 	cmd.Flags().StringVar(&cfg.Listen, "listen", "127.0.0.1:0", "State API and SideroLink address")
 	cmd.Flags().StringVar(&cfg.CallsListen, "calls-listen", "127.0.0.1:0", "call counts address (GET /calls)")
 	cmd.Flags().StringVar(&cfg.StateDir, "state-dir", "", "persist the stand-in's state here (empty: memory)")
+	cmd.Flags().DurationVar(&cfg.Latency, "latency", 0, "delay every State API call this long (a slow Omni)")
 	cmd.Flags().StringVar(&level, "log-level", "warn", "log level")
 
 	return cmd
