@@ -8,6 +8,7 @@ type metrics struct {
 	refused       *prometheus.CounterVec
 	writes        prometheus.Counter
 	writeFailures prometheus.Counter
+	pending       prometheus.Gauge
 }
 
 func newMetrics() *metrics {
@@ -32,11 +33,15 @@ func newMetrics() *metrics {
 			Namespace: "outpost", Subsystem: "timeline", Name: "write_failures_total",
 			Help: "Machine timeline writes to Omni that failed (retried at the next pass).",
 		}),
+		pending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "outpost", Subsystem: "timeline", Name: "pending_writes",
+			Help: "Machine timelines changed and not yet written to Omni, as the last write pass left them.",
+		}),
 	}
 }
 
 func (m *metrics) all() []prometheus.Collector {
-	return []prometheus.Collector{m.machines, m.dropped, m.refused, m.writes, m.writeFailures}
+	return []prometheus.Collector{m.machines, m.dropped, m.refused, m.writes, m.writeFailures, m.pending}
 }
 
 func (m *metrics) describe(ch chan<- *prometheus.Desc) {

@@ -5,11 +5,13 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/cosi-project/runtime/pkg/state"
 	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/outpost-metal/outpost/controller/resources"
@@ -191,6 +193,10 @@ func (b *Book) Persist(ctx context.Context, st state.State, t resources.Types, l
 	}
 }
 
+// flushWriters is how many timelines Flush writes at once: each write is a read and an update in Omni, and
+// the ramp of 20,000 machines left tens of thousands of writes that one writer took minutes to catch up on.
+const flushWriters = 8
+
 // Flush writes every timeline changed since the last flush now, and those changed by repeats only once
 // RepeatWriteInterval has passed since they were last written, and returns how many writes failed (they stay
 // to be written).
@@ -209,30 +215,47 @@ func (b *Book) Flush(ctx context.Context, st state.State, t resources.Types) (fa
 	}
 	b.mu.Unlock()
 
+	var (
+		eg       errgroup.Group
+		failures atomic.Int64
+	)
+
+	eg.SetLimit(flushWriters)
+
 	for id := range batch {
 		rec, ok := b.Get(id)
 		if !ok {
 			continue
 		}
 
-		err := safe.StateModify(ctx, st, t.NewMachineTimeline(id), func(r *resources.MachineTimeline) error {
-			r.TypedSpec().Value = ToSpec(rec)
+		eg.Go(func() error {
+			err := safe.StateModify(ctx, st, t.NewMachineTimeline(id), func(r *resources.MachineTimeline) error {
+				r.TypedSpec().Value = ToSpec(rec)
+
+				return nil
+			})
+			if err != nil {
+				failures.Add(1)
+				b.metrics.writeFailures.Inc()
+
+				b.mu.Lock()
+				b.dirty[id] = true
+				b.mu.Unlock()
+
+				return nil
+			}
+
+			b.metrics.writes.Inc()
 
 			return nil
 		})
-		if err != nil {
-			failed++
-
-			b.metrics.writeFailures.Inc()
-			b.mu.Lock()
-			b.dirty[id] = true
-			b.mu.Unlock()
-
-			continue
-		}
-
-		b.metrics.writes.Inc()
 	}
 
-	return failed
+	_ = eg.Wait() // the writes return no error: a failed one is counted and stays to be written
+
+	b.mu.Lock()
+	b.metrics.pending.Set(float64(len(b.dirty) + len(b.repeated)))
+	b.mu.Unlock()
+
+	return int(failures.Load())
 }

@@ -84,6 +84,9 @@ type Steady struct {
 	// the agents with a tunnel up at the end.
 	BMCCallsPerS map[string]float64 `json:"bmc_calls_per_s"`
 	AgentTunnels int                `json:"agent_tunnels"`
+	// TimelinePending is the controller's outpost_timeline_pending_writes at the window's start and end (the
+	// ramp's timeline writes still to do; -1: a controller without the metric).
+	TimelinePending [2]float64 `json:"timeline_pending_writes"`
 }
 
 // Intent is the user's power-on and reboot requests timed from Omni to the BMC.
@@ -485,7 +488,7 @@ func (f *fleet) run(ctx context.Context, r *Result, phase func(string)) error {
 
 	phase("steady")
 
-	if err := f.steadyWindow(ctx, r, ctl, oc, reachable); err != nil {
+	if err := f.steadyWindow(ctx, r, ctl, oc, metricsURL, reachable); err != nil {
 		return err
 	}
 
@@ -531,8 +534,20 @@ func (f *fleet) readyCount(ctx context.Context) (int, error) {
 }
 
 // steadyWindow measures the steady state: CPU and memory, Omni calls, BMC calls and the power state's age.
-func (f *fleet) steadyWindow(ctx context.Context, r *Result, ctl *controllerProc, oc *omniChild, reachable func(*machine) bool) error {
+func (f *fleet) steadyWindow(ctx context.Context, r *Result, ctl *controllerProc, oc *omniChild, metricsURL string, reachable func(*machine) bool) error {
 	cfg, log := f.cfg, f.log
+
+	pending := func() float64 {
+		n, err := scrapeMetric(ctx, metricsURL, "outpost_timeline_pending_writes")
+		if err != nil {
+			return -1
+		}
+
+		return n
+	}
+
+	r.Steady.TimelinePending[0] = pending()
+	defer func() { r.Steady.TimelinePending[1] = pending() }()
 
 	bmcBefore := f.bmcCalls()
 
