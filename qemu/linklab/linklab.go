@@ -173,6 +173,13 @@ func (c *Controller) CreateSite(t testing.TB, siteID string, opts sites.TokenOpt
 func (c *Controller) WaitConnected(t testing.TB, siteID string) grpc.ClientConnInterface {
 	t.Helper()
 
+	return c.WaitConnectedWithin(t, siteID, 10*time.Second)
+}
+
+// WaitConnectedWithin is WaitConnected with its own bound.
+func (c *Controller) WaitConnectedWithin(t testing.TB, siteID string, within time.Duration) grpc.ClientConnInterface {
+	t.Helper()
+
 	var conn grpc.ClientConnInterface
 
 	require.Eventually(t, func() bool {
@@ -181,7 +188,7 @@ func (c *Controller) WaitConnected(t testing.TB, siteID string) grpc.ClientConnI
 		conn, err = c.Server.Conn(siteID)
 
 		return err == nil
-	}, 10*time.Second, 5*time.Millisecond, "site %s never connected", siteID)
+	}, within, 5*time.Millisecond, "site %s never connected", siteID)
 
 	return conn
 }
