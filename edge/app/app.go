@@ -4,11 +4,13 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"path/filepath"
 	"sync/atomic"
 	"time"
 
@@ -96,10 +98,6 @@ func Build(ctx context.Context, cfg config.Config, log *zap.Logger, opts Options
 
 	cfg = cfg.Resolved()
 
-	if opts.FilesDir != "" {
-		cfg.HTTP.AssetsDir = opts.FilesDir
-	}
-
 	if err := e.build(ctx, cfg, opts); err != nil {
 		return nil, err
 	}
@@ -170,14 +168,21 @@ func (e *Edge) build(ctx context.Context, cfg config.Config, opts Options) error
 	// The edge watches its BMCs itself and journals power changes (the controller sends the list).
 	watcher := bmc.NewWatcher(bmcs, events.rec, bmc.DefaultWatcher(), log, time.Now)
 
+	// /assets/: the cache, then the operator's files directory.
+	served, err := assets.NewHandler(store, cmp.Or(opts.FilesDir, filepath.Join(cfg.StateDir, "files")))
+	if err != nil {
+		return fmt.Errorf("assets: %w", err)
+	}
+
+	e.closers = append(e.closers, closer{"files directory", served.Close})
+
 	httpSrv, err := httpd.New(cfg.HTTP, log, httpd.Deps{
-		Table:        table,
-		Catalog:      catalog,
-		Observer:     events,
-		Assets:       cachedAssets{store},
-		CachedAssets: assets.NewHandler(store, "/assets/"),
-		Registerer:   metrics,
-		Gatherer:     metrics,
+		Table:      table,
+		Catalog:    catalog,
+		Observer:   events,
+		Assets:     served,
+		Registerer: metrics,
+		Gatherer:   metrics,
 	})
 	if err != nil {
 		return fmt.Errorf("http server: %w", err)

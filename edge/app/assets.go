@@ -4,8 +4,6 @@ import (
 	"net"
 	"net/http"
 	"time"
-
-	"github.com/outpost-metal/outpost/edge/assets"
 )
 
 // factoryClient fetches assets from upstream (the image factory) under the cache policy.
@@ -17,13 +15,4 @@ func factoryClient() *http.Client {
 		ResponseHeaderTimeout: time.Minute,
 		IdleConnTimeout:       90 * time.Second,
 	}}
-}
-
-// cachedAssets tells the HTTP server which /assets/ names the content-addressed cache holds.
-type cachedAssets struct{ store *assets.Store }
-
-func (c cachedAssets) Has(name string) bool {
-	_, err := c.store.Lookup(name)
-
-	return err == nil
 }

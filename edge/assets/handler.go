@@ -2,24 +2,64 @@ package assets
 
 import (
 	"errors"
+	"fmt"
+	"io/fs"
 	"net/http"
+	"os"
 	"strings"
 
 	"go.uber.org/zap"
 )
 
-// Handler serves cached assets under /assets/: /assets/<sha256> or /assets/<logical name>. It answers GET and
-// HEAD with Range, ETag ("sha256:<hex>", strong) and conditional requests via http.ServeContent on the open
-// file, so whole-file and range bodies go out with sendfile.
+// Prefix is the path the edge serves its assets under: /assets/<sha256> or /assets/<logical name>.
+const Prefix = "/assets/"
+
+// Handler is the one owner of /assets/ on the edge. A name the cache holds (by digest or logical name) is
+// served from the cache; any other name from the files directory, plain files an operator placed there
+// (<state>/files: agent images for an air-gapped site, a lab's kernels). Names follow ValidateName in both
+// places, so the boot scripts, the cache and the directory agree on what a name is.
+//
+// It answers GET and HEAD with Range and conditional requests via http.ServeContent on the open file, so whole
+// and ranged bodies go out with sendfile. A cached asset's ETag is "sha256:<hex>" (strong, and it may be
+// cached for good); a plain file's is its size and modification time.
 type Handler struct {
-	store  *Store
-	prefix string
-	log    *zap.Logger
+	store *Store
+	files *os.Root
+	log   *zap.Logger
 }
 
-// NewHandler returns the /assets/ handler for a store; prefix is the path it is mounted on ("/assets/").
-func NewHandler(store *Store, prefix string) *Handler {
-	return &Handler{store: store, prefix: prefix, log: store.log}
+// NewHandler returns the /assets/ handler over a store and a files directory (created when missing). Close
+// releases the directory.
+func NewHandler(store *Store, filesDir string) (*Handler, error) {
+	if err := os.MkdirAll(filesDir, 0o755); err != nil {
+		return nil, fmt.Errorf("create files directory: %w", err)
+	}
+
+	files, err := os.OpenRoot(filesDir)
+	if err != nil {
+		return nil, fmt.Errorf("open files directory: %w", err)
+	}
+
+	return &Handler{store: store, files: files, log: store.log}, nil
+}
+
+// Close releases the files directory.
+func (h *Handler) Close() error { return h.files.Close() }
+
+// Has reports whether the edge serves /assets/<name> now: the cache holds it or the files directory has a
+// regular file by that name.
+func (h *Handler) Has(name string) bool {
+	if ValidateDigest(name) != nil && ValidateName(name) != nil {
+		return false
+	}
+
+	if _, err := h.store.Lookup(name); err == nil {
+		return true
+	}
+
+	st, err := h.files.Stat(name)
+
+	return err == nil && st.Mode().IsRegular()
 }
 
 // ServeHTTP serves one asset.
@@ -31,7 +71,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	key, ok := strings.CutPrefix(r.URL.Path, h.prefix)
+	key, ok := strings.CutPrefix(r.URL.Path, Prefix)
 	if !ok {
 		http.NotFound(w, r)
 
@@ -49,25 +89,24 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	f, e, err := h.store.Open(key)
-	if err != nil {
-		if errors.Is(err, ErrNotFound) || errors.Is(err, ErrCorrupt) {
+
+	switch {
+	case err == nil:
+		w.Header().Set("ETag", `"sha256:`+e.SHA256+`"`)
+		w.Header().Set("Cache-Control", "public, max-age=31536000, immutable")
+	case errors.Is(err, ErrNotFound) || errors.Is(err, ErrCorrupt):
+		if f, err = h.openFile(key); err != nil {
 			http.NotFound(w, r)
 
 			return
 		}
-
+	default:
 		h.log.Error("open asset", zap.String("asset", key), zap.Error(err))
 		http.Error(w, "internal error", http.StatusInternalServerError)
 
 		return
 	}
 	defer f.Close() //nolint:errcheck
-
-	h.store.metrics.bytesServed.Inc()
-
-	w.Header().Set("ETag", `"sha256:`+e.SHA256+`"`)
-	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Cache-Control", "public, max-age=31536000, immutable")
 
 	fi, err := f.Stat()
 	if err != nil {
@@ -76,5 +115,28 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	if w.Header().Get("ETag") == "" {
+		w.Header().Set("ETag", fmt.Sprintf(`"%x-%x"`, fi.Size(), fi.ModTime().UnixNano()))
+	}
+
+	h.store.metrics.bytesServed.Inc()
+	w.Header().Set("Content-Type", "application/octet-stream")
 	http.ServeContent(w, r, "", fi.ModTime(), f)
+}
+
+// openFile opens a regular file of the files directory (the root keeps the name inside it).
+func (h *Handler) openFile(name string) (*os.File, error) {
+	f, err := h.files.Open(name)
+	if err != nil {
+		return nil, err
+	}
+
+	st, err := f.Stat()
+	if err != nil || !st.Mode().IsRegular() {
+		f.Close() //nolint:errcheck
+
+		return nil, fmt.Errorf("%s: %w", name, fs.ErrNotExist)
+	}
+
+	return f, nil
 }

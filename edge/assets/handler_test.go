@@ -4,6 +4,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -18,7 +20,24 @@ func TestHandler(t *testing.T) {
 	data, sum := blob(t, 10000)
 	require.NoError(t, s.Put(t.Context(), assets.Ref{Name: "agent/amd64/kernel", SHA256: sum, Size: 10000}, &bytesSource{data: data}))
 
-	srv := httptest.NewServer(http.StripPrefix("", assets.NewHandler(s, "/assets/")))
+	// The files directory: a plain file, a file under a name the cache also holds (the cache wins) and a
+	// directory (not served).
+	files := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(files, "agent/amd64/dir"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(files, "agent/amd64/kernel"), []byte("shadowed"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(files, "plain"), []byte("from the directory"), 0o644))
+
+	h, err := assets.NewHandler(s, files)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, h.Close()) })
+
+	for name, want := range map[string]bool{
+		"agent/amd64/kernel": true, sum: true, "plain": true, "agent/amd64/dir": false, "agent/arm64/kernel": false, "../plain": false,
+	} {
+		require.Equal(t, want, h.Has(name), name)
+	}
+
+	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 
 	etag := `"sha256:` + sum + `"`
@@ -31,6 +50,7 @@ func TestHandler(t *testing.T) {
 		wantStatus int
 		wantBody   []byte
 		wantLen    string
+		wantETag   string // empty: the cached asset's
 	}{
 		{name: "by digest", method: http.MethodGet, path: "/assets/" + sum, wantStatus: 200, wantBody: data},
 		{name: "by name", method: http.MethodGet, path: "/assets/agent/amd64/kernel", wantStatus: 200, wantBody: data},
@@ -40,6 +60,8 @@ func TestHandler(t *testing.T) {
 		{name: "unsatisfiable range", method: http.MethodGet, path: "/assets/" + sum, header: map[string]string{"Range": "bytes=20000-"}, wantStatus: 416},
 		{name: "etag matches", method: http.MethodGet, path: "/assets/" + sum, header: map[string]string{"If-None-Match": etag}, wantStatus: 304},
 		{name: "if-range stale", method: http.MethodGet, path: "/assets/" + sum, header: map[string]string{"Range": "bytes=0-9", "If-Range": `"sha256:00"`}, wantStatus: 200, wantBody: data},
+		{name: "plain file", method: http.MethodGet, path: "/assets/plain", wantStatus: 200, wantBody: []byte("from the directory"), wantETag: "-"},
+		{name: "directory", method: http.MethodGet, path: "/assets/agent/amd64/dir", wantStatus: 404},
 		{name: "unknown", method: http.MethodGet, path: "/assets/agent/arm64/kernel", wantStatus: 404},
 		{name: "traversal", method: http.MethodGet, path: "/assets/agent/..%2f..%2fetc/passwd", wantStatus: 400},
 		{name: "hidden segment", method: http.MethodGet, path: "/assets/.manifest", wantStatus: 400},
@@ -68,7 +90,11 @@ func TestHandler(t *testing.T) {
 
 			if tt.wantBody != nil {
 				require.Equal(t, tt.wantBody, body)
-				require.Equal(t, etag, resp.Header.Get("ETag"))
+				if tt.wantETag == "" {
+					require.Equal(t, etag, resp.Header.Get("ETag"))
+				} else {
+					require.Contains(t, resp.Header.Get("ETag"), tt.wantETag)
+				}
 			}
 
 			if tt.wantLen != "" {

@@ -1,8 +1,8 @@
 // Package assets is the edge's boot-asset cache: content-addressed files (SHA-256) under the state
 // directory with a manifest of logical names, filled by verified downloads (image factory or relay from
 // the controller) or by import from a directory or tarball, bounded by a size cap with least-recently-used
-// eviction that never removes what a current boot plan needs, and served from /assets/ with Range, HEAD,
-// ETag and sendfile.
+// eviction that never removes what a current boot plan needs. Handler owns /assets/ on the edge: the cache
+// first, then plain files an operator placed in a files directory, with Range, HEAD, ETag and sendfile.
 package assets
 
 import (
@@ -13,11 +13,10 @@ import (
 	"strings"
 )
 
-// Asset kinds: each boot profile is a kernel, an initramfs and a kernel command line.
+// Asset kinds: a boot profile's kernel and initramfs (its command line is in the boot plan, not an asset).
 const (
 	KindKernel    = "kernel"
 	KindInitramfs = "initramfs"
-	KindCmdline   = "cmdline"
 )
 
 // maxNameLen bounds logical names (they appear in URLs and in the manifest).

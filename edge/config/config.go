@@ -131,7 +131,6 @@ func (c Config) DHCPEnabled() bool {
 func (c Config) Resolved() Config {
 	c.Uplink.StateDir = c.StateDir
 	c.Assets.Dir = filepath.Join(c.StateDir, "assets")
-	c.HTTP.AssetsDir = filepath.Join(c.StateDir, "files")
 	c.TFTP.Dir = c.IPXEDir
 
 	if _, port, err := net.SplitHostPort(c.HTTP.Listen); err == nil {

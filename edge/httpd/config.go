@@ -11,8 +11,6 @@ import (
 type Config struct {
 	// Listen is the TCP address to serve (default ":80").
 	Listen string
-	// AssetsDir holds the files served under /assets/.
-	AssetsDir string
 	// AdvertiseHost is host[:port] machines use to reach this server; empty means the request's Host header.
 	AdvertiseHost string
 	// AgentAddress is metal.provider.address for agent mode (the edge's agent tunnel endpoint);
@@ -46,7 +44,6 @@ type Config struct {
 func Default() Config {
 	return Config{
 		Listen:            ":80",
-		AssetsDir:         "/var/lib/outpost-edge/assets",
 		AgentPort:         50042,
 		KernelArgs:        []string{"console=tty0", "console=ttyS0"},
 		AgentKernel:       "/assets/agent/{arch}/vmlinuz",
@@ -69,8 +66,8 @@ func Default() Config {
 func (c Config) Validate() error {
 	var errs []error
 
-	if c.Listen == "" || c.AssetsDir == "" {
-		errs = append(errs, errors.New("a listen address (--http-listen) and an assets directory are required"))
+	if c.Listen == "" {
+		errs = append(errs, errors.New("a listen address (--http-listen) is required"))
 	}
 
 	if c.AdvertiseHost != "" && !hostRE.MatchString(c.AdvertiseHost) {

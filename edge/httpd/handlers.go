@@ -2,12 +2,9 @@ package httpd
 
 import (
 	"errors"
-	"fmt"
 	"net/http"
 	"net/netip"
-	"path"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -46,7 +43,7 @@ func (s *Server) serveBoot(w http.ResponseWriter, r *http.Request) {
 	e := s.deps.Table.Lookup(q.UUID, q.MAC, q.KernelArch())
 
 	a := Decide(s.cfg, Request{
-		Query: q, Host: r.Host, Plan: e, Assets: localAssets{s}, LastReported: s.waits.last(waitKey), Now: now,
+		Query: q, Host: r.Host, Plan: e, Assets: s.deps.Assets, LastReported: s.waits.last(waitKey), Now: now,
 	})
 
 	switch {
@@ -81,20 +78,6 @@ func (s *Server) serveBoot(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// localAssets is what the edge can serve under /assets/ now: the asset cache, or a regular file in the
-// assets directory.
-type localAssets struct{ s *Server }
-
-func (l localAssets) Has(name string) bool {
-	if l.s.deps.Assets != nil && l.s.deps.Assets.Has(name) {
-		return true
-	}
-
-	st, err := l.s.root.Stat(name)
-
-	return err == nil && st.Mode().IsRegular()
-}
-
 func (s *Server) serveBinary(w http.ResponseWriter, r *http.Request) {
 	f, err := s.deps.Catalog.Lookup(r.PathValue("file"))
 	if err != nil {
@@ -115,43 +98,6 @@ func (s *Server) serveBinary(w http.ResponseWriter, r *http.Request) {
 	if s.deps.Observer != nil && r.Method == http.MethodGet {
 		s.deps.Observer.HTTPFetch(bootfiles.Fetch{Name: f.Name, Remote: remoteAddr(r)})
 	}
-}
-
-// serveAsset serves /assets/<name> from the asset cache when it holds the name, else from the assets
-// directory (plain files an operator placed there).
-func (s *Server) serveAsset(w http.ResponseWriter, r *http.Request) {
-	name := path.Clean(r.PathValue("path"))
-	if name == "." || strings.HasPrefix(name, "..") || strings.HasPrefix(name, "/") {
-		s.reject(w, "bad_path", http.StatusNotFound, nil)
-
-		return
-	}
-
-	if s.deps.CachedAssets != nil && s.deps.Assets != nil && s.deps.Assets.Has(r.PathValue("path")) {
-		s.deps.CachedAssets.ServeHTTP(w, r)
-
-		return
-	}
-
-	f, err := s.root.Open(name)
-	if err != nil {
-		s.reject(w, "not_found", http.StatusNotFound, err)
-
-		return
-	}
-	defer f.Close() //nolint:errcheck
-
-	st, err := f.Stat()
-	if err != nil || !st.Mode().IsRegular() {
-		s.reject(w, "not_found", http.StatusNotFound, err)
-
-		return
-	}
-
-	w.Header().Set("ETag", fmt.Sprintf(`"%x-%x"`, st.Size(), st.ModTime().UnixNano()))
-	w.Header().Set("Content-Type", "application/octet-stream")
-	// ServeContent handles Range, HEAD and conditional requests; with an *os.File the body goes out via sendfile.
-	http.ServeContent(w, r, st.Name(), st.ModTime(), f)
 }
 
 func (s *Server) serveConfig(w http.ResponseWriter, r *http.Request) {

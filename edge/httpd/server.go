@@ -1,6 +1,6 @@
 // Package httpd is the edge's HTTP server: the iPXE scripts (/ipxe/init.ipxe, /ipxe/boot.ipxe answered from
-// the boot table), the iPXE binaries for UEFI HTTP boot (/tftp/<file>), boot assets from the asset cache
-// or a local directory (/assets/, with Range, HEAD and ETag), the Talos machine config the controller last
+// the boot table), the iPXE binaries for UEFI HTTP boot (/tftp/<file>), boot assets (/assets/, mounted
+// from edge/assets, which owns it), the Talos machine config the controller last
 // sent (/config), /metrics and /healthz.
 //
 // What boot.ipxe answers is decided by Decide (decide.go), a function of the request, the machine's plan,
@@ -14,7 +14,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -55,22 +54,26 @@ type ConfigObserver interface {
 	ConfigServed(uuid string, remote netip.Addr)
 }
 
-// AssetIndex is the edge's asset cache as the boot scripts see it.
+// AssetIndex is what the edge serves under /assets/, as the boot scripts see it.
 type AssetIndex interface {
-	// Has reports whether the cache holds the asset served at /assets/<name>.
+	// Has reports whether the edge serves /assets/<name> now.
 	Has(name string) bool
+}
+
+// Assets owns /assets/: it says which names it serves and serves them (the asset cache and the operator's
+// files directory, edge/assets.Handler).
+type Assets interface {
+	AssetIndex
+	http.Handler
 }
 
 // Deps are the server's collaborators. Table and Catalog are required.
 type Deps struct {
 	Table   Table
 	Catalog *bootfiles.Catalog
-	// Assets tells whether the asset cache holds a name under /assets/ (optional; files in AssetsDir count
-	// too). A boot whose edge-local kernel or initrd is in neither gets a script that waits for them.
-	Assets AssetIndex
-	// CachedAssets serves /assets/<name> for the names Assets holds (optional: without it those are served
-	// from AssetsDir like the rest).
-	CachedAssets http.Handler
+	// Assets serves /assets/ (optional: without it nothing is served there). A boot whose edge-local kernel
+	// or initrd it does not have gets a script that waits for them.
+	Assets Assets
 	// Observer is optional.
 	Observer Observer
 	// Registerer receives this server's metrics; Gatherer is what /metrics serves (usually the same registry).
@@ -85,7 +88,6 @@ type Server struct {
 	cfg     Config
 	log     *zap.Logger
 	deps    Deps
-	root    *os.Root
 	metrics metrics
 
 	// waits remembers which waiting machines were reported lately.
@@ -97,7 +99,7 @@ type Server struct {
 	handler http.Handler
 }
 
-// New builds the server; the assets directory is created when missing.
+// New builds the server.
 func New(cfg Config, logger *zap.Logger, deps Deps) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("http config: %w", err)
@@ -111,13 +113,8 @@ func New(cfg Config, logger *zap.Logger, deps Deps) (*Server, error) {
 		deps.Now = time.Now
 	}
 
-	if err := os.MkdirAll(cfg.AssetsDir, 0o755); err != nil {
-		return nil, fmt.Errorf("create assets dir: %w", err)
-	}
-
-	root, err := os.OpenRoot(cfg.AssetsDir)
-	if err != nil {
-		return nil, fmt.Errorf("open assets dir: %w", err)
+	if deps.Assets == nil {
+		deps.Assets = noAssets{}
 	}
 
 	if deps.Registerer == nil {
@@ -132,14 +129,12 @@ func New(cfg Config, logger *zap.Logger, deps Deps) (*Server, error) {
 	log := logger.With(zap.String("component", "http"))
 
 	s := &Server{
-		cfg: cfg, log: log, deps: deps, root: root, metrics: newMetrics(),
+		cfg: cfg, log: log, deps: deps, metrics: newMetrics(),
 		conns:   limits.New(limits.Config{Total: cfg.MaxConns, PerSource: cfg.MaxConnsPerSource}),
 		rejects: limits.NewRejectLog(log, "http connection refused", limits.DefaultLogInterval, nil),
 	}
 
 	if err := s.metrics.register(deps.Registerer, s.conns.Collector("outpost_http_connections", "HTTP connections")); err != nil {
-		root.Close() //nolint:errcheck
-
 		return nil, err
 	}
 
@@ -149,7 +144,7 @@ func New(cfg Config, logger *zap.Logger, deps Deps) (*Server, error) {
 	mux.Handle("GET /ipxe/probe.ipxe", count("probe", http.HandlerFunc(s.serveProbe)))
 	mux.Handle("GET /ipxe/boot.ipxe", count("boot", http.HandlerFunc(s.serveBoot)))
 	mux.Handle("GET /tftp/{file...}", count("tftp", http.HandlerFunc(s.serveBinary)))
-	mux.Handle("GET /assets/{path...}", count("assets", http.HandlerFunc(s.serveAsset)))
+	mux.Handle("GET /assets/", count("assets", deps.Assets))
 	mux.Handle("GET /config", count("config", http.HandlerFunc(s.serveConfig)))
 	mux.Handle("GET /metrics", count("metrics", promhttp.HandlerFor(deps.Gatherer, promhttp.HandlerOpts{})))
 	mux.Handle("GET /healthz", count("healthz", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -165,12 +160,19 @@ func (s *Server) Handler() http.Handler {
 	return s.handler
 }
 
-// Close releases the assets directory handle and writes the pending refusal counts.
+// Close writes the pending refusal counts.
 func (s *Server) Close() error {
 	s.rejects.Flush()
 
-	return s.root.Close()
+	return nil
 }
+
+// noAssets is /assets/ on an edge without assets: nothing there.
+type noAssets struct{}
+
+func (noAssets) Has(string) bool { return false }
+
+func (noAssets) ServeHTTP(w http.ResponseWriter, r *http.Request) { http.NotFound(w, r) }
 
 // LimitListener wraps ln so that its connections count against MaxConns and MaxConnsPerSource: a connection
 // over a bound is reset at once (counted in outpost_http_connections_refused_total, logged once per reason per

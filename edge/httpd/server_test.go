@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/outpost-metal/outpost/edge/assets"
 	"github.com/outpost-metal/outpost/edge/boot"
 	"github.com/outpost-metal/outpost/edge/bootfiles"
 	"github.com/outpost-metal/outpost/edge/httpd"
@@ -109,14 +110,12 @@ func newEnv(t *testing.T) *env {
 	require.NoError(t, os.MkdirAll(filepath.Join(assets, "talos"), 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(assets, "talos/initramfs.xz"), []byte("talos initrd"), 0o644))
 
-	cache := &assetIndex{names: map[string]bool{"agent/arm64/vmlinuz": true, "agent/arm64/initramfs.xz": true}}
+	cache := &assetIndex{Handler: newAssets(t, assets), names: map[string]bool{"agent/arm64/vmlinuz": true, "agent/arm64/initramfs.xz": true}}
 
 	reg := prometheus.NewRegistry()
 	obs := &recorder{}
-	cfg := httpd.Default()
-	cfg.AssetsDir = assets
 
-	srv, err := httpd.New(cfg, zaptest.NewLogger(t), httpd.Deps{
+	srv, err := httpd.New(httpd.Default(), zaptest.NewLogger(t), httpd.Deps{
 		Table: tbl, Catalog: bootfiles.NewCatalog(map[string][]byte{"ipxe.efi": []byte("EFI-BINARY")}),
 		Observer: obs, Registerer: reg, Gatherer: reg, Assets: cache,
 	})
@@ -129,8 +128,25 @@ func newEnv(t *testing.T) *env {
 	return &env{srv: srv, ts: ts, reg: reg, obs: obs, assets: assets, tbl: tbl, cache: cache}
 }
 
-// assetIndex plays the edge's asset cache for the boot scripts.
+// newAssets is the edge's /assets/ over an empty cache and a files directory.
+func newAssets(t *testing.T, files string) *assets.Handler {
+	t.Helper()
+
+	store, err := assets.New(assets.Config{Dir: t.TempDir(), MaxBytes: 1 << 20, Attempts: 1}, zaptest.NewLogger(t), nil, nil)
+	require.NoError(t, err)
+
+	h, err := assets.NewHandler(store, files)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, h.Close()) })
+
+	return h
+}
+
+// assetIndex is the edge's /assets/ over a files directory, with names the boot scripts are told the cache
+// holds besides.
 type assetIndex struct {
+	*assets.Handler
+
 	mu    sync.Mutex
 	names map[string]bool
 }
@@ -139,7 +155,7 @@ func (a *assetIndex) Has(name string) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 
-	return a.names[name]
+	return a.names[name] || a.Handler.Has(name)
 }
 
 func (a *assetIndex) add(name string) {
@@ -388,12 +404,16 @@ func TestAssets(t *testing.T) {
 	require.Equal(t, http.StatusOK, head.StatusCode)
 	require.EqualValues(t, 16, head.ContentLength)
 
-	// Outside the directory, a directory itself, a symlink out: all 404.
+	// Outside the directory (cleaned away by the router, or not a name at all), a directory itself, a
+	// symlink out: none served.
 	require.NoError(t, os.Symlink("/etc/passwd", filepath.Join(e.assets, "link")))
 
-	for _, p := range []string{"/assets/../../etc/passwd", "/assets/..%2f..%2fetc%2fpasswd", "/assets/agent", "/assets/link", "/assets/nope"} {
+	for p, want := range map[string]int{
+		"/assets/../../etc/passwd": http.StatusNotFound, "/assets/..%2f..%2fetc%2fpasswd": http.StatusBadRequest,
+		"/assets/agent": http.StatusNotFound, "/assets/link": http.StatusNotFound, "/assets/nope": http.StatusNotFound,
+	} {
 		resp, _ = get(t, e.ts.URL+p, nil)
-		require.Equal(t, http.StatusNotFound, resp.StatusCode, p)
+		require.Equal(t, want, resp.StatusCode, p)
 	}
 }
 
@@ -421,10 +441,7 @@ func TestConfigBeforeController(t *testing.T) {
 	tbl, err := boot.Open(boot.Config{StateDir: t.TempDir()}, zaptest.NewLogger(t))
 	require.NoError(t, err)
 
-	cfg := httpd.Default()
-	cfg.AssetsDir = t.TempDir()
-
-	srv, err := httpd.New(cfg, zaptest.NewLogger(t), httpd.Deps{Table: tbl, Catalog: bootfiles.NewCatalog(nil)})
+	srv, err := httpd.New(httpd.Default(), zaptest.NewLogger(t), httpd.Deps{Table: tbl, Catalog: bootfiles.NewCatalog(nil)})
 	require.NoError(t, err)
 
 	defer srv.Close() //nolint:errcheck
@@ -473,31 +490,4 @@ func FuzzParseBootQuery(f *testing.F) {
 			t.Fatalf("%q -> %q -> %+v, %v; want %+v", raw, enc, back, err, q)
 		}
 	})
-}
-
-// A name the asset cache holds is served by the cache; others from the assets directory.
-func TestCachedAssetsServedFromTheCache(t *testing.T) {
-	t.Parallel()
-
-	tbl, err := boot.Open(boot.Config{StateDir: t.TempDir()}, zaptest.NewLogger(t))
-	require.NoError(t, err)
-
-	cfg := httpd.Default()
-	cfg.AssetsDir = t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(cfg.AssetsDir, "plain"), []byte("from the directory"), 0o644))
-
-	srv, err := httpd.New(cfg, zaptest.NewLogger(t), httpd.Deps{
-		Table: tbl, Catalog: bootfiles.NewCatalog(nil), Assets: &assetIndex{names: map[string]bool{"cached/k": true}},
-		CachedAssets: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "from the cache "+r.URL.Path) }),
-	})
-	require.NoError(t, err)
-
-	defer srv.Close() //nolint:errcheck
-
-	for path, want := range map[string]string{"/assets/cached/k": "from the cache /assets/cached/k", "/assets/plain": "from the directory"} {
-		rec := httptest.NewRecorder()
-		srv.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
-		require.Equal(t, http.StatusOK, rec.Code, path)
-		require.Equal(t, want, rec.Body.String(), path)
-	}
 }

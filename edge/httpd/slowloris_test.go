@@ -316,15 +316,17 @@ func TestSlowClientsCannotStopBooting(t *testing.T) {
 	tbl, err := boot.Open(boot.Config{StateDir: t.TempDir()}, log)
 	require.NoError(t, err)
 
-	cfg.AssetsDir = t.TempDir()
+	files := t.TempDir()
 	kernel := make([]byte, 8<<20)
 	_, err = rand.Read(kernel)
 	require.NoError(t, err)
-	require.NoError(t, os.MkdirAll(filepath.Join(cfg.AssetsDir, "agent/x86_64"), 0o755))
-	require.NoError(t, os.WriteFile(filepath.Join(cfg.AssetsDir, "agent/x86_64/vmlinuz"), kernel, 0o644))
-	require.NoError(t, os.WriteFile(filepath.Join(cfg.AssetsDir, "agent/x86_64/initramfs.xz"), []byte("initrd"), 0o644))
+	require.NoError(t, os.MkdirAll(filepath.Join(files, "agent/x86_64"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(files, "agent/x86_64/vmlinuz"), kernel, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(files, "agent/x86_64/initramfs.xz"), []byte("initrd"), 0o644))
 
-	srv, err := httpd.New(cfg, log, httpd.Deps{Table: tbl, Catalog: bootfiles.NewCatalog(map[string][]byte{"ipxe.efi": []byte("x")})})
+	srv, err := httpd.New(cfg, log, httpd.Deps{
+		Table: tbl, Catalog: bootfiles.NewCatalog(map[string][]byte{"ipxe.efi": []byte("x")}), Assets: newAssets(t, files),
+	})
 	require.NoError(t, err)
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

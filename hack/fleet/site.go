@@ -56,6 +56,7 @@ type site struct {
 	// agentConns carry the site's agents in "site" mode, agentsPerConn each.
 	agentConns []*grpc.ClientConn
 	httpSrv    *httpd.Server
+	served     *assets.Handler
 	fetcher    *assets.Fetcher
 	bmcs       *BMCService
 	link       *uplink.Client
@@ -111,11 +112,14 @@ func newSite(f *fleet, index int, token string) (*site, error) {
 		return nil, err
 	}
 
+	if s.served, err = assets.NewHandler(store, f.filesDir); err != nil {
+		return nil, err
+	}
+
 	hcfg := httpd.Default()
 	hcfg.Listen = "in-process:80"
-	hcfg.AssetsDir = f.filesDir
 
-	if s.httpSrv, err = httpd.New(hcfg, log, httpd.Deps{Table: s.table, Catalog: f.catalog, Observer: bootObserver{s}}); err != nil {
+	if s.httpSrv, err = httpd.New(hcfg, log, httpd.Deps{Table: s.table, Catalog: f.catalog, Observer: bootObserver{s}, Assets: s.served}); err != nil {
 		return nil, err
 	}
 
@@ -199,6 +203,7 @@ const agentsPerConn = 8
 func (s *site) run(ctx context.Context) error {
 	defer s.jrnl.Close()    //nolint:errcheck
 	defer s.httpSrv.Close() //nolint:errcheck
+	defer s.served.Close()  //nolint:errcheck
 	defer func() {
 		for _, c := range s.agentConns {
 			c.Close() //nolint:errcheck

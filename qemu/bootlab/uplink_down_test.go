@@ -19,6 +19,7 @@ import (
 
 	"github.com/outpost-metal/outpost/controller/bootplans"
 	"github.com/outpost-metal/outpost/controller/sites"
+	"github.com/outpost-metal/outpost/edge/assets"
 	"github.com/outpost-metal/outpost/edge/boot"
 	"github.com/outpost-metal/outpost/edge/bootfiles"
 	"github.com/outpost-metal/outpost/edge/dhcp"
@@ -108,16 +109,23 @@ func TestBootWithUplinkDown(t *testing.T) {
 
 	recorder := journal.NewRecorder(jrnl, log)
 
-	hcfg := httpd.Default()
-	hcfg.AssetsDir = t.TempDir()
-
 	// The agent image the edge serves unknown machines (without it they would wait for it).
-	require.NoError(t, os.MkdirAll(filepath.Join(hcfg.AssetsDir, "agent", "x86_64"), 0o755))
+	files := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(files, "agent", "x86_64"), 0o755))
 
 	for _, f := range []string{"vmlinuz", "initramfs.xz"} {
-		require.NoError(t, os.WriteFile(filepath.Join(hcfg.AssetsDir, "agent", "x86_64", f), []byte(f), 0o644))
+		require.NoError(t, os.WriteFile(filepath.Join(files, "agent", "x86_64", f), []byte(f), 0o644))
 	}
-	httpSrv, err := httpd.New(hcfg, log, httpd.Deps{Table: table, Catalog: bootfiles.NewCatalog(map[string][]byte{"ipxe.efi": []byte("x")}), Observer: recorder})
+
+	store, err := assets.New(assets.Config{Dir: t.TempDir(), MaxBytes: 1 << 20, Attempts: 1}, log, nil, nil)
+	require.NoError(t, err)
+	served, err := assets.NewHandler(store, files)
+	require.NoError(t, err)
+	t.Cleanup(func() { served.Close() }) //nolint:errcheck
+
+	httpSrv, err := httpd.New(httpd.Default(), log, httpd.Deps{
+		Table: table, Catalog: bootfiles.NewCatalog(map[string][]byte{"ipxe.efi": []byte("x")}), Observer: recorder, Assets: served,
+	})
 	require.NoError(t, err)
 	t.Cleanup(func() { httpSrv.Close() }) //nolint:errcheck
 

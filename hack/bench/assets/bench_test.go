@@ -95,8 +95,12 @@ func BenchmarkAssetsHTTP(b *testing.B) {
 		_, err = store.Import(b.Context(), writeBundle(b, dir, digest, size))
 		require.NoError(b, err)
 
+		served, err := edgeassets.NewHandler(store, filepath.Join(dir, "files"))
+		require.NoError(b, err)
+		b.Cleanup(func() { served.Close() }) //nolint:errcheck
+
 		mux := http.NewServeMux()
-		mux.Handle("/assets/", edgeassets.NewHandler(store, "/assets/"))
+		mux.Handle("/assets/", served)
 
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		require.NoError(b, err)
