@@ -6,9 +6,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"os"
-	"path/filepath"
 	"syscall"
 	"time"
 
@@ -43,28 +43,50 @@ func (s *Store) Put(ctx context.Context, ref Ref, src Source) error {
 			return err
 		}
 
-		if fl != nil { // someone else is downloading it: wait and look again
-			select {
-			case <-fl.done:
-				if fl.err != nil {
-					return fl.err
-				}
-			case <-ctx.Done():
-				return fmt.Errorf("put asset %s: %w", ref.Name, ctx.Err())
-			}
-
-			continue
+		if fl == nil { // registered: ours to download
+			break
 		}
 
-		err = s.download(ctx, ref, src)
-		s.finish(ref, err)
-
-		return err
+		// someone else is downloading it: wait and look again
+		select {
+		case <-fl.done:
+			if fl.err != nil {
+				return fl.err
+			}
+		case <-ctx.Done():
+			return fmt.Errorf("put asset %s: %w", ref.Name, ctx.Err())
+		}
 	}
+
+	err := s.download(ctx, ref, src)
+	s.finish(ref, err)
+
+	return err
+}
+
+// flight is a download in progress; those waiting for it block on done and then read err.
+type flight struct {
+	done chan struct{}
+	err  error
+	size int64 // bytes reserved under the cap while writing
+}
+
+// flights are the downloads in progress by digest, guarded by the Store's mu.
+type flights map[string]*flight
+
+// reserved is the space promised to downloads in progress.
+func (f flights) reserved() int64 {
+	var total int64
+
+	for _, fl := range f {
+		total += fl.size
+	}
+
+	return total
 }
 
 // begin either records the name of an asset already cached (done), returns a download in flight to wait
-// for, or reserves room and registers a new download for the caller to run.
+// for, or reserves room and registers a new download for the caller to run (and finish).
 func (s *Store) begin(ref Ref) (bool, *flight, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -75,22 +97,20 @@ func (s *Store) begin(ref Ref) (bool, *flight, error) {
 
 	var done bool
 
-	err := s.withLock(func() error {
-		s.refreshLocked()
-
-		if b, ok := s.man.Blobs[ref.SHA256]; ok && b.Size == ref.Size {
+	err := s.idx.update(func() error {
+		if b, ok := s.idx.man.Blobs[ref.SHA256]; ok && b.Size == ref.Size {
 			done = true
 
-			if s.man.Names[ref.Name] == ref.SHA256 {
+			if s.idx.man.Names[ref.Name] == ref.SHA256 {
 				return nil
 			}
 
-			s.man.Names[ref.Name] = ref.SHA256
+			s.idx.man.Names[ref.Name] = ref.SHA256
 
-			return s.saveLocked()
+			return s.idx.save()
 		}
 
-		return s.makeRoomLocked(ref.Size, "")
+		return s.makeRoom(ref.Size)
 	})
 	if err != nil {
 		return false, nil, fmt.Errorf("put asset %s: %w", ref.Name, err)
@@ -103,33 +123,7 @@ func (s *Store) begin(ref Ref) (bool, *flight, error) {
 	return done, nil, nil
 }
 
-// Link records ref's name for an asset already cached under ref's digest (ErrNotFound otherwise).
-func (s *Store) Link(ref Ref) error {
-	if err := ref.Validate(); err != nil {
-		return fmt.Errorf("link asset: %w", err)
-	}
-
-	s.mu.Lock()
-	defer s.mu.Unlock()
-
-	return s.withLock(func() error {
-		s.refreshLocked()
-
-		b, ok := s.man.Blobs[ref.SHA256]
-		if !ok || b.Size != ref.Size {
-			return fmt.Errorf("link asset %s: %w", ref.Name, ErrNotFound)
-		}
-
-		if s.man.Names[ref.Name] == ref.SHA256 {
-			return nil
-		}
-
-		s.man.Names[ref.Name] = ref.SHA256
-
-		return s.saveLocked()
-	})
-}
-
+// finish unregisters the download begin registered and wakes those waiting for it with its outcome.
 func (s *Store) finish(ref Ref, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -143,118 +137,123 @@ func (s *Store) finish(ref Ref, err error) {
 	}
 }
 
+// download runs one transfer of ref from src and installs the verified file.
 func (s *Store) download(ctx context.Context, ref Ref, src Source) error {
-	log := s.log.With(zap.String("asset", ref.Name), zap.String("sha256", ref.SHA256), zap.String("source", src.Name()))
+	t := &transfer{
+		ref:      ref,
+		src:      src,
+		attempts: s.cfg.Attempts,
+		backoff:  s.cfg.RetryBackoff,
+		log:      s.log.With(zap.String("asset", ref.Name), zap.String("sha256", ref.SHA256), zap.String("source", src.Name())),
+		metrics:  s.metrics,
+	}
 
-	tmp, w, shared, err := s.openPartial(ref)
-	if err != nil {
+	if err := t.open(s.idx.partialPath(ref.SHA256), s.idx.tmpDir()); err != nil {
 		return fmt.Errorf("put asset %s: %w", ref.Name, err)
 	}
+	defer t.close()
 
-	if w.n > 0 {
-		log.Info("resuming a partial download", zap.Int64("offset", w.n))
+	if err := t.run(ctx); err != nil {
+		return err
 	}
 
-	// A download that is cut short (the edge stops, the source stays away) keeps its shared partial file for
-	// the next attempt, also after a restart; one that went wrong for good starts afresh next time. The file
-	// is removed before it is closed, while its lock is still held.
-	committed, keep := false, false
-
-	defer func() {
-		if !committed && (!keep || !shared) {
-			os.Remove(tmp.Name()) //nolint:errcheck
-		}
-
-		tmp.Close() //nolint:errcheck // closing also releases the file's lock
-	}()
-
-	if w.n == ref.Size {
-		// Complete already (the edge stopped between the last byte and the rename): the digest decides.
-		return s.commit(ref, tmp, w, src.Name(), func() { committed = true })
-	}
-
-	failures := 0
-
-	for {
-		before := w.n
-
-		err := s.copyFrom(ctx, ref, src, w)
-		if err == nil {
-			break
-		}
-
-		if ctx.Err() != nil {
-			keep = true
-
-			return fmt.Errorf("put asset %s: %w", ref.Name, ctx.Err())
-		}
-
-		if !retryable(err) {
-			s.countError(err)
-
-			return fmt.Errorf("put asset %s from %s: %w", ref.Name, src.Name(), err)
-		}
-
-		if w.n > before {
-			failures = 0
-			log.Info("asset download broke off, resuming", zap.Int64("offset", w.n), zap.Error(err))
-
-			continue
-		}
-
-		failures++
-		if failures >= s.cfg.Attempts {
-			s.metrics.errors.WithLabelValues("source").Inc()
-
-			keep = true
-
-			return fmt.Errorf("put asset %s from %s after %d attempts: %w", ref.Name, src.Name(), failures, err)
-		}
-
-		log.Info("asset download failed, retrying", zap.Int("attempt", failures), zap.Error(err))
-
-		if err := sleep(ctx, s.cfg.RetryBackoff); err != nil {
-			keep = true
-
-			return fmt.Errorf("put asset %s: %w", ref.Name, err)
-		}
-	}
-
-	return s.commit(ref, tmp, w, src.Name(), func() { committed = true })
+	// Renamed in while still open and locked; closed afterwards.
+	return s.install(ref, t.file.Name(), func() { t.committed = true })
 }
 
-// partialSuffix names a download in progress: <tmp>/<sha256>.partial, so a later attempt (also after a
-// restart) finds it and resumes where it stopped.
-const partialSuffix = ".partial"
+// install renames a verified file into the blob directory and records it in the manifest; committed is called
+// once the file is renamed.
+func (s *Store) install(ref Ref, path string, committed func()) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 
-// openPartial opens ref's partial download, resuming it when one is there: its bytes are hashed again and
-// writing continues at its end. The file is locked while open (shared reports that); when another process
-// holds it, this download uses a private temporary file instead, which is never kept.
-func (s *Store) openPartial(ref Ref) (f *os.File, w *hashingFile, shared bool, err error) {
-	path := filepath.Join(s.tmpDir(), ref.SHA256+partialSuffix)
+	return s.idx.update(func() error {
+		if err := os.Chmod(path, 0o444); err != nil {
+			return fmt.Errorf("put asset %s: %w", ref.Name, err)
+		}
+
+		if err := os.Rename(path, s.idx.blobPath(ref.SHA256)); err != nil {
+			return fmt.Errorf("put asset %s: rename into cache: %w", ref.Name, err)
+		}
+
+		committed()
+
+		fi, err := os.Stat(s.idx.blobPath(ref.SHA256))
+		if err != nil {
+			return fmt.Errorf("put asset %s: %w", ref.Name, err)
+		}
+
+		s.idx.man.Blobs[ref.SHA256] = &blobEntry{Size: ref.Size, LastUsed: s.now(), Stamp: stampOf(fi)}
+		s.idx.man.Names[ref.Name] = ref.SHA256
+
+		if err := atomicfile.SyncDir(s.idx.blobDir()); err != nil {
+			return fmt.Errorf("put asset %s: sync: %w", ref.Name, err)
+		}
+
+		if err := s.idx.save(); err != nil {
+			return fmt.Errorf("put asset %s: %w", ref.Name, err)
+		}
+
+		s.log.Info("asset cached", zap.String("asset", ref.Name), zap.String("sha256", ref.SHA256), zap.Int64("size", ref.Size))
+
+		return nil
+	})
+}
+
+// transfer is one download of an asset from a source into a temporary file, resumed from a partial download
+// when there is one and retried while the source makes progress, then verified. Store.install moves the file
+// into the cache; close removes it unless it was moved in or is worth resuming later.
+type transfer struct {
+	ref      Ref
+	src      Source
+	attempts int           // tries without progress before giving up (Config.Attempts)
+	backoff  time.Duration // pause before a retry (Config.RetryBackoff)
+	log      *zap.Logger
+	metrics  *metrics
+
+	file   *os.File
+	w      *hashingFile // writes to file; w.n is the bytes written so far
+	shared bool         // file is the asset's shared partial download, not a private temporary file
+
+	// A download that is cut short (the edge stops, the source stays away) keeps its shared partial file for
+	// the next attempt, also after a restart (keep); one that went wrong for good starts afresh next time.
+	keep      bool
+	committed bool // renamed into the cache
+}
+
+// open opens the asset's partial download at partial, resuming it when one is there: its bytes are hashed
+// again and writing continues at its end. The file is locked while open; when another process holds it, this
+// download uses a private temporary file in tmpDir instead, which is never kept.
+func (t *transfer) open(partial, tmpDir string) error {
+	var (
+		f   *os.File
+		err error
+	)
 
 	for range 3 {
-		if f, err = lockedFile(path); err != nil || f != nil {
+		if f, err = lockedFile(partial); err != nil || f != nil {
 			break
 		}
 	}
 
 	if err != nil {
-		return nil, nil, false, err
+		return err
 	}
 
 	if f == nil {
-		if f, err = os.CreateTemp(s.tmpDir(), ref.SHA256+".*.private"); err != nil {
-			return nil, nil, false, fmt.Errorf("create temporary file: %w", err)
+		if f, err = os.CreateTemp(tmpDir, t.ref.SHA256+".*.private"); err != nil {
+			return fmt.Errorf("create temporary file: %w", err)
 		}
 
-		return f, &hashingFile{f: f, h: sha256.New()}, false, nil
+		t.file, t.w = f, &hashingFile{f: f, h: sha256.New()}
+
+		return nil
 	}
 
-	w = &hashingFile{f: f, h: sha256.New()}
+	w := &hashingFile{f: f, h: sha256.New()}
 
 	n, err := io.Copy(w.h, f)
-	if err == nil && n > ref.Size {
+	if err == nil && n > t.ref.Size {
 		err = f.Truncate(0) // not this asset's bytes: start again
 		n = 0
 		w.h.Reset()
@@ -267,12 +266,13 @@ func (s *Store) openPartial(ref Ref) (f *os.File, w *hashingFile, shared bool, e
 	if err != nil {
 		f.Close() //nolint:errcheck
 
-		return nil, nil, false, fmt.Errorf("read partial download: %w", err)
+		return fmt.Errorf("read partial download: %w", err)
 	}
 
 	w.n = n
+	t.file, t.w, t.shared = f, w, true
 
-	return f, w, true, nil
+	return nil
 }
 
 // lockedFile opens (creating) path and locks it; nil without an error when another process holds the lock or
@@ -302,9 +302,84 @@ func lockedFile(path string) (*os.File, error) {
 	return f, nil
 }
 
+// close removes the file unless it was committed or is a shared partial download to keep, then closes it. The
+// file is removed before it is closed, while its lock is still held; closing releases the lock.
+func (t *transfer) close() {
+	if !t.committed && (!t.keep || !t.shared) {
+		os.Remove(t.file.Name()) //nolint:errcheck
+	}
+
+	t.file.Close() //nolint:errcheck
+}
+
+// run copies the rest of the asset from the source, retrying while it makes progress, and verifies the file.
+func (t *transfer) run(ctx context.Context) error {
+	ref, src := t.ref, t.src
+
+	if t.w.n > 0 {
+		t.log.Info("resuming a partial download", zap.Int64("offset", t.w.n))
+	}
+
+	if t.w.n == ref.Size {
+		// Complete already (the edge stopped between the last byte and the rename): the digest decides.
+		return t.verify()
+	}
+
+	failures := 0
+
+	for {
+		before := t.w.n
+
+		err := t.copyFrom(ctx)
+		if err == nil {
+			break
+		}
+
+		if ctx.Err() != nil {
+			t.keep = true
+
+			return fmt.Errorf("put asset %s: %w", ref.Name, ctx.Err())
+		}
+
+		if !retryable(err) {
+			t.metrics.countError(err)
+
+			return fmt.Errorf("put asset %s from %s: %w", ref.Name, src.Name(), err)
+		}
+
+		if t.w.n > before {
+			failures = 0
+			t.log.Info("asset download broke off, resuming", zap.Int64("offset", t.w.n), zap.Error(err))
+
+			continue
+		}
+
+		failures++
+		if failures >= t.attempts {
+			t.metrics.errors.WithLabelValues("source").Inc()
+
+			t.keep = true
+
+			return fmt.Errorf("put asset %s from %s after %d attempts: %w", ref.Name, src.Name(), failures, err)
+		}
+
+		t.log.Info("asset download failed, retrying", zap.Int("attempt", failures), zap.Error(err))
+
+		if err := sleep(ctx, t.backoff); err != nil {
+			t.keep = true
+
+			return fmt.Errorf("put asset %s: %w", ref.Name, err)
+		}
+	}
+
+	return t.verify()
+}
+
 // copyFrom reads from the source at the current offset until the end or an error.
-func (s *Store) copyFrom(ctx context.Context, ref Ref, src Source, w *hashingFile) error {
-	rc, err := src.Open(ctx, ref, w.n)
+func (t *transfer) copyFrom(ctx context.Context) error {
+	ref, w := t.ref, t.w
+
+	rc, err := t.src.Open(ctx, ref, w.n)
 	if err != nil {
 		return err
 	}
@@ -312,7 +387,7 @@ func (s *Store) copyFrom(ctx context.Context, ref Ref, src Source, w *hashingFil
 
 	// read one byte more than expected so that an oversized source is noticed
 	n, err := io.Copy(w, io.LimitReader(rc, ref.Size-w.n+1))
-	s.metrics.bytesFetched.WithLabelValues(src.Name()).Add(float64(n))
+	t.metrics.bytesFetched.WithLabelValues(t.src.Name()).Add(float64(n))
 
 	if err != nil {
 		if IsDiskFull(err) || errors.Is(err, errWrite) {
@@ -333,79 +408,48 @@ func (s *Store) copyFrom(ctx context.Context, ref Ref, src Source, w *hashingFil
 	return nil
 }
 
-// commit verifies the temporary file and renames it into the cache (the caller closes it afterwards).
-func (s *Store) commit(ref Ref, tmp *os.File, w *hashingFile, source string, committed func()) error {
-	if w.n != ref.Size {
-		s.metrics.errors.WithLabelValues("size_mismatch").Inc()
+// verify checks what was written against ref's size and digest and syncs the file, ready to be installed.
+func (t *transfer) verify() error {
+	ref := t.ref
 
-		return fmt.Errorf("put asset %s: %w: got %d bytes, want %d", ref.Name, ErrSizeMismatch, w.n, ref.Size)
+	if t.w.n != ref.Size {
+		t.metrics.errors.WithLabelValues("size_mismatch").Inc()
+
+		return fmt.Errorf("put asset %s: %w: got %d bytes, want %d", ref.Name, ErrSizeMismatch, t.w.n, ref.Size)
 	}
 
-	if sum := hex.EncodeToString(w.h.Sum(nil)); sum != ref.SHA256 {
-		s.metrics.errors.WithLabelValues("digest_mismatch").Inc()
+	if sum := hex.EncodeToString(t.w.h.Sum(nil)); sum != ref.SHA256 {
+		t.metrics.errors.WithLabelValues("digest_mismatch").Inc()
 
-		return fmt.Errorf("put asset %s from %s: %w: got sha256 %s", ref.Name, source, ErrDigestMismatch, sum)
+		return fmt.Errorf("put asset %s from %s: %w: got sha256 %s", ref.Name, t.src.Name(), ErrDigestMismatch, sum)
 	}
 
-	if err := tmp.Sync(); err != nil {
-		s.countError(err)
+	if err := t.file.Sync(); err != nil {
+		t.metrics.countError(err)
 
 		return fmt.Errorf("put asset %s: sync: %w", ref.Name, err)
 	}
 
-	// Renamed in while still open and locked; the caller closes it.
-	return s.install(ref, tmp.Name(), committed)
+	return nil
 }
 
-// install renames a verified file into the blob directory and records it in the manifest.
-func (s *Store) install(ref Ref, path string, committed func()) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-
-	return s.withLock(func() error {
-		s.refreshLocked()
-
-		if err := os.Chmod(path, 0o444); err != nil {
-			return fmt.Errorf("put asset %s: %w", ref.Name, err)
-		}
-
-		if err := os.Rename(path, s.blobPath(ref.SHA256)); err != nil {
-			return fmt.Errorf("put asset %s: rename into cache: %w", ref.Name, err)
-		}
-
-		committed()
-
-		fi, err := os.Stat(s.blobPath(ref.SHA256))
-		if err != nil {
-			return fmt.Errorf("put asset %s: %w", ref.Name, err)
-		}
-
-		s.man.Blobs[ref.SHA256] = &blobEntry{Size: ref.Size, LastUsed: s.now(), Stamp: stampOf(fi)}
-		s.man.Names[ref.Name] = ref.SHA256
-
-		if err := atomicfile.SyncDir(s.blobDir()); err != nil {
-			return fmt.Errorf("put asset %s: sync: %w", ref.Name, err)
-		}
-
-		if err := s.saveLocked(); err != nil {
-			return fmt.Errorf("put asset %s: %w", ref.Name, err)
-		}
-
-		s.log.Info("asset cached", zap.String("asset", ref.Name), zap.String("sha256", ref.SHA256), zap.Int64("size", ref.Size))
-
-		return nil
-	})
+// hashingFile writes to a file and a hash at once.
+type hashingFile struct {
+	f *os.File
+	h hash.Hash
+	n int64
 }
 
-func (s *Store) countError(err error) {
-	switch {
-	case IsDiskFull(err):
-		s.metrics.errors.WithLabelValues("disk_full").Inc()
-	case errors.Is(err, ErrSizeMismatch):
-		s.metrics.errors.WithLabelValues("size_mismatch").Inc()
-	default:
-		s.metrics.errors.WithLabelValues("write").Inc()
+func (w *hashingFile) Write(p []byte) (int, error) {
+	n, err := w.f.Write(p)
+	w.h.Write(p[:n])
+	w.n += int64(n)
+
+	if err != nil {
+		return n, fmt.Errorf("%w: %w", errWrite, err)
 	}
+
+	return n, nil
 }
 
 // errWrite marks local write failures (never worth retrying against the source).
@@ -437,14 +481,4 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-}
-
-// tempPath returns a path for staging files in the cache's temporary directory.
-func (s *Store) stagingDir() (string, error) {
-	dir, err := os.MkdirTemp(s.tmpDir(), "import-*")
-	if err != nil {
-		return "", fmt.Errorf("create staging directory: %w", err)
-	}
-
-	return filepath.Clean(dir), nil
 }

@@ -221,13 +221,13 @@ func (s *Store) importTar(ctx context.Context, file string) ([]Ref, error) {
 		r = zr
 	}
 
-	staging, err := s.stagingDir()
+	staging, err := makeStagingDir(s.idx.tmpDir())
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(staging) //nolint:errcheck
 
-	staged, manifestData, err := s.stageTar(ctx, tar.NewReader(r), staging)
+	staged, manifestData, err := stageTar(ctx, tar.NewReader(r), staging, s.space.max, s.metrics)
 	if err != nil {
 		return nil, err
 	}
@@ -266,10 +266,10 @@ func (s *Store) importTar(ctx context.Context, file string) ([]Ref, error) {
 		total += a.Size
 	}
 
-	if total > s.cfg.MaxBytes {
+	if total > s.space.max {
 		s.metrics.errors.WithLabelValues("no_space").Inc()
 
-		return nil, fmt.Errorf("%w: bundle holds %d bytes, the cap is %d", ErrNoSpace, total, s.cfg.MaxBytes)
+		return nil, fmt.Errorf("%w: bundle holds %d bytes, the cap is %d", ErrNoSpace, total, s.space.max)
 	}
 
 	refs := make([]Ref, 0, len(b.Assets))
@@ -288,9 +288,21 @@ func (s *Store) importTar(ctx context.Context, file string) ([]Ref, error) {
 	return refs, nil
 }
 
+// makeStagingDir creates a directory for staging an import in the cache's temporary directory tmp (on the same
+// file system as the blobs, so staged files are renamed in).
+func makeStagingDir(tmp string) (string, error) {
+	dir, err := os.MkdirTemp(tmp, "import-*")
+	if err != nil {
+		return "", fmt.Errorf("create staging directory: %w", err)
+	}
+
+	return filepath.Clean(dir), nil
+}
+
 // stageTar writes every regular file of a tarball into the staging directory, hashing as it goes, and returns
-// the bundle manifest's bytes. Anything but directories and regular files with local paths is refused.
-func (s *Store) stageTar(ctx context.Context, tr *tar.Reader, staging string) (map[string]stagedFile, []byte, error) {
+// the bundle manifest's bytes. Anything but directories and regular files with local paths is refused, and so
+// is a tarball whose files add up to more than maxBytes.
+func stageTar(ctx context.Context, tr *tar.Reader, staging string, maxBytes int64, m *metrics) (map[string]stagedFile, []byte, error) {
 	staged := map[string]stagedFile{}
 
 	var (
@@ -347,15 +359,15 @@ func (s *Store) stageTar(ctx context.Context, tr *tar.Reader, staging string) (m
 		}
 
 		total += hdr.Size
-		if hdr.Size < 0 || total > s.cfg.MaxBytes {
-			s.metrics.errors.WithLabelValues("no_space").Inc()
+		if hdr.Size < 0 || total > maxBytes {
+			m.errors.WithLabelValues("no_space").Inc()
 
-			return nil, nil, fmt.Errorf("%w: tarball holds more than the cap of %d bytes", ErrNoSpace, s.cfg.MaxBytes)
+			return nil, nil, fmt.Errorf("%w: tarball holds more than the cap of %d bytes", ErrNoSpace, maxBytes)
 		}
 
 		sf, err := stageFile(tr, filepath.Join(staging, strconv.Itoa(i)))
 		if err != nil {
-			s.countError(err)
+			m.countError(err)
 
 			return nil, nil, fmt.Errorf("stage %q: %w", hdr.Name, err)
 		}

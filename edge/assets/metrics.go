@@ -1,6 +1,10 @@
 package assets
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 type metrics struct {
 	errors       *prometheus.CounterVec
@@ -38,4 +42,17 @@ func newMetrics() *metrics {
 // Collectors returns the store's prometheus collectors for the caller to register.
 func (s *Store) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{s.metrics.errors, s.metrics.bytesFetched, s.metrics.bytesServed, s.metrics.evictions, s.metrics.bytesUsed}
+}
+
+// countError counts an error that stopped an asset from being written into the cache: disk_full,
+// size_mismatch, or else write.
+func (m *metrics) countError(err error) {
+	switch {
+	case IsDiskFull(err):
+		m.errors.WithLabelValues("disk_full").Inc()
+	case errors.Is(err, ErrSizeMismatch):
+		m.errors.WithLabelValues("size_mismatch").Inc()
+	default:
+		m.errors.WithLabelValues("write").Inc()
+	}
 }
