@@ -202,7 +202,7 @@ func (b *builder) newUplinkServer(context.Context) error {
 		ServerNames:  b.cfg.ServerNames,
 		Register:     []func(grpc.ServiceRegistrar){b.assets.relay.Register, b.edges.receiver.Register},
 		OnSession: []sites.SessionFunc{
-			b.assets.catalog.OnSession, b.edges.plans.OnSession, b.edges.pusher.OnSession, b.assets.needs.OnSession,
+			b.assets.catalog.OnSession, b.edges.tables.OnSession, b.assets.needs.OnSession,
 			b.edges.watches.OnSession,
 		},
 	})

@@ -3,7 +3,8 @@ package app
 import (
 	"context"
 
-	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/bootevents"
+	"github.com/outpost-metal/outpost/controller/boottables"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/machineaccess"
 	"github.com/outpost-metal/outpost/controller/sites"
@@ -18,9 +19,8 @@ import (
 type edgeWiring struct {
 	locations *lifecycle.Locations
 	watches   *lifecycle.WatchLists
-	receiver  *bootplans.Receiver
-	plans     *bootplans.Plans
-	pusher    *bootplans.TablePusher
+	receiver  *bootevents.Receiver
+	tables    *boottables.Tables
 	// policies are the sites' own BMC protocols and wipe methods (controller site set).
 	policies *lifecycle.SitePolicies
 	// clients reach machines through their site's session; built once the uplink server exists.
@@ -31,7 +31,6 @@ type edgeWiring struct {
 // clients, which need the server, come after it (newMachineAccess).
 func (b *builder) newEdgeWiring(context.Context) error {
 	locations := lifecycle.NewLocations(b.log)
-	plans := bootplans.NewPlans(b.log, nil)
 	policies := lifecycle.NewSitePolicies()
 
 	watches, err := lifecycle.NewWatchLists(b.log, b.cfg.BMCProtocol, policies, locations)
@@ -42,9 +41,8 @@ func (b *builder) newEdgeWiring(context.Context) error {
 	b.edges = &edgeWiring{
 		locations: locations,
 		watches:   watches,
-		receiver:  bootplans.NewReceiver(b.log, locations, sites.SiteFromContext).WithInventory(locations),
-		plans:     plans,
-		pusher:    bootplans.NewTablePusher(plans),
+		receiver:  bootevents.NewReceiver(b.log, locations, sites.SiteFromContext).WithInventory(locations),
+		tables:    boottables.New(b.log, nil),
 		policies:  policies,
 	}
 

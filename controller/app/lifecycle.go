@@ -56,7 +56,7 @@ func (b *builder) newLifecycle(context.Context) error {
 	lifecycleMetrics := lifecycle.NewMetrics()
 	keeperMetrics := omni.NewKeeperMetrics()
 
-	if err := registerAll(b.metrics, lifecycleMetrics, b.edges.locations, b.edges.plans, keeperMetrics, omni.RuntimeMetrics()); err != nil {
+	if err := registerAll(b.metrics, lifecycleMetrics, b.edges.locations, b.edges.tables, keeperMetrics, omni.RuntimeMetrics()); err != nil {
 		return err
 	}
 
@@ -84,7 +84,7 @@ func (b *builder) newLifecycle(context.Context) error {
 	deps.Power = b.edges.clients
 	deps.Agent = b.edges.clients
 	deps.Sites = b.edges.locations
-	deps.Plans = &assetAwarePusher{next: b.edges.pusher, needs: b.assets.needs, install: b.assets.install}
+	deps.Plans = &assetAwarePusher{next: b.edges.tables, needs: b.assets.needs, install: b.assets.install}
 	deps.Planner = planner
 	deps.Now = time.Now
 	deps.Rand = rand.Reader
@@ -144,7 +144,7 @@ func (s *omniSession) run(ctx context.Context, conn *omni.Connection) error {
 	}
 
 	joinConfig := conn.NewJoinConfigController(s.trustedRoots, s.extra, func(jc omni.JoinConfig) {
-		s.edges.pusher.SetConfig([]byte(jc.Documents))
+		s.edges.tables.SetConfig([]byte(jc.Documents))
 		s.log.Info("join config from Omni pushed to sites")
 	})
 

@@ -36,3 +36,8 @@ func (p *assetAwarePusher) Push(ctx context.Context, siteID string, plan bootpla
 
 	return p.next.Push(ctx, siteID, plan)
 }
+
+// Holds implements lifecycle.PlanPusher.
+func (p *assetAwarePusher) Holds(siteID string, plan bootplans.Plan) bool {
+	return p.next.Holds(siteID, plan)
+}

@@ -7,7 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/boottables"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/sites"
 )
@@ -18,7 +18,7 @@ import (
 func (b *builder) checkSiteSettings(_ string, s sites.Settings) error {
 	var errs []error
 
-	if _, err := bootplans.ParseDiscovery(s.Discovery); err != nil {
+	if _, err := boottables.ParseDiscovery(s.Discovery); err != nil {
 		errs = append(errs, err)
 	}
 
@@ -50,8 +50,8 @@ func (b *builder) applySiteSettings(siteID string, s sites.Settings) {
 		s = sites.Settings{}
 	}
 
-	discovery, _ := bootplans.ParseDiscovery(s.Discovery) // checked above
-	b.edges.pusher.SetSite(siteID, bootplans.SiteTable{Discovery: discovery, RegisteredMACs: s.RegisteredMACs, ExtraConfig: s.ExtraConfig})
+	discovery, _ := boottables.ParseDiscovery(s.Discovery) // checked above
+	b.edges.tables.SetSite(siteID, boottables.SiteTable{Discovery: discovery, RegisteredMACs: s.RegisteredMACs, ExtraConfig: s.ExtraConfig})
 
 	if err := b.edges.policies.Set(siteID, lifecycle.SitePolicy{BMCProtocol: s.BMCProtocol, WipeMethod: s.WipeMethod}); err != nil {
 		log.Warn("site policy refused", zap.Error(err)) // cannot happen after the check

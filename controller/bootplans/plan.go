@@ -1,7 +1,8 @@
-// Boot-plan computation: what the site's edge answers when a machine network-boots (agent mode, Talos install,
-// boot from disk, or deny), decided from the lifecycle state as a static Omni provider must.
-// (The package comment lives in receiver.go, the other half of this package.)
-
+// Package bootplans decides each machine's boot plan: what its site's edge answers when it network-boots
+// (agent mode, Talos install, boot from disk, or deny), decided from the lifecycle state as a static Omni
+// provider must (Decide), with the boot assets and the site's addresses filled in (Planner). The plans go into
+// the sites' boot tables (controller/boottables); what the edges saw comes back as events
+// (controller/bootevents).
 package bootplans
 
 import (
@@ -11,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/outpost-metal/outpost/controller/assets"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
 // Mode is what a machine boots into next.
@@ -261,4 +263,39 @@ func (p *Planner) Plan(ctx context.Context, siteID string, m Machine) (Plan, err
 	plan.KernelArgs = boot.KernelArgs
 
 	return plan, nil
+}
+
+// ToProto converts a plan to the boot table's form.
+func ToProto(p Plan) (*bootpb.Plan, error) {
+	out := &bootpb.Plan{Uuid: strings.ToLower(p.MachineID), Macs: slices.Clone(p.MACs)}
+
+	switch p.Mode {
+	case ModeAgent:
+		out.Mode = bootpb.Mode_MODE_AGENT
+		out.ExtraArgs = slices.Clone(p.KernelArgs)
+	case ModeInstall:
+		if p.KernelURL == "" {
+			return nil, fmt.Errorf("install plan of %s has no kernel (script-only assets cannot go into a boot table)", p.MachineID)
+		}
+
+		out.Mode = bootpb.Mode_MODE_INSTALL
+		out.Install = &bootpb.Kernel{KernelUrl: p.KernelURL, InitrdUrl: p.InitrdURL, Args: slices.Clone(p.KernelArgs)}
+	case ModeDisk:
+		out.Mode = bootpb.Mode_MODE_DISK
+
+		switch p.DiskMethod {
+		case DiskHTTP404:
+			out.DiskMethod = bootpb.DiskMethod_DISK_METHOD_HTTP_404
+		case DiskIPXESanboot:
+			out.DiskMethod = bootpb.DiskMethod_DISK_METHOD_IPXE_SANBOOT
+		default:
+			out.DiskMethod = bootpb.DiskMethod_DISK_METHOD_IPXE_EXIT
+		}
+	case ModeDeny:
+		out.Mode = bootpb.Mode_MODE_DENY
+	default:
+		return nil, fmt.Errorf("plan of %s: unknown mode %q", p.MachineID, p.Mode)
+	}
+
+	return out, nil
 }

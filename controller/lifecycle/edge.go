@@ -85,9 +85,11 @@ type SiteLocator interface {
 }
 
 // PlanPusher hands a machine's boot plan to its site's edge and returns once the edge acknowledged the
-// version holding it.
+// version holding it (boottables.Tables). Holds tells, without waiting, whether the edge acknowledged the plan
+// already, so an unchanged plan is not handed over again.
 type PlanPusher interface {
 	Push(ctx context.Context, siteID string, plan bootplans.Plan) (version uint64, err error)
+	Holds(siteID string, plan bootplans.Plan) bool
 }
 
 // Planner computes a machine's boot plan (bootplans.Planner).

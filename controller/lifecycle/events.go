@@ -14,7 +14,7 @@ import (
 	"github.com/outpost-metal/outpost/shared/printable"
 )
 
-// HandleEvent feeds an edge event into the locations (it fits bootplans.Handler): a boot answer places the
+// HandleEvent feeds an edge event into the locations (it fits bootevents.Handler): a boot answer places the
 // machine at the site and records its architecture, an agent tunnel opening or closing records agent presence,
 // a DHCP request records the firmware of a machine already placed. Events naming no valid machine are logged,
 // counted and dropped: they never fail (which would make the edge resend them forever) and never act on

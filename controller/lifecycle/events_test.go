@@ -6,12 +6,12 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/bootevents"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
-var _ bootplans.Handler = (*lifecycle.Locations)(nil)
+var _ bootevents.Handler = (*lifecycle.Locations)(nil)
 
 func TestLocationsFromEdgeEvents(t *testing.T) {
 	t.Parallel()

@@ -34,8 +34,6 @@ func (s *teardown) teardown(ctx context.Context, logger *zap.Logger, _ controlle
 		}
 	}
 
-	defer s.env.gate.forget(v.id)
-
 	if s.env.Watches != nil {
 		s.env.Watches.Remove(v.id)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/boottables"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/machineaccess"
 	"github.com/outpost-metal/outpost/controller/omni"
@@ -23,7 +24,7 @@ func Example() {
 
 	var (
 		access   *machineaccess.Client       // machineaccess.New(sitesServer.Conn, locations)
-		plans    *bootplans.Plans            // the boot service (its OnSession goes into sites.Options.OnSession)
+		tables   *boottables.Tables          // the sites' boot tables (its OnSession goes into sites.Options.OnSession)
 		siteDirs bootplans.SiteDirectory     // empty Sites: the edge adds its own /config URL and agent address
 		health   func(context.Context) error // e.g. "no site connected"
 	)
@@ -49,22 +50,20 @@ func Example() {
 		return
 	}
 
-	pusher := bootplans.NewTablePusher(plans) // lifecycle.PlanPusher: returns once the edge acknowledged
-
-	// fed by the edges' events: bootplans.NewReceiver(logger, locations, sites.SiteFromContext);
+	// fed by the edges' events: bootevents.NewReceiver(logger, locations, sites.SiteFromContext);
 	// call locations.SiteOffline(site) when a site's session ends
 	locations := lifecycle.NewLocations(logger)
 	edges := &lifecycle.EdgeClients{Access: access, Sites: locations} // PowerClient and AgentClient
 
 	ctrls, err := lifecycle.New(lifecycle.Default(), lifecycle.Deps{
-		Types: conn.Types(), Power: edges, Agent: edges, Sites: locations, Plans: pusher, Planner: planner,
+		Types: conn.Types(), Power: edges, Agent: edges, Sites: locations, Plans: tables, Planner: planner,
 		Now: time.Now, Rand: rand.Reader, Metrics: lifecycle.NewMetrics(), // register Metrics with prometheus
 	})
 	if err != nil {
 		return
 	}
 
-	joinConfig := conn.NewJoinConfigController("", omni.ExtraDocuments{}, func(jc omni.JoinConfig) { pusher.SetConfig([]byte(jc.Documents)) })
+	joinConfig := conn.NewJoinConfigController("", omni.ExtraDocuments{}, func(jc omni.JoinConfig) { tables.SetConfig([]byte(jc.Documents)) })
 
 	rt, err := conn.NewRuntime(health, append(ctrls, joinConfig)...)
 	if err != nil {

@@ -15,7 +15,7 @@ import (
 // maxPendingPerAddress bounds the entries held for one address not tied to a machine yet.
 const maxPendingPerAddress = 8
 
-// HandleEvent turns an edge event into a timeline entry (it fits bootplans.Handler). DHCP requests and
+// HandleEvent turns an edge event into a timeline entry (it fits bootevents.Handler). DHCP requests and
 // firmware fetches name an address, not a machine: they go to the machine a boot script was last served to
 // from that address at that site, or are held (bounded) until one is. Events naming no valid machine are
 // dropped and counted; HandleEvent never fails, so the edge never resends an event forever.

@@ -17,7 +17,9 @@ import (
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 
+	"github.com/outpost-metal/outpost/controller/bootevents"
 	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/boottables"
 	"github.com/outpost-metal/outpost/controller/sites"
 	"github.com/outpost-metal/outpost/edge/assets"
 	"github.com/outpost-metal/outpost/edge/boot"
@@ -85,13 +87,13 @@ func TestBootWithUplinkDown(t *testing.T) {
 
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 	events := &eventLog{}
-	receiver := bootplans.NewReceiver(log, events, sites.SiteFromContext)
-	plans := bootplans.NewPlans(log, nil)
+	receiver := bootevents.NewReceiver(log, events, sites.SiteFromContext)
+	tables := boottables.New(log, nil)
 
 	ctrl := linklab.StartController(t, linklab.ControllerOptions{
 		Logger:    log,
 		Register:  []func(grpc.ServiceRegistrar){receiver.Register},
-		OnSession: []sites.SessionFunc{plans.OnSession},
+		OnSession: []sites.SessionFunc{tables.OnSession},
 	})
 	token := ctrl.CreateSite(t, "branch", sites.TokenOptions{})
 
@@ -141,26 +143,22 @@ func TestBootWithUplinkDown(t *testing.T) {
 	}})
 
 	// The controller pushes the site's table and waits for the edge's acknowledgement.
-	version := plans.Set("branch", &bootpb.Table{
-		Plans:      []*bootpb.Plan{{Uuid: diskUUID, Mode: bootpb.Mode_MODE_DISK}},
-		KernelArgs: []string{"console=ttyS0"},
-	})
-
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
-	require.NoError(t, plans.WaitAcked(ctx, "branch", version))
+	version, err := tables.Push(ctx, "branch", bootplans.Plan{MachineID: diskUUID, Mode: bootplans.ModeDisk})
+	require.NoError(t, err)
 	require.Equal(t, version, table.Version())
 
 	// The controller stops (as its process would), and comes back later on the same address with the same
 	// state and CA; its in-memory parts (event receiver, plan pusher) start afresh.
-	receiver2 := bootplans.NewReceiver(log, events, sites.SiteFromContext)
-	plans2 := bootplans.NewPlans(log, nil)
+	receiver2 := bootevents.NewReceiver(log, events, sites.SiteFromContext)
+	tables2 := boottables.New(log, nil)
 
 	ctrl = ctrl.Restart(t, linklab.ControllerOptions{
 		Logger:    log,
 		Register:  []func(grpc.ServiceRegistrar){receiver2.Register},
-		OnSession: []sites.SessionFunc{plans2.OnSession},
+		OnSession: []sites.SessionFunc{tables2.OnSession},
 	}, func() {
 		// Machines keep booting from the persisted table.
 		code, body := bootScript(t, web.URL, diskUUID)
@@ -190,11 +188,9 @@ func TestBootWithUplinkDown(t *testing.T) {
 	ctrl.WaitConnected(t, "branch")
 
 	// The restarted controller plans the same table from its state and pushes it as a snapshot.
-	version = plans2.Set("branch", &bootpb.Table{
-		Plans:      []*bootpb.Plan{{Uuid: diskUUID, Mode: bootpb.Mode_MODE_DISK}},
-		KernelArgs: []string{"console=ttyS0"},
-	})
-	require.NoError(t, plans2.WaitAcked(ctx, "branch", version))
+	_, err = tables2.Push(ctx, "branch", bootplans.Plan{MachineID: diskUUID, Mode: bootplans.ModeDisk})
+	require.NoError(t, err)
+	require.Greater(t, table.Version(), version, "a snapshot of the new controller's table")
 
 	// The events arrive in order, once.
 	require.Eventually(t, func() bool { s, _ := events.snapshot(); return len(s) >= 4 }, 15*time.Second, 10*time.Millisecond)

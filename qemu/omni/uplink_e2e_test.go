@@ -19,7 +19,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/outpost-metal/outpost/controller/bootevents"
 	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/boottables"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/lifecycle/lifecycletest"
 	"github.com/outpost-metal/outpost/controller/machineaccess"
@@ -280,13 +282,13 @@ func TestLifecycleOverTheUplink(t *testing.T) {
 	admin := omni.NewAdmin(s.client(t, s.AdminKey()))
 
 	// controller side of the uplink
-	plans := bootplans.NewPlans(logger, nil)
+	tables := boottables.New(logger, nil)
 	locations := lifecycle.NewLocations(logger)
-	receiver := bootplans.NewReceiver(logger, locations, sites.SiteFromContext)
+	receiver := bootevents.NewReceiver(logger, locations, sites.SiteFromContext)
 
 	ctrl := linklab.StartController(t, linklab.ControllerOptions{
 		Register: []func(grpc.ServiceRegistrar){receiver.Register},
-		OnSession: []sites.SessionFunc{plans.OnSession, func(ctx context.Context, site string, _ grpc.ClientConnInterface) error {
+		OnSession: []sites.SessionFunc{tables.OnSession, func(ctx context.Context, site string, _ grpc.ClientConnInterface) error {
 			<-ctx.Done()
 			locations.SiteOffline(site)
 
@@ -319,7 +321,7 @@ func TestLifecycleOverTheUplink(t *testing.T) {
 	cfg.CallTimeout = 5 * time.Second
 
 	ctrls, err := lifecycle.New(cfg, lifecycle.Deps{
-		Types: conn.Types(), Power: edges, Agent: edges, Sites: locations, Plans: bootplans.NewTablePusher(plans),
+		Types: conn.Types(), Power: edges, Agent: edges, Sites: locations, Plans: tables,
 		Planner: planner, Now: time.Now, Rand: rand.Reader,
 	})
 	require.NoError(t, err)

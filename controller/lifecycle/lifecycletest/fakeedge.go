@@ -249,6 +249,16 @@ func (f *FakeEdge) Site(id string) (bootplans.Site, error) {
 	return bootplans.Site{ConfigURL: "http://" + id + ".edge/config", AgentAddress: id + ".edge:8081"}, nil
 }
 
+// Holds implements lifecycle.PlanPusher: the machine is at site and its edge acknowledged this plan last.
+func (f *FakeEdge) Holds(site string, plan bootplans.Plan) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	m, ok := f.machines[plan.MachineID]
+
+	return ok && m.Site == site && m.AckedSeen && m.Acked.Equal(plan)
+}
+
 // Push implements lifecycle.PlanPusher.
 func (f *FakeEdge) Push(ctx context.Context, site string, plan bootplans.Plan) (uint64, error) {
 	f.mu.Lock()

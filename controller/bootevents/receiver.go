@@ -1,6 +1,6 @@
-// Package bootplans is the controller's side of the edge boot service: it receives the edges' event
-// journals (Receiver, the Events service) and pushes each site's boot table to its edge (Plans).
-package bootplans
+// Package bootevents receives the edges' event journals (Receiver, the Events and Inventory services): what
+// each site's DHCP, TFTP, HTTP and tunnels saw, handed on once per event and in order.
+package bootevents
 
 import (
 	"context"

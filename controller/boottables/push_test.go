@@ -1,4 +1,4 @@
-package bootplans_test
+package boottables_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/boottables"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
@@ -55,7 +56,7 @@ func (e *snapshotEdge) table() *bootpb.Table {
 }
 
 // connectEdge serves a snapshotEdge on loopback and keeps site's session running.
-func connectEdge(t *testing.T, plans *bootplans.Plans, site string) *snapshotEdge {
+func connectEdge(t *testing.T, plans *boottables.Tables, site string) *snapshotEdge {
 	t.Helper()
 
 	edge := &snapshotEdge{}
@@ -85,16 +86,16 @@ func connectEdge(t *testing.T, plans *bootplans.Plans, site string) *snapshotEdg
 	return edge
 }
 
-func TestTablePusher(t *testing.T) {
+func TestPush(t *testing.T) {
 	t.Parallel()
 
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 
-	plans := bootplans.NewPlans(zaptest.NewLogger(t), nil)
+	plans := boottables.New(zaptest.NewLogger(t), nil)
 	siteA := connectEdge(t, plans, "site-a")
 	siteB := connectEdge(t, plans, "site-b")
-	push := bootplans.NewTablePusher(plans)
+	push := plans
 
 	const id = "4c4c4544-0042-3510-8052-b4c04f384833"
 
@@ -144,15 +145,14 @@ func TestTablePusher(t *testing.T) {
 	require.Error(t, err, "script-only install assets cannot go into a boot table")
 }
 
-func TestTablePusherEnsureSiteCarriesJoinConfig(t *testing.T) {
+func TestNewSiteCarriesJoinConfig(t *testing.T) {
 	t.Parallel()
 
-	plans := bootplans.NewPlans(zaptest.NewLogger(t), nil)
+	plans := boottables.New(zaptest.NewLogger(t), nil)
 	edge := connectEdge(t, plans, "new-site")
-	push := bootplans.NewTablePusher(plans)
+	push := plans
 
-	push.SetConfig([]byte("kind: SideroLinkConfig\n"))
-	push.EnsureSite("new-site")
+	push.SetConfig([]byte("kind: SideroLinkConfig\n")) // the session gave the site a table already
 
 	require.Eventually(t, func() bool { return string(edge.table().GetConfig()) == "kind: SideroLinkConfig\n" },
 		10*time.Second, 10*time.Millisecond, "a site with no machines yet must still serve the join config")
@@ -166,16 +166,15 @@ func TestTablePusherEnsureSiteCarriesJoinConfig(t *testing.T) {
 
 // What an operator set for a site reaches its edge's table (discovery, registered MACs, the site's documents
 // after the join config) and only that site's; a later join config keeps the site's documents after it.
-func TestTablePusherSiteSettings(t *testing.T) {
+func TestSiteSettings(t *testing.T) {
 	t.Parallel()
 
-	plans := bootplans.NewPlans(zaptest.NewLogger(t), nil)
+	plans := boottables.New(zaptest.NewLogger(t), nil)
 	siteA := connectEdge(t, plans, "site-a")
 	siteB := connectEdge(t, plans, "site-b")
-	push := bootplans.NewTablePusher(plans)
+	push := plans
 
-	push.EnsureSite("site-b")
-	push.SetSite("site-a", bootplans.SiteTable{
+	push.SetSite("site-a", boottables.SiteTable{
 		Discovery: bootpb.Discovery_DISCOVERY_KNOWN, RegisteredMACs: []string{"52:54:00:00:00:01"}, ExtraConfig: []byte("kind: ResolverConfig\n"),
 	})
 
@@ -201,7 +200,7 @@ func TestTablePusherSiteSettings(t *testing.T) {
 	require.Equal(t, bootpb.Discovery_DISCOVERY_UNSPECIFIED, b.GetDiscovery())
 	require.Empty(t, b.GetRegisteredMacs())
 
-	push.SetSite("site-a", bootplans.SiteTable{})
+	push.SetSite("site-a", boottables.SiteTable{})
 
 	tbl = tableOf(siteA, func(tb *bootpb.Table) bool { return tb.GetDiscovery() == bootpb.Discovery_DISCOVERY_UNSPECIFIED })
 	require.Empty(t, tbl.GetRegisteredMacs())
@@ -215,11 +214,11 @@ func TestParseDiscovery(t *testing.T) {
 		"": bootpb.Discovery_DISCOVERY_UNSPECIFIED, "all": bootpb.Discovery_DISCOVERY_ALL,
 		"known": bootpb.Discovery_DISCOVERY_KNOWN, "off": bootpb.Discovery_DISCOVERY_OFF,
 	} {
-		got, err := bootplans.ParseDiscovery(in)
+		got, err := boottables.ParseDiscovery(in)
 		require.NoError(t, err)
 		require.Equal(t, want, got)
 	}
 
-	_, err := bootplans.ParseDiscovery("Known")
+	_, err := boottables.ParseDiscovery("Known")
 	require.ErrorContains(t, err, `discovery "Known": want all, known or off`)
 }
