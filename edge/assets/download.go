@@ -342,7 +342,7 @@ func (t *transfer) run(ctx context.Context) error {
 		}
 
 		if !retryable(err) {
-			t.metrics.countError(err)
+			t.metrics.countStopped(err)
 
 			return fmt.Errorf("put asset %s from %s: %w", ref.Name, src.Name(), err)
 		}

@@ -278,7 +278,7 @@ func (s *Store) importTar(ctx context.Context, file string) ([]Ref, error) {
 		ref := Ref{Name: a.Name, SHA256: a.SHA256, Size: a.Size}
 		p, _ := bundlePath(a.Path)
 
-		if err := s.adopt(ref, staged[p].path); err != nil {
+		if err := s.adopt(ctx, ref, staged[p].path); err != nil {
 			return refs, err
 		}
 
@@ -399,7 +399,7 @@ func stageFile(r io.Reader, dst string) (stagedFile, error) {
 
 // adopt moves a staged, already verified file into the cache (or just records the name when the digest is
 // already cached).
-func (s *Store) adopt(ref Ref, staged string) error {
+func (s *Store) adopt(ctx context.Context, ref Ref, staged string) error {
 	done, fl, err := s.begin(ref)
 	if err != nil {
 		return err
@@ -409,8 +409,12 @@ func (s *Store) adopt(ref Ref, staged string) error {
 		return nil
 	}
 
-	if fl != nil {
-		<-fl.done
+	if fl != nil { // a download of the same asset is under way: its result decides
+		select {
+		case <-fl.done:
+		case <-ctx.Done():
+			return fmt.Errorf("adopt %s: %w", ref.Name, ctx.Err())
+		}
 
 		if fl.err != nil {
 			return fl.err

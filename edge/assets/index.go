@@ -249,13 +249,6 @@ func (x *index) load() error {
 		m.Blobs = map[string]*blobEntry{}
 	}
 
-	// keep in-memory recency (not persisted on every read) when reloading
-	for d, b := range m.Blobs {
-		if old, ok := x.man.Blobs[d]; ok && old.LastUsed.After(b.LastUsed) {
-			b.LastUsed = old.LastUsed
-		}
-	}
-
 	x.man = m
 	x.stamp = stampOf(fi)
 

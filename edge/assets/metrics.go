@@ -44,6 +44,18 @@ func (s *Store) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{s.metrics.errors, s.metrics.bytesFetched, s.metrics.bytesServed, s.metrics.evictions, s.metrics.bytesUsed}
 }
 
+// countStopped counts an error that stopped a download for good: the cache's own failures as countError,
+// anything else as the source's (it refused the asset: the relay does not know it, a URL is malformed).
+func (m *metrics) countStopped(err error) {
+	if IsDiskFull(err) || errors.Is(err, errWrite) || errors.Is(err, ErrSizeMismatch) {
+		m.countError(err)
+
+		return
+	}
+
+	m.errors.WithLabelValues("source").Inc()
+}
+
 // countError counts an error that stopped an asset from being written into the cache: disk_full,
 // size_mismatch, or else write.
 func (m *metrics) countError(err error) {

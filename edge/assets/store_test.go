@@ -513,3 +513,26 @@ func FuzzValidateName(f *testing.F) {
 		}
 	})
 }
+
+// refusingSource refuses every asset for good, as the relay does one it does not know.
+type refusingSource struct{}
+
+func (refusingSource) Name() string { return "relay" }
+
+func (refusingSource) Open(context.Context, assets.Ref, int64) (io.ReadCloser, error) {
+	return nil, assets.PermanentError(errors.New("relay: asset unknown"))
+}
+
+// A source refusing an asset is the source's error, not the cache's: counted as such, tried once.
+func TestRefusedBySourceCountedAsSource(t *testing.T) {
+	t.Parallel()
+
+	s := newStore(t, t.TempDir(), 1<<20, nil)
+	_, sum := blob(t, 100)
+
+	err := s.Put(t.Context(), assets.Ref{Name: "agent/amd64/kernel", SHA256: sum, Size: 100}, refusingSource{})
+	require.ErrorContains(t, err, "asset unknown")
+	require.Equal(t, 1.0, s.ErrorCount("source"))
+	require.Zero(t, s.ErrorCount("write"))
+	require.False(t, s.Has(sum))
+}
