@@ -32,12 +32,20 @@ type Tables struct {
 
 	mu     sync.Mutex
 	sites  map[string]*site
-	where  map[string]string // machine ID -> site
-	config []byte            // the join config, served by every site
+	placed map[string]placement // by machine ID: where its plan is in the tables
+	config []byte               // the join config, served by every site
 
 	ackLag   prometheus.Histogram
 	unacked  prometheus.GaugeFunc
 	pushTime prometheus.Histogram
+}
+
+// placement is where a machine's plan is: the site whose table holds it, the plan as pushed, and the version
+// of that table which first held it (what the edge must have acknowledged to hold it).
+type placement struct {
+	site    string
+	plan    bootplans.Plan
+	version uint64
 }
 
 type site struct {
@@ -73,7 +81,7 @@ func New(logger *zap.Logger, now func() time.Time) *Tables {
 
 	t := &Tables{
 		log: logger.With(zap.String("component", "boottables")), now: now,
-		sites: map[string]*site{}, where: map[string]string{},
+		sites: map[string]*site{}, placed: map[string]placement{},
 	}
 
 	t.ackLag = prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -134,16 +142,16 @@ func (t *Tables) Push(ctx context.Context, siteID string, plan bootplans.Plan) (
 
 	t.mu.Lock()
 
-	if old, ok := t.where[plan.MachineID]; ok && old != siteID {
-		t.changeLocked(old, func(tbl *bootpb.Table) { removePlan(tbl, pb.GetUuid()) })
+	old, ok := t.placed[plan.MachineID]
+	if ok && old.site != siteID {
+		t.changeLocked(old.site, func(tbl *bootpb.Table) { removePlan(tbl, pb.GetUuid()) })
 	}
 
-	t.where[plan.MachineID] = siteID
-	st := t.siteLocked(siteID)
-
-	version := st.desired.GetVersion()
-	if !holds(st.desired, pb) || (plan.Mode == bootplans.ModeAgent && !holdsAgent(st.desired, plan)) {
+	version := old.version
+	if !ok || old.site != siteID || !old.plan.Equal(plan) || !holdsAgent(t.siteLocked(siteID).desired, plan) {
 		version = t.changeLocked(siteID, func(tbl *bootpb.Table) { putPlan(tbl, pb, plan) })
+		plan.KernelArgs, plan.MACs = slices.Clone(plan.KernelArgs), slices.Clone(plan.MACs)
+		t.placed[plan.MachineID] = placement{site: siteID, plan: plan, version: version}
 	}
 
 	t.mu.Unlock()
@@ -158,18 +166,17 @@ func (t *Tables) Push(ctx context.Context, siteID string, plan bootplans.Plan) (
 // Holds reports whether site's edge acknowledged a table holding plan, and the site's table still holds it:
 // an operation that depends on the plan (power-on, reboot) may go ahead without pushing it again.
 func (t *Tables) Holds(siteID string, plan bootplans.Plan) bool {
-	pb, err := bootplans.ToProto(plan)
-	if err != nil {
-		return false
-	}
-
 	t.mu.Lock()
 	defer t.mu.Unlock()
 
-	st, ok := t.sites[siteID]
+	p, ok := t.placed[plan.MachineID]
+	if !ok || p.site != siteID || !p.plan.Equal(plan) {
+		return false
+	}
 
-	return ok && t.where[plan.MachineID] == siteID && holds(st.desired, pb) && holds(st.acked, pb) &&
-		(plan.Mode != bootplans.ModeAgent || holdsAgent(st.acked, plan))
+	acked := t.sites[siteID].acked
+
+	return acked.GetVersion() >= p.version && holdsAgent(acked, plan)
 }
 
 // SetConfig sets the Talos config documents every site serves at /config (Omni's join config).
@@ -286,18 +293,10 @@ func (t *Tables) waitAcked(ctx context.Context, siteID string, version uint64) e
 	}
 }
 
-// holds reports whether tbl has plan (its plans are sorted by UUID).
-func holds(tbl *bootpb.Table, plan *bootpb.Plan) bool {
-	i, ok := slices.BinarySearchFunc(tbl.GetPlans(), plan.GetUuid(), func(p *bootpb.Plan, uuid string) int {
-		return strings.Compare(p.GetUuid(), uuid)
-	})
-
-	return ok && proto.Equal(tbl.GetPlans()[i], plan)
-}
-
-// holdsAgent reports whether tbl has an agent-mode plan's kernel for its architecture.
+// holdsAgent reports whether tbl has an agent-mode plan's kernel for its architecture (agent kernels are per
+// site and architecture: another machine's plan may have changed it); true for other plans.
 func holdsAgent(tbl *bootpb.Table, plan bootplans.Plan) bool {
-	if plan.KernelURL == "" {
+	if plan.Mode != bootplans.ModeAgent || plan.KernelURL == "" {
 		return true
 	}
 
