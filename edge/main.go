@@ -14,7 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outpost-metal/outpost/edge/app"
-	"github.com/outpost-metal/outpost/edge/assets"
+	"github.com/outpost-metal/outpost/edge/assetcache"
 	"github.com/outpost-metal/outpost/edge/assetscli"
 	"github.com/outpost-metal/outpost/edge/config"
 	"github.com/outpost-metal/outpost/shared/envflag"
@@ -103,7 +103,7 @@ func rootCommand(lookup func(string) (string, bool)) (*cobra.Command, *envflag.B
 	f.IntVar(&cfg.Tunnels.MaxTunnelsPerSource, "agent-max-tunnels-per-source", cfg.Tunnels.MaxTunnelsPerSource, "agent tunnels open from one address")
 	f.IntVar(&cfg.Tunnels.MaxConns, "agent-max-conns", cfg.Tunnels.MaxConns, "agent API connections open at once, at least --agent-max-tunnels")
 
-	root.AddCommand(assetscli.NewCommand(func() (assets.Config, error) {
+	root.AddCommand(assetscli.NewCommand(func() (assetcache.Config, error) {
 		c := cfg.Resolved().Assets
 		if err := c.Validate(); err != nil {
 			return c, fmt.Errorf("asset cache configuration: %w", err)

@@ -19,7 +19,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
-	"github.com/outpost-metal/outpost/edge/assets"
+	"github.com/outpost-metal/outpost/edge/assetcache"
 	"github.com/outpost-metal/outpost/edge/bmc"
 	"github.com/outpost-metal/outpost/edge/boot"
 	"github.com/outpost-metal/outpost/edge/bootfiles"
@@ -137,7 +137,7 @@ func (e *Edge) build(ctx context.Context, cfg config.Config, opts Options) error
 		return fmt.Errorf("iPXE binaries: %w", err)
 	}
 
-	store, err := assets.New(cfg.Assets, log, nil, time.Now)
+	store, err := assetcache.New(cfg.Assets, log, nil, time.Now)
 	if err != nil {
 		return fmt.Errorf("asset cache: %w", err)
 	}
@@ -151,7 +151,7 @@ func (e *Edge) build(ctx context.Context, cfg config.Config, opts Options) error
 		log.Info("pre-seeded assets imported", zap.Int("assets", len(refs)))
 	}
 
-	fetcher, err := assets.NewFetcher(cfg.Fetcher, store, assets.HTTPSource{Client: factoryClient()}, log)
+	fetcher, err := assetcache.NewFetcher(cfg.Fetcher, store, assetcache.HTTPSource{Client: factoryClient()}, log)
 	if err != nil {
 		return fmt.Errorf("asset fetcher: %w", err)
 	}
@@ -169,7 +169,7 @@ func (e *Edge) build(ctx context.Context, cfg config.Config, opts Options) error
 	watcher := bmc.NewWatcher(bmcs, events.rec, bmc.DefaultWatcher(), log, time.Now)
 
 	// /assets/: the cache, then the operator's files directory.
-	served, err := assets.NewHandler(store, cmp.Or(opts.FilesDir, filepath.Join(cfg.StateDir, "files")))
+	served, err := assetcache.NewHandler(store, cmp.Or(opts.FilesDir, filepath.Join(cfg.StateDir, "files")))
 	if err != nil {
 		return fmt.Errorf("assets: %w", err)
 	}
@@ -197,7 +197,7 @@ func (e *Edge) build(ctx context.Context, cfg config.Config, opts Options) error
 	register := []func(grpc.ServiceRegistrar){
 		boot.NewService(table).Register,
 		bmc.NewService(bmcs).WithWatcher(watcher).Register,
-		assets.NewService(fetcher).Register,
+		assetcache.NewService(fetcher).Register,
 	}
 
 	// Agent calls from the controller (/management.AgentService/*) go to the machine's tunnel.

@@ -14,14 +14,14 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
-	"github.com/outpost-metal/outpost/edge/assets"
+	"github.com/outpost-metal/outpost/edge/assetcache"
 )
 
 // Import imports a directory or tarball (with outpost-assets.json at its root) into the cache described by cfg
 // and prints one line per imported asset to w. It is safe while the edge runs: the cache is locked across
 // processes and the running edge picks the new manifest up on its next lookup.
-func Import(ctx context.Context, cfg assets.Config, log *zap.Logger, src string, w io.Writer) error {
-	store, err := assets.New(cfg, log, assets.NoneNeeded{}, time.Now)
+func Import(ctx context.Context, cfg assetcache.Config, log *zap.Logger, src string, w io.Writer) error {
+	store, err := assetcache.New(cfg, log, assetcache.NoneNeeded{}, time.Now)
 	if err != nil {
 		return fmt.Errorf("open asset cache %s: %w", cfg.Dir, err)
 	}
@@ -44,13 +44,13 @@ func Import(ctx context.Context, cfg assets.Config, log *zap.Logger, src string,
 // explain adds what the operator can do about common failures.
 func explain(err error) error {
 	switch {
-	case errors.Is(err, assets.ErrTraversal):
+	case errors.Is(err, assetcache.ErrTraversal):
 		return fmt.Errorf("%w (the bundle names files outside itself or contains links; nothing was imported)", err)
-	case errors.Is(err, assets.ErrSizeMismatch), errors.Is(err, assets.ErrDigestMismatch):
+	case errors.Is(err, assetcache.ErrSizeMismatch), errors.Is(err, assetcache.ErrDigestMismatch):
 		return fmt.Errorf("%w (the bundle is damaged or its manifest is wrong; nothing was imported)", err)
-	case errors.Is(err, assets.ErrNoSpace):
+	case errors.Is(err, assetcache.ErrNoSpace):
 		return fmt.Errorf("%w (raise the cache size or evict assets no plan needs)", err)
-	case assets.IsDiskFull(err):
+	case assetcache.IsDiskFull(err):
 		return fmt.Errorf("%w (the state disk is full)", err)
 	default:
 		return err
@@ -60,7 +60,7 @@ func explain(err error) error {
 // NewCommand returns the `assets` command with its `import` subcommand. config returns the cache
 // configuration (from the edge's flags and environment) and logger the process logger; both are called when
 // the command runs.
-func NewCommand(config func() (assets.Config, error), logger func() *zap.Logger) *cobra.Command {
+func NewCommand(config func() (assetcache.Config, error), logger func() *zap.Logger) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "assets",
 		Short: "Manage the edge's boot-asset cache",
@@ -109,7 +109,7 @@ as the import checks them.`,
 
 // Bundle writes an import bundle into dir from NAME=FILE pairs and PREFIX=DIR trees and prints what it holds.
 func Bundle(dir string, pairs, trees []string, w io.Writer) error {
-	var files []assets.BundleFile
+	var files []assetcache.BundleFile
 
 	for _, p := range pairs {
 		name, file, ok := strings.Cut(p, "=")
@@ -117,7 +117,7 @@ func Bundle(dir string, pairs, trees []string, w io.Writer) error {
 			return fmt.Errorf("%q: want NAME=FILE", p)
 		}
 
-		files = append(files, assets.BundleFile{Name: name, Source: file})
+		files = append(files, assetcache.BundleFile{Name: name, Source: file})
 	}
 
 	for _, t := range trees {
@@ -126,7 +126,7 @@ func Bundle(dir string, pairs, trees []string, w io.Writer) error {
 			return fmt.Errorf("--tree %q: want PREFIX=DIR", t)
 		}
 
-		tree, err := assets.TreeFiles(prefix, root)
+		tree, err := assetcache.TreeFiles(prefix, root)
 		if err != nil {
 			return err
 		}
@@ -134,7 +134,7 @@ func Bundle(dir string, pairs, trees []string, w io.Writer) error {
 		files = append(files, tree...)
 	}
 
-	b, err := assets.WriteBundle(dir, files)
+	b, err := assetcache.WriteBundle(dir, files)
 	if err != nil {
 		return err
 	}

@@ -13,7 +13,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/outpost-metal/outpost/edge/assets"
+	"github.com/outpost-metal/outpost/edge/assetcache"
 	"github.com/outpost-metal/outpost/edge/assetscli"
 )
 
@@ -26,7 +26,7 @@ func bundle(t *testing.T, pathInManifest string) (string, string) {
 	digest := hex.EncodeToString(sum[:])
 
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "vmlinuz"), data, 0o644))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, assets.BundleManifestName), fmt.Appendf(nil,
+	require.NoError(t, os.WriteFile(filepath.Join(dir, assetcache.BundleManifestName), fmt.Appendf(nil,
 		`{"version":1,"assets":[{"name":"agent/amd64/kernel","sha256":%q,"size":%d,"path":%q}]}`, digest, len(data), pathInManifest), 0o644))
 
 	return dir, digest
@@ -49,10 +49,10 @@ func TestImportCommand(t *testing.T) {
 			t.Parallel()
 
 			src, digest := bundle(t, tt.path)
-			cfg := assets.Default()
+			cfg := assetcache.Default()
 			cfg.Dir = t.TempDir()
 
-			cmd := assetscli.NewCommand(func() (assets.Config, error) { return cfg, nil }, func() *zap.Logger { return zaptest.NewLogger(t) })
+			cmd := assetscli.NewCommand(func() (assetcache.Config, error) { return cfg, nil }, func() *zap.Logger { return zaptest.NewLogger(t) })
 
 			var out bytes.Buffer
 
@@ -70,7 +70,7 @@ func TestImportCommand(t *testing.T) {
 			require.NoError(t, err)
 			require.Contains(t, out.String(), "imported agent/amd64/kernel sha256:"+digest)
 
-			s, err := assets.New(cfg, zaptest.NewLogger(t), nil, nil)
+			s, err := assetcache.New(cfg, zaptest.NewLogger(t), nil, nil)
 			require.NoError(t, err)
 			require.True(t, s.Has(digest))
 		})
@@ -92,10 +92,10 @@ func TestBundleThenImport(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(tree, "abc123", "v1.11.5", "vmlinuz"), []byte("install kernel"), 0o644))
 
 	run := func(args ...string) (string, error) {
-		cfg := assets.Default()
+		cfg := assetcache.Default()
 		cfg.Dir = filepath.Join(t.TempDir(), "cache")
 
-		cmd := assetscli.NewCommand(func() (assets.Config, error) { return cfg, nil }, func() *zap.Logger { return zaptest.NewLogger(t) })
+		cmd := assetscli.NewCommand(func() (assetcache.Config, error) { return cfg, nil }, func() *zap.Logger { return zaptest.NewLogger(t) })
 
 		var out bytes.Buffer
 
@@ -134,7 +134,7 @@ func TestBundleThenImport(t *testing.T) {
 		require.Error(t, err, "%v: %s", args, out)
 
 		if args[1] != dir {
-			require.NoFileExists(t, filepath.Join(args[1], assets.BundleManifestName), "%v", args)
+			require.NoFileExists(t, filepath.Join(args[1], assetcache.BundleManifestName), "%v", args)
 		}
 	}
 }

@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/outpost-metal/outpost/edge/assets"
+	"github.com/outpost-metal/outpost/edge/assetcache"
 	"github.com/outpost-metal/outpost/edge/bmc"
 	"github.com/outpost-metal/outpost/edge/bootfiles"
 	"github.com/outpost-metal/outpost/edge/dhcp"
@@ -45,9 +45,9 @@ type Config struct {
 	// HTTP serves iPXE scripts, binaries, assets, /config, /metrics and /healthz.
 	HTTP httpd.Config
 	// Assets is the boot-asset cache.
-	Assets assets.Config
+	Assets assetcache.Config
 	// Fetcher fills the cache according to the site's policy.
-	Fetcher assets.FetcherConfig
+	Fetcher assetcache.FetcherConfig
 	// BMC is how the edge talks to BMCs.
 	BMC bmc.Config
 	// Uplink is the connection to the controller.
@@ -69,8 +69,8 @@ func Default() Config {
 		DHCP:         dhcp.Default(),
 		TFTP:         tftp.Default(),
 		HTTP:         httpd.Default(),
-		Assets:       assets.Default(),
-		Fetcher:      assets.DefaultFetcher(),
+		Assets:       assetcache.Default(),
+		Fetcher:      assetcache.DefaultFetcher(),
 		BMC:          bmc.Default(),
 		Uplink:       uplink.Default(),
 		Tunnels:      tunnel.DefaultLimits(),

@@ -1,6 +1,6 @@
 // Package httpd is the edge's HTTP server: the iPXE scripts (/ipxe/init.ipxe, /ipxe/boot.ipxe answered from
 // the boot table), the iPXE binaries for UEFI HTTP boot (/tftp/<file>), boot assets (/assets/, mounted
-// from edge/assets, which owns it), the Talos machine config the controller last
+// from edge/assetcache, which owns it), the Talos machine config the controller last
 // sent (/config), /metrics and /healthz.
 //
 // What boot.ipxe answers is decided by Decide (decide.go), a function of the request, the machine's plan,
@@ -61,7 +61,7 @@ type AssetIndex interface {
 }
 
 // Assets owns /assets/: it says which names it serves and serves them (the asset cache and the operator's
-// files directory, edge/assets.Handler).
+// files directory, edge/assetcache.Handler).
 type Assets interface {
 	AssetIndex
 	http.Handler

@@ -19,7 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/outpost-metal/outpost/edge/assets"
+	"github.com/outpost-metal/outpost/edge/assetcache"
 	"github.com/outpost-metal/outpost/edge/boot"
 	"github.com/outpost-metal/outpost/edge/bootfiles"
 	"github.com/outpost-metal/outpost/edge/httpd"
@@ -129,13 +129,13 @@ func newEnv(t *testing.T) *env {
 }
 
 // newAssets is the edge's /assets/ over an empty cache and a files directory.
-func newAssets(t *testing.T, files string) *assets.Handler {
+func newAssets(t *testing.T, files string) *assetcache.Handler {
 	t.Helper()
 
-	store, err := assets.New(assets.Config{Dir: t.TempDir(), MaxBytes: 1 << 20, Attempts: 1}, zaptest.NewLogger(t), nil, nil)
+	store, err := assetcache.New(assetcache.Config{Dir: t.TempDir(), MaxBytes: 1 << 20, Attempts: 1}, zaptest.NewLogger(t), nil, nil)
 	require.NoError(t, err)
 
-	h, err := assets.NewHandler(store, files)
+	h, err := assetcache.NewHandler(store, files)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, h.Close()) })
 
@@ -145,7 +145,7 @@ func newAssets(t *testing.T, files string) *assets.Handler {
 // assetIndex is the edge's /assets/ over a files directory, with names the boot scripts are told the cache
 // holds besides.
 type assetIndex struct {
-	*assets.Handler
+	*assetcache.Handler
 
 	mu    sync.Mutex
 	names map[string]bool

@@ -7,7 +7,7 @@
 // token and mutual TLS (edge/uplink), the persisted boot table and its service (edge/boot), the on-disk event
 // journal delivered in order (edge/journal), the iPXE HTTP server answering boot.ipxe and /config from the
 // table (edge/httpd, called in process), the agent tunnel endpoint and the controller-to-agent call proxy
-// (edge/tunnel, on a loopback listener) and the asset cache and fetcher (edge/assets, without an upstream).
+// (edge/tunnel, on a loopback listener) and the asset cache and fetcher (edge/assetcache, without an upstream).
 //
 // The edges watch their BMCs when the controller hands them its watch lists, as the real edge does: edge/bmc's
 // Watcher schedule (every 20 s, 32 at once) over the simulated BMCs, with every change journaled.

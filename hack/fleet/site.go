@@ -24,7 +24,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/outpost-metal/outpost/edge/assets"
+	"github.com/outpost-metal/outpost/edge/assetcache"
 	"github.com/outpost-metal/outpost/edge/bmc"
 	"github.com/outpost-metal/outpost/edge/boot"
 	"github.com/outpost-metal/outpost/edge/bootfiles"
@@ -56,8 +56,8 @@ type site struct {
 	// agentConns carry the site's agents in "site" mode, agentsPerConn each.
 	agentConns []*grpc.ClientConn
 	httpSrv    *httpd.Server
-	served     *assets.Handler
-	fetcher    *assets.Fetcher
+	served     *assetcache.Handler
+	fetcher    *assetcache.Fetcher
 	bmcs       *BMCService
 	link       *uplink.Client
 	wan        *wan
@@ -100,19 +100,19 @@ func newSite(f *fleet, index int, token string) (*site, error) {
 
 	s.tunnels = tunnel.New(tunnel.Options{Logger: log, Events: tunnelEvents{s.recorder}, Addresses: s.book, Evidence: s.book, Limits: limits, Binding: binding})
 
-	acfg := assets.Default()
+	acfg := assetcache.Default()
 	acfg.Dir = filepath.Join(dir, "assets")
 
-	store, err := assets.New(acfg, log, assets.NoneNeeded{}, time.Now)
+	store, err := assetcache.New(acfg, log, assetcache.NoneNeeded{}, time.Now)
 	if err != nil {
 		return nil, err
 	}
 
-	if s.fetcher, err = assets.NewFetcher(assets.DefaultFetcher(), store, noUpstream{}, log); err != nil {
+	if s.fetcher, err = assetcache.NewFetcher(assetcache.DefaultFetcher(), store, noUpstream{}, log); err != nil {
 		return nil, err
 	}
 
-	if s.served, err = assets.NewHandler(store, f.filesDir); err != nil {
+	if s.served, err = assetcache.NewHandler(store, f.filesDir); err != nil {
 		return nil, err
 	}
 
@@ -153,7 +153,7 @@ func newSite(f *fleet, index int, token string) (*site, error) {
 		Register: []func(grpc.ServiceRegistrar){
 			boot.NewService(s.table).Register,
 			s.bmcs.Register,
-			assets.NewService(s.fetcher).Register,
+			assetcache.NewService(s.fetcher).Register,
 		},
 		ServerOptions: []grpc.ServerOption{s.tunnels.ServerOption()},
 		OnSession: []uplink.SessionFunc{
@@ -361,7 +361,7 @@ type noUpstream struct{}
 
 func (noUpstream) Name() string { return "http" }
 
-func (noUpstream) Open(context.Context, assets.Ref, int64) (io.ReadCloser, error) {
+func (noUpstream) Open(context.Context, assetcache.Ref, int64) (io.ReadCloser, error) {
 	return nil, errors.New("no upstream in the fleet simulator")
 }
 

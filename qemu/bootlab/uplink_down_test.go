@@ -21,7 +21,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/bootplans"
 	"github.com/outpost-metal/outpost/controller/boottables"
 	"github.com/outpost-metal/outpost/controller/sites"
-	"github.com/outpost-metal/outpost/edge/assets"
+	"github.com/outpost-metal/outpost/edge/assetcache"
 	"github.com/outpost-metal/outpost/edge/boot"
 	"github.com/outpost-metal/outpost/edge/bootfiles"
 	"github.com/outpost-metal/outpost/edge/dhcp"
@@ -119,9 +119,9 @@ func TestBootWithUplinkDown(t *testing.T) {
 		require.NoError(t, os.WriteFile(filepath.Join(files, "agent", "x86_64", f), []byte(f), 0o644))
 	}
 
-	store, err := assets.New(assets.Config{Dir: t.TempDir(), MaxBytes: 1 << 20, Attempts: 1}, log, nil, nil)
+	store, err := assetcache.New(assetcache.Config{Dir: t.TempDir(), MaxBytes: 1 << 20, Attempts: 1}, log, nil, nil)
 	require.NoError(t, err)
-	served, err := assets.NewHandler(store, files)
+	served, err := assetcache.NewHandler(store, files)
 	require.NoError(t, err)
 	t.Cleanup(func() { served.Close() }) //nolint:errcheck
 

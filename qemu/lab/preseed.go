@@ -3,7 +3,7 @@ package lab
 import (
 	"fmt"
 
-	"github.com/outpost-metal/outpost/edge/assets"
+	"github.com/outpost-metal/outpost/edge/assetcache"
 )
 
 // PreseedBundle writes an edge asset bundle (outpost-assets.json and the files) for --assets-preseed-dir with
@@ -12,16 +12,16 @@ import (
 // LocalAssets' layout; may be empty) under "install/<schematic>/<version>/<file>", the names the controller's
 // default install URL (/assets/install) asks the edge for.
 func PreseedBundle(images Images, localDir, dir string) error {
-	var files []assets.BundleFile
+	var files []assetcache.BundleFile
 
 	for _, arch := range []string{"x86_64", "amd64"} {
 		files = append(files,
-			assets.BundleFile{Name: assets.AgentName(arch, "vmlinuz"), Source: images.Kernel},
-			assets.BundleFile{Name: assets.AgentName(arch, "initramfs.xz"), Source: images.Initramfs})
+			assetcache.BundleFile{Name: assetcache.AgentName(arch, "vmlinuz"), Source: images.Kernel},
+			assetcache.BundleFile{Name: assetcache.AgentName(arch, "initramfs.xz"), Source: images.Initramfs})
 	}
 
 	if localDir != "" {
-		tree, err := assets.TreeFiles("install", localDir)
+		tree, err := assetcache.TreeFiles("install", localDir)
 		if err != nil {
 			return err
 		}
@@ -29,7 +29,7 @@ func PreseedBundle(images Images, localDir, dir string) error {
 		files = append(files, tree...)
 	}
 
-	if _, err := assets.WriteBundle(dir, files); err != nil {
+	if _, err := assetcache.WriteBundle(dir, files); err != nil {
 		return fmt.Errorf("preseed bundle: %w", err)
 	}
 

@@ -21,7 +21,7 @@ import (
 
 	ctlassets "github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/sites"
-	edgeassets "github.com/outpost-metal/outpost/edge/assets"
+	"github.com/outpost-metal/outpost/edge/assetcache"
 	edgeuplink "github.com/outpost-metal/outpost/edge/uplink"
 	"github.com/outpost-metal/outpost/qemu/linklab"
 	assetsapi "github.com/outpost-metal/outpost/shared/api/assets"
@@ -86,16 +86,16 @@ func BenchmarkAssetsHTTP(b *testing.B) {
 	b.Cleanup(client.CloseIdleConnections)
 
 	b.Run("edge", func(b *testing.B) {
-		cfg := edgeassets.Default()
+		cfg := assetcache.Default()
 		cfg.Dir = filepath.Join(dir, "cache")
 
-		store, err := edgeassets.New(cfg, zap.NewNop(), nil, nil)
+		store, err := assetcache.New(cfg, zap.NewNop(), nil, nil)
 		require.NoError(b, err)
 
 		_, err = store.Import(b.Context(), writeBundle(b, dir, digest, size))
 		require.NoError(b, err)
 
-		served, err := edgeassets.NewHandler(store, filepath.Join(dir, "files"))
+		served, err := assetcache.NewHandler(store, filepath.Join(dir, "files"))
 		require.NoError(b, err)
 		b.Cleanup(func() { served.Close() }) //nolint:errcheck
 
@@ -139,7 +139,7 @@ func writeBundle(b *testing.B, dir, digest string, size int64) string {
 	b.Helper()
 
 	manifest := fmt.Sprintf(`{"version":1,"assets":[{"name":"agent/amd64/initramfs","sha256":%q,"size":%d,"path":%q}]}`, digest, size, digest)
-	require.NoError(b, os.WriteFile(filepath.Join(dir, edgeassets.BundleManifestName), []byte(manifest), 0o644))
+	require.NoError(b, os.WriteFile(filepath.Join(dir, assetcache.BundleManifestName), []byte(manifest), 0o644))
 
 	return dir
 }
@@ -251,8 +251,8 @@ func BenchmarkRelay(b *testing.B) {
 
 		b.Cleanup(func() { conn.Close() }) //nolint:errcheck
 
-		src := edgeassets.RelaySource{Client: assetsapi.NewAssetRelayClient(conn)}
-		ref := edgeassets.Ref{Name: "agent/amd64/initramfs", SHA256: digest, Size: size}
+		src := assetcache.RelaySource{Client: assetsapi.NewAssetRelayClient(conn)}
+		ref := assetcache.Ref{Name: "agent/amd64/initramfs", SHA256: digest, Size: size}
 
 		b.SetBytes(size)
 		b.ResetTimer()
@@ -260,10 +260,10 @@ func BenchmarkRelay(b *testing.B) {
 		for b.Loop() {
 			b.StopTimer()
 
-			cfg := edgeassets.Default()
+			cfg := assetcache.Default()
 			cfg.Dir = b.TempDir()
 
-			store, err := edgeassets.New(cfg, zap.NewNop(), nil, nil)
+			store, err := assetcache.New(cfg, zap.NewNop(), nil, nil)
 			require.NoError(b, err)
 
 			b.StartTimer()
@@ -291,8 +291,8 @@ func BenchmarkRelay(b *testing.B) {
 			}},
 		}})
 
-		src := edgeassets.RelaySource{Client: assetsapi.NewAssetRelayClient(<-conns)}
-		ref := edgeassets.Ref{Name: "agent/amd64/initramfs", SHA256: digest, Size: size}
+		src := assetcache.RelaySource{Client: assetsapi.NewAssetRelayClient(<-conns)}
+		ref := assetcache.Ref{Name: "agent/amd64/initramfs", SHA256: digest, Size: size}
 
 		b.SetBytes(size)
 		b.ResetTimer()
@@ -300,10 +300,10 @@ func BenchmarkRelay(b *testing.B) {
 		for b.Loop() {
 			b.StopTimer()
 
-			cfg := edgeassets.Default()
+			cfg := assetcache.Default()
 			cfg.Dir = b.TempDir()
 
-			store, err := edgeassets.New(cfg, zap.NewNop(), nil, nil)
+			store, err := assetcache.New(cfg, zap.NewNop(), nil, nil)
 			require.NoError(b, err)
 
 			b.StartTimer()

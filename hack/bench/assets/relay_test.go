@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	ctlassets "github.com/outpost-metal/outpost/controller/assets"
-	edgeassets "github.com/outpost-metal/outpost/edge/assets"
+	"github.com/outpost-metal/outpost/edge/assetcache"
 	assetsapi "github.com/outpost-metal/outpost/shared/api/assets"
 )
 
@@ -78,18 +78,18 @@ func TestRelayResumesAfterCut(t *testing.T) {
 
 	t.Cleanup(func() { conn.Close() }) //nolint:errcheck
 
-	cfg := edgeassets.Default()
+	cfg := assetcache.Default()
 	cfg.Dir = t.TempDir()
 	cfg.RetryBackoff = 50 * time.Millisecond
 
-	store, err := edgeassets.New(cfg, zaptest.NewLogger(t), nil, nil)
+	store, err := assetcache.New(cfg, zaptest.NewLogger(t), nil, nil)
 	require.NoError(t, err)
 
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 
-	ref := edgeassets.Ref{Name: edgeassets.AgentName("amd64", edgeassets.KindInitramfs), SHA256: digest, Size: size}
-	require.NoError(t, store.Put(ctx, ref, edgeassets.RelaySource{Client: assetsapi.NewAssetRelayClient(conn)}))
+	ref := assetcache.Ref{Name: assetcache.AgentName("amd64", assetcache.KindInitramfs), SHA256: digest, Size: size}
+	require.NoError(t, store.Put(ctx, ref, assetcache.RelaySource{Client: assetsapi.NewAssetRelayClient(conn)}))
 
 	require.Equal(t, int32(1), ln.cuts.Load(), "the connection was never cut")
 	require.NoError(t, store.Check(digest, true))

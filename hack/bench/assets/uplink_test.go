@@ -13,7 +13,7 @@ import (
 
 	ctlassets "github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/sites"
-	edgeassets "github.com/outpost-metal/outpost/edge/assets"
+	"github.com/outpost-metal/outpost/edge/assetcache"
 	edgeuplink "github.com/outpost-metal/outpost/edge/uplink"
 	"github.com/outpost-metal/outpost/qemu/linklab"
 	assetsapi "github.com/outpost-metal/outpost/shared/api/assets"
@@ -31,7 +31,7 @@ func TestRelayOverUplinkResumesAfterCut(t *testing.T) {
 
 	ctlDir := t.TempDir()
 	digest := writeRandomFile(t, ctlDir, size)
-	ref := &assetsapi.AssetRef{Name: edgeassets.AgentName("amd64", edgeassets.KindInitramfs), Sha256: digest, Size: size}
+	ref := &assetsapi.AssetRef{Name: assetcache.AgentName("amd64", assetcache.KindInitramfs), Sha256: digest, Size: size}
 
 	catalog := ctlassets.NewCatalog(assetsapi.Policy_POLICY_OFFLINE, nil)
 	catalog.SetNeeded("site-a", []*assetsapi.AssetRef{ref})
@@ -48,17 +48,17 @@ func TestRelayOverUplinkResumesAfterCut(t *testing.T) {
 	token := ctl.CreateSite(t, "site-a", sites.TokenOptions{})
 	wan := linklab.StartProxy(t, ctl.Addr)
 
-	cfg := edgeassets.Default()
+	cfg := assetcache.Default()
 	cfg.Dir = t.TempDir()
 	cfg.RetryBackoff = 20 * time.Millisecond
 
-	store, err := edgeassets.New(cfg, zaptest.NewLogger(t), nil, nil)
+	store, err := assetcache.New(cfg, zaptest.NewLogger(t), nil, nil)
 	require.NoError(t, err)
 
-	fcfg := edgeassets.DefaultFetcher()
-	fcfg.Policy = edgeassets.PolicyOffline
+	fcfg := assetcache.DefaultFetcher()
+	fcfg.Policy = assetcache.PolicyOffline
 
-	fetcher, err := edgeassets.NewFetcher(fcfg, store, nil, zaptest.NewLogger(t))
+	fetcher, err := assetcache.NewFetcher(fcfg, store, nil, zaptest.NewLogger(t))
 	require.NoError(t, err)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -72,7 +72,7 @@ func TestRelayOverUplinkResumesAfterCut(t *testing.T) {
 	})
 
 	linklab.StartEdge(t, wan.Addr, token, linklab.EdgeOptions{Options: edgeuplink.Options{
-		Register:  []func(grpc.ServiceRegistrar){edgeassets.NewService(fetcher).Register},
+		Register:  []func(grpc.ServiceRegistrar){assetcache.NewService(fetcher).Register},
 		OnSession: []edgeuplink.SessionFunc{fetcher.OnSession},
 	}})
 

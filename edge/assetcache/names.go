@@ -1,9 +1,9 @@
-// Package assets is the edge's boot-asset cache: content-addressed files (SHA-256) under the state
+// Package assetcache is the edge's boot-asset cache: content-addressed files (SHA-256) under the state
 // directory with a manifest of logical names, filled by verified downloads (image factory or relay from
 // the controller) or by import from a directory or tarball, bounded by a size cap with least-recently-used
 // eviction that never removes what a current boot plan needs. Handler owns /assets/ on the edge: the cache
 // first, then plain files an operator placed in a files directory, with Range, HEAD, ETag and sendfile.
-package assets
+package assetcache
 
 import (
 	"encoding/hex"

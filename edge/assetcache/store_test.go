@@ -1,4 +1,4 @@
-package assets_test
+package assetcache_test
 
 import (
 	"bytes"
@@ -20,7 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/outpost-metal/outpost/edge/assets"
+	"github.com/outpost-metal/outpost/edge/assetcache"
 )
 
 func blob(t testing.TB, n int) ([]byte, string) {
@@ -47,16 +47,16 @@ func (n *neededSet) NeededDigests() []string {
 	return append([]string(nil), n.digests...)
 }
 
-func newStore(t testing.TB, dir string, maxBytes int64, needed assets.NeededSet) *assets.Store {
+func newStore(t testing.TB, dir string, maxBytes int64, needed assetcache.NeededSet) *assetcache.Store {
 	t.Helper()
 
-	cfg := assets.Default()
+	cfg := assetcache.Default()
 	cfg.Dir = dir
 	cfg.MaxBytes = maxBytes
 	cfg.RetryBackoff = time.Millisecond
 	cfg.Attempts = 3
 
-	s, err := assets.New(cfg, zaptest.NewLogger(t), needed, nil)
+	s, err := assetcache.New(cfg, zaptest.NewLogger(t), needed, nil)
 	require.NoError(t, err)
 
 	return s
@@ -73,7 +73,7 @@ type bytesSource struct {
 
 func (b *bytesSource) Name() string { return "test" }
 
-func (b *bytesSource) Open(_ context.Context, _ assets.Ref, offset int64) (io.ReadCloser, error) {
+func (b *bytesSource) Open(_ context.Context, _ assetcache.Ref, offset int64) (io.ReadCloser, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 
@@ -103,7 +103,7 @@ type blockingSource struct {
 
 func (b *blockingSource) Name() string { return "blocking" }
 
-func (b *blockingSource) Open(ctx context.Context, _ assets.Ref, offset int64) (io.ReadCloser, error) {
+func (b *blockingSource) Open(ctx context.Context, _ assetcache.Ref, offset int64) (io.ReadCloser, error) {
 	pr, pw := io.Pipe()
 
 	go func() {
@@ -117,7 +117,7 @@ func (b *blockingSource) Open(ctx context.Context, _ assets.Ref, offset int64) (
 }
 
 // readAsset returns what the store serves under name.
-func readAsset(t *testing.T, s *assets.Store, name string) []byte {
+func readAsset(t *testing.T, s *assetcache.Store, name string) []byte {
 	t.Helper()
 
 	f, _, err := s.Open(name)
@@ -155,7 +155,7 @@ func TestInterruptedDownloadLeavesNoVisibleAsset(t *testing.T) {
 	dir := t.TempDir()
 	s := newStore(t, dir, 1<<30, nil)
 	data, sum := blob(t, 1<<20)
-	ref := assets.Ref{Name: assets.AgentName("amd64", assets.KindKernel), SHA256: sum, Size: int64(len(data))}
+	ref := assetcache.Ref{Name: assetcache.AgentName("amd64", assetcache.KindKernel), SHA256: sum, Size: int64(len(data))}
 
 	ctx, cancel := context.WithCancel(t.Context())
 	src := &blockingSource{data: data, started: make(chan struct{})}
@@ -171,7 +171,7 @@ func TestInterruptedDownloadLeavesNoVisibleAsset(t *testing.T) {
 	require.False(t, s.Has(sum))
 
 	_, _, err = s.Open(ref.Name)
-	require.ErrorIs(t, err, assets.ErrNotFound)
+	require.ErrorIs(t, err, assetcache.ErrNotFound)
 	require.Equal(t, []string{filepath.Join("tmp", sum+".partial")}, visibleFiles(t, dir), "only the partial file, outside the cache")
 
 	// a new store over the same directory (the edge restarted) shows nothing of it...
@@ -197,7 +197,7 @@ func TestCompletePartialDownloadIsCommitted(t *testing.T) {
 	dir := t.TempDir()
 	s := newStore(t, dir, 1<<30, nil)
 	data, sum := blob(t, 64<<10)
-	ref := assets.Ref{Name: "agent/amd64/initramfs", SHA256: sum, Size: int64(len(data))}
+	ref := assetcache.Ref{Name: "agent/amd64/initramfs", SHA256: sum, Size: int64(len(data))}
 
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "tmp", sum+".partial"), data, 0o600))
 
@@ -215,7 +215,7 @@ func TestBusyPartialDownloadUsesAPrivateFile(t *testing.T) {
 	dir := t.TempDir()
 	s := newStore(t, dir, 1<<30, nil)
 	data, sum := blob(t, 64<<10)
-	ref := assets.Ref{Name: "agent/amd64/initramfs", SHA256: sum, Size: int64(len(data))}
+	ref := assetcache.Ref{Name: "agent/amd64/initramfs", SHA256: sum, Size: int64(len(data))}
 
 	held, err := os.OpenFile(filepath.Join(dir, "tmp", sum+".partial"), os.O_RDWR|os.O_CREATE, 0o600)
 	require.NoError(t, err)
@@ -246,14 +246,14 @@ func TestCorruptPartialDownloadStartsAfresh(t *testing.T) {
 	dir := t.TempDir()
 	s := newStore(t, dir, 1<<30, nil)
 	data, sum := blob(t, 256<<10)
-	ref := assets.Ref{Name: "agent/amd64/initramfs", SHA256: sum, Size: int64(len(data))}
+	ref := assetcache.Ref{Name: "agent/amd64/initramfs", SHA256: sum, Size: int64(len(data))}
 
 	bad := append([]byte(nil), data[:100<<10]...)
 	bad[10] ^= 0xff
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "tmp", sum+".partial"), bad, 0o600))
 
 	first := &bytesSource{data: data}
-	require.ErrorIs(t, s.Put(t.Context(), ref, first), assets.ErrDigestMismatch)
+	require.ErrorIs(t, s.Put(t.Context(), ref, first), assetcache.ErrDigestMismatch)
 	require.Equal(t, []int64{100 << 10}, first.offsets)
 	require.Empty(t, visibleFiles(t, dir), "the bad partial is gone")
 
@@ -269,7 +269,7 @@ func TestPutResumesAfterCut(t *testing.T) {
 	s := newStore(t, t.TempDir(), 1<<30, nil)
 	data, sum := blob(t, 300<<10)
 	src := &bytesSource{data: data, cuts: 3, cutAt: 64 << 10}
-	ref := assets.Ref{Name: "agent/amd64/initramfs", SHA256: sum, Size: int64(len(data))}
+	ref := assetcache.Ref{Name: "agent/amd64/initramfs", SHA256: sum, Size: int64(len(data))}
 
 	require.NoError(t, s.Put(t.Context(), ref, src))
 	require.Equal(t, []int64{0, 64 << 10, 128 << 10, 192 << 10}, src.offsets)
@@ -293,15 +293,15 @@ func TestPutRefusesBadContent(t *testing.T) {
 
 	tests := []struct {
 		name   string
-		ref    assets.Ref
+		ref    assetcache.Ref
 		src    []byte
 		want   error
 		reason string
 	}{
-		{name: "digest mismatch", ref: assets.Ref{Name: "a/kernel", SHA256: sum, Size: 4096}, src: changed, want: assets.ErrDigestMismatch, reason: "digest_mismatch"},
-		{name: "source longer than size", ref: assets.Ref{Name: "a/kernel", SHA256: sum, Size: 4000}, src: data, want: assets.ErrSizeMismatch, reason: "size_mismatch"},
-		{name: "traversal in name", ref: assets.Ref{Name: "../../etc/passwd", SHA256: sum, Size: 4096}, src: data, want: assets.ErrBadName, reason: "bad_ref"},
-		{name: "bad digest", ref: assets.Ref{Name: "a/kernel", SHA256: "abc", Size: 4096}, src: data, want: assets.ErrBadDigest, reason: "bad_ref"},
+		{name: "digest mismatch", ref: assetcache.Ref{Name: "a/kernel", SHA256: sum, Size: 4096}, src: changed, want: assetcache.ErrDigestMismatch, reason: "digest_mismatch"},
+		{name: "source longer than size", ref: assetcache.Ref{Name: "a/kernel", SHA256: sum, Size: 4000}, src: data, want: assetcache.ErrSizeMismatch, reason: "size_mismatch"},
+		{name: "traversal in name", ref: assetcache.Ref{Name: "../../etc/passwd", SHA256: sum, Size: 4096}, src: data, want: assetcache.ErrBadName, reason: "bad_ref"},
+		{name: "bad digest", ref: assetcache.Ref{Name: "a/kernel", SHA256: "abc", Size: 4096}, src: data, want: assetcache.ErrBadDigest, reason: "bad_ref"},
 	}
 
 	for _, tt := range tests {
@@ -329,16 +329,16 @@ func TestEvictionNeverRemovesNeeded(t *testing.T) {
 	clock := func() time.Time { now = now.Add(time.Second); return now }
 
 	needed := &neededSet{}
-	cfg := assets.Default()
+	cfg := assetcache.Default()
 	cfg.Dir = t.TempDir()
 	cfg.MaxBytes = 3 << 20
 
-	s, err := assets.New(cfg, zaptest.NewLogger(t), needed, clock)
+	s, err := assetcache.New(cfg, zaptest.NewLogger(t), needed, clock)
 	require.NoError(t, err)
 
 	put := func(name string) string {
 		data, sum := blob(t, 1<<20)
-		require.NoError(t, s.Put(t.Context(), assets.Ref{Name: name, SHA256: sum, Size: int64(len(data))}, &bytesSource{data: data}))
+		require.NoError(t, s.Put(t.Context(), assetcache.Ref{Name: name, SHA256: sum, Size: int64(len(data))}, &bytesSource{data: data}))
 
 		return sum
 	}
@@ -364,16 +364,16 @@ func TestEvictionNeverRemovesNeeded(t *testing.T) {
 	// everything needed: a new asset does not fit and nothing is evicted
 	needed.digests = []string{a, b, d}
 	data, sum := blob(t, 1<<20)
-	err = s.Put(t.Context(), assets.Ref{Name: "talos/v1.9.3/abc/amd64/kernel", SHA256: sum, Size: int64(len(data))}, &bytesSource{data: data})
-	require.ErrorIs(t, err, assets.ErrNoSpace)
+	err = s.Put(t.Context(), assetcache.Ref{Name: "talos/v1.9.3/abc/amd64/kernel", SHA256: sum, Size: int64(len(data))}, &bytesSource{data: data})
+	require.ErrorIs(t, err, assetcache.ErrNoSpace)
 	require.True(t, s.Has(a) && s.Has(b) && s.Has(d))
 
 	// explicit eviction of a needed asset is refused
 	evicted, refused, err := s.Evict(a, c)
 	require.NoError(t, err)
 	require.Empty(t, evicted)
-	require.ErrorIs(t, refused[a], assets.ErrNeeded)
-	require.ErrorIs(t, refused[c], assets.ErrNotFound)
+	require.ErrorIs(t, refused[a], assetcache.ErrNeeded)
+	require.ErrorIs(t, refused[c], assetcache.ErrNotFound)
 }
 
 func TestCheckDetectsCorruption(t *testing.T) {
@@ -382,12 +382,12 @@ func TestCheckDetectsCorruption(t *testing.T) {
 	dir := t.TempDir()
 	s := newStore(t, dir, 1<<30, nil)
 	data, sum := blob(t, 8192)
-	require.NoError(t, s.Put(t.Context(), assets.Ref{Name: "a/k", SHA256: sum, Size: 8192}, &bytesSource{data: data}))
+	require.NoError(t, s.Put(t.Context(), assetcache.Ref{Name: "a/k", SHA256: sum, Size: 8192}, &bytesSource{data: data}))
 	require.NoError(t, s.Check(sum, false))
 
 	corrupt(t, filepath.Join(dir, "blobs", "sha256", sum))
 
-	require.ErrorIs(t, s.Check(sum, false), assets.ErrCorrupt)
+	require.ErrorIs(t, s.Check(sum, false), assetcache.ErrCorrupt)
 	require.False(t, s.Has(sum))
 	require.Equal(t, 1.0, s.ErrorCount("corrupt"))
 }
@@ -432,12 +432,12 @@ func TestDiskFullMidDownload(t *testing.T) {
 	s := newStore(t, dir, 1<<30, nil)
 
 	small, smallSum := blob(t, 100<<10)
-	require.NoError(t, s.Put(t.Context(), assets.Ref{Name: "agent/amd64/cmdline", SHA256: smallSum, Size: int64(len(small))}, &bytesSource{data: small}))
+	require.NoError(t, s.Put(t.Context(), assetcache.Ref{Name: "agent/amd64/cmdline", SHA256: smallSum, Size: int64(len(small))}, &bytesSource{data: small}))
 
 	big, bigSum := blob(t, 2<<20)
-	err = s.Put(t.Context(), assets.Ref{Name: "agent/amd64/initramfs", SHA256: bigSum, Size: int64(len(big))}, &bytesSource{data: big})
+	err = s.Put(t.Context(), assetcache.Ref{Name: "agent/amd64/initramfs", SHA256: bigSum, Size: int64(len(big))}, &bytesSource{data: big})
 	require.Error(t, err)
-	require.True(t, assets.IsDiskFull(err), "want a disk-full error, got %v", err)
+	require.True(t, assetcache.IsDiskFull(err), "want a disk-full error, got %v", err)
 	require.Contains(t, err.Error(), "no space left on device")
 	require.Equal(t, 1.0, s.ErrorCount("disk_full"))
 	require.False(t, s.Has(bigSum))
@@ -455,7 +455,7 @@ func TestSecondProcessSeesImport(t *testing.T) {
 	tool := newStore(t, dir, 1<<30, nil)
 
 	data, sum := blob(t, 1000)
-	require.NoError(t, tool.Put(t.Context(), assets.Ref{Name: "agent/amd64/kernel", SHA256: sum, Size: 1000}, &bytesSource{data: data}))
+	require.NoError(t, tool.Put(t.Context(), assetcache.Ref{Name: "agent/amd64/kernel", SHA256: sum, Size: 1000}, &bytesSource{data: data}))
 
 	e, err := edge.Lookup("agent/amd64/kernel")
 	require.NoError(t, err)
@@ -488,11 +488,11 @@ func TestValidateName(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 
-			err := assets.ValidateName(tt.in)
+			err := assetcache.ValidateName(tt.in)
 			if tt.ok {
 				require.NoError(t, err)
 			} else {
-				require.ErrorIs(t, err, assets.ErrBadName)
+				require.ErrorIs(t, err, assetcache.ErrBadName)
 			}
 		})
 	}
@@ -504,7 +504,7 @@ func FuzzValidateName(f *testing.F) {
 	}
 
 	f.Fuzz(func(t *testing.T, name string) {
-		if assets.ValidateName(name) != nil {
+		if assetcache.ValidateName(name) != nil {
 			return
 		}
 
@@ -519,8 +519,8 @@ type refusingSource struct{}
 
 func (refusingSource) Name() string { return "relay" }
 
-func (refusingSource) Open(context.Context, assets.Ref, int64) (io.ReadCloser, error) {
-	return nil, assets.PermanentError(errors.New("relay: asset unknown"))
+func (refusingSource) Open(context.Context, assetcache.Ref, int64) (io.ReadCloser, error) {
+	return nil, assetcache.PermanentError(errors.New("relay: asset unknown"))
 }
 
 // A source refusing an asset is the source's error, not the cache's: counted as such, tried once.
@@ -530,7 +530,7 @@ func TestRefusedBySourceCountedAsSource(t *testing.T) {
 	s := newStore(t, t.TempDir(), 1<<20, nil)
 	_, sum := blob(t, 100)
 
-	err := s.Put(t.Context(), assets.Ref{Name: "agent/amd64/kernel", SHA256: sum, Size: 100}, refusingSource{})
+	err := s.Put(t.Context(), assetcache.Ref{Name: "agent/amd64/kernel", SHA256: sum, Size: 100}, refusingSource{})
 	require.ErrorContains(t, err, "asset unknown")
 	require.Equal(t, 1.0, s.ErrorCount("source"))
 	require.Zero(t, s.ErrorCount("write"))

@@ -1,4 +1,4 @@
-package assets_test
+package assetcache_test
 
 import (
 	"bytes"
@@ -16,25 +16,25 @@ import (
 	"go.uber.org/goleak"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/outpost-metal/outpost/edge/assets"
+	"github.com/outpost-metal/outpost/edge/assetcache"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-func startFetcher(t *testing.T, s *assets.Store, policy assets.Policy, client *http.Client) *assets.Fetcher {
+func startFetcher(t *testing.T, s *assetcache.Store, policy assetcache.Policy, client *http.Client) *assetcache.Fetcher {
 	t.Helper()
 
-	cfg := assets.DefaultFetcher()
+	cfg := assetcache.DefaultFetcher()
 	cfg.Policy = policy
 
-	var src assets.Source
+	var src assetcache.Source
 	if client != nil {
-		src = assets.HTTPSource{Client: client}
+		src = assetcache.HTTPSource{Client: client}
 	}
 
-	f, err := assets.NewFetcher(cfg, s, src, zaptest.NewLogger(t))
+	f, err := assetcache.NewFetcher(cfg, s, src, zaptest.NewLogger(t))
 	require.NoError(t, err)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -50,7 +50,7 @@ func startFetcher(t *testing.T, s *assets.Store, policy assets.Policy, client *h
 	return f
 }
 
-func waitState(t *testing.T, f *assets.Fetcher, digest string, want assets.State) {
+func waitState(t *testing.T, f *assetcache.Fetcher, digest string, want assetcache.State) {
 	t.Helper()
 
 	require.Eventually(t, func() bool {
@@ -79,29 +79,29 @@ func TestCorruptAssetIsRefetched(t *testing.T) {
 
 	dir := t.TempDir()
 	s := newStore(t, dir, 1<<30, nil)
-	f := startFetcher(t, s, assets.PolicyCache, factory.Client())
-	ref := assets.Ref{Name: assets.TalosName("v1.9.3", "abc123", "amd64", assets.KindKernel), SHA256: sum, Size: int64(len(data)), URLs: []string{factory.URL + "/image/kernel-amd64"}}
+	f := startFetcher(t, s, assetcache.PolicyCache, factory.Client())
+	ref := assetcache.Ref{Name: assetcache.TalosName("v1.9.3", "abc123", "amd64", assetcache.KindKernel), SHA256: sum, Size: int64(len(data)), URLs: []string{factory.URL + "/image/kernel-amd64"}}
 
 	// before it is cached, boot scripts pass through to the factory
 	loc, err := f.Locate(ref)
 	require.NoError(t, err)
 	require.Equal(t, ref.URLs[0], loc.URL)
 
-	sts, err := f.Ensure(assets.PolicyCache, []assets.Ref{ref})
+	sts, err := f.Ensure(assetcache.PolicyCache, []assetcache.Ref{ref})
 	require.NoError(t, err)
-	require.Equal(t, assets.StateFetching, sts[0].State)
-	waitState(t, f, sum, assets.StatePresent)
+	require.Equal(t, assetcache.StateFetching, sts[0].State)
+	waitState(t, f, sum, assetcache.StatePresent)
 
 	loc, err = f.Locate(ref)
 	require.NoError(t, err)
-	require.Equal(t, assets.Location{Local: true, Path: "/assets/" + sum}, loc)
+	require.Equal(t, assetcache.Location{Local: true, Path: "/assets/" + sum}, loc)
 
 	corrupt(t, filepath.Join(dir, "blobs", "sha256", sum))
 
-	sts, err = f.Ensure(assets.PolicyCache, []assets.Ref{ref})
+	sts, err = f.Ensure(assetcache.PolicyCache, []assetcache.Ref{ref})
 	require.NoError(t, err)
-	require.Equal(t, assets.StateFetching, sts[0].State, "corruption not detected")
-	waitState(t, f, sum, assets.StatePresent)
+	require.Equal(t, assetcache.StateFetching, sts[0].State, "corruption not detected")
+	waitState(t, f, sum, assetcache.StatePresent)
 	require.Equal(t, int32(2), gets.Load())
 	require.NoError(t, s.Check(sum, true))
 	require.Equal(t, 1.0, s.ErrorCount("corrupt"))
@@ -119,21 +119,21 @@ func TestOfflinePolicy(t *testing.T) {
 	t.Cleanup(factory.Close)
 
 	s := newStore(t, t.TempDir(), 1<<30, nil)
-	f := startFetcher(t, s, assets.PolicyOffline, factory.Client())
+	f := startFetcher(t, s, assetcache.PolicyOffline, factory.Client())
 	data, sum := blob(t, 1000)
-	ref := assets.Ref{Name: "agent/amd64/kernel", SHA256: sum, Size: 1000, URLs: []string{factory.URL}}
+	ref := assetcache.Ref{Name: "agent/amd64/kernel", SHA256: sum, Size: 1000, URLs: []string{factory.URL}}
 
-	sts, err := f.Ensure(assets.PolicyOffline, []assets.Ref{ref})
+	sts, err := f.Ensure(assetcache.PolicyOffline, []assetcache.Ref{ref})
 	require.NoError(t, err)
-	require.Equal(t, assets.StateMissing, sts[0].State)
+	require.Equal(t, assetcache.StateMissing, sts[0].State)
 
 	_, err = f.Locate(ref)
-	require.ErrorIs(t, err, assets.ErrUnavailable)
+	require.ErrorIs(t, err, assetcache.ErrUnavailable)
 
 	// a boot plan asking for another missing asset gets it reported too
 	other, otherSum := blob(t, 10)
-	_, err = f.Locate(assets.Ref{Name: "agent/arm64/kernel", SHA256: otherSum, Size: 10})
-	require.ErrorIs(t, err, assets.ErrUnavailable)
+	_, err = f.Locate(assetcache.Ref{Name: "agent/arm64/kernel", SHA256: otherSum, Size: 10})
+	require.ErrorIs(t, err, assetcache.ErrUnavailable)
 
 	rep := f.Report()
 	require.Len(t, rep.GetAssets(), 2) // sorted by name: agent/amd64/kernel, agent/arm64/kernel
@@ -145,8 +145,8 @@ func TestOfflinePolicy(t *testing.T) {
 
 	// a relay appears (uplink session): the missing assets are fetched through it, never from the factory
 	f.SetRelay(&multiSource{byDigest: map[string][]byte{sum: data, otherSum: other}})
-	waitState(t, f, sum, assets.StatePresent)
-	waitState(t, f, otherSum, assets.StatePresent)
+	waitState(t, f, sum, assetcache.StatePresent)
+	waitState(t, f, otherSum, assetcache.StatePresent)
 	require.Zero(t, gets.Load())
 }
 
@@ -157,10 +157,10 @@ type multiSource struct {
 
 func (m *multiSource) Name() string { return "relay" }
 
-func (m *multiSource) Open(_ context.Context, ref assets.Ref, offset int64) (io.ReadCloser, error) {
+func (m *multiSource) Open(_ context.Context, ref assetcache.Ref, offset int64) (io.ReadCloser, error) {
 	b, ok := m.byDigest[ref.SHA256]
 	if !ok {
-		return nil, assets.PermanentError(errors.New("unknown asset"))
+		return nil, assetcache.PermanentError(errors.New("unknown asset"))
 	}
 
 	return io.NopCloser(bytes.NewReader(b[offset:])), nil

@@ -1,4 +1,4 @@
-package assets_test
+package assetcache_test
 
 import (
 	"io"
@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/outpost-metal/outpost/edge/assets"
+	"github.com/outpost-metal/outpost/edge/assetcache"
 )
 
 func TestHandler(t *testing.T) {
@@ -18,7 +18,7 @@ func TestHandler(t *testing.T) {
 
 	s := newStore(t, t.TempDir(), 1<<30, nil)
 	data, sum := blob(t, 10000)
-	require.NoError(t, s.Put(t.Context(), assets.Ref{Name: "agent/amd64/kernel", SHA256: sum, Size: 10000}, &bytesSource{data: data}))
+	require.NoError(t, s.Put(t.Context(), assetcache.Ref{Name: "agent/amd64/kernel", SHA256: sum, Size: 10000}, &bytesSource{data: data}))
 
 	// The files directory: a plain file, a file under a name the cache also holds (the cache wins) and a
 	// directory (not served).
@@ -27,7 +27,7 @@ func TestHandler(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(files, "agent/amd64/kernel"), []byte("shadowed"), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(files, "plain"), []byte("from the directory"), 0o644))
 
-	h, err := assets.NewHandler(s, files)
+	h, err := assetcache.NewHandler(s, files)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, h.Close()) })
 

@@ -1,4 +1,4 @@
-package assets_test
+package assetcache_test
 
 import (
 	"testing"
@@ -6,7 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/outpost-metal/outpost/edge/assets"
+	"github.com/outpost-metal/outpost/edge/assetcache"
 )
 
 // What the controller asked a fetcher to hold is never evicted from its store, with no NeededSet given.
@@ -20,22 +20,22 @@ func TestFetcherHoldsWhatItWasAskedFor(t *testing.T) {
 
 	for _, b := range []struct {
 		data []byte
-		ref  assets.Ref
+		ref  assetcache.Ref
 	}{
-		{held, assets.Ref{Name: "a/held", SHA256: heldSum, Size: 1000}},
-		{other, assets.Ref{Name: "a/other", SHA256: otherSum, Size: 1000}},
+		{held, assetcache.Ref{Name: "a/held", SHA256: heldSum, Size: 1000}},
+		{other, assetcache.Ref{Name: "a/other", SHA256: otherSum, Size: 1000}},
 	} {
 		require.NoError(t, s.Put(t.Context(), b.ref, &bytesSource{data: b.data}))
 	}
 
-	f, err := assets.NewFetcher(assets.DefaultFetcher(), s, nil, zaptest.NewLogger(t))
+	f, err := assetcache.NewFetcher(assetcache.DefaultFetcher(), s, nil, zaptest.NewLogger(t))
 	require.NoError(t, err)
 
-	_, err = f.Ensure(assets.PolicyCache, []assets.Ref{{Name: "a/held", SHA256: heldSum, Size: 1000}})
+	_, err = f.Ensure(assetcache.PolicyCache, []assetcache.Ref{{Name: "a/held", SHA256: heldSum, Size: 1000}})
 	require.NoError(t, err)
 
 	evicted, refused, err := s.Evict(heldSum, otherSum)
 	require.NoError(t, err)
 	require.Equal(t, []string{otherSum}, evicted)
-	require.ErrorIs(t, refused[heldSum], assets.ErrNeeded)
+	require.ErrorIs(t, refused[heldSum], assetcache.ErrNeeded)
 }

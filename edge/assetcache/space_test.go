@@ -1,4 +1,4 @@
-package assets_test
+package assetcache_test
 
 import (
 	"testing"
@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/outpost-metal/outpost/edge/assets"
+	"github.com/outpost-metal/outpost/edge/assetcache"
 )
 
 func TestLRUVictims(t *testing.T) {
@@ -15,7 +15,7 @@ func TestLRUVictims(t *testing.T) {
 	at := func(sec int64) time.Time { return time.Unix(1_700_000_000+sec, 0) }
 
 	// 100 bytes each, "a" the least recently used
-	abc := map[string]assets.CachedBlob{
+	abc := map[string]assetcache.CachedBlob{
 		"a": {Size: 100, LastUsed: at(1)},
 		"b": {Size: 100, LastUsed: at(2)},
 		"c": {Size: 100, LastUsed: at(3)},
@@ -23,7 +23,7 @@ func TestLRUVictims(t *testing.T) {
 
 	tests := []struct {
 		name     string
-		blobs    map[string]assets.CachedBlob
+		blobs    map[string]assetcache.CachedBlob
 		busy     []string
 		reserved int64
 		size     int64
@@ -40,24 +40,24 @@ func TestLRUVictims(t *testing.T) {
 		{name: "reserved bytes count", blobs: abc, reserved: 100, size: 100, max: 400, want: []string{"a"}},
 		{
 			name: "equally recent by digest",
-			blobs: map[string]assets.CachedBlob{
+			blobs: map[string]assetcache.CachedBlob{
 				"d": {Size: 100, LastUsed: at(1)},
 				"c": {Size: 100, LastUsed: at(1)},
 				"e": {Size: 100, LastUsed: at(2)},
 			},
 			size: 100, max: 300, want: []string{"c"},
 		},
-		{name: "everything busy", blobs: abc, busy: []string{"a", "b", "c"}, size: 100, max: 300, wantErr: assets.ErrNoSpace},
-		{name: "not enough evictable", blobs: abc, busy: []string{"b", "c"}, size: 150, max: 300, wantErr: assets.ErrNoSpace},
-		{name: "reserved bytes cannot be evicted", blobs: abc, reserved: 250, size: 100, max: 300, wantErr: assets.ErrNoSpace},
-		{name: "larger than the cap", size: 101, max: 100, wantErr: assets.ErrNoSpace},
+		{name: "everything busy", blobs: abc, busy: []string{"a", "b", "c"}, size: 100, max: 300, wantErr: assetcache.ErrNoSpace},
+		{name: "not enough evictable", blobs: abc, busy: []string{"b", "c"}, size: 150, max: 300, wantErr: assetcache.ErrNoSpace},
+		{name: "reserved bytes cannot be evicted", blobs: abc, reserved: 250, size: 100, max: 300, wantErr: assetcache.ErrNoSpace},
+		{name: "larger than the cap", size: 101, max: 100, wantErr: assetcache.ErrNoSpace},
 	}
 
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 
-			got, err := assets.LRUVictims(tt.blobs, tt.busy, tt.reserved, tt.size, tt.max)
+			got, err := assetcache.LRUVictims(tt.blobs, tt.busy, tt.reserved, tt.size, tt.max)
 			if tt.wantErr != nil {
 				require.ErrorIs(t, err, tt.wantErr)
 				require.Empty(t, got)

@@ -1,4 +1,4 @@
-package assets_test
+package assetcache_test
 
 import (
 	"archive/tar"
@@ -12,7 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/outpost-metal/outpost/edge/assets"
+	"github.com/outpost-metal/outpost/edge/assetcache"
 )
 
 type tarEntry struct {
@@ -57,10 +57,10 @@ func writeTar(t *testing.T, path string, gz bool, entries []tarEntry) {
 	require.NoError(t, os.WriteFile(path, buf.Bytes(), 0o644))
 }
 
-func bundleJSON(t *testing.T, items ...assets.BundleAsset) []byte {
+func bundleJSON(t *testing.T, items ...assetcache.BundleAsset) []byte {
 	t.Helper()
 
-	b, err := json.Marshal(assets.Bundle{Version: 1, Assets: items})
+	b, err := json.Marshal(assetcache.Bundle{Version: 1, Assets: items})
 	require.NoError(t, err)
 
 	return b
@@ -71,7 +71,7 @@ func TestImportTarball(t *testing.T) {
 
 	kernel, kSum := blob(t, 5000)
 	initrd, iSum := blob(t, 7000)
-	good := []assets.BundleAsset{
+	good := []assetcache.BundleAsset{
 		{Name: "agent/amd64/kernel", SHA256: kSum, Size: 5000, Path: "agent/vmlinuz"},
 		{Name: "agent/amd64/initramfs", SHA256: iSum, Size: 7000, Path: "./agent/initramfs.xz"},
 	}
@@ -88,7 +88,7 @@ func TestImportTarball(t *testing.T) {
 				{name: "agent/", typeflag: tar.TypeDir},
 				{name: "agent/vmlinuz", body: kernel},
 				{name: "agent/initramfs.xz", body: initrd},
-				{name: assets.BundleManifestName, body: bundleJSON(t, good...)},
+				{name: assetcache.BundleManifestName, body: bundleJSON(t, good...)},
 			})
 
 			refs, err := s.Import(t.Context(), file)
@@ -114,7 +114,7 @@ func TestImportTarballRefused(t *testing.T) {
 	t.Parallel()
 
 	kernel, kSum := blob(t, 5000)
-	entry := assets.BundleAsset{Name: "agent/amd64/kernel", SHA256: kSum, Size: 5000, Path: "vmlinuz"}
+	entry := assetcache.BundleAsset{Name: "agent/amd64/kernel", SHA256: kSum, Size: 5000, Path: "vmlinuz"}
 
 	tests := []struct {
 		name    string
@@ -126,55 +126,55 @@ func TestImportTarballRefused(t *testing.T) {
 			name: "entry escaping with dotdot",
 			entries: []tarEntry{
 				{name: "../../escape", body: kernel},
-				{name: assets.BundleManifestName, body: bundleJSON(t, entry)},
+				{name: assetcache.BundleManifestName, body: bundleJSON(t, entry)},
 			},
-			want: assets.ErrTraversal,
+			want: assetcache.ErrTraversal,
 		},
 		{
 			name:    "absolute entry",
 			entries: []tarEntry{{name: "/etc/cron.d/x", body: kernel}},
-			want:    assets.ErrTraversal,
+			want:    assetcache.ErrTraversal,
 		},
 		{
 			name: "symlink entry",
 			entries: []tarEntry{
 				{name: "vmlinuz", typeflag: tar.TypeSymlink, link: "/etc/shadow"},
-				{name: assets.BundleManifestName, body: bundleJSON(t, entry)},
+				{name: assetcache.BundleManifestName, body: bundleJSON(t, entry)},
 			},
-			want: assets.ErrTraversal,
+			want: assetcache.ErrTraversal,
 		},
 		{
 			name: "manifest path escaping",
 			entries: []tarEntry{
 				{name: "vmlinuz", body: kernel},
-				{name: assets.BundleManifestName, body: bundleJSON(t, assets.BundleAsset{Name: entry.Name, SHA256: kSum, Size: 5000, Path: "../vmlinuz"})},
+				{name: assetcache.BundleManifestName, body: bundleJSON(t, assetcache.BundleAsset{Name: entry.Name, SHA256: kSum, Size: 5000, Path: "../vmlinuz"})},
 			},
-			want: assets.ErrTraversal,
+			want: assetcache.ErrTraversal,
 		},
 		{
 			name: "asset name with dotdot",
 			entries: []tarEntry{
 				{name: "vmlinuz", body: kernel},
-				{name: assets.BundleManifestName, body: bundleJSON(t, assets.BundleAsset{Name: "agent/../../x", SHA256: kSum, Size: 5000, Path: "vmlinuz"})},
+				{name: assetcache.BundleManifestName, body: bundleJSON(t, assetcache.BundleAsset{Name: "agent/../../x", SHA256: kSum, Size: 5000, Path: "vmlinuz"})},
 			},
-			want: assets.ErrBadName,
+			want: assetcache.ErrBadName,
 		},
 		{
 			name: "manifest lying about size",
 			entries: []tarEntry{
 				{name: "vmlinuz", body: kernel},
-				{name: assets.BundleManifestName, body: bundleJSON(t, assets.BundleAsset{Name: entry.Name, SHA256: kSum, Size: 4000, Path: "vmlinuz"})},
+				{name: assetcache.BundleManifestName, body: bundleJSON(t, assetcache.BundleAsset{Name: entry.Name, SHA256: kSum, Size: 4000, Path: "vmlinuz"})},
 			},
-			want: assets.ErrSizeMismatch,
+			want: assetcache.ErrSizeMismatch,
 			msg:  "manifest says 4000 bytes, vmlinuz has 5000",
 		},
 		{
 			name: "manifest lying about digest",
 			entries: []tarEntry{
 				{name: "vmlinuz", body: append([]byte{0}, kernel[1:]...)},
-				{name: assets.BundleManifestName, body: bundleJSON(t, entry)},
+				{name: assetcache.BundleManifestName, body: bundleJSON(t, entry)},
 			},
-			want: assets.ErrDigestMismatch,
+			want: assetcache.ErrDigestMismatch,
 		},
 		{
 			name:    "no manifest",
@@ -193,7 +193,7 @@ func TestImportTarballRefused(t *testing.T) {
 
 			// something already cached must survive a refused import
 			old, oldSum := blob(t, 100)
-			require.NoError(t, s.Put(t.Context(), assets.Ref{Name: "agent/arm64/cmdline", SHA256: oldSum, Size: 100}, &bytesSource{data: old}))
+			require.NoError(t, s.Put(t.Context(), assetcache.Ref{Name: "agent/arm64/cmdline", SHA256: oldSum, Size: 100}, &bytesSource{data: old}))
 
 			file := filepath.Join(dir, "bad.tar")
 			writeTar(t, file, false, tt.entries)
@@ -227,47 +227,47 @@ func TestImportDirectory(t *testing.T) {
 
 	tests := []struct {
 		name  string
-		setup func(t *testing.T, dir string) []assets.BundleAsset
+		setup func(t *testing.T, dir string) []assetcache.BundleAsset
 		want  error
 	}{
 		{
 			name: "good",
-			setup: func(t *testing.T, dir string) []assets.BundleAsset {
+			setup: func(t *testing.T, dir string) []assetcache.BundleAsset {
 				require.NoError(t, os.WriteFile(filepath.Join(dir, "vmlinuz"), kernel, 0o644))
 
-				return []assets.BundleAsset{{Name: "agent/amd64/kernel", SHA256: kSum, Size: 3000, Path: "vmlinuz"}}
+				return []assetcache.BundleAsset{{Name: "agent/amd64/kernel", SHA256: kSum, Size: 3000, Path: "vmlinuz"}}
 			},
 		},
 		{
 			name: "symlink out of the directory",
-			setup: func(t *testing.T, dir string) []assets.BundleAsset {
+			setup: func(t *testing.T, dir string) []assetcache.BundleAsset {
 				outside := filepath.Join(t.TempDir(), "secret")
 				require.NoError(t, os.WriteFile(outside, kernel, 0o644))
 				require.NoError(t, os.Symlink(outside, filepath.Join(dir, "vmlinuz")))
 
-				return []assets.BundleAsset{{Name: "agent/amd64/kernel", SHA256: kSum, Size: 3000, Path: "vmlinuz"}}
+				return []assetcache.BundleAsset{{Name: "agent/amd64/kernel", SHA256: kSum, Size: 3000, Path: "vmlinuz"}}
 			},
-			want: assets.ErrTraversal,
+			want: assetcache.ErrTraversal,
 		},
 		{
 			name: "directory symlink out",
-			setup: func(t *testing.T, dir string) []assets.BundleAsset {
+			setup: func(t *testing.T, dir string) []assetcache.BundleAsset {
 				outside := t.TempDir()
 				require.NoError(t, os.WriteFile(filepath.Join(outside, "vmlinuz"), kernel, 0o644))
 				require.NoError(t, os.Symlink(outside, filepath.Join(dir, "sub")))
 
-				return []assets.BundleAsset{{Name: "agent/amd64/kernel", SHA256: kSum, Size: 3000, Path: "sub/vmlinuz"}}
+				return []assetcache.BundleAsset{{Name: "agent/amd64/kernel", SHA256: kSum, Size: 3000, Path: "sub/vmlinuz"}}
 			},
-			want: assets.ErrTraversal,
+			want: assetcache.ErrTraversal,
 		},
 		{
 			name: "size lie",
-			setup: func(t *testing.T, dir string) []assets.BundleAsset {
+			setup: func(t *testing.T, dir string) []assetcache.BundleAsset {
 				require.NoError(t, os.WriteFile(filepath.Join(dir, "vmlinuz"), kernel, 0o644))
 
-				return []assets.BundleAsset{{Name: "agent/amd64/kernel", SHA256: kSum, Size: 30000, Path: "vmlinuz"}}
+				return []assetcache.BundleAsset{{Name: "agent/amd64/kernel", SHA256: kSum, Size: 30000, Path: "vmlinuz"}}
 			},
-			want: assets.ErrSizeMismatch,
+			want: assetcache.ErrSizeMismatch,
 		},
 	}
 
@@ -277,7 +277,7 @@ func TestImportDirectory(t *testing.T) {
 
 			src := t.TempDir()
 			items := tt.setup(t, src)
-			require.NoError(t, os.WriteFile(filepath.Join(src, assets.BundleManifestName), bundleJSON(t, items...), 0o644))
+			require.NoError(t, os.WriteFile(filepath.Join(src, assetcache.BundleManifestName), bundleJSON(t, items...), 0o644))
 
 			s := newStore(t, t.TempDir(), 1<<30, nil)
 			_, err := s.Import(t.Context(), src)
@@ -300,7 +300,7 @@ func FuzzParseBundle(f *testing.F) {
 	f.Add([]byte(`{"version":1,"assets":[{"name":"x","path":"../k"}]}`))
 
 	f.Fuzz(func(t *testing.T, data []byte) {
-		b, err := assets.ParseBundle(data)
+		b, err := assetcache.ParseBundle(data)
 		if err != nil {
 			return
 		}

@@ -1,4 +1,4 @@
-package assets_test
+package assetcache_test
 
 import (
 	"testing"
@@ -6,7 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/outpost-metal/outpost/edge/assets"
+	"github.com/outpost-metal/outpost/edge/assetcache"
 	assetsapi "github.com/outpost-metal/outpost/shared/api/assets"
 )
 
@@ -15,15 +15,15 @@ func TestService(t *testing.T) {
 
 	needed := &neededSet{}
 	s := newStore(t, t.TempDir(), 1<<30, needed)
-	f, err := assets.NewFetcher(assets.DefaultFetcher(), s, nil, zaptest.NewLogger(t))
+	f, err := assetcache.NewFetcher(assetcache.DefaultFetcher(), s, nil, zaptest.NewLogger(t))
 	require.NoError(t, err)
 
-	svc := assets.NewService(f)
+	svc := assetcache.NewService(f)
 
 	a, aSum := blob(t, 100)
 	b, bSum := blob(t, 200)
-	require.NoError(t, s.Put(t.Context(), assets.Ref{Name: "agent/amd64/kernel", SHA256: aSum, Size: 100}, &bytesSource{data: a}))
-	require.NoError(t, s.Put(t.Context(), assets.Ref{Name: "agent/amd64/initramfs", SHA256: bSum, Size: 200}, &bytesSource{data: b}))
+	require.NoError(t, s.Put(t.Context(), assetcache.Ref{Name: "agent/amd64/kernel", SHA256: aSum, Size: 100}, &bytesSource{data: a}))
+	require.NoError(t, s.Put(t.Context(), assetcache.Ref{Name: "agent/amd64/initramfs", SHA256: bSum, Size: 200}, &bytesSource{data: b}))
 
 	needed.digests = []string{aSum}
 
