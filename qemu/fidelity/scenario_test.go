@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -236,35 +237,53 @@ func sitesInOmni(ctx context.Context, t *testing.T, b fidelity.Backend) []string
 	enrols := reg2.CheckToken(ctx, tok) == nil
 
 	// A site revoked through one controller's registry is seen by the other's watch (the acting controller
-	// ends the site's session on it). The watch starts at some point after the goroutine does: revoke again
-	// (the same record written again) until it has seen one.
-	var seen atomic.Bool
+	// ends the site's session on it). The watch starts at some point after the goroutine does, and a write
+	// that changes nothing sends no event: first change the site's labels until the watch has seen a change
+	// (it is live), then revoke it once.
+	var seen, revoked atomic.Bool // a change of branch-1 seen; one after which reg1 reads it revoked
 
 	wctx, stopWatch := context.WithCancel(ctx)
 	watched := make(chan error, 1)
 
 	go func() {
 		watched <- reg1.Watch(wctx, func(id string) {
-			if id == "branch-1" {
-				seen.Store(true)
+			if id != "branch-1" {
+				return
+			}
+
+			seen.Store(true)
+
+			if site, err := reg1.Get(wctx, id); err == nil && site.TypedSpec().Value.GetRevoked() {
+				revoked.Store(true)
 			}
 		})
 	}()
 
-	revokedSeen := false
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && !revokedSeen; {
-		require.NoError(t, reg2.Revoke(ctx, "branch-1"))
+	seenWithin := func(d time.Duration, got *atomic.Bool, change func(i int)) bool {
+		for i, deadline := 0, time.Now().Add(d); time.Now().Before(deadline); i++ {
+			change(i)
 
-		revokedSeen = seen.Load()
-		if !revokedSeen {
 			select {
 			case <-time.After(200 * time.Millisecond):
 			case <-ctx.Done():
+				return false
 			}
 
-			revokedSeen = seen.Load()
+			if got.Load() {
+				return true
+			}
 		}
+
+		return false
 	}
+
+	require.True(t, seenWithin(30*time.Second, &seen, func(i int) {
+		require.NoError(t, reg2.SetLabels(ctx, "branch-1", map[string]string{"fidelity-probe": strconv.Itoa(i)}))
+	}), "the other registry's watch never saw a label change")
+
+	require.NoError(t, reg2.Revoke(ctx, "branch-1"))
+
+	revokedSeen := seenWithin(30*time.Second, &revoked, func(int) {})
 
 	stopWatch()
 	require.NoError(t, <-watched)
