@@ -52,8 +52,21 @@ func (s *Store) Check(digest string, force bool) error {
 	}
 
 	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	// Hashed without mu: the asset may have been evicted meanwhile (not corrupt, just gone), or evicted and
+	// cached again (a new, verified file under the same path).
+	s.idx.refresh()
+
+	if _, ok := s.idx.man.Blobs[digest]; !ok {
+		return fmt.Errorf("check asset %s: %w", digest, ErrNotFound)
+	}
+
+	if now, statErr := os.Stat(path); err == nil && statErr == nil && stampOf(now) != stampOf(fi) {
+		return nil
+	}
+
 	s.dropCorrupt(digest, "content does not match digest")
-	s.mu.Unlock()
 
 	return fmt.Errorf("check asset %s: %w", digest, ErrCorrupt)
 }
