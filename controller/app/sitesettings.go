@@ -10,6 +10,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/boottables"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/sites"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
 // checkSiteSettings is the rule for what an operator may set on a site (controller site set): the discovery
@@ -18,7 +19,7 @@ import (
 func (b *builder) checkSiteSettings(_ string, s sites.Settings) error {
 	var errs []error
 
-	if _, err := boottables.ParseDiscovery(s.Discovery); err != nil {
+	if _, err := bootpb.ParseDiscovery(s.Discovery); err != nil {
 		errs = append(errs, err)
 	}
 
@@ -50,7 +51,7 @@ func (b *builder) applySiteSettings(siteID string, s sites.Settings) {
 		s = sites.Settings{}
 	}
 
-	discovery, _ := boottables.ParseDiscovery(s.Discovery) // checked above
+	discovery, _ := bootpb.ParseDiscovery(s.Discovery) // checked above
 	b.edges.tables.SetSite(siteID, boottables.SiteTable{Discovery: discovery, RegisteredMACs: s.RegisteredMACs, ExtraConfig: s.ExtraConfig})
 
 	if err := b.edges.policies.Set(siteID, lifecycle.SitePolicy{BMCProtocol: s.BMCProtocol, WipeMethod: s.WipeMethod}); err != nil {

@@ -206,19 +206,3 @@ func TestSiteSettings(t *testing.T) {
 	require.Empty(t, tbl.GetRegisteredMacs())
 	require.Equal(t, "kind: SideroLinkConfig\n", string(tbl.GetConfig()))
 }
-
-func TestParseDiscovery(t *testing.T) {
-	t.Parallel()
-
-	for in, want := range map[string]bootpb.Discovery{
-		"": bootpb.Discovery_DISCOVERY_UNSPECIFIED, "all": bootpb.Discovery_DISCOVERY_ALL,
-		"known": bootpb.Discovery_DISCOVERY_KNOWN, "off": bootpb.Discovery_DISCOVERY_OFF,
-	} {
-		got, err := boottables.ParseDiscovery(in)
-		require.NoError(t, err)
-		require.Equal(t, want, got)
-	}
-
-	_, err := boottables.ParseDiscovery("Known")
-	require.ErrorContains(t, err, `discovery "Known": want all, known or off`)
-}

@@ -69,10 +69,6 @@ type SiteTable struct {
 	ExtraConfig []byte
 }
 
-// ParseDiscovery maps an operator's discovery setting to the table's: all, known, off, or empty for the edge's
-// own (the boot API's own mapping).
-func ParseDiscovery(s string) (bootpb.Discovery, error) { return bootpb.ParseDiscovery(s) }
-
 // New returns Tables without any site. now stamps versions (nil means time.Now).
 func New(logger *zap.Logger, now func() time.Time) *Tables {
 	if now == nil {
