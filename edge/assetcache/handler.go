@@ -53,7 +53,7 @@ func (h *Handler) Has(name string) bool {
 		return false
 	}
 
-	if _, err := h.store.Lookup(name); err == nil {
+	if h.store.Has(name) {
 		return true
 	}
 
@@ -88,11 +88,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 
-	f, e, err := h.store.Open(key)
+	f, digest, err := h.store.Open(key)
 
 	switch {
 	case err == nil:
-		w.Header().Set("ETag", `"sha256:`+e.SHA256+`"`)
+		w.Header().Set("ETag", `"sha256:`+digest+`"`)
 		w.Header().Set("Cache-Control", "public, max-age=31536000, immutable")
 	case errors.Is(err, ErrNotFound) || errors.Is(err, ErrCorrupt):
 		if f, err = h.openFile(key); err != nil {

@@ -148,14 +148,15 @@ func New(cfg Config, log *zap.Logger, needed NeededSet, now func() time.Time) (*
 	}, nil
 }
 
-// Has reports whether the asset with this digest is cached (by the manifest; content is checked by Check).
-func (s *Store) Has(digest string) bool {
+// Has reports whether an asset is cached, by digest or logical name (by the manifest; content is checked by
+// Check).
+func (s *Store) Has(key string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 
 	s.idx.refresh()
 
-	_, ok := s.idx.man.Blobs[digest]
+	_, _, ok := s.idx.resolve(key)
 
 	return ok
 }
@@ -203,9 +204,10 @@ func (s *Store) List() ([]Entry, int64) {
 // Cap returns the configured size cap in bytes.
 func (s *Store) Cap() int64 { return s.space.max }
 
-// Open opens a cached asset by digest or logical name for reading and marks it used. A file whose size no
-// longer matches the manifest is dropped and reported as ErrCorrupt.
-func (s *Store) Open(key string) (*os.File, Entry, error) {
+// Open opens a cached asset by digest or logical name for reading, marks it used and returns its digest. A
+// file whose size no longer matches the manifest is dropped and reported as ErrCorrupt. It serves every asset
+// request, so it describes nothing more (Lookup does).
+func (s *Store) Open(key string) (*os.File, string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 
@@ -213,14 +215,14 @@ func (s *Store) Open(key string) (*os.File, Entry, error) {
 
 	digest, b, ok := s.idx.resolve(key)
 	if !ok {
-		return nil, Entry{}, fmt.Errorf("open asset %s: %w", key, ErrNotFound)
+		return nil, "", fmt.Errorf("open asset %s: %w", key, ErrNotFound)
 	}
 
 	f, err := os.Open(s.idx.blobPath(digest))
 	if err != nil {
 		s.dropCorrupt(digest, "open failed")
 
-		return nil, Entry{}, fmt.Errorf("open asset %s: %w: %w", key, ErrCorrupt, err)
+		return nil, "", fmt.Errorf("open asset %s: %w: %w", key, ErrCorrupt, err)
 	}
 
 	fi, err := f.Stat()
@@ -228,12 +230,12 @@ func (s *Store) Open(key string) (*os.File, Entry, error) {
 		f.Close() //nolint:errcheck
 		s.dropCorrupt(digest, "size changed")
 
-		return nil, Entry{}, fmt.Errorf("open asset %s: %w", key, ErrCorrupt)
+		return nil, "", fmt.Errorf("open asset %s: %w", key, ErrCorrupt)
 	}
 
 	b.LastUsed = s.now()
 
-	return f, s.idx.entry(digest, b, s.space.kept()), nil
+	return f, digest, nil
 }
 
 // Link records ref's name for an asset already cached under ref's digest (ErrNotFound otherwise).

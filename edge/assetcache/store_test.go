@@ -236,6 +236,7 @@ func TestBusyPartialDownloadUsesAPrivateFile(t *testing.T) {
 	// Released: the next download uses the shared file and completes.
 	require.NoError(t, s.Put(t.Context(), ref, &bytesSource{data: data}))
 	require.True(t, s.Has(sum))
+	require.True(t, s.Has(ref.Name), "by name too")
 }
 
 // A partial file whose bytes went bad is caught by the digest check at the end, removed, and the next download
@@ -276,9 +277,13 @@ func TestPutResumesAfterCut(t *testing.T) {
 
 	require.Equal(t, data, readAsset(t, s, ref.Name))
 
-	f, e, err := s.Open(ref.Name)
+	f, digest, err := s.Open(ref.Name)
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
+	require.Equal(t, sum, digest)
+
+	e, err := s.Lookup(ref.Name)
+	require.NoError(t, err)
 	require.Equal(t, []string{ref.Name}, e.Names)
 }
 
