@@ -26,8 +26,12 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
+// fakeEdge is a BootPlans server holding one table. With snapshotsOnly it refuses deltas, so the controller
+// sends snapshots (which show what a table names removed).
 type fakeEdge struct {
 	bootpb.UnimplementedBootPlansServer
+
+	snapshotsOnly bool
 
 	mu      sync.Mutex
 	table   *bootpb.Table
@@ -37,6 +41,10 @@ type fakeEdge struct {
 func (f *fakeEdge) Apply(_ context.Context, req *bootpb.ApplyRequest) (*bootpb.ApplyResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+
+	if f.snapshotsOnly && req.GetSnapshot() == nil {
+		return nil, status.Error(codes.FailedPrecondition, "snapshots only")
+	}
 
 	if s := req.GetSnapshot(); s != nil {
 		f.table = s
@@ -75,6 +83,14 @@ func (f *fakeEdge) Apply(_ context.Context, req *bootpb.ApplyRequest) (*bootpb.A
 	f.applied = append(f.applied, "delta")
 
 	return &bootpb.ApplyResponse{Version: d.GetVersion()}, nil
+}
+
+// current is a copy of the table the edge holds.
+func (f *fakeEdge) current() *bootpb.Table {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	return proto.Clone(f.table).(*bootpb.Table)
 }
 
 func (f *fakeEdge) snapshot() (*bootpb.Table, []string) {
