@@ -171,7 +171,7 @@ func TestImportTarballRefused(t *testing.T) {
 		{
 			name: "manifest lying about digest",
 			entries: []tarEntry{
-				{name: "vmlinuz", body: append([]byte{0}, kernel[1:]...)},
+				{name: "vmlinuz", body: append([]byte{kernel[0] ^ 0xff}, kernel[1:]...)}, // a byte changed, whatever it was
 				{name: assetcache.BundleManifestName, body: bundleJSON(t, entry)},
 			},
 			want: assetcache.ErrDigestMismatch,
