@@ -17,6 +17,7 @@ import (
 
 	"github.com/outpost-metal/outpost/edge/app"
 	"github.com/outpost-metal/outpost/edge/config"
+	"github.com/outpost-metal/outpost/shared/nettest"
 	"github.com/outpost-metal/outpost/shared/uplink"
 )
 
@@ -34,7 +35,7 @@ func edgeConfig(t *testing.T) config.Config {
 	cfg.HTTP.Listen = freeAddr(t, "tcp")
 	cfg.APIListen = freeAddr(t, "tcp")
 	cfg.TFTP.Listen = freeAddr(t, "udp")
-	cfg.Uplink.ControllerAddress = freeAddr(t, "tcp")
+	cfg.Uplink.ControllerAddress = nettest.RefusingAddr(t)
 	cfg.Uplink.JoinToken = uplink.JoinToken{SiteID: "lab", Secret: make([]byte, uplink.SecretLen)}.String()
 
 	return cfg

@@ -26,6 +26,7 @@ import (
 	"github.com/outpost-metal/outpost/edge/bootfiles"
 	"github.com/outpost-metal/outpost/edge/config"
 	"github.com/outpost-metal/outpost/edge/dhcp"
+	"github.com/outpost-metal/outpost/shared/nettest"
 	"github.com/outpost-metal/outpost/shared/uplink"
 )
 
@@ -53,7 +54,7 @@ func TestContractAdvertisedIsServed(t *testing.T) {
 	cfg.APIListen = "127.0.0.1:0"
 	cfg.TFTP.Listen = "127.0.0.1:0"
 	// No controller: the edge keeps trying to enrol in the background, and serves the site meanwhile.
-	cfg.Uplink.ControllerAddress = freeAddr(t, "tcp")
+	cfg.Uplink.ControllerAddress = nettest.RefusingAddr(t)
 	cfg.Uplink.JoinToken = uplink.JoinToken{SiteID: "lab", Secret: make([]byte, uplink.SecretLen)}.String()
 
 	// Plain files the edge serves under /assets/ (<state>/files): the agent's kernel and initrd.

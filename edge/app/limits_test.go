@@ -30,6 +30,7 @@ import (
 	"github.com/outpost-metal/outpost/edge/config"
 	"github.com/outpost-metal/outpost/edge/journal"
 	"github.com/outpost-metal/outpost/shared/metal"
+	"github.com/outpost-metal/outpost/shared/nettest"
 	"github.com/outpost-metal/outpost/shared/uplink"
 )
 
@@ -117,7 +118,7 @@ func TestLimitsReachTheRunningEdge(t *testing.T) {
 	cfg.APIListen = freeAddr(t, "tcp")
 	cfg.TFTP.Listen = freeAddr(t, "udp")
 	// No controller: the edge keeps trying to enrol in the background, and serves the site meanwhile.
-	cfg.Uplink.ControllerAddress = freeAddr(t, "tcp")
+	cfg.Uplink.ControllerAddress = nettest.RefusingAddr(t)
 	cfg.Uplink.JoinToken = uplink.JoinToken{SiteID: "lab", Secret: make([]byte, uplink.SecretLen)}.String()
 	cfg.HTTP.MaxConnsPerSource = 2
 	cfg.TFTP.MaxTransfersPerSource = 2

@@ -17,6 +17,7 @@ import (
 	"github.com/outpost-metal/outpost/edge/bmc"
 	"github.com/outpost-metal/outpost/edge/bmc/internal/fakebmc"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+	"github.com/outpost-metal/outpost/shared/nettest"
 )
 
 func serviceClient(t *testing.T) bmcpb.BMCClient {
@@ -194,11 +195,7 @@ func TestServiceClassifiesRefusals(t *testing.T) {
 			target: func(t *testing.T) *bmcpb.Target { return redfishTarget(t, http.StatusOK, jsonType, `{"@odata.id":`) }},
 		{name: "redfish refused connection", code: codes.Unavailable, says: "connection refused",
 			target: func(t *testing.T) *bmcpb.Target {
-				ln, err := net.Listen("tcp", "127.0.0.1:0")
-				require.NoError(t, err)
-				require.NoError(t, ln.Close())
-
-				return &bmcpb.Target{Host: "127.0.0.1", RedfishEndpoint: "http://" + ln.Addr().String(), Protocol: bmcpb.Protocol_PROTOCOL_REDFISH,
+				return &bmcpb.Target{Host: "127.0.0.1", RedfishEndpoint: "http://" + nettest.RefusingAddr(t), Protocol: bmcpb.Protocol_PROTOCOL_REDFISH,
 					Username: creds.Username, Password: creds.Password}
 			}},
 	} {

@@ -3,7 +3,6 @@ package omni_test
 import (
 	"context"
 	"errors"
-	"net"
 	"net/url"
 	"strings"
 	"testing"
@@ -25,6 +24,7 @@ import (
 
 	controlleromni "github.com/outpost-metal/outpost/controller/omni"
 	"github.com/outpost-metal/outpost/qemu/omni"
+	"github.com/outpost-metal/outpost/shared/nettest"
 )
 
 func connectConfig(s *standIn, key string) controlleromni.Config {
@@ -106,12 +106,7 @@ func TestControllerStartUpErrors(t *testing.T) {
 
 	strangerKey := strangerKey(t)
 
-	// a port nothing listens on
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-
-	deadAddr := ln.Addr().String()
-	require.NoError(t, ln.Close())
+	deadAddr := nettest.RefusingAddr(t)
 
 	for _, tc := range []struct {
 		name   string
