@@ -196,7 +196,7 @@ func (e *Edge) build(ctx context.Context, cfg config.Config, opts Options) error
 
 	register := []func(grpc.ServiceRegistrar){
 		boot.NewService(table).Register,
-		bmc.NewService(bmcs).WithWatcher(watcher).Register,
+		bmc.NewService(bmcs).WithWatcher(watcher).WithBootEnded(tunnels.EndBoot).Register,
 		assetcache.NewService(fetcher).Register,
 	}
 

@@ -3,6 +3,7 @@ package bmc
 import (
 	"context"
 	"errors"
+	"time"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -22,6 +23,15 @@ type Service struct {
 	m       *Manager
 	log     *zap.Logger
 	watcher *Watcher
+	ended   func(machineID string, at time.Time)
+}
+
+// WithBootEnded makes the service tell f of each machine it powered off or reset, with the time it sent the
+// request, once the BMC took it: what ran on the machine is gone (the edge ends its agent tunnel).
+func (s *Service) WithBootEnded(f func(machineID string, at time.Time)) *Service {
+	s.ended = f
+
+	return s
 }
 
 // WithWatcher makes the service take the controller's watch lists (Watch) for w.
@@ -129,12 +139,24 @@ func (s *Service) PowerOn(ctx context.Context, req *bmcpb.PowerRequest) (*bmcpb.
 
 // PowerOff implements bmcpb.BMCServer.
 func (s *Service) PowerOff(ctx context.Context, req *bmcpb.PowerRequest) (*bmcpb.PowerResponse, error) {
-	return s.power(ctx, req, (*Manager).PowerOff)
+	return s.endingBoot(ctx, req, (*Manager).PowerOff)
 }
 
 // PowerCycle implements bmcpb.BMCServer.
 func (s *Service) PowerCycle(ctx context.Context, req *bmcpb.PowerRequest) (*bmcpb.PowerResponse, error) {
-	return s.power(ctx, req, (*Manager).PowerCycle)
+	return s.endingBoot(ctx, req, (*Manager).PowerCycle)
+}
+
+// endingBoot runs a power operation that ends the machine's running OS and, once the BMC took it, says so.
+func (s *Service) endingBoot(ctx context.Context, req *bmcpb.PowerRequest, op func(*Manager, context.Context, Target, Credentials) error) (*bmcpb.PowerResponse, error) {
+	at := s.m.now()
+
+	resp, err := s.power(ctx, req, op)
+	if err == nil && s.ended != nil && req.GetTarget().GetMachineId() != "" {
+		s.ended(req.GetTarget().GetMachineId(), at)
+	}
+
+	return resp, err
 }
 
 // ClearBootOverride implements bmcpb.BMCServer.

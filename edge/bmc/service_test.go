@@ -5,7 +5,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/bougou/go-ipmi/pkg/types"
 	"github.com/stretchr/testify/require"
@@ -29,8 +31,14 @@ func serviceClient(t *testing.T) bmcpb.BMCClient {
 func serviceClientFor(t *testing.T, m *bmc.Manager) bmcpb.BMCClient {
 	t.Helper()
 
+	return clientOf(t, bmc.NewService(m))
+}
+
+func clientOf(t *testing.T, svc *bmc.Service) bmcpb.BMCClient {
+	t.Helper()
+
 	srv := grpc.NewServer()
-	bmc.NewService(m).Register(srv)
+	svc.Register(srv)
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -53,6 +61,56 @@ func serviceClientFor(t *testing.T, m *bmc.Manager) bmcpb.BMCClient {
 	})
 
 	return bmcpb.NewBMCClient(conn)
+}
+
+// A power-off or a reset the BMC took ends what ran on the machine: the service says so, with the time it sent
+// the request (the edge ends the machine's agent tunnel opened before it). Nothing else does: not a power-on, a
+// status, a boot override, nor a power-off the BMC refused.
+func TestServiceTellsOfEndedBoots(t *testing.T) {
+	t.Parallel()
+
+	b := fakebmc.Start(t, fakebmc.Options{User: creds.Username, Password: creds.Password})
+
+	var (
+		mu    sync.Mutex
+		ended []string
+	)
+
+	start := time.Now()
+	client := clientOf(t, bmc.NewService(manager(t)).WithBootEnded(func(id string, at time.Time) {
+		mu.Lock()
+		defer mu.Unlock()
+
+		require.False(t, at.Before(start) || at.After(time.Now()), "the request's time, %v", at)
+		ended = append(ended, id)
+	}))
+
+	req := func(id string) *bmcpb.PowerRequest {
+		return &bmcpb.PowerRequest{Target: &bmcpb.Target{MachineId: id, Host: "127.0.0.1", IpmiPort: uint32(b.Port),
+			Protocol: bmcpb.Protocol_PROTOCOL_IPMI, Username: creds.Username, Password: creds.Password}}
+	}
+
+	ctx := t.Context()
+
+	_, err := client.PowerOn(ctx, req("on"))
+	require.NoError(t, err)
+	_, err = client.PowerStatus(ctx, req("status"))
+	require.NoError(t, err)
+	_, err = client.SetPXEOnce(ctx, &bmcpb.SetPXEOnceRequest{Target: req("pxe").GetTarget(), Mode: bmcpb.BootMode_BOOT_MODE_BIOS})
+	require.NoError(t, err)
+	_, err = client.PowerOff(ctx, req("off"))
+	require.NoError(t, err)
+	_, err = client.PowerCycle(ctx, req("cycle"))
+	require.NoError(t, err)
+
+	b.Refuse(fakebmc.OpSetPower, types.CodeNodeBusy)
+	_, err = client.PowerOff(ctx, req("refused"))
+	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+
+	mu.Lock()
+	defer mu.Unlock()
+
+	require.Equal(t, []string{"off", "cycle"}, ended)
 }
 
 func TestServiceErrors(t *testing.T) {

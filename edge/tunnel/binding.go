@@ -43,7 +43,13 @@ type binder struct {
 	evidence Evidence
 
 	mu    sync.Mutex
-	bound map[string]netip.AddrPort // machine ID -> source of its one live tunnel
+	bound map[string]binding // machine ID -> its one live tunnel
+}
+
+// binding is a machine's live tunnel: where it came from, and when it was bound.
+type binding struct {
+	remote netip.AddrPort
+	at     time.Time
 }
 
 func newBinder(mode Binding, evidence Evidence) *binder {
@@ -51,7 +57,7 @@ func newBinder(mode Binding, evidence Evidence) *binder {
 		mode = BindAddress
 	}
 
-	return &binder{mode: mode, evidence: evidence, bound: map[string]netip.AddrPort{}}
+	return &binder{mode: mode, evidence: evidence, bound: map[string]binding{}}
 }
 
 // Refusal reasons (metric labels).
@@ -72,8 +78,9 @@ func (e *bindError) Error() string { return e.err.Error() }
 
 func (e *bindError) GRPCStatus() *status.Status { return status.Convert(e.err) }
 
-// bind admits a tunnel for id from remote, or says why not; release ends the binding when the tunnel goes.
-func (b *binder) bind(id string, remote netip.AddrPort) (release func(), err error) {
+// bind admits a tunnel for id from remote at now, or says why not; release ends the binding when the tunnel
+// goes.
+func (b *binder) bind(id string, remote netip.AddrPort, now time.Time) (release func(), err error) {
 	src := remote.Addr().Unmap()
 
 	if b.mode != BindOff {
@@ -100,24 +107,37 @@ func (b *binder) bind(id string, remote netip.AddrPort) (release func(), err err
 
 	if cur, ok := b.bound[id]; ok {
 		return nil, &bindError{refuseDuplicate, status.Errorf(codes.AlreadyExists,
-			"agent tunnel for %s refused: the machine already has one (from %s); a new one is taken once it is gone", id, cur.Addr())}
+			"agent tunnel for %s refused: the machine already has one (from %s); a new one is taken once it is gone", id, cur.remote.Addr())}
 	}
 
-	b.bound[id] = remote
+	b.bound[id] = binding{remote: remote, at: now}
 
 	return func() {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 
-		if b.bound[id] == remote {
+		if b.bound[id].remote == remote {
 			delete(b.bound, id)
 		}
 	}, nil
 }
 
+// boundBefore returns the source of id's live tunnel if it was bound before t.
+func (b *binder) boundBefore(id string, t time.Time) (netip.AddrPort, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	cur, ok := b.bound[id]
+	if !ok || !cur.at.Before(t) {
+		return netip.AddrPort{}, false
+	}
+
+	return cur.remote, true
+}
+
 // admitBound binds the tunnel of stream's context to id, counting and logging a refusal.
 func (s *Server) admitBound(ctx context.Context, id string) (func(), error) {
-	release, err := s.binder.bind(id, remoteAddr(ctx))
+	release, err := s.binder.bind(id, remoteAddr(ctx), s.now())
 	if err != nil {
 		reason := refuseNoBoot
 		if be, ok := err.(*bindError); ok { //nolint:errorlint // bind returns it unwrapped

@@ -304,6 +304,27 @@ func closed(ch grpctunnel.TunnelChannel) bool {
 	}
 }
 
+// EndBoot closes machineID's agent tunnel if it was opened before t, when the edge powered the machine off or
+// reset it at t: the OS that opened the tunnel is gone. A machine switched off sends nothing, so without this
+// its tunnel would stay open on a connection no one answers until keepalive ends it (15 s and more): meanwhile
+// the controller would believe the agent runs (and send it calls that hang), and the next boot's agent would
+// be refused as a duplicate. A tunnel opened at or after t (the next boot's) is left alone.
+func (s *Server) EndBoot(machineID string, t time.Time) {
+	id := metal.NormalizeID(machineID)
+
+	remote, ok := s.binder.boundBefore(id, t)
+	if !ok {
+		return
+	}
+
+	for _, ch := range s.handler.AllReverseTunnels() {
+		if affinityKey(ch) == id && remoteAddr(ch.Context()) == remote {
+			s.log.Info("agent tunnel ended: the edge powered its machine off or reset it", zap.String("machine_id", id), zap.Stringer("remote", remote))
+			ch.Close()
+		}
+	}
+}
+
 // Connected reports whether the machine's agent has a tunnel open.
 func (s *Server) Connected(machineID string) bool {
 	return s.handler.KeyAsChannel(strings.ToLower(machineID)).Ready()

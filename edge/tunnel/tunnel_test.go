@@ -518,3 +518,63 @@ func reportPercentiles(b *testing.B, lat []time.Duration) {
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-us")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-us")
 }
+
+// A machine the edge switched off or reset answers nothing more and closes nothing: EndBoot ends its tunnel at
+// once (a call hanging on it fails, the close is an event, the next boot's agent is taken at once rather than
+// refused as a duplicate) and leaves a tunnel opened after the power operation alone.
+func TestEndBootEndsTheTunnelOfTheEndedOS(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t, book{})
+	client := agentpb.NewAgentServiceClient(h.caller)
+
+	ended := &fakeAgent{block: make(chan struct{})} // the OS the BMC switches off: no call on it returns
+	connect(t, h.tunnelAddr, ended, metal.MetadataKey, machineA)
+	require.Eventually(t, func() bool { return h.srv.Connected(machineA) }, 5*time.Second, 10*time.Millisecond)
+
+	ctx, cancel := context.WithTimeout(machineCtx(t.Context(), machineA), time.Minute)
+	defer cancel()
+
+	hanging := make(chan error, 1)
+
+	go func() {
+		_, err := client.WipeDisks(ctx, &agentpb.WipeDisksRequest{})
+		hanging <- err
+	}()
+
+	require.Eventually(t, func() bool {
+		ended.mu.Lock()
+		defer ended.mu.Unlock()
+
+		return ended.deadline > 0
+	}, 5*time.Second, 10*time.Millisecond, "the call reached the agent")
+
+	powerOff := time.Now()
+	h.srv.EndBoot(machineA, powerOff)
+
+	select {
+	case err := <-hanging:
+		require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call on the ended OS's tunnel still hangs")
+	}
+
+	require.Eventually(t, func() bool {
+		_, closed := h.events.counts()
+
+		return !h.srv.Connected(machineA) && closed == 1
+	}, 5*time.Second, 10*time.Millisecond, "the tunnel closed, and the close is an event")
+
+	// the next boot's agent is taken, and the same power operation's EndBoot arriving late leaves it alone
+	connect(t, h.tunnelAddr, &fakeAgent{}, metal.MetadataKey, machineA)
+	require.Eventually(t, func() bool { return h.srv.Connected(machineA) }, 5*time.Second, 10*time.Millisecond)
+
+	h.srv.EndBoot(machineA, powerOff)
+	h.srv.EndBoot("4c4c4544-0042-3510-8052-b4c04f4e4e32", time.Now()) // a machine with no tunnel: nothing to end
+
+	_, err := client.Hello(ctx, &agentpb.HelloRequest{})
+	require.NoError(t, err)
+
+	opened, closed := h.events.counts()
+	require.Equal(t, [2]int{2, 1}, [2]int{opened, closed})
+}
