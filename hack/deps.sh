@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(protobuf-compiler libprotobuf-dev iproute2 qemu-system-x86 ipxe ipxe-qemu ovmf dnsmasq-base busybox-static
-	ipmitool openipmi redfishtool nginx-light tftp-hpa cpio chromium)
+	ipmitool openipmi redfishtool nginx-light tftp-hpa cpio chromium skopeo)
 
 missing=()
 for p in "${packages[@]}"; do
