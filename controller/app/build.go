@@ -224,7 +224,7 @@ func (b *builder) newAdmin(context.Context) error {
 
 	opts = append(opts, sites.WithSettings(b.checkSiteSettings))
 
-	adminpb.RegisterAdminServer(b.admin, sites.NewAdmin(b.registry, b.uplink, b.store, b.assets.catalog, opts...))
+	adminpb.RegisterAdminServer(b.admin, sites.NewAdmin(b.registry, b.uplink, b.store, b.assets.needs, opts...))
 
 	return nil
 }
@@ -322,17 +322,9 @@ func (b *builder) newSiteAssets(ctx context.Context) error {
 
 	catalog := assets.NewCatalog(defaultPolicy, time.Now)
 
-	list, err := b.registry.List(ctx)
+	list, err := b.registry.List(ctx) // each site's own policy comes with its settings (newSiteSettings)
 	if err != nil {
 		return err
-	}
-
-	for _, site := range list {
-		if p := assetspb.Policy(site.TypedSpec().Value.GetAssetPolicy()); p != assetspb.Policy_POLICY_UNSPECIFIED {
-			if err := catalog.SetPolicy(site.Metadata().ID(), p); err != nil {
-				return err
-			}
-		}
 	}
 
 	dir := b.cfg.AssetsDirPath()
@@ -355,11 +347,24 @@ func (b *builder) newSiteAssets(ctx context.Context) error {
 		b.log.Info("agent-mode assets offered to every site", zap.Int("assets", len(agentRefs)))
 	}
 
-	needs := assets.NewNeeds(catalog, agentRefs)
+	client, err := assets.UpstreamClient([]byte(b.trustedRoots))
+	if err != nil {
+		return err
+	}
+
+	library, err := assets.NewLibrary(assets.DefaultLibrary(dir, client), b.log)
+	if err != nil {
+		return err
+	}
+
+	needs := assets.NewNeeds(catalog, library, agentRefs)
 
 	for _, site := range list {
 		needs.Site(site.Metadata().ID())
 	}
+
+	b.run("install assets", library.Run)
+	b.run("site asset needs", needs.RunLibrary)
 
 	b.assets = &siteAssets{
 		catalog: catalog, relay: relay, needs: needs,

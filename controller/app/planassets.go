@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"strings"
 
 	"github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/bootplans"
@@ -10,9 +11,9 @@ import (
 )
 
 // assetAwarePusher joins the lifecycle's plan pushes to the asset side: before a machine's plan goes to its
-// edge, the site is told which local assets (kernel and initramfs from the controller's install assets, in
-// install or agent mode) the plan names, so the site caches them, or receives them by relay, and never evicts
-// them while a plan names them.
+// edge, the site is told which assets the plan names (kernel and initramfs from the controller's local install
+// files, or from upstream with the installer image, which the controller's library fetches once), so the site
+// caches them, or receives them by relay, and never evicts them while a plan names them.
 type assetAwarePusher struct {
 	next    lifecycle.PlanPusher
 	needs   *assets.Needs
@@ -23,16 +24,21 @@ type assetAwarePusher struct {
 func (p *assetAwarePusher) Push(ctx context.Context, siteID string, plan bootplans.Plan) (uint64, error) {
 	// Agent-mode plans count too: without agent images of its own (--agent-assets-dir) the controller
 	// resolves agent mode from these same local assets (the metal-agent schematic).
-	var refs []*assetspb.AssetRef
+	var (
+		refs  []*assetspb.AssetRef
+		wants []assets.Want
+	)
 
 	if plan.Mode.PXE() {
 		var err error
 		if refs, err = p.install.Refs(plan.MachineID, plan.KernelURL, plan.InitrdURL); err != nil {
 			return 0, err
 		}
+
+		wants = upstreamWants(plan)
 	}
 
-	p.needs.SetMachine(siteID, plan.MachineID, refs)
+	p.needs.SetMachine(siteID, plan.MachineID, refs, wants...)
 
 	return p.next.Push(ctx, siteID, plan)
 }
@@ -40,4 +46,22 @@ func (p *assetAwarePusher) Push(ctx context.Context, siteID string, plan bootpla
 // Holds implements lifecycle.PlanPusher.
 func (p *assetAwarePusher) Holds(siteID string, plan bootplans.Plan) bool {
 	return p.next.Holds(siteID, plan)
+}
+
+// upstreamWants are the upstream assets a plan names: its kernel and initramfs by their edge-local names
+// with the URLs they come from, and its installer image.
+func upstreamWants(plan bootplans.Plan) []assets.Want {
+	var out []assets.Want
+
+	for _, f := range [][2]string{{plan.KernelURL, plan.UpstreamKernelURL}, {plan.InitrdURL, plan.UpstreamInitrdURL}} {
+		if name, ok := strings.CutPrefix(f[0], "/assets/"); ok && f[1] != "" {
+			out = append(out, assets.Want{Name: name, URL: f[1]})
+		}
+	}
+
+	if plan.Installer != "" {
+		out = append(out, assets.Want{Image: plan.Installer, Arch: plan.Arch})
+	}
+
+	return out
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/boottables"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/sites"
+	assetspb "github.com/outpost-metal/outpost/shared/api/assets"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
@@ -44,6 +45,7 @@ func (b *builder) applySiteSettings(siteID string, s sites.Settings) {
 	log := b.log.With(zap.String("site", siteID))
 
 	b.edges.policies.SetLabels(siteID, s.Labels) // checked when set, and not part of the rules below
+	asset := s.AssetPolicy                       // set by its own command, and not part of the rules below
 
 	if err := b.checkSiteSettings(siteID, s); err != nil {
 		log.Warn("site settings refused; the site runs with the controller's defaults", zap.Error(err))
@@ -57,6 +59,14 @@ func (b *builder) applySiteSettings(siteID string, s sites.Settings) {
 	if err := b.edges.policies.Set(siteID, lifecycle.SitePolicy{BMCProtocol: s.BMCProtocol, WipeMethod: s.WipeMethod}); err != nil {
 		log.Warn("site policy refused", zap.Error(err)) // cannot happen after the check
 	}
+
+	// The asset policy is the site's own (a stored one this controller does not know falls back to the default).
+	if err := b.assets.catalog.SetPolicy(siteID, assetspb.Policy(asset)); err != nil {
+		log.Warn("site asset policy refused; the site has the default policy", zap.Error(err))
+		_ = b.assets.catalog.SetPolicy(siteID, assetspb.Policy_POLICY_UNSPECIFIED) //nolint:errcheck // the default is known
+	}
+
+	b.assets.needs.Site(siteID) // what the site must hold depends on its policy
 
 }
 

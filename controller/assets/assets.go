@@ -46,17 +46,29 @@ func (p Profile) Normalize() Profile {
 	return p
 }
 
-// Boot is a resolved profile: either an iPXE script URL (image factory) or kernel and initramfs URLs with the
-// kernel arguments the booting machine needs.
+// Boot is a resolved profile: the kernel and initramfs a machine boots, with the kernel arguments it needs.
 type Boot struct {
-	// ScriptURL is an iPXE script that boots the profile (image factory PXE endpoint).
-	ScriptURL string
-	// KernelURL and InitrdURL are set for locally served assets.
+	// KernelURL and InitrdURL are where machines fetch the kernel and initramfs: edge-relative
+	// (/assets/<logical name>) for assets the site's edge holds, or an absolute URL.
 	KernelURL, InitrdURL string
-	// KernelArgs are to be appended to the kernel command line (local assets; a factory script carries its own).
+	// UpstreamKernelURL and UpstreamInitrdURL are where the same files come from upstream (the image factory):
+	// the controller downloads them from there once, and machines at a passthrough site fetch them from there
+	// themselves. Empty for local files.
+	UpstreamKernelURL, UpstreamInitrdURL string
+	// Installer is the installer image Talos pulls after the install boot (registry/repository:tag), when the
+	// source has one: the controller pulls it once and the site's edge serves it as a registry mirror.
+	Installer string
+	// KernelArgs are to be appended to the kernel command line.
 	KernelArgs []string
-	// SchematicID identifies the factory schematic, when one was used.
+	// SchematicID identifies the image factory schematic of the kernel and initramfs (extensions only).
 	SchematicID string
+}
+
+// InstallAssetName is the logical name of a Talos install kernel or initramfs (kind "kernel" or
+// "initramfs.xz") of a schematic, version and arch: talos/<version>/<schematic>/<arch>/<kind>. Edges serve it
+// under /assets/<name>, and the controller holds it under the same name.
+func InstallAssetName(version, schematicID, arch, kind string) string {
+	return "talos/" + version + "/" + schematicID + "/" + arch + "/" + kind
 }
 
 // Resolver resolves profiles to boot assets.

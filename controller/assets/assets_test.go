@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -81,44 +82,46 @@ func TestFactoryResolver(t *testing.T) {
 	b, err := r.Resolve(ctx, p)
 	require.NoError(t, err)
 
-	want := &schematic.Schematic{Customization: schematic.Customization{
-		ExtraKernelArgs:  []string{"console=ttyS0"},
-		SystemExtensions: schematic.SystemExtensions{OfficialExtensions: []string{"siderolabs/iscsi-tools", "siderolabs/metal-agent"}},
-	}}
-	wantID, err := want.ID()
-	require.NoError(t, err)
-
-	require.Equal(t, wantID, b.SchematicID)
-	require.Equal(t, "https://pxe.example/pxe/"+wantID+"/v1.11.0/metal-amd64", b.ScriptURL)
 	imageOnly := &schematic.Schematic{Customization: schematic.Customization{
 		SystemExtensions: schematic.SystemExtensions{OfficialExtensions: []string{"siderolabs/iscsi-tools", "siderolabs/metal-agent"}},
 	}}
 	imageID, err := imageOnly.ID()
 	require.NoError(t, err)
-	require.Equal(t, "https://pxe.example/image/"+imageID+"/v1.11.0/kernel-amd64", b.KernelURL, "kernel from the extensions-only schematic")
 
-	// the same profile (extensions in another order) reuses the schematics
+	u, err := url.Parse(srv.URL)
+	require.NoError(t, err)
+
+	require.Equal(t, assets.Boot{
+		SchematicID:       imageID,
+		KernelURL:         "/assets/talos/v1.11.0/" + imageID + "/amd64/kernel",
+		InitrdURL:         "/assets/talos/v1.11.0/" + imageID + "/amd64/initramfs.xz",
+		UpstreamKernelURL: "https://pxe.example/image/" + imageID + "/v1.11.0/kernel-amd64",
+		UpstreamInitrdURL: "https://pxe.example/image/" + imageID + "/v1.11.0/initramfs-amd64.xz",
+		Installer:         u.Host + "/installer/" + imageID + ":v1.11.0",
+		KernelArgs:        []string{"console=ttyS0"},
+	}, b, "kernel, initramfs and installer of the extensions-only schematic; the kernel args stay with the plan")
+
+	// the same profile (extensions in another order) reuses the schematic
 	p.Extensions = []string{"siderolabs/iscsi-tools", "siderolabs/metal-agent"}
 	_, err = r.Resolve(ctx, p)
 	require.NoError(t, err)
-	require.EqualValues(t, 2, fake.created.Load())
+	require.EqualValues(t, 1, fake.created.Load())
 
-	// another machine's kernel args: a new script schematic, the same kernel
+	// another machine's kernel args: the same schematic and files
 	p.KernelArgs = []string{"console=ttyS1"}
 	b2, err := r.Resolve(ctx, p)
 	require.NoError(t, err)
-	require.EqualValues(t, 3, fake.created.Load())
-	require.Equal(t, b.KernelURL, b2.KernelURL)
-	require.NotEqual(t, b.ScriptURL, b2.ScriptURL)
+	require.EqualValues(t, 1, fake.created.Load())
+	require.Equal(t, b.UpstreamKernelURL, b2.UpstreamKernelURL)
+	require.Equal(t, []string{"console=ttyS1"}, b2.KernelArgs)
 
-	// Omni's form of the version (no v) is the same profile: same schematics, same URLs
+	// Omni's form of the version (no v) is the same profile: same schematic, same URLs
 	omniStyle := p
 	omniStyle.TalosVersion = "1.11.0"
 	b3, err := r.Resolve(ctx, omniStyle)
 	require.NoError(t, err)
-	require.EqualValues(t, 3, fake.created.Load())
+	require.EqualValues(t, 1, fake.created.Load())
 	require.Equal(t, b2, b3)
-	require.Contains(t, b3.KernelURL, "/v1.11.0/kernel-amd64")
 
 	// a factory failure is an error, not a plan
 	fake.fail.Store(true)
@@ -165,7 +168,7 @@ func TestLocalResolver(t *testing.T) {
 	require.Equal(t, "http://edge/assets/"+id+"/v1.11.0/kernel-amd64", b.KernelURL)
 	require.Equal(t, "http://edge/assets/"+id+"/v1.11.0/initramfs-amd64.xz", b.InitrdURL)
 	require.Equal(t, p.KernelArgs, b.KernelArgs)
-	require.Empty(t, b.ScriptURL)
+	require.Empty(t, b.UpstreamKernelURL+b.Installer, "local files have no upstream")
 }
 
 func TestCanonicalTalosVersion(t *testing.T) {

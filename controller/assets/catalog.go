@@ -93,18 +93,24 @@ func (c *Catalog) siteLocked(site string) *siteState {
 	return s
 }
 
-// SetPolicy sets a site's asset policy.
+// SetPolicy sets a site's asset policy; POLICY_UNSPECIFIED gives it the default policy.
 func (c *Catalog) SetPolicy(site string, p assetsapi.Policy) error {
+	if _, ok := assetsapi.Policy_name[int32(p)]; !ok {
+		return fmt.Errorf("set asset policy of site %s: unknown policy %d", site, p)
+	}
+
 	if p == assetsapi.Policy_POLICY_UNSPECIFIED {
-		return fmt.Errorf("set asset policy of site %s: policy not set", site)
+		p = c.defaultPolicy
 	}
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
 
 	s := c.siteLocked(site)
-	s.policy = p
-	notify(s)
+	if s.policy != p {
+		s.policy = p
+		notify(s)
+	}
 
 	return nil
 }

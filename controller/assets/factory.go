@@ -16,20 +16,23 @@ type SchematicCreator interface {
 	SchematicCreate(ctx context.Context, sc schematic.Schematic) (string, *schematic.Schematic, error)
 }
 
-// FactoryResolver resolves profiles through the image factory: a schematic holding the extensions and kernel
-// arguments, then the factory's PXE script for it (and its kernel and initramfs, for edges that cache).
-// Schematic IDs are remembered per profile.
+// FactoryResolver resolves profiles through the image factory: an extensions-only schematic (the edge appends
+// each machine's kernel arguments), then the factory's kernel and initramfs for it, which sites hold under
+// their logical names, and the factory's installer image for it. Schematic IDs are remembered per set of
+// extensions.
 type FactoryResolver struct {
 	factory SchematicCreator
-	// pxeBase is where the factory serves PXE scripts and images (often the factory URL itself).
+	// pxeBase is where the factory serves images (often the factory URL itself).
 	pxeBase string
+	// registry is the host (and port) of the factory's registry: the factory's own host.
+	registry string
 
 	mu    sync.Mutex
-	cache map[string]string // extensions|kernel args -> schematic ID
+	cache map[string]string // extensions -> schematic ID
 }
 
 // NewFactoryResolver returns a resolver using the image factory at factoryURL; pxeBaseURL is where it serves
-// PXE scripts and images ("" means factoryURL).
+// images ("" means factoryURL).
 func NewFactoryResolver(factoryURL, pxeBaseURL string) (*FactoryResolver, error) {
 	c, err := client.New(factoryURL)
 	if err != nil {
@@ -45,17 +48,18 @@ func NewFactoryResolverWith(factory SchematicCreator, pxeBaseURL, factoryURL str
 		pxeBaseURL = factoryURL
 	}
 
-	u, err := url.Parse(pxeBaseURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("image factory pxe base %q: want an http(s) URL", pxeBaseURL)
+	for _, s := range []string{pxeBaseURL, factoryURL} {
+		if u, err := url.Parse(s); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("image factory url %q: want an http(s) URL", s)
+		}
 	}
 
-	return &FactoryResolver{factory: factory, pxeBase: strings.TrimSuffix(pxeBaseURL, "/"), cache: map[string]string{}}, nil
+	f, _ := url.Parse(factoryURL) // checked above
+
+	return &FactoryResolver{factory: factory, pxeBase: strings.TrimSuffix(pxeBaseURL, "/"), registry: f.Host, cache: map[string]string{}}, nil
 }
 
-// Resolve implements Resolver. The PXE script comes from a schematic with the extensions and kernel arguments;
-// the kernel and initramfs from an extensions-only schematic, so they are the same for every machine booting
-// that Talos version with those extensions (the edge caches them once; it appends the kernel arguments itself).
+// Resolve implements Resolver.
 func (r *FactoryResolver) Resolve(ctx context.Context, p Profile) (Boot, error) {
 	p = p.Normalize()
 
@@ -63,28 +67,25 @@ func (r *FactoryResolver) Resolve(ctx context.Context, p Profile) (Boot, error) 
 		return Boot{}, fmt.Errorf("%w: talos version %q, arch %q", ErrNotAvailable, p.TalosVersion, p.Arch)
 	}
 
-	scriptID, err := r.schematic(ctx, p.Extensions, p.KernelArgs)
-	if err != nil {
-		return Boot{}, fmt.Errorf("create schematic for talos %s with %v: %w", p.TalosVersion, p.Extensions, err)
-	}
-
-	imageID, err := r.schematic(ctx, p.Extensions, nil)
+	id, err := r.schematic(ctx, p.Extensions)
 	if err != nil {
 		return Boot{}, fmt.Errorf("create schematic for talos %s with %v: %w", p.TalosVersion, p.Extensions, err)
 	}
 
 	return Boot{
-		SchematicID: scriptID,
-		ScriptURL:   fmt.Sprintf("%s/pxe/%s/%s/metal-%s", r.pxeBase, scriptID, p.TalosVersion, p.Arch),
-		KernelURL:   fmt.Sprintf("%s/image/%s/%s/kernel-%s", r.pxeBase, imageID, p.TalosVersion, p.Arch),
-		InitrdURL:   fmt.Sprintf("%s/image/%s/%s/initramfs-%s.xz", r.pxeBase, imageID, p.TalosVersion, p.Arch),
-		KernelArgs:  p.KernelArgs,
+		SchematicID:       id,
+		KernelURL:         "/assets/" + InstallAssetName(p.TalosVersion, id, p.Arch, "kernel"),
+		InitrdURL:         "/assets/" + InstallAssetName(p.TalosVersion, id, p.Arch, "initramfs.xz"),
+		UpstreamKernelURL: fmt.Sprintf("%s/image/%s/%s/kernel-%s", r.pxeBase, id, p.TalosVersion, p.Arch),
+		UpstreamInitrdURL: fmt.Sprintf("%s/image/%s/%s/initramfs-%s.xz", r.pxeBase, id, p.TalosVersion, p.Arch),
+		Installer:         fmt.Sprintf("%s/installer/%s:%s", r.registry, id, p.TalosVersion),
+		KernelArgs:        p.KernelArgs,
 	}, nil
 }
 
-// schematic returns the ID of the schematic with extensions and kernel args, creating it once.
-func (r *FactoryResolver) schematic(ctx context.Context, extensions, kernelArgs []string) (string, error) {
-	key := strings.Join(extensions, ",") + "|" + strings.Join(kernelArgs, " ")
+// schematic returns the ID of the schematic with these extensions, creating it once.
+func (r *FactoryResolver) schematic(ctx context.Context, extensions []string) (string, error) {
+	key := strings.Join(extensions, ",")
 
 	r.mu.Lock()
 	id, ok := r.cache[key]
@@ -95,7 +96,6 @@ func (r *FactoryResolver) schematic(ctx context.Context, extensions, kernelArgs 
 	}
 
 	id, _, err := r.factory.SchematicCreate(ctx, schematic.Schematic{Customization: schematic.Customization{
-		ExtraKernelArgs:  kernelArgs,
 		SystemExtensions: schematic.SystemExtensions{OfficialExtensions: extensions},
 	}})
 	if err != nil {

@@ -12,19 +12,60 @@ import (
 )
 
 // Needs keeps, per site, the assets that site must hold: the ones every site holds (the agent image) and the
-// ones its machines' current boot plans name. It hands each site's set to the catalog, which pushes it to the
-// site's edge; the edge fetches (or receives by relay) what it lacks and never evicts what is needed.
+// ones its machines' current boot plans name, local files by reference and upstream assets (factory kernels,
+// installer images) as wants of the controller's library. It hands each site's set to the catalog, which
+// pushes it to the site's edge; the edge fetches (or receives by relay) what it lacks and never evicts what
+// is needed. An upstream asset the library does not hold yet is asked of it for every site whose policy is
+// not passthrough, and named to the site once held (RunLibrary republishes then); meanwhile the catalog
+// lists it as pending.
 type Needs struct {
 	catalog *Catalog
+	library *Library
 
-	mu     sync.Mutex
-	common []*assetsapi.AssetRef
-	sites  map[string]map[string][]*assetsapi.AssetRef // site -> machine -> refs
+	mu      sync.Mutex
+	common  []*assetsapi.AssetRef
+	sites   map[string]map[string]machineNeeds // site -> machine -> needs
+	pending map[string][]Want                  // site -> upstream assets it waits for the controller to hold
 }
 
-// NewNeeds returns an empty Needs over a catalog; common are held by every site.
-func NewNeeds(catalog *Catalog, common []*assetsapi.AssetRef) *Needs {
-	return &Needs{catalog: catalog, common: common, sites: map[string]map[string][]*assetsapi.AssetRef{}}
+type machineNeeds struct {
+	refs  []*assetsapi.AssetRef
+	wants []Want
+}
+
+// NewNeeds returns an empty Needs over a catalog; common are held by every site; library holds upstream
+// assets (nil: plans name none).
+func NewNeeds(catalog *Catalog, library *Library, common []*assetsapi.AssetRef) *Needs {
+	return &Needs{
+		catalog: catalog, library: library, common: common,
+		sites: map[string]map[string]machineNeeds{}, pending: map[string][]Want{},
+	}
+}
+
+// Republish hands every site's set to the catalog again: a site's policy changed, or the library holds more.
+func (n *Needs) Republish() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+
+	for site := range n.sites {
+		n.publishLocked(site)
+	}
+}
+
+// RunLibrary republishes whenever the library comes to hold an asset, until ctx ends.
+func (n *Needs) RunLibrary(ctx context.Context) error {
+	if n.library == nil {
+		return nil
+	}
+
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-n.library.Held():
+			n.Republish()
+		}
+	}
 }
 
 // Site makes sure the site is asked for the common assets even before any of its machines has a plan.
@@ -33,7 +74,7 @@ func (n *Needs) Site(site string) {
 	defer n.mu.Unlock()
 
 	if _, ok := n.sites[site]; !ok {
-		n.sites[site] = map[string][]*assetsapi.AssetRef{}
+		n.sites[site] = map[string]machineNeeds{}
 	}
 
 	n.publishLocked(site)
@@ -47,9 +88,9 @@ func (n *Needs) OnSession(_ context.Context, site string, _ grpc.ClientConnInter
 	return nil
 }
 
-// SetMachine records the assets a machine's current plan at site needs (none: nil). A machine is planned at
-// one site only: it leaves any other site's set.
-func (n *Needs) SetMachine(site, machine string, refs []*assetsapi.AssetRef) {
+// SetMachine records the assets a machine's current plan at site needs (none: nil): local files by reference,
+// upstream assets as wants. A machine is planned at one site only: it leaves any other site's set.
+func (n *Needs) SetMachine(site, machine string, refs []*assetsapi.AssetRef, wants ...Want) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 
@@ -61,29 +102,48 @@ func (n *Needs) SetMachine(site, machine string, refs []*assetsapi.AssetRef) {
 	}
 
 	if n.sites[site] == nil {
-		n.sites[site] = map[string][]*assetsapi.AssetRef{}
+		n.sites[site] = map[string]machineNeeds{}
 	}
 
-	if len(refs) == 0 {
+	if len(refs) == 0 && len(wants) == 0 {
 		delete(n.sites[site], machine)
 	} else {
-		n.sites[site][machine] = refs
+		n.sites[site][machine] = machineNeeds{refs: refs, wants: wants}
 	}
 
 	n.publishLocked(site)
 }
 
-// publishLocked hands the site's set, de-duplicated by name and sorted, to the catalog.
+// publishLocked hands the site's set, de-duplicated by name and sorted, to the catalog, with the upstream
+// assets it waits for.
 func (n *Needs) publishLocked(site string) {
 	byName := map[string]*assetsapi.AssetRef{}
+	fetch := n.catalog.Policy(site) != assetsapi.Policy_POLICY_PASSTHROUGH
+	pending := map[string]Want{}
 
 	for _, r := range n.common {
 		byName[r.GetName()] = r
 	}
 
-	for _, refs := range n.sites[site] {
-		for _, r := range refs {
+	for _, m := range n.sites[site] {
+		for _, r := range m.refs {
 			byName[r.GetName()] = r
+		}
+
+		for _, w := range m.wants {
+			if n.library == nil {
+				break
+			}
+
+			refs, held := n.library.Refs(w)
+			if !held && fetch {
+				n.library.Want(w)
+				pending[w.Key()] = w
+			}
+
+			for _, r := range refs {
+				byName[r.GetName()] = r
+			}
 		}
 	}
 
@@ -95,4 +155,35 @@ func (n *Needs) publishLocked(site string) {
 	slices.SortFunc(out, func(a, b *assetsapi.AssetRef) int { return strings.Compare(a.GetName(), b.GetName()) })
 
 	n.catalog.SetNeeded(site, out)
+
+	waits := make([]Want, 0, len(pending))
+	for _, w := range pending {
+		waits = append(waits, w)
+	}
+
+	slices.SortFunc(waits, func(a, b Want) int { return strings.Compare(a.Key(), b.Key()) })
+	n.pending[site] = waits
+}
+
+// SiteAssets returns a site's asset state as the admin API reports it (it fits sites.AssetState): the
+// catalog's, and the upstream assets the site waits for the controller to fetch, with their progress now.
+func (n *Needs) SiteAssets(site string) *assetsapi.SiteAssetState {
+	out := n.catalog.SiteAssets(site)
+
+	n.mu.Lock()
+	waits := n.pending[site]
+	n.mu.Unlock()
+
+	for _, w := range waits {
+		p, ok := n.library.Progress(w)
+		if !ok || p.Held {
+			continue
+		}
+
+		out.Upstream = append(out.Upstream, &assetsapi.UpstreamAsset{
+			Key: p.Key, Source: p.Source, BytesDone: p.Done, BytesTotal: p.Total, Error: p.Err,
+		})
+	}
+
+	return out
 }

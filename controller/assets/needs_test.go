@@ -1,7 +1,11 @@
 package assets_test
 
 import (
+	"context"
+	"net/http/httptest"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -24,7 +28,7 @@ func TestNeedsFollowPlans(t *testing.T) {
 	cat := assets.NewCatalog(assetsapi.Policy_POLICY_OFFLINE, nil)
 	agent := []*assetsapi.AssetRef{{Name: "agent/x86_64/vmlinuz", Sha256: "a"}}
 	kernel := &assetsapi.AssetRef{Name: "install/s/v1.11.0/kernel-amd64", Sha256: "k"}
-	needs := assets.NewNeeds(cat, agent)
+	needs := assets.NewNeeds(cat, nil, agent)
 
 	needs.Site("a")
 	require.Equal(t, []string{"agent/x86_64/vmlinuz"}, names(cat.Site("a").Missing))
@@ -41,4 +45,62 @@ func TestNeedsFollowPlans(t *testing.T) {
 	// m2 boots its disk now: a no longer needs the kernel.
 	needs.SetMachine("a", "m2", nil)
 	require.Equal(t, []string{"agent/x86_64/vmlinuz"}, names(cat.Site("a").Missing))
+}
+
+func TestNeedsAskTheLibraryForUpstreamAssetsOfSitesThatHoldThem(t *testing.T) {
+	t.Parallel()
+
+	up := &upstream{}
+	kernel, sum := randomBytes(t, 5000)
+	up.set("/k", kernel, 0)
+
+	srv := httptest.NewServer(up)
+	t.Cleanup(srv.Close)
+
+	lib := startLibrary(t, assets.DefaultLibrary(t.TempDir(), srv.Client()))
+	cat := assets.NewCatalog(assetsapi.Policy_POLICY_PASSTHROUGH, nil)
+	require.NoError(t, cat.SetPolicy("cached", assetsapi.Policy_POLICY_CACHE))
+
+	needs := assets.NewNeeds(cat, lib, nil)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+
+	go func() { done <- needs.RunLibrary(ctx) }()
+
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+
+	w := assets.Want{Name: "talos/v1.11.0/s/amd64/kernel", URL: srv.URL + "/k"}
+
+	// a passthrough site's machines fetch upstream themselves: the controller fetches nothing for it
+	needs.SetMachine("passing", "m1", nil, w)
+	require.Empty(t, cat.Site("passing").Missing)
+	require.Empty(t, needs.SiteAssets("passing").GetUpstream())
+	require.Zero(t, up.gets.Load())
+
+	// a caching site's plan makes the controller fetch it once; the site is asked for it once held
+	needs.SetMachine("cached", "m2", nil, w)
+	needs.SetMachine("cached", "m3", nil, w)
+
+	require.Eventually(t, func() bool {
+		missing := cat.Site("cached").Missing
+
+		return len(missing) == 1 && missing[0].GetSha256() == sum
+	}, 10*time.Second, 5*time.Millisecond)
+	require.Empty(t, needs.SiteAssets("cached").GetUpstream(), "nothing pending once held")
+	require.EqualValues(t, 1, up.gets.Load())
+	require.Equal(t, []string{srv.URL + "/k"}, cat.Site("cached").Missing[0].GetUrls(), "the edge may fetch it upstream itself")
+
+	// a failing upstream shows as pending with its error
+	bad := assets.Want{Name: "talos/v1.11.0/s/amd64/initramfs.xz", URL: srv.URL + "/missing"}
+	needs.SetMachine("cached", "m4", nil, bad)
+
+	require.Eventually(t, func() bool {
+		ups := needs.SiteAssets("cached").GetUpstream()
+
+		return len(ups) == 1 && ups[0].GetKey() == bad.Name && strings.Contains(ups[0].GetError(), "404")
+	}, 10*time.Second, 5*time.Millisecond)
 }

@@ -82,10 +82,12 @@ func Decide(s Situation) Mode {
 type Plan struct {
 	MachineID string
 	Mode      Mode
-	// ScriptURL is an iPXE script to chain (image factory); empty for local assets.
-	ScriptURL string
-	// KernelURL and InitrdURL are the kernel and initramfs to boot (local assets).
+	// KernelURL and InitrdURL are the kernel and initramfs to boot (edge-local /assets/ names, or URLs).
 	KernelURL, InitrdURL string
+	// UpstreamKernelURL and UpstreamInitrdURL are where a passthrough site's machines fetch them instead.
+	UpstreamKernelURL, UpstreamInitrdURL string
+	// Installer is the installer image Talos pulls after an install boot ("" when the source has none).
+	Installer string
 	// KernelArgs is the full extra kernel command line (agent/install).
 	KernelArgs []string
 	// DiskMethod is set for ModeDisk.
@@ -98,8 +100,8 @@ type Plan struct {
 
 // Equal reports whether two plans are the same.
 func (p Plan) Equal(o Plan) bool {
-	return p.MachineID == o.MachineID && p.Mode == o.Mode && p.ScriptURL == o.ScriptURL && p.KernelURL == o.KernelURL &&
-		p.InitrdURL == o.InitrdURL && slices.Equal(p.KernelArgs, o.KernelArgs) && p.DiskMethod == o.DiskMethod && p.Arch == o.Arch &&
+	return p.MachineID == o.MachineID && p.Mode == o.Mode && p.KernelURL == o.KernelURL && p.InitrdURL == o.InitrdURL &&
+		p.UpstreamKernelURL == o.UpstreamKernelURL && p.UpstreamInitrdURL == o.UpstreamInitrdURL && p.Installer == o.Installer && slices.Equal(p.KernelArgs, o.KernelArgs) && p.DiskMethod == o.DiskMethod && p.Arch == o.Arch &&
 		slices.Equal(p.MACs, o.MACs)
 }
 
@@ -257,9 +259,9 @@ func (p *Planner) Plan(ctx context.Context, siteID string, m Machine) (Plan, err
 	}
 
 	plan.Arch = profile.Normalize().Arch
-	plan.ScriptURL = boot.ScriptURL
-	plan.KernelURL = boot.KernelURL
-	plan.InitrdURL = boot.InitrdURL
+	plan.KernelURL, plan.InitrdURL = boot.KernelURL, boot.InitrdURL
+	plan.UpstreamKernelURL, plan.UpstreamInitrdURL = boot.UpstreamKernelURL, boot.UpstreamInitrdURL
+	plan.Installer = boot.Installer
 	plan.KernelArgs = boot.KernelArgs
 
 	return plan, nil
@@ -275,11 +277,14 @@ func ToProto(p Plan) (*bootpb.Plan, error) {
 		out.ExtraArgs = slices.Clone(p.KernelArgs)
 	case ModeInstall:
 		if p.KernelURL == "" {
-			return nil, fmt.Errorf("install plan of %s has no kernel (script-only assets cannot go into a boot table)", p.MachineID)
+			return nil, fmt.Errorf("install plan of %s has no kernel", p.MachineID)
 		}
 
 		out.Mode = bootpb.Mode_MODE_INSTALL
-		out.Install = &bootpb.Kernel{KernelUrl: p.KernelURL, InitrdUrl: p.InitrdURL, Args: slices.Clone(p.KernelArgs)}
+		out.Install = &bootpb.Kernel{
+			KernelUrl: p.KernelURL, InitrdUrl: p.InitrdURL, Args: slices.Clone(p.KernelArgs),
+			UpstreamKernelUrl: p.UpstreamKernelURL, UpstreamInitrdUrl: p.UpstreamInitrdURL, Installer: p.Installer,
+		}
 	case ModeDisk:
 		out.Mode = bootpb.Mode_MODE_DISK
 

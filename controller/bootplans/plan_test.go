@@ -107,7 +107,7 @@ func TestPlannerEdgeAgentImage(t *testing.T) {
 	agent, err := p.Plan(t.Context(), "site-a", bootplans.Machine{ID: "m1", ExtraKernelArgs: "foo=bar"})
 	require.NoError(t, err)
 	require.Equal(t, bootplans.ModeAgent, agent.Mode)
-	require.Empty(t, agent.KernelURL+agent.InitrdURL+agent.ScriptURL)
+	require.Empty(t, agent.KernelURL+agent.InitrdURL+agent.UpstreamKernelURL)
 	require.Equal(t, "amd64", agent.Arch)
 	require.Equal(t, []string{"talos.platform=metal", "talos.config=http://site-a/config?u=${uuid}", "metal.provider.address=site-a:8081", "console=ttyS0,115200", "foo=bar"}, agent.KernelArgs)
 	require.Empty(t, res.last.TalosVersion, "nothing resolved for agent mode")

@@ -88,8 +88,8 @@ func TestPush(t *testing.T) {
 	_, err = push.Push(short, "site-c", bootplans.Plan{MachineID: id, Mode: bootplans.ModeDeny})
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 
-	_, err = bootplans.ToProto(bootplans.Plan{MachineID: id, Mode: bootplans.ModeInstall, ScriptURL: "http://f/pxe"})
-	require.Error(t, err, "script-only install assets cannot go into a boot table")
+	_, err = bootplans.ToProto(bootplans.Plan{MachineID: id, Mode: bootplans.ModeInstall, UpstreamKernelURL: "http://f/k"})
+	require.Error(t, err, "an install plan without an edge-local or absolute kernel cannot go into a boot table")
 }
 
 func TestNewSiteCarriesJoinConfig(t *testing.T) {

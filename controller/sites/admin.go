@@ -32,7 +32,6 @@ type Admin struct {
 // AssetState is what the operator API needs of the boot-asset catalog.
 type AssetState interface {
 	SiteAssets(siteID string) *assetspb.SiteAssetState
-	SetPolicy(siteID string, policy assetspb.Policy) error
 }
 
 // Role tells, when this controller stands by, which one acts and where it accepts edges (nil: it always acts).
@@ -177,7 +176,8 @@ func (a *Admin) ShowSite(ctx context.Context, req *adminpb.ShowSiteRequest) (*ad
 	return out, nil
 }
 
-// SetAssetPolicy implements adminpb.AdminServer: the policy is stored with the site and pushed to its edge.
+// SetAssetPolicy implements adminpb.AdminServer: the policy is stored with the site; every controller follows
+// the stored settings (the acting one pushes the policy to the site's edge).
 func (a *Admin) SetAssetPolicy(ctx context.Context, req *adminpb.SetAssetPolicyRequest) (*adminpb.SetAssetPolicyResponse, error) {
 	if _, ok := assetspb.Policy_name[int32(req.GetPolicy())]; !ok || req.GetPolicy() == assetspb.Policy_POLICY_UNSPECIFIED {
 		return nil, status.Errorf(codes.InvalidArgument, "asset policy %v is not passthrough, cache or offline", req.GetPolicy())
@@ -189,10 +189,6 @@ func (a *Admin) SetAssetPolicy(ctx context.Context, req *adminpb.SetAssetPolicyR
 
 	if err := a.registry.SetAssetPolicy(ctx, req.GetSiteId(), int32(req.GetPolicy())); err != nil {
 		return nil, registryStatus(err)
-	}
-
-	if err := a.assets.SetPolicy(req.GetSiteId(), req.GetPolicy()); err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 
 	return &adminpb.SetAssetPolicyResponse{}, nil

@@ -35,6 +35,9 @@ type Settings struct {
 	RegisteredMACs []string
 	// Labels are published on the site's machines (controller site label; not changed by SetSettings).
 	Labels map[string]string
+	// AssetPolicy is the site's boot-asset policy, an outpost.assets.Policy value, 0 for the controller's
+	// default (controller site policy; not changed by SetSettings).
+	AssetPolicy int32
 }
 
 // SettingsOf returns a stored site's settings.
@@ -44,6 +47,7 @@ func SettingsOf(site *resources.Site) Settings {
 	return Settings{
 		Discovery: spec.GetDiscovery(), BMCProtocol: spec.GetBmcProtocol(), WipeMethod: spec.GetWipeMethod(),
 		ExtraConfig: spec.GetExtraConfig(), RegisteredMACs: spec.GetRegisteredMacs(), Labels: spec.GetLabels(),
+		AssetPolicy: spec.GetAssetPolicy(),
 	}
 }
 

@@ -181,6 +181,7 @@ func (e *Edge) build(ctx context.Context, cfg config.Config, opts Options) error
 		Catalog:    catalog,
 		Observer:   events,
 		Assets:     served,
+		Upstream:   func() httpd.UpstreamRule { return upstreamRule(fetcher.Policy()) },
 		Registerer: metrics,
 		Gatherer:   metrics,
 	})
@@ -350,4 +351,16 @@ func (e *Edge) Close() error {
 	}
 
 	return closeAll(e.closers)
+}
+
+// upstreamRule is the site's asset policy as the boot scripts and /config apply it.
+func upstreamRule(p assetcache.Policy) httpd.UpstreamRule {
+	switch p {
+	case assetcache.PolicyOffline:
+		return httpd.UpstreamNever
+	case assetcache.PolicyCache:
+		return httpd.UpstreamViaEdge
+	default:
+		return httpd.UpstreamAllowed
+	}
 }

@@ -21,9 +21,9 @@ type Policy string
 
 // The policies.
 const (
-	// PolicyPassthrough: boot scripts chain to the image factory; nothing is cached.
+	// PolicyPassthrough: machines fetch install assets from the image factory themselves; nothing is cached.
 	PolicyPassthrough Policy = "passthrough"
-	// PolicyCache: fetch from the factory (or relay), verify, serve locally; pass through until verified.
+	// PolicyCache: fetch from the factory (or relay), verify, serve locally; machines wait until it is held.
 	PolicyCache Policy = "cache"
 	// PolicyOffline: serve only what is cached; fill by relay or import, never from the factory.
 	PolicyOffline Policy = "offline"
@@ -56,10 +56,6 @@ type Status struct {
 	State State
 	Err   string
 }
-
-// ErrUnavailable: the asset is not cached and the policy forbids fetching it from anywhere the machine could
-// reach; the boot plan must not be served (the machine stays in a safe state).
-var ErrUnavailable = errors.New("asset unavailable at this site")
 
 // FetcherConfig configures a Fetcher.
 type FetcherConfig struct {
@@ -101,8 +97,8 @@ func (c FetcherConfig) Validate() error {
 }
 
 // Fetcher keeps the cache filled according to the site policy: it downloads what the controller asks for in
-// the background (from the factory under cache, by relay from the controller under cache and offline), tells
-// boot-script generation where each asset can be had, and reports the asset state to the controller.
+// the background (from the factory under cache, by relay from the controller under cache and offline) and
+// reports the asset state to the controller.
 type Fetcher struct {
 	cfg   FetcherConfig
 	store *Store
@@ -271,61 +267,6 @@ func (f *Fetcher) Statuses() []Status {
 	sort.Slice(out, func(i, j int) bool { return out[i].Ref.Name < out[j].Ref.Name })
 
 	return out
-}
-
-// Location is where a machine can fetch an asset from.
-type Location struct {
-	// Local is set when the edge serves it: Path is then "/assets/<sha256>" on the edge's HTTP server.
-	Local bool
-	Path  string
-	// URL is the upstream URL to pass through to when not Local.
-	URL string
-}
-
-// Locate says where a machine should fetch an asset: from the edge when it is cached, else from upstream
-// when the policy allows passing through; under offline a missing asset is ErrUnavailable.
-func (f *Fetcher) Locate(ref Ref) (Location, error) {
-	if f.store.Has(ref.SHA256) {
-		return Location{Local: true, Path: "/assets/" + ref.SHA256}, nil
-	}
-
-	f.mu.Lock()
-	policy := f.policy
-	f.mu.Unlock()
-
-	if policy == PolicyOffline || len(ref.URLs) == 0 {
-		f.noteMissing(ref)
-
-		return Location{}, fmt.Errorf("locate %s (%s) under policy %s: %w", ref.Name, ref.SHA256, policy, ErrUnavailable)
-	}
-
-	return Location{URL: ref.URLs[0]}, nil
-}
-
-// noteMissing records an asset a boot plan asked for but the site lacks, so that it is reported to the
-// controller (and fetched by relay when one is available).
-func (f *Fetcher) noteMissing(ref Ref) {
-	if ref.Validate() != nil {
-		return
-	}
-
-	f.mu.Lock()
-	defer f.mu.Unlock()
-
-	if st := f.states[ref.SHA256]; st != nil && st.State != StatePresent {
-		return
-	}
-
-	st := &Status{Ref: ref, State: StateMissing}
-	f.states[ref.SHA256] = st
-	f.store.Hold(ref.SHA256)
-
-	if f.policy != PolicyPassthrough && f.relay != nil {
-		st.State = StateFetching
-		f.pending = append(f.pending, ref)
-	}
-
-	f.signal()
 }
 
 // Changed is signalled (coalesced) whenever an asset's state changes.

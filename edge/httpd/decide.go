@@ -25,11 +25,28 @@ type Request struct {
 	Plan boot.Entry
 	// Assets tells which /assets/ names the edge serves now (its cache or its files directory); nil: none.
 	Assets AssetIndex
+	// Upstream is how the site's machines may reach upstream install assets (the site's asset policy).
+	Upstream UpstreamRule
 	// LastReported is when this machine's wait for assets was last reported; zero if never.
 	LastReported time.Time
 	// Now is the time of the request.
 	Now time.Time
 }
+
+// UpstreamRule is how a site's machines may reach upstream install assets: the site's asset policy as the
+// boot scripts and /config see it.
+type UpstreamRule int
+
+// The rules.
+const (
+	// UpstreamAllowed (passthrough): a machine boots an install kernel the edge does not hold from upstream.
+	UpstreamAllowed UpstreamRule = iota
+	// UpstreamViaEdge (cache): machines boot only what the edge holds, waiting for it meanwhile, and pull the
+	// installer image through the edge's registry (which the machine may pass by when it lacks the image).
+	UpstreamViaEdge
+	// UpstreamNever (offline): nothing a machine fetches leaves the site, the installer image included.
+	UpstreamNever
+)
 
 // Kind is the kind of answer Decide gives.
 type Kind int
@@ -156,6 +173,10 @@ func kernelOrWait(cfg Config, req Request, base, mode, comment string, k *bootpb
 	}
 
 	if missing := missingAssets(req.Assets, k); len(missing) > 0 {
+		if up, ok := upstream(req.Upstream, k); ok {
+			return kernelOrWait(cfg, Request{Query: req.Query, Upstream: UpstreamNever}, base, mode, comment, up, args)
+		}
+
 		return Answer{
 			Kind: KindWait, Mode: "wait", Waiting: mode, Missing: missing,
 			Again:       base + "/ipxe/boot.ipxe?" + req.Query.Encode(),
@@ -255,6 +276,15 @@ func missingAssets(have AssetIndex, k *bootpb.Kernel) []string {
 	}
 
 	return out
+}
+
+// upstream returns k's upstream kernel and initrd when the site lets machines fetch them there and k has them.
+func upstream(rule UpstreamRule, k *bootpb.Kernel) (*bootpb.Kernel, bool) {
+	if rule != UpstreamAllowed || k.GetUpstreamKernelUrl() == "" || k.GetUpstreamInitrdUrl() == "" {
+		return nil, false
+	}
+
+	return &bootpb.Kernel{KernelUrl: k.GetUpstreamKernelUrl(), InitrdUrl: k.GetUpstreamInitrdUrl(), Args: k.GetArgs()}, true
 }
 
 // absolute makes edge-relative kernel and initrd paths absolute URLs.

@@ -1,9 +1,11 @@
 package httpd
 
 import (
+	"bytes"
 	"errors"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outpost-metal/outpost/edge/bootfiles"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 	"github.com/outpost-metal/outpost/shared/metal"
 )
 
@@ -43,7 +46,8 @@ func (s *Server) serveBoot(w http.ResponseWriter, r *http.Request) {
 	e := s.deps.Table.Lookup(q.UUID, q.MAC, q.KernelArch())
 
 	a := Decide(s.cfg, Request{
-		Query: q, Host: r.Host, Plan: e, Assets: s.deps.Assets, LastReported: s.waits.last(waitKey), Now: now,
+		Query: q, Host: r.Host, Plan: e, Assets: s.deps.Assets, Upstream: s.upstream(),
+		LastReported: s.waits.last(waitKey), Now: now,
 	})
 
 	switch {
@@ -115,6 +119,10 @@ func (s *Server) serveConfig(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	if mirror := s.installerMirror(u, r.Host); mirror != nil {
+		cfg = append(append(bytes.TrimRight(slices.Clone(cfg), "\n"), "\n---\n"...), mirror...)
+	}
+
 	writeText(w, "application/yaml", cfg)
 
 	if obs, ok := s.deps.Observer.(ConfigObserver); ok {
@@ -133,6 +141,43 @@ func writeText(w http.ResponseWriter, contentType string, body []byte) {
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(body)                      //nolint:errcheck // the client went away: nothing to do
 	_ = http.NewResponseController(w).Flush() //nolint:errcheck
+}
+
+// upstream is the site's rule for upstream install assets now.
+func (s *Server) upstream() UpstreamRule {
+	if s.deps.Upstream == nil {
+		return UpstreamAllowed
+	}
+
+	return s.deps.Upstream()
+}
+
+// installerMirror is the registry mirror document a machine in install mode gets with its config at a site
+// whose machines pull the installer image through the edge (nil: none).
+func (s *Server) installerMirror(uuid, host string) []byte {
+	rule := s.upstream()
+	if rule == UpstreamAllowed {
+		return nil
+	}
+
+	e := s.deps.Table.Lookup(uuid, nil, "")
+	if e.Mode != bootpb.Mode_MODE_INSTALL || e.Install.GetInstaller() == "" {
+		return nil
+	}
+
+	base, ok := baseURL(s.cfg, host)
+	if !ok {
+		return nil
+	}
+
+	doc, err := registryMirror(e.Install.GetInstaller(), base, rule)
+	if err != nil {
+		s.log.Warn("no registry mirror for the installer image", zap.String("uuid", uuid), zap.Error(err))
+
+		return nil
+	}
+
+	return doc
 }
 
 func (s *Server) reject(w http.ResponseWriter, reason string, code int, err error) {

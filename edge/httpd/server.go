@@ -1,7 +1,7 @@
 // Package httpd is the edge's HTTP server: the iPXE scripts (/ipxe/init.ipxe, /ipxe/boot.ipxe answered from
 // the boot table), the iPXE binaries for UEFI HTTP boot (/tftp/<file>), boot assets (/assets/, mounted
 // from edge/assetcache, which owns it), the Talos machine config the controller last
-// sent (/config), /metrics and /healthz.
+// sent (/config), the edge's read-only OCI registry (/v2/, mounted from edge/registry), /metrics and /healthz.
 //
 // What boot.ipxe answers is decided by Decide (decide.go), a function of the request, the machine's plan,
 // the assets at hand and the time; the handlers (handlers.go) gather those and write the answer.
@@ -74,6 +74,12 @@ type Deps struct {
 	// Assets serves /assets/ (optional: without it nothing is served there). A boot whose edge-local kernel
 	// or initrd it does not have gets a script that waits for them.
 	Assets Assets
+	// Upstream tells how the site's machines may reach upstream install assets, from the site's asset policy
+	// now (nil: UpstreamAllowed, as on an edge without a cache).
+	Upstream func() UpstreamRule
+	// Registry serves the OCI distribution API under /v2/, for every method (optional: without it nothing is
+	// served there).
+	Registry http.Handler
 	// Observer is optional.
 	Observer Observer
 	// Registerer receives this server's metrics; Gatherer is what /metrics serves (usually the same registry).
@@ -150,6 +156,11 @@ func New(cfg Config, logger *zap.Logger, deps Deps) (*Server, error) {
 	mux.Handle("GET /healthz", count("healthz", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		writeText(w, "text/plain; charset=utf-8", []byte("ok\n"))
 	})))
+
+	if deps.Registry != nil { // every method: the registry answers writes with the spec's error
+		mux.Handle("/v2/", count("registry", deps.Registry))
+	}
+
 	s.handler = mux
 
 	return s, nil

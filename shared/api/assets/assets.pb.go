@@ -31,9 +31,10 @@ type Policy int32
 
 const (
 	Policy_POLICY_UNSPECIFIED Policy = 0
-	// PASSTHROUGH: boot scripts chain to the image factory; the edge caches nothing.
+	// PASSTHROUGH: machines fetch install assets from the image factory themselves; the edge caches nothing.
 	Policy_POLICY_PASSTHROUGH Policy = 1
-	// CACHE: the edge fetches from the factory (or by relay), verifies, serves locally; passthrough until verified.
+	// CACHE: the edge fetches each asset once, from the factory itself when it can or by relay, verifies it and
+	// serves every machine from its store; a machine whose assets are not held yet waits for them.
 	Policy_POLICY_CACHE Policy = 2
 	// OFFLINE: the edge serves only what it has; it fills the cache by relay or import, never from the factory.
 	Policy_POLICY_OFFLINE Policy = 3
@@ -822,7 +823,9 @@ type SiteAssetState struct {
 	Relays       int64                  `protobuf:"varint,9,opt,name=relays,proto3" json:"relays,omitempty"`
 	ReportedAt   *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=reported_at,json=reportedAt,proto3" json:"reported_at,omitempty"`
 	// push_error is the last failure to send the policy and needed assets to the edge.
-	PushError     string `protobuf:"bytes,11,opt,name=push_error,json=pushError,proto3" json:"push_error,omitempty"`
+	PushError string `protobuf:"bytes,11,opt,name=push_error,json=pushError,proto3" json:"push_error,omitempty"`
+	// upstream lists what the site's plans need that the controller is still fetching from upstream.
+	Upstream      []*UpstreamAsset `protobuf:"bytes,12,rep,name=upstream,proto3" json:"upstream,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -934,6 +937,94 @@ func (x *SiteAssetState) GetPushError() string {
 	return ""
 }
 
+func (x *SiteAssetState) GetUpstream() []*UpstreamAsset {
+	if x != nil {
+		return x.Upstream
+	}
+	return nil
+}
+
+// UpstreamAsset is an install asset (a file or an installer image) the controller fetches from upstream.
+type UpstreamAsset struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// key is the asset's logical name, or image:<reference>@<arch> for an installer image.
+	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// source is where it comes from (a URL or an image reference).
+	Source    string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	BytesDone int64  `protobuf:"varint,3,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
+	// bytes_total is the expected size (0: not known yet).
+	BytesTotal int64 `protobuf:"varint,4,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"`
+	// error is the last fetch's failure.
+	Error         string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpstreamAsset) Reset() {
+	*x = UpstreamAsset{}
+	mi := &file_shared_api_assets_assets_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpstreamAsset) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpstreamAsset) ProtoMessage() {}
+
+func (x *UpstreamAsset) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_assets_assets_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpstreamAsset.ProtoReflect.Descriptor instead.
+func (*UpstreamAsset) Descriptor() ([]byte, []int) {
+	return file_shared_api_assets_assets_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *UpstreamAsset) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *UpstreamAsset) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *UpstreamAsset) GetBytesDone() int64 {
+	if x != nil {
+		return x.BytesDone
+	}
+	return 0
+}
+
+func (x *UpstreamAsset) GetBytesTotal() int64 {
+	if x != nil {
+		return x.BytesTotal
+	}
+	return 0
+}
+
+func (x *UpstreamAsset) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 var File_shared_api_assets_assets_proto protoreflect.FileDescriptor
 
 const file_shared_api_assets_assets_proto_rawDesc = "" +
@@ -982,7 +1073,7 @@ const file_shared_api_assets_assets_proto_rawDesc = "" +
 	"bytes_used\x18\x02 \x01(\x03R\tbytesUsed\x12\x1b\n" +
 	"\tbytes_cap\x18\x03 \x01(\x03R\bbytesCap\x12.\n" +
 	"\x06policy\x18\x04 \x01(\x0e2\x16.outpost.assets.PolicyR\x06policy\"\x10\n" +
-	"\x0eReportResponse\"\x96\x04\n" +
+	"\x0eReportResponse\"\xd1\x04\n" +
 	"\x0eSiteAssetState\x12\x17\n" +
 	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12.\n" +
 	"\x06policy\x18\x02 \x01(\x0e2\x16.outpost.assets.PolicyR\x06policy\x123\n" +
@@ -998,10 +1089,19 @@ const file_shared_api_assets_assets_proto_rawDesc = "" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"reportedAt\x12\x1d\n" +
 	"\n" +
-	"push_error\x18\v \x01(\tR\tpushError\x1a9\n" +
+	"push_error\x18\v \x01(\tR\tpushError\x129\n" +
+	"\bupstream\x18\f \x03(\v2\x1d.outpost.assets.UpstreamAssetR\bupstream\x1a9\n" +
 	"\vFailedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*^\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8f\x01\n" +
+	"\rUpstreamAsset\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x12\x1d\n" +
+	"\n" +
+	"bytes_done\x18\x03 \x01(\x03R\tbytesDone\x12\x1f\n" +
+	"\vbytes_total\x18\x04 \x01(\x03R\n" +
+	"bytesTotal\x12\x14\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error*^\n" +
 	"\x06Policy\x12\x16\n" +
 	"\x12POLICY_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12POLICY_PASSTHROUGH\x10\x01\x12\x10\n" +
@@ -1037,7 +1137,7 @@ func file_shared_api_assets_assets_proto_rawDescGZIP() []byte {
 }
 
 var file_shared_api_assets_assets_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_shared_api_assets_assets_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_shared_api_assets_assets_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_shared_api_assets_assets_proto_goTypes = []any{
 	(Policy)(0),                   // 0: outpost.assets.Policy
 	(AssetState)(0),               // 1: outpost.assets.AssetState
@@ -1054,41 +1154,43 @@ var file_shared_api_assets_assets_proto_goTypes = []any{
 	(*AssetReport)(nil),           // 12: outpost.assets.AssetReport
 	(*ReportResponse)(nil),        // 13: outpost.assets.ReportResponse
 	(*SiteAssetState)(nil),        // 14: outpost.assets.SiteAssetState
-	nil,                           // 15: outpost.assets.EvictResponse.RefusedEntry
-	nil,                           // 16: outpost.assets.SiteAssetState.FailedEntry
-	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
+	(*UpstreamAsset)(nil),         // 15: outpost.assets.UpstreamAsset
+	nil,                           // 16: outpost.assets.EvictResponse.RefusedEntry
+	nil,                           // 17: outpost.assets.SiteAssetState.FailedEntry
+	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
 }
 var file_shared_api_assets_assets_proto_depIdxs = []int32{
 	2,  // 0: outpost.assets.AssetStatus.ref:type_name -> outpost.assets.AssetRef
 	1,  // 1: outpost.assets.AssetStatus.state:type_name -> outpost.assets.AssetState
-	17, // 2: outpost.assets.AssetStatus.last_used:type_name -> google.protobuf.Timestamp
+	18, // 2: outpost.assets.AssetStatus.last_used:type_name -> google.protobuf.Timestamp
 	0,  // 3: outpost.assets.EnsureRequest.policy:type_name -> outpost.assets.Policy
 	2,  // 4: outpost.assets.EnsureRequest.assets:type_name -> outpost.assets.AssetRef
 	3,  // 5: outpost.assets.EnsureResponse.statuses:type_name -> outpost.assets.AssetStatus
 	3,  // 6: outpost.assets.ListResponse.assets:type_name -> outpost.assets.AssetStatus
-	15, // 7: outpost.assets.EvictResponse.refused:type_name -> outpost.assets.EvictResponse.RefusedEntry
+	16, // 7: outpost.assets.EvictResponse.refused:type_name -> outpost.assets.EvictResponse.RefusedEntry
 	3,  // 8: outpost.assets.AssetReport.assets:type_name -> outpost.assets.AssetStatus
 	0,  // 9: outpost.assets.AssetReport.policy:type_name -> outpost.assets.Policy
 	0,  // 10: outpost.assets.SiteAssetState.policy:type_name -> outpost.assets.Policy
 	3,  // 11: outpost.assets.SiteAssetState.cached:type_name -> outpost.assets.AssetStatus
 	2,  // 12: outpost.assets.SiteAssetState.missing:type_name -> outpost.assets.AssetRef
-	16, // 13: outpost.assets.SiteAssetState.failed:type_name -> outpost.assets.SiteAssetState.FailedEntry
-	17, // 14: outpost.assets.SiteAssetState.reported_at:type_name -> google.protobuf.Timestamp
-	4,  // 15: outpost.assets.EdgeAssets.Ensure:input_type -> outpost.assets.EnsureRequest
-	6,  // 16: outpost.assets.EdgeAssets.List:input_type -> outpost.assets.ListRequest
-	8,  // 17: outpost.assets.EdgeAssets.Evict:input_type -> outpost.assets.EvictRequest
-	10, // 18: outpost.assets.AssetRelay.Fetch:input_type -> outpost.assets.FetchRequest
-	12, // 19: outpost.assets.AssetRelay.Report:input_type -> outpost.assets.AssetReport
-	5,  // 20: outpost.assets.EdgeAssets.Ensure:output_type -> outpost.assets.EnsureResponse
-	7,  // 21: outpost.assets.EdgeAssets.List:output_type -> outpost.assets.ListResponse
-	9,  // 22: outpost.assets.EdgeAssets.Evict:output_type -> outpost.assets.EvictResponse
-	11, // 23: outpost.assets.AssetRelay.Fetch:output_type -> outpost.assets.Chunk
-	13, // 24: outpost.assets.AssetRelay.Report:output_type -> outpost.assets.ReportResponse
-	20, // [20:25] is the sub-list for method output_type
-	15, // [15:20] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	17, // 13: outpost.assets.SiteAssetState.failed:type_name -> outpost.assets.SiteAssetState.FailedEntry
+	18, // 14: outpost.assets.SiteAssetState.reported_at:type_name -> google.protobuf.Timestamp
+	15, // 15: outpost.assets.SiteAssetState.upstream:type_name -> outpost.assets.UpstreamAsset
+	4,  // 16: outpost.assets.EdgeAssets.Ensure:input_type -> outpost.assets.EnsureRequest
+	6,  // 17: outpost.assets.EdgeAssets.List:input_type -> outpost.assets.ListRequest
+	8,  // 18: outpost.assets.EdgeAssets.Evict:input_type -> outpost.assets.EvictRequest
+	10, // 19: outpost.assets.AssetRelay.Fetch:input_type -> outpost.assets.FetchRequest
+	12, // 20: outpost.assets.AssetRelay.Report:input_type -> outpost.assets.AssetReport
+	5,  // 21: outpost.assets.EdgeAssets.Ensure:output_type -> outpost.assets.EnsureResponse
+	7,  // 22: outpost.assets.EdgeAssets.List:output_type -> outpost.assets.ListResponse
+	9,  // 23: outpost.assets.EdgeAssets.Evict:output_type -> outpost.assets.EvictResponse
+	11, // 24: outpost.assets.AssetRelay.Fetch:output_type -> outpost.assets.Chunk
+	13, // 25: outpost.assets.AssetRelay.Report:output_type -> outpost.assets.ReportResponse
+	21, // [21:26] is the sub-list for method output_type
+	16, // [16:21] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_assets_assets_proto_init() }
@@ -1102,7 +1204,7 @@ func file_shared_api_assets_assets_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_assets_assets_proto_rawDesc), len(file_shared_api_assets_assets_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

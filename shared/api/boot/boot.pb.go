@@ -440,10 +440,18 @@ func (x *StateResponse) GetVersion() uint64 {
 // Kernel is a kernel, an initrd and kernel arguments. URLs are absolute or relative to the edge
 // (a path such as /assets/agent/x86_64/vmlinuz is served by the edge itself).
 type Kernel struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	KernelUrl     string                 `protobuf:"bytes,1,opt,name=kernel_url,json=kernelUrl,proto3" json:"kernel_url,omitempty"`
-	InitrdUrl     string                 `protobuf:"bytes,2,opt,name=initrd_url,json=initrdUrl,proto3" json:"initrd_url,omitempty"`
-	Args          []string               `protobuf:"bytes,3,rep,name=args,proto3" json:"args,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	KernelUrl string                 `protobuf:"bytes,1,opt,name=kernel_url,json=kernelUrl,proto3" json:"kernel_url,omitempty"`
+	InitrdUrl string                 `protobuf:"bytes,2,opt,name=initrd_url,json=initrdUrl,proto3" json:"initrd_url,omitempty"`
+	Args      []string               `protobuf:"bytes,3,rep,name=args,proto3" json:"args,omitempty"`
+	// upstream_kernel_url and upstream_initrd_url are where the same files come from upstream (the image
+	// factory): a site whose asset policy is passthrough boots them from there; other sites boot kernel_url and
+	// initrd_url (edge-local /assets/ names) and wait until the edge holds them.
+	UpstreamKernelUrl string `protobuf:"bytes,4,opt,name=upstream_kernel_url,json=upstreamKernelUrl,proto3" json:"upstream_kernel_url,omitempty"`
+	UpstreamInitrdUrl string `protobuf:"bytes,5,opt,name=upstream_initrd_url,json=upstreamInitrdUrl,proto3" json:"upstream_initrd_url,omitempty"`
+	// installer is the installer image (registry/repository:tag) Talos pulls after this boot: at a site that is
+	// not passthrough the edge's registry serves it, and /config names the edge as the registry's mirror.
+	Installer     string `protobuf:"bytes,6,opt,name=installer,proto3" json:"installer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -497,6 +505,27 @@ func (x *Kernel) GetArgs() []string {
 		return x.Args
 	}
 	return nil
+}
+
+func (x *Kernel) GetUpstreamKernelUrl() string {
+	if x != nil {
+		return x.UpstreamKernelUrl
+	}
+	return ""
+}
+
+func (x *Kernel) GetUpstreamInitrdUrl() string {
+	if x != nil {
+		return x.UpstreamInitrdUrl
+	}
+	return ""
+}
+
+func (x *Kernel) GetInstaller() string {
+	if x != nil {
+		return x.Installer
+	}
+	return ""
 }
 
 // Plan is the boot plan of one machine.
@@ -1862,13 +1891,16 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\x1ashared/api/boot/boot.proto\x12\foutpost.boot\x1a\x1fgoogle/protobuf/timestamp.proto\"\x0e\n" +
 	"\fStateRequest\")\n" +
 	"\rStateResponse\x12\x18\n" +
-	"\aversion\x18\x01 \x01(\x04R\aversion\"Z\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\"\xd8\x01\n" +
 	"\x06Kernel\x12\x1d\n" +
 	"\n" +
 	"kernel_url\x18\x01 \x01(\tR\tkernelUrl\x12\x1d\n" +
 	"\n" +
 	"initrd_url\x18\x02 \x01(\tR\tinitrdUrl\x12\x12\n" +
-	"\x04args\x18\x03 \x03(\tR\x04args\"\x93\x02\n" +
+	"\x04args\x18\x03 \x03(\tR\x04args\x12.\n" +
+	"\x13upstream_kernel_url\x18\x04 \x01(\tR\x11upstreamKernelUrl\x12.\n" +
+	"\x13upstream_initrd_url\x18\x05 \x01(\tR\x11upstreamInitrdUrl\x12\x1c\n" +
+	"\tinstaller\x18\x06 \x01(\tR\tinstaller\"\x93\x02\n" +
 	"\x04Plan\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x12\n" +
 	"\x04macs\x18\x02 \x03(\tR\x04macs\x12&\n" +
