@@ -6,8 +6,9 @@
 // The controller pulls an image once and relays its content like any boot asset, under the logical names of
 // shared/ocinames: a manifest by tag as oci/<repo>/manifests/<tag>, every blob and child manifest as
 // oci/<repo>/blobs/<hex>. The registry serves only what is held under those names: a digest is served for a
-// repository only when the repository's blob name points at it, so the machines' kernels and other
-// repositories' content are not reachable by digest.
+// repository only when the repository's blob name points at it, or, for a manifest, when one of the
+// repository's tags does (containerd resolves a tag, then fetches the manifest by digest), so the machines'
+// kernels and other repositories' content are not reachable by digest.
 //
 // Writes (PUT, POST, PATCH, DELETE) are refused with 405 UNSUPPORTED. A manifest is answered with its own
 // media type; a client whose Accept header does not admit it gets 404 MANIFEST_UNKNOWN (no conversion
@@ -41,6 +42,8 @@ type Store interface {
 	// Open opens a cached asset by logical name and returns its digest; assetcache.ErrNotFound or
 	// assetcache.ErrCorrupt when it has none.
 	Open(key string) (*os.File, string, error)
+	// Lookup describes a cached asset by digest, with its logical names.
+	Lookup(key string) (assetcache.Entry, error)
 	// List returns every cached asset with its logical names.
 	List() ([]assetcache.Entry, int64)
 }
@@ -174,6 +177,10 @@ func (h *Handler) serveManifest(w http.ResponseWriter, r *http.Request, t target
 	name := ocinames.ManifestName(t.repo, t.tag)
 	if t.hex != "" {
 		name = ocinames.BlobName(t.repo, t.hex)
+
+		if tagged, ok := h.taggedManifest(t.repo, t.hex); ok {
+			name = tagged
+		}
 	}
 
 	f, digest, ok := h.open(w, labelManifest, name, t.hex, codeManifestUnknown)
@@ -232,6 +239,25 @@ func (h *Handler) serveManifest(w http.ResponseWriter, r *http.Request, t target
 	}
 
 	http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(data))
+}
+
+// taggedManifest returns the name of a tag of repo pointing at the digest hex, when the repository's blob name
+// does not hold it: a manifest the controller relayed by tag only is still served by its digest.
+func (h *Handler) taggedManifest(repo, hex string) (string, bool) {
+	blob := ocinames.BlobName(repo, hex)
+
+	e, err := h.store.Lookup(hex)
+	if err != nil || slices.Contains(e.Names, blob) {
+		return "", false
+	}
+
+	for _, name := range e.Names {
+		if _, ok := ocinames.TagOf(repo, name); ok {
+			return name, true
+		}
+	}
+
+	return "", false
 }
 
 // serveBlob answers GET and HEAD of a blob with the cached file (Range and conditional requests, sendfile).

@@ -515,3 +515,38 @@ func TestTagsList(t *testing.T) {
 	require.Empty(t, tags)
 	require.NotNil(t, tags)
 }
+
+// TestManifestByDigestOfATag: a manifest the cache holds under a tag only is served by its digest in that
+// repository (containerd resolves the tag, then fetches by digest), and in no other.
+func TestManifestByDigestOfATag(t *testing.T) {
+	t.Parallel()
+
+	e := newEnv(t)
+	putImage(t, e.store, "other", "v1", ociImage(t, "amd64"))
+
+	img := ociImage(t, "amd64")
+	raw, err := img.RawManifest()
+	require.NoError(t, err)
+	put(t, e.store, ocinames.ManifestName("a/b", "v1"), raw) // no blob name for the manifest itself
+
+	digest := digestOf(t, img)
+
+	resp, body := e.do(t, http.MethodGet, "/v2/a/b/manifests/"+digest, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	require.Equal(t, raw, body)
+	require.Equal(t, digest, resp.Header.Get("Docker-Content-Digest"))
+
+	for _, path := range []string{"/v2/other/manifests/" + digest, "/v2/a/b/blobs/" + digest, "/v2/a/manifests/" + digest} {
+		resp, body = e.do(t, http.MethodGet, path, nil)
+		require.Equal(t, http.StatusNotFound, resp.StatusCode, path)
+		require.Contains(t, []string{"MANIFEST_UNKNOWN", "BLOB_UNKNOWN"}, errorCode(t, resp, body))
+	}
+
+	// A client that resolves the tag and then fetches by digest.
+	desc, err := remote.Head(e.ref(t, "a/b:v1"), remote.WithContext(t.Context()))
+	require.NoError(t, err)
+
+	got, err := remote.Get(e.ref(t, "a/b@"+desc.Digest.String()), remote.WithContext(t.Context()))
+	require.NoError(t, err)
+	require.Equal(t, raw, got.Manifest)
+}
