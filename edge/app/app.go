@@ -28,6 +28,7 @@ import (
 	"github.com/outpost-metal/outpost/edge/httpd"
 	"github.com/outpost-metal/outpost/edge/journal"
 	"github.com/outpost-metal/outpost/edge/limits"
+	"github.com/outpost-metal/outpost/edge/registry"
 	"github.com/outpost-metal/outpost/edge/tftp"
 	"github.com/outpost-metal/outpost/edge/tunnel"
 	"github.com/outpost-metal/outpost/edge/uplink"
@@ -176,11 +177,15 @@ func (e *Edge) build(ctx context.Context, cfg config.Config, opts Options) error
 
 	e.closers = append(e.closers, closer{"files directory", served.Close})
 
+	// /v2/: the read-only OCI registry over the same cache (installer images the controller relayed).
+	oci := registry.New(store, log)
+
 	httpSrv, err := httpd.New(cfg.HTTP, log, httpd.Deps{
 		Table:      table,
 		Catalog:    catalog,
 		Observer:   events,
 		Assets:     served,
+		Registry:   oci,
 		Upstream:   func() httpd.UpstreamRule { return upstreamRule(fetcher.Policy()) },
 		Registerer: metrics,
 		Gatherer:   metrics,
@@ -191,7 +196,7 @@ func (e *Edge) build(ctx context.Context, cfg config.Config, opts Options) error
 
 	e.closers = append(e.closers, closer{"http server", httpSrv.Close})
 
-	for _, cs := range [][]prometheus.Collector{tunnels.Collectors(), bmcs.Collectors(), watcher.Collectors(), store.Collectors(), table.Collectors()} {
+	for _, cs := range [][]prometheus.Collector{tunnels.Collectors(), bmcs.Collectors(), watcher.Collectors(), store.Collectors(), table.Collectors(), oci.Collectors()} {
 		metrics.MustRegister(cs...)
 	}
 

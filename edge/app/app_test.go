@@ -3,6 +3,7 @@ package app_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -77,6 +78,28 @@ func healthy(t *testing.T, addr string) bool {
 	return resp.StatusCode == http.StatusOK
 }
 
+// registryServed checks that the edge's HTTP server answers the OCI registry's base endpoint and counts its
+// requests in /metrics.
+func registryServed(t *testing.T, addr string) {
+	t.Helper()
+
+	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+
+	resp, err := c.Get("http://" + addr + "/v2/")
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "registry/2.0", resp.Header.Get("Docker-Distribution-API-Version"))
+
+	resp, err = c.Get("http://" + addr + "/metrics")
+	require.NoError(t, err)
+
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	require.Contains(t, string(body), `outpost_edge_registry_requests_total{outcome="served",route="base"} 1`)
+}
+
 // A construction step that fails after others were built names its component, leaves no goroutine and
 // closes what was opened before it.
 func TestBuildFailureNamesTheComponent(t *testing.T) {
@@ -137,6 +160,7 @@ func TestCancellationStopsEverything(t *testing.T) {
 	go func() { ran <- edge.Run(ctx) }()
 
 	require.Eventually(t, func() bool { return healthy(t, cfg.HTTP.Listen) }, 30*time.Second, 10*time.Millisecond)
+	registryServed(t, cfg.HTTP.Listen)
 
 	cancel()
 	require.NoError(t, <-ran)

@@ -2,6 +2,9 @@ package httpd_test
 
 import (
 	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"io"
 	"net"
 	"net/http"
@@ -23,7 +26,9 @@ import (
 	"github.com/outpost-metal/outpost/edge/boot"
 	"github.com/outpost-metal/outpost/edge/bootfiles"
 	"github.com/outpost-metal/outpost/edge/httpd"
+	"github.com/outpost-metal/outpost/edge/registry"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/ocinames"
 )
 
 const (
@@ -490,4 +495,86 @@ func FuzzParseBootQuery(f *testing.F) {
 			t.Fatalf("%q -> %q -> %+v, %v; want %+v", raw, enc, back, err, q)
 		}
 	})
+}
+
+// manifestSource hands the cache a manifest's bytes.
+type manifestSource []byte
+
+func (manifestSource) Name() string { return "test" }
+
+func (m manifestSource) Open(context.Context, assetcache.Ref, int64) (io.ReadCloser, error) {
+	return io.NopCloser(bytes.NewReader(m)), nil
+}
+
+// TestRegistryMount: /v2/ goes to Deps.Registry for every method (writes get the registry's own error),
+// counted under the handler "registry"; without a registry nothing is served there.
+func TestRegistryMount(t *testing.T) {
+	t.Parallel()
+
+	tbl, err := boot.Open(boot.Config{StateDir: t.TempDir()}, zaptest.NewLogger(t))
+	require.NoError(t, err)
+
+	store, err := assetcache.New(assetcache.Config{Dir: t.TempDir(), MaxBytes: 1 << 20, Attempts: 1}, zaptest.NewLogger(t), nil, nil)
+	require.NoError(t, err)
+
+	manifest := []byte(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{},"layers":[]}`)
+	sum := sha256.Sum256(manifest)
+	digest := hex.EncodeToString(sum[:])
+	require.NoError(t, store.Put(t.Context(), assetcache.Ref{Name: ocinames.ManifestName("siderolabs/installer", "v1"), SHA256: digest, Size: int64(len(manifest))}, manifestSource(manifest)))
+
+	serve := func(deps httpd.Deps) string {
+		srv, err := httpd.New(httpd.Default(), zaptest.NewLogger(t), deps)
+		require.NoError(t, err)
+		t.Cleanup(func() { srv.Close() }) //nolint:errcheck
+
+		ts := httptest.NewServer(srv.Handler())
+		t.Cleanup(ts.Close)
+
+		return ts.URL
+	}
+
+	reg := prometheus.NewRegistry()
+	url := serve(httpd.Deps{
+		Table: tbl, Catalog: bootfiles.NewCatalog(nil), Registry: registry.New(store, zaptest.NewLogger(t)),
+		Registerer: reg, Gatherer: reg,
+	})
+
+	for _, tc := range []struct {
+		method, path string
+		want         int
+	}{
+		{method: http.MethodGet, path: "/v2/", want: http.StatusOK},
+		{method: http.MethodHead, path: "/v2/", want: http.StatusOK},
+		{method: http.MethodGet, path: "/v2/siderolabs/installer/manifests/v1?ns=upstream.invalid", want: http.StatusOK},
+		{method: http.MethodGet, path: "/v2/siderolabs/installer/manifests/v2", want: http.StatusNotFound},
+		{method: http.MethodGet, path: "/v2/siderolabs%2Finstaller/manifests/v1", want: http.StatusBadRequest},
+		{method: http.MethodPut, path: "/v2/siderolabs/installer/manifests/v1", want: http.StatusMethodNotAllowed},
+		{method: http.MethodPost, path: "/v2/siderolabs/installer/blobs/uploads/", want: http.StatusMethodNotAllowed},
+		{method: http.MethodDelete, path: "/v2/siderolabs/installer/blobs/sha256:" + digest, want: http.StatusMethodNotAllowed},
+	} {
+		req, err := http.NewRequestWithContext(t.Context(), tc.method, url+tc.path, nil)
+		require.NoError(t, err)
+
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		require.Equal(t, tc.want, resp.StatusCode, "%s %s: %s", tc.method, tc.path, body)
+		require.Equal(t, "registry/2.0", resp.Header.Get("Docker-Distribution-API-Version"), "%s %s", tc.method, tc.path)
+
+		if tc.want == http.StatusOK && strings.Contains(tc.path, "/manifests/") {
+			require.Equal(t, manifest, body)
+			require.Equal(t, "sha256:"+digest, resp.Header.Get("Docker-Content-Digest"))
+		}
+	}
+
+	_, metrics := get(t, url+"/metrics", nil)
+	require.Contains(t, metrics, `outpost_http_requests_total{code="405",handler="registry"} 3`)
+	require.Contains(t, metrics, `outpost_http_requests_total{code="200",handler="registry"} 3`)
+
+	resp, _ := get(t, serve(httpd.Deps{Table: tbl, Catalog: bootfiles.NewCatalog(nil)})+"/v2/", nil)
+	require.Equal(t, http.StatusNotFound, resp.StatusCode)
+	require.Empty(t, resp.Header.Get("Docker-Distribution-API-Version"))
 }
