@@ -24,6 +24,7 @@ const (
 	KindBootServed   = "boot-served"
 	KindInstallPlan  = "install-plan"
 	KindDiskBoot     = "disk-boot"
+	KindAssetWait    = "asset-wait"
 	KindAgentUp      = "agent-up"
 	KindAgentDown    = "agent-down"
 	KindPower        = "power"

@@ -333,3 +333,19 @@ func TestRepeatsWrittenLazily(t *testing.T) {
 	require.Zero(t, b.Flush(t.Context(), st, types))
 	require.NotEqual(t, second, version(), "a real change writes at once, with the repeats before it")
 }
+
+func TestWaitForAssetsNamesThem(t *testing.T) {
+	t.Parallel()
+
+	b := timeline.New(timeline.DefaultConfig(), newClock().Now)
+
+	require.NoError(t, b.HandleEvent(t.Context(), "site-a", event(&bootpb.BootServed{
+		Uuid: m1, Mode: "wait", WaitingFor: "install",
+		MissingAssets: []string{"talos/v1.11.5/abc/amd64/kernel", "talos/v1.11.5/abc/amd64/initramfs.xz\x1b[2J"},
+	})))
+
+	rec, _ := b.Get(m1)
+	require.Equal(t, []string{timeline.KindAssetWait}, kinds(rec))
+	require.True(t, rec.Last.Error)
+	require.Equal(t, `waits to boot install mode: the site does not hold its boot assets yet: missing talos/v1.11.5/abc/amd64/kernel, talos/v1.11.5/abc/amd64/initramfs.xz\x1b[2J`, rec.Last.Text)
+}

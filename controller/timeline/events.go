@@ -9,6 +9,7 @@ import (
 	"time"
 
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/printable"
 	"github.com/outpost-metal/outpost/shared/metal"
 )
 
@@ -134,6 +135,22 @@ func (b *Book) bootServed(site string, at time.Time, s *bootpb.BootServed) {
 		entry.Kind, entry.Text = KindDiskBoot, "told to boot from its disk"
 	case "deny":
 		entry.Text = "network boot refused (machine rejected)"
+	case "wait":
+		entry.Kind, entry.Error = KindAssetWait, true
+		entry.Text = "waits for boot assets the site does not hold yet"
+
+		if w := s.GetWaitingFor(); w != "" {
+			entry.Text = "waits to boot " + printable.String(w, 16) + " mode: the site does not hold its boot assets yet"
+		}
+
+		if missing := s.GetMissingAssets(); len(missing) > 0 {
+			names := make([]string, 0, len(missing))
+			for _, m := range missing[:min(len(missing), 4)] {
+				names = append(names, printable.String(m, 256))
+			}
+
+			entry.Text += ": missing " + strings.Join(names, ", ")
+		}
 	default:
 		entry.Text = "boot script served: " + orUnknown(s.GetMode()) + " mode"
 	}

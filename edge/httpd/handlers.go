@@ -78,6 +78,7 @@ func (s *Server) serveBoot(w http.ResponseWriter, r *http.Request) {
 	if s.deps.Observer != nil && a.Report {
 		s.deps.Observer.BootServed(BootServed{
 			UUID: q.UUID, MAC: q.MAC, Arch: q.Arch, Platform: q.Platform, Mode: a.Mode, Remote: remoteAddr(r), TableVersion: e.Version,
+			Missing: a.Missing, WaitingFor: a.Waiting,
 		})
 	}
 }

@@ -40,6 +40,9 @@ type BootServed struct {
 	Mode         string
 	Remote       netip.Addr
 	TableVersion uint64
+	// Missing and WaitingFor, in mode "wait", name the assets the machine waits for and the mode it waits to boot.
+	Missing    []string
+	WaitingFor string
 }
 
 // Observer is told about served boot scripts and binaries (after the response has been flushed).

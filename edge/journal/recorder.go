@@ -76,7 +76,13 @@ func (r *Recorder) BootServed(b httpd.BootServed) {
 	ev := &bootpb.BootServed{
 		Uuid: b.UUID, Arch: b.Arch, Platform: b.Platform, Mode: b.Mode, TableVersion: b.TableVersion,
 		IpxeArch: bootpb.IPXEArchNamed(b.Arch), IpxePlatform: bootpb.IPXEPlatformNamed(b.Platform),
+		WaitingFor: b.WaitingFor,
 	}
+
+	for _, m := range b.Missing[:min(len(b.Missing), maxMissing)] {
+		ev.MissingAssets = append(ev.MissingAssets, m[:min(len(m), maxMissingName)])
+	}
+
 	if b.MAC != nil {
 		ev.Mac = b.MAC.String()
 	}
@@ -87,6 +93,12 @@ func (r *Recorder) BootServed(b httpd.BootServed) {
 
 	r.Record(&bootpb.Event{Kind: &bootpb.Event_BootServed{BootServed: ev}})
 }
+
+// maxMissing and maxMissingName bound the missing assets a boot event names.
+const (
+	maxMissing     = 4
+	maxMissingName = 256
+)
 
 // maxPowerReason bounds the reason a power change carries (a BMC's error text).
 const maxPowerReason = 256

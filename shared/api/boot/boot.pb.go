@@ -1635,9 +1635,14 @@ type BootServed struct {
 	// table_version is the boot table version the answer came from.
 	TableVersion uint64 `protobuf:"varint,6,opt,name=table_version,json=tableVersion,proto3" json:"table_version,omitempty"`
 	// platform is iPXE's ${platform}: "pcbios" or "efi" (the machine's firmware), empty when not sent.
-	Platform      string       `protobuf:"bytes,7,opt,name=platform,proto3" json:"platform,omitempty"`
-	IpxeArch      IPXEArch     `protobuf:"varint,8,opt,name=ipxe_arch,json=ipxeArch,proto3,enum=outpost.boot.IPXEArch" json:"ipxe_arch,omitempty"`
-	IpxePlatform  IPXEPlatform `protobuf:"varint,9,opt,name=ipxe_platform,json=ipxePlatform,proto3,enum=outpost.boot.IPXEPlatform" json:"ipxe_platform,omitempty"`
+	Platform     string       `protobuf:"bytes,7,opt,name=platform,proto3" json:"platform,omitempty"`
+	IpxeArch     IPXEArch     `protobuf:"varint,8,opt,name=ipxe_arch,json=ipxeArch,proto3,enum=outpost.boot.IPXEArch" json:"ipxe_arch,omitempty"`
+	IpxePlatform IPXEPlatform `protobuf:"varint,9,opt,name=ipxe_platform,json=ipxePlatform,proto3,enum=outpost.boot.IPXEPlatform" json:"ipxe_platform,omitempty"`
+	// missing_assets, in mode "wait", name the /assets/ files the machine waits for (at most 4, each at most
+	// 256 characters).
+	MissingAssets []string `protobuf:"bytes,10,rep,name=missing_assets,json=missingAssets,proto3" json:"missing_assets,omitempty"`
+	// waiting_for, in mode "wait", is the mode the machine waits to boot (agent or install).
+	WaitingFor    string `protobuf:"bytes,11,opt,name=waiting_for,json=waitingFor,proto3" json:"waiting_for,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1733,6 +1738,20 @@ func (x *BootServed) GetIpxePlatform() IPXEPlatform {
 		return x.IpxePlatform
 	}
 	return IPXEPlatform_IPXE_PLATFORM_UNSPECIFIED
+}
+
+func (x *BootServed) GetMissingAssets() []string {
+	if x != nil {
+		return x.MissingAssets
+	}
+	return nil
+}
+
+func (x *BootServed) GetWaitingFor() string {
+	if x != nil {
+		return x.WaitingFor
+	}
+	return ""
 }
 
 // TunnelRefused: an agent tunnel was refused for a machine that booted through this edge: another host (or
@@ -1993,7 +2012,7 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\tremote_ip\x18\x01 \x01(\tR\bremoteIp\x12\x12\n" +
 	"\x04file\x18\x02 \x01(\tR\x04file\x12\x10\n" +
 	"\x03via\x18\x03 \x01(\tR\x03via\x12\x14\n" +
-	"\x05error\x18\x04 \x01(\tR\x05error\"\xae\x02\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"\xf6\x02\n" +
 	"\n" +
 	"BootServed\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x10\n" +
@@ -2004,7 +2023,11 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\rtable_version\x18\x06 \x01(\x04R\ftableVersion\x12\x1a\n" +
 	"\bplatform\x18\a \x01(\tR\bplatform\x123\n" +
 	"\tipxe_arch\x18\b \x01(\x0e2\x16.outpost.boot.IPXEArchR\bipxeArch\x12?\n" +
-	"\ripxe_platform\x18\t \x01(\x0e2\x1a.outpost.boot.IPXEPlatformR\fipxePlatform\"c\n" +
+	"\ripxe_platform\x18\t \x01(\x0e2\x1a.outpost.boot.IPXEPlatformR\fipxePlatform\x12%\n" +
+	"\x0emissing_assets\x18\n" +
+	" \x03(\tR\rmissingAssets\x12\x1f\n" +
+	"\vwaiting_for\x18\v \x01(\tR\n" +
+	"waitingFor\"c\n" +
 	"\rTunnelRefused\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x16\n" +
