@@ -59,7 +59,7 @@ type Factory struct {
 	unanswered []string
 	images     map[string]ImageFiles
 	faults     map[RequestKind]Fault
-	counts     map[RequestKind]Counter
+	counts     map[string]map[RequestKind]Counter // listener address -> kind -> counter
 	reqlog     []Request
 
 	// pushMu serializes the lazy pushes of installer images; installers maps "<schematic>:<tag>" to its
@@ -115,6 +115,8 @@ type Request struct {
 	Method string
 	Path   string
 	Kind   RequestKind
+	// Local is the address of the listener the request came in on (Serve may serve several).
+	Local string
 	// Remote is the client's IP address.
 	Remote string
 	Status int
@@ -181,7 +183,8 @@ func NewFactory(cfg FactoryConfig) *Factory {
 	return &Factory{
 		talos: v(cfg.TalosVersions), kube: v(cfg.KubernetesVersions), archs: archs, log: log,
 		reg:        newRegistry(log),
-		schematics: map[string][]byte{}, images: images, faults: map[RequestKind]Fault{}, counts: map[RequestKind]Counter{},
+		schematics: map[string][]byte{}, images: images, faults: map[RequestKind]Fault{},
+		counts: map[string]map[RequestKind]Counter{},
 		installers: map[string]string{},
 	}
 }
@@ -328,20 +331,29 @@ func (f *Factory) record(r *http.Request, kind RequestKind, cw *countingWriter) 
 		remote = r.RemoteAddr
 	}
 
+	local := ""
+	if a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
+		local = a.String()
+	}
+
 	f.mu.Lock()
 	defer f.mu.Unlock()
 
-	c := f.counts[kind]
+	if f.counts[local] == nil {
+		f.counts[local] = map[RequestKind]Counter{}
+	}
+
+	c := f.counts[local][kind]
 	c.Requests++
 	c.Bytes += cw.bytes
-	f.counts[kind] = c
+	f.counts[local][kind] = c
 
 	if len(f.reqlog) >= maxRequestLog {
 		f.reqlog = slices.Delete(f.reqlog, 0, len(f.reqlog)-maxRequestLog+1)
 	}
 
 	f.reqlog = append(f.reqlog, Request{
-		Method: r.Method, Path: r.URL.Path, Kind: kind, Remote: remote, Status: status, Bytes: cw.bytes,
+		Method: r.Method, Path: r.URL.Path, Kind: kind, Local: local, Remote: remote, Status: status, Bytes: cw.bytes,
 	})
 }
 
@@ -350,8 +362,28 @@ func (f *Factory) Requests() map[RequestKind]Counter {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 
-	out := make(map[RequestKind]Counter, len(f.counts))
-	for k, c := range f.counts {
+	out := map[RequestKind]Counter{}
+
+	for _, byKind := range f.counts {
+		for k, c := range byKind {
+			sum := out[k]
+			sum.Requests += c.Requests
+			sum.Bytes += c.Bytes
+			out[k] = sum
+		}
+	}
+
+	return out
+}
+
+// RequestsOn is Requests for the requests that came in on one listener (its address, "IP:port"): what the
+// clients given that address asked, when the factory serves several (one for Omni, one for a provider).
+func (f *Factory) RequestsOn(local string) map[RequestKind]Counter {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	out := make(map[RequestKind]Counter, len(f.counts[local]))
+	for k, c := range f.counts[local] {
 		out[k] = c
 	}
 

@@ -301,8 +301,10 @@ func TestFactoryServesImages(t *testing.T) {
 	require.NotEmpty(t, log)
 	require.Equal(t, realomni.Request{
 		Method: http.MethodGet, Path: "/image/" + id + "/v1.11.5/kernel-amd64", Kind: realomni.KindImageKernel,
-		Remote: "127.0.0.1", Status: http.StatusOK, Bytes: int64(len(kernel)),
+		Local: addr, Remote: "127.0.0.1", Status: http.StatusOK, Bytes: int64(len(kernel)),
 	}, log[1], "the log's first entry is the schematic's creation")
+	require.Equal(t, counts, f.RequestsOn(addr), "one listener: all requests came in on it")
+	require.Empty(t, f.RequestsOn("127.0.0.1:1"))
 }
 
 // TestFactoryServesInstaller pulls a schematic's installer image as a provider does (go-containerregistry's
@@ -489,4 +491,26 @@ func mustRepo(t *testing.T, s string) name.Repository {
 	require.NoError(t, err)
 
 	return repo
+}
+
+// TestFactoryCountsPerListener: one factory served on two listeners (Omni's and a provider's address) keeps
+// one state and counts each listener's requests apart.
+func TestFactoryCountsPerListener(t *testing.T) {
+	t.Parallel()
+
+	f, first, _, id, kernel, _ := imageFactory(t)
+	second, c2 := serveFactory(t, f)
+
+	code, body, err, _ := get(t, c2, http.MethodGet, "http://"+second+"/image/"+id+"/v1.11.5/kernel-amd64")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code, "the schematic created on the first listener is known on the second")
+	require.Equal(t, kernel, body)
+
+	require.Equal(t, map[realomni.RequestKind]realomni.Counter{
+		realomni.KindImageKernel: {Requests: 1, Bytes: int64(len(kernel))},
+	}, f.RequestsOn(second))
+	require.Equal(t, map[realomni.RequestKind]realomni.Counter{
+		realomni.KindSchematics: f.Requests()[realomni.KindSchematics],
+	}, f.RequestsOn(first))
+	require.Equal(t, int64(1), f.Requests()[realomni.KindImageKernel].Requests)
 }
