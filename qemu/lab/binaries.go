@@ -34,6 +34,9 @@ type ControllerOptions struct {
 	AgentAssetsDir string
 	// AssetPolicy is the sites' default asset policy (passthrough, cache, offline); empty keeps the default.
 	AssetPolicy string
+	// ImageFactoryURL is the image factory the controller resolves install profiles through
+	// (--image-factory-url; used when LocalAssetsDir is empty).
+	ImageFactoryURL string
 	// Restart appends to the existing log (a controller restarted mid-run).
 	Restart bool
 }
@@ -63,6 +66,10 @@ func (l *Lab) StartController(ctx context.Context, core *Core, bin string, o *Om
 
 	if opts.AgentAssetsDir != "" {
 		args = append(args, "--agent-assets-dir", opts.AgentAssetsDir)
+	}
+
+	if opts.ImageFactoryURL != "" {
+		args = append(args, "--image-factory-url", opts.ImageFactoryURL)
 	}
 
 	if opts.AssetPolicy != "" {

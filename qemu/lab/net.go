@@ -52,6 +52,8 @@ type Site struct {
 	bmcs  int
 	DHCP  *Proc
 	wanUp bool
+	// airGapped routes only the core's service address over the WAN, no default route (AddAirGappedSite).
+	airGapped bool
 }
 
 // EdgeIP returns the edge's address on the site network.
@@ -154,8 +156,13 @@ func (s *Site) SetWAN(up bool) error {
 	}
 
 	if up && !s.wanUp {
-		// Bringing the link down dropped the default route.
-		if err := s.lab.IP("-n", s.NS, "route", "replace", "default", "via", s.coreWanIP()); err != nil {
+		// Bringing the link down dropped the default route (an air-gapped site's route to the core).
+		dst := "default"
+		if s.airGapped {
+			dst = CoreAddr + "/32"
+		}
+
+		if err := s.lab.IP("-n", s.NS, "route", "replace", dst, "via", s.coreWanIP()); err != nil {
 			return err
 		}
 	}
