@@ -184,7 +184,7 @@ func NewFactory(cfg FactoryConfig) *Factory {
 		talos: v(cfg.TalosVersions), kube: v(cfg.KubernetesVersions), archs: archs, log: log,
 		reg:        newRegistry(log),
 		schematics: map[string][]byte{}, images: images, faults: map[RequestKind]Fault{},
-		counts: map[string]map[RequestKind]Counter{},
+		counts:     map[string]map[RequestKind]Counter{},
 		installers: map[string]string{},
 	}
 }

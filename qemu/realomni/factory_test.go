@@ -372,7 +372,7 @@ func TestFactoryServesInstaller(t *testing.T) {
 
 	for _, bad := range []string{
 		addr + "/" + realomni.InstallerRepository(strings.Repeat("0", 64)) + ":v1.11.5", // unknown schematic
-		addr + "/" + realomni.InstallerRepository(id) + ":v1.9.0",                         // unlisted version
+		addr + "/" + realomni.InstallerRepository(id) + ":v1.9.0",                       // unlisted version
 	} {
 		_, err := remote.Index(mustRef(t, bad), opt)
 		require.Error(t, err, bad)
