@@ -120,7 +120,7 @@ func rootCommand(lookup func(string) (string, bool)) (*cobra.Command, *envflag.B
 	// The service-account key is a secret: it comes from the environment only, never from a flag (visible in ps).
 	cfg.Omni.ServiceAccountKey, _ = lookup("OMNI_SERVICE_ACCOUNT_KEY")
 
-	root.AddCommand(siteCommand(&cfg), machineCommand(&cfg))
+	root.AddCommand(siteCommand(&cfg), machineCommand(&cfg), assetsCommand(&cfg))
 
 	env = bindEnv(root)
 

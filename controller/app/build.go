@@ -224,6 +224,10 @@ func (b *builder) newAdmin(context.Context) error {
 
 	opts = append(opts, sites.WithSettings(b.checkSiteSettings))
 
+	if b.assets.resolver != nil {
+		opts = append(opts, sites.WithStaging(staging{b.assets.resolver}))
+	}
+
 	adminpb.RegisterAdminServer(b.admin, sites.NewAdmin(b.registry, b.uplink, b.store, b.assets.needs, opts...))
 
 	return nil
@@ -310,6 +314,8 @@ type siteAssets struct {
 	relay   *assets.Relay
 	needs   *assets.Needs
 	install *assets.InstallFiles
+	// resolver is where install assets come from (nil: nowhere, a controller without Omni and a factory).
+	resolver installSource
 }
 
 // newSiteAssets builds the catalog with each site's stored policy, the relay over the controller's asset
@@ -366,8 +372,16 @@ func (b *builder) newSiteAssets(ctx context.Context) error {
 	b.run("install assets", library.Run)
 	b.run("site asset needs", needs.RunLibrary)
 
+	// Without Omni a controller may have no install source: it then plans nothing and stages nothing.
+	var resolver installSource
+	if b.cfg.InstallAssetsDir != "" || b.cfg.ImageFactoryURL != "" {
+		if resolver, err = installResolver(b.cfg); err != nil {
+			return err
+		}
+	}
+
 	b.assets = &siteAssets{
-		catalog: catalog, relay: relay, needs: needs,
+		catalog: catalog, relay: relay, needs: needs, resolver: resolver,
 		install: assets.NewInstallFiles(b.cfg.InstallAssetsDir, b.cfg.InstallAssetsURL, dir),
 	}
 

@@ -37,10 +37,7 @@ func (b *builder) newLifecycle(context.Context) error {
 
 	cfg := b.cfg
 
-	resolver, err := installResolver(cfg)
-	if err != nil {
-		return err
-	}
+	resolver := b.assets.resolver
 
 	// With agent images of its own the controller hands them to every site, and agent-mode plans use them.
 	plannerCfg := cfg.Planner
@@ -172,10 +169,19 @@ func (s *omniSession) run(ctx context.Context, conn *omni.Connection) error {
 }
 
 // installResolver resolves Talos install assets from a local directory (air-gapped sites, labs) or the image factory.
-func installResolver(cfg config.Config) (assets.Resolver, error) {
+func installResolver(cfg config.Config) (installSource, error) {
 	if cfg.InstallAssetsDir != "" {
 		return assets.NewLocalResolver(cfg.InstallAssetsDir, cfg.InstallAssetsURL)
 	}
 
 	return assets.NewFactoryResolver(cfg.ImageFactoryURL, cfg.PXEBaseURL)
+}
+
+// installSource is where install assets come from: it resolves profiles for plans and gives the boot of a
+// staged profile.
+type installSource interface {
+	assets.Resolver
+	assets.Stager
+	// Schematic returns the schematic ID of a set of extensions.
+	Schematic(ctx context.Context, extensions []string) (string, error)
 }

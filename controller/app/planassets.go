@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"strings"
 
 	"github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/bootplans"
@@ -35,7 +34,10 @@ func (p *assetAwarePusher) Push(ctx context.Context, siteID string, plan bootpla
 			return 0, err
 		}
 
-		wants = upstreamWants(plan)
+		wants = assets.Boot{
+			KernelURL: plan.KernelURL, InitrdURL: plan.InitrdURL, Installer: plan.Installer,
+			UpstreamKernelURL: plan.UpstreamKernelURL, UpstreamInitrdURL: plan.UpstreamInitrdURL,
+		}.Wants(plan.Arch)
 	}
 
 	p.needs.SetMachine(siteID, plan.MachineID, refs, wants...)
@@ -46,22 +48,4 @@ func (p *assetAwarePusher) Push(ctx context.Context, siteID string, plan bootpla
 // Holds implements lifecycle.PlanPusher.
 func (p *assetAwarePusher) Holds(siteID string, plan bootplans.Plan) bool {
 	return p.next.Holds(siteID, plan)
-}
-
-// upstreamWants are the upstream assets a plan names: its kernel and initramfs by their edge-local names
-// with the URLs they come from, and its installer image.
-func upstreamWants(plan bootplans.Plan) []assets.Want {
-	var out []assets.Want
-
-	for _, f := range [][2]string{{plan.KernelURL, plan.UpstreamKernelURL}, {plan.InitrdURL, plan.UpstreamInitrdURL}} {
-		if name, ok := strings.CutPrefix(f[0], "/assets/"); ok && f[1] != "" {
-			out = append(out, assets.Want{Name: name, URL: f[1]})
-		}
-	}
-
-	if plan.Installer != "" {
-		out = append(out, assets.Want{Image: plan.Installer, Arch: plan.Arch})
-	}
-
-	return out
 }

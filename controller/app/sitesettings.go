@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/boottables"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/sites"
@@ -45,7 +46,7 @@ func (b *builder) applySiteSettings(siteID string, s sites.Settings) {
 	log := b.log.With(zap.String("site", siteID))
 
 	b.edges.policies.SetLabels(siteID, s.Labels) // checked when set, and not part of the rules below
-	asset := s.AssetPolicy                       // set by its own command, and not part of the rules below
+	asset, staged := s.AssetPolicy, s.Staged     // set by their own commands, and not part of the rules below
 
 	if err := b.checkSiteSettings(siteID, s); err != nil {
 		log.Warn("site settings refused; the site runs with the controller's defaults", zap.Error(err))
@@ -66,7 +67,7 @@ func (b *builder) applySiteSettings(siteID string, s sites.Settings) {
 		_ = b.assets.catalog.SetPolicy(siteID, assetspb.Policy_POLICY_UNSPECIFIED) //nolint:errcheck // the default is known
 	}
 
-	b.assets.needs.Site(siteID) // what the site must hold depends on its policy
+	b.stageAt(siteID, staged) // also republishes what the site must hold: that depends on its policy
 
 }
 
@@ -89,4 +90,60 @@ func (b *builder) newSiteSettings(ctx context.Context) error {
 	})
 
 	return nil
+}
+
+// stageAt hands the site's staged install profiles to its needs: the files and installer image of each, as
+// the install source names them. A stored profile this controller cannot read is logged and left out.
+func (b *builder) stageAt(siteID string, staged []string) {
+	if b.assets.resolver == nil {
+		staged = nil
+	}
+
+	var (
+		refs  []*assetspb.AssetRef
+		wants []assets.Want
+	)
+
+	for _, s := range staged {
+		st, err := assets.ParseStaged(s)
+		if err != nil {
+			b.log.Warn("staged profile left out", zap.String("site", siteID), zap.Error(err))
+
+			continue
+		}
+
+		boot := b.assets.resolver.BootOf(st)
+
+		local, err := b.assets.install.Refs("staged "+s, boot.KernelURL, boot.InitrdURL)
+		if err != nil {
+			b.log.Warn("staged profile's local files left out", zap.String("site", siteID), zap.Error(err))
+		}
+
+		refs = append(refs, local...)
+		wants = append(wants, boot.Wants(st.Arch)...)
+	}
+
+	b.assets.needs.SetStaged(siteID, refs, wants)
+}
+
+// staging is how the admin API names a staged profile: the install source gives the schematic of extensions.
+type staging struct{ source installSource }
+
+// StagedProfile implements sites.Staging.
+func (s staging) StagedProfile(ctx context.Context, schematicID string, extensions []string, version, arch string) (string, error) {
+	if schematicID == "" {
+		id, err := s.source.Schematic(ctx, extensions)
+		if err != nil {
+			return "", fmt.Errorf("schematic of %v: %w", extensions, err)
+		}
+
+		schematicID = id
+	}
+
+	st, err := assets.Staged{Version: version, SchematicID: schematicID, Arch: arch}.Check()
+	if err != nil {
+		return "", err
+	}
+
+	return st.String(), nil
 }

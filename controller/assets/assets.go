@@ -103,3 +103,70 @@ func validVersion(v string) bool {
 
 	return err == nil && strings.HasPrefix(v, "v")
 }
+
+// Staged is an install profile staged at a site ahead of need: a schematic's Talos version for an arch.
+type Staged struct {
+	Version, SchematicID, Arch string
+}
+
+// schematicRe is an image factory schematic ID: the SHA-256 hex of the schematic.
+var schematicRe = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// ParseStaged parses a staged profile as stored ("<version>/<schematic>/<arch>") or checks one an operator
+// gave field by field (the version in either form).
+func ParseStaged(s string) (Staged, error) {
+	parts := strings.Split(s, "/")
+	if len(parts) != 3 {
+		return Staged{}, fmt.Errorf("staged profile %q: want <version>/<schematic>/<arch>", s)
+	}
+
+	return Staged{Version: parts[0], SchematicID: parts[1], Arch: parts[2]}.Check()
+}
+
+// Check returns st with its version in canonical form, or what is wrong with it.
+func (st Staged) Check() (Staged, error) {
+	v, err := CanonicalTalosVersion(st.Version)
+	if err != nil {
+		return Staged{}, err
+	}
+
+	if !schematicRe.MatchString(st.SchematicID) {
+		return Staged{}, fmt.Errorf("schematic %q: want the 64 hex characters of a schematic ID", st.SchematicID)
+	}
+
+	if !validArch(st.Arch) {
+		return Staged{}, fmt.Errorf("arch %q: want amd64 or arm64", st.Arch)
+	}
+
+	st.Version = v
+
+	return st, nil
+}
+
+// String is the stored form.
+func (st Staged) String() string { return st.Version + "/" + st.SchematicID + "/" + st.Arch }
+
+// Stager gives the install boot of a staged profile without asking anyone (both resolvers do).
+type Stager interface {
+	// BootOf returns the boot of a schematic's Talos version for an arch, as Resolve would for a profile
+	// whose extensions make that schematic.
+	BootOf(st Staged) Boot
+}
+
+// Wants are the upstream assets of a boot for arch: its kernel and initramfs by their edge-local names
+// with the URLs they come from, and its installer image ("" URLs: local files, none).
+func (b Boot) Wants(arch string) []Want {
+	var out []Want
+
+	for _, f := range [][2]string{{b.KernelURL, b.UpstreamKernelURL}, {b.InitrdURL, b.UpstreamInitrdURL}} {
+		if name, ok := strings.CutPrefix(f[0], "/assets/"); ok && f[1] != "" {
+			out = append(out, Want{Name: name, URL: f[1]})
+		}
+	}
+
+	if b.Installer != "" {
+		out = append(out, Want{Image: b.Installer, Arch: arch})
+	}
+
+	return out
+}

@@ -60,6 +60,15 @@ func WriteSiteAssets(w io.Writer, st *assetsapi.SiteAssetState) error {
 		fmt.Fprintf(tw, "failed\terror: %s\t%s\t\t\n", e, short(d)) //nolint:errcheck
 	}
 
+	for _, u := range st.GetUpstream() {
+		state := fmt.Sprintf("controller fetching (%d of %d bytes)", u.GetBytesDone(), u.GetBytesTotal())
+		if u.GetError() != "" {
+			state = "controller: " + u.GetError()
+		}
+
+		fmt.Fprintf(tw, "upstream\t%s\t%s\t%d\ttrue\n", u.GetKey(), state, u.GetBytesTotal()) //nolint:errcheck
+	}
+
 	return tw.Flush()
 }
 

@@ -72,15 +72,27 @@ func (r *FactoryResolver) Resolve(ctx context.Context, p Profile) (Boot, error) 
 		return Boot{}, fmt.Errorf("create schematic for talos %s with %v: %w", p.TalosVersion, p.Extensions, err)
 	}
 
+	b := r.BootOf(Staged{Version: p.TalosVersion, SchematicID: id, Arch: p.Arch})
+	b.KernelArgs = p.KernelArgs
+
+	return b, nil
+}
+
+// BootOf implements Stager: the factory's kernel, initramfs and installer of the schematic.
+func (r *FactoryResolver) BootOf(st Staged) Boot {
 	return Boot{
-		SchematicID:       id,
-		KernelURL:         "/assets/" + InstallAssetName(p.TalosVersion, id, p.Arch, "kernel"),
-		InitrdURL:         "/assets/" + InstallAssetName(p.TalosVersion, id, p.Arch, "initramfs.xz"),
-		UpstreamKernelURL: fmt.Sprintf("%s/image/%s/%s/kernel-%s", r.pxeBase, id, p.TalosVersion, p.Arch),
-		UpstreamInitrdURL: fmt.Sprintf("%s/image/%s/%s/initramfs-%s.xz", r.pxeBase, id, p.TalosVersion, p.Arch),
-		Installer:         fmt.Sprintf("%s/installer/%s:%s", r.registry, id, p.TalosVersion),
-		KernelArgs:        p.KernelArgs,
-	}, nil
+		SchematicID:       st.SchematicID,
+		KernelURL:         "/assets/" + InstallAssetName(st.Version, st.SchematicID, st.Arch, "kernel"),
+		InitrdURL:         "/assets/" + InstallAssetName(st.Version, st.SchematicID, st.Arch, "initramfs.xz"),
+		UpstreamKernelURL: fmt.Sprintf("%s/image/%s/%s/kernel-%s", r.pxeBase, st.SchematicID, st.Version, st.Arch),
+		UpstreamInitrdURL: fmt.Sprintf("%s/image/%s/%s/initramfs-%s.xz", r.pxeBase, st.SchematicID, st.Version, st.Arch),
+		Installer:         fmt.Sprintf("%s/installer/%s:%s", r.registry, st.SchematicID, st.Version),
+	}
+}
+
+// Schematic returns the schematic ID of a set of extensions (created at the factory once).
+func (r *FactoryResolver) Schematic(ctx context.Context, extensions []string) (string, error) {
+	return r.schematic(ctx, Profile{Extensions: extensions}.Normalize().Extensions)
 }
 
 // schematic returns the ID of the schematic with these extensions, creating it once.

@@ -93,6 +93,15 @@ func (w Want) Key() string {
 	return w.Name
 }
 
+// source is where w comes from: its URL or image reference.
+func (w Want) source() string {
+	if w.Image != "" {
+		return w.Image
+	}
+
+	return w.URL
+}
+
 // Progress is what the library knows of one want.
 type Progress struct {
 	Key string
@@ -245,12 +254,7 @@ func (l *Library) Progress(w Want) (Progress, bool) {
 		size += r.GetSize()
 	}
 
-	src := e.Want.URL
-	if e.Want.Image != "" {
-		src = e.Want.Image
-	}
-
-	return Progress{Key: w.Key(), Source: src, Held: e.held() && l.present(e.Refs), Done: e.done, Total: max(e.total, size), Err: e.err}, true
+	return Progress{Key: w.Key(), Source: e.Want.source(), Held: e.held() && l.present(e.Refs), Done: e.done, Total: max(e.total, size), Err: e.err}, true
 }
 
 // present reports whether the relay directory has every file of refs.
@@ -344,7 +348,7 @@ func (l *Library) fetch(ctx context.Context, key string) {
 
 	if err != nil {
 		l.mu.Lock()
-		e.queued, e.err, e.failedAt = false, err.Error(), l.now()
+		e.queued, e.err, e.failedAt = false, strings.TrimSpace(err.Error()), l.now()
 		l.mu.Unlock()
 
 		if ctx.Err() == nil {

@@ -2,11 +2,11 @@ package assets_test
 
 import (
 	"context"
-	"io"
-	"log"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"net/url"

@@ -51,6 +51,11 @@ func SchematicID(p Profile) (string, error) {
 	return id, nil
 }
 
+// Schematic returns the schematic ID of a set of extensions, computed offline as the factory would.
+func (r *LocalResolver) Schematic(_ context.Context, extensions []string) (string, error) {
+	return SchematicID(Profile{Extensions: extensions})
+}
+
 // Resolve implements Resolver.
 func (r *LocalResolver) Resolve(_ context.Context, p Profile) (Boot, error) {
 	p = p.Normalize()
@@ -64,10 +69,12 @@ func (r *LocalResolver) Resolve(_ context.Context, p Profile) (Boot, error) {
 		return Boot{}, err
 	}
 
-	kernel := path.Join(id, p.TalosVersion, "kernel-"+p.Arch)
-	initrd := path.Join(id, p.TalosVersion, "initramfs-"+p.Arch+".xz")
+	b := r.BootOf(Staged{Version: p.TalosVersion, SchematicID: id, Arch: p.Arch})
+	b.KernelArgs = p.KernelArgs
 
-	for _, rel := range []string{kernel, initrd} {
+	for _, u := range []string{b.KernelURL, b.InitrdURL} {
+		rel := strings.TrimPrefix(u, r.baseURL+"/")
+
 		if _, err = os.Stat(filepath.Join(r.dir, filepath.FromSlash(rel))); err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
 				return Boot{}, fmt.Errorf("%w: %s not in %s (talos %s, extensions %v)", ErrNotAvailable, rel, r.dir, p.TalosVersion, p.Extensions)
@@ -77,10 +84,15 @@ func (r *LocalResolver) Resolve(_ context.Context, p Profile) (Boot, error) {
 		}
 	}
 
+	return b, nil
+}
+
+// BootOf implements Stager: the directory's kernel and initramfs of the schematic (whether they are there is
+// for the relay to find out).
+func (r *LocalResolver) BootOf(st Staged) Boot {
 	return Boot{
-		SchematicID: id,
-		KernelURL:   r.baseURL + "/" + kernel,
-		InitrdURL:   r.baseURL + "/" + initrd,
-		KernelArgs:  p.KernelArgs,
-	}, nil
+		SchematicID: st.SchematicID,
+		KernelURL:   r.baseURL + "/" + path.Join(st.SchematicID, st.Version, "kernel-"+st.Arch),
+		InitrdURL:   r.baseURL + "/" + path.Join(st.SchematicID, st.Version, "initramfs-"+st.Arch+".xz"),
+	}
 }

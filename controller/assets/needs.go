@@ -2,6 +2,7 @@ package assets
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -25,7 +26,8 @@ type Needs struct {
 	mu      sync.Mutex
 	common  []*assetsapi.AssetRef
 	sites   map[string]map[string]machineNeeds // site -> machine -> needs
-	pending map[string][]Want                  // site -> upstream assets it waits for the controller to hold
+	staged  map[string]machineNeeds            // site -> what was staged there
+	pending map[string][]waiting               // site -> upstream assets it waits for
 }
 
 type machineNeeds struct {
@@ -38,8 +40,23 @@ type machineNeeds struct {
 func NewNeeds(catalog *Catalog, library *Library, common []*assetsapi.AssetRef) *Needs {
 	return &Needs{
 		catalog: catalog, library: library, common: common,
-		sites: map[string]map[string]machineNeeds{}, pending: map[string][]Want{},
+		sites: map[string]map[string]machineNeeds{}, staged: map[string]machineNeeds{}, pending: map[string][]waiting{},
 	}
+}
+
+// SetStaged records what was staged at a site (controller assets stage): local files by reference,
+// upstream assets as wants; the site holds them whatever its plans name.
+func (n *Needs) SetStaged(site string, refs []*assetsapi.AssetRef, wants []Want) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+
+	n.staged[site] = machineNeeds{refs: refs, wants: wants}
+
+	if n.sites[site] == nil {
+		n.sites[site] = map[string]machineNeeds{}
+	}
+
+	n.publishLocked(site)
 }
 
 // Republish hands every site's set to the catalog again: a site's policy changed, or the library holds more.
@@ -115,30 +132,45 @@ func (n *Needs) SetMachine(site, machine string, refs []*assetsapi.AssetRef, wan
 }
 
 // publishLocked hands the site's set, de-duplicated by name and sorted, to the catalog, with the upstream
-// assets it waits for.
+// assets it waits for. Upstream assets go by the site's policy: a passthrough site's machines fetch them
+// themselves (nothing is asked for); a cache site gets what its plans name and what was staged there; an
+// offline site gets only what was staged there (controller assets stage), so nothing reaches it unasked, and
+// what its plans name beyond that is listed as not staged.
 func (n *Needs) publishLocked(site string) {
 	byName := map[string]*assetsapi.AssetRef{}
-	fetch := n.catalog.Policy(site) != assetsapi.Policy_POLICY_PASSTHROUGH
-	pending := map[string]Want{}
+	policy := n.catalog.Policy(site)
+	waits := map[string]waiting{}
 
 	for _, r := range n.common {
 		byName[r.GetName()] = r
 	}
 
-	for _, m := range n.sites[site] {
+	staged := n.staged[site]
+	isStaged := map[string]bool{}
+
+	for _, w := range staged.wants {
+		isStaged[w.Key()] = true
+	}
+
+	for _, m := range append([]machineNeeds{staged}, slices.Collect(maps.Values(n.sites[site]))...) {
 		for _, r := range m.refs {
 			byName[r.GetName()] = r
 		}
 
 		for _, w := range m.wants {
-			if n.library == nil {
-				break
+			switch {
+			case n.library == nil, policy == assetsapi.Policy_POLICY_PASSTHROUGH:
+				continue
+			case policy == assetsapi.Policy_POLICY_OFFLINE && !isStaged[w.Key()]:
+				waits[w.Key()] = waiting{want: w, notStaged: true}
+
+				continue
 			}
 
 			refs, held := n.library.Refs(w)
-			if !held && fetch {
+			if !held {
 				n.library.Want(w)
-				pending[w.Key()] = w
+				waits[w.Key()] = waiting{want: w}
 			}
 
 			for _, r := range refs {
@@ -147,23 +179,21 @@ func (n *Needs) publishLocked(site string) {
 		}
 	}
 
-	out := make([]*assetsapi.AssetRef, 0, len(byName))
-	for _, r := range byName {
-		out = append(out, r)
-	}
-
-	slices.SortFunc(out, func(a, b *assetsapi.AssetRef) int { return strings.Compare(a.GetName(), b.GetName()) })
-
+	out := slices.SortedFunc(maps.Values(byName), func(a, b *assetsapi.AssetRef) int { return strings.Compare(a.GetName(), b.GetName()) })
 	n.catalog.SetNeeded(site, out)
 
-	waits := make([]Want, 0, len(pending))
-	for _, w := range pending {
-		waits = append(waits, w)
-	}
-
-	slices.SortFunc(waits, func(a, b Want) int { return strings.Compare(a.Key(), b.Key()) })
-	n.pending[site] = waits
+	n.pending[site] = slices.SortedFunc(maps.Values(waits), func(a, b waiting) int { return strings.Compare(a.want.Key(), b.want.Key()) })
 }
+
+// waiting is an upstream asset a site's plans or staging need that the site cannot be given yet.
+type waiting struct {
+	want Want
+	// notStaged: an offline site's plan names it, but nothing was staged there.
+	notStaged bool
+}
+
+// notStagedText is the state of an upstream asset an offline site's plan names but nobody staged there.
+const notStagedText = "not staged: an offline site gets install assets only through controller assets stage"
 
 // SiteAssets returns a site's asset state as the admin API reports it (it fits sites.AssetState): the
 // catalog's, and the upstream assets the site waits for the controller to fetch, with their progress now.
@@ -175,7 +205,13 @@ func (n *Needs) SiteAssets(site string) *assetsapi.SiteAssetState {
 	n.mu.Unlock()
 
 	for _, w := range waits {
-		p, ok := n.library.Progress(w)
+		if w.notStaged {
+			out.Upstream = append(out.Upstream, &assetsapi.UpstreamAsset{Key: w.want.Key(), Source: w.want.source(), Error: notStagedText})
+
+			continue
+		}
+
+		p, ok := n.library.Progress(w.want)
 		if !ok || p.Held {
 			continue
 		}

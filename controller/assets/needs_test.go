@@ -104,3 +104,49 @@ func TestNeedsAskTheLibraryForUpstreamAssetsOfSitesThatHoldThem(t *testing.T) {
 		return len(ups) == 1 && ups[0].GetKey() == bad.Name && strings.Contains(ups[0].GetError(), "404")
 	}, 10*time.Second, 5*time.Millisecond)
 }
+
+func TestOfflineSitesGetOnlyWhatWasStaged(t *testing.T) {
+	t.Parallel()
+
+	up := &upstream{}
+	kernel, sum := randomBytes(t, 5000)
+	up.set("/k", kernel, 0)
+
+	srv := httptest.NewServer(up)
+	t.Cleanup(srv.Close)
+
+	lib := startLibrary(t, assets.DefaultLibrary(t.TempDir(), srv.Client()))
+	cat := assets.NewCatalog(assetsapi.Policy_POLICY_OFFLINE, nil)
+	needs := assets.NewNeeds(cat, lib, nil)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+
+	go func() { done <- needs.RunLibrary(ctx) }()
+
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+
+	w := assets.Want{Name: "talos/v1.11.0/s/amd64/kernel", URL: srv.URL + "/k"}
+
+	needs.SetMachine("far", "m1", nil, w)
+	require.Empty(t, cat.Site("far").Missing, "nothing reaches an offline site unasked")
+
+	ups := needs.SiteAssets("far").GetUpstream()
+	require.Len(t, ups, 1)
+	require.Equal(t, w.Name, ups[0].GetKey())
+	require.Contains(t, ups[0].GetError(), "not staged")
+	require.Zero(t, up.gets.Load())
+
+	needs.SetStaged("far", nil, []assets.Want{w})
+
+	require.Eventually(t, func() bool {
+		missing := cat.Site("far").Missing
+
+		return len(missing) == 1 && missing[0].GetSha256() == sum
+	}, 10*time.Second, 5*time.Millisecond)
+	require.Empty(t, needs.SiteAssets("far").GetUpstream())
+	require.EqualValues(t, 1, up.gets.Load())
+}

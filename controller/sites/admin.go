@@ -1,8 +1,10 @@
 package sites
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"slices"
 
 	"github.com/cosi-project/runtime/pkg/state"
 	"google.golang.org/grpc/codes"
@@ -27,6 +29,7 @@ type Admin struct {
 	role     Role
 	// checkSettings checks a site's settings before they are stored; nil takes none.
 	checkSettings SettingsCheck
+	staging       Staging
 }
 
 // AssetState is what the operator API needs of the boot-asset catalog.
@@ -45,6 +48,15 @@ type AdminOption func(*Admin)
 // WithRole makes the admin API say when this controller stands by, naming the active one: the sessions, and
 // so which sites are connected, are known only there.
 func WithRole(r Role) AdminOption { return func(a *Admin) { a.role = r } }
+
+// Staging turns a Talos install profile as an operator names it into its stored form
+// ("<version>/<schematic>/<arch>"), resolving extensions to a schematic.
+type Staging interface {
+	StagedProfile(ctx context.Context, schematicID string, extensions []string, version, arch string) (string, error)
+}
+
+// WithStaging makes the admin API stage install profiles at sites (controller assets stage).
+func WithStaging(s Staging) AdminOption { return func(a *Admin) { a.staging = s } }
 
 // WithSettings makes the admin API take sites' own settings, each change checked by check.
 func WithSettings(check SettingsCheck) AdminOption { return func(a *Admin) { a.checkSettings = check } }
@@ -174,6 +186,56 @@ func (a *Admin) ShowSite(ctx context.Context, req *adminpb.ShowSiteRequest) (*ad
 	}
 
 	return out, nil
+}
+
+// StageAssets implements adminpb.AdminServer: the profile is stored with the site, and every controller
+// follows it (the acting one fetches its assets and has the site's edge hold them).
+func (a *Admin) StageAssets(ctx context.Context, req *adminpb.StageAssetsRequest) (*adminpb.StageAssetsResponse, error) {
+	return a.stage(ctx, req, func(list []string, profile string) []string {
+		if slices.Contains(list, profile) {
+			return list
+		}
+
+		return append(list, profile)
+	})
+}
+
+// UnstageAssets implements adminpb.AdminServer.
+func (a *Admin) UnstageAssets(ctx context.Context, req *adminpb.StageAssetsRequest) (*adminpb.StageAssetsResponse, error) {
+	return a.stage(ctx, req, func(list []string, profile string) []string {
+		return slices.DeleteFunc(list, func(s string) bool { return s == profile })
+	})
+}
+
+func (a *Admin) stage(ctx context.Context, req *adminpb.StageAssetsRequest, change func([]string, string) []string) (*adminpb.StageAssetsResponse, error) {
+	if a.staging == nil || a.assets == nil {
+		return nil, status.Error(codes.Unimplemented, "this controller stages no install assets")
+	}
+
+	if (req.GetSchematicId() == "") == (len(req.GetExtensions()) == 0) {
+		return nil, status.Error(codes.InvalidArgument, "name the profile by a schematic ID or by extensions, one of the two")
+	}
+
+	profile, err := a.staging.StagedProfile(ctx, req.GetSchematicId(), req.GetExtensions(), req.GetTalosVersion(), cmp.Or(req.GetArch(), "amd64"))
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+
+	if _, err := a.registry.Get(ctx, req.GetSiteId()); err != nil {
+		return nil, registryStatus(err)
+	}
+
+	if p := a.assets.SiteAssets(req.GetSiteId()).GetPolicy(); p == assetspb.Policy_POLICY_PASSTHROUGH {
+		return nil, status.Errorf(codes.FailedPrecondition,
+			"site %s has the passthrough asset policy: its machines fetch install assets themselves and its edge holds none (set cache or offline first)", req.GetSiteId())
+	}
+
+	staged, err := a.registry.SetStaged(ctx, req.GetSiteId(), func(list []string) ([]string, error) { return change(list, profile), nil })
+	if err != nil {
+		return nil, registryStatus(err)
+	}
+
+	return &adminpb.StageAssetsResponse{Profile: profile, Staged: staged}, nil
 }
 
 // SetAssetPolicy implements adminpb.AdminServer: the policy is stored with the site; every controller follows

@@ -38,6 +38,9 @@ type Settings struct {
 	// AssetPolicy is the site's boot-asset policy, an outpost.assets.Policy value, 0 for the controller's
 	// default (controller site policy; not changed by SetSettings).
 	AssetPolicy int32
+	// Staged are the install profiles staged at the site ("<version>/<schematic>/<arch>"; controller assets
+	// stage; not changed by SetSettings).
+	Staged []string
 }
 
 // SettingsOf returns a stored site's settings.
@@ -47,7 +50,7 @@ func SettingsOf(site *resources.Site) Settings {
 	return Settings{
 		Discovery: spec.GetDiscovery(), BMCProtocol: spec.GetBmcProtocol(), WipeMethod: spec.GetWipeMethod(),
 		ExtraConfig: spec.GetExtraConfig(), RegisteredMACs: spec.GetRegisteredMacs(), Labels: spec.GetLabels(),
-		AssetPolicy: spec.GetAssetPolicy(),
+		AssetPolicy: spec.GetAssetPolicy(), Staged: spec.GetStagedProfiles(),
 	}
 }
 
@@ -76,6 +79,32 @@ func (r *Registry) SetSettings(ctx context.Context, siteID string, check Setting
 		spec.Discovery, spec.BmcProtocol, spec.WipeMethod = s.Discovery, s.BMCProtocol, s.WipeMethod
 		spec.ExtraConfig, spec.RegisteredMacs = s.ExtraConfig, s.RegisteredMACs
 		stored = s
+
+		return nil
+	})
+
+	return stored, err
+}
+
+// MaxStaged bounds the profiles staged at one site.
+const MaxStaged = 64
+
+// SetStaged changes the install profiles staged at the site with change (which gets the stored list and
+// returns the new one, checked by the caller) and returns what was stored.
+func (r *Registry) SetStaged(ctx context.Context, siteID string, change func([]string) ([]string, error)) ([]string, error) {
+	var stored []string
+
+	_, err := r.update(ctx, siteID, func(site *resources.Site) error {
+		next, err := change(slices.Clone(site.TypedSpec().Value.GetStagedProfiles()))
+		if err != nil {
+			return err
+		}
+
+		if len(next) > MaxStaged {
+			return status.Errorf(codes.InvalidArgument, "site %s: %d staged profiles, at most %d", siteID, len(next), MaxStaged)
+		}
+
+		site.TypedSpec().Value.StagedProfiles, stored = next, next
 
 		return nil
 	})

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
-	"github.com/outpost-metal/outpost/shared/printable"
 	"github.com/outpost-metal/outpost/shared/metal"
+	"github.com/outpost-metal/outpost/shared/printable"
 )
 
 // maxPendingPerAddress bounds the entries held for one address not tied to a machine yet.

@@ -54,6 +54,10 @@ type SiteSpec struct {
 	// registered_macs are machines an operator registered before they boot (controller site machine add):
 	// with discovery known they are answered. Lower case, colon separated.
 	RegisteredMacs []string `protobuf:"bytes,15,rep,name=registered_macs,json=registeredMacs,proto3" json:"registered_macs,omitempty"`
+	// staged_profiles are Talos install profiles an operator staged at the site ahead of need (controller
+	// assets stage), each "<version>/<schematic id>/<arch>": the site holds their kernel, initramfs and
+	// installer image whatever its machines' plans name.
+	StagedProfiles []string `protobuf:"bytes,16,rep,name=staged_profiles,json=stagedProfiles,proto3" json:"staged_profiles,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -193,6 +197,13 @@ func (x *SiteSpec) GetRegisteredMacs() []string {
 	return nil
 }
 
+func (x *SiteSpec) GetStagedProfiles() []string {
+	if x != nil {
+		return x.StagedProfiles
+	}
+	return nil
+}
+
 // SiteStatusSpec is the live connection state of a site (ephemeral).
 type SiteStatusSpec struct {
 	state               protoimpl.MessageState `protogen:"open.v1"`
@@ -290,7 +301,7 @@ var File_controller_resources_specs_specs_proto protoreflect.FileDescriptor
 
 const file_controller_resources_specs_specs_proto_rawDesc = "" +
 	"\n" +
-	"&controller/resources/specs/specs.proto\x12\x17outpost.resources.specs\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa6\x05\n" +
+	"&controller/resources/specs/specs.proto\x12\x17outpost.resources.specs\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcf\x05\n" +
 	"\bSiteSpec\x12 \n" +
 	"\vdescription\x18\x01 \x01(\tR\vdescription\x12\x1d\n" +
 	"\n" +
@@ -310,7 +321,8 @@ const file_controller_resources_specs_specs_proto_rawDesc = "" +
 	"\vwipe_method\x18\r \x01(\tR\n" +
 	"wipeMethod\x12!\n" +
 	"\fextra_config\x18\x0e \x01(\fR\vextraConfig\x12'\n" +
-	"\x0fregistered_macs\x18\x0f \x03(\tR\x0eregisteredMacs\x1a9\n" +
+	"\x0fregistered_macs\x18\x0f \x03(\tR\x0eregisteredMacs\x12'\n" +
+	"\x0fstaged_profiles\x18\x10 \x03(\tR\x0estagedProfiles\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe2\x02\n" +

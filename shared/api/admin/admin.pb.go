@@ -1908,6 +1908,138 @@ func (x *ClearAlertResponse) GetCleared() string {
 	return ""
 }
 
+// StageAssetsRequest names a Talos install profile at a site: a schematic, or the extensions that make one.
+type StageAssetsRequest struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	SiteId       string                 `protobuf:"bytes,1,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
+	SchematicId  string                 `protobuf:"bytes,2,opt,name=schematic_id,json=schematicId,proto3" json:"schematic_id,omitempty"`
+	Extensions   []string               `protobuf:"bytes,3,rep,name=extensions,proto3" json:"extensions,omitempty"`
+	TalosVersion string                 `protobuf:"bytes,4,opt,name=talos_version,json=talosVersion,proto3" json:"talos_version,omitempty"`
+	// arch is amd64 (default) or arm64.
+	Arch          string `protobuf:"bytes,5,opt,name=arch,proto3" json:"arch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StageAssetsRequest) Reset() {
+	*x = StageAssetsRequest{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StageAssetsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StageAssetsRequest) ProtoMessage() {}
+
+func (x *StageAssetsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StageAssetsRequest.ProtoReflect.Descriptor instead.
+func (*StageAssetsRequest) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *StageAssetsRequest) GetSiteId() string {
+	if x != nil {
+		return x.SiteId
+	}
+	return ""
+}
+
+func (x *StageAssetsRequest) GetSchematicId() string {
+	if x != nil {
+		return x.SchematicId
+	}
+	return ""
+}
+
+func (x *StageAssetsRequest) GetExtensions() []string {
+	if x != nil {
+		return x.Extensions
+	}
+	return nil
+}
+
+func (x *StageAssetsRequest) GetTalosVersion() string {
+	if x != nil {
+		return x.TalosVersion
+	}
+	return ""
+}
+
+func (x *StageAssetsRequest) GetArch() string {
+	if x != nil {
+		return x.Arch
+	}
+	return ""
+}
+
+type StageAssetsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// profile is the staged profile as stored: <version>/<schematic>/<arch>.
+	Profile string `protobuf:"bytes,1,opt,name=profile,proto3" json:"profile,omitempty"`
+	// staged lists every profile staged at the site now.
+	Staged        []string `protobuf:"bytes,2,rep,name=staged,proto3" json:"staged,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StageAssetsResponse) Reset() {
+	*x = StageAssetsResponse{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StageAssetsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StageAssetsResponse) ProtoMessage() {}
+
+func (x *StageAssetsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StageAssetsResponse.ProtoReflect.Descriptor instead.
+func (*StageAssetsResponse) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *StageAssetsResponse) GetProfile() string {
+	if x != nil {
+		return x.Profile
+	}
+	return ""
+}
+
+func (x *StageAssetsResponse) GetStaged() []string {
+	if x != nil {
+		return x.Staged
+	}
+	return nil
+}
+
 var File_shared_api_admin_admin_proto protoreflect.FileDescriptor
 
 const file_shared_api_admin_admin_proto_rawDesc = "" +
@@ -2053,7 +2185,18 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\n" +
 	"machine_id\x18\x01 \x01(\tR\tmachineId\".\n" +
 	"\x12ClearAlertResponse\x12\x18\n" +
-	"\acleared\x18\x01 \x01(\tR\acleared2\xf6\x06\n" +
+	"\acleared\x18\x01 \x01(\tR\acleared\"\xa9\x01\n" +
+	"\x12StageAssetsRequest\x12\x17\n" +
+	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12!\n" +
+	"\fschematic_id\x18\x02 \x01(\tR\vschematicId\x12\x1e\n" +
+	"\n" +
+	"extensions\x18\x03 \x03(\tR\n" +
+	"extensions\x12#\n" +
+	"\rtalos_version\x18\x04 \x01(\tR\ftalosVersion\x12\x12\n" +
+	"\x04arch\x18\x05 \x01(\tR\x04arch\"G\n" +
+	"\x13StageAssetsResponse\x12\x18\n" +
+	"\aprofile\x18\x01 \x01(\tR\aprofile\x12\x16\n" +
+	"\x06staged\x18\x02 \x03(\tR\x06staged2\xa4\b\n" +
 	"\x05Admin\x12Q\n" +
 	"\n" +
 	"CreateSite\x12 .outpost.admin.CreateSiteRequest\x1a!.outpost.admin.CreateSiteResponse\x12U\n" +
@@ -2064,7 +2207,9 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\n" +
 	"DeleteSite\x12 .outpost.admin.DeleteSiteRequest\x1a!.outpost.admin.DeleteSiteResponse\x12K\n" +
 	"\bShowSite\x12\x1e.outpost.admin.ShowSiteRequest\x1a\x1f.outpost.admin.ShowSiteResponse\x12]\n" +
-	"\x0eSetAssetPolicy\x12$.outpost.admin.SetAssetPolicyRequest\x1a%.outpost.admin.SetAssetPolicyResponse\x12Z\n" +
+	"\x0eSetAssetPolicy\x12$.outpost.admin.SetAssetPolicyRequest\x1a%.outpost.admin.SetAssetPolicyResponse\x12T\n" +
+	"\vStageAssets\x12!.outpost.admin.StageAssetsRequest\x1a\".outpost.admin.StageAssetsResponse\x12V\n" +
+	"\rUnstageAssets\x12!.outpost.admin.StageAssetsRequest\x1a\".outpost.admin.StageAssetsResponse\x12Z\n" +
 	"\rSetSiteLabels\x12#.outpost.admin.SetSiteLabelsRequest\x1a$.outpost.admin.SetSiteLabelsResponse\x12`\n" +
 	"\x0fSetSiteSettings\x12%.outpost.admin.SetSiteSettingsRequest\x1a&.outpost.admin.SetSiteSettingsResponse\x12c\n" +
 	"\x10RegisterMachines\x12&.outpost.admin.RegisterMachinesRequest\x1a'.outpost.admin.RegisterMachinesResponse2\xe2\x02\n" +
@@ -2087,7 +2232,7 @@ func file_shared_api_admin_admin_proto_rawDescGZIP() []byte {
 	return file_shared_api_admin_admin_proto_rawDescData
 }
 
-var file_shared_api_admin_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_shared_api_admin_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_shared_api_admin_admin_proto_goTypes = []any{
 	(*CreateSiteRequest)(nil),        // 0: outpost.admin.CreateSiteRequest
 	(*CreateSiteResponse)(nil),       // 1: outpost.admin.CreateSiteResponse
@@ -2121,34 +2266,36 @@ var file_shared_api_admin_admin_proto_goTypes = []any{
 	(*SetBootModeResponse)(nil),      // 29: outpost.admin.SetBootModeResponse
 	(*ClearAlertRequest)(nil),        // 30: outpost.admin.ClearAlertRequest
 	(*ClearAlertResponse)(nil),       // 31: outpost.admin.ClearAlertResponse
-	nil,                              // 32: outpost.admin.Site.LabelsEntry
-	nil,                              // 33: outpost.admin.SetSiteLabelsRequest.LabelsEntry
-	(*durationpb.Duration)(nil),      // 34: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 35: google.protobuf.Timestamp
-	(*assets.SiteAssetState)(nil),    // 36: outpost.assets.SiteAssetState
-	(assets.Policy)(0),               // 37: outpost.assets.Policy
+	(*StageAssetsRequest)(nil),       // 32: outpost.admin.StageAssetsRequest
+	(*StageAssetsResponse)(nil),      // 33: outpost.admin.StageAssetsResponse
+	nil,                              // 34: outpost.admin.Site.LabelsEntry
+	nil,                              // 35: outpost.admin.SetSiteLabelsRequest.LabelsEntry
+	(*durationpb.Duration)(nil),      // 36: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 37: google.protobuf.Timestamp
+	(*assets.SiteAssetState)(nil),    // 38: outpost.assets.SiteAssetState
+	(assets.Policy)(0),               // 39: outpost.assets.Policy
 }
 var file_shared_api_admin_admin_proto_depIdxs = []int32{
-	34, // 0: outpost.admin.CreateSiteRequest.token_ttl:type_name -> google.protobuf.Duration
-	35, // 1: outpost.admin.CreateSiteResponse.token_expires:type_name -> google.protobuf.Timestamp
-	34, // 2: outpost.admin.NewJoinTokenRequest.token_ttl:type_name -> google.protobuf.Duration
-	35, // 3: outpost.admin.Site.last_seen:type_name -> google.protobuf.Timestamp
-	35, // 4: outpost.admin.Site.connected_since:type_name -> google.protobuf.Timestamp
-	35, // 5: outpost.admin.Site.token_expires:type_name -> google.protobuf.Timestamp
-	32, // 6: outpost.admin.Site.labels:type_name -> outpost.admin.Site.LabelsEntry
+	36, // 0: outpost.admin.CreateSiteRequest.token_ttl:type_name -> google.protobuf.Duration
+	37, // 1: outpost.admin.CreateSiteResponse.token_expires:type_name -> google.protobuf.Timestamp
+	36, // 2: outpost.admin.NewJoinTokenRequest.token_ttl:type_name -> google.protobuf.Duration
+	37, // 3: outpost.admin.Site.last_seen:type_name -> google.protobuf.Timestamp
+	37, // 4: outpost.admin.Site.connected_since:type_name -> google.protobuf.Timestamp
+	37, // 5: outpost.admin.Site.token_expires:type_name -> google.protobuf.Timestamp
+	34, // 6: outpost.admin.Site.labels:type_name -> outpost.admin.Site.LabelsEntry
 	5,  // 7: outpost.admin.Site.settings:type_name -> outpost.admin.SiteSettings
 	4,  // 8: outpost.admin.ListSitesResponse.sites:type_name -> outpost.admin.Site
 	6,  // 9: outpost.admin.ListSitesResponse.standby:type_name -> outpost.admin.Standby
 	4,  // 10: outpost.admin.ShowSiteResponse.site:type_name -> outpost.admin.Site
-	36, // 11: outpost.admin.ShowSiteResponse.assets:type_name -> outpost.assets.SiteAssetState
+	38, // 11: outpost.admin.ShowSiteResponse.assets:type_name -> outpost.assets.SiteAssetState
 	6,  // 12: outpost.admin.ShowSiteResponse.standby:type_name -> outpost.admin.Standby
-	37, // 13: outpost.admin.SetAssetPolicyRequest.policy:type_name -> outpost.assets.Policy
-	33, // 14: outpost.admin.SetSiteLabelsRequest.labels:type_name -> outpost.admin.SetSiteLabelsRequest.LabelsEntry
+	39, // 13: outpost.admin.SetAssetPolicyRequest.policy:type_name -> outpost.assets.Policy
+	35, // 14: outpost.admin.SetSiteLabelsRequest.labels:type_name -> outpost.admin.SetSiteLabelsRequest.LabelsEntry
 	5,  // 15: outpost.admin.SetSiteSettingsResponse.settings:type_name -> outpost.admin.SiteSettings
 	24, // 16: outpost.admin.ListMachinesResponse.machines:type_name -> outpost.admin.Machine
-	35, // 17: outpost.admin.Machine.updated:type_name -> google.protobuf.Timestamp
+	37, // 17: outpost.admin.Machine.updated:type_name -> google.protobuf.Timestamp
 	25, // 18: outpost.admin.Machine.last:type_name -> outpost.admin.TimelineEntry
-	35, // 19: outpost.admin.TimelineEntry.time:type_name -> google.protobuf.Timestamp
+	37, // 19: outpost.admin.TimelineEntry.time:type_name -> google.protobuf.Timestamp
 	24, // 20: outpost.admin.ShowMachineResponse.machine:type_name -> outpost.admin.Machine
 	25, // 21: outpost.admin.ShowMachineResponse.timeline:type_name -> outpost.admin.TimelineEntry
 	0,  // 22: outpost.admin.Admin.CreateSite:input_type -> outpost.admin.CreateSiteRequest
@@ -2158,29 +2305,33 @@ var file_shared_api_admin_admin_proto_depIdxs = []int32{
 	10, // 26: outpost.admin.Admin.DeleteSite:input_type -> outpost.admin.DeleteSiteRequest
 	12, // 27: outpost.admin.Admin.ShowSite:input_type -> outpost.admin.ShowSiteRequest
 	14, // 28: outpost.admin.Admin.SetAssetPolicy:input_type -> outpost.admin.SetAssetPolicyRequest
-	16, // 29: outpost.admin.Admin.SetSiteLabels:input_type -> outpost.admin.SetSiteLabelsRequest
-	18, // 30: outpost.admin.Admin.SetSiteSettings:input_type -> outpost.admin.SetSiteSettingsRequest
-	20, // 31: outpost.admin.Admin.RegisterMachines:input_type -> outpost.admin.RegisterMachinesRequest
-	22, // 32: outpost.admin.Machines.ListMachines:input_type -> outpost.admin.ListMachinesRequest
-	26, // 33: outpost.admin.Machines.ShowMachine:input_type -> outpost.admin.ShowMachineRequest
-	28, // 34: outpost.admin.Machines.SetBootMode:input_type -> outpost.admin.SetBootModeRequest
-	30, // 35: outpost.admin.Machines.ClearAlert:input_type -> outpost.admin.ClearAlertRequest
-	1,  // 36: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
-	1,  // 37: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
-	7,  // 38: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
-	9,  // 39: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
-	11, // 40: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
-	13, // 41: outpost.admin.Admin.ShowSite:output_type -> outpost.admin.ShowSiteResponse
-	15, // 42: outpost.admin.Admin.SetAssetPolicy:output_type -> outpost.admin.SetAssetPolicyResponse
-	17, // 43: outpost.admin.Admin.SetSiteLabels:output_type -> outpost.admin.SetSiteLabelsResponse
-	19, // 44: outpost.admin.Admin.SetSiteSettings:output_type -> outpost.admin.SetSiteSettingsResponse
-	21, // 45: outpost.admin.Admin.RegisterMachines:output_type -> outpost.admin.RegisterMachinesResponse
-	23, // 46: outpost.admin.Machines.ListMachines:output_type -> outpost.admin.ListMachinesResponse
-	27, // 47: outpost.admin.Machines.ShowMachine:output_type -> outpost.admin.ShowMachineResponse
-	29, // 48: outpost.admin.Machines.SetBootMode:output_type -> outpost.admin.SetBootModeResponse
-	31, // 49: outpost.admin.Machines.ClearAlert:output_type -> outpost.admin.ClearAlertResponse
-	36, // [36:50] is the sub-list for method output_type
-	22, // [22:36] is the sub-list for method input_type
+	32, // 29: outpost.admin.Admin.StageAssets:input_type -> outpost.admin.StageAssetsRequest
+	32, // 30: outpost.admin.Admin.UnstageAssets:input_type -> outpost.admin.StageAssetsRequest
+	16, // 31: outpost.admin.Admin.SetSiteLabels:input_type -> outpost.admin.SetSiteLabelsRequest
+	18, // 32: outpost.admin.Admin.SetSiteSettings:input_type -> outpost.admin.SetSiteSettingsRequest
+	20, // 33: outpost.admin.Admin.RegisterMachines:input_type -> outpost.admin.RegisterMachinesRequest
+	22, // 34: outpost.admin.Machines.ListMachines:input_type -> outpost.admin.ListMachinesRequest
+	26, // 35: outpost.admin.Machines.ShowMachine:input_type -> outpost.admin.ShowMachineRequest
+	28, // 36: outpost.admin.Machines.SetBootMode:input_type -> outpost.admin.SetBootModeRequest
+	30, // 37: outpost.admin.Machines.ClearAlert:input_type -> outpost.admin.ClearAlertRequest
+	1,  // 38: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
+	1,  // 39: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
+	7,  // 40: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
+	9,  // 41: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
+	11, // 42: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
+	13, // 43: outpost.admin.Admin.ShowSite:output_type -> outpost.admin.ShowSiteResponse
+	15, // 44: outpost.admin.Admin.SetAssetPolicy:output_type -> outpost.admin.SetAssetPolicyResponse
+	33, // 45: outpost.admin.Admin.StageAssets:output_type -> outpost.admin.StageAssetsResponse
+	33, // 46: outpost.admin.Admin.UnstageAssets:output_type -> outpost.admin.StageAssetsResponse
+	17, // 47: outpost.admin.Admin.SetSiteLabels:output_type -> outpost.admin.SetSiteLabelsResponse
+	19, // 48: outpost.admin.Admin.SetSiteSettings:output_type -> outpost.admin.SetSiteSettingsResponse
+	21, // 49: outpost.admin.Admin.RegisterMachines:output_type -> outpost.admin.RegisterMachinesResponse
+	23, // 50: outpost.admin.Machines.ListMachines:output_type -> outpost.admin.ListMachinesResponse
+	27, // 51: outpost.admin.Machines.ShowMachine:output_type -> outpost.admin.ShowMachineResponse
+	29, // 52: outpost.admin.Machines.SetBootMode:output_type -> outpost.admin.SetBootModeResponse
+	31, // 53: outpost.admin.Machines.ClearAlert:output_type -> outpost.admin.ClearAlertResponse
+	38, // [38:54] is the sub-list for method output_type
+	22, // [22:38] is the sub-list for method input_type
 	22, // [22:22] is the sub-list for extension type_name
 	22, // [22:22] is the sub-list for extension extendee
 	0,  // [0:22] is the sub-list for field type_name
@@ -2198,7 +2349,7 @@ func file_shared_api_admin_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_admin_admin_proto_rawDesc), len(file_shared_api_admin_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   34,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

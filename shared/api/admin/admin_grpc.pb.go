@@ -28,6 +28,8 @@ const (
 	Admin_DeleteSite_FullMethodName       = "/outpost.admin.Admin/DeleteSite"
 	Admin_ShowSite_FullMethodName         = "/outpost.admin.Admin/ShowSite"
 	Admin_SetAssetPolicy_FullMethodName   = "/outpost.admin.Admin/SetAssetPolicy"
+	Admin_StageAssets_FullMethodName      = "/outpost.admin.Admin/StageAssets"
+	Admin_UnstageAssets_FullMethodName    = "/outpost.admin.Admin/UnstageAssets"
 	Admin_SetSiteLabels_FullMethodName    = "/outpost.admin.Admin/SetSiteLabels"
 	Admin_SetSiteSettings_FullMethodName  = "/outpost.admin.Admin/SetSiteSettings"
 	Admin_RegisterMachines_FullMethodName = "/outpost.admin.Admin/RegisterMachines"
@@ -53,6 +55,11 @@ type AdminClient interface {
 	ShowSite(ctx context.Context, in *ShowSiteRequest, opts ...grpc.CallOption) (*ShowSiteResponse, error)
 	// SetAssetPolicy sets a site's boot-asset policy: passthrough, cache or offline.
 	SetAssetPolicy(ctx context.Context, in *SetAssetPolicyRequest, opts ...grpc.CallOption) (*SetAssetPolicyResponse, error)
+	// StageAssets stages a Talos install profile at a site ahead of need: the controller fetches its kernel,
+	// initramfs and installer image and the site's edge holds them, whatever its machines' plans name.
+	StageAssets(ctx context.Context, in *StageAssetsRequest, opts ...grpc.CallOption) (*StageAssetsResponse, error)
+	// UnstageAssets takes a staged profile back (the edge may evict it once no plan needs it).
+	UnstageAssets(ctx context.Context, in *StageAssetsRequest, opts ...grpc.CallOption) (*StageAssetsResponse, error)
 	// SetSiteLabels replaces the labels published on every machine of a site (Omni's MachineClass selectors
 	// see them); all are checked before any is stored.
 	SetSiteLabels(ctx context.Context, in *SetSiteLabelsRequest, opts ...grpc.CallOption) (*SetSiteLabelsResponse, error)
@@ -141,6 +148,26 @@ func (c *adminClient) SetAssetPolicy(ctx context.Context, in *SetAssetPolicyRequ
 	return out, nil
 }
 
+func (c *adminClient) StageAssets(ctx context.Context, in *StageAssetsRequest, opts ...grpc.CallOption) (*StageAssetsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StageAssetsResponse)
+	err := c.cc.Invoke(ctx, Admin_StageAssets_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) UnstageAssets(ctx context.Context, in *StageAssetsRequest, opts ...grpc.CallOption) (*StageAssetsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StageAssetsResponse)
+	err := c.cc.Invoke(ctx, Admin_UnstageAssets_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminClient) SetSiteLabels(ctx context.Context, in *SetSiteLabelsRequest, opts ...grpc.CallOption) (*SetSiteLabelsResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(SetSiteLabelsResponse)
@@ -191,6 +218,11 @@ type AdminServer interface {
 	ShowSite(context.Context, *ShowSiteRequest) (*ShowSiteResponse, error)
 	// SetAssetPolicy sets a site's boot-asset policy: passthrough, cache or offline.
 	SetAssetPolicy(context.Context, *SetAssetPolicyRequest) (*SetAssetPolicyResponse, error)
+	// StageAssets stages a Talos install profile at a site ahead of need: the controller fetches its kernel,
+	// initramfs and installer image and the site's edge holds them, whatever its machines' plans name.
+	StageAssets(context.Context, *StageAssetsRequest) (*StageAssetsResponse, error)
+	// UnstageAssets takes a staged profile back (the edge may evict it once no plan needs it).
+	UnstageAssets(context.Context, *StageAssetsRequest) (*StageAssetsResponse, error)
 	// SetSiteLabels replaces the labels published on every machine of a site (Omni's MachineClass selectors
 	// see them); all are checked before any is stored.
 	SetSiteLabels(context.Context, *SetSiteLabelsRequest) (*SetSiteLabelsResponse, error)
@@ -229,6 +261,12 @@ func (UnimplementedAdminServer) ShowSite(context.Context, *ShowSiteRequest) (*Sh
 }
 func (UnimplementedAdminServer) SetAssetPolicy(context.Context, *SetAssetPolicyRequest) (*SetAssetPolicyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetAssetPolicy not implemented")
+}
+func (UnimplementedAdminServer) StageAssets(context.Context, *StageAssetsRequest) (*StageAssetsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method StageAssets not implemented")
+}
+func (UnimplementedAdminServer) UnstageAssets(context.Context, *StageAssetsRequest) (*StageAssetsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UnstageAssets not implemented")
 }
 func (UnimplementedAdminServer) SetSiteLabels(context.Context, *SetSiteLabelsRequest) (*SetSiteLabelsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetSiteLabels not implemented")
@@ -386,6 +424,42 @@ func _Admin_SetAssetPolicy_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_StageAssets_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StageAssetsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).StageAssets(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_StageAssets_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).StageAssets(ctx, req.(*StageAssetsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_UnstageAssets_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StageAssetsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).UnstageAssets(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_UnstageAssets_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).UnstageAssets(ctx, req.(*StageAssetsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Admin_SetSiteLabels_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(SetSiteLabelsRequest)
 	if err := dec(in); err != nil {
@@ -474,6 +548,14 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetAssetPolicy",
 			Handler:    _Admin_SetAssetPolicy_Handler,
+		},
+		{
+			MethodName: "StageAssets",
+			Handler:    _Admin_StageAssets_Handler,
+		},
+		{
+			MethodName: "UnstageAssets",
+			Handler:    _Admin_UnstageAssets_Handler,
 		},
 		{
 			MethodName: "SetSiteLabels",
