@@ -33,7 +33,13 @@ func (f *stagingFactory) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		json.NewEncoder(w).Encode(map[string]string{"id": stagedSchematic, "schematic": "customization: {}\n"}) //nolint:errcheck
 	case strings.HasPrefix(r.URL.Path, "/image/"+stagedSchematic+"/v1.11.5/"):
 		f.images.Add(1)
-		_, _ = w.Write([]byte("image " + r.URL.Path)) //nolint:errcheck
+
+		magic := "MZ" // a kernel's PE header, an initramfs' xz header
+		if strings.Contains(r.URL.Path, "initramfs") {
+			magic = "\xfd7zXZ\x00"
+		}
+
+		_, _ = w.Write([]byte(magic + " image " + r.URL.Path)) //nolint:errcheck
 	default:
 		http.NotFound(w, r)
 	}
@@ -102,8 +108,8 @@ func TestStageAssetsThroughTheAdminSocket(t *testing.T) {
 
 		return strings.Count(out.String(), "\nmissing ") == 2 && strings.Contains(out.String(), "\nupstream  image:")
 	}, 10*time.Second, 20*time.Millisecond)
-	require.Regexp(t, `missing\s+talos/v1\.11\.5/`+stagedSchematic+`/amd64/kernel\s+[0-9a-f]{12}\s+98\s+true`, out.String())
-	require.Regexp(t, `missing\s+talos/v1\.11\.5/`+stagedSchematic+`/amd64/initramfs\.xz\s+[0-9a-f]{12}\s+104\s+true`, out.String())
+	require.Regexp(t, `missing\s+talos/v1\.11\.5/`+stagedSchematic+`/amd64/kernel\s+[0-9a-f]{12}\s+101\s+true`, out.String())
+	require.Regexp(t, `missing\s+talos/v1\.11\.5/`+stagedSchematic+`/amd64/initramfs\.xz\s+[0-9a-f]{12}\s+111\s+true`, out.String())
 	require.EqualValues(t, 2, factory.images.Load())
 
 	// the installer image is asked for too: the fake factory has no registry, so it is listed with the failure

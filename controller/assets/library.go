@@ -53,13 +53,13 @@ type LibraryConfig struct {
 	Workers int
 	// MaxSize bounds one file or blob (an endless answer is cut there).
 	MaxSize int64
-	// Timeout bounds one fetch.
-	Timeout time.Duration
+	// Timeout bounds one fetch; IdleTimeout cuts a download that receives nothing for that long.
+	Timeout, IdleTimeout time.Duration
 }
 
 // DefaultLibrary returns the defaults over dir.
 func DefaultLibrary(dir string, client *http.Client) LibraryConfig {
-	return LibraryConfig{Dir: dir, Client: client, Workers: 2, MaxSize: 2 << 30, Timeout: 30 * time.Minute}
+	return LibraryConfig{Dir: dir, Client: client, Workers: 2, MaxSize: 2 << 30, Timeout: 30 * time.Minute, IdleTimeout: time.Minute}
 }
 
 // Validate checks the configuration.
@@ -69,8 +69,9 @@ func (c LibraryConfig) Validate() error {
 		return errors.New("install asset library: no directory")
 	case c.Client == nil:
 		return errors.New("install asset library: no HTTP client")
-	case c.Workers <= 0 || c.MaxSize <= 0 || c.Timeout <= 0:
-		return fmt.Errorf("install asset library: workers %d, max size %d and timeout %s must be positive", c.Workers, c.MaxSize, c.Timeout)
+	case c.Workers <= 0 || c.MaxSize <= 0 || c.Timeout <= 0 || c.IdleTimeout <= 0:
+		return fmt.Errorf("install asset library: workers %d, max size %d, timeout %s and idle timeout %s must be positive",
+			c.Workers, c.MaxSize, c.Timeout, c.IdleTimeout)
 	}
 
 	return nil

@@ -76,6 +76,7 @@ func randomBytes(t *testing.T, n int) ([]byte, string) {
 	b := make([]byte, n)
 	_, err := rand.Read(b)
 	require.NoError(t, err)
+	copy(b, "MZ") // a PE/EFI image's start, as kernels have
 
 	sum := sha256.Sum256(b)
 
@@ -182,10 +183,20 @@ func TestLibraryRefusesWhatUpstreamGetsWrong(t *testing.T) {
 		{name: "server error", status: http.StatusInternalServerError, want: "500"},
 		{name: "empty", body: []byte{}, want: "empty answer"},
 		{name: "too large", body: make([]byte, 1<<20+1), want: "more than"},
+		{name: "garbage kernel", body: []byte("<html>rate limited</html>"), want: "not a kernel image"},
+		{name: "garbage initramfs", body: []byte("<html>rate limited</html>"), want: "not an initramfs"},
 	} {
 		up.set("/"+tc.name, tc.body, tc.status)
 
-		w := assets.Want{Name: "talos/v1.11.0/s/amd64/" + strings.ReplaceAll(tc.name, " ", "-"), URL: srv.URL + "/" + tc.name}
+		file := strings.ReplaceAll(tc.name, " ", "-")
+		switch tc.name {
+		case "garbage kernel":
+			file = "kernel"
+		case "garbage initramfs":
+			file = "initramfs.xz"
+		}
+
+		w := assets.Want{Name: "talos/v1.11.0/" + strings.ReplaceAll(tc.name, " ", "-") + "/amd64/" + file, URL: srv.URL + "/" + tc.name}
 		p := waitSettled(t, l, w)
 		require.False(t, p.Held, tc.name)
 		require.Contains(t, p.Err, tc.want, tc.name)
@@ -193,6 +204,32 @@ func TestLibraryRefusesWhatUpstreamGetsWrong(t *testing.T) {
 		_, held := l.Refs(w)
 		require.False(t, held, tc.name)
 	}
+}
+
+func TestLibraryCutsAStalledDownload(t *testing.T) {
+	t.Parallel()
+
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "1000000")
+		_, _ = w.Write([]byte("MZ"))              //nolint:errcheck
+		_ = http.NewResponseController(w).Flush() //nolint:errcheck
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		} // then nothing more
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) })
+
+	cfg := assets.DefaultLibrary(t.TempDir(), srv.Client())
+	cfg.IdleTimeout = 100 * time.Millisecond
+	l := startLibrary(t, cfg)
+
+	p := waitSettled(t, l, assets.Want{Name: "talos/v1.11.0/s/amd64/kernel", URL: srv.URL})
+	require.False(t, p.Held)
+	require.Contains(t, p.Err, "nothing received for 100ms")
+	require.EqualValues(t, 2, p.Done, "the bytes that came are counted")
 }
 
 func TestLibraryRefusesASecondDownloadThatDiffers(t *testing.T) {

@@ -14,6 +14,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -51,6 +53,9 @@ func UpstreamClient(extraRoots []byte) (*http.Client, error) {
 
 // download fetches url into the relay directory under its digest and returns its reference (without name).
 func (l *Library) download(ctx context.Context, key, url string) (*assetsapi.AssetRef, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, fmt.Errorf("download %s: %w", key, err)
@@ -66,8 +71,15 @@ func (l *Library) download(ctx context.Context, key, url string) (*assetsapi.Ass
 		return nil, fmt.Errorf("download %s from %s: status %s", key, url, resp.Status)
 	}
 
-	digest, size, err := l.store(key, resp.Body, resp.ContentLength, "")
+	body := newIdleReader(resp.Body, l.cfg.IdleTimeout, cancel)
+	defer body.stop()
+
+	digest, size, err := l.store(key, body, resp.ContentLength, "", kindCheck(key))
 	if err != nil {
+		if body.idled() {
+			err = fmt.Errorf("nothing received for %s: %w", l.cfg.IdleTimeout, err)
+		}
+
 		return nil, fmt.Errorf("download %s from %s: %w", key, url, err)
 	}
 
@@ -77,7 +89,7 @@ func (l *Library) download(ctx context.Context, key, url string) (*assetsapi.Ass
 // store writes r (of size bytes, -1: unknown) to the relay directory under its SHA-256, checking it against
 // want (a hex digest, "" for none) and the size bound, and returns the digest and length. Nothing partial or
 // wrong ever gets a digest's name.
-func (l *Library) store(key string, r io.Reader, size int64, want string) (string, int64, error) {
+func (l *Library) store(key string, r io.Reader, size int64, want string, check func(head []byte) error) (string, int64, error) {
 	if size > l.cfg.MaxSize {
 		return "", 0, fmt.Errorf("%d bytes is more than the %d one install asset may have", size, l.cfg.MaxSize)
 	}
@@ -91,8 +103,9 @@ func (l *Library) store(key string, r io.Reader, size int64, want string) (strin
 	defer os.Remove(tmp.Name()) //nolint:errcheck // gone after the rename
 
 	h := sha256.New()
+	head := &headWriter{max: 4096}
 
-	n, err := io.Copy(io.MultiWriter(tmp, h, progress{l: l, key: key}), io.LimitReader(r, l.cfg.MaxSize+1))
+	n, err := io.Copy(io.MultiWriter(tmp, h, head, progress{l: l, key: key}), io.LimitReader(r, l.cfg.MaxSize+1))
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}
@@ -110,6 +123,12 @@ func (l *Library) store(key string, r io.Reader, size int64, want string) (strin
 		return "", 0, errors.New("empty answer")
 	case want != "" && digest != want:
 		return "", 0, fmt.Errorf("content has digest sha256:%s, expected sha256:%s", digest, want)
+	}
+
+	if check != nil {
+		if err := check(head.b); err != nil {
+			return "", 0, err
+		}
 	}
 
 	if err := os.Rename(tmp.Name(), filepath.Join(l.cfg.Dir, digest)); err != nil {
@@ -296,7 +315,7 @@ func (p *puller) blob(d v1.Hash, size int64, open func() (io.ReadCloser, error))
 	}
 	defer rc.Close() //nolint:errcheck
 
-	if _, _, err := p.l.store(p.key, rc, size, d.Hex); err != nil {
+	if _, _, err := p.l.store(p.key, rc, size, d.Hex, nil); err != nil {
 		return nil, fmt.Errorf("blob %s: %w", d, err)
 	}
 
@@ -304,3 +323,82 @@ func (p *puller) blob(d v1.Hash, size int64, open func() (io.ReadCloser, error))
 
 	return ref, nil
 }
+
+// headWriter keeps the first max bytes written to it.
+type headWriter struct {
+	b   []byte
+	max int
+}
+
+func (h *headWriter) Write(p []byte) (int, error) {
+	if room := h.max - len(h.b); room > 0 {
+		h.b = append(h.b, p[:min(room, len(p))]...)
+	}
+
+	return len(p), nil
+}
+
+// kindCheck returns the check of what an install asset's first bytes must look like, by its logical name's
+// kind: a kernel is a PE/EFI image, an x86 bzImage or an arm64 Image; an initramfs is xz, gzip, zstd or a
+// plain cpio archive. It keeps an error page or other garbage answered with 200 from being held as a boot
+// asset (the factory publishes no digests to check against).
+func kindCheck(name string) func([]byte) error {
+	switch {
+	case strings.HasSuffix(name, "/kernel"):
+		return func(b []byte) error {
+			switch {
+			case bytes.HasPrefix(b, []byte("MZ")),
+				len(b) >= 0x206 && string(b[0x202:0x206]) == "HdrS",
+				len(b) >= 0x3c && string(b[0x38:0x3c]) == "ARM\x64":
+				return nil
+			}
+
+			return fmt.Errorf("not a kernel image (first bytes %q)", printableHead(b))
+		}
+	case strings.HasSuffix(name, "/initramfs.xz"):
+		return func(b []byte) error {
+			for _, m := range []string{"\xfd7zXZ\x00", "\x1f\x8b", "\x28\xb5\x2f\xfd", "070701", "070702"} {
+				if bytes.HasPrefix(b, []byte(m)) {
+					return nil
+				}
+			}
+
+			return fmt.Errorf("not an initramfs (xz, gzip, zstd or cpio; first bytes %q)", printableHead(b))
+		}
+	default:
+		return nil
+	}
+}
+
+func printableHead(b []byte) []byte { return b[:min(len(b), 16)] }
+
+// idleReader cancels a download that receives nothing for timeout (a factory that answers, then trickles or
+// stalls, would hold a worker until the whole fetch's timeout).
+type idleReader struct {
+	r     io.Reader
+	timer *time.Timer
+	d     time.Duration
+	fired atomic.Bool
+}
+
+func newIdleReader(r io.Reader, d time.Duration, cancel context.CancelFunc) *idleReader {
+	ir := &idleReader{r: r, d: d}
+	ir.timer = time.AfterFunc(d, func() {
+		ir.fired.Store(true)
+		cancel()
+	})
+
+	return ir
+}
+
+func (ir *idleReader) Read(p []byte) (int, error) {
+	n, err := ir.r.Read(p)
+	if n > 0 {
+		ir.timer.Reset(ir.d)
+	}
+
+	return n, err
+}
+
+func (ir *idleReader) stop()       { ir.timer.Stop() }
+func (ir *idleReader) idled() bool { return ir.fired.Load() }
