@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -91,7 +92,27 @@ func assetsCommand(cfg *config.Config) *cobra.Command {
 		},
 	}
 
-	cmd.AddCommand(stage, unstage, list)
+	bundle := &cobra.Command{
+		Use:   "bundle --site SITE DIR",
+		Short: "Write what a site needs and the controller holds (agent image, staged profiles, what its plans name) into a bundle directory for edge assets import, at a site reached only by hand; the edge refuses bundles of another controller",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if site == "" {
+				return errors.New("--site is required")
+			}
+
+			dir, err := filepath.Abs(args[0])
+			if err != nil {
+				return err
+			}
+
+			return adminClient(cfg, &output, 30*time.Minute, func(ctx context.Context, c *admincli.Client) error {
+				return c.BundleAssets(ctx, site, dir, cmd.OutOrStdout())
+			})(cmd, args)
+		},
+	}
+
+	cmd.AddCommand(stage, unstage, list, bundle)
 
 	return cmd
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/outpost-metal/outpost/edge/assetcache"
 	"github.com/outpost-metal/outpost/edge/assetscli"
 	"github.com/outpost-metal/outpost/edge/config"
+	"github.com/outpost-metal/outpost/edge/uplink"
 	"github.com/outpost-metal/outpost/shared/envflag"
 	"github.com/outpost-metal/outpost/shared/logging"
 	"github.com/outpost-metal/outpost/shared/version"
@@ -108,6 +109,14 @@ func rootCommand(lookup func(string) (string, bool)) (*cobra.Command, *envflag.B
 		if err := c.Validate(); err != nil {
 			return c, fmt.Errorf("asset cache configuration: %w", err)
 		}
+
+		// an enrolled edge imports only bundles of its own controller
+		fp, err := uplink.ControllerFingerprint(cfg.Resolved().StateDir)
+		if err != nil {
+			return c, fmt.Errorf("edge identity: %w", err)
+		}
+
+		c.Controller = fp
 
 		return c, nil
 	}, func() *zap.Logger {

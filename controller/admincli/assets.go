@@ -137,3 +137,22 @@ func (c *Client) ListAssets(ctx context.Context, siteID string, out io.Writer) e
 
 	return assets.WriteSiteAssets(out, resp.GetAssets())
 }
+
+// BundleAssets writes a site's bundle into dir (absolute, on the controller's host) and says what it holds.
+func (c *Client) BundleAssets(ctx context.Context, siteID, dir string, out io.Writer) error {
+	resp, err := c.api.BundleAssets(ctx, &adminpb.BundleAssetsRequest{SiteId: siteID, Dir: dir})
+	if err != nil {
+		return describe("bundle assets", err)
+	}
+
+	fmt.Fprintf(out, "wrote %d assets (%s) for site %s into %s, made by the controller with CA sha256:%s\n", //nolint:errcheck
+		resp.GetAssets(), mib(resp.GetBytes()), siteID, dir, resp.GetController())
+
+	for _, k := range resp.GetNotHeld() {
+		fmt.Fprintf(out, "not in the bundle (the controller does not hold it yet): %s\n", k) //nolint:errcheck
+	}
+
+	fmt.Fprintf(out, "at the site: edge assets import %s\n", dir) //nolint:errcheck
+
+	return nil
+}

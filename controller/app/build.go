@@ -228,6 +228,10 @@ func (b *builder) newAdmin(context.Context) error {
 		opts = append(opts, sites.WithStaging(staging{b.assets.resolver}))
 	}
 
+	opts = append(opts, sites.WithBundler(bundler{
+		assets: b.assets, relayDir: b.cfg.AssetsDirPath(), controller: fmt.Sprintf("%x", b.ca.Fingerprint()),
+	}))
+
 	adminpb.RegisterAdminServer(b.admin, sites.NewAdmin(b.registry, b.uplink, b.store, b.assets.needs, opts...))
 
 	return nil

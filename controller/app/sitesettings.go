@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 
 	"go.uber.org/zap"
 
@@ -11,8 +12,10 @@ import (
 	"github.com/outpost-metal/outpost/controller/boottables"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/sites"
+	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
 	assetspb "github.com/outpost-metal/outpost/shared/api/assets"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/assetbundle"
 )
 
 // checkSiteSettings is the rule for what an operator may set on a site (controller site set): the discovery
@@ -146,4 +149,38 @@ func (s staging) StagedProfile(ctx context.Context, schematicID string, extensio
 	}
 
 	return st.String(), nil
+}
+
+// bundler writes a site's needed assets the controller holds into a bundle made by this controller's CA.
+type bundler struct {
+	assets     *siteAssets
+	relayDir   string
+	controller string
+}
+
+// BundleSite implements sites.Bundler.
+func (b bundler) BundleSite(siteID, dir string) (*adminpb.BundleAssetsResponse, error) {
+	resp := &adminpb.BundleAssetsResponse{Controller: b.controller}
+
+	var files []assetbundle.File
+
+	for _, r := range b.assets.catalog.Needed(siteID) {
+		files = append(files, assetbundle.File{Name: r.GetName(), Source: filepath.Join(b.relayDir, r.GetSha256())})
+	}
+
+	for _, u := range b.assets.needs.SiteAssets(siteID).GetUpstream() {
+		resp.NotHeld = append(resp.NotHeld, u.GetKey())
+	}
+
+	m, err := assetbundle.Write(dir, files, b.controller)
+	if err != nil {
+		return nil, fmt.Errorf("bundle for site %s: %w", siteID, err)
+	}
+
+	for _, a := range m.Assets {
+		resp.Assets++
+		resp.Bytes += a.Size
+	}
+
+	return resp, nil
 }

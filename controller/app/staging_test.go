@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/outpost-metal/outpost/controller/admincli"
 	"github.com/outpost-metal/outpost/controller/app"
+	"github.com/outpost-metal/outpost/shared/assetbundle"
 )
 
 // stagingFactory is an image factory that creates one schematic and serves a kernel and an initramfs.
@@ -114,6 +117,25 @@ func TestStageAssetsThroughTheAdminSocket(t *testing.T) {
 
 	// the installer image is asked for too: the fake factory has no registry, so it is listed with the failure
 	require.Regexp(t, `upstream\s+image:127\.0\.0\.1:\d+/installer/`+stagedSchematic+`:v1\.11\.5@amd64\s+controller: pull`, out.String())
+
+	// a bundle for the site holds what the controller holds of it, made by this controller
+	bundleDir := filepath.Join(t.TempDir(), "bundle")
+	out.Reset()
+	require.NoError(t, admin.BundleAssets(ctx, "far", bundleDir, &out))
+	require.Contains(t, out.String(), "wrote 2 assets")
+	require.Contains(t, out.String(), "not in the bundle (the controller does not hold it yet): image:")
+
+	data, err := os.ReadFile(filepath.Join(bundleDir, assetbundle.ManifestName))
+	require.NoError(t, err)
+
+	m, err := assetbundle.Parse(data)
+	require.NoError(t, err)
+	require.Regexp(t, `^[0-9a-f]{64}$`, m.Controller)
+	require.Contains(t, out.String(), "CA sha256:"+m.Controller)
+	require.Len(t, m.Assets, 2)
+	require.Equal(t, "talos/v1.11.5/"+stagedSchematic+"/amd64/initramfs.xz", m.Assets[0].Name)
+
+	require.ErrorContains(t, admin.BundleAssets(ctx, "far", bundleDir, io.Discard), "already holds a bundle")
 
 	// staging it again changes nothing; unstaging takes it back
 	require.NoError(t, admin.StageAssets(ctx, profile, false, time.Second, io.Discard))

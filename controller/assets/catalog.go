@@ -6,6 +6,7 @@ package assets
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -138,6 +139,14 @@ func notify(s *siteState) {
 	case s.changed <- struct{}{}:
 	default:
 	}
+}
+
+// Needed returns what a site must hold now (as last handed to SetNeeded).
+func (c *Catalog) Needed(site string) []*assetsapi.AssetRef {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+
+	return slices.Clone(c.siteLocked(site).needed)
 }
 
 // RecordReport stores an edge's asset report.

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"path/filepath"
 	"slices"
 
 	"github.com/cosi-project/runtime/pkg/state"
@@ -30,6 +31,7 @@ type Admin struct {
 	// checkSettings checks a site's settings before they are stored; nil takes none.
 	checkSettings SettingsCheck
 	staging       Staging
+	bundler       Bundler
 }
 
 // AssetState is what the operator API needs of the boot-asset catalog.
@@ -54,6 +56,14 @@ func WithRole(r Role) AdminOption { return func(a *Admin) { a.role = r } }
 type Staging interface {
 	StagedProfile(ctx context.Context, schematicID string, extensions []string, version, arch string) (string, error)
 }
+
+// Bundler writes what a site needs and the controller holds into a bundle directory.
+type Bundler interface {
+	BundleSite(siteID, dir string) (*adminpb.BundleAssetsResponse, error)
+}
+
+// WithBundler makes the admin API write asset bundles (controller assets bundle).
+func WithBundler(b Bundler) AdminOption { return func(a *Admin) { a.bundler = b } }
 
 // WithStaging makes the admin API stage install profiles at sites (controller assets stage).
 func WithStaging(s Staging) AdminOption { return func(a *Admin) { a.staging = s } }
@@ -236,6 +246,28 @@ func (a *Admin) stage(ctx context.Context, req *adminpb.StageAssetsRequest, chan
 	}
 
 	return &adminpb.StageAssetsResponse{Profile: profile, Staged: staged}, nil
+}
+
+// BundleAssets implements adminpb.AdminServer.
+func (a *Admin) BundleAssets(ctx context.Context, req *adminpb.BundleAssetsRequest) (*adminpb.BundleAssetsResponse, error) {
+	if a.bundler == nil {
+		return nil, status.Error(codes.Unimplemented, "this controller writes no asset bundles")
+	}
+
+	if !filepath.IsAbs(req.GetDir()) {
+		return nil, status.Errorf(codes.InvalidArgument, "bundle directory %q: want an absolute path on the controller's host", req.GetDir())
+	}
+
+	if _, err := a.registry.Get(ctx, req.GetSiteId()); err != nil {
+		return nil, registryStatus(err)
+	}
+
+	resp, err := a.bundler.BundleSite(req.GetSiteId(), req.GetDir())
+	if err != nil {
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
+
+	return resp, nil
 }
 
 // SetAssetPolicy implements adminpb.AdminServer: the policy is stored with the site; every controller follows

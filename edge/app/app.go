@@ -138,6 +138,11 @@ func (e *Edge) build(ctx context.Context, cfg config.Config, opts Options) error
 		return fmt.Errorf("iPXE binaries: %w", err)
 	}
 
+	// an enrolled edge imports only bundles of its own controller (pre-seeded ones included)
+	if cfg.Assets.Controller, err = uplink.ControllerFingerprint(cfg.StateDir); err != nil {
+		return fmt.Errorf("edge identity: %w", err)
+	}
+
 	store, err := assetcache.New(cfg.Assets, log, nil, time.Now)
 	if err != nil {
 		return fmt.Errorf("asset cache: %w", err)

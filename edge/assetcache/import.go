@@ -7,7 +7,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -17,64 +16,45 @@ import (
 	"strconv"
 
 	"go.uber.org/zap"
+
+	"github.com/outpost-metal/outpost/shared/assetbundle"
 )
 
 // BundleManifestName is the file at the root of an import directory or tarball that lists its assets.
-const BundleManifestName = "outpost-assets.json"
+const BundleManifestName = assetbundle.ManifestName
 
 // maxBundleEntries bounds the entries of an import tarball.
 const maxBundleEntries = 10000
 
 // ErrTraversal: an import names a path outside the bundle (absolute, "..", a link).
-var ErrTraversal = errors.New("path escapes the import bundle")
+var ErrTraversal = assetbundle.ErrTraversal
 
-// Bundle is the manifest of an import directory or tarball (outpost-assets.json).
-type Bundle struct {
-	Version int           `json:"version"`
-	Assets  []BundleAsset `json:"assets"`
-}
+// Bundle is the manifest of an import directory or tarball.
+type Bundle = assetbundle.Manifest
 
-// BundleAsset is one asset of a bundle: Path is relative to the bundle root.
-type BundleAsset struct {
-	Name   string `json:"name"`
-	SHA256 string `json:"sha256"`
-	Size   int64  `json:"size"`
-	Path   string `json:"path"`
-}
+// BundleAsset is one asset of a bundle.
+type BundleAsset = assetbundle.Asset
 
 // ParseBundle decodes and checks a bundle manifest.
-func ParseBundle(data []byte) (Bundle, error) {
-	var b Bundle
+func ParseBundle(data []byte) (Bundle, error) { return assetbundle.Parse(data) }
 
-	if err := json.Unmarshal(data, &b); err != nil {
-		return Bundle{}, fmt.Errorf("decode %s: %w", BundleManifestName, err)
+func bundlePath(p string) (string, error) { return assetbundle.CleanPath(p) }
+
+// ErrForeignBundle: a bundle made by another controller than the one this edge is enrolled with.
+var ErrForeignBundle = errors.New("bundle made by another controller")
+
+// parseBundle parses a manifest and refuses one made by a controller other than the edge's own.
+func (s *Store) parseBundle(data []byte) (Bundle, error) {
+	b, err := ParseBundle(data)
+	if err != nil {
+		return Bundle{}, err
 	}
 
-	if b.Version != 1 {
-		return Bundle{}, fmt.Errorf("%s: version %d, want 1", BundleManifestName, b.Version)
-	}
-
-	for _, a := range b.Assets {
-		if err := (Ref{Name: a.Name, SHA256: a.SHA256, Size: a.Size}).Validate(); err != nil {
-			return Bundle{}, fmt.Errorf("%s: %w", BundleManifestName, err)
-		}
-
-		if _, err := bundlePath(a.Path); err != nil {
-			return Bundle{}, fmt.Errorf("%s: asset %s: %w", BundleManifestName, a.Name, err)
-		}
+	if b.Controller != "" && s.cfg.Controller != "" && b.Controller != s.cfg.Controller {
+		return Bundle{}, fmt.Errorf("%w: its controller's CA is sha256:%s, this edge's is sha256:%s", ErrForeignBundle, b.Controller, s.cfg.Controller)
 	}
 
 	return b, nil
-}
-
-// bundlePath cleans a path inside a bundle and refuses anything that could leave it.
-func bundlePath(p string) (string, error) {
-	clean := path.Clean(p)
-	if p == "" || !filepath.IsLocal(clean) || clean == "." {
-		return "", fmt.Errorf("%w: %q", ErrTraversal, p)
-	}
-
-	return clean, nil
 }
 
 // Import copies the assets listed in a bundle (a directory or a tar, optionally gzip-compressed, file) into the
@@ -120,7 +100,7 @@ func (s *Store) importDir(ctx context.Context, dir string) ([]Ref, error) {
 		return nil, fmt.Errorf("read %s: %w", BundleManifestName, err)
 	}
 
-	b, err := ParseBundle(data)
+	b, err := s.parseBundle(data)
 	if err != nil {
 		return nil, err
 	}
@@ -236,7 +216,7 @@ func (s *Store) importTar(ctx context.Context, file string) ([]Ref, error) {
 		return nil, fmt.Errorf("%s missing from the tarball", BundleManifestName)
 	}
 
-	b, err := ParseBundle(manifestData)
+	b, err := s.parseBundle(manifestData)
 	if err != nil {
 		return nil, err
 	}

@@ -8,11 +8,14 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/outpost-metal/outpost/edge/assetcache"
+	"github.com/outpost-metal/outpost/shared/assetbundle"
 )
 
 type tarEntry struct {
@@ -340,4 +343,46 @@ func FuzzImportTarball(f *testing.F) {
 			require.NoError(t, s.Check(e.SHA256, true))
 		}
 	})
+}
+
+// A bundle names the controller that made it: an edge enrolled with another refuses it, whole; an edge not
+// enrolled yet (pre-seeding an appliance) and one of the same controller take it; a bundle made by hand
+// names none and is taken everywhere.
+func TestBundleOfAnotherControllerIsRefused(t *testing.T) {
+	t.Parallel()
+
+	ours, theirs := strings.Repeat("a", 64), strings.Repeat("b", 64)
+	src := filepath.Join(t.TempDir(), "vmlinuz")
+	require.NoError(t, os.WriteFile(src, []byte("kernel"), 0o644))
+
+	made := func(controller string) string {
+		dir := filepath.Join(t.TempDir(), "bundle")
+		_, err := assetbundle.Write(dir, []assetbundle.File{{Name: "agent/amd64/kernel", Source: src}}, controller)
+		require.NoError(t, err)
+
+		return dir
+	}
+
+	store := func(controller string) *assetcache.Store {
+		cfg := assetcache.Default()
+		cfg.Dir, cfg.Controller = t.TempDir(), controller
+
+		s, err := assetcache.New(cfg, zaptest.NewLogger(t), nil, nil)
+		require.NoError(t, err)
+
+		return s
+	}
+
+	s := store(ours)
+	_, err := s.Import(t.Context(), made(theirs))
+	require.ErrorIs(t, err, assetcache.ErrForeignBundle)
+	require.ErrorContains(t, err, "sha256:"+theirs)
+	require.False(t, s.Has("agent/amd64/kernel"), "nothing imported")
+
+	for _, tc := range []struct{ edge, bundle string }{{ours, ours}, {"", theirs}, {ours, ""}} {
+		s := store(tc.edge)
+		refs, err := s.Import(t.Context(), made(tc.bundle))
+		require.NoError(t, err, "edge %q, bundle %q", tc.edge, tc.bundle)
+		require.Len(t, refs, 1)
+	}
 }

@@ -43,6 +43,9 @@ type Config struct {
 	Attempts int
 	// RetryBackoff is the pause before retrying a download that made no progress.
 	RetryBackoff time.Duration
+	// Controller is the SHA-256 (hex) of the CA of the controller the edge is enrolled with ("": not
+	// enrolled yet); an import of a bundle another controller made is refused.
+	Controller string
 }
 
 // Default returns the default store configuration for a state directory.

@@ -48,6 +48,8 @@ func explain(err error) error {
 		return fmt.Errorf("%w (the bundle names files outside itself or contains links; nothing was imported)", err)
 	case errors.Is(err, assetcache.ErrSizeMismatch), errors.Is(err, assetcache.ErrDigestMismatch):
 		return fmt.Errorf("%w (the bundle is damaged or its manifest is wrong; nothing was imported)", err)
+	case errors.Is(err, assetcache.ErrForeignBundle):
+		return fmt.Errorf("%w (make the bundle with the controller this edge is enrolled with; nothing was imported)", err)
 	case errors.Is(err, assetcache.ErrNoSpace):
 		return fmt.Errorf("%w (raise the cache size or evict assets no plan needs)", err)
 	case assetcache.IsDiskFull(err):

@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"path/filepath"
 
 	"github.com/outpost-metal/outpost/shared/atomicfile"
+	"github.com/outpost-metal/outpost/shared/uplink"
 )
 
 // Files of the edge's identity in its state directory. All are mode 0600.
@@ -117,4 +119,21 @@ func newKeyAndCSR(siteID string) (keyPEM, csrDER []byte, err error) {
 	}
 
 	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), csrDER, nil
+}
+
+// ControllerFingerprint returns the SHA-256 (hex) of the CA of the controller the edge in dir is enrolled
+// with, or "" when it is not enrolled yet.
+func ControllerFingerprint(dir string) (string, error) {
+	id, err := LoadIdentity(dir)
+	if errors.Is(err, ErrNoIdentity) {
+		return "", nil
+	}
+
+	if err != nil {
+		return "", err
+	}
+
+	sum := uplink.CAFingerprint(id.CA.Raw)
+
+	return hex.EncodeToString(sum[:]), nil
 }

@@ -2040,6 +2040,129 @@ func (x *StageAssetsResponse) GetStaged() []string {
 	return nil
 }
 
+type BundleAssetsRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	SiteId string                 `protobuf:"bytes,1,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
+	// dir is an absolute path on the controller's host; it must not hold a bundle already.
+	Dir           string `protobuf:"bytes,2,opt,name=dir,proto3" json:"dir,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BundleAssetsRequest) Reset() {
+	*x = BundleAssetsRequest{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BundleAssetsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BundleAssetsRequest) ProtoMessage() {}
+
+func (x *BundleAssetsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BundleAssetsRequest.ProtoReflect.Descriptor instead.
+func (*BundleAssetsRequest) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *BundleAssetsRequest) GetSiteId() string {
+	if x != nil {
+		return x.SiteId
+	}
+	return ""
+}
+
+func (x *BundleAssetsRequest) GetDir() string {
+	if x != nil {
+		return x.Dir
+	}
+	return ""
+}
+
+type BundleAssetsResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Assets int32                  `protobuf:"varint,1,opt,name=assets,proto3" json:"assets,omitempty"`
+	Bytes  int64                  `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// not_held lists what the site needs that the controller does not hold (yet): fetching, or failing.
+	NotHeld []string `protobuf:"bytes,3,rep,name=not_held,json=notHeld,proto3" json:"not_held,omitempty"`
+	// controller is the SHA-256 of the controller's CA written into the bundle.
+	Controller    string `protobuf:"bytes,4,opt,name=controller,proto3" json:"controller,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BundleAssetsResponse) Reset() {
+	*x = BundleAssetsResponse{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BundleAssetsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BundleAssetsResponse) ProtoMessage() {}
+
+func (x *BundleAssetsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BundleAssetsResponse.ProtoReflect.Descriptor instead.
+func (*BundleAssetsResponse) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *BundleAssetsResponse) GetAssets() int32 {
+	if x != nil {
+		return x.Assets
+	}
+	return 0
+}
+
+func (x *BundleAssetsResponse) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *BundleAssetsResponse) GetNotHeld() []string {
+	if x != nil {
+		return x.NotHeld
+	}
+	return nil
+}
+
+func (x *BundleAssetsResponse) GetController() string {
+	if x != nil {
+		return x.Controller
+	}
+	return ""
+}
+
 var File_shared_api_admin_admin_proto protoreflect.FileDescriptor
 
 const file_shared_api_admin_admin_proto_rawDesc = "" +
@@ -2196,7 +2319,17 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\x04arch\x18\x05 \x01(\tR\x04arch\"G\n" +
 	"\x13StageAssetsResponse\x12\x18\n" +
 	"\aprofile\x18\x01 \x01(\tR\aprofile\x12\x16\n" +
-	"\x06staged\x18\x02 \x03(\tR\x06staged2\xa4\b\n" +
+	"\x06staged\x18\x02 \x03(\tR\x06staged\"@\n" +
+	"\x13BundleAssetsRequest\x12\x17\n" +
+	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12\x10\n" +
+	"\x03dir\x18\x02 \x01(\tR\x03dir\"\x7f\n" +
+	"\x14BundleAssetsResponse\x12\x16\n" +
+	"\x06assets\x18\x01 \x01(\x05R\x06assets\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\x12\x19\n" +
+	"\bnot_held\x18\x03 \x03(\tR\anotHeld\x12\x1e\n" +
+	"\n" +
+	"controller\x18\x04 \x01(\tR\n" +
+	"controller2\xfd\b\n" +
 	"\x05Admin\x12Q\n" +
 	"\n" +
 	"CreateSite\x12 .outpost.admin.CreateSiteRequest\x1a!.outpost.admin.CreateSiteResponse\x12U\n" +
@@ -2209,7 +2342,8 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\bShowSite\x12\x1e.outpost.admin.ShowSiteRequest\x1a\x1f.outpost.admin.ShowSiteResponse\x12]\n" +
 	"\x0eSetAssetPolicy\x12$.outpost.admin.SetAssetPolicyRequest\x1a%.outpost.admin.SetAssetPolicyResponse\x12T\n" +
 	"\vStageAssets\x12!.outpost.admin.StageAssetsRequest\x1a\".outpost.admin.StageAssetsResponse\x12V\n" +
-	"\rUnstageAssets\x12!.outpost.admin.StageAssetsRequest\x1a\".outpost.admin.StageAssetsResponse\x12Z\n" +
+	"\rUnstageAssets\x12!.outpost.admin.StageAssetsRequest\x1a\".outpost.admin.StageAssetsResponse\x12W\n" +
+	"\fBundleAssets\x12\".outpost.admin.BundleAssetsRequest\x1a#.outpost.admin.BundleAssetsResponse\x12Z\n" +
 	"\rSetSiteLabels\x12#.outpost.admin.SetSiteLabelsRequest\x1a$.outpost.admin.SetSiteLabelsResponse\x12`\n" +
 	"\x0fSetSiteSettings\x12%.outpost.admin.SetSiteSettingsRequest\x1a&.outpost.admin.SetSiteSettingsResponse\x12c\n" +
 	"\x10RegisterMachines\x12&.outpost.admin.RegisterMachinesRequest\x1a'.outpost.admin.RegisterMachinesResponse2\xe2\x02\n" +
@@ -2232,7 +2366,7 @@ func file_shared_api_admin_admin_proto_rawDescGZIP() []byte {
 	return file_shared_api_admin_admin_proto_rawDescData
 }
 
-var file_shared_api_admin_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_shared_api_admin_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_shared_api_admin_admin_proto_goTypes = []any{
 	(*CreateSiteRequest)(nil),        // 0: outpost.admin.CreateSiteRequest
 	(*CreateSiteResponse)(nil),       // 1: outpost.admin.CreateSiteResponse
@@ -2268,34 +2402,36 @@ var file_shared_api_admin_admin_proto_goTypes = []any{
 	(*ClearAlertResponse)(nil),       // 31: outpost.admin.ClearAlertResponse
 	(*StageAssetsRequest)(nil),       // 32: outpost.admin.StageAssetsRequest
 	(*StageAssetsResponse)(nil),      // 33: outpost.admin.StageAssetsResponse
-	nil,                              // 34: outpost.admin.Site.LabelsEntry
-	nil,                              // 35: outpost.admin.SetSiteLabelsRequest.LabelsEntry
-	(*durationpb.Duration)(nil),      // 36: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 37: google.protobuf.Timestamp
-	(*assets.SiteAssetState)(nil),    // 38: outpost.assets.SiteAssetState
-	(assets.Policy)(0),               // 39: outpost.assets.Policy
+	(*BundleAssetsRequest)(nil),      // 34: outpost.admin.BundleAssetsRequest
+	(*BundleAssetsResponse)(nil),     // 35: outpost.admin.BundleAssetsResponse
+	nil,                              // 36: outpost.admin.Site.LabelsEntry
+	nil,                              // 37: outpost.admin.SetSiteLabelsRequest.LabelsEntry
+	(*durationpb.Duration)(nil),      // 38: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 39: google.protobuf.Timestamp
+	(*assets.SiteAssetState)(nil),    // 40: outpost.assets.SiteAssetState
+	(assets.Policy)(0),               // 41: outpost.assets.Policy
 }
 var file_shared_api_admin_admin_proto_depIdxs = []int32{
-	36, // 0: outpost.admin.CreateSiteRequest.token_ttl:type_name -> google.protobuf.Duration
-	37, // 1: outpost.admin.CreateSiteResponse.token_expires:type_name -> google.protobuf.Timestamp
-	36, // 2: outpost.admin.NewJoinTokenRequest.token_ttl:type_name -> google.protobuf.Duration
-	37, // 3: outpost.admin.Site.last_seen:type_name -> google.protobuf.Timestamp
-	37, // 4: outpost.admin.Site.connected_since:type_name -> google.protobuf.Timestamp
-	37, // 5: outpost.admin.Site.token_expires:type_name -> google.protobuf.Timestamp
-	34, // 6: outpost.admin.Site.labels:type_name -> outpost.admin.Site.LabelsEntry
+	38, // 0: outpost.admin.CreateSiteRequest.token_ttl:type_name -> google.protobuf.Duration
+	39, // 1: outpost.admin.CreateSiteResponse.token_expires:type_name -> google.protobuf.Timestamp
+	38, // 2: outpost.admin.NewJoinTokenRequest.token_ttl:type_name -> google.protobuf.Duration
+	39, // 3: outpost.admin.Site.last_seen:type_name -> google.protobuf.Timestamp
+	39, // 4: outpost.admin.Site.connected_since:type_name -> google.protobuf.Timestamp
+	39, // 5: outpost.admin.Site.token_expires:type_name -> google.protobuf.Timestamp
+	36, // 6: outpost.admin.Site.labels:type_name -> outpost.admin.Site.LabelsEntry
 	5,  // 7: outpost.admin.Site.settings:type_name -> outpost.admin.SiteSettings
 	4,  // 8: outpost.admin.ListSitesResponse.sites:type_name -> outpost.admin.Site
 	6,  // 9: outpost.admin.ListSitesResponse.standby:type_name -> outpost.admin.Standby
 	4,  // 10: outpost.admin.ShowSiteResponse.site:type_name -> outpost.admin.Site
-	38, // 11: outpost.admin.ShowSiteResponse.assets:type_name -> outpost.assets.SiteAssetState
+	40, // 11: outpost.admin.ShowSiteResponse.assets:type_name -> outpost.assets.SiteAssetState
 	6,  // 12: outpost.admin.ShowSiteResponse.standby:type_name -> outpost.admin.Standby
-	39, // 13: outpost.admin.SetAssetPolicyRequest.policy:type_name -> outpost.assets.Policy
-	35, // 14: outpost.admin.SetSiteLabelsRequest.labels:type_name -> outpost.admin.SetSiteLabelsRequest.LabelsEntry
+	41, // 13: outpost.admin.SetAssetPolicyRequest.policy:type_name -> outpost.assets.Policy
+	37, // 14: outpost.admin.SetSiteLabelsRequest.labels:type_name -> outpost.admin.SetSiteLabelsRequest.LabelsEntry
 	5,  // 15: outpost.admin.SetSiteSettingsResponse.settings:type_name -> outpost.admin.SiteSettings
 	24, // 16: outpost.admin.ListMachinesResponse.machines:type_name -> outpost.admin.Machine
-	37, // 17: outpost.admin.Machine.updated:type_name -> google.protobuf.Timestamp
+	39, // 17: outpost.admin.Machine.updated:type_name -> google.protobuf.Timestamp
 	25, // 18: outpost.admin.Machine.last:type_name -> outpost.admin.TimelineEntry
-	37, // 19: outpost.admin.TimelineEntry.time:type_name -> google.protobuf.Timestamp
+	39, // 19: outpost.admin.TimelineEntry.time:type_name -> google.protobuf.Timestamp
 	24, // 20: outpost.admin.ShowMachineResponse.machine:type_name -> outpost.admin.Machine
 	25, // 21: outpost.admin.ShowMachineResponse.timeline:type_name -> outpost.admin.TimelineEntry
 	0,  // 22: outpost.admin.Admin.CreateSite:input_type -> outpost.admin.CreateSiteRequest
@@ -2307,31 +2443,33 @@ var file_shared_api_admin_admin_proto_depIdxs = []int32{
 	14, // 28: outpost.admin.Admin.SetAssetPolicy:input_type -> outpost.admin.SetAssetPolicyRequest
 	32, // 29: outpost.admin.Admin.StageAssets:input_type -> outpost.admin.StageAssetsRequest
 	32, // 30: outpost.admin.Admin.UnstageAssets:input_type -> outpost.admin.StageAssetsRequest
-	16, // 31: outpost.admin.Admin.SetSiteLabels:input_type -> outpost.admin.SetSiteLabelsRequest
-	18, // 32: outpost.admin.Admin.SetSiteSettings:input_type -> outpost.admin.SetSiteSettingsRequest
-	20, // 33: outpost.admin.Admin.RegisterMachines:input_type -> outpost.admin.RegisterMachinesRequest
-	22, // 34: outpost.admin.Machines.ListMachines:input_type -> outpost.admin.ListMachinesRequest
-	26, // 35: outpost.admin.Machines.ShowMachine:input_type -> outpost.admin.ShowMachineRequest
-	28, // 36: outpost.admin.Machines.SetBootMode:input_type -> outpost.admin.SetBootModeRequest
-	30, // 37: outpost.admin.Machines.ClearAlert:input_type -> outpost.admin.ClearAlertRequest
-	1,  // 38: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
-	1,  // 39: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
-	7,  // 40: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
-	9,  // 41: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
-	11, // 42: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
-	13, // 43: outpost.admin.Admin.ShowSite:output_type -> outpost.admin.ShowSiteResponse
-	15, // 44: outpost.admin.Admin.SetAssetPolicy:output_type -> outpost.admin.SetAssetPolicyResponse
-	33, // 45: outpost.admin.Admin.StageAssets:output_type -> outpost.admin.StageAssetsResponse
-	33, // 46: outpost.admin.Admin.UnstageAssets:output_type -> outpost.admin.StageAssetsResponse
-	17, // 47: outpost.admin.Admin.SetSiteLabels:output_type -> outpost.admin.SetSiteLabelsResponse
-	19, // 48: outpost.admin.Admin.SetSiteSettings:output_type -> outpost.admin.SetSiteSettingsResponse
-	21, // 49: outpost.admin.Admin.RegisterMachines:output_type -> outpost.admin.RegisterMachinesResponse
-	23, // 50: outpost.admin.Machines.ListMachines:output_type -> outpost.admin.ListMachinesResponse
-	27, // 51: outpost.admin.Machines.ShowMachine:output_type -> outpost.admin.ShowMachineResponse
-	29, // 52: outpost.admin.Machines.SetBootMode:output_type -> outpost.admin.SetBootModeResponse
-	31, // 53: outpost.admin.Machines.ClearAlert:output_type -> outpost.admin.ClearAlertResponse
-	38, // [38:54] is the sub-list for method output_type
-	22, // [22:38] is the sub-list for method input_type
+	34, // 31: outpost.admin.Admin.BundleAssets:input_type -> outpost.admin.BundleAssetsRequest
+	16, // 32: outpost.admin.Admin.SetSiteLabels:input_type -> outpost.admin.SetSiteLabelsRequest
+	18, // 33: outpost.admin.Admin.SetSiteSettings:input_type -> outpost.admin.SetSiteSettingsRequest
+	20, // 34: outpost.admin.Admin.RegisterMachines:input_type -> outpost.admin.RegisterMachinesRequest
+	22, // 35: outpost.admin.Machines.ListMachines:input_type -> outpost.admin.ListMachinesRequest
+	26, // 36: outpost.admin.Machines.ShowMachine:input_type -> outpost.admin.ShowMachineRequest
+	28, // 37: outpost.admin.Machines.SetBootMode:input_type -> outpost.admin.SetBootModeRequest
+	30, // 38: outpost.admin.Machines.ClearAlert:input_type -> outpost.admin.ClearAlertRequest
+	1,  // 39: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
+	1,  // 40: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
+	7,  // 41: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
+	9,  // 42: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
+	11, // 43: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
+	13, // 44: outpost.admin.Admin.ShowSite:output_type -> outpost.admin.ShowSiteResponse
+	15, // 45: outpost.admin.Admin.SetAssetPolicy:output_type -> outpost.admin.SetAssetPolicyResponse
+	33, // 46: outpost.admin.Admin.StageAssets:output_type -> outpost.admin.StageAssetsResponse
+	33, // 47: outpost.admin.Admin.UnstageAssets:output_type -> outpost.admin.StageAssetsResponse
+	35, // 48: outpost.admin.Admin.BundleAssets:output_type -> outpost.admin.BundleAssetsResponse
+	17, // 49: outpost.admin.Admin.SetSiteLabels:output_type -> outpost.admin.SetSiteLabelsResponse
+	19, // 50: outpost.admin.Admin.SetSiteSettings:output_type -> outpost.admin.SetSiteSettingsResponse
+	21, // 51: outpost.admin.Admin.RegisterMachines:output_type -> outpost.admin.RegisterMachinesResponse
+	23, // 52: outpost.admin.Machines.ListMachines:output_type -> outpost.admin.ListMachinesResponse
+	27, // 53: outpost.admin.Machines.ShowMachine:output_type -> outpost.admin.ShowMachineResponse
+	29, // 54: outpost.admin.Machines.SetBootMode:output_type -> outpost.admin.SetBootModeResponse
+	31, // 55: outpost.admin.Machines.ClearAlert:output_type -> outpost.admin.ClearAlertResponse
+	39, // [39:56] is the sub-list for method output_type
+	22, // [22:39] is the sub-list for method input_type
 	22, // [22:22] is the sub-list for extension type_name
 	22, // [22:22] is the sub-list for extension extendee
 	0,  // [0:22] is the sub-list for field type_name
@@ -2349,7 +2487,7 @@ func file_shared_api_admin_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_admin_admin_proto_rawDesc), len(file_shared_api_admin_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   36,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

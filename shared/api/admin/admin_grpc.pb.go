@@ -30,6 +30,7 @@ const (
 	Admin_SetAssetPolicy_FullMethodName   = "/outpost.admin.Admin/SetAssetPolicy"
 	Admin_StageAssets_FullMethodName      = "/outpost.admin.Admin/StageAssets"
 	Admin_UnstageAssets_FullMethodName    = "/outpost.admin.Admin/UnstageAssets"
+	Admin_BundleAssets_FullMethodName     = "/outpost.admin.Admin/BundleAssets"
 	Admin_SetSiteLabels_FullMethodName    = "/outpost.admin.Admin/SetSiteLabels"
 	Admin_SetSiteSettings_FullMethodName  = "/outpost.admin.Admin/SetSiteSettings"
 	Admin_RegisterMachines_FullMethodName = "/outpost.admin.Admin/RegisterMachines"
@@ -60,6 +61,9 @@ type AdminClient interface {
 	StageAssets(ctx context.Context, in *StageAssetsRequest, opts ...grpc.CallOption) (*StageAssetsResponse, error)
 	// UnstageAssets takes a staged profile back (the edge may evict it once no plan needs it).
 	UnstageAssets(ctx context.Context, in *StageAssetsRequest, opts ...grpc.CallOption) (*StageAssetsResponse, error)
+	// BundleAssets writes what a site needs and the controller holds into a bundle directory on the
+	// controller's host, for a site reached only by hand (edge assets import).
+	BundleAssets(ctx context.Context, in *BundleAssetsRequest, opts ...grpc.CallOption) (*BundleAssetsResponse, error)
 	// SetSiteLabels replaces the labels published on every machine of a site (Omni's MachineClass selectors
 	// see them); all are checked before any is stored.
 	SetSiteLabels(ctx context.Context, in *SetSiteLabelsRequest, opts ...grpc.CallOption) (*SetSiteLabelsResponse, error)
@@ -168,6 +172,16 @@ func (c *adminClient) UnstageAssets(ctx context.Context, in *StageAssetsRequest,
 	return out, nil
 }
 
+func (c *adminClient) BundleAssets(ctx context.Context, in *BundleAssetsRequest, opts ...grpc.CallOption) (*BundleAssetsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BundleAssetsResponse)
+	err := c.cc.Invoke(ctx, Admin_BundleAssets_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminClient) SetSiteLabels(ctx context.Context, in *SetSiteLabelsRequest, opts ...grpc.CallOption) (*SetSiteLabelsResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(SetSiteLabelsResponse)
@@ -223,6 +237,9 @@ type AdminServer interface {
 	StageAssets(context.Context, *StageAssetsRequest) (*StageAssetsResponse, error)
 	// UnstageAssets takes a staged profile back (the edge may evict it once no plan needs it).
 	UnstageAssets(context.Context, *StageAssetsRequest) (*StageAssetsResponse, error)
+	// BundleAssets writes what a site needs and the controller holds into a bundle directory on the
+	// controller's host, for a site reached only by hand (edge assets import).
+	BundleAssets(context.Context, *BundleAssetsRequest) (*BundleAssetsResponse, error)
 	// SetSiteLabels replaces the labels published on every machine of a site (Omni's MachineClass selectors
 	// see them); all are checked before any is stored.
 	SetSiteLabels(context.Context, *SetSiteLabelsRequest) (*SetSiteLabelsResponse, error)
@@ -267,6 +284,9 @@ func (UnimplementedAdminServer) StageAssets(context.Context, *StageAssetsRequest
 }
 func (UnimplementedAdminServer) UnstageAssets(context.Context, *StageAssetsRequest) (*StageAssetsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method UnstageAssets not implemented")
+}
+func (UnimplementedAdminServer) BundleAssets(context.Context, *BundleAssetsRequest) (*BundleAssetsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method BundleAssets not implemented")
 }
 func (UnimplementedAdminServer) SetSiteLabels(context.Context, *SetSiteLabelsRequest) (*SetSiteLabelsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetSiteLabels not implemented")
@@ -460,6 +480,24 @@ func _Admin_UnstageAssets_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_BundleAssets_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BundleAssetsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).BundleAssets(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_BundleAssets_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).BundleAssets(ctx, req.(*BundleAssetsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Admin_SetSiteLabels_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(SetSiteLabelsRequest)
 	if err := dec(in); err != nil {
@@ -556,6 +594,10 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "UnstageAssets",
 			Handler:    _Admin_UnstageAssets_Handler,
+		},
+		{
+			MethodName: "BundleAssets",
+			Handler:    _Admin_BundleAssets_Handler,
 		},
 		{
 			MethodName: "SetSiteLabels",
