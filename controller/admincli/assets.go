@@ -103,6 +103,10 @@ func stageProgress(st *assetspb.SiteAssetState, connected bool) (string, bool) {
 		edge += ", edge not connected"
 	}
 
+	if need := assets.NeededBytes(st); st.GetBytesCap() > 0 && need > st.GetBytesCap() {
+		edge += fmt.Sprintf(", cache too small: needs %s, holds at most %s", mib(need), mib(st.GetBytesCap()))
+	}
+
 	return controller + "; " + edge, len(st.GetUpstream()) == 0 && len(st.GetMissing()) == 0 && st.GetReportedAt() != nil
 }
 

@@ -42,6 +42,11 @@ func WriteSiteAssets(w io.Writer, st *assetsapi.SiteAssetState) error {
 	fmt.Fprintf(tw, "relayed:\t%d bytes in %d completed relays\n", st.GetBytesRelayed(), st.GetRelays()) //nolint:errcheck
 	fmt.Fprintf(tw, "last report:\t%s\n", reported)                                                      //nolint:errcheck
 
+	if need := NeededBytes(st); st.GetBytesCap() > 0 && need > st.GetBytesCap() {
+		fmt.Fprintf(tw, "cache too small:\tthe site needs %d bytes, its edge's cache holds at most %d (raise the edge's --assets-max-bytes)\n", //nolint:errcheck
+			need, st.GetBytesCap())
+	}
+
 	if st.GetPushError() != "" {
 		fmt.Fprintf(tw, "push error:\t%s\n", st.GetPushError()) //nolint:errcheck
 	}
@@ -78,4 +83,21 @@ func short(digest string) string {
 	}
 
 	return digest
+}
+
+// NeededBytes is the size of everything a site needs: what its edge holds that a plan needs, and what it lacks.
+func NeededBytes(st *assetsapi.SiteAssetState) int64 {
+	var n int64
+
+	for _, a := range st.GetCached() {
+		if a.GetNeeded() {
+			n += a.GetRef().GetSize()
+		}
+	}
+
+	for _, r := range st.GetMissing() {
+		n += r.GetSize()
+	}
+
+	return n
 }

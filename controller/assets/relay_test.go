@@ -1,6 +1,7 @@
 package assets_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -164,4 +165,25 @@ func TestCatalogSiteState(t *testing.T) {
 	require.Contains(t, out.String(), "asset policy:  offline")
 	require.Contains(t, out.String(), "missing  agent/amd64/initramfs")
 	require.Contains(t, out.String(), "cached   agent/amd64/kernel")
+}
+
+func TestSiteAssetsSayWhenTheEdgeCacheIsTooSmall(t *testing.T) {
+	t.Parallel()
+
+	st := &assetsapi.SiteAssetState{
+		SiteId: "small", Policy: assetsapi.Policy_POLICY_OFFLINE, BytesCap: 1000,
+		Cached:  []*assetsapi.AssetStatus{{Ref: &assetsapi.AssetRef{Name: "a", Size: 600}, Needed: true}, {Ref: &assetsapi.AssetRef{Name: "b", Size: 900}}},
+		Missing: []*assetsapi.AssetRef{{Name: "c", Size: 500}},
+	}
+
+	require.EqualValues(t, 1100, assets.NeededBytes(st), "what a plan needs of what is held, and what is missing")
+
+	var out bytes.Buffer
+	require.NoError(t, assets.WriteSiteAssets(&out, st))
+	require.Contains(t, out.String(), "the site needs 1100 bytes, its edge's cache holds at most 1000")
+
+	st.BytesCap = 2000
+	out.Reset()
+	require.NoError(t, assets.WriteSiteAssets(&out, st))
+	require.NotContains(t, out.String(), "too small")
 }
