@@ -16,12 +16,14 @@ import (
 	"github.com/cosi-project/runtime/pkg/resource"
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/cosi-project/runtime/pkg/state"
+	"github.com/siderolabs/image-factory/pkg/schematic"
 	omnispecs "github.com/siderolabs/omni/client/api/omni/specs"
 	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
 	omnires "github.com/siderolabs/omni/client/pkg/omni/resources/omni"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/bootplans"
 	"github.com/outpost-metal/outpost/controller/labels"
 	"github.com/outpost-metal/outpost/controller/lease"
@@ -31,6 +33,8 @@ import (
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/seal"
 	"github.com/outpost-metal/outpost/controller/sites"
+	"github.com/outpost-metal/outpost/edge/boot"
+	"github.com/outpost-metal/outpost/edge/httpd"
 	"github.com/outpost-metal/outpost/qemu/fidelity"
 	"github.com/outpost-metal/outpost/qemu/omni"
 )
@@ -112,7 +116,12 @@ func (r *run) status(ctx context.Context, id string) *omnispecs.InfraMachineStat
 func (r *run) startController(ctx context.Context) {
 	t := r.t
 
-	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), lifecycletest.FakeResolver{}, r.edge)
+	// Install assets resolve through the image factory as the controller binary resolves them (the schematic
+	// is computed in process: nothing is fetched).
+	resolver, err := assets.NewFactoryResolverWith(schematicIDs{}, "", fidelityFactory)
+	require.NoError(t, err)
+
+	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), resolver, r.edge)
 	require.NoError(t, err)
 
 	cfg := lifecycle.Default()
@@ -570,6 +579,7 @@ func scenario(t *testing.T, b fidelity.Backend) *transcript {
 		"plan="+string(plan.Mode), fmt.Sprintf("talos_config_arg=%v", slices.ContainsFunc(plan.KernelArgs, func(a string) bool {
 			return strings.HasPrefix(a, "talos.config=")
 		})), "kernel="+plan.KernelURL)
+	r.tr.add("install assets by site policy", installURLs(t, plan)...)
 
 	// release: Omni resets the machine and sets a new wipe ID; the controller wipes it again
 	wipeID := m.TypedSpec().Value.GetWipeId()
@@ -666,4 +676,52 @@ func siteHealth(ctx context.Context, t *testing.T, b fidelity.Backend, edge *lif
 	require.Eventually(t, func() bool { return healthError() == "" }, time.Minute, 100*time.Millisecond, "provider health still %q", healthError())
 
 	return []string{"offline=" + named, fmt.Sprintf("named_within_a_minute=%v", within), "back=healthy"}
+}
+
+// fidelityFactory is the image factory the scenario's controller resolves install assets with (nothing listens).
+const fidelityFactory = "http://127.0.0.1:9"
+
+// schematicIDs creates schematics in process, with the ID the factory would give them.
+type schematicIDs struct{}
+
+func (schematicIDs) SchematicCreate(_ context.Context, sc schematic.Schematic) (string, *schematic.Schematic, error) {
+	id, err := sc.ID()
+
+	return id, &sc, err
+}
+
+// installURLs is what a site's edge does with an install plan under each asset policy, as the edge's own
+// boot-script decision gives it: at cache and offline sites the machine boots only edge-local files (and waits
+// for them while the edge lacks them), at a passthrough site it fetches them from the factory itself.
+func installURLs(t *testing.T, plan bootplans.Plan) []string {
+	t.Helper()
+
+	pb, err := bootplans.ToProto(plan)
+	require.NoError(t, err)
+
+	entry := boot.Entry{Known: true, UUID: pb.GetUuid(), Mode: pb.GetMode(), Install: pb.GetInstall()}
+	require.True(t, strings.HasPrefix(pb.GetInstall().GetKernelUrl(), "/assets/talos/"), "edge-local kernel: %s", pb.GetInstall().GetKernelUrl())
+
+	var out []string
+
+	for _, tc := range []struct {
+		policy string
+		rule   httpd.UpstreamRule
+	}{{"cache", httpd.UpstreamViaEdge}, {"offline", httpd.UpstreamNever}, {"passthrough", httpd.UpstreamAllowed}} {
+		a := httpd.Decide(httpd.Default(), httpd.Request{Host: "edge.site", Plan: entry, Upstream: tc.rule, Now: time.Now()})
+
+		switch a.Kind {
+		case httpd.KindWait:
+			require.NotEqual(t, httpd.UpstreamAllowed, tc.rule)
+			out = append(out, tc.policy+"=waits_for_edge:"+strings.Join(a.Missing, ","))
+		case httpd.KindKernel:
+			require.Equal(t, httpd.UpstreamAllowed, tc.rule, "only a passthrough site's machines leave the site")
+			require.True(t, strings.HasPrefix(a.Kernel.GetKernelUrl(), fidelityFactory+"/image/"), a.Kernel.GetKernelUrl())
+			out = append(out, tc.policy+"=factory:"+strings.TrimPrefix(a.Kernel.GetKernelUrl(), fidelityFactory))
+		default:
+			require.Failf(t, "unexpected answer", "%s: %+v", tc.policy, a)
+		}
+	}
+
+	return append(out, "installer="+strings.TrimPrefix(pb.GetInstall().GetInstaller(), "127.0.0.1:9/"))
 }
