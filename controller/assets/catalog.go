@@ -130,8 +130,18 @@ func (c *Catalog) SetNeeded(site string, refs []*assetsapi.AssetRef) {
 	defer c.mu.Unlock()
 
 	s := c.siteLocked(site)
+	if slices.EqualFunc(s.needed, refs, sameRef) {
+		return // nothing new for the edge: no push
+	}
+
 	s.needed = refs
 	notify(s)
+}
+
+// sameRef reports whether two references name the same content under the same name.
+func sameRef(a, b *assetsapi.AssetRef) bool {
+	return a.GetName() == b.GetName() && a.GetSha256() == b.GetSha256() && a.GetSize() == b.GetSize() &&
+		slices.Equal(a.GetUrls(), b.GetUrls())
 }
 
 func notify(s *siteState) {

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 
@@ -69,11 +70,15 @@ func (n *Needs) Republish() {
 	}
 }
 
-// RunLibrary republishes whenever the library comes to hold an asset, until ctx ends.
+// RunLibrary republishes whenever the library comes to hold an asset, and asks again, every
+// retryFailedAfter, for what sites still wait for (a fetch that failed is tried again then), until ctx ends.
 func (n *Needs) RunLibrary(ctx context.Context) error {
 	if n.library == nil {
 		return nil
 	}
+
+	t := time.NewTicker(retryFailedAfter)
+	defer t.Stop()
 
 	for {
 		select {
@@ -81,6 +86,20 @@ func (n *Needs) RunLibrary(ctx context.Context) error {
 			return nil
 		case <-n.library.Held():
 			n.Republish()
+		case <-t.C:
+			n.retryWaiting()
+		}
+	}
+}
+
+// retryWaiting republishes the sites that wait for an upstream asset the library may fetch.
+func (n *Needs) retryWaiting() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+
+	for site, waits := range n.pending {
+		if slices.ContainsFunc(waits, func(w waiting) bool { return !w.notStaged }) {
+			n.publishLocked(site)
 		}
 	}
 }
