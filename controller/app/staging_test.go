@@ -2,7 +2,6 @@ package app_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -15,10 +14,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/outpost-metal/outpost/controller/admincli"
-	"github.com/outpost-metal/outpost/controller/app"
 	"github.com/outpost-metal/outpost/shared/assetbundle"
 )
 
@@ -59,37 +56,7 @@ func TestStageAssetsThroughTheAdminSocket(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.ImageFactoryURL = srv.URL
 
-	c, err := app.Build(t.Context(), cfg, zaptest.NewLogger(t))
-	require.NoError(t, err)
-
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-
-	go func() { done <- c.Run(ctx) }()
-
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
-
-	var admin *admincli.Client
-
-	require.Eventually(t, func() bool {
-		admin, err = admincli.Dial(cfg.AdminSocketPath())
-		if err != nil {
-			return false
-		}
-
-		if err = admin.ListSites(ctx, io.Discard, time.Now()); err != nil {
-			admin.Close() //nolint:errcheck
-
-			return false
-		}
-
-		return true
-	}, 10*time.Second, 20*time.Millisecond, "admin socket: %v", err)
-
-	t.Cleanup(func() { admin.Close() }) //nolint:errcheck
+	ctx, admin := runWithAdmin(t, cfg)
 
 	for _, s := range []string{"far", "near"} {
 		require.NoError(t, admin.CreateSite(ctx, s, "", admincli.TokenOptions{TTL: time.Hour}, io.Discard, io.Discard))

@@ -70,6 +70,17 @@ func (u *upstream) set(path string, body []byte, status int) {
 	u.bodies[path], u.status = body, status
 }
 
+// serveUpstream serves a fake factory until the test ends.
+func serveUpstream(t *testing.T) (*upstream, *httptest.Server) {
+	t.Helper()
+
+	up := &upstream{}
+	srv := httptest.NewServer(up)
+	t.Cleanup(srv.Close)
+
+	return up, srv
+}
+
 func randomBytes(t *testing.T, n int) ([]byte, string) {
 	t.Helper()
 
@@ -121,12 +132,9 @@ func waitSettled(t *testing.T, l *assets.Library, w assets.Want) assets.Progress
 func TestLibraryFetchesOnceAndRemembersDigests(t *testing.T) {
 	t.Parallel()
 
-	up := &upstream{}
+	up, srv := serveUpstream(t)
 	kernel, sum := randomBytes(t, 100_000)
 	up.set("/image/s/v1.11.0/kernel-amd64", kernel, 0)
-
-	srv := httptest.NewServer(up)
-	t.Cleanup(srv.Close)
 
 	dir := t.TempDir()
 	l := startLibrary(t, assets.DefaultLibrary(dir, srv.Client()))
@@ -165,9 +173,7 @@ func TestLibraryFetchesOnceAndRemembersDigests(t *testing.T) {
 func TestLibraryRefusesWhatUpstreamGetsWrong(t *testing.T) {
 	t.Parallel()
 
-	up := &upstream{}
-	srv := httptest.NewServer(up)
-	t.Cleanup(srv.Close)
+	up, srv := serveUpstream(t)
 
 	cfg := assets.DefaultLibrary(t.TempDir(), srv.Client())
 	cfg.MaxSize = 1 << 20
@@ -235,12 +241,9 @@ func TestLibraryCutsAStalledDownload(t *testing.T) {
 func TestLibraryRefusesASecondDownloadThatDiffers(t *testing.T) {
 	t.Parallel()
 
-	up := &upstream{}
+	up, srv := serveUpstream(t)
 	first, sum := randomBytes(t, 1000)
 	up.set("/k", first, 0)
-
-	srv := httptest.NewServer(up)
-	t.Cleanup(srv.Close)
 
 	dir := t.TempDir()
 	l := startLibrary(t, assets.DefaultLibrary(dir, srv.Client()))

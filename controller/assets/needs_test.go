@@ -2,7 +2,6 @@ package assets_test
 
 import (
 	"context"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -50,12 +49,9 @@ func TestNeedsFollowPlans(t *testing.T) {
 func TestNeedsAskTheLibraryForUpstreamAssetsOfSitesThatHoldThem(t *testing.T) {
 	t.Parallel()
 
-	up := &upstream{}
+	up, srv := serveUpstream(t)
 	kernel, sum := randomBytes(t, 5000)
 	up.set("/k", kernel, 0)
-
-	srv := httptest.NewServer(up)
-	t.Cleanup(srv.Close)
 
 	lib := startLibrary(t, assets.DefaultLibrary(t.TempDir(), srv.Client()))
 	cat := assets.NewCatalog(assetsapi.Policy_POLICY_PASSTHROUGH, nil)
@@ -63,15 +59,7 @@ func TestNeedsAskTheLibraryForUpstreamAssetsOfSitesThatHoldThem(t *testing.T) {
 
 	needs := assets.NewNeeds(cat, lib, nil)
 
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-
-	go func() { done <- needs.RunLibrary(ctx) }()
-
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
+	runNeeds(t, needs)
 
 	w := assets.Want{Name: "talos/v1.11.0/s/amd64/kernel", URL: srv.URL + "/k"}
 
@@ -108,26 +96,15 @@ func TestNeedsAskTheLibraryForUpstreamAssetsOfSitesThatHoldThem(t *testing.T) {
 func TestOfflineSitesGetOnlyWhatWasStaged(t *testing.T) {
 	t.Parallel()
 
-	up := &upstream{}
+	up, srv := serveUpstream(t)
 	kernel, sum := randomBytes(t, 5000)
 	up.set("/k", kernel, 0)
-
-	srv := httptest.NewServer(up)
-	t.Cleanup(srv.Close)
 
 	lib := startLibrary(t, assets.DefaultLibrary(t.TempDir(), srv.Client()))
 	cat := assets.NewCatalog(assetsapi.Policy_POLICY_OFFLINE, nil)
 	needs := assets.NewNeeds(cat, lib, nil)
 
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-
-	go func() { done <- needs.RunLibrary(ctx) }()
-
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
+	runNeeds(t, needs)
 
 	w := assets.Want{Name: "talos/v1.11.0/s/amd64/kernel", URL: srv.URL + "/k"}
 
@@ -149,4 +126,19 @@ func TestOfflineSitesGetOnlyWhatWasStaged(t *testing.T) {
 	}, 10*time.Second, 5*time.Millisecond)
 	require.Empty(t, needs.SiteAssets("far").GetUpstream())
 	require.EqualValues(t, 1, up.gets.Load())
+}
+
+// runNeeds runs the needs' library loop until the test ends.
+func runNeeds(t *testing.T, needs *assets.Needs) {
+	t.Helper()
+
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+
+	go func() { done <- needs.RunLibrary(ctx) }()
+
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
 }
