@@ -142,7 +142,7 @@ func New(cfg Config, deps Deps) ([]controller.QController, error) {
 
 	env := &env{
 		cfg: cfg, Deps: deps, gate: newPlanGate(deps.Plans, cfg.CallTimeout), outbox: newOutbox(), jobs: newJobs(), written: newWritten(),
-		due: newDues(time.Now), failing: newFailingSet(),
+		due: newDues(time.Now), failing: newFailingSet(time.Now),
 	}
 
 	// a machine whose location, agent tunnel or watched power changes is observed again at once

@@ -148,14 +148,17 @@ func (c *machineController) Reconcile(ctx context.Context, logger *zap.Logger, r
 	// this look replaces any pending one; what it returns sets the next
 	c.env.due.cancel(c.name, ptr.ID())
 
+	var wish uint64 // the InfraMachine's version this look acts on
+
 	start := time.Now()
-	err := c.reconcile(ctx, logger, r, ptr)
+	err := c.reconcile(ctx, logger, r, ptr, &wish)
 	c.env.Metrics.reconciled(c.name, time.Since(start))
 
-	return c.env.requeue(logger, c.name, ptr.ID(), err)
+	return c.env.requeue(logger, c.name, ptr.ID(), wish, err)
 }
 
-func (c *machineController) reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, ptr resource.Pointer) error {
+// reconcile looks at the machine ptr names; wish is set to the version of its InfraMachine once read.
+func (c *machineController) reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, ptr resource.Pointer, wish *uint64) error {
 	m, err := safe.ReaderGet[*infra.Machine](ctx, r, ptr)
 	if err != nil {
 		if state.IsNotFoundError(err) {
@@ -167,6 +170,13 @@ func (c *machineController) reconcile(ctx context.Context, logger *zap.Logger, r
 
 	if !c.env.ours(m) {
 		return nil
+	}
+
+	// After a failed call the step leaves the machine alone for a pause, whatever woke it (see requeue): a
+	// call broken by an uplink cut fails again at once, and was tried thousands of times a second.
+	*wish = m.Metadata().Version().Value()
+	if wait := c.env.failing.hold(c.name, ptr.ID(), *wish); wait > 0 {
+		return &pausedError{wait: wait}
 	}
 
 	if m.Metadata().Phase() == resource.PhaseTearingDown {

@@ -123,9 +123,9 @@ func BenchmarkDuesRequeue(b *testing.B) {
 }
 
 // TestFirstFailureRetriedSoon: a step's first failure at a machine is tried again after two seconds, not a
-// poll interval (most failures are a busy BMC the next try gets through); failing again it waits the
-// interval it asked for, and a look that did not fail starts the count again. A BMC's refusal, retried
-// slowly on purpose, is not hurried.
+// poll interval (most failures are a busy BMC the next try gets through); failing again it waits twice as
+// long each time, up to the interval it asked for, and a look that did not fail starts the count again. A
+// BMC's refusal, retried slowly on purpose, is not hurried.
 func TestFirstFailureRetriedSoon(t *testing.T) {
 	t.Parallel()
 
@@ -138,11 +138,17 @@ func TestFirstFailureRetriedSoon(t *testing.T) {
 		controller.NewRequeueError(busy, poll),    // first failure
 		controller.NewRequeueError(busy, poll),    // second in a row
 		controller.NewRequeueError(busy, poll),    // third
+		controller.NewRequeueError(busy, poll),    // fourth
+		controller.NewRequeueError(busy, poll),    // fifth: the interval asked for
+		controller.NewRequeueError(busy, poll),    // and so on
 		controller.NewRequeueInterval(poll),       // a wait, not a failure
 		controller.NewRequeueError(busy, poll),    // first failure again
 		nil,                                       // done
 		controller.NewRequeueError(busy, 10*poll), // a refusal: slow on purpose
 	)
 
-	require.Equal(t, []time.Duration{2 * time.Second, poll, poll, poll, 2 * time.Second, -1, 10 * poll}, got)
+	require.Equal(t, []time.Duration{
+		2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, poll, poll,
+		poll, 2 * time.Second, -1, 10 * poll,
+	}, got)
 }

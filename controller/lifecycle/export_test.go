@@ -62,13 +62,13 @@ func (m *Metrics) Count(reason string) float64 {
 // NextLooks hands each result in turn to the lifecycle's requeue, as one step's reconciles of one machine
 // return them, and says after each how long until the machine is due there again (-1: not scheduled).
 func NextLooks(cfg Config, now func() time.Time, results ...error) []time.Duration {
-	e := &env{cfg: cfg, due: newDues(now), failing: newFailingSet()}
+	e := &env{cfg: cfg, due: newDues(now), failing: newFailingSet(now)}
 
 	out := make([]time.Duration, 0, len(results))
 
 	for _, err := range results {
 		e.due.cancel("step", "m1")
-		_ = e.requeue(zap.NewNop(), "step", "m1", err)
+		_ = e.requeue(zap.NewNop(), "step", "m1", 1, err)
 
 		next := time.Duration(-1)
 		if entry, ok := e.due.entries[dueKey{"step", "m1"}]; ok {

@@ -71,9 +71,9 @@ type job struct {
 func newJobs() *jobs { return &jobs{running: map[string]*job{}} }
 
 // start runs fn under key with the given timeout, detached from ctx's cancellation, and then (once the job is
-// done) then, unless a job with the same key and tag runs (or finished and was not collected): then that job
+// done) then with fn's error, unless a job with the same key and tag runs (or finished and was not collected): then that job
 // is returned. A job under key with another tag (a newer wipe ID) is left to finish and replaced.
-func (j *jobs) start(ctx context.Context, key, tag string, timeout time.Duration, fn func(context.Context) error, then func()) *job {
+func (j *jobs) start(ctx context.Context, key, tag string, timeout time.Duration, fn func(context.Context) error, then func(error)) *job {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 
@@ -88,9 +88,10 @@ func (j *jobs) start(ctx context.Context, key, tag string, timeout time.Duration
 		jctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 		defer cancel()
 
-		jb.err = fn(jctx)
+		err := fn(jctx)
+		jb.err = err
 		close(jb.done)
-		then()
+		then(err)
 	}()
 
 	return jb

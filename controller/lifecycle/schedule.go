@@ -167,12 +167,25 @@ func (s *scheduleController) run(ctx context.Context, logger *zap.Logger, r cont
 
 // requeue is what machineController does with a step's result: a requeue with an interval becomes a due look
 // in the lifecycle's schedule instead of an item parked in COSI's queue (see dues). Its error, when it
-// carries one, is logged here as COSI would have, and not returned.
+// carries one, is logged here as COSI would have, and not returned. wish is the version of the InfraMachine the
+// look acted on (0: it read none).
 //
-// A step's first failure in a row at a machine is retried after firstRetry when it asked for the poll interval
-// or less: most failures are a busy BMC or a dropped call that the next try gets through, and a user's
-// request must not wait a poll interval for that. Failing again, it waits what the step asked for.
-func (e *env) requeue(logger *zap.Logger, controllerName, machineID string, err error) error {
+// A failure (a requeue carrying an error: an edge call that failed) is retried after a pause that grows with
+// the failures in a row at the machine, from firstRetry doubling up to the interval the step asked for (the
+// poll interval, or more for a BMC's refusal, which is never hurried): most failures are a busy BMC or a
+// dropped call that the next try gets through, and a user's request must not wait a poll interval for that;
+// a call broken by an uplink cut, failing again at once, must not be tried again at once either. Until the
+// pause is over the step does not look at the machine again, whatever wakes it (its own records changing, a
+// finished wipe), unless Omni asked something new of it (hold).
+func (e *env) requeue(logger *zap.Logger, controllerName, machineID string, wish uint64, err error) error {
+	var paused *pausedError
+	if errors.As(err, &paused) {
+		e.due.after(controllerName, machineID, paused.wait)
+		logger.Debug("retry paused after a failure", zap.Duration("left", paused.wait))
+
+		return nil
+	}
+
 	var rq *controller.RequeueError
 	if !errors.As(err, &rq) || rq.Interval() <= 0 {
 		e.failing.clear(controllerName, machineID)
@@ -184,8 +197,8 @@ func (e *env) requeue(logger *zap.Logger, controllerName, machineID string, err 
 
 	if rq.Err() == nil {
 		e.failing.clear(controllerName, machineID)
-	} else if first := e.failing.add(controllerName, machineID); first && interval <= e.cfg.PollInterval {
-		interval = min(interval, firstRetry)
+	} else {
+		interval = e.failing.add(controllerName, machineID, wish, interval, e.cfg.PollInterval)
 	}
 
 	e.due.after(controllerName, machineID, interval)
@@ -197,30 +210,86 @@ func (e *env) requeue(logger *zap.Logger, controllerName, machineID string, err 
 	return nil
 }
 
-// firstRetry is how soon a step's first failure at a machine is tried again (requeue).
+// firstRetry is how soon a step's first failure at a machine is tried again (requeue); each failure in a row
+// doubles it, up to the interval the step asked for.
 const firstRetry = 2 * time.Second
 
-// failingSet is the (controller, machine) pairs whose last reconcile failed.
-type failingSet struct {
-	mu  sync.Mutex
-	set map[dueKey]struct{}
+// pausedError is a look at a machine that did not run its step: the step's last failure there is still in
+// its pause (failingSet.hold), and the machine is due again in wait.
+type pausedError struct{ wait time.Duration }
+
+func (p *pausedError) Error() string {
+	return fmt.Sprintf("retry paused for %s after a failure", p.wait)
 }
 
-func newFailingSet() *failingSet { return &failingSet{set: map[dueKey]struct{}{}} }
+// failingSet is the (controller, machine) pairs whose last reconcile failed: how many times in a row, until
+// when the step must leave the machine alone, and the InfraMachine version it failed on.
+type failingSet struct {
+	now func() time.Time
 
-// add records a failure; first reports whether the pair's last reconcile had not failed.
-func (f *failingSet) add(controller, machine string) (first bool) {
+	mu  sync.Mutex
+	set map[dueKey]failure
+}
+
+type failure struct {
+	count int
+	until time.Time
+	wish  uint64
+}
+
+func newFailingSet(now func() time.Time) *failingSet {
+	return &failingSet{now: now, set: map[dueKey]failure{}}
+}
+
+// add records a failure of the look at wish (the InfraMachine's version) and returns the pause before the next:
+// firstRetry doubled for each earlier failure in a row, at most asked; asked itself when it is above poll (a
+// slow retry on purpose).
+func (f *failingSet) add(controller, machine string, wish uint64, asked, poll time.Duration) time.Duration {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 
 	key := dueKey{controller, machine}
-	if _, ok := f.set[key]; ok {
-		return false
+	fl := f.set[key]
+	fl.count++
+	fl.wish = wish
+
+	pause := asked
+	if asked <= poll {
+		pause = firstRetry
+		for i := 1; i < fl.count && pause < asked; i++ {
+			pause *= 2
+		}
+
+		pause = min(pause, asked)
 	}
 
-	f.set[key] = struct{}{}
+	fl.until = f.now().Add(pause)
+	f.set[key] = fl
 
-	return true
+	return pause
+}
+
+// hold returns how long the step must still leave the machine alone after its last failure there (0: not at
+// all). A new wish from Omni (the InfraMachine changed since the failure) ends the pause: it gets its try at
+// once, and its first failure is a first again.
+func (f *failingSet) hold(controller, machine string, wish uint64) time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	key := dueKey{controller, machine}
+
+	fl, ok := f.set[key]
+	if !ok {
+		return 0
+	}
+
+	if fl.wish != wish {
+		delete(f.set, key)
+
+		return 0
+	}
+
+	return max(0, fl.until.Sub(f.now()))
 }
 
 func (f *failingSet) clear(controller, machine string) {

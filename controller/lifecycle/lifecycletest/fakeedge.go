@@ -47,11 +47,48 @@ type FakeEdge struct {
 	// statusReads counts PowerStatus calls per machine (not logged: the observation makes one every poll)
 	statusReads map[string]int
 	deadBMC     map[string]bool // machines whose BMC does not answer
+	// fail holds the error each "<machine> <Call>" fails with (FailCalls); attempts counts every call made,
+	// failed ones included, by the same key.
+	fail     map[string]error
+	attempts map[string]int
 }
 
 // NewFakeEdge returns a fake edge with no machines.
 func NewFakeEdge() *FakeEdge {
-	return &FakeEdge{machines: map[string]*Machine{}, offline: map[string]bool{}, dropAt: map[string]bool{}, statusReads: map[string]int{}, deadBMC: map[string]bool{}}
+	return &FakeEdge{machines: map[string]*Machine{}, offline: map[string]bool{}, dropAt: map[string]bool{}, statusReads: map[string]int{}, deadBMC: map[string]bool{},
+		fail: map[string]error{}, attempts: map[string]int{}}
+}
+
+// FailCalls makes every call of machine id named call ("WipeDisks", "PowerOn", ...) fail with err before it
+// reaches the machine, while everything else, the agent's presence included, looks as before: a call broken
+// by an uplink cut the controller has not noticed yet. A nil err lets the calls through again.
+func (f *FakeEdge) FailCalls(id, call string, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	if err == nil {
+		delete(f.fail, id+" "+call)
+
+		return
+	}
+
+	f.fail[id+" "+call] = err
+}
+
+// Attempts returns how many times machine id's call named call was made, failed attempts included.
+func (f *FakeEdge) Attempts(id, call string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	return f.attempts[id+" "+call]
+}
+
+// attempt counts a call (under f.mu) and returns the error FailCalls set for it.
+func (f *FakeEdge) attempt(id, call string) error {
+	key := id + " " + call
+	f.attempts[key]++
+
+	return f.fail[key]
 }
 
 // Add puts a machine at site, running its agent (a freshly joined machine).
@@ -308,6 +345,10 @@ func (f *FakeEdge) PowerStatus(_ context.Context, site, id string, _ *specs.BMCC
 
 	f.statusReads[id]++
 
+	if err := f.attempt(id, "PowerStatus"); err != nil {
+		return lifecycle.PowerUnknown, err
+	}
+
 	m, err := f.bmc(site, id)
 	if err != nil {
 		return lifecycle.PowerUnknown, err
@@ -325,6 +366,10 @@ func (f *FakeEdge) PowerOn(_ context.Context, site, id string, _ *specs.BMCConfi
 	f.mu.Lock()
 	defer f.mu.Unlock()
 
+	if err := f.attempt(id, "PowerOn"); err != nil {
+		return err
+	}
+
 	m, err := f.bmc(site, id)
 	if err != nil {
 		return err
@@ -340,6 +385,10 @@ func (f *FakeEdge) PowerOn(_ context.Context, site, id string, _ *specs.BMCConfi
 func (f *FakeEdge) PowerOff(_ context.Context, site, id string, _ *specs.BMCConfigurationSpec) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+
+	if err := f.attempt(id, "PowerOff"); err != nil {
+		return err
+	}
 
 	m, err := f.bmc(site, id)
 	if err != nil {
@@ -357,6 +406,10 @@ func (f *FakeEdge) PowerCycle(_ context.Context, site, id string, _ *specs.BMCCo
 	f.mu.Lock()
 	defer f.mu.Unlock()
 
+	if err := f.attempt(id, "PowerCycle"); err != nil {
+		return err
+	}
+
 	m, err := f.bmc(site, id)
 	if err != nil {
 		return err
@@ -372,6 +425,10 @@ func (f *FakeEdge) PowerCycle(_ context.Context, site, id string, _ *specs.BMCCo
 func (f *FakeEdge) SetPXEOnce(_ context.Context, site, id string, _ *specs.BMCConfigurationSpec) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+
+	if err := f.attempt(id, "SetPXEOnce"); err != nil {
+		return err
+	}
 
 	m, err := f.bmc(site, id)
 	if err != nil {
@@ -402,6 +459,10 @@ func (f *FakeEdge) Hello(_ context.Context, site, id string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 
+	if err := f.attempt(id, "Hello"); err != nil {
+		return err
+	}
+
 	if _, err := f.agentMachine(site, id); err != nil {
 		return err
 	}
@@ -415,6 +476,10 @@ func (f *FakeEdge) Hello(_ context.Context, site, id string) error {
 func (f *FakeEdge) GetPowerManagement(_ context.Context, site, id string, _ *agentpb.GetPowerManagementRequest) (*agentpb.GetPowerManagementResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+
+	if err := f.attempt(id, "GetPowerManagement"); err != nil {
+		return nil, err
+	}
 
 	m, err := f.agentMachine(site, id)
 	if err != nil {
@@ -433,6 +498,10 @@ func (f *FakeEdge) SetPowerManagement(_ context.Context, site, id string, req *a
 	f.mu.Lock()
 	defer f.mu.Unlock()
 
+	if err := f.attempt(id, "SetPowerManagement"); err != nil {
+		return err
+	}
+
 	m, err := f.agentMachine(site, id)
 	if err != nil {
 		return err
@@ -448,6 +517,10 @@ func (f *FakeEdge) SetPowerManagement(_ context.Context, site, id string, req *a
 func (f *FakeEdge) WipeDisks(ctx context.Context, site, id string, zeroes bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+
+	if err := f.attempt(id, "WipeDisks"); err != nil {
+		return err
+	}
 
 	m, err := f.agentMachine(site, id)
 	if err != nil {
@@ -482,6 +555,10 @@ func (f *FakeEdge) WipeDisks(ctx context.Context, site, id string, zeroes bool) 
 func (f *FakeEdge) Reboot(_ context.Context, site, id string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+
+	if err := f.attempt(id, "Reboot"); err != nil {
+		return err
+	}
 
 	m, err := f.agentMachine(site, id)
 	if err != nil {
