@@ -330,7 +330,12 @@ func (b *builder) newSiteAssets(ctx context.Context) error {
 		return err
 	}
 
-	catalog := assets.NewCatalog(defaultPolicy, time.Now)
+	metrics := assets.NewMetrics()
+	if err := registerAll(b.metrics, metrics); err != nil {
+		return err
+	}
+
+	catalog := assets.NewCatalog(defaultPolicy, time.Now).CountInto(metrics)
 
 	list, err := b.registry.List(ctx) // each site's own policy comes with its settings (newSiteSettings)
 	if err != nil {
@@ -362,7 +367,10 @@ func (b *builder) newSiteAssets(ctx context.Context) error {
 		return err
 	}
 
-	library, err := assets.NewLibrary(assets.DefaultLibrary(dir, client), b.log)
+	libraryCfg := assets.DefaultLibrary(dir, client)
+	libraryCfg.Metrics = metrics
+
+	library, err := assets.NewLibrary(libraryCfg, b.log)
 	if err != nil {
 		return err
 	}

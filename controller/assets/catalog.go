@@ -60,6 +60,8 @@ type Catalog struct {
 	now           func() time.Time
 	defaultPolicy assetsapi.Policy
 
+	metrics *Metrics
+
 	mu    sync.Mutex
 	sites map[string]*siteState
 }
@@ -73,6 +75,13 @@ type siteState struct {
 	relays       int64
 	pushErr      string
 	changed      chan struct{} // signalled when the policy or the needed assets change
+}
+
+// CountInto makes the catalog count relayed bytes and relays into m.
+func (c *Catalog) CountInto(m *Metrics) *Catalog {
+	c.metrics = m
+
+	return c
 }
 
 // NewCatalog returns an empty catalog; sites without a policy get defaultPolicy.
@@ -179,6 +188,14 @@ func (c *Catalog) AddRelayed(site string, n int64, finished bool) {
 
 	if finished {
 		s.relays++
+	}
+
+	if c.metrics != nil {
+		c.metrics.relayedBytes.WithLabelValues(site).Add(float64(n))
+
+		if finished {
+			c.metrics.relays.WithLabelValues(site).Inc()
+		}
 	}
 }
 

@@ -55,6 +55,8 @@ type LibraryConfig struct {
 	MaxSize int64
 	// Timeout bounds one fetch; IdleTimeout cuts a download that receives nothing for that long.
 	Timeout, IdleTimeout time.Duration
+	// Metrics counts fetches (nil: not counted).
+	Metrics *Metrics
 }
 
 // DefaultLibrary returns the defaults over dir.
@@ -347,6 +349,10 @@ func (l *Library) fetch(ctx context.Context, key string) {
 		err = fmt.Errorf("%w: %s", ErrContentChanged, key)
 	}
 
+	if m := l.cfg.Metrics; m != nil {
+		m.fetches.WithLabelValues(map[bool]string{true: "failed", false: "held"}[err != nil]).Inc()
+	}
+
 	if err != nil {
 		l.mu.Lock()
 		e.queued, e.err, e.failedAt = false, strings.TrimSpace(err.Error()), l.now()
@@ -404,6 +410,10 @@ func (l *Library) addProgress(key string, done, total int64) {
 	if e := l.entries[key]; e != nil {
 		e.done += done
 		e.total += max(total, 0)
+	}
+
+	if m := l.cfg.Metrics; m != nil && done > 0 {
+		m.fetchedBytes.Add(float64(done))
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"log"
 	"net/http"
@@ -25,6 +26,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
@@ -137,7 +139,9 @@ func TestLibraryFetchesOnceAndRemembersDigests(t *testing.T) {
 	up.set("/image/s/v1.11.0/kernel-amd64", kernel, 0)
 
 	dir := t.TempDir()
-	l := startLibrary(t, assets.DefaultLibrary(dir, srv.Client()))
+	cfg := assets.DefaultLibrary(dir, srv.Client())
+	cfg.Metrics = assets.NewMetrics()
+	l := startLibrary(t, cfg)
 	w := assets.Want{Name: "talos/v1.11.0/s/amd64/kernel", URL: srv.URL + "/image/s/v1.11.0/kernel-amd64"}
 
 	_, held := l.Refs(w)
@@ -161,6 +165,9 @@ func TestLibraryFetchesOnceAndRemembersDigests(t *testing.T) {
 	}
 
 	require.EqualValues(t, 1, up.gets.Load(), "fetched once")
+	require.Equal(t, `outpost_install_asset_fetched_bytes_total 100000
+outpost_install_asset_fetches_total{outcome="held"} 1
+`, gathered(t, cfg.Metrics), "fetched, nothing relayed")
 
 	// a restarted controller holds it without asking upstream
 	again := startLibrary(t, assets.DefaultLibrary(dir, srv.Client()))
@@ -347,4 +354,41 @@ func TestLibraryPullsAnInstallerImageForItsArch(t *testing.T) {
 	// an arch the index lacks is a clear failure
 	p = waitSettled(t, l, assets.Want{Image: ref, Arch: "riscv64"})
 	require.Contains(t, p.Err, "no manifest for linux/riscv64")
+}
+
+// gathered is the metrics' samples in the text format, one per line without help or type lines.
+func gathered(t *testing.T, m *assets.Metrics) string {
+	t.Helper()
+
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(m))
+
+	families, err := reg.Gather()
+	require.NoError(t, err)
+
+	var b strings.Builder
+
+	for _, f := range families {
+		for _, s := range f.GetMetric() {
+			b.WriteString(f.GetName())
+
+			if labels := s.GetLabel(); len(labels) > 0 {
+				b.WriteString("{")
+
+				for i, l := range labels {
+					if i > 0 {
+						b.WriteString(",")
+					}
+
+					fmt.Fprintf(&b, "%s=%q", l.GetName(), l.GetValue())
+				}
+
+				b.WriteString("}")
+			}
+
+			fmt.Fprintf(&b, " %g\n", s.GetCounter().GetValue())
+		}
+	}
+
+	return b.String()
 }

@@ -70,7 +70,8 @@ func TestRelayFetch(t *testing.T) {
 	digest := hex.EncodeToString(sum[:])
 	require.NoError(t, os.WriteFile(filepath.Join(dir, digest), data, 0o644))
 
-	catalog := assets.NewCatalog(assetsapi.Policy_POLICY_CACHE, nil)
+	metrics := assets.NewMetrics()
+	catalog := assets.NewCatalog(assetsapi.Policy_POLICY_CACHE, nil).CountInto(metrics)
 	client := startRelay(t, dir, catalog)
 
 	tests := []struct {
@@ -122,6 +123,10 @@ func TestRelayFetch(t *testing.T) {
 
 	st := catalog.Site("site-a")
 	require.Equal(t, int64(10000+4000), st.BytesRelayed)
+	require.Equal(t, `outpost_asset_relayed_bytes_total{site="site-a"} 14000
+outpost_asset_relays_total{site="site-a"} 3
+outpost_install_asset_fetched_bytes_total 0
+`, gathered(t, metrics), "relayed, nothing fetched upstream")
 	require.Equal(t, int64(3), st.Relays)
 }
 
