@@ -1,8 +1,6 @@
 package app
 
 import (
-	"net/netip"
-
 	"github.com/outpost-metal/outpost/edge/bootfiles"
 	"github.com/outpost-metal/outpost/edge/dhcp"
 	"github.com/outpost-metal/outpost/edge/httpd"
@@ -19,16 +17,17 @@ type Tap interface {
 }
 
 // siteEvents is where the boot servers and the agent tunnels report: every event is journaled (for the
-// controller), the addresses machines booted from are noted in the boot book (what an agent tunnel is bound
-// to), and the optional tap is told.
+// controller), the DHCP answers and the addresses boot scripts were served to are noted in the boot book (what
+// an agent tunnel is bound to), and the optional tap is told.
 type siteEvents struct {
 	rec  *journal.Recorder
 	book *tunnel.BootBook
 	tap  Tap
 }
 
-// DHCPSeen implements dhcp.Observer.
+// DHCPSeen implements dhcp.Observer: the answer starts a boot of that MAC the boot book can bind to.
 func (s siteEvents) DHCPSeen(seen dhcp.Seen) {
+	s.book.DHCPAnswered(seen.MAC)
 	s.rec.DHCPSeen(seen)
 
 	if s.tap != nil {
@@ -48,7 +47,9 @@ func (s siteEvents) TFTPFetch(f bootfiles.Fetch) {
 // HTTPFetch implements httpd.Observer.
 func (s siteEvents) HTTPFetch(f bootfiles.Fetch) { s.rec.HTTPFetch(f) }
 
-// BootServed implements httpd.Observer: the boot is journaled and where the machine asked from is noted.
+// BootServed implements httpd.Observer: the boot is journaled and where the machine asked from is noted, the
+// evidence its agent's tunnel is bound to. A config fetch is none: it carries no MAC and is answered to any
+// host, so a host asking for a switched-off machine's config could take its tunnel.
 func (s siteEvents) BootServed(b httpd.BootServed) {
 	s.book.Note(b.UUID, b.Remote, b.MAC)
 	s.rec.BootServed(b)
@@ -56,12 +57,6 @@ func (s siteEvents) BootServed(b httpd.BootServed) {
 	if s.tap != nil {
 		s.tap.BootServed(b)
 	}
-}
-
-// ConfigServed implements httpd.ConfigObserver: it notes the address the booted machine fetched its config
-// from (where its agent dials from).
-func (s siteEvents) ConfigServed(uuid string, remote netip.Addr) {
-	s.book.Note(uuid, remote, nil)
 }
 
 // TunnelOpened implements tunnel.EventSink.

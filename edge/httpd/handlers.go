@@ -14,7 +14,6 @@ import (
 
 	"github.com/outpost-metal/outpost/edge/bootfiles"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
-	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 func (s *Server) serveInit(w http.ResponseWriter, r *http.Request) {
@@ -124,13 +123,9 @@ func (s *Server) serveConfig(w http.ResponseWriter, r *http.Request) {
 		cfg = append(append(bytes.TrimRight(slices.Clone(cfg), "\n"), "\n---\n"...), mirror...)
 	}
 
+	// Nothing is reported: the request carries no MAC and any host may send it, so it is no evidence of a
+	// machine's boot (edge/tunnel.BootBook binds agent tunnels to the boot scripts served).
 	writeText(w, "application/yaml", cfg)
-
-	if obs, ok := s.deps.Observer.(ConfigObserver); ok {
-		if id, err := metal.ParseID(u); err == nil {
-			obs.ConfigServed(id, remoteAddr(r))
-		}
-	}
 }
 
 // writeText sends a complete small response with Content-Length and flushes it, so the client has it

@@ -51,12 +51,6 @@ type Observer interface {
 	HTTPFetch(bootfiles.Fetch)
 }
 
-// ConfigObserver is told when a machine fetched its config (/config?u=<uuid>): the booted system itself asks,
-// from the address its agent will dial from. An Observer may implement it.
-type ConfigObserver interface {
-	ConfigServed(uuid string, remote netip.Addr)
-}
-
 // AssetIndex is what the edge serves under /assets/, as the boot scripts see it.
 type AssetIndex interface {
 	// Has reports whether the edge serves /assets/<name> now.

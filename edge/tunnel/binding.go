@@ -14,24 +14,25 @@ import (
 
 // Binding is how much an agent's tunnel must prove before it speaks for a machine. The real metal agent sends
 // nothing but its machine ID (no client certificate, no secret), so the proof is the edge's own: the address
-// that fetched this machine's boot script or config in this boot.
+// it served this machine's boot script to in this boot (BootBook).
 type Binding string
 
 // Bindings.
 const (
-	// BindAddress admits a tunnel for machine X only from the address that last fetched X's boot script
-	// (boot.ipxe?uuid=X) or config (/config?u=X) from this edge, only while X has no other tunnel, and never
-	// while two machines claim X (clones, or a forger: two MACs asked for X's boot script lately).
+	// BindAddress admits a tunnel for machine X only from the address this edge last served X's boot script
+	// to (boot.ipxe?uuid=X&mac=..., in a boot whose DHCP or PXE request the edge answered where it answers
+	// that MAC's; never a config fetch), only while X has no other tunnel, and never while two machines claim
+	// X (clones, or a forger: two MACs asked for X's boot script lately).
 	BindAddress Binding = "address"
 	// BindOff admits the first tunnel for each machine ID whatever its source (machines that do not boot
 	// through the edge; a trusted site network only). Still one tunnel per machine.
 	BindOff Binding = "off"
 )
 
-// Evidence tells what this boot showed of a machine: the address of its last boot-script or config fetch,
+// Evidence tells what this boot showed of a machine: the address the edge last served its boot script to,
 // and whether two machines claimed its ID lately.
 type Evidence interface {
-	// BootAddr returns the address machineID last fetched its boot script or config from.
+	// BootAddr returns the address the edge last served machineID's boot script to.
 	BootAddr(machineID string) (netip.Addr, bool)
 	// Contested reports whether two machines (two MACs) asked for machineID's boot script lately.
 	Contested(machineID string) bool
@@ -95,7 +96,7 @@ func (b *binder) bind(id string, remote netip.AddrPort, now time.Time) (release 
 				"agent tunnel for %s refused: two machines asked for its boot script lately (cloned UUID, or a forger); fix the duplicate", id)}
 		case !ok:
 			return nil, &bindError{refuseNoBoot, status.Errorf(codes.PermissionDenied,
-				"agent tunnel for %s refused: the machine did not boot through this edge (no boot script or config fetched)", id)}
+				"agent tunnel for %s refused: the machine did not boot through this edge (no boot script served)", id)}
 		case addr.Unmap() != src:
 			return nil, &bindError{refuseElsewhere, status.Errorf(codes.PermissionDenied,
 				"agent tunnel for %s from %s refused: the machine booted from %s", id, src, addr.Unmap())}

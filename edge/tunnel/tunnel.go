@@ -93,7 +93,7 @@ type Options struct {
 	Limits Limits
 	// Binding is what a tunnel must prove (default BindAddress, with Evidence).
 	Binding Binding
-	// Evidence tells what each machine's boot showed (the address its boot script or config came from).
+	// Evidence tells what each machine's boot showed (the address the edge served its boot script to).
 	Evidence Evidence
 	// Clock paces the journaled events and the refusal log (default: the wall clock).
 	Clock limits.Clock

@@ -331,9 +331,6 @@ func (o bootObserver) BootServed(b httpd.BootServed) {
 	o.s.modes.Store(metal.NormalizeID(b.UUID), b.Mode)
 }
 
-// ConfigServed notes the address the booted machine fetched its config from (where its agent dials from).
-func (o bootObserver) ConfigServed(uuid string, remote netip.Addr) { o.s.book.Note(uuid, remote, nil) }
-
 func (o bootObserver) HTTPFetch(f bootfiles.Fetch) { o.s.recorder.HTTPFetch(f) }
 
 // tunnelEvents journals agent tunnels opening and closing (edge/app's).
