@@ -103,6 +103,10 @@ bench-fleet: ## fleet simulator against the real controller and the Omni stand-i
 	$(GO) build -o $(OUT)/fleet/bin/fleet ./hack/fleet/cmd/fleet
 	$(OUT)/fleet/bin/fleet --controller $(OUT)/fleet/bin/controller --out $(OUT)/fleet
 
+.PHONY: bench-wan
+bench-wan: ## asset relay over the uplink vs raw TCP through a delay proxy, per RTT, and a cut resumed (WAN_RTTS=0,50,100,200, WAN_SIZE_MB=256, WAN_REPEAT=3, WAN_RESUME_RTT_MS=100)
+	WAN_BENCH=1 $(GO) test -count=1 -timeout $(TEST_TIMEOUT) -v -run '^(TestWANRelay|TestWANRelayResumesAfterCut)$$' ./hack/bench/wan/ | grep -E '^(WAN|--- FAIL|FAIL|ok)|_test.go:[0-9]+: '
+
 .PHONY: clean
 clean: ## remove _out
 	rm -rf $(OUT)

@@ -441,7 +441,7 @@ func (c *Client) open(ctx context.Context, tlsConfig *tls.Config, hello *uplinkp
 		return nil, fmt.Errorf("start uplink session: %w", err)
 	}
 
-	peer, err := uplink.NewPeer(sess)
+	peer, err := uplink.NewPeer(sess, uplink.RelayDialOptions()...)
 	if err != nil {
 		sess.Close() //nolint:errcheck
 
