@@ -444,7 +444,8 @@ func (g *airGapRun) offlineInstall(m *lab.Machine) error {
 			return fmt.Errorf("the machine booted its install plan at an offline site where nothing was staged")
 		}
 
-		out, err := a.Controller.Command(g.ctx, 30*time.Second, "machine", "show", m.Spec.UUID)
+		// JSON: the table view clips long entries.
+		out, err := a.Controller.Command(g.ctx, 30*time.Second, "machine", "show", "-o", "json", m.Spec.UUID)
 		if err != nil {
 			return err
 		}
