@@ -278,14 +278,20 @@ func siteCommand(cfg *config.Config) *cobra.Command {
 // clientRun wraps a command's body in a connection to the admin socket.
 type clientRun func(fn func(ctx context.Context, c *admincli.Client) error) func(*cobra.Command, []string) error
 
-// siteSetCommand is `controller site set`: a site's own discovery, BMC protocol, wipe method and extra
-// documents; only the flags given change, and "default" (or an empty file name) hands one back.
+// siteSetCommand is `controller site set`: a site's own discovery, BMC protocol, wipe method, extra
+// documents and DHCP service; only the flags given change, and "default" (or an empty file name) hands one back.
 func siteSetCommand(withClient clientRun) *cobra.Command {
-	var discovery, bmcProtocol, wipeMethod, extraConfig string
+	var (
+		discovery, bmcProtocol, wipeMethod, extraConfig string
+		dhcpMode, dhcpPool, dhcpSubnet, dhcpGateway     string
+		dhcpDNS, dhcpNTP                                []string
+		dhcpLease                                       time.Duration
+	)
 
 	cmd := &cobra.Command{
-		Use:   "set SITE [--discovery all|known|off] [--bmc-protocol auto|ipmi|redfish] [--wipe-method fast|zeroes] [--extra-machine-config-file FILE]",
-		Short: "Set a site's own discovery policy, BMC protocol, wipe method or extra machine-config documents (\"default\" returns one to the controller's)",
+		Use: "set SITE [--discovery all|known|off] [--bmc-protocol auto|ipmi|redfish] [--wipe-method fast|zeroes] [--extra-machine-config-file FILE] " +
+			"[--dhcp proxy|full|off] [--dhcp-pool START-END|CIDR] [--dhcp-subnet CIDR] [--dhcp-gateway IP] [--dhcp-dns IP,...] [--dhcp-ntp IP,...] [--dhcp-lease-time D]",
+		Short: "Set a site's own discovery policy, BMC protocol, wipe method, extra machine-config documents or DHCP service (\"default\" returns one to the controller's)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var set admincli.SiteSettings
@@ -304,9 +310,23 @@ func siteSetCommand(withClient clientRun) *cobra.Command {
 
 			set.Discovery, set.BMCProtocol, set.WipeMethod = given("discovery", &discovery), given("bmc-protocol", &bmcProtocol), given("wipe-method", &wipeMethod)
 			set.ExtraConfigFile = given("extra-machine-config-file", &extraConfig)
+			set.DHCPMode, set.DHCPPool, set.DHCPSubnet = given("dhcp", &dhcpMode), given("dhcp-pool", &dhcpPool), given("dhcp-subnet", &dhcpSubnet)
+			set.DHCPGateway = given("dhcp-gateway", &dhcpGateway)
+
+			if cmd.Flags().Changed("dhcp-dns") {
+				set.DHCPDNS = &dhcpDNS
+			}
+
+			if cmd.Flags().Changed("dhcp-ntp") {
+				set.DHCPNTP = &dhcpNTP
+			}
+
+			if cmd.Flags().Changed("dhcp-lease-time") {
+				set.DHCPLeaseTime = &dhcpLease
+			}
 
 			if set == (admincli.SiteSettings{}) {
-				return errors.New("nothing to set: give --discovery, --bmc-protocol, --wipe-method or --extra-machine-config-file")
+				return errors.New("nothing to set: give --discovery, --bmc-protocol, --wipe-method, --extra-machine-config-file or a --dhcp flag")
 			}
 
 			return withClient(func(ctx context.Context, c *admincli.Client) error {
@@ -320,9 +340,17 @@ func siteSetCommand(withClient clientRun) *cobra.Command {
 	f.StringVar(&bmcProtocol, "bmc-protocol", "", "how the site's edge reaches BMCs: auto, ipmi or redfish")
 	f.StringVar(&wipeMethod, "wipe-method", "", "how the site's machines are wiped: fast or zeroes")
 	f.StringVar(&extraConfig, "extra-machine-config-file", "", "Talos documents served with the join config at this site (\"\" or default clears them)")
+	f.StringVar(&dhcpMode, "dhcp", "", "the site's DHCP service: proxy (ProxyDHCP beside the site's server), full (the edge is the site's DHCP server) or off")
+	f.StringVar(&dhcpPool, "dhcp-pool", "", "full mode's address pool: START-END, or a CIDR range (also the subnet unless --dhcp-subnet is given)")
+	f.StringVar(&dhcpSubnet, "dhcp-subnet", "", "full mode's subnet (CIDR): the clients' mask; the pool, gateway and reservations lie in it")
+	f.StringVar(&dhcpGateway, "dhcp-gateway", "", "full mode's default router for clients (\"\" none)")
+	f.StringSliceVar(&dhcpDNS, "dhcp-dns", nil, "full mode's DNS servers for clients (comma separated; \"\" none)")
+	f.StringSliceVar(&dhcpNTP, "dhcp-ntp", nil, "full mode's NTP servers for clients (comma separated; \"\" none)")
+	f.DurationVar(&dhcpLease, "dhcp-lease-time", 0, "full mode's lease time (0: the edge's default, 1h)")
 	// The controller's own flags of these names have variables; an operator's shell that has them set must
 	// not change a site with them.
-	envflag.CommandLineOnly(f, "discovery", "bmc-protocol", "wipe-method", "extra-machine-config-file")
+	envflag.CommandLineOnly(f, "discovery", "bmc-protocol", "wipe-method", "extra-machine-config-file",
+		"dhcp", "dhcp-pool", "dhcp-subnet", "dhcp-gateway", "dhcp-dns", "dhcp-ntp", "dhcp-lease-time")
 
 	return cmd
 }
@@ -338,14 +366,24 @@ func siteMachineCommand(withClient clientRun) *cobra.Command {
 			use, short = "remove SITE MAC...", "Unregister machines by MAC at a site"
 		}
 
-		cmd.AddCommand(&cobra.Command{
+		var ip string
+
+		sub := &cobra.Command{
 			Use: use, Short: short, Args: cobra.MinimumNArgs(2),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				return withClient(func(ctx context.Context, c *admincli.Client) error {
-					return c.RegisterMachines(ctx, args[0], args[1:], remove, cmd.OutOrStdout())
+					return c.RegisterMachines(ctx, args[0], args[1:], remove, ip, cmd.OutOrStdout())
 				})(cmd, args)
 			},
-		})
+		}
+
+		if !remove {
+			sub.Use = "add SITE MAC... [--ip A.B.C.D]"
+			sub.Flags().StringVar(&ip, "ip", "", "reserve this address for the machine in full DHCP mode (one MAC; removing the MAC drops it)")
+			envflag.CommandLineOnly(sub.Flags(), "ip")
+		}
+
+		cmd.AddCommand(sub)
 	}
 
 	return cmd

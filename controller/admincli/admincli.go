@@ -281,11 +281,32 @@ type SiteSettings struct {
 	Discovery, BMCProtocol, WipeMethod *string
 	// ExtraConfigFile names a file of Talos documents ("" clears the site's).
 	ExtraConfigFile *string
+	// DHCPMode, DHCPPool, DHCPSubnet and DHCPGateway are the site's DHCP service (full mode: pool and subnet).
+	DHCPMode, DHCPPool, DHCPSubnet, DHCPGateway *string
+	// DHCPDNS and DHCPNTP replace the servers given to clients (empty: none).
+	DHCPDNS, DHCPNTP *[]string
+	// DHCPLeaseTime is the lease time (0: the edge's default).
+	DHCPLeaseTime *time.Duration
 }
 
 // SetSiteSettings changes a site's own settings and prints them as stored.
 func (c *Client) SetSiteSettings(ctx context.Context, siteID string, set SiteSettings, out io.Writer) error {
-	req := &adminpb.SetSiteSettingsRequest{SiteId: siteID, Discovery: set.Discovery, BmcProtocol: set.BMCProtocol, WipeMethod: set.WipeMethod}
+	req := &adminpb.SetSiteSettingsRequest{
+		SiteId: siteID, Discovery: set.Discovery, BmcProtocol: set.BMCProtocol, WipeMethod: set.WipeMethod,
+		DhcpMode: set.DHCPMode, DhcpPool: set.DHCPPool, DhcpSubnet: set.DHCPSubnet, DhcpGateway: set.DHCPGateway,
+	}
+
+	if set.DHCPDNS != nil {
+		req.DhcpDns = &adminpb.StringList{Values: *set.DHCPDNS}
+	}
+
+	if set.DHCPNTP != nil {
+		req.DhcpNtp = &adminpb.StringList{Values: *set.DHCPNTP}
+	}
+
+	if set.DHCPLeaseTime != nil {
+		req.DhcpLeaseTime = durationpb.New(*set.DHCPLeaseTime)
+	}
 
 	if set.ExtraConfigFile != nil {
 		req.ExtraConfig = []byte{}
@@ -312,9 +333,9 @@ func (c *Client) SetSiteSettings(ctx context.Context, siteID string, set SiteSet
 }
 
 // RegisterMachines adds (or, with remove, removes) MACs of machines registered at a site before they boot, and
-// prints how many the site has.
-func (c *Client) RegisterMachines(ctx context.Context, siteID string, macs []string, remove bool, out io.Writer) error {
-	req := &adminpb.RegisterMachinesRequest{SiteId: siteID, Add: macs}
+// prints how many the site has; ip reserves that address for the one MAC added (full DHCP mode).
+func (c *Client) RegisterMachines(ctx context.Context, siteID string, macs []string, remove bool, ip string, out io.Writer) error {
+	req := &adminpb.RegisterMachinesRequest{SiteId: siteID, Add: macs, Ip: ip}
 	if remove {
 		req.Add, req.Remove = nil, macs
 	}
@@ -367,6 +388,21 @@ func writeSettings(tw io.Writer, s *adminpb.SiteSettings) {
 
 	fmt.Fprintf(tw, "extra machine config:\t%s\n", docs)
 	fmt.Fprintf(tw, "registered machines:\t%d\n", len(s.GetRegisteredMacs()))
+	fmt.Fprintf(tw, "dhcp:\t%s\n", orDefault(s.GetDhcpMode()))
+
+	if s.GetDhcpPool() != "" {
+		lease := "default"
+		if d := s.GetDhcpLeaseTime().AsDuration(); d > 0 {
+			lease = d.String()
+		}
+
+		fmt.Fprintf(tw, "dhcp pool:\t%s in %s\n", peer(s.GetDhcpPool()), peer(s.GetDhcpSubnet()))
+		fmt.Fprintf(tw, "dhcp gateway:\t%s\n", dash(peer(s.GetDhcpGateway())))
+		fmt.Fprintf(tw, "dhcp dns, ntp:\t%s; %s\n", dash(peer(strings.Join(s.GetDhcpDns(), ","))), dash(peer(strings.Join(s.GetDhcpNtp(), ","))))
+		fmt.Fprintf(tw, "dhcp lease time:\t%s\n", lease)
+	}
+
+	fmt.Fprintf(tw, "dhcp reservations:\t%d\n", len(s.GetDhcpReservations()))
 }
 
 // SetAssetPolicy sets a site's boot-asset policy (passthrough, cache or offline).

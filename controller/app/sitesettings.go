@@ -19,8 +19,8 @@ import (
 )
 
 // checkSiteSettings is the rule for what an operator may set on a site (controller site set): the discovery
-// names the boot table knows, the BMC protocols and wipe methods the lifecycle knows, and documents machinery
-// accepts beside the provider's own.
+// names the boot table knows, the BMC protocols and wipe methods the lifecycle knows, a DHCP service the boot
+// table accepts (bootpb.DHCP.Check), and documents machinery accepts beside the provider's own.
 func (b *builder) checkSiteSettings(_ string, s sites.Settings) error {
 	var errs []error
 
@@ -29,6 +29,10 @@ func (b *builder) checkSiteSettings(_ string, s sites.Settings) error {
 	}
 
 	if err := (lifecycle.SitePolicy{BMCProtocol: s.BMCProtocol, WipeMethod: s.WipeMethod}).Validate(); err != nil {
+		errs = append(errs, err)
+	}
+
+	if err := s.DHCP.Table().Check(); err != nil {
 		errs = append(errs, err)
 	}
 
@@ -42,9 +46,9 @@ func (b *builder) checkSiteSettings(_ string, s sites.Settings) error {
 }
 
 // applySiteSettings hands a site's settings to those that apply them: its boot table (discovery, registered
-// machines, documents) and the lifecycle's site policies (BMC protocol, wipe method, the labels its machines
-// carry). Settings stored before
-// this controller's rules changed, and now refused by them, are logged and the site keeps the defaults.
+// machines, documents, DHCP service) and the lifecycle's site policies (BMC protocol, wipe method, the labels
+// its machines carry). Settings stored before this controller's rules changed, and now refused by them, are
+// logged and the site keeps the defaults.
 func (b *builder) applySiteSettings(siteID string, s sites.Settings) {
 	log := b.log.With(zap.String("site", siteID))
 
@@ -58,7 +62,9 @@ func (b *builder) applySiteSettings(siteID string, s sites.Settings) {
 	}
 
 	discovery, _ := bootpb.ParseDiscovery(s.Discovery) // checked above
-	b.edges.tables.SetSite(siteID, boottables.SiteTable{Discovery: discovery, RegisteredMACs: s.RegisteredMACs, ExtraConfig: s.ExtraConfig})
+	b.edges.tables.SetSite(siteID, boottables.SiteTable{
+		Discovery: discovery, RegisteredMACs: s.RegisteredMACs, ExtraConfig: s.ExtraConfig, DHCP: s.DHCP.Table(),
+	})
 
 	if err := b.edges.policies.Set(siteID, lifecycle.SitePolicy{BMCProtocol: s.BMCProtocol, WipeMethod: s.WipeMethod}); err != nil {
 		log.Warn("site policy refused", zap.Error(err)) // cannot happen after the check

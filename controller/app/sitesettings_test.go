@@ -114,18 +114,59 @@ func TestSiteSettingsThroughTheAdminSocket(t *testing.T) {
 	require.Equal(t, "zeroes", show("wipe method"), "the flags not given stay")
 
 	// Registered MACs: a malformed one refuses the whole call.
-	err = admin.RegisterMachines(ctx, "branch-1", []string{"52:54:00:00:00:01", "52:54:00:00:00"}, false, io.Discard)
+	err = admin.RegisterMachines(ctx, "branch-1", []string{"52:54:00:00:00:01", "52:54:00:00:00"}, false, "", io.Discard)
 	require.ErrorContains(t, err, `"52:54:00:00:00" is not a MAC address`)
 	require.Equal(t, "0", show("registered machines"))
 
 	out.Reset()
-	require.NoError(t, admin.RegisterMachines(ctx, "branch-1", []string{"52-54-00-00-00-01", "52:54:00:00:00:02", "52:54:00:00:00:01"}, false, &out))
+	require.NoError(t, admin.RegisterMachines(ctx, "branch-1", []string{"52-54-00-00-00-01", "52:54:00:00:00:02", "52:54:00:00:00:01"}, false, "", &out))
 	require.Equal(t, "site branch-1: 2 registered machines\n", out.String())
 
 	out.Reset()
-	require.NoError(t, admin.RegisterMachines(ctx, "branch-1", []string{"52:54:00:00:00:01"}, true, &out))
+	require.NoError(t, admin.RegisterMachines(ctx, "branch-1", []string{"52:54:00:00:00:01"}, true, "", &out))
 	require.Equal(t, "site branch-1: 1 registered machines\n", out.String())
 
-	err = admin.RegisterMachines(ctx, "nowhere", []string{"52:54:00:00:00:01"}, false, io.Discard)
+	err = admin.RegisterMachines(ctx, "nowhere", []string{"52:54:00:00:00:01"}, false, "", io.Discard)
 	require.ErrorContains(t, err, "unknown site")
+
+	// The DHCP service: checked as a whole when set (pool in one subnet, gateway in it), reservations inside the
+	// subnet and never one address for two MACs.
+	list := func(v ...string) *[]string { return &v }
+	hour := time.Hour
+
+	err = admin.SetSiteSettings(ctx, "branch-1", admincli.SiteSettings{DHCPMode: str("full")}, io.Discard)
+	require.ErrorContains(t, err, "full dhcp mode needs a pool")
+
+	err = admin.SetSiteSettings(ctx, "branch-1", admincli.SiteSettings{DHCPMode: str("full"), DHCPPool: str("10.9.0.100-10.9.1.20"), DHCPSubnet: str("10.9.0.0/24")}, io.Discard)
+	require.ErrorContains(t, err, "dhcp pool end 10.9.1.20 is not a host address of the subnet 10.9.0.0/24")
+
+	err = admin.SetSiteSettings(ctx, "branch-1", admincli.SiteSettings{DHCPMode: str("full"), DHCPPool: str("10.9.0.0/24"), DHCPGateway: str("10.8.0.1")}, io.Discard)
+	require.ErrorContains(t, err, "dhcp gateway 10.8.0.1 is not a host address of the subnet 10.9.0.0/24")
+	require.Equal(t, "default", show("dhcp"), "nothing stored")
+
+	out.Reset()
+	require.NoError(t, admin.SetSiteSettings(ctx, "branch-1", admincli.SiteSettings{
+		DHCPMode: str("full"), DHCPPool: str("10.9.0.100-10.9.0.199"), DHCPSubnet: str("10.9.0.7/24"), DHCPGateway: str("10.9.0.1"),
+		DHCPDNS: list("10.9.0.53", "10.9.0.54"), DHCPNTP: list("10.9.0.123"), DHCPLeaseTime: &hour,
+	}, &out))
+	require.Equal(t, "full", field(out.String(), "dhcp"))
+	require.Equal(t, "10.9.0.100-10.9.0.199 in 10.9.0.0/24", field(out.String(), "dhcp pool"))
+	require.Equal(t, "1h0m0s", field(out.String(), "dhcp lease time"))
+
+	err = admin.RegisterMachines(ctx, "branch-1", []string{"52:54:00:00:00:07"}, false, "10.9.1.7", io.Discard)
+	require.ErrorContains(t, err, "dhcp reservation of 52:54:00:00:00:07 10.9.1.7 is not a host address of the subnet")
+	require.NoError(t, admin.RegisterMachines(ctx, "branch-1", []string{"52:54:00:00:00:07"}, false, "10.9.0.7", io.Discard))
+
+	err = admin.RegisterMachines(ctx, "branch-1", []string{"52:54:00:00:00:08"}, false, "10.9.0.7", io.Discard)
+	require.ErrorContains(t, err, "10.9.0.7 is reserved for 52:54:00:00:00:07 and 52:54:00:00:00:08")
+
+	err = admin.RegisterMachines(ctx, "branch-1", []string{"52:54:00:00:00:08", "52:54:00:00:00:09"}, false, "10.9.0.8", io.Discard)
+	require.ErrorContains(t, err, "want one IPv4 address for one MAC added")
+	require.Equal(t, "1", show("dhcp reservations"))
+
+	require.NoError(t, admin.RegisterMachines(ctx, "branch-1", []string{"52:54:00:00:00:07"}, true, "", io.Discard))
+	require.Equal(t, "0", show("dhcp reservations"), "removing the MAC drops its reservation")
+
+	require.NoError(t, admin.SetSiteSettings(ctx, "branch-1", admincli.SiteSettings{DHCPMode: str("off")}, io.Discard))
+	require.Equal(t, "off", show("dhcp"))
 }

@@ -123,5 +123,9 @@ func Diff(from, to *bootpb.Table) *bootpb.Delta {
 		d.RegisteredMacs, d.ReplaceRegisteredMacs = to.GetRegisteredMacs(), true
 	}
 
+	if !proto.Equal(from.GetDhcp(), to.GetDhcp()) {
+		d.Dhcp, d.ReplaceDhcp = to.GetDhcp(), true
+	}
+
 	return d
 }

@@ -67,6 +67,8 @@ type SiteTable struct {
 	RegisteredMACs []string
 	// ExtraConfig is Talos documents (already checked) served after the join config at this site only.
 	ExtraConfig []byte
+	// DHCP is the site's DHCP service (already checked; nil: the edge's own). Not changed in place.
+	DHCP *bootpb.DHCP
 }
 
 // New returns Tables without any site. now stamps versions (nil means time.Now).
@@ -196,15 +198,21 @@ func (t *Tables) SetSite(siteID string, set SiteTable) {
 	st := t.siteLocked(siteID)
 
 	old := st.settings
-	if old.Discovery == set.Discovery && slices.Equal(old.RegisteredMACs, set.RegisteredMACs) && bytes.Equal(old.ExtraConfig, set.ExtraConfig) {
+	if old.Discovery == set.Discovery && slices.Equal(old.RegisteredMACs, set.RegisteredMACs) && bytes.Equal(old.ExtraConfig, set.ExtraConfig) &&
+		proto.Equal(old.DHCP, set.DHCP) {
 		return
 	}
 
 	set.RegisteredMACs, set.ExtraConfig = slices.Clone(set.RegisteredMACs), slices.Clone(set.ExtraConfig)
+	if set.DHCP != nil {
+		set.DHCP = proto.Clone(set.DHCP).(*bootpb.DHCP)
+	}
+
 	st.settings = set
 
 	t.changeLocked(siteID, func(tbl *bootpb.Table) {
 		tbl.Discovery, tbl.RegisteredMacs, tbl.Config = set.Discovery, set.RegisteredMACs, t.siteConfigLocked(siteID)
+		tbl.Dhcp = set.DHCP
 	})
 }
 

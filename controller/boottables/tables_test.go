@@ -248,4 +248,13 @@ func TestPushAndDiff(t *testing.T) {
 	require.Equal(t, bootpb.Discovery_DISCOVERY_OFF, d.GetDiscovery())
 	require.True(t, d.GetReplaceRegisteredMacs())
 	require.Equal(t, []string{"52:54:00:00:00:01"}, d.GetRegisteredMacs())
+	require.False(t, d.GetReplaceDhcp())
+
+	from.Dhcp = &bootpb.DHCP{Mode: bootpb.DHCPMode_DHCP_MODE_OFF}
+	d = boottables.Diff(from, to)
+	require.True(t, d.GetReplaceDhcp(), "a service set back to the edge's own is replaced by nothing")
+	require.Nil(t, d.GetDhcp())
+
+	to.Dhcp = &bootpb.DHCP{Mode: bootpb.DHCPMode_DHCP_MODE_OFF}
+	require.False(t, boottables.Diff(from, to).GetReplaceDhcp())
 }

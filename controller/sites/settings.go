@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"math"
 	"net"
+	"net/netip"
 	"slices"
 	"time"
 
@@ -12,9 +15,12 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/outpost-metal/outpost/controller/resources"
 	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
 // MaxRegisteredMACs bounds the machines an operator may register at one site (the edge refuses more).
@@ -41,6 +47,73 @@ type Settings struct {
 	// Staged are the install profiles staged at the site ("<version>/<schematic>/<arch>"; controller assets
 	// stage; not changed by SetSettings).
 	Staged []string
+	// DHCP is the site's DHCP service (controller site set --dhcp..., reservations by controller site machine
+	// add --ip).
+	DHCP DHCP
+}
+
+// DHCP is a site's DHCP service as stored: checked as a whole by bootpb.DHCP.Check on its Table form.
+type DHCP struct {
+	// Mode is proxy, full or off ("" the edge's own, proxy).
+	Mode string
+	// Subnet is the served network (CIDR); PoolStart and PoolEnd bound the pool (inclusive).
+	Subnet, PoolStart, PoolEnd string
+	// Gateway is the clients' default router ("" none).
+	Gateway string
+	// DNS and NTP are the servers given to clients.
+	DNS, NTP []string
+	// LeaseTime is the lease time (0: the edge's default).
+	LeaseTime time.Duration
+	// Reservations are addresses by MAC (lower case, colon separated).
+	Reservations map[string]string
+}
+
+// Table is the DHCP service as the site's boot table carries it (nil when nothing is set: the edge's own).
+func (d DHCP) Table() *bootpb.DHCP {
+	mode, err := bootpb.ParseDHCPMode(d.Mode)
+	if err != nil {
+		mode = bootpb.DHCPMode(-1) // refused by Check, naming it
+	}
+
+	out := &bootpb.DHCP{
+		Mode: mode, Subnet: d.Subnet, PoolStart: d.PoolStart, PoolEnd: d.PoolEnd, Gateway: d.Gateway,
+		Dns: slices.Clone(d.DNS), Ntp: slices.Clone(d.NTP), LeaseSeconds: uint32(min(d.LeaseTime/time.Second, math.MaxUint32)),
+	}
+
+	for _, mac := range slices.Sorted(maps.Keys(d.Reservations)) {
+		out.Reservations = append(out.Reservations, &bootpb.DHCPReservation{Mac: mac, Ip: d.Reservations[mac]})
+	}
+
+	if proto.Equal(out, &bootpb.DHCP{}) {
+		return nil
+	}
+
+	return out
+}
+
+// MaxDHCPLeaseTime bounds the lease time an operator may set.
+const MaxDHCPLeaseTime = 7 * 24 * time.Hour
+
+// SetPool sets the pool from an operator's "START-END" or CIDR range; a CIDR is also the subnet unless one
+// is given (subnet "" keeps the stored one for a range); "" clears pool and subnet.
+func (d *DHCP) SetPool(pool string) error {
+	if pool == "" {
+		d.PoolStart, d.PoolEnd, d.Subnet = "", "", ""
+
+		return nil
+	}
+
+	start, end, prefix, err := bootpb.ParseDHCPPool(pool)
+	if err != nil {
+		return err
+	}
+
+	d.PoolStart, d.PoolEnd = start.String(), end.String()
+	if prefix.IsValid() {
+		d.Subnet = prefix.String()
+	}
+
+	return nil
 }
 
 // SettingsOf returns a stored site's settings.
@@ -51,6 +124,11 @@ func SettingsOf(site *resources.Site) Settings {
 		Discovery: spec.GetDiscovery(), BMCProtocol: spec.GetBmcProtocol(), WipeMethod: spec.GetWipeMethod(),
 		ExtraConfig: spec.GetExtraConfig(), RegisteredMACs: spec.GetRegisteredMacs(), Labels: spec.GetLabels(),
 		AssetPolicy: spec.GetAssetPolicy(), Staged: spec.GetStagedProfiles(),
+		DHCP: DHCP{
+			Mode: spec.GetDhcpMode(), Subnet: spec.GetDhcpSubnet(), PoolStart: spec.GetDhcpPoolStart(), PoolEnd: spec.GetDhcpPoolEnd(),
+			Gateway: spec.GetDhcpGateway(), DNS: spec.GetDhcpDns(), NTP: spec.GetDhcpNtp(),
+			LeaseTime: time.Duration(spec.GetDhcpLeaseSeconds()) * time.Second, Reservations: spec.GetDhcpReservations(),
+		},
 	}
 }
 
@@ -66,6 +144,7 @@ func (r *Registry) SetSettings(ctx context.Context, siteID string, check Setting
 	_, err := r.update(ctx, siteID, func(site *resources.Site) error {
 		s := SettingsOf(site)
 		s.RegisteredMACs = slices.Clone(s.RegisteredMACs)
+		s.DHCP.Reservations = maps.Clone(s.DHCP.Reservations)
 
 		if err := change(&s); err != nil {
 			return err
@@ -78,6 +157,9 @@ func (r *Registry) SetSettings(ctx context.Context, siteID string, check Setting
 		spec := site.TypedSpec().Value
 		spec.Discovery, spec.BmcProtocol, spec.WipeMethod = s.Discovery, s.BMCProtocol, s.WipeMethod
 		spec.ExtraConfig, spec.RegisteredMacs = s.ExtraConfig, s.RegisteredMACs
+		spec.DhcpMode, spec.DhcpSubnet, spec.DhcpPoolStart, spec.DhcpPoolEnd = s.DHCP.Mode, s.DHCP.Subnet, s.DHCP.PoolStart, s.DHCP.PoolEnd
+		spec.DhcpGateway, spec.DhcpDns, spec.DhcpNtp, spec.DhcpReservations = s.DHCP.Gateway, s.DHCP.DNS, s.DHCP.NTP, s.DHCP.Reservations
+		spec.DhcpLeaseSeconds = uint32(s.DHCP.LeaseTime / time.Second) // bounded by the check
 		stored = s
 
 		return nil
@@ -163,9 +245,16 @@ func (r *Registry) followSettings(ctx context.Context, apply func(siteID string,
 
 // settingsView is the operator's view of a site's settings.
 func settingsView(s Settings) *adminpb.SiteSettings {
+	var pool string
+	if s.DHCP.PoolStart != "" {
+		pool = s.DHCP.PoolStart + "-" + s.DHCP.PoolEnd
+	}
+
 	return &adminpb.SiteSettings{
 		Discovery: s.Discovery, BmcProtocol: s.BMCProtocol, WipeMethod: s.WipeMethod,
 		ExtraConfig: s.ExtraConfig, RegisteredMacs: s.RegisteredMACs,
+		DhcpMode: s.DHCP.Mode, DhcpSubnet: s.DHCP.Subnet, DhcpGateway: s.DHCP.Gateway, DhcpDns: s.DHCP.DNS, DhcpNtp: s.DHCP.NTP,
+		DhcpLeaseTime: durationpb.New(s.DHCP.LeaseTime), DhcpReservations: s.DHCP.Reservations, DhcpPool: pool,
 	}
 }
 
@@ -198,7 +287,7 @@ func (a *Admin) SetSiteSettings(ctx context.Context, req *adminpb.SetSiteSetting
 			s.ExtraConfig = req.GetExtraConfig()
 		}
 
-		return nil
+		return setDHCP(&s.DHCP, req)
 	})
 	if err != nil {
 		return nil, settingsStatus(err)
@@ -224,7 +313,30 @@ func (a *Admin) RegisterMachines(ctx context.Context, req *adminpb.RegisterMachi
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 
+	var reserve string
+
+	if req.GetIp() != "" {
+		ip, err := netip.ParseAddr(req.GetIp())
+		if err != nil || !ip.Is4() || len(add) != 1 {
+			return nil, status.Errorf(codes.InvalidArgument, "--ip %q: want one IPv4 address for one MAC added", req.GetIp())
+		}
+
+		reserve = ip.String()
+	}
+
 	stored, err := a.registry.SetSettings(ctx, req.GetSiteId(), a.wrapCheck, func(s *Settings) error {
+		for _, m := range remove {
+			delete(s.DHCP.Reservations, m)
+		}
+
+		if reserve != "" {
+			if s.DHCP.Reservations == nil {
+				s.DHCP.Reservations = map[string]string{}
+			}
+
+			s.DHCP.Reservations[add[0]] = reserve
+		}
+
 		macs := slices.DeleteFunc(s.RegisteredMACs, func(m string) bool { return slices.Contains(remove, m) })
 		macs = append(macs, add...)
 		slices.Sort(macs)
@@ -241,6 +353,48 @@ func (a *Admin) RegisterMachines(ctx context.Context, req *adminpb.RegisterMachi
 	}
 
 	return &adminpb.RegisterMachinesResponse{RegisteredMacs: stored.RegisteredMACs}, nil
+}
+
+// setDHCP applies the DHCP fields a request gives; the result is checked as a whole afterwards.
+func setDHCP(d *DHCP, req *adminpb.SetSiteSettingsRequest) error {
+	if req.DhcpMode != nil {
+		d.Mode = req.GetDhcpMode()
+	}
+
+	if req.DhcpPool != nil {
+		if err := d.SetPool(req.GetDhcpPool()); err != nil {
+			return &badSettings{err}
+		}
+	}
+
+	if req.DhcpSubnet != nil {
+		d.Subnet = req.GetDhcpSubnet()
+		if p, err := netip.ParsePrefix(d.Subnet); err == nil {
+			d.Subnet = p.Masked().String()
+		}
+	}
+
+	if req.DhcpGateway != nil {
+		d.Gateway = req.GetDhcpGateway()
+	}
+
+	if req.GetDhcpDns() != nil {
+		d.DNS = req.GetDhcpDns().GetValues()
+	}
+
+	if req.GetDhcpNtp() != nil {
+		d.NTP = req.GetDhcpNtp().GetValues()
+	}
+
+	if lt := req.GetDhcpLeaseTime(); lt != nil {
+		if err := lt.CheckValid(); err != nil || lt.AsDuration() < 0 || lt.AsDuration() > MaxDHCPLeaseTime {
+			return &badSettings{fmt.Errorf("dhcp lease time %s: want at most %s", lt.AsDuration(), MaxDHCPLeaseTime)}
+		}
+
+		d.LeaseTime = lt.AsDuration().Truncate(time.Second)
+	}
+
+	return nil
 }
 
 func (a *Admin) wrapCheck(siteID string, s Settings) error {

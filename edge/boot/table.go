@@ -255,6 +255,10 @@ func applyDelta(cur *bootpb.Table, d *bootpb.Delta) *bootpb.Table {
 		next.RegisteredMacs = d.GetRegisteredMacs()
 	}
 
+	if d.GetReplaceDhcp() {
+		next.Dhcp = d.GetDhcp()
+	}
+
 	return next
 }
 
@@ -274,6 +278,10 @@ func validateTable(tbl *bootpb.Table) error {
 		if _, err := net.ParseMAC(m); err != nil {
 			return fmt.Errorf("registered mac %q: %w", m, ErrInvalid)
 		}
+	}
+
+	if err := tbl.GetDhcp().Check(); err != nil {
+		return fmt.Errorf("dhcp: %w: %w", err, ErrInvalid)
 	}
 
 	seen := map[string]bool{}
@@ -427,6 +435,12 @@ func (t *Table) Known(mac net.HardwareAddr, uuid string) bool {
 // (dhcp.Preferences).
 func (t *Table) Discovery() string {
 	return t.cur.Load().table.GetDiscovery().Policy()
+}
+
+// DHCP is the site's DHCP service as the controller set it (checked; nil when it set none: the edge's own).
+// The message must not be modified; it stays the same pointer until the table changes.
+func (t *Table) DHCP() *bootpb.DHCP {
+	return t.cur.Load().table.GetDhcp()
 }
 
 // MachineConfig returns the config to serve at /config for a machine (its own, else the table's);

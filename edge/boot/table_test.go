@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/outpost-metal/outpost/edge/boot"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
@@ -277,4 +278,37 @@ func TestSiteDiscoveryAndRegisteredMACs(t *testing.T) {
 	require.Empty(t, tbl.Discovery(), "handed back to the edge's own setting")
 	require.False(t, tbl.Known(registered, ""), "unregistered")
 	require.True(t, tbl.Known(stranger, ""))
+}
+
+// The site's DHCP service travels like discovery: set by a snapshot or a delta that replaces it, kept by deltas
+// that do not, persisted, and refused whole when it does not check.
+func TestDHCPService(t *testing.T) {
+	t.Parallel()
+
+	dir := t.TempDir()
+	tbl := open(t, dir)
+	require.Nil(t, tbl.DHCP(), "the edge's own until the controller sets one")
+
+	full := &bootpb.DHCP{
+		Mode: bootpb.DHCPMode_DHCP_MODE_FULL, Subnet: "10.9.0.0/24", PoolStart: "10.9.0.100", PoolEnd: "10.9.0.199",
+		Gateway: "10.9.0.1", Reservations: []*bootpb.DHCPReservation{{Mac: "52:54:00:00:00:42", Ip: "10.9.0.42"}},
+	}
+
+	_, err := tbl.Apply(&bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Snapshot{Snapshot: &bootpb.Table{Version: 1, Dhcp: full}}})
+	require.NoError(t, err)
+	require.True(t, proto.Equal(full, tbl.DHCP()))
+
+	_, err = tbl.Apply(&bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Delta{Delta: &bootpb.Delta{BaseVersion: 1, Version: 2, KernelArgs: []string{"x"}, ReplaceKernelArgs: true}}})
+	require.NoError(t, err)
+	require.True(t, proto.Equal(full, open(t, dir).DHCP()), "kept by a delta that does not replace it, and persisted")
+
+	bad := proto.Clone(full).(*bootpb.DHCP)
+	bad.Reservations = append(bad.Reservations, &bootpb.DHCPReservation{Mac: "52:54:00:00:00:43", Ip: "10.9.0.42"})
+	_, err = tbl.Apply(&bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Delta{Delta: &bootpb.Delta{BaseVersion: 2, Version: 3, Dhcp: bad, ReplaceDhcp: true}}})
+	require.ErrorIs(t, err, boot.ErrInvalid)
+	require.ErrorContains(t, err, "10.9.0.42 is reserved for 52:54:00:00:00:42 and 52:54:00:00:00:43")
+
+	_, err = tbl.Apply(&bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Delta{Delta: &bootpb.Delta{BaseVersion: 2, Version: 3, ReplaceDhcp: true}}})
+	require.NoError(t, err)
+	require.Nil(t, tbl.DHCP(), "handed back to the edge's own")
 }

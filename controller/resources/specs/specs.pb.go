@@ -58,8 +58,22 @@ type SiteSpec struct {
 	// assets stage), each "<version>/<schematic id>/<arch>": the site holds their kernel, initramfs and
 	// installer image whatever its machines' plans name.
 	StagedProfiles []string `protobuf:"bytes,16,rep,name=staged_profiles,json=stagedProfiles,proto3" json:"staged_profiles,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The site's DHCP service (controller site set --dhcp...): mode proxy, full or off ("" the edge's own,
+	// proxy); in full mode the edge leases from the pool (inclusive range) in subnet (CIDR).
+	DhcpMode      string   `protobuf:"bytes,17,opt,name=dhcp_mode,json=dhcpMode,proto3" json:"dhcp_mode,omitempty"`
+	DhcpSubnet    string   `protobuf:"bytes,18,opt,name=dhcp_subnet,json=dhcpSubnet,proto3" json:"dhcp_subnet,omitempty"`
+	DhcpPoolStart string   `protobuf:"bytes,19,opt,name=dhcp_pool_start,json=dhcpPoolStart,proto3" json:"dhcp_pool_start,omitempty"`
+	DhcpPoolEnd   string   `protobuf:"bytes,20,opt,name=dhcp_pool_end,json=dhcpPoolEnd,proto3" json:"dhcp_pool_end,omitempty"`
+	DhcpGateway   string   `protobuf:"bytes,21,opt,name=dhcp_gateway,json=dhcpGateway,proto3" json:"dhcp_gateway,omitempty"`
+	DhcpDns       []string `protobuf:"bytes,22,rep,name=dhcp_dns,json=dhcpDns,proto3" json:"dhcp_dns,omitempty"`
+	DhcpNtp       []string `protobuf:"bytes,23,rep,name=dhcp_ntp,json=dhcpNtp,proto3" json:"dhcp_ntp,omitempty"`
+	// dhcp_lease_seconds is the lease time; 0 is the edge's default.
+	DhcpLeaseSeconds uint32 `protobuf:"varint,24,opt,name=dhcp_lease_seconds,json=dhcpLeaseSeconds,proto3" json:"dhcp_lease_seconds,omitempty"`
+	// dhcp_reservations are addresses reserved by MAC (controller site machine add SITE MAC --ip A.B.C.D),
+	// MAC lower case and colon separated.
+	DhcpReservations map[string]string `protobuf:"bytes,25,rep,name=dhcp_reservations,json=dhcpReservations,proto3" json:"dhcp_reservations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *SiteSpec) Reset() {
@@ -204,6 +218,69 @@ func (x *SiteSpec) GetStagedProfiles() []string {
 	return nil
 }
 
+func (x *SiteSpec) GetDhcpMode() string {
+	if x != nil {
+		return x.DhcpMode
+	}
+	return ""
+}
+
+func (x *SiteSpec) GetDhcpSubnet() string {
+	if x != nil {
+		return x.DhcpSubnet
+	}
+	return ""
+}
+
+func (x *SiteSpec) GetDhcpPoolStart() string {
+	if x != nil {
+		return x.DhcpPoolStart
+	}
+	return ""
+}
+
+func (x *SiteSpec) GetDhcpPoolEnd() string {
+	if x != nil {
+		return x.DhcpPoolEnd
+	}
+	return ""
+}
+
+func (x *SiteSpec) GetDhcpGateway() string {
+	if x != nil {
+		return x.DhcpGateway
+	}
+	return ""
+}
+
+func (x *SiteSpec) GetDhcpDns() []string {
+	if x != nil {
+		return x.DhcpDns
+	}
+	return nil
+}
+
+func (x *SiteSpec) GetDhcpNtp() []string {
+	if x != nil {
+		return x.DhcpNtp
+	}
+	return nil
+}
+
+func (x *SiteSpec) GetDhcpLeaseSeconds() uint32 {
+	if x != nil {
+		return x.DhcpLeaseSeconds
+	}
+	return 0
+}
+
+func (x *SiteSpec) GetDhcpReservations() map[string]string {
+	if x != nil {
+		return x.DhcpReservations
+	}
+	return nil
+}
+
 // SiteStatusSpec is the live connection state of a site (ephemeral).
 type SiteStatusSpec struct {
 	state               protoimpl.MessageState `protogen:"open.v1"`
@@ -301,7 +378,7 @@ var File_controller_resources_specs_specs_proto protoreflect.FileDescriptor
 
 const file_controller_resources_specs_specs_proto_rawDesc = "" +
 	"\n" +
-	"&controller/resources/specs/specs.proto\x12\x17outpost.resources.specs\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcf\x05\n" +
+	"&controller/resources/specs/specs.proto\x12\x17outpost.resources.specs\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8b\t\n" +
 	"\bSiteSpec\x12 \n" +
 	"\vdescription\x18\x01 \x01(\tR\vdescription\x12\x1d\n" +
 	"\n" +
@@ -322,8 +399,21 @@ const file_controller_resources_specs_specs_proto_rawDesc = "" +
 	"wipeMethod\x12!\n" +
 	"\fextra_config\x18\x0e \x01(\fR\vextraConfig\x12'\n" +
 	"\x0fregistered_macs\x18\x0f \x03(\tR\x0eregisteredMacs\x12'\n" +
-	"\x0fstaged_profiles\x18\x10 \x03(\tR\x0estagedProfiles\x1a9\n" +
+	"\x0fstaged_profiles\x18\x10 \x03(\tR\x0estagedProfiles\x12\x1b\n" +
+	"\tdhcp_mode\x18\x11 \x01(\tR\bdhcpMode\x12\x1f\n" +
+	"\vdhcp_subnet\x18\x12 \x01(\tR\n" +
+	"dhcpSubnet\x12&\n" +
+	"\x0fdhcp_pool_start\x18\x13 \x01(\tR\rdhcpPoolStart\x12\"\n" +
+	"\rdhcp_pool_end\x18\x14 \x01(\tR\vdhcpPoolEnd\x12!\n" +
+	"\fdhcp_gateway\x18\x15 \x01(\tR\vdhcpGateway\x12\x19\n" +
+	"\bdhcp_dns\x18\x16 \x03(\tR\adhcpDns\x12\x19\n" +
+	"\bdhcp_ntp\x18\x17 \x03(\tR\adhcpNtp\x12,\n" +
+	"\x12dhcp_lease_seconds\x18\x18 \x01(\rR\x10dhcpLeaseSeconds\x12d\n" +
+	"\x11dhcp_reservations\x18\x19 \x03(\v27.outpost.resources.specs.SiteSpec.DhcpReservationsEntryR\x10dhcpReservations\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aC\n" +
+	"\x15DhcpReservationsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe2\x02\n" +
 	"\x0eSiteStatusSpec\x12\x1c\n" +
@@ -347,25 +437,27 @@ func file_controller_resources_specs_specs_proto_rawDescGZIP() []byte {
 	return file_controller_resources_specs_specs_proto_rawDescData
 }
 
-var file_controller_resources_specs_specs_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_controller_resources_specs_specs_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_controller_resources_specs_specs_proto_goTypes = []any{
 	(*SiteSpec)(nil),              // 0: outpost.resources.specs.SiteSpec
 	(*SiteStatusSpec)(nil),        // 1: outpost.resources.specs.SiteStatusSpec
 	nil,                           // 2: outpost.resources.specs.SiteSpec.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 3: google.protobuf.Timestamp
+	nil,                           // 3: outpost.resources.specs.SiteSpec.DhcpReservationsEntry
+	(*timestamppb.Timestamp)(nil), // 4: google.protobuf.Timestamp
 }
 var file_controller_resources_specs_specs_proto_depIdxs = []int32{
-	3, // 0: outpost.resources.specs.SiteSpec.token_expires:type_name -> google.protobuf.Timestamp
-	3, // 1: outpost.resources.specs.SiteSpec.created:type_name -> google.protobuf.Timestamp
+	4, // 0: outpost.resources.specs.SiteSpec.token_expires:type_name -> google.protobuf.Timestamp
+	4, // 1: outpost.resources.specs.SiteSpec.created:type_name -> google.protobuf.Timestamp
 	2, // 2: outpost.resources.specs.SiteSpec.labels:type_name -> outpost.resources.specs.SiteSpec.LabelsEntry
-	3, // 3: outpost.resources.specs.SiteStatusSpec.connected_since:type_name -> google.protobuf.Timestamp
-	3, // 4: outpost.resources.specs.SiteStatusSpec.last_seen:type_name -> google.protobuf.Timestamp
-	3, // 5: outpost.resources.specs.SiteStatusSpec.certificate_not_after:type_name -> google.protobuf.Timestamp
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	3, // 3: outpost.resources.specs.SiteSpec.dhcp_reservations:type_name -> outpost.resources.specs.SiteSpec.DhcpReservationsEntry
+	4, // 4: outpost.resources.specs.SiteStatusSpec.connected_since:type_name -> google.protobuf.Timestamp
+	4, // 5: outpost.resources.specs.SiteStatusSpec.last_seen:type_name -> google.protobuf.Timestamp
+	4, // 6: outpost.resources.specs.SiteStatusSpec.certificate_not_after:type_name -> google.protobuf.Timestamp
+	7, // [7:7] is the sub-list for method output_type
+	7, // [7:7] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_controller_resources_specs_specs_proto_init() }
@@ -379,7 +471,7 @@ func file_controller_resources_specs_specs_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_controller_resources_specs_specs_proto_rawDesc), len(file_controller_resources_specs_specs_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   3,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

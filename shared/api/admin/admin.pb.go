@@ -406,8 +406,20 @@ type SiteSettings struct {
 	ExtraConfig []byte `protobuf:"bytes,4,opt,name=extra_config,json=extraConfig,proto3" json:"extra_config,omitempty"`
 	// registered_macs: machines registered before they boot.
 	RegisteredMacs []string `protobuf:"bytes,5,rep,name=registered_macs,json=registeredMacs,proto3" json:"registered_macs,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// dhcp_mode: proxy, full or off ("" the edge's own, proxy).
+	DhcpMode string `protobuf:"bytes,6,opt,name=dhcp_mode,json=dhcpMode,proto3" json:"dhcp_mode,omitempty"`
+	// dhcp_subnet (CIDR), dhcp_pool ("start-end"), dhcp_gateway, dhcp_dns, dhcp_ntp: the full mode's service.
+	DhcpSubnet  string   `protobuf:"bytes,7,opt,name=dhcp_subnet,json=dhcpSubnet,proto3" json:"dhcp_subnet,omitempty"`
+	DhcpPool    string   `protobuf:"bytes,8,opt,name=dhcp_pool,json=dhcpPool,proto3" json:"dhcp_pool,omitempty"`
+	DhcpGateway string   `protobuf:"bytes,9,opt,name=dhcp_gateway,json=dhcpGateway,proto3" json:"dhcp_gateway,omitempty"`
+	DhcpDns     []string `protobuf:"bytes,10,rep,name=dhcp_dns,json=dhcpDns,proto3" json:"dhcp_dns,omitempty"`
+	DhcpNtp     []string `protobuf:"bytes,11,rep,name=dhcp_ntp,json=dhcpNtp,proto3" json:"dhcp_ntp,omitempty"`
+	// dhcp_lease_time: 0 is the edge's default.
+	DhcpLeaseTime *durationpb.Duration `protobuf:"bytes,12,opt,name=dhcp_lease_time,json=dhcpLeaseTime,proto3" json:"dhcp_lease_time,omitempty"`
+	// dhcp_reservations: address by MAC.
+	DhcpReservations map[string]string `protobuf:"bytes,13,rep,name=dhcp_reservations,json=dhcpReservations,proto3" json:"dhcp_reservations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *SiteSettings) Reset() {
@@ -471,6 +483,62 @@ func (x *SiteSettings) GetExtraConfig() []byte {
 func (x *SiteSettings) GetRegisteredMacs() []string {
 	if x != nil {
 		return x.RegisteredMacs
+	}
+	return nil
+}
+
+func (x *SiteSettings) GetDhcpMode() string {
+	if x != nil {
+		return x.DhcpMode
+	}
+	return ""
+}
+
+func (x *SiteSettings) GetDhcpSubnet() string {
+	if x != nil {
+		return x.DhcpSubnet
+	}
+	return ""
+}
+
+func (x *SiteSettings) GetDhcpPool() string {
+	if x != nil {
+		return x.DhcpPool
+	}
+	return ""
+}
+
+func (x *SiteSettings) GetDhcpGateway() string {
+	if x != nil {
+		return x.DhcpGateway
+	}
+	return ""
+}
+
+func (x *SiteSettings) GetDhcpDns() []string {
+	if x != nil {
+		return x.DhcpDns
+	}
+	return nil
+}
+
+func (x *SiteSettings) GetDhcpNtp() []string {
+	if x != nil {
+		return x.DhcpNtp
+	}
+	return nil
+}
+
+func (x *SiteSettings) GetDhcpLeaseTime() *durationpb.Duration {
+	if x != nil {
+		return x.DhcpLeaseTime
+	}
+	return nil
+}
+
+func (x *SiteSettings) GetDhcpReservations() map[string]string {
+	if x != nil {
+		return x.DhcpReservations
 	}
 	return nil
 }
@@ -1029,10 +1097,22 @@ type SetSiteSettingsRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	SiteId string                 `protobuf:"bytes,1,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
 	// Each field given replaces the site's value; an empty value returns it to the controller's default.
-	Discovery     *string `protobuf:"bytes,2,opt,name=discovery,proto3,oneof" json:"discovery,omitempty"`
-	BmcProtocol   *string `protobuf:"bytes,3,opt,name=bmc_protocol,json=bmcProtocol,proto3,oneof" json:"bmc_protocol,omitempty"`
-	WipeMethod    *string `protobuf:"bytes,4,opt,name=wipe_method,json=wipeMethod,proto3,oneof" json:"wipe_method,omitempty"`
-	ExtraConfig   []byte  `protobuf:"bytes,5,opt,name=extra_config,json=extraConfig,proto3,oneof" json:"extra_config,omitempty"`
+	Discovery   *string `protobuf:"bytes,2,opt,name=discovery,proto3,oneof" json:"discovery,omitempty"`
+	BmcProtocol *string `protobuf:"bytes,3,opt,name=bmc_protocol,json=bmcProtocol,proto3,oneof" json:"bmc_protocol,omitempty"`
+	WipeMethod  *string `protobuf:"bytes,4,opt,name=wipe_method,json=wipeMethod,proto3,oneof" json:"wipe_method,omitempty"`
+	ExtraConfig []byte  `protobuf:"bytes,5,opt,name=extra_config,json=extraConfig,proto3,oneof" json:"extra_config,omitempty"`
+	// dhcp_mode: proxy, full or off.
+	DhcpMode *string `protobuf:"bytes,6,opt,name=dhcp_mode,json=dhcpMode,proto3,oneof" json:"dhcp_mode,omitempty"`
+	// dhcp_pool: "start-end" or a CIDR range (whose prefix is the subnet unless dhcp_subnet is given).
+	DhcpPool *string `protobuf:"bytes,7,opt,name=dhcp_pool,json=dhcpPool,proto3,oneof" json:"dhcp_pool,omitempty"`
+	// dhcp_subnet: the served network (CIDR).
+	DhcpSubnet  *string `protobuf:"bytes,8,opt,name=dhcp_subnet,json=dhcpSubnet,proto3,oneof" json:"dhcp_subnet,omitempty"`
+	DhcpGateway *string `protobuf:"bytes,9,opt,name=dhcp_gateway,json=dhcpGateway,proto3,oneof" json:"dhcp_gateway,omitempty"`
+	// dhcp_dns and dhcp_ntp replace the lists when present (an empty list clears one).
+	DhcpDns *StringList `protobuf:"bytes,10,opt,name=dhcp_dns,json=dhcpDns,proto3" json:"dhcp_dns,omitempty"`
+	DhcpNtp *StringList `protobuf:"bytes,11,opt,name=dhcp_ntp,json=dhcpNtp,proto3" json:"dhcp_ntp,omitempty"`
+	// dhcp_lease_time: zero returns it to the edge's default.
+	DhcpLeaseTime *durationpb.Duration `protobuf:"bytes,12,opt,name=dhcp_lease_time,json=dhcpLeaseTime,proto3" json:"dhcp_lease_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1102,6 +1182,100 @@ func (x *SetSiteSettingsRequest) GetExtraConfig() []byte {
 	return nil
 }
 
+func (x *SetSiteSettingsRequest) GetDhcpMode() string {
+	if x != nil && x.DhcpMode != nil {
+		return *x.DhcpMode
+	}
+	return ""
+}
+
+func (x *SetSiteSettingsRequest) GetDhcpPool() string {
+	if x != nil && x.DhcpPool != nil {
+		return *x.DhcpPool
+	}
+	return ""
+}
+
+func (x *SetSiteSettingsRequest) GetDhcpSubnet() string {
+	if x != nil && x.DhcpSubnet != nil {
+		return *x.DhcpSubnet
+	}
+	return ""
+}
+
+func (x *SetSiteSettingsRequest) GetDhcpGateway() string {
+	if x != nil && x.DhcpGateway != nil {
+		return *x.DhcpGateway
+	}
+	return ""
+}
+
+func (x *SetSiteSettingsRequest) GetDhcpDns() *StringList {
+	if x != nil {
+		return x.DhcpDns
+	}
+	return nil
+}
+
+func (x *SetSiteSettingsRequest) GetDhcpNtp() *StringList {
+	if x != nil {
+		return x.DhcpNtp
+	}
+	return nil
+}
+
+func (x *SetSiteSettingsRequest) GetDhcpLeaseTime() *durationpb.Duration {
+	if x != nil {
+		return x.DhcpLeaseTime
+	}
+	return nil
+}
+
+// StringList is a list whose presence means "replace".
+type StringList struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Values        []string               `protobuf:"bytes,1,rep,name=values,proto3" json:"values,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StringList) Reset() {
+	*x = StringList{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StringList) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StringList) ProtoMessage() {}
+
+func (x *StringList) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StringList.ProtoReflect.Descriptor instead.
+func (*StringList) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *StringList) GetValues() []string {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
+
 type SetSiteSettingsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Settings      *SiteSettings          `protobuf:"bytes,1,opt,name=settings,proto3" json:"settings,omitempty"`
@@ -1111,7 +1285,7 @@ type SetSiteSettingsResponse struct {
 
 func (x *SetSiteSettingsResponse) Reset() {
 	*x = SetSiteSettingsResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[19]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1123,7 +1297,7 @@ func (x *SetSiteSettingsResponse) String() string {
 func (*SetSiteSettingsResponse) ProtoMessage() {}
 
 func (x *SetSiteSettingsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[19]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1136,7 +1310,7 @@ func (x *SetSiteSettingsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSiteSettingsResponse.ProtoReflect.Descriptor instead.
 func (*SetSiteSettingsResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{19}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SetSiteSettingsResponse) GetSettings() *SiteSettings {
@@ -1147,17 +1321,19 @@ func (x *SetSiteSettingsResponse) GetSettings() *SiteSettings {
 }
 
 type RegisterMachinesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SiteId        string                 `protobuf:"bytes,1,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
-	Add           []string               `protobuf:"bytes,2,rep,name=add,proto3" json:"add,omitempty"`
-	Remove        []string               `protobuf:"bytes,3,rep,name=remove,proto3" json:"remove,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	SiteId string                 `protobuf:"bytes,1,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
+	Add    []string               `protobuf:"bytes,2,rep,name=add,proto3" json:"add,omitempty"`
+	Remove []string               `protobuf:"bytes,3,rep,name=remove,proto3" json:"remove,omitempty"`
+	// ip reserves this IPv4 address for the one MAC added (full DHCP mode); removing a MAC drops its reservation.
+	Ip            string `protobuf:"bytes,4,opt,name=ip,proto3" json:"ip,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RegisterMachinesRequest) Reset() {
 	*x = RegisterMachinesRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[20]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1169,7 +1345,7 @@ func (x *RegisterMachinesRequest) String() string {
 func (*RegisterMachinesRequest) ProtoMessage() {}
 
 func (x *RegisterMachinesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[20]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1182,7 +1358,7 @@ func (x *RegisterMachinesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterMachinesRequest.ProtoReflect.Descriptor instead.
 func (*RegisterMachinesRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{20}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RegisterMachinesRequest) GetSiteId() string {
@@ -1206,6 +1382,13 @@ func (x *RegisterMachinesRequest) GetRemove() []string {
 	return nil
 }
 
+func (x *RegisterMachinesRequest) GetIp() string {
+	if x != nil {
+		return x.Ip
+	}
+	return ""
+}
+
 type RegisterMachinesResponse struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	RegisteredMacs []string               `protobuf:"bytes,1,rep,name=registered_macs,json=registeredMacs,proto3" json:"registered_macs,omitempty"`
@@ -1215,7 +1398,7 @@ type RegisterMachinesResponse struct {
 
 func (x *RegisterMachinesResponse) Reset() {
 	*x = RegisterMachinesResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[21]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1227,7 +1410,7 @@ func (x *RegisterMachinesResponse) String() string {
 func (*RegisterMachinesResponse) ProtoMessage() {}
 
 func (x *RegisterMachinesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[21]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1240,7 +1423,7 @@ func (x *RegisterMachinesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterMachinesResponse.ProtoReflect.Descriptor instead.
 func (*RegisterMachinesResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{21}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RegisterMachinesResponse) GetRegisteredMacs() []string {
@@ -1264,7 +1447,7 @@ type ListMachinesRequest struct {
 
 func (x *ListMachinesRequest) Reset() {
 	*x = ListMachinesRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[22]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1276,7 +1459,7 @@ func (x *ListMachinesRequest) String() string {
 func (*ListMachinesRequest) ProtoMessage() {}
 
 func (x *ListMachinesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[22]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1289,7 +1472,7 @@ func (x *ListMachinesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachinesRequest.ProtoReflect.Descriptor instead.
 func (*ListMachinesRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{22}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListMachinesRequest) GetSiteId() string {
@@ -1331,7 +1514,7 @@ type ListMachinesResponse struct {
 
 func (x *ListMachinesResponse) Reset() {
 	*x = ListMachinesResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[23]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1343,7 +1526,7 @@ func (x *ListMachinesResponse) String() string {
 func (*ListMachinesResponse) ProtoMessage() {}
 
 func (x *ListMachinesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[23]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1356,7 +1539,7 @@ func (x *ListMachinesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachinesResponse.ProtoReflect.Descriptor instead.
 func (*ListMachinesResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{23}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListMachinesResponse) GetMachines() []*Machine {
@@ -1403,7 +1586,7 @@ type Machine struct {
 
 func (x *Machine) Reset() {
 	*x = Machine{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[24]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1415,7 +1598,7 @@ func (x *Machine) String() string {
 func (*Machine) ProtoMessage() {}
 
 func (x *Machine) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[24]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1428,7 +1611,7 @@ func (x *Machine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Machine.ProtoReflect.Descriptor instead.
 func (*Machine) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{24}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Machine) GetMachineId() string {
@@ -1544,7 +1727,7 @@ type TimelineEntry struct {
 
 func (x *TimelineEntry) Reset() {
 	*x = TimelineEntry{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[25]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1556,7 +1739,7 @@ func (x *TimelineEntry) String() string {
 func (*TimelineEntry) ProtoMessage() {}
 
 func (x *TimelineEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[25]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1569,7 +1752,7 @@ func (x *TimelineEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineEntry.ProtoReflect.Descriptor instead.
 func (*TimelineEntry) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{25}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *TimelineEntry) GetTime() *timestamppb.Timestamp {
@@ -1616,7 +1799,7 @@ type ShowMachineRequest struct {
 
 func (x *ShowMachineRequest) Reset() {
 	*x = ShowMachineRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[26]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1628,7 +1811,7 @@ func (x *ShowMachineRequest) String() string {
 func (*ShowMachineRequest) ProtoMessage() {}
 
 func (x *ShowMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[26]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1641,7 +1824,7 @@ func (x *ShowMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShowMachineRequest.ProtoReflect.Descriptor instead.
 func (*ShowMachineRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{26}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ShowMachineRequest) GetMachineId() string {
@@ -1663,7 +1846,7 @@ type ShowMachineResponse struct {
 
 func (x *ShowMachineResponse) Reset() {
 	*x = ShowMachineResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[27]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1675,7 +1858,7 @@ func (x *ShowMachineResponse) String() string {
 func (*ShowMachineResponse) ProtoMessage() {}
 
 func (x *ShowMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[27]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1688,7 +1871,7 @@ func (x *ShowMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShowMachineResponse.ProtoReflect.Descriptor instead.
 func (*ShowMachineResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{27}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ShowMachineResponse) GetMachine() *Machine {
@@ -1724,7 +1907,7 @@ type SetBootModeRequest struct {
 
 func (x *SetBootModeRequest) Reset() {
 	*x = SetBootModeRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[28]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1736,7 +1919,7 @@ func (x *SetBootModeRequest) String() string {
 func (*SetBootModeRequest) ProtoMessage() {}
 
 func (x *SetBootModeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[28]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1749,7 +1932,7 @@ func (x *SetBootModeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBootModeRequest.ProtoReflect.Descriptor instead.
 func (*SetBootModeRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{28}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SetBootModeRequest) GetMachineId() string {
@@ -1777,7 +1960,7 @@ type SetBootModeResponse struct {
 
 func (x *SetBootModeResponse) Reset() {
 	*x = SetBootModeResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[29]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1789,7 +1972,7 @@ func (x *SetBootModeResponse) String() string {
 func (*SetBootModeResponse) ProtoMessage() {}
 
 func (x *SetBootModeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[29]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1802,7 +1985,7 @@ func (x *SetBootModeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBootModeResponse.ProtoReflect.Descriptor instead.
 func (*SetBootModeResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{29}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SetBootModeResponse) GetFirmware() string {
@@ -1828,7 +2011,7 @@ type ClearAlertRequest struct {
 
 func (x *ClearAlertRequest) Reset() {
 	*x = ClearAlertRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[30]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1840,7 +2023,7 @@ func (x *ClearAlertRequest) String() string {
 func (*ClearAlertRequest) ProtoMessage() {}
 
 func (x *ClearAlertRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[30]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1853,7 +2036,7 @@ func (x *ClearAlertRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClearAlertRequest.ProtoReflect.Descriptor instead.
 func (*ClearAlertRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{30}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ClearAlertRequest) GetMachineId() string {
@@ -1873,7 +2056,7 @@ type ClearAlertResponse struct {
 
 func (x *ClearAlertResponse) Reset() {
 	*x = ClearAlertResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[31]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1885,7 +2068,7 @@ func (x *ClearAlertResponse) String() string {
 func (*ClearAlertResponse) ProtoMessage() {}
 
 func (x *ClearAlertResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[31]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1898,7 +2081,7 @@ func (x *ClearAlertResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClearAlertResponse.ProtoReflect.Descriptor instead.
 func (*ClearAlertResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{31}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ClearAlertResponse) GetCleared() string {
@@ -1923,7 +2106,7 @@ type StageAssetsRequest struct {
 
 func (x *StageAssetsRequest) Reset() {
 	*x = StageAssetsRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[32]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1935,7 +2118,7 @@ func (x *StageAssetsRequest) String() string {
 func (*StageAssetsRequest) ProtoMessage() {}
 
 func (x *StageAssetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[32]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1948,7 +2131,7 @@ func (x *StageAssetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageAssetsRequest.ProtoReflect.Descriptor instead.
 func (*StageAssetsRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{32}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *StageAssetsRequest) GetSiteId() string {
@@ -1998,7 +2181,7 @@ type StageAssetsResponse struct {
 
 func (x *StageAssetsResponse) Reset() {
 	*x = StageAssetsResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[33]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2010,7 +2193,7 @@ func (x *StageAssetsResponse) String() string {
 func (*StageAssetsResponse) ProtoMessage() {}
 
 func (x *StageAssetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[33]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2023,7 +2206,7 @@ func (x *StageAssetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageAssetsResponse.ProtoReflect.Descriptor instead.
 func (*StageAssetsResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{33}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *StageAssetsResponse) GetProfile() string {
@@ -2051,7 +2234,7 @@ type BundleAssetsRequest struct {
 
 func (x *BundleAssetsRequest) Reset() {
 	*x = BundleAssetsRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[34]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2063,7 +2246,7 @@ func (x *BundleAssetsRequest) String() string {
 func (*BundleAssetsRequest) ProtoMessage() {}
 
 func (x *BundleAssetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[34]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2076,7 +2259,7 @@ func (x *BundleAssetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BundleAssetsRequest.ProtoReflect.Descriptor instead.
 func (*BundleAssetsRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{34}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *BundleAssetsRequest) GetSiteId() string {
@@ -2107,7 +2290,7 @@ type BundleAssetsResponse struct {
 
 func (x *BundleAssetsResponse) Reset() {
 	*x = BundleAssetsResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[35]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2119,7 +2302,7 @@ func (x *BundleAssetsResponse) String() string {
 func (*BundleAssetsResponse) ProtoMessage() {}
 
 func (x *BundleAssetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[35]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2132,7 +2315,7 @@ func (x *BundleAssetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BundleAssetsResponse.ProtoReflect.Descriptor instead.
 func (*BundleAssetsResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{35}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *BundleAssetsResponse) GetAssets() int32 {
@@ -2201,14 +2384,27 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\bsettings\x18\r \x01(\v2\x1b.outpost.admin.SiteSettingsR\bsettings\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbc\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd8\x04\n" +
 	"\fSiteSettings\x12\x1c\n" +
 	"\tdiscovery\x18\x01 \x01(\tR\tdiscovery\x12!\n" +
 	"\fbmc_protocol\x18\x02 \x01(\tR\vbmcProtocol\x12\x1f\n" +
 	"\vwipe_method\x18\x03 \x01(\tR\n" +
 	"wipeMethod\x12!\n" +
 	"\fextra_config\x18\x04 \x01(\fR\vextraConfig\x12'\n" +
-	"\x0fregistered_macs\x18\x05 \x03(\tR\x0eregisteredMacs\"S\n" +
+	"\x0fregistered_macs\x18\x05 \x03(\tR\x0eregisteredMacs\x12\x1b\n" +
+	"\tdhcp_mode\x18\x06 \x01(\tR\bdhcpMode\x12\x1f\n" +
+	"\vdhcp_subnet\x18\a \x01(\tR\n" +
+	"dhcpSubnet\x12\x1b\n" +
+	"\tdhcp_pool\x18\b \x01(\tR\bdhcpPool\x12!\n" +
+	"\fdhcp_gateway\x18\t \x01(\tR\vdhcpGateway\x12\x19\n" +
+	"\bdhcp_dns\x18\n" +
+	" \x03(\tR\adhcpDns\x12\x19\n" +
+	"\bdhcp_ntp\x18\v \x03(\tR\adhcpNtp\x12A\n" +
+	"\x0fdhcp_lease_time\x18\f \x01(\v2\x19.google.protobuf.DurationR\rdhcpLeaseTime\x12^\n" +
+	"\x11dhcp_reservations\x18\r \x03(\v21.outpost.admin.SiteSettings.DhcpReservationsEntryR\x10dhcpReservations\x1aC\n" +
+	"\x15DhcpReservationsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"S\n" +
 	"\aStandby\x12#\n" +
 	"\ractive_holder\x18\x01 \x01(\tR\factiveHolder\x12#\n" +
 	"\ractive_uplink\x18\x02 \x01(\tR\factiveUplink\"p\n" +
@@ -2237,25 +2433,44 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x17\n" +
-	"\x15SetSiteLabelsResponse\"\x8a\x02\n" +
+	"\x15SetSiteLabelsResponse\"\x88\x05\n" +
 	"\x16SetSiteSettingsRequest\x12\x17\n" +
 	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12!\n" +
 	"\tdiscovery\x18\x02 \x01(\tH\x00R\tdiscovery\x88\x01\x01\x12&\n" +
 	"\fbmc_protocol\x18\x03 \x01(\tH\x01R\vbmcProtocol\x88\x01\x01\x12$\n" +
 	"\vwipe_method\x18\x04 \x01(\tH\x02R\n" +
 	"wipeMethod\x88\x01\x01\x12&\n" +
-	"\fextra_config\x18\x05 \x01(\fH\x03R\vextraConfig\x88\x01\x01B\f\n" +
+	"\fextra_config\x18\x05 \x01(\fH\x03R\vextraConfig\x88\x01\x01\x12 \n" +
+	"\tdhcp_mode\x18\x06 \x01(\tH\x04R\bdhcpMode\x88\x01\x01\x12 \n" +
+	"\tdhcp_pool\x18\a \x01(\tH\x05R\bdhcpPool\x88\x01\x01\x12$\n" +
+	"\vdhcp_subnet\x18\b \x01(\tH\x06R\n" +
+	"dhcpSubnet\x88\x01\x01\x12&\n" +
+	"\fdhcp_gateway\x18\t \x01(\tH\aR\vdhcpGateway\x88\x01\x01\x124\n" +
+	"\bdhcp_dns\x18\n" +
+	" \x01(\v2\x19.outpost.admin.StringListR\adhcpDns\x124\n" +
+	"\bdhcp_ntp\x18\v \x01(\v2\x19.outpost.admin.StringListR\adhcpNtp\x12A\n" +
+	"\x0fdhcp_lease_time\x18\f \x01(\v2\x19.google.protobuf.DurationR\rdhcpLeaseTimeB\f\n" +
 	"\n" +
 	"_discoveryB\x0f\n" +
 	"\r_bmc_protocolB\x0e\n" +
 	"\f_wipe_methodB\x0f\n" +
-	"\r_extra_config\"R\n" +
+	"\r_extra_configB\f\n" +
+	"\n" +
+	"_dhcp_modeB\f\n" +
+	"\n" +
+	"_dhcp_poolB\x0e\n" +
+	"\f_dhcp_subnetB\x0f\n" +
+	"\r_dhcp_gateway\"$\n" +
+	"\n" +
+	"StringList\x12\x16\n" +
+	"\x06values\x18\x01 \x03(\tR\x06values\"R\n" +
 	"\x17SetSiteSettingsResponse\x127\n" +
-	"\bsettings\x18\x01 \x01(\v2\x1b.outpost.admin.SiteSettingsR\bsettings\"\\\n" +
+	"\bsettings\x18\x01 \x01(\v2\x1b.outpost.admin.SiteSettingsR\bsettings\"l\n" +
 	"\x17RegisterMachinesRequest\x12\x17\n" +
 	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12\x10\n" +
 	"\x03add\x18\x02 \x03(\tR\x03add\x12\x16\n" +
-	"\x06remove\x18\x03 \x03(\tR\x06remove\"C\n" +
+	"\x06remove\x18\x03 \x03(\tR\x06remove\x12\x0e\n" +
+	"\x02ip\x18\x04 \x01(\tR\x02ip\"C\n" +
 	"\x18RegisterMachinesResponse\x12'\n" +
 	"\x0fregistered_macs\x18\x01 \x03(\tR\x0eregisteredMacs\"r\n" +
 	"\x13ListMachinesRequest\x12\x17\n" +
@@ -2366,7 +2581,7 @@ func file_shared_api_admin_admin_proto_rawDescGZIP() []byte {
 	return file_shared_api_admin_admin_proto_rawDescData
 }
 
-var file_shared_api_admin_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_shared_api_admin_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_shared_api_admin_admin_proto_goTypes = []any{
 	(*CreateSiteRequest)(nil),        // 0: outpost.admin.CreateSiteRequest
 	(*CreateSiteResponse)(nil),       // 1: outpost.admin.CreateSiteResponse
@@ -2387,92 +2602,99 @@ var file_shared_api_admin_admin_proto_goTypes = []any{
 	(*SetSiteLabelsRequest)(nil),     // 16: outpost.admin.SetSiteLabelsRequest
 	(*SetSiteLabelsResponse)(nil),    // 17: outpost.admin.SetSiteLabelsResponse
 	(*SetSiteSettingsRequest)(nil),   // 18: outpost.admin.SetSiteSettingsRequest
-	(*SetSiteSettingsResponse)(nil),  // 19: outpost.admin.SetSiteSettingsResponse
-	(*RegisterMachinesRequest)(nil),  // 20: outpost.admin.RegisterMachinesRequest
-	(*RegisterMachinesResponse)(nil), // 21: outpost.admin.RegisterMachinesResponse
-	(*ListMachinesRequest)(nil),      // 22: outpost.admin.ListMachinesRequest
-	(*ListMachinesResponse)(nil),     // 23: outpost.admin.ListMachinesResponse
-	(*Machine)(nil),                  // 24: outpost.admin.Machine
-	(*TimelineEntry)(nil),            // 25: outpost.admin.TimelineEntry
-	(*ShowMachineRequest)(nil),       // 26: outpost.admin.ShowMachineRequest
-	(*ShowMachineResponse)(nil),      // 27: outpost.admin.ShowMachineResponse
-	(*SetBootModeRequest)(nil),       // 28: outpost.admin.SetBootModeRequest
-	(*SetBootModeResponse)(nil),      // 29: outpost.admin.SetBootModeResponse
-	(*ClearAlertRequest)(nil),        // 30: outpost.admin.ClearAlertRequest
-	(*ClearAlertResponse)(nil),       // 31: outpost.admin.ClearAlertResponse
-	(*StageAssetsRequest)(nil),       // 32: outpost.admin.StageAssetsRequest
-	(*StageAssetsResponse)(nil),      // 33: outpost.admin.StageAssetsResponse
-	(*BundleAssetsRequest)(nil),      // 34: outpost.admin.BundleAssetsRequest
-	(*BundleAssetsResponse)(nil),     // 35: outpost.admin.BundleAssetsResponse
-	nil,                              // 36: outpost.admin.Site.LabelsEntry
-	nil,                              // 37: outpost.admin.SetSiteLabelsRequest.LabelsEntry
-	(*durationpb.Duration)(nil),      // 38: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 39: google.protobuf.Timestamp
-	(*assets.SiteAssetState)(nil),    // 40: outpost.assets.SiteAssetState
-	(assets.Policy)(0),               // 41: outpost.assets.Policy
+	(*StringList)(nil),               // 19: outpost.admin.StringList
+	(*SetSiteSettingsResponse)(nil),  // 20: outpost.admin.SetSiteSettingsResponse
+	(*RegisterMachinesRequest)(nil),  // 21: outpost.admin.RegisterMachinesRequest
+	(*RegisterMachinesResponse)(nil), // 22: outpost.admin.RegisterMachinesResponse
+	(*ListMachinesRequest)(nil),      // 23: outpost.admin.ListMachinesRequest
+	(*ListMachinesResponse)(nil),     // 24: outpost.admin.ListMachinesResponse
+	(*Machine)(nil),                  // 25: outpost.admin.Machine
+	(*TimelineEntry)(nil),            // 26: outpost.admin.TimelineEntry
+	(*ShowMachineRequest)(nil),       // 27: outpost.admin.ShowMachineRequest
+	(*ShowMachineResponse)(nil),      // 28: outpost.admin.ShowMachineResponse
+	(*SetBootModeRequest)(nil),       // 29: outpost.admin.SetBootModeRequest
+	(*SetBootModeResponse)(nil),      // 30: outpost.admin.SetBootModeResponse
+	(*ClearAlertRequest)(nil),        // 31: outpost.admin.ClearAlertRequest
+	(*ClearAlertResponse)(nil),       // 32: outpost.admin.ClearAlertResponse
+	(*StageAssetsRequest)(nil),       // 33: outpost.admin.StageAssetsRequest
+	(*StageAssetsResponse)(nil),      // 34: outpost.admin.StageAssetsResponse
+	(*BundleAssetsRequest)(nil),      // 35: outpost.admin.BundleAssetsRequest
+	(*BundleAssetsResponse)(nil),     // 36: outpost.admin.BundleAssetsResponse
+	nil,                              // 37: outpost.admin.Site.LabelsEntry
+	nil,                              // 38: outpost.admin.SiteSettings.DhcpReservationsEntry
+	nil,                              // 39: outpost.admin.SetSiteLabelsRequest.LabelsEntry
+	(*durationpb.Duration)(nil),      // 40: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 41: google.protobuf.Timestamp
+	(*assets.SiteAssetState)(nil),    // 42: outpost.assets.SiteAssetState
+	(assets.Policy)(0),               // 43: outpost.assets.Policy
 }
 var file_shared_api_admin_admin_proto_depIdxs = []int32{
-	38, // 0: outpost.admin.CreateSiteRequest.token_ttl:type_name -> google.protobuf.Duration
-	39, // 1: outpost.admin.CreateSiteResponse.token_expires:type_name -> google.protobuf.Timestamp
-	38, // 2: outpost.admin.NewJoinTokenRequest.token_ttl:type_name -> google.protobuf.Duration
-	39, // 3: outpost.admin.Site.last_seen:type_name -> google.protobuf.Timestamp
-	39, // 4: outpost.admin.Site.connected_since:type_name -> google.protobuf.Timestamp
-	39, // 5: outpost.admin.Site.token_expires:type_name -> google.protobuf.Timestamp
-	36, // 6: outpost.admin.Site.labels:type_name -> outpost.admin.Site.LabelsEntry
+	40, // 0: outpost.admin.CreateSiteRequest.token_ttl:type_name -> google.protobuf.Duration
+	41, // 1: outpost.admin.CreateSiteResponse.token_expires:type_name -> google.protobuf.Timestamp
+	40, // 2: outpost.admin.NewJoinTokenRequest.token_ttl:type_name -> google.protobuf.Duration
+	41, // 3: outpost.admin.Site.last_seen:type_name -> google.protobuf.Timestamp
+	41, // 4: outpost.admin.Site.connected_since:type_name -> google.protobuf.Timestamp
+	41, // 5: outpost.admin.Site.token_expires:type_name -> google.protobuf.Timestamp
+	37, // 6: outpost.admin.Site.labels:type_name -> outpost.admin.Site.LabelsEntry
 	5,  // 7: outpost.admin.Site.settings:type_name -> outpost.admin.SiteSettings
-	4,  // 8: outpost.admin.ListSitesResponse.sites:type_name -> outpost.admin.Site
-	6,  // 9: outpost.admin.ListSitesResponse.standby:type_name -> outpost.admin.Standby
-	4,  // 10: outpost.admin.ShowSiteResponse.site:type_name -> outpost.admin.Site
-	40, // 11: outpost.admin.ShowSiteResponse.assets:type_name -> outpost.assets.SiteAssetState
-	6,  // 12: outpost.admin.ShowSiteResponse.standby:type_name -> outpost.admin.Standby
-	41, // 13: outpost.admin.SetAssetPolicyRequest.policy:type_name -> outpost.assets.Policy
-	37, // 14: outpost.admin.SetSiteLabelsRequest.labels:type_name -> outpost.admin.SetSiteLabelsRequest.LabelsEntry
-	5,  // 15: outpost.admin.SetSiteSettingsResponse.settings:type_name -> outpost.admin.SiteSettings
-	24, // 16: outpost.admin.ListMachinesResponse.machines:type_name -> outpost.admin.Machine
-	39, // 17: outpost.admin.Machine.updated:type_name -> google.protobuf.Timestamp
-	25, // 18: outpost.admin.Machine.last:type_name -> outpost.admin.TimelineEntry
-	39, // 19: outpost.admin.TimelineEntry.time:type_name -> google.protobuf.Timestamp
-	24, // 20: outpost.admin.ShowMachineResponse.machine:type_name -> outpost.admin.Machine
-	25, // 21: outpost.admin.ShowMachineResponse.timeline:type_name -> outpost.admin.TimelineEntry
-	0,  // 22: outpost.admin.Admin.CreateSite:input_type -> outpost.admin.CreateSiteRequest
-	2,  // 23: outpost.admin.Admin.NewJoinToken:input_type -> outpost.admin.NewJoinTokenRequest
-	3,  // 24: outpost.admin.Admin.ListSites:input_type -> outpost.admin.ListSitesRequest
-	8,  // 25: outpost.admin.Admin.RevokeSite:input_type -> outpost.admin.RevokeSiteRequest
-	10, // 26: outpost.admin.Admin.DeleteSite:input_type -> outpost.admin.DeleteSiteRequest
-	12, // 27: outpost.admin.Admin.ShowSite:input_type -> outpost.admin.ShowSiteRequest
-	14, // 28: outpost.admin.Admin.SetAssetPolicy:input_type -> outpost.admin.SetAssetPolicyRequest
-	32, // 29: outpost.admin.Admin.StageAssets:input_type -> outpost.admin.StageAssetsRequest
-	32, // 30: outpost.admin.Admin.UnstageAssets:input_type -> outpost.admin.StageAssetsRequest
-	34, // 31: outpost.admin.Admin.BundleAssets:input_type -> outpost.admin.BundleAssetsRequest
-	16, // 32: outpost.admin.Admin.SetSiteLabels:input_type -> outpost.admin.SetSiteLabelsRequest
-	18, // 33: outpost.admin.Admin.SetSiteSettings:input_type -> outpost.admin.SetSiteSettingsRequest
-	20, // 34: outpost.admin.Admin.RegisterMachines:input_type -> outpost.admin.RegisterMachinesRequest
-	22, // 35: outpost.admin.Machines.ListMachines:input_type -> outpost.admin.ListMachinesRequest
-	26, // 36: outpost.admin.Machines.ShowMachine:input_type -> outpost.admin.ShowMachineRequest
-	28, // 37: outpost.admin.Machines.SetBootMode:input_type -> outpost.admin.SetBootModeRequest
-	30, // 38: outpost.admin.Machines.ClearAlert:input_type -> outpost.admin.ClearAlertRequest
-	1,  // 39: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
-	1,  // 40: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
-	7,  // 41: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
-	9,  // 42: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
-	11, // 43: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
-	13, // 44: outpost.admin.Admin.ShowSite:output_type -> outpost.admin.ShowSiteResponse
-	15, // 45: outpost.admin.Admin.SetAssetPolicy:output_type -> outpost.admin.SetAssetPolicyResponse
-	33, // 46: outpost.admin.Admin.StageAssets:output_type -> outpost.admin.StageAssetsResponse
-	33, // 47: outpost.admin.Admin.UnstageAssets:output_type -> outpost.admin.StageAssetsResponse
-	35, // 48: outpost.admin.Admin.BundleAssets:output_type -> outpost.admin.BundleAssetsResponse
-	17, // 49: outpost.admin.Admin.SetSiteLabels:output_type -> outpost.admin.SetSiteLabelsResponse
-	19, // 50: outpost.admin.Admin.SetSiteSettings:output_type -> outpost.admin.SetSiteSettingsResponse
-	21, // 51: outpost.admin.Admin.RegisterMachines:output_type -> outpost.admin.RegisterMachinesResponse
-	23, // 52: outpost.admin.Machines.ListMachines:output_type -> outpost.admin.ListMachinesResponse
-	27, // 53: outpost.admin.Machines.ShowMachine:output_type -> outpost.admin.ShowMachineResponse
-	29, // 54: outpost.admin.Machines.SetBootMode:output_type -> outpost.admin.SetBootModeResponse
-	31, // 55: outpost.admin.Machines.ClearAlert:output_type -> outpost.admin.ClearAlertResponse
-	39, // [39:56] is the sub-list for method output_type
-	22, // [22:39] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	40, // 8: outpost.admin.SiteSettings.dhcp_lease_time:type_name -> google.protobuf.Duration
+	38, // 9: outpost.admin.SiteSettings.dhcp_reservations:type_name -> outpost.admin.SiteSettings.DhcpReservationsEntry
+	4,  // 10: outpost.admin.ListSitesResponse.sites:type_name -> outpost.admin.Site
+	6,  // 11: outpost.admin.ListSitesResponse.standby:type_name -> outpost.admin.Standby
+	4,  // 12: outpost.admin.ShowSiteResponse.site:type_name -> outpost.admin.Site
+	42, // 13: outpost.admin.ShowSiteResponse.assets:type_name -> outpost.assets.SiteAssetState
+	6,  // 14: outpost.admin.ShowSiteResponse.standby:type_name -> outpost.admin.Standby
+	43, // 15: outpost.admin.SetAssetPolicyRequest.policy:type_name -> outpost.assets.Policy
+	39, // 16: outpost.admin.SetSiteLabelsRequest.labels:type_name -> outpost.admin.SetSiteLabelsRequest.LabelsEntry
+	19, // 17: outpost.admin.SetSiteSettingsRequest.dhcp_dns:type_name -> outpost.admin.StringList
+	19, // 18: outpost.admin.SetSiteSettingsRequest.dhcp_ntp:type_name -> outpost.admin.StringList
+	40, // 19: outpost.admin.SetSiteSettingsRequest.dhcp_lease_time:type_name -> google.protobuf.Duration
+	5,  // 20: outpost.admin.SetSiteSettingsResponse.settings:type_name -> outpost.admin.SiteSettings
+	25, // 21: outpost.admin.ListMachinesResponse.machines:type_name -> outpost.admin.Machine
+	41, // 22: outpost.admin.Machine.updated:type_name -> google.protobuf.Timestamp
+	26, // 23: outpost.admin.Machine.last:type_name -> outpost.admin.TimelineEntry
+	41, // 24: outpost.admin.TimelineEntry.time:type_name -> google.protobuf.Timestamp
+	25, // 25: outpost.admin.ShowMachineResponse.machine:type_name -> outpost.admin.Machine
+	26, // 26: outpost.admin.ShowMachineResponse.timeline:type_name -> outpost.admin.TimelineEntry
+	0,  // 27: outpost.admin.Admin.CreateSite:input_type -> outpost.admin.CreateSiteRequest
+	2,  // 28: outpost.admin.Admin.NewJoinToken:input_type -> outpost.admin.NewJoinTokenRequest
+	3,  // 29: outpost.admin.Admin.ListSites:input_type -> outpost.admin.ListSitesRequest
+	8,  // 30: outpost.admin.Admin.RevokeSite:input_type -> outpost.admin.RevokeSiteRequest
+	10, // 31: outpost.admin.Admin.DeleteSite:input_type -> outpost.admin.DeleteSiteRequest
+	12, // 32: outpost.admin.Admin.ShowSite:input_type -> outpost.admin.ShowSiteRequest
+	14, // 33: outpost.admin.Admin.SetAssetPolicy:input_type -> outpost.admin.SetAssetPolicyRequest
+	33, // 34: outpost.admin.Admin.StageAssets:input_type -> outpost.admin.StageAssetsRequest
+	33, // 35: outpost.admin.Admin.UnstageAssets:input_type -> outpost.admin.StageAssetsRequest
+	35, // 36: outpost.admin.Admin.BundleAssets:input_type -> outpost.admin.BundleAssetsRequest
+	16, // 37: outpost.admin.Admin.SetSiteLabels:input_type -> outpost.admin.SetSiteLabelsRequest
+	18, // 38: outpost.admin.Admin.SetSiteSettings:input_type -> outpost.admin.SetSiteSettingsRequest
+	21, // 39: outpost.admin.Admin.RegisterMachines:input_type -> outpost.admin.RegisterMachinesRequest
+	23, // 40: outpost.admin.Machines.ListMachines:input_type -> outpost.admin.ListMachinesRequest
+	27, // 41: outpost.admin.Machines.ShowMachine:input_type -> outpost.admin.ShowMachineRequest
+	29, // 42: outpost.admin.Machines.SetBootMode:input_type -> outpost.admin.SetBootModeRequest
+	31, // 43: outpost.admin.Machines.ClearAlert:input_type -> outpost.admin.ClearAlertRequest
+	1,  // 44: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
+	1,  // 45: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
+	7,  // 46: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
+	9,  // 47: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
+	11, // 48: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
+	13, // 49: outpost.admin.Admin.ShowSite:output_type -> outpost.admin.ShowSiteResponse
+	15, // 50: outpost.admin.Admin.SetAssetPolicy:output_type -> outpost.admin.SetAssetPolicyResponse
+	34, // 51: outpost.admin.Admin.StageAssets:output_type -> outpost.admin.StageAssetsResponse
+	34, // 52: outpost.admin.Admin.UnstageAssets:output_type -> outpost.admin.StageAssetsResponse
+	36, // 53: outpost.admin.Admin.BundleAssets:output_type -> outpost.admin.BundleAssetsResponse
+	17, // 54: outpost.admin.Admin.SetSiteLabels:output_type -> outpost.admin.SetSiteLabelsResponse
+	20, // 55: outpost.admin.Admin.SetSiteSettings:output_type -> outpost.admin.SetSiteSettingsResponse
+	22, // 56: outpost.admin.Admin.RegisterMachines:output_type -> outpost.admin.RegisterMachinesResponse
+	24, // 57: outpost.admin.Machines.ListMachines:output_type -> outpost.admin.ListMachinesResponse
+	28, // 58: outpost.admin.Machines.ShowMachine:output_type -> outpost.admin.ShowMachineResponse
+	30, // 59: outpost.admin.Machines.SetBootMode:output_type -> outpost.admin.SetBootModeResponse
+	32, // 60: outpost.admin.Machines.ClearAlert:output_type -> outpost.admin.ClearAlertResponse
+	44, // [44:61] is the sub-list for method output_type
+	27, // [27:44] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_admin_admin_proto_init() }
@@ -2487,7 +2709,7 @@ func file_shared_api_admin_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_admin_admin_proto_rawDesc), len(file_shared_api_admin_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   38,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -192,6 +192,63 @@ func (Discovery) EnumDescriptor() ([]byte, []int) {
 	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{2}
 }
 
+// DHCPMode is which DHCP service a site's edge gives.
+type DHCPMode int32
+
+const (
+	// DHCP_MODE_UNSPECIFIED: the edge's own (ProxyDHCP).
+	DHCPMode_DHCP_MODE_UNSPECIFIED DHCPMode = 0
+	// DHCP_MODE_PROXY: ProxyDHCP beside the site's own DHCP server; no leases.
+	DHCPMode_DHCP_MODE_PROXY DHCPMode = 1
+	// DHCP_MODE_FULL: the edge is the site's DHCP server (pool, reservations) and answers PXE in the same reply.
+	DHCPMode_DHCP_MODE_FULL DHCPMode = 2
+	// DHCP_MODE_OFF: the edge answers no DHCP at all.
+	DHCPMode_DHCP_MODE_OFF DHCPMode = 3
+)
+
+// Enum value maps for DHCPMode.
+var (
+	DHCPMode_name = map[int32]string{
+		0: "DHCP_MODE_UNSPECIFIED",
+		1: "DHCP_MODE_PROXY",
+		2: "DHCP_MODE_FULL",
+		3: "DHCP_MODE_OFF",
+	}
+	DHCPMode_value = map[string]int32{
+		"DHCP_MODE_UNSPECIFIED": 0,
+		"DHCP_MODE_PROXY":       1,
+		"DHCP_MODE_FULL":        2,
+		"DHCP_MODE_OFF":         3,
+	}
+)
+
+func (x DHCPMode) Enum() *DHCPMode {
+	p := new(DHCPMode)
+	*p = x
+	return p
+}
+
+func (x DHCPMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DHCPMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_shared_api_boot_boot_proto_enumTypes[3].Descriptor()
+}
+
+func (DHCPMode) Type() protoreflect.EnumType {
+	return &file_shared_api_boot_boot_proto_enumTypes[3]
+}
+
+func (x DHCPMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DHCPMode.Descriptor instead.
+func (DHCPMode) EnumDescriptor() ([]byte, []int) {
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{3}
+}
+
 // FirmwareClass is how a PXE client boots, as the ProxyDHCP reads it from DHCP option 93.
 type FirmwareClass int32
 
@@ -237,11 +294,11 @@ func (x FirmwareClass) String() string {
 }
 
 func (FirmwareClass) Descriptor() protoreflect.EnumDescriptor {
-	return file_shared_api_boot_boot_proto_enumTypes[3].Descriptor()
+	return file_shared_api_boot_boot_proto_enumTypes[4].Descriptor()
 }
 
 func (FirmwareClass) Type() protoreflect.EnumType {
-	return &file_shared_api_boot_boot_proto_enumTypes[3]
+	return &file_shared_api_boot_boot_proto_enumTypes[4]
 }
 
 func (x FirmwareClass) Number() protoreflect.EnumNumber {
@@ -250,7 +307,7 @@ func (x FirmwareClass) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FirmwareClass.Descriptor instead.
 func (FirmwareClass) EnumDescriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{3}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{4}
 }
 
 // IPXEArch is the build of the iPXE that asked for its boot script (iPXE's ${buildarch}).
@@ -291,11 +348,11 @@ func (x IPXEArch) String() string {
 }
 
 func (IPXEArch) Descriptor() protoreflect.EnumDescriptor {
-	return file_shared_api_boot_boot_proto_enumTypes[4].Descriptor()
+	return file_shared_api_boot_boot_proto_enumTypes[5].Descriptor()
 }
 
 func (IPXEArch) Type() protoreflect.EnumType {
-	return &file_shared_api_boot_boot_proto_enumTypes[4]
+	return &file_shared_api_boot_boot_proto_enumTypes[5]
 }
 
 func (x IPXEArch) Number() protoreflect.EnumNumber {
@@ -304,7 +361,7 @@ func (x IPXEArch) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use IPXEArch.Descriptor instead.
 func (IPXEArch) EnumDescriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{4}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{5}
 }
 
 // IPXEPlatform is the firmware iPXE runs on (iPXE's ${platform}).
@@ -341,11 +398,11 @@ func (x IPXEPlatform) String() string {
 }
 
 func (IPXEPlatform) Descriptor() protoreflect.EnumDescriptor {
-	return file_shared_api_boot_boot_proto_enumTypes[5].Descriptor()
+	return file_shared_api_boot_boot_proto_enumTypes[6].Descriptor()
 }
 
 func (IPXEPlatform) Type() protoreflect.EnumType {
-	return &file_shared_api_boot_boot_proto_enumTypes[5]
+	return &file_shared_api_boot_boot_proto_enumTypes[6]
 }
 
 func (x IPXEPlatform) Number() protoreflect.EnumNumber {
@@ -354,7 +411,7 @@ func (x IPXEPlatform) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use IPXEPlatform.Descriptor instead.
 func (IPXEPlatform) EnumDescriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{5}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{6}
 }
 
 type StateRequest struct {
@@ -656,8 +713,10 @@ type Table struct {
 	// registered_macs are machines an operator registered before they boot: known to discovery before any
 	// plan names them.
 	RegisteredMacs []string `protobuf:"bytes,8,rep,name=registered_macs,json=registeredMacs,proto3" json:"registered_macs,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// dhcp is the site's DHCP service as the controller set it (unset: the edge's own, proxy).
+	Dhcp          *DHCP `protobuf:"bytes,9,opt,name=dhcp,proto3" json:"dhcp,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Table) Reset() {
@@ -746,6 +805,181 @@ func (x *Table) GetRegisteredMacs() []string {
 	return nil
 }
 
+func (x *Table) GetDhcp() *DHCP {
+	if x != nil {
+		return x.Dhcp
+	}
+	return nil
+}
+
+// DHCP is a site's DHCP service. Addresses are dotted-quad IPv4; the pool and every reservation lie in subnet.
+type DHCP struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Mode  DHCPMode               `protobuf:"varint,1,opt,name=mode,proto3,enum=outpost.boot.DHCPMode" json:"mode,omitempty"`
+	// subnet is the served network in CIDR form (10.0.0.0/24): the clients' mask and the edge's own segment.
+	Subnet string `protobuf:"bytes,2,opt,name=subnet,proto3" json:"subnet,omitempty"`
+	// pool_start and pool_end bound the addresses leased to machines without a reservation (inclusive).
+	PoolStart string `protobuf:"bytes,3,opt,name=pool_start,json=poolStart,proto3" json:"pool_start,omitempty"`
+	PoolEnd   string `protobuf:"bytes,4,opt,name=pool_end,json=poolEnd,proto3" json:"pool_end,omitempty"`
+	// gateway is the clients' default router (option 3); empty: none.
+	Gateway string `protobuf:"bytes,5,opt,name=gateway,proto3" json:"gateway,omitempty"`
+	// dns and ntp are options 6 and 42.
+	Dns []string `protobuf:"bytes,6,rep,name=dns,proto3" json:"dns,omitempty"`
+	Ntp []string `protobuf:"bytes,7,rep,name=ntp,proto3" json:"ntp,omitempty"`
+	// lease_seconds is the lease time (option 51); 0: the edge's default (one hour).
+	LeaseSeconds uint32 `protobuf:"varint,8,opt,name=lease_seconds,json=leaseSeconds,proto3" json:"lease_seconds,omitempty"`
+	// reservations give a machine, by MAC, its own address (inside subnet, unique).
+	Reservations  []*DHCPReservation `protobuf:"bytes,9,rep,name=reservations,proto3" json:"reservations,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DHCP) Reset() {
+	*x = DHCP{}
+	mi := &file_shared_api_boot_boot_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DHCP) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DHCP) ProtoMessage() {}
+
+func (x *DHCP) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_boot_boot_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DHCP.ProtoReflect.Descriptor instead.
+func (*DHCP) Descriptor() ([]byte, []int) {
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *DHCP) GetMode() DHCPMode {
+	if x != nil {
+		return x.Mode
+	}
+	return DHCPMode_DHCP_MODE_UNSPECIFIED
+}
+
+func (x *DHCP) GetSubnet() string {
+	if x != nil {
+		return x.Subnet
+	}
+	return ""
+}
+
+func (x *DHCP) GetPoolStart() string {
+	if x != nil {
+		return x.PoolStart
+	}
+	return ""
+}
+
+func (x *DHCP) GetPoolEnd() string {
+	if x != nil {
+		return x.PoolEnd
+	}
+	return ""
+}
+
+func (x *DHCP) GetGateway() string {
+	if x != nil {
+		return x.Gateway
+	}
+	return ""
+}
+
+func (x *DHCP) GetDns() []string {
+	if x != nil {
+		return x.Dns
+	}
+	return nil
+}
+
+func (x *DHCP) GetNtp() []string {
+	if x != nil {
+		return x.Ntp
+	}
+	return nil
+}
+
+func (x *DHCP) GetLeaseSeconds() uint32 {
+	if x != nil {
+		return x.LeaseSeconds
+	}
+	return 0
+}
+
+func (x *DHCP) GetReservations() []*DHCPReservation {
+	if x != nil {
+		return x.Reservations
+	}
+	return nil
+}
+
+// DHCPReservation is the address reserved for a MAC (lower case, colon separated).
+type DHCPReservation struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Mac           string                 `protobuf:"bytes,1,opt,name=mac,proto3" json:"mac,omitempty"`
+	Ip            string                 `protobuf:"bytes,2,opt,name=ip,proto3" json:"ip,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DHCPReservation) Reset() {
+	*x = DHCPReservation{}
+	mi := &file_shared_api_boot_boot_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DHCPReservation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DHCPReservation) ProtoMessage() {}
+
+func (x *DHCPReservation) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_boot_boot_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DHCPReservation.ProtoReflect.Descriptor instead.
+func (*DHCPReservation) Descriptor() ([]byte, []int) {
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *DHCPReservation) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *DHCPReservation) GetIp() string {
+	if x != nil {
+		return x.Ip
+	}
+	return ""
+}
+
 // Delta changes a table of base_version into version.
 type Delta struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
@@ -766,13 +1000,15 @@ type Delta struct {
 	ReplaceDiscovery      bool               `protobuf:"varint,12,opt,name=replace_discovery,json=replaceDiscovery,proto3" json:"replace_discovery,omitempty"`
 	RegisteredMacs        []string           `protobuf:"bytes,13,rep,name=registered_macs,json=registeredMacs,proto3" json:"registered_macs,omitempty"`
 	ReplaceRegisteredMacs bool               `protobuf:"varint,14,opt,name=replace_registered_macs,json=replaceRegisteredMacs,proto3" json:"replace_registered_macs,omitempty"`
+	Dhcp                  *DHCP              `protobuf:"bytes,15,opt,name=dhcp,proto3" json:"dhcp,omitempty"`
+	ReplaceDhcp           bool               `protobuf:"varint,16,opt,name=replace_dhcp,json=replaceDhcp,proto3" json:"replace_dhcp,omitempty"`
 	unknownFields         protoimpl.UnknownFields
 	sizeCache             protoimpl.SizeCache
 }
 
 func (x *Delta) Reset() {
 	*x = Delta{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[5]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -784,7 +1020,7 @@ func (x *Delta) String() string {
 func (*Delta) ProtoMessage() {}
 
 func (x *Delta) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[5]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -797,7 +1033,7 @@ func (x *Delta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delta.ProtoReflect.Descriptor instead.
 func (*Delta) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{5}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Delta) GetBaseVersion() uint64 {
@@ -898,6 +1134,20 @@ func (x *Delta) GetReplaceRegisteredMacs() bool {
 	return false
 }
 
+func (x *Delta) GetDhcp() *DHCP {
+	if x != nil {
+		return x.Dhcp
+	}
+	return nil
+}
+
+func (x *Delta) GetReplaceDhcp() bool {
+	if x != nil {
+		return x.ReplaceDhcp
+	}
+	return false
+}
+
 type ApplyRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Change:
@@ -911,7 +1161,7 @@ type ApplyRequest struct {
 
 func (x *ApplyRequest) Reset() {
 	*x = ApplyRequest{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[6]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -923,7 +1173,7 @@ func (x *ApplyRequest) String() string {
 func (*ApplyRequest) ProtoMessage() {}
 
 func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[6]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -936,7 +1186,7 @@ func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{6}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ApplyRequest) GetChange() isApplyRequest_Change {
@@ -990,7 +1240,7 @@ type ApplyResponse struct {
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[7]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1002,7 +1252,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[7]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1015,7 +1265,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{7}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ApplyResponse) GetVersion() uint64 {
@@ -1039,7 +1289,7 @@ type InventoryRequest struct {
 
 func (x *InventoryRequest) Reset() {
 	*x = InventoryRequest{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[8]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1051,7 +1301,7 @@ func (x *InventoryRequest) String() string {
 func (*InventoryRequest) ProtoMessage() {}
 
 func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[8]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1064,7 +1314,7 @@ func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRequest.ProtoReflect.Descriptor instead.
 func (*InventoryRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{8}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *InventoryRequest) GetTunnels() []string {
@@ -1098,7 +1348,7 @@ type InventoryResponse struct {
 
 func (x *InventoryResponse) Reset() {
 	*x = InventoryResponse{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[9]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1110,7 +1360,7 @@ func (x *InventoryResponse) String() string {
 func (*InventoryResponse) ProtoMessage() {}
 
 func (x *InventoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[9]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1123,7 +1373,7 @@ func (x *InventoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryResponse.ProtoReflect.Descriptor instead.
 func (*InventoryResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{9}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *InventoryResponse) GetRefused() uint32 {
@@ -1146,7 +1396,7 @@ type PublishRequest struct {
 
 func (x *PublishRequest) Reset() {
 	*x = PublishRequest{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[10]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1158,7 +1408,7 @@ func (x *PublishRequest) String() string {
 func (*PublishRequest) ProtoMessage() {}
 
 func (x *PublishRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[10]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1171,7 +1421,7 @@ func (x *PublishRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishRequest.ProtoReflect.Descriptor instead.
 func (*PublishRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{10}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PublishRequest) GetJournalId() string {
@@ -1198,7 +1448,7 @@ type PublishResponse struct {
 
 func (x *PublishResponse) Reset() {
 	*x = PublishResponse{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[11]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1210,7 +1460,7 @@ func (x *PublishResponse) String() string {
 func (*PublishResponse) ProtoMessage() {}
 
 func (x *PublishResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[11]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1223,7 +1473,7 @@ func (x *PublishResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishResponse.ProtoReflect.Descriptor instead.
 func (*PublishResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{11}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PublishResponse) GetAcked() uint64 {
@@ -1254,7 +1504,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[12]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1266,7 +1516,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[12]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1279,7 +1529,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{12}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Event) GetSequence() uint64 {
@@ -1411,7 +1661,7 @@ type PowerChanged struct {
 
 func (x *PowerChanged) Reset() {
 	*x = PowerChanged{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[13]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1423,7 +1673,7 @@ func (x *PowerChanged) String() string {
 func (*PowerChanged) ProtoMessage() {}
 
 func (x *PowerChanged) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[13]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1436,7 +1686,7 @@ func (x *PowerChanged) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerChanged.ProtoReflect.Descriptor instead.
 func (*PowerChanged) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{13}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PowerChanged) GetMachineId() string {
@@ -1480,7 +1730,7 @@ type DHCPSeen struct {
 
 func (x *DHCPSeen) Reset() {
 	*x = DHCPSeen{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[14]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1492,7 +1742,7 @@ func (x *DHCPSeen) String() string {
 func (*DHCPSeen) ProtoMessage() {}
 
 func (x *DHCPSeen) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[14]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1505,7 +1755,7 @@ func (x *DHCPSeen) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DHCPSeen.ProtoReflect.Descriptor instead.
 func (*DHCPSeen) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{14}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DHCPSeen) GetMac() string {
@@ -1565,7 +1815,7 @@ type PXESeen struct {
 
 func (x *PXESeen) Reset() {
 	*x = PXESeen{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[15]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1577,7 +1827,7 @@ func (x *PXESeen) String() string {
 func (*PXESeen) ProtoMessage() {}
 
 func (x *PXESeen) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[15]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1590,7 +1840,7 @@ func (x *PXESeen) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PXESeen.ProtoReflect.Descriptor instead.
 func (*PXESeen) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{15}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PXESeen) GetRemoteIp() string {
@@ -1649,7 +1899,7 @@ type BootServed struct {
 
 func (x *BootServed) Reset() {
 	*x = BootServed{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[16]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1661,7 +1911,7 @@ func (x *BootServed) String() string {
 func (*BootServed) ProtoMessage() {}
 
 func (x *BootServed) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[16]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1674,7 +1924,7 @@ func (x *BootServed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootServed.ProtoReflect.Descriptor instead.
 func (*BootServed) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{16}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *BootServed) GetUuid() string {
@@ -1773,7 +2023,7 @@ type TunnelRefused struct {
 
 func (x *TunnelRefused) Reset() {
 	*x = TunnelRefused{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[17]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1785,7 +2035,7 @@ func (x *TunnelRefused) String() string {
 func (*TunnelRefused) ProtoMessage() {}
 
 func (x *TunnelRefused) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[17]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1798,7 +2048,7 @@ func (x *TunnelRefused) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelRefused.ProtoReflect.Descriptor instead.
 func (*TunnelRefused) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{17}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TunnelRefused) GetMachineId() string {
@@ -1840,7 +2090,7 @@ type AgentTunnel struct {
 
 func (x *AgentTunnel) Reset() {
 	*x = AgentTunnel{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[18]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1852,7 +2102,7 @@ func (x *AgentTunnel) String() string {
 func (*AgentTunnel) ProtoMessage() {}
 
 func (x *AgentTunnel) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[18]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1865,7 +2115,7 @@ func (x *AgentTunnel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentTunnel.ProtoReflect.Descriptor instead.
 func (*AgentTunnel) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{18}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AgentTunnel) GetMachineId() string {
@@ -1930,7 +2180,7 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\n" +
 	"extra_args\x18\x06 \x03(\tR\textraArgs\x12\x19\n" +
 	"\bsnp_only\x18\a \x01(\bR\asnpOnly\x12\x16\n" +
-	"\x06config\x18\b \x01(\fR\x06config\"\x84\x03\n" +
+	"\x06config\x18\b \x01(\fR\x06config\"\xac\x03\n" +
 	"\x05Table\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12(\n" +
 	"\x05plans\x18\x02 \x03(\v2\x12.outpost.boot.PlanR\x05plans\x124\n" +
@@ -1940,11 +2190,26 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\x06config\x18\x05 \x01(\fR\x06config\x12\x18\n" +
 	"\aremoved\x18\x06 \x03(\tR\aremoved\x125\n" +
 	"\tdiscovery\x18\a \x01(\x0e2\x17.outpost.boot.DiscoveryR\tdiscovery\x12'\n" +
-	"\x0fregistered_macs\x18\b \x03(\tR\x0eregisteredMacs\x1aN\n" +
+	"\x0fregistered_macs\x18\b \x03(\tR\x0eregisteredMacs\x12&\n" +
+	"\x04dhcp\x18\t \x01(\v2\x12.outpost.boot.DHCPR\x04dhcp\x1aN\n" +
 	"\n" +
 	"AgentEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
-	"\x05value\x18\x02 \x01(\v2\x14.outpost.boot.KernelR\x05value:\x028\x01\"\x88\x05\n" +
+	"\x05value\x18\x02 \x01(\v2\x14.outpost.boot.KernelR\x05value:\x028\x01\"\xaa\x02\n" +
+	"\x04DHCP\x12*\n" +
+	"\x04mode\x18\x01 \x01(\x0e2\x16.outpost.boot.DHCPModeR\x04mode\x12\x16\n" +
+	"\x06subnet\x18\x02 \x01(\tR\x06subnet\x12\x1d\n" +
+	"\n" +
+	"pool_start\x18\x03 \x01(\tR\tpoolStart\x12\x19\n" +
+	"\bpool_end\x18\x04 \x01(\tR\apoolEnd\x12\x18\n" +
+	"\agateway\x18\x05 \x01(\tR\agateway\x12\x10\n" +
+	"\x03dns\x18\x06 \x03(\tR\x03dns\x12\x10\n" +
+	"\x03ntp\x18\a \x03(\tR\x03ntp\x12#\n" +
+	"\rlease_seconds\x18\b \x01(\rR\fleaseSeconds\x12A\n" +
+	"\freservations\x18\t \x03(\v2\x1d.outpost.boot.DHCPReservationR\freservations\"3\n" +
+	"\x0fDHCPReservation\x12\x10\n" +
+	"\x03mac\x18\x01 \x01(\tR\x03mac\x12\x0e\n" +
+	"\x02ip\x18\x02 \x01(\tR\x02ip\"\xd3\x05\n" +
 	"\x05Delta\x12!\n" +
 	"\fbase_version\x18\x01 \x01(\x04R\vbaseVersion\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12*\n" +
@@ -1961,7 +2226,9 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\tdiscovery\x18\v \x01(\x0e2\x17.outpost.boot.DiscoveryR\tdiscovery\x12+\n" +
 	"\x11replace_discovery\x18\f \x01(\bR\x10replaceDiscovery\x12'\n" +
 	"\x0fregistered_macs\x18\r \x03(\tR\x0eregisteredMacs\x126\n" +
-	"\x17replace_registered_macs\x18\x0e \x01(\bR\x15replaceRegisteredMacs\x1aN\n" +
+	"\x17replace_registered_macs\x18\x0e \x01(\bR\x15replaceRegisteredMacs\x12&\n" +
+	"\x04dhcp\x18\x0f \x01(\v2\x12.outpost.boot.DHCPR\x04dhcp\x12!\n" +
+	"\freplace_dhcp\x18\x10 \x01(\bR\vreplaceDhcp\x1aN\n" +
 	"\n" +
 	"AgentEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
@@ -2055,7 +2322,12 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\x15DISCOVERY_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rDISCOVERY_ALL\x10\x01\x12\x13\n" +
 	"\x0fDISCOVERY_KNOWN\x10\x02\x12\x11\n" +
-	"\rDISCOVERY_OFF\x10\x03*\xc0\x01\n" +
+	"\rDISCOVERY_OFF\x10\x03*a\n" +
+	"\bDHCPMode\x12\x19\n" +
+	"\x15DHCP_MODE_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fDHCP_MODE_PROXY\x10\x01\x12\x12\n" +
+	"\x0eDHCP_MODE_FULL\x10\x02\x12\x11\n" +
+	"\rDHCP_MODE_OFF\x10\x03*\xc0\x01\n" +
 	"\rFirmwareClass\x12\x1e\n" +
 	"\x1aFIRMWARE_CLASS_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13FIRMWARE_CLASS_BIOS\x10\x01\x12\x1b\n" +
@@ -2091,76 +2363,83 @@ func file_shared_api_boot_boot_proto_rawDescGZIP() []byte {
 	return file_shared_api_boot_boot_proto_rawDescData
 }
 
-var file_shared_api_boot_boot_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_shared_api_boot_boot_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_shared_api_boot_boot_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_shared_api_boot_boot_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_shared_api_boot_boot_proto_goTypes = []any{
 	(Mode)(0),                     // 0: outpost.boot.Mode
 	(DiskMethod)(0),               // 1: outpost.boot.DiskMethod
 	(Discovery)(0),                // 2: outpost.boot.Discovery
-	(FirmwareClass)(0),            // 3: outpost.boot.FirmwareClass
-	(IPXEArch)(0),                 // 4: outpost.boot.IPXEArch
-	(IPXEPlatform)(0),             // 5: outpost.boot.IPXEPlatform
-	(*StateRequest)(nil),          // 6: outpost.boot.StateRequest
-	(*StateResponse)(nil),         // 7: outpost.boot.StateResponse
-	(*Kernel)(nil),                // 8: outpost.boot.Kernel
-	(*Plan)(nil),                  // 9: outpost.boot.Plan
-	(*Table)(nil),                 // 10: outpost.boot.Table
-	(*Delta)(nil),                 // 11: outpost.boot.Delta
-	(*ApplyRequest)(nil),          // 12: outpost.boot.ApplyRequest
-	(*ApplyResponse)(nil),         // 13: outpost.boot.ApplyResponse
-	(*InventoryRequest)(nil),      // 14: outpost.boot.InventoryRequest
-	(*InventoryResponse)(nil),     // 15: outpost.boot.InventoryResponse
-	(*PublishRequest)(nil),        // 16: outpost.boot.PublishRequest
-	(*PublishResponse)(nil),       // 17: outpost.boot.PublishResponse
-	(*Event)(nil),                 // 18: outpost.boot.Event
-	(*PowerChanged)(nil),          // 19: outpost.boot.PowerChanged
-	(*DHCPSeen)(nil),              // 20: outpost.boot.DHCPSeen
-	(*PXESeen)(nil),               // 21: outpost.boot.PXESeen
-	(*BootServed)(nil),            // 22: outpost.boot.BootServed
-	(*TunnelRefused)(nil),         // 23: outpost.boot.TunnelRefused
-	(*AgentTunnel)(nil),           // 24: outpost.boot.AgentTunnel
-	nil,                           // 25: outpost.boot.Table.AgentEntry
-	nil,                           // 26: outpost.boot.Delta.AgentEntry
-	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
+	(DHCPMode)(0),                 // 3: outpost.boot.DHCPMode
+	(FirmwareClass)(0),            // 4: outpost.boot.FirmwareClass
+	(IPXEArch)(0),                 // 5: outpost.boot.IPXEArch
+	(IPXEPlatform)(0),             // 6: outpost.boot.IPXEPlatform
+	(*StateRequest)(nil),          // 7: outpost.boot.StateRequest
+	(*StateResponse)(nil),         // 8: outpost.boot.StateResponse
+	(*Kernel)(nil),                // 9: outpost.boot.Kernel
+	(*Plan)(nil),                  // 10: outpost.boot.Plan
+	(*Table)(nil),                 // 11: outpost.boot.Table
+	(*DHCP)(nil),                  // 12: outpost.boot.DHCP
+	(*DHCPReservation)(nil),       // 13: outpost.boot.DHCPReservation
+	(*Delta)(nil),                 // 14: outpost.boot.Delta
+	(*ApplyRequest)(nil),          // 15: outpost.boot.ApplyRequest
+	(*ApplyResponse)(nil),         // 16: outpost.boot.ApplyResponse
+	(*InventoryRequest)(nil),      // 17: outpost.boot.InventoryRequest
+	(*InventoryResponse)(nil),     // 18: outpost.boot.InventoryResponse
+	(*PublishRequest)(nil),        // 19: outpost.boot.PublishRequest
+	(*PublishResponse)(nil),       // 20: outpost.boot.PublishResponse
+	(*Event)(nil),                 // 21: outpost.boot.Event
+	(*PowerChanged)(nil),          // 22: outpost.boot.PowerChanged
+	(*DHCPSeen)(nil),              // 23: outpost.boot.DHCPSeen
+	(*PXESeen)(nil),               // 24: outpost.boot.PXESeen
+	(*BootServed)(nil),            // 25: outpost.boot.BootServed
+	(*TunnelRefused)(nil),         // 26: outpost.boot.TunnelRefused
+	(*AgentTunnel)(nil),           // 27: outpost.boot.AgentTunnel
+	nil,                           // 28: outpost.boot.Table.AgentEntry
+	nil,                           // 29: outpost.boot.Delta.AgentEntry
+	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
 }
 var file_shared_api_boot_boot_proto_depIdxs = []int32{
 	0,  // 0: outpost.boot.Plan.mode:type_name -> outpost.boot.Mode
 	1,  // 1: outpost.boot.Plan.disk_method:type_name -> outpost.boot.DiskMethod
-	8,  // 2: outpost.boot.Plan.install:type_name -> outpost.boot.Kernel
-	9,  // 3: outpost.boot.Table.plans:type_name -> outpost.boot.Plan
-	25, // 4: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
+	9,  // 2: outpost.boot.Plan.install:type_name -> outpost.boot.Kernel
+	10, // 3: outpost.boot.Table.plans:type_name -> outpost.boot.Plan
+	28, // 4: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
 	2,  // 5: outpost.boot.Table.discovery:type_name -> outpost.boot.Discovery
-	9,  // 6: outpost.boot.Delta.upsert:type_name -> outpost.boot.Plan
-	26, // 7: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
-	2,  // 8: outpost.boot.Delta.discovery:type_name -> outpost.boot.Discovery
-	10, // 9: outpost.boot.ApplyRequest.snapshot:type_name -> outpost.boot.Table
-	11, // 10: outpost.boot.ApplyRequest.delta:type_name -> outpost.boot.Delta
-	18, // 11: outpost.boot.PublishRequest.events:type_name -> outpost.boot.Event
-	27, // 12: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
-	20, // 13: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
-	21, // 14: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
-	22, // 15: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
-	24, // 16: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
-	23, // 17: outpost.boot.Event.tunnel_refused:type_name -> outpost.boot.TunnelRefused
-	19, // 18: outpost.boot.Event.power_changed:type_name -> outpost.boot.PowerChanged
-	3,  // 19: outpost.boot.DHCPSeen.firmware_class:type_name -> outpost.boot.FirmwareClass
-	4,  // 20: outpost.boot.BootServed.ipxe_arch:type_name -> outpost.boot.IPXEArch
-	5,  // 21: outpost.boot.BootServed.ipxe_platform:type_name -> outpost.boot.IPXEPlatform
-	8,  // 22: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
-	8,  // 23: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
-	6,  // 24: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
-	12, // 25: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
-	16, // 26: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
-	14, // 27: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
-	7,  // 28: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
-	13, // 29: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
-	17, // 30: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
-	15, // 31: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
-	28, // [28:32] is the sub-list for method output_type
-	24, // [24:28] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	12, // 6: outpost.boot.Table.dhcp:type_name -> outpost.boot.DHCP
+	3,  // 7: outpost.boot.DHCP.mode:type_name -> outpost.boot.DHCPMode
+	13, // 8: outpost.boot.DHCP.reservations:type_name -> outpost.boot.DHCPReservation
+	10, // 9: outpost.boot.Delta.upsert:type_name -> outpost.boot.Plan
+	29, // 10: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
+	2,  // 11: outpost.boot.Delta.discovery:type_name -> outpost.boot.Discovery
+	12, // 12: outpost.boot.Delta.dhcp:type_name -> outpost.boot.DHCP
+	11, // 13: outpost.boot.ApplyRequest.snapshot:type_name -> outpost.boot.Table
+	14, // 14: outpost.boot.ApplyRequest.delta:type_name -> outpost.boot.Delta
+	21, // 15: outpost.boot.PublishRequest.events:type_name -> outpost.boot.Event
+	30, // 16: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
+	23, // 17: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
+	24, // 18: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
+	25, // 19: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
+	27, // 20: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
+	26, // 21: outpost.boot.Event.tunnel_refused:type_name -> outpost.boot.TunnelRefused
+	22, // 22: outpost.boot.Event.power_changed:type_name -> outpost.boot.PowerChanged
+	4,  // 23: outpost.boot.DHCPSeen.firmware_class:type_name -> outpost.boot.FirmwareClass
+	5,  // 24: outpost.boot.BootServed.ipxe_arch:type_name -> outpost.boot.IPXEArch
+	6,  // 25: outpost.boot.BootServed.ipxe_platform:type_name -> outpost.boot.IPXEPlatform
+	9,  // 26: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
+	9,  // 27: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
+	7,  // 28: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
+	15, // 29: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
+	19, // 30: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
+	17, // 31: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
+	8,  // 32: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
+	16, // 33: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
+	20, // 34: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
+	18, // 35: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
+	32, // [32:36] is the sub-list for method output_type
+	28, // [28:32] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_boot_boot_proto_init() }
@@ -2168,11 +2447,11 @@ func file_shared_api_boot_boot_proto_init() {
 	if File_shared_api_boot_boot_proto != nil {
 		return
 	}
-	file_shared_api_boot_boot_proto_msgTypes[6].OneofWrappers = []any{
+	file_shared_api_boot_boot_proto_msgTypes[8].OneofWrappers = []any{
 		(*ApplyRequest_Snapshot)(nil),
 		(*ApplyRequest_Delta)(nil),
 	}
-	file_shared_api_boot_boot_proto_msgTypes[12].OneofWrappers = []any{
+	file_shared_api_boot_boot_proto_msgTypes[14].OneofWrappers = []any{
 		(*Event_DhcpSeen)(nil),
 		(*Event_PxeSeen)(nil),
 		(*Event_BootServed)(nil),
@@ -2185,8 +2464,8 @@ func file_shared_api_boot_boot_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_boot_boot_proto_rawDesc), len(file_shared_api_boot_boot_proto_rawDesc)),
-			NumEnums:      6,
-			NumMessages:   21,
+			NumEnums:      7,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
