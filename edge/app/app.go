@@ -277,9 +277,25 @@ func (e *Edge) build(ctx context.Context, cfg config.Config, opts Options) error
 		return nil
 	}
 
-	dhcpSrv, err := dhcp.New(cfg.DHCP, log, dhcp.Deps{Bootable: catalog.Has, Prefs: table, Observer: events, Registerer: metrics})
+	leases, err := dhcp.OpenLeases(cfg.StateDir, log)
 	if err != nil {
+		return fmt.Errorf("dhcp leases: %w", err)
+	}
+
+	var dhcpSrv *dhcp.Server
+
+	deps := dhcp.Deps{Bootable: catalog.Has, Prefs: table, Observer: events, Registerer: metrics, Site: table, Leases: leases}
+
+	if deps.Guard, deps.Probe, err = segmentChecks(cfg, log, metrics, func() bool { return dhcpSrv.FullWanted() }); err != nil {
+		return err
+	}
+
+	if dhcpSrv, err = dhcp.New(cfg.DHCP, log, deps); err != nil {
 		return fmt.Errorf("proxydhcp: %w", err)
+	}
+
+	if deps.Guard != nil {
+		e.components = append(e.components, component{"dhcp guard", deps.Guard.Run})
 	}
 
 	var conns [2]net.PacketConn
@@ -295,6 +311,35 @@ func (e *Edge) build(ctx context.Context, cfg config.Config, opts Options) error
 	e.components = append(e.components, component{"proxydhcp", func(ctx context.Context) error { return dhcpSrv.Serve(ctx, conns[0], conns[1]) }})
 
 	return nil
+}
+
+// segmentChecks builds what full DHCP mode needs of the site segment: the guard against a second DHCP server and
+// the ARP probe of an address before it is offered. Without an interface (tests) there are none, and full
+// mode serves unguarded.
+func segmentChecks(cfg config.Config, log *zap.Logger, reg prometheus.Registerer, wanted func() bool) (*dhcp.Guard, dhcp.Prober, error) {
+	if cfg.DHCP.Interface == "" {
+		return nil, nil, nil
+	}
+
+	ifi, err := net.InterfaceByName(cfg.DHCP.Interface)
+	if err != nil {
+		return nil, nil, fmt.Errorf("dhcp interface: %w", err)
+	}
+
+	guard, err := dhcp.NewGuard(dhcp.DefaultGuardConfig(), log, dhcp.RawDiscoverer{Interface: ifi.Name, Window: 3 * time.Second},
+		dhcp.GuardMAC(ifi.HardwareAddr), wanted, reg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("dhcp guard: %w", err)
+	}
+
+	probe, err := dhcp.NewARPProber(ifi.Name)
+	if err != nil {
+		log.Warn("addresses are offered unprobed in full DHCP mode", zap.Error(err))
+
+		return guard, nil, nil
+	}
+
+	return guard, probe, nil
 }
 
 // controllerLink builds what connects the edge to its controller: the uplink, or the lab's plain listener

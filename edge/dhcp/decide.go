@@ -278,38 +278,8 @@ func DecidePacket(p Params, role Role, peer netip.AddrPort, req *dhcpv4.DHCPv4) 
 
 	d := Decision{MAC: req.ClientHWAddr}
 
-	archOpt := req.Options.Get(dhcpv4.OptionClientSystemArchitectureType)
-	if archOpt == nil {
-		d.Drop = DropNotPXE
-
+	if !classifyPXE(req, &d) {
 		return d
-	}
-
-	var archs iana.Archs
-	if err := archs.FromBytes(archOpt); err != nil || len(archs) == 0 {
-		d.Drop, d.Err = DropBadArch, fmt.Errorf("option 93 of length %d is not a list of architecture codes", len(archOpt))
-
-		return d
-	}
-
-	// The first code is the one the client boots as (RFC 4578 §2.1).
-	d.Firmware = FirmwareFromArch(archs[0])
-	if d.Firmware == FirmwareUnknown {
-		d.Drop, d.Err = DropUnknownArch, fmt.Errorf("architecture code %d (%s)", uint16(archs[0]), archs[0])
-
-		return d
-	}
-
-	guid := req.Options.Get(dhcpv4.OptionClientMachineIdentifier)
-	if guid != nil {
-		uuid, err := parseUUID(guid)
-		if err != nil {
-			d.Drop, d.Err = DropBadUUID, err
-
-			return d
-		}
-
-		d.UUID = uuid
 	}
 
 	if p.Mode == Mode4011Only && role == RoleDHCP {
@@ -318,14 +288,7 @@ func DecidePacket(p Params, role Role, peer netip.AddrPort, req *dhcpv4.DHCPv4) 
 		return d
 	}
 
-	switch discovery := p.discovery(); {
-	case discovery == DiscoverOff:
-		d.Drop = DropDiscoveryOff
-
-		return d
-	case discovery == DiscoverKnown && (p.Prefs == nil || !p.Prefs.Known(req.ClientHWAddr, d.UUID)):
-		d.Drop = DropUnknownMachine
-
+	if !discoveryAllows(p, req, &d) {
 		return d
 	}
 
@@ -342,6 +305,74 @@ func DecidePacket(p Params, role Role, peer netip.AddrPort, req *dhcpv4.DHCPv4) 
 		return d
 	}
 
+	if !chooseBootFile(p, req, &d) {
+		return d
+	}
+
+	d.Reply = buildReply(p, req, msgType, d)
+	d.Dest = destination(p, role, peer, req)
+
+	return d
+}
+
+// classifyPXE reads the client's firmware class (option 93) and UUID (option 97) into d; false (with d.Drop
+// set) when it is no PXE client or the options do not parse.
+func classifyPXE(req *dhcpv4.DHCPv4, d *Decision) bool {
+	archOpt := req.Options.Get(dhcpv4.OptionClientSystemArchitectureType)
+	if archOpt == nil {
+		d.Drop = DropNotPXE
+
+		return false
+	}
+
+	var archs iana.Archs
+	if err := archs.FromBytes(archOpt); err != nil || len(archs) == 0 {
+		d.Drop, d.Err = DropBadArch, fmt.Errorf("option 93 of length %d is not a list of architecture codes", len(archOpt))
+
+		return false
+	}
+
+	// The first code is the one the client boots as (RFC 4578 §2.1).
+	d.Firmware = FirmwareFromArch(archs[0])
+	if d.Firmware == FirmwareUnknown {
+		d.Drop, d.Err = DropUnknownArch, fmt.Errorf("architecture code %d (%s)", uint16(archs[0]), archs[0])
+
+		return false
+	}
+
+	if guid := req.Options.Get(dhcpv4.OptionClientMachineIdentifier); guid != nil {
+		uuid, err := parseUUID(guid)
+		if err != nil {
+			d.Drop, d.Err = DropBadUUID, err
+
+			return false
+		}
+
+		d.UUID = uuid
+	}
+
+	return true
+}
+
+// discoveryAllows applies the discovery policy to a classified client (false, with d.Drop set: not answered).
+func discoveryAllows(p Params, req *dhcpv4.DHCPv4, d *Decision) bool {
+	switch discovery := p.discovery(); {
+	case discovery == DiscoverOff:
+		d.Drop = DropDiscoveryOff
+
+		return false
+	case discovery == DiscoverKnown && (p.Prefs == nil || !p.Prefs.Known(req.ClientHWAddr, d.UUID)):
+		d.Drop = DropUnknownMachine
+
+		return false
+	}
+
+	return true
+}
+
+// chooseBootFile sets d.IPXE and d.BootFile for a classified client (false, with d.Drop set, when nothing is
+// bootable for it).
+func chooseBootFile(p Params, req *dhcpv4.DHCPv4, d *Decision) bool {
 	d.IPXE = slices.Contains(req.UserClass(), userClassIPXE) ||
 		req.Options.Has(dhcpv4.GenericOptionCode(175))
 
@@ -356,7 +387,7 @@ func DecidePacket(p Params, role Role, peer netip.AddrPort, req *dhcpv4.DHCPv4) 
 		if name == "" || (p.Bootable != nil && !p.Bootable(name)) {
 			d.Drop = DropNotBootable
 
-			return d
+			return false
 		}
 
 		d.BootFile = p.HTTPBase() + "/tftp/" + name
@@ -365,25 +396,17 @@ func DecidePacket(p Params, role Role, peer netip.AddrPort, req *dhcpv4.DHCPv4) 
 		if name == "" || (p.Bootable != nil && !p.Bootable(name)) {
 			d.Drop = DropNotBootable
 
-			return d
+			return false
 		}
 
 		d.BootFile = name
 	}
 
-	d.Reply = buildReply(p, req, msgType, d)
-	d.Dest = destination(p, role, peer, req)
-
-	return d
+	return true
 }
 
 func buildReply(p Params, req *dhcpv4.DHCPv4, msgType dhcpv4.MessageType, d Decision) *dhcpv4.DHCPv4 {
 	server := net.IP(p.ServerIP.AsSlice())
-
-	vendorClass := "PXEClient"
-	if d.Firmware.HTTPBoot() {
-		vendorClass = "HTTPClient"
-	}
 
 	reply := &dhcpv4.DHCPv4{
 		OpCode:         dhcpv4.OpcodeBootReply,
@@ -403,6 +426,22 @@ func buildReply(p Params, req *dhcpv4.DHCPv4, msgType dhcpv4.MessageType, d Deci
 
 	reply.UpdateOption(dhcpv4.OptMessageType(msgType))
 	reply.UpdateOption(dhcpv4.OptServerIdentifier(server))
+	addBootOptions(p, req, reply, msgType, d)
+
+	return reply
+}
+
+// addBootOptions puts the PXE answer for a classified client into a reply: the boot file in the header and
+// option 67, the server in siaddr, sname and option 66, option 60 PXEClient (HTTPClient for HTTP boot), option
+// 43 for PXE firmware, options 97 and 82 echoed.
+func addBootOptions(p Params, req, reply *dhcpv4.DHCPv4, msgType dhcpv4.MessageType, d Decision) {
+	vendorClass := "PXEClient"
+	if d.Firmware.HTTPBoot() {
+		vendorClass = "HTTPClient"
+	}
+
+	reply.ServerIPAddr = net.IP(p.ServerIP.AsSlice())
+	reply.ServerHostName, reply.BootFileName = p.ServerIP.String(), d.BootFile
 	reply.UpdateOption(dhcpv4.OptClassIdentifier(vendorClass))
 	reply.UpdateOption(dhcpv4.OptTFTPServerName(p.ServerIP.String()))
 	reply.UpdateOption(dhcpv4.OptBootFileName(d.BootFile))
@@ -416,8 +455,6 @@ func buildReply(p Params, req *dhcpv4.DHCPv4, msgType dhcpv4.MessageType, d Deci
 			reply.UpdateOption(dhcpv4.OptGeneric(code, v))
 		}
 	}
-
-	return reply
 }
 
 // destination picks where the reply goes: the relay when relayed, the client itself on 4011

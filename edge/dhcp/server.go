@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -49,6 +50,10 @@ type Config struct {
 	Discovery Discovery
 	// Mode is full (67 and 4011) or 4011-only (beside a site DHCP server that offers PXE).
 	Mode Mode
+	// ProbeTimeout bounds the wait for an answer to the probe of an address before it is offered (full DHCP).
+	ProbeTimeout time.Duration
+	// Leases bound what clients can make full DHCP mode hold.
+	Leases LeaseLimits
 }
 
 // Default returns the production defaults.
@@ -68,6 +73,8 @@ func Default() Config {
 		RelayPort:      ServerPort,
 		Discovery:      DiscoverAll,
 		Mode:           ModeFull,
+		ProbeTimeout:   300 * time.Millisecond,
+		Leases:         DefaultLeaseLimits(),
 	}
 }
 
@@ -113,6 +120,10 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("workers, queue size, rate and burst per MAC and tracked MACs must be positive"))
 	}
 
+	if c.ProbeTimeout <= 0 || c.Leases.OfferTTL <= 0 || c.Leases.MaxOffers <= 0 || c.Leases.DeclineHold <= 0 || c.Leases.MaxBad <= 0 {
+		errs = append(errs, errors.New("the probe timeout, offer lifetime, pending offers, decline hold and held-back addresses must be positive"))
+	}
+
 	if len(c.Files.Names()) == 0 {
 		errs = append(errs, errors.New("no boot files configured"))
 	}
@@ -147,8 +158,16 @@ type Deps struct {
 	Observer Observer
 	// Registerer receives the metrics; nil means a private registry.
 	Registerer prometheus.Registerer
-	// Now is the clock (rate limits, event de-duplication).
+	// Now is the clock (rate limits, event de-duplication, leases).
 	Now func() time.Time
+	// Site gives the site's DHCP service (the boot table); nil: proxy.
+	Site SiteDHCP
+	// Leases holds full DHCP mode's leases; nil: full mode is refused (answered as proxy).
+	Leases *LeaseStore
+	// Probe checks an address before it is offered; nil: not probed.
+	Probe Prober
+	// Guard keeps full mode off a segment with another DHCP server; nil: no guard (tests only).
+	Guard *Guard
 }
 
 // Server is the ProxyDHCP server.
@@ -161,6 +180,13 @@ type Server struct {
 	requests *prometheus.CounterVec
 	replies  *prometheus.CounterVec
 	drops    *prometheus.CounterVec
+
+	// full DHCP mode
+	pool         atomic.Pointer[poolState]
+	naks         *prometheus.CounterVec
+	leaseReplies *prometheus.CounterVec
+	probeErrors  prometheus.Counter
+	conflicts    prometheus.Counter
 
 	mu   sync.Mutex
 	macs map[[6]byte]*macState
@@ -224,7 +250,32 @@ func New(cfg Config, logger *zap.Logger, deps Deps) (*Server, error) {
 		}, []string{"reason"}),
 	}
 
-	for _, c := range []prometheus.Collector{s.requests, s.replies, s.drops} {
+	s.naks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "outpost_dhcp_naks_total", Help: "DHCPNAKs sent in full DHCP mode, by reason.",
+	}, []string{"reason"})
+	s.leaseReplies = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "outpost_dhcp_lease_replies_total", Help: "Replies sent in full DHCP mode, by message type (OFFER, ACK, NAK).",
+	}, []string{"type"})
+	s.probeErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "outpost_dhcp_probe_errors_total", Help: "Address probes that could not be made (the address was offered unprobed).",
+	})
+	s.conflicts = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "outpost_dhcp_probe_conflicts_total", Help: "Pool addresses a probe found in use by another host (held back).",
+	})
+	leases := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "outpost_dhcp_leases", Help: "Live leases in full DHCP mode.",
+	}, func() float64 { b, _, _ := s.leaseCounts(); return float64(b) })
+	poolFree := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "outpost_dhcp_pool_size", Help: "Addresses in the full DHCP mode pool (0 when the edge does not serve full mode).",
+	}, func() float64 {
+		if st := s.pool.Load(); st != nil && st.pool != nil {
+			return float64(st.pool.Size())
+		}
+
+		return 0
+	})
+
+	for _, c := range []prometheus.Collector{s.requests, s.replies, s.drops, s.naks, s.leaseReplies, s.probeErrors, s.conflicts, leases, poolFree} {
 		if err := deps.Registerer.Register(c); err != nil {
 			return nil, fmt.Errorf("register dhcp metrics: %w", err)
 		}
@@ -312,7 +363,7 @@ func (s *Server) Serve(ctx context.Context, dhcpConn, pxeConn net.PacketConn) er
 				case <-ctx.Done():
 					return nil
 				case j := <-jobs:
-					s.handle(j)
+					s.handle(ctx, j)
 				}
 			}
 		})
@@ -378,7 +429,7 @@ func (s *Server) read(ctx context.Context, conn net.PacketConn, role Role, jobs 
 	}
 }
 
-func (s *Server) handle(j job) {
+func (s *Server) handle(ctx context.Context, j job) {
 	defer bufPool.Put(j.buf)
 
 	raw := (*j.buf)[:j.n]
@@ -389,6 +440,19 @@ func (s *Server) handle(j job) {
 		s.drop(DropRateLimited, nil, j.peer, nil)
 
 		return
+	}
+
+	switch svc, pool := s.service(); {
+	case svc == ServeOff:
+		s.drop(DropDHCPOff, nil, j.peer, nil)
+
+		return
+	case svc == ServeFull && pool != nil && s.deps.Leases != nil && j.role == RoleDHCP:
+		if s.deps.Guard != nil && !s.deps.Guard.Clear() {
+			s.deps.Guard.Kick() // not checked yet, or another server answers: proxy answers meanwhile
+		} else if s.handleFull(ctx, j, raw, pool) {
+			return
+		}
 	}
 
 	p := s.params
@@ -431,6 +495,18 @@ func (s *Server) drop(reason DropReason, err error, peer netip.AddrPort, mac net
 	if ce := s.log.Check(zap.DebugLevel, "proxydhcp drop"); ce != nil {
 		ce.Write(zap.String("reason", string(reason)), zap.Error(err), zap.Stringer("peer", peer), zap.Stringer("mac", mac))
 	}
+}
+
+// leaseCounts counts full mode's leases (zero without a lease store).
+func (s *Server) leaseCounts() (bound, offered, bad int) {
+	if s.deps.Leases == nil {
+		return 0, 0, 0
+	}
+
+	now := s.deps.Now()
+	_ = s.deps.Leases.Do(func(st *LeaseState) bool { bound, offered, bad = st.Counts(now); return false }) //nolint:errcheck // nothing persisted
+
+	return bound, offered, bad
 }
 
 // rawMAC reads an Ethernet chaddr straight from the BOOTP header (RFC 2131 §2: htype at 1, hlen at 2, chaddr at 28).
