@@ -11,3 +11,8 @@ func (s *Server) RepliesCounter(role, firmware string) prometheus.Counter {
 func (s *Server) DropsCounter(reason DropReason) prometheus.Counter {
 	return s.drops.WithLabelValues(string(reason))
 }
+
+// LeaseRepliesCounter exposes full mode's reply counter of one message type (OFFER, ACK, NAK) to tests.
+func (s *Server) LeaseRepliesCounter(msgType string) prometheus.Counter {
+	return s.leaseReplies.WithLabelValues(msgType)
+}

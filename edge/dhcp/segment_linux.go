@@ -21,24 +21,42 @@ type RawDiscoverer struct {
 	Interface string
 	// Window is how long OFFERs are collected.
 	Window time.Duration
+	// Enter runs fn where the interface is (a test's network namespace); nil runs it here.
+	Enter func(fn func() error) error
+}
+
+// enter runs fn through enter, or here when it is nil.
+func enter(e func(func() error) error, fn func() error) error {
+	if e == nil {
+		return fn()
+	}
+
+	return e(fn)
 }
 
 // Discover implements Discoverer: answers from the interface's own addresses (the edge's server) are left out.
 func (r RawDiscoverer) Discover(ctx context.Context, mac net.HardwareAddr) ([]OtherServer, error) {
 	own := map[netip.Addr]bool{}
 
-	if ifi, err := net.InterfaceByName(r.Interface); err == nil {
-		addrs, _ := ifi.Addrs() //nolint:errcheck // none: nothing to leave out
+	var conn net.PacketConn
 
-		for _, a := range addrs {
-			if p, err := netip.ParsePrefix(a.String()); err == nil {
-				own[p.Addr()] = true
+	if err := enter(r.Enter, func() error {
+		if ifi, err := net.InterfaceByName(r.Interface); err == nil {
+			addrs, _ := ifi.Addrs() //nolint:errcheck // none: nothing to leave out
+
+			for _, a := range addrs {
+				if p, err := netip.ParsePrefix(a.String()); err == nil {
+					own[p.Addr()] = true
+				}
 			}
 		}
-	}
 
-	conn, err := nclient4.NewRawUDPConn(r.Interface, ClientPort)
-	if err != nil {
+		var err error
+
+		conn, err = nclient4.NewRawUDPConn(r.Interface, ClientPort)
+
+		return err
+	}); err != nil {
 		return nil, fmt.Errorf("open raw dhcp client socket on %s: %w", r.Interface, err)
 	}
 	defer conn.Close() //nolint:errcheck
@@ -104,6 +122,8 @@ func (r RawDiscoverer) Discover(ctx context.Context, mac net.HardwareAddr) ([]Ot
 // address (a reboot, a lost lease) is told apart from a stranger.
 type ARPProber struct {
 	iface *net.Interface
+	// Enter runs fn where the interface is (a test's network namespace); nil runs it here.
+	Enter func(fn func() error) error
 }
 
 // NewARPProber probes on the named interface.
@@ -129,7 +149,15 @@ const (
 
 // Probe implements Prober: ctx bounds the wait.
 func (a *ARPProber) Probe(ctx context.Context, ip netip.Addr) (net.HardwareAddr, error) {
-	c, err := packet.Listen(a.iface, packet.Datagram, unix.ETH_P_ARP, nil)
+	var c *packet.Conn
+
+	err := enter(a.Enter, func() error {
+		var err error
+
+		c, err = packet.Listen(a.iface, packet.Datagram, unix.ETH_P_ARP, nil)
+
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("open arp socket on %s: %w", a.iface.Name, err)
 	}

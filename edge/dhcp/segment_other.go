@@ -14,6 +14,7 @@ import (
 type RawDiscoverer struct {
 	Interface string
 	Window    time.Duration
+	Enter     func(fn func() error) error
 }
 
 // Discover implements Discoverer.
@@ -22,7 +23,9 @@ func (RawDiscoverer) Discover(context.Context, net.HardwareAddr) ([]OtherServer,
 }
 
 // ARPProber needs Linux packet sockets.
-type ARPProber struct{}
+type ARPProber struct {
+	Enter func(fn func() error) error
+}
 
 // NewARPProber fails off Linux.
 func NewARPProber(string) (*ARPProber, error) {
