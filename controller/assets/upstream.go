@@ -30,7 +30,7 @@ import (
 // environment (HTTPS_PROXY, NO_PROXY), the system's roots plus the PEM bundle extraRoots (a custom CA in front
 // of the factory; nil: none), and time limits on everything but a body that keeps flowing.
 func UpstreamClient(extraRoots []byte) (*http.Client, error) {
-	tr := http.DefaultTransport.(*http.Transport).Clone() //nolint:forcetypeassert // the standard library's own type
+	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.Proxy = http.ProxyFromEnvironment
 	tr.DialContext = (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext
 	tr.ResponseHeaderTimeout = time.Minute

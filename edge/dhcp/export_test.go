@@ -16,3 +16,15 @@ func (s *Server) DropsCounter(reason DropReason) prometheus.Counter {
 func (s *Server) LeaseRepliesCounter(msgType string) prometheus.Counter {
 	return s.leaseReplies.WithLabelValues(msgType)
 }
+
+// Other is the other server the guard last found (invalid: none).
+func (g *Guard) Other() OtherServer { return g.state.Load().other }
+
+// Lease returns the client's lease or offer.
+func (st *LeaseState) Lease(mac [6]byte) (Lease, bool) {
+	if l := st.byMAC[mac]; l != nil {
+		return *l, true
+	}
+
+	return Lease{}, false
+}

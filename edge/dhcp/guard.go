@@ -96,9 +96,6 @@ func (g *Guard) Clear() bool {
 	return st.checked && !st.other.Addr.IsValid()
 }
 
-// Other is the other server last found (invalid: none).
-func (g *Guard) Other() OtherServer { return g.state.Load().other }
-
 // Kick asks for a check now (full mode is asked for and the segment is not checked yet).
 func (g *Guard) Kick() {
 	select {

@@ -68,15 +68,6 @@ func NewLeaseState() *LeaseState {
 	return &LeaseState{byMAC: map[[6]byte]*Lease{}, byIP: map[netip.Addr]*Lease{}, offers: map[[6]byte]*Lease{}, bad: map[netip.Addr]time.Time{}}
 }
 
-// Lease returns the client's lease or offer.
-func (st *LeaseState) Lease(mac [6]byte) (Lease, bool) {
-	if l := st.byMAC[mac]; l != nil {
-		return *l, true
-	}
-
-	return Lease{}, false
-}
-
 // Counts returns the bound leases live at now, the pending offers and the addresses held back.
 func (st *LeaseState) Counts(now time.Time) (bound, offered, bad int) {
 	for _, l := range st.byMAC {

@@ -140,7 +140,7 @@ func TestAirGappedSiteInstalls(t *testing.T) {
 // airGapRun is one run of TestAirGappedSiteInstalls.
 type airGapRun struct {
 	t              *testing.T
-	ctx            context.Context //nolint:containedctx // the test's context, for its steps
+	ctx            context.Context
 	a              *lab.AirGap
 	cache, offline *lab.Site
 
@@ -307,8 +307,13 @@ func (g *airGapRun) firstInstall(m *lab.Machine) error {
 			relayed-relayedBefore, want)
 	}
 
-	if fetched, err := g.cache.EdgeMetric(g.ctx, "outpost_edge_asset_fetched_bytes_total", "source", "http"); err != nil || fetched != 0 {
-		return fmt.Errorf("the edge fetched %v bytes over HTTP itself (%v), want everything by relay: it reaches nothing else", fetched, err)
+	fetched, err := g.cache.EdgeMetric(g.ctx, "outpost_edge_asset_fetched_bytes_total", "source", "http")
+	if err != nil {
+		return fmt.Errorf("reading the edge's fetched bytes: %w", err)
+	}
+
+	if fetched != 0 {
+		return fmt.Errorf("the edge fetched %v bytes over HTTP itself, want everything by relay: it reaches nothing else", fetched)
 	}
 
 	timeline, err := a.Controller.Command(g.ctx, 30*time.Second, "machine", "show", m.Spec.UUID)
@@ -638,7 +643,11 @@ func (g *airGapRun) waitShow(s *lab.Site, timeout time.Duration, what string, pa
 		}
 
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: %s not within %s (last error %v); controller site show:\n%s", s.Name, what, timeout, err, show)
+			if err != nil {
+				return fmt.Errorf("%s: %s not within %s: %w", s.Name, what, timeout, err)
+			}
+
+			return fmt.Errorf("%s: %s not within %s; controller site show:\n%s", s.Name, what, timeout, show)
 		}
 
 		if err := sleepCtx(g.ctx, time.Second); err != nil {

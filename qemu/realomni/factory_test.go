@@ -209,9 +209,9 @@ func randomBytes(t *testing.T, n int) []byte {
 	return b
 }
 
-// get fetches url with optional headers and returns the status, the body read until the first error, that
-// error and the response headers.
-func get(t *testing.T, c *http.Client, method, url string, header ...string) (int, []byte, error, http.Header) {
+// get fetches url with optional headers and returns the status, the body read until the first error, the
+// response headers and that error.
+func get(t *testing.T, c *http.Client, method, url string, header ...string) (int, []byte, http.Header, error) {
 	t.Helper()
 
 	req, err := http.NewRequestWithContext(t.Context(), method, url, nil)
@@ -228,7 +228,7 @@ func get(t *testing.T, c *http.Client, method, url string, header ...string) (in
 
 	body, rerr := io.ReadAll(resp.Body)
 
-	return resp.StatusCode, body, rerr, resp.Header
+	return resp.StatusCode, body, resp.Header, rerr
 }
 
 // TestFactoryServesImages: a known schematic's kernel and initramfs for a listed version, whole, by range and
@@ -239,24 +239,24 @@ func TestFactoryServesImages(t *testing.T) {
 	f, addr, c, id, kernel, initramfs := imageFactory(t)
 	base := "http://" + addr + "/image/" + id
 
-	code, body, err, hdr := get(t, c, http.MethodGet, base+"/v1.11.5/kernel-amd64")
+	code, body, hdr, err := get(t, c, http.MethodGet, base+"/v1.11.5/kernel-amd64")
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, code)
 	require.Equal(t, kernel, body)
 	require.Equal(t, "bytes", hdr.Get("Accept-Ranges"))
 
-	code, body, err, _ = get(t, c, http.MethodGet, base+"/1.11.5/kernel-amd64", "Range", "bytes=1000-1999")
+	code, body, _, err = get(t, c, http.MethodGet, base+"/1.11.5/kernel-amd64", "Range", "bytes=1000-1999")
 	require.NoError(t, err)
 	require.Equal(t, http.StatusPartialContent, code, "a version without its v is the same version")
 	require.Equal(t, kernel[1000:2000], body)
 
-	code, body, err, hdr = get(t, c, http.MethodHead, base+"/v1.12.8/initramfs-amd64.xz")
+	code, body, hdr, err = get(t, c, http.MethodHead, base+"/v1.12.8/initramfs-amd64.xz")
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, code)
 	require.Empty(t, body)
 	require.Equal(t, fmt.Sprint(len(initramfs)), hdr.Get("Content-Length"))
 
-	code, body, err, _ = get(t, c, http.MethodGet, base+"/v1.12.8/initramfs-amd64.xz", "Range", fmt.Sprintf("bytes=%d-", len(initramfs)-10))
+	code, body, _, err = get(t, c, http.MethodGet, base+"/v1.12.8/initramfs-amd64.xz", "Range", fmt.Sprintf("bytes=%d-", len(initramfs)-10))
 	require.NoError(t, err)
 	require.Equal(t, http.StatusPartialContent, code)
 	require.Equal(t, initramfs[len(initramfs)-10:], body)
@@ -269,7 +269,7 @@ func TestFactoryServesImages(t *testing.T) {
 		{name: "no image for the arch", path: "/image/" + id + "/v1.11.5/kernel-arm64"},
 		{name: "initramfs without .xz", path: "/image/" + id + "/v1.11.5/initramfs-amd64"},
 	} {
-		code, _, err, _ := get(t, c, http.MethodGet, "http://"+addr+tc.path)
+		code, _, _, err := get(t, c, http.MethodGet, "http://"+addr+tc.path)
 		require.NoError(t, err, tc.name)
 		require.Equal(t, http.StatusNotFound, code, tc.name)
 	}
@@ -454,18 +454,18 @@ func TestFactoryFaults(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f.SetFault(realomni.KindImageKernel, tc.fault)
 
-			code, body, err, _ := get(t, c, http.MethodGet, kernelURL)
+			code, body, _, err := get(t, c, http.MethodGet, kernelURL)
 			tc.check(t, code, body, err)
 
 			// Another kind is not touched.
-			code, body, err, _ = get(t, c, http.MethodGet, initrdURL)
+			code, body, _, err = get(t, c, http.MethodGet, initrdURL)
 			require.NoError(t, err)
 			require.Equal(t, http.StatusOK, code)
 			require.Equal(t, initramfs, body)
 
 			f.SetFault(realomni.KindImageKernel, realomni.Fault{})
 
-			code, body, err, _ = get(t, c, http.MethodGet, kernelURL)
+			code, body, _, err = get(t, c, http.MethodGet, kernelURL)
 			require.NoError(t, err)
 			require.Equal(t, http.StatusOK, code)
 			require.Equal(t, kernel, body)
@@ -501,7 +501,7 @@ func TestFactoryCountsPerListener(t *testing.T) {
 	f, first, _, id, kernel, _ := imageFactory(t)
 	second, c2 := serveFactory(t, f)
 
-	code, body, err, _ := get(t, c2, http.MethodGet, "http://"+second+"/image/"+id+"/v1.11.5/kernel-amd64")
+	code, body, _, err := get(t, c2, http.MethodGet, "http://"+second+"/image/"+id+"/v1.11.5/kernel-amd64")
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, code, "the schematic created on the first listener is known on the second")
 	require.Equal(t, kernel, body)

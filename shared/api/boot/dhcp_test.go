@@ -64,7 +64,9 @@ func TestDHCPCheck(t *testing.T) {
 		err    string
 	}{
 		{name: "unknown mode", change: func(d *bootpb.DHCP) { d.Mode = 7 }, err: "dhcp mode 7 is not known"},
-		{name: "full without a pool", change: func(d *bootpb.DHCP) { d.Subnet, d.PoolStart, d.PoolEnd, d.Gateway, d.Reservations = "", "", "", "", nil }, err: "full dhcp mode needs a pool"},
+		{name: "full without a pool", change: func(d *bootpb.DHCP) {
+			d.Subnet, d.PoolStart, d.PoolEnd, d.Gateway, d.Reservations = "", "", "", "", nil
+		}, err: "full dhcp mode needs a pool"},
 		{name: "pool outside the subnet", change: func(d *bootpb.DHCP) { d.PoolEnd = "10.0.1.5" }, err: "dhcp pool end 10.0.1.5 is not a host address"},
 		{name: "pool takes the broadcast", change: func(d *bootpb.DHCP) { d.PoolEnd = "10.0.0.255" }, err: "is not a host address"},
 		{name: "pool backwards", change: func(d *bootpb.DHCP) { d.PoolStart, d.PoolEnd = "10.0.0.200", "10.0.0.100" }, err: "ends before it starts"},
