@@ -105,10 +105,13 @@ type Fetcher struct {
 	http  Source
 	log   *zap.Logger
 
-	mu      sync.Mutex
-	policy  Policy
-	relay   *relayEntry
-	states  map[string]*Status // by digest
+	mu     sync.Mutex
+	policy Policy
+	relay  *relayEntry
+	states map[string]*Status // by digest
+	// names is every name asked for, by digest: two names may share one content (an image's top manifest is
+	// both a blob and its tag), and each is linked once the content is here.
+	names   map[string]map[string]Ref
 	pending []Ref
 	wake    chan struct{}
 	changed chan struct{}
@@ -127,6 +130,7 @@ func NewFetcher(cfg FetcherConfig, store *Store, httpSrc Source, log *zap.Logger
 		log:     log.With(zap.String("component", "asset-fetcher")),
 		policy:  cfg.Policy,
 		states:  map[string]*Status{},
+		names:   map[string]map[string]Ref{},
 		wake:    make(chan struct{}, 1),
 		changed: make(chan struct{}, 1),
 	}, nil
@@ -232,6 +236,12 @@ func (f *Fetcher) Ensure(policy Policy, refs []Ref) ([]Status, error) {
 		}
 
 		st.Ref = r
+
+		if f.names[r.SHA256] == nil {
+			f.names[r.SHA256] = map[string]Ref{}
+		}
+
+		f.names[r.SHA256][r.Name] = r
 
 		switch {
 		case present[i]:
@@ -385,6 +395,7 @@ func (f *Fetcher) fetch(ctx context.Context, ref Ref) {
 		cancel()
 
 		if err == nil {
+			f.linkNames(ref)
 			f.setState(ref, StatePresent, "")
 
 			return
@@ -400,6 +411,7 @@ func (f *Fetcher) fetch(ctx context.Context, ref Ref) {
 
 	if len(errs) == 0 {
 		if f.store.Has(ref.SHA256) {
+			f.linkNames(ref)
 			f.setState(ref, StatePresent, "")
 		} else {
 			f.setState(ref, StateMissing, "")
@@ -409,6 +421,27 @@ func (f *Fetcher) fetch(ctx context.Context, ref Ref) {
 	}
 
 	f.setState(ref, StateFailed, errors.Join(errs...).Error())
+}
+
+// linkNames records every other name asked for under ref's digest, now that its content is here.
+func (f *Fetcher) linkNames(ref Ref) {
+	f.mu.Lock()
+
+	var others []Ref
+
+	for name, r := range f.names[ref.SHA256] {
+		if name != ref.Name {
+			others = append(others, r)
+		}
+	}
+
+	f.mu.Unlock()
+
+	for _, r := range others {
+		if err := f.store.Link(r); err != nil {
+			f.log.Warn("link asset name", zap.String("asset", r.Name), zap.Error(err))
+		}
+	}
 }
 
 func (f *Fetcher) setState(ref Ref, state State, msg string) {

@@ -153,3 +153,29 @@ func (m *multiSource) Open(_ context.Context, ref assetcache.Ref, offset int64) 
 
 	return io.NopCloser(bytes.NewReader(b[offset:])), nil
 }
+
+// TestOneContentUnderTwoNames: an image's top manifest is asked for as a blob and as its tag, one digest under
+// two names; one download serves both names.
+func TestOneContentUnderTwoNames(t *testing.T) {
+	t.Parallel()
+
+	s := newStore(t, t.TempDir(), 1<<30, nil)
+	f := startFetcher(t, s, assetcache.PolicyOffline, nil)
+	data, sum := blob(t, 2000)
+	asBlob := assetcache.Ref{Name: "oci/siderolabs/installer/blobs/" + sum, SHA256: sum, Size: int64(len(data))}
+	asTag := assetcache.Ref{Name: "oci/siderolabs/installer/manifests/v1.11.5", SHA256: sum, Size: int64(len(data))}
+
+	sts, err := f.Ensure(assetcache.PolicyOffline, []assetcache.Ref{asBlob, asTag})
+	require.NoError(t, err)
+	require.Equal(t, assetcache.StateMissing, sts[1].State)
+
+	src := &multiSource{byDigest: map[string][]byte{sum: data}}
+	f.SetRelay(src)
+	waitState(t, f, sum, assetcache.StatePresent)
+
+	for _, name := range []string{asBlob.Name, asTag.Name} {
+		e, err := s.Lookup(name)
+		require.NoError(t, err, "%s not held after the download", name)
+		require.Equal(t, sum, e.SHA256)
+	}
+}
