@@ -45,13 +45,18 @@ var (
 	buildErr  error
 )
 
-// buildBinaries builds the controller and edge binaries once per test run and returns their directory.
+// buildBinaries builds the controller and edge binaries once per test run into _out/test/linklab (rebuilt
+// each run, never left in the system's temporary directory) and returns that directory.
 func buildBinaries(t *testing.T) string {
 	t.Helper()
 
 	buildOnce.Do(func() {
-		buildDir, buildErr = os.MkdirTemp("", "outpost-bin-")
+		buildDir, buildErr = filepath.Abs("../../_out/test/linklab")
 		if buildErr != nil {
+			return
+		}
+
+		if buildErr = os.MkdirAll(buildDir, 0o755); buildErr != nil {
 			return
 		}
 
