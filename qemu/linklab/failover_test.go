@@ -96,7 +96,7 @@ func TestBinariesStandbyTakesOverMidWipe(t *testing.T) {
 	disk := filepath.Join(t.TempDir(), "disk.img")
 	require.NoError(t, os.WriteFile(disk, bytes.Repeat([]byte{0xa5}, 1<<20), 0o600))
 
-	machine := &fakeMachine{t: t, cfg: testagent.Config{
+	machine := &fakeMachine{t: t, http: httpAddr, cfg: testagent.Config{
 		Endpoint: apiAddr, MachineID: machineID, Disks: []string{disk},
 		RetryInterval: 100 * time.Millisecond, Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
 		BeforeWipe: func(ctx context.Context) error {

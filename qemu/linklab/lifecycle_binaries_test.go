@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -173,7 +174,7 @@ func TestBinariesLifecycleWithOmniStandIn(t *testing.T) {
 	disk := filepath.Join(t.TempDir(), "disk.img")
 	require.NoError(t, os.WriteFile(disk, bytes.Repeat([]byte{0xa5}, 1<<20), 0o600))
 
-	machine := &fakeMachine{t: t, cfg: testagent.Config{
+	machine := &fakeMachine{t: t, http: httpAddr, cfg: testagent.Config{
 		Endpoint: apiAddr, MachineID: machineID, Disks: []string{disk},
 		RetryInterval: 100 * time.Millisecond, Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
 	}}
@@ -374,10 +375,12 @@ func provision(ctx context.Context, t *testing.T, omniAddr, joinToken, machineID
 	require.NoError(t, err)
 }
 
-// fakeMachine runs a test agent while its chassis is powered on.
+// fakeMachine runs a test agent while its chassis is powered on. Each power-on first asks the edge at http
+// for its boot script, as iPXE does: the served boot is what the edge binds the agent's tunnel to.
 type fakeMachine struct {
-	t   *testing.T
-	cfg testagent.Config
+	t    *testing.T
+	http string
+	cfg  testagent.Config
 
 	mu     sync.Mutex
 	cancel context.CancelFunc
@@ -397,6 +400,12 @@ func (m *fakeMachine) hook(_ context.Context, action vbmc.Action, _ vbmc.Overrid
 }
 
 func (m *fakeMachine) start() {
+	if err := m.boot(); err != nil {
+		m.t.Errorf("boot script: %v", err)
+
+		return
+	}
+
 	agent, err := testagent.New(m.cfg)
 	if err != nil {
 		m.t.Errorf("test agent: %v", err)
@@ -416,6 +425,31 @@ func (m *fakeMachine) start() {
 	m.mu.Lock()
 	m.cancel, m.done = cancel, done
 	m.mu.Unlock()
+}
+
+// boot fetches the machine's boot script from the edge, as its firmware's iPXE would.
+func (m *fakeMachine) boot() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	u := "http://" + m.http + "/ipxe/boot.ipxe?uuid=" + m.cfg.MachineID + "&mac=52-54-00-00-00-11&arch=x86_64"
+
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return err
+	}
+
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close() //nolint:errcheck
+
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", u, resp.Status)
+	}
+
+	return nil
 }
 
 func (m *fakeMachine) stop() {
