@@ -11,6 +11,9 @@ import (
 	"slices"
 	"strings"
 
+	agentconfig "github.com/siderolabs/talos-metal-agent/pkg/config"
+	"github.com/siderolabs/talos/pkg/machinery/constants"
+
 	"github.com/outpost-metal/outpost/controller/assets"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
@@ -224,11 +227,11 @@ func (p *Planner) Plan(ctx context.Context, siteID string, m Machine) (Plan, err
 		args := []string{"talos.platform=metal"}
 
 		if s.ConfigURL != "" {
-			args = append(args, "talos.config="+s.ConfigURL+"?u=${uuid}")
+			args = append(args, constants.KernelParamConfig+"="+s.ConfigURL+"?u=${uuid}")
 		}
 
 		if mode == ModeAgent && s.AgentAddress != "" {
-			args = append(args, "metal.provider.address="+s.AgentAddress)
+			args = append(args, agentconfig.MetalProviderAddressKernelArg+"="+s.AgentAddress)
 		}
 
 		if p.cfg.Console != "" {

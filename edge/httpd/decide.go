@@ -8,6 +8,9 @@ import (
 	"strings"
 	"time"
 
+	agentconfig "github.com/siderolabs/talos-metal-agent/pkg/config"
+	"github.com/siderolabs/talos/pkg/machinery/constants"
+
 	"github.com/outpost-metal/outpost/edge/boot"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
@@ -146,7 +149,7 @@ func Decide(cfg Config, req Request) Answer {
 
 		// The installed Talos fetches its join config from this edge once, then reaches Omni over SideroLink.
 		all := withDefaultArgs(append(append([]string(nil), e.Install.GetArgs()...), args...),
-			"talos.config="+base+"/config?u=${uuid}")
+			constants.KernelParamConfig+"="+base+"/config?u=${uuid}")
 
 		return kernelOrWait(cfg, req, base, "install", "install "+e.UUID, e.Install, all)
 	default:
@@ -160,7 +163,7 @@ func Decide(cfg Config, req Request) Answer {
 		}
 
 		all := withDefaultArgs(append(append([]string(nil), k.GetArgs()...), args...),
-			"metal.provider.address="+agentAddress(cfg, req.Host), "talos.config="+base+"/config?u=${uuid}")
+			agentconfig.MetalProviderAddressKernelArg+"="+agentAddress(cfg, req.Host), constants.KernelParamConfig+"="+base+"/config?u=${uuid}")
 
 		return kernelOrWait(cfg, req, base, "agent", "agent mode", k, all)
 	}
