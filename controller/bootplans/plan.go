@@ -16,6 +16,7 @@ import (
 
 	"github.com/outpost-metal/outpost/controller/assets"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // Mode is what a machine boots into next.
@@ -272,7 +273,7 @@ func (p *Planner) Plan(ctx context.Context, siteID string, m Machine) (Plan, err
 
 // ToProto converts a plan to the boot table's form.
 func ToProto(p Plan) (*bootpb.Plan, error) {
-	out := &bootpb.Plan{Uuid: strings.ToLower(p.MachineID), Macs: slices.Clone(p.MACs)}
+	out := &bootpb.Plan{Uuid: metal.NormalizeID(p.MachineID), Macs: slices.Clone(p.MACs)}
 
 	switch p.Mode {
 	case ModeAgent:

@@ -3,7 +3,6 @@ package lifecycle
 import (
 	"context"
 	"errors"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,7 +25,7 @@ func (l *Locations) HandleEvent(ctx context.Context, site string, e *bootpb.Even
 
 	switch k := e.GetKind().(type) {
 	case *bootpb.Event_BootServed:
-		id := strings.ToLower(k.BootServed.GetUuid())
+		id := metal.NormalizeID(k.BootServed.GetUuid())
 
 		moved, err := l.Seen(site, id)
 		if err != nil {
@@ -53,7 +52,7 @@ func (l *Locations) HandleEvent(ctx context.Context, site string, e *bootpb.Even
 			l.SetFirmware(id, fw, "dhcp")
 		}
 	case *bootpb.Event_AgentTunnel:
-		id := strings.ToLower(k.AgentTunnel.GetMachineId())
+		id := metal.NormalizeID(k.AgentTunnel.GetMachineId())
 
 		switch err := l.AgentConnected(site, id, k.AgentTunnel.GetOpen()); {
 		case errors.Is(err, ErrClaimRefused):
@@ -76,9 +75,9 @@ func (l *Locations) HandleEvent(ctx context.Context, site string, e *bootpb.Even
 			at = ts.AsTime()
 		}
 
-		l.powerReported(site, strings.ToLower(k.PowerChanged.GetMachineId()), k.PowerChanged.GetState(), k.PowerChanged.GetError(), at)
+		l.powerReported(site, metal.NormalizeID(k.PowerChanged.GetMachineId()), k.PowerChanged.GetState(), k.PowerChanged.GetError(), at)
 	case *bootpb.Event_TunnelRefused:
-		id := strings.ToLower(k.TunnelRefused.GetMachineId())
+		id := metal.NormalizeID(k.TunnelRefused.GetMachineId())
 
 		alert, ok := alertOfRefusal[k.TunnelRefused.GetReason()]
 		if !ok {

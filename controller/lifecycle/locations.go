@@ -398,7 +398,7 @@ func (l *Locations) Inventory(siteID string, tunnels, table []string) (refused i
 	open := map[string]bool{}
 
 	for _, id := range tunnels {
-		id = strings.ToLower(id)
+		id = metal.NormalizeID(id)
 		if err := l.AgentConnected(siteID, id, true); err != nil {
 			l.reject(siteID, "inventory_claim", err)
 			refused++
@@ -420,7 +420,7 @@ func (l *Locations) Inventory(siteID string, tunnels, table []string) (refused i
 	}
 
 	for _, id := range table {
-		id = strings.ToLower(id)
+		id = metal.NormalizeID(id)
 		if checkID(id) != nil {
 			continue
 		}

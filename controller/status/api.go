@@ -13,6 +13,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/timeline"
 	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // MaxPage is the most machines one ListMachines call returns.
@@ -89,7 +90,7 @@ func (a *API) ListMachines(_ context.Context, req *adminpb.ListMachinesRequest) 
 
 // ShowMachine implements adminpb.MachinesServer.
 func (a *API) ShowMachine(_ context.Context, req *adminpb.ShowMachineRequest) (*adminpb.ShowMachineResponse, error) {
-	rec, ok := a.machines.Get(strings.ToLower(req.GetMachineId()))
+	rec, ok := a.machines.Get(metal.NormalizeID(req.GetMachineId()))
 	if !ok {
 		return nil, grpcstatus.Errorf(codes.NotFound, "no machine %q is known", clipID(req.GetMachineId()))
 	}
@@ -148,7 +149,7 @@ func (a *API) change(ctx context.Context, what, machineID string, apply func(id 
 		}
 	}
 
-	id := strings.ToLower(machineID)
+	id := metal.NormalizeID(machineID)
 
 	switch err := apply(id); {
 	case errors.Is(err, lifecycle.ErrBadFirmware):

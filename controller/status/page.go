@@ -17,6 +17,7 @@ import (
 
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/timeline"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 //go:embed templates/*.html
@@ -316,7 +317,7 @@ func (p *Pages) machinesPage(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p *Pages) machinePage(w http.ResponseWriter, r *http.Request) {
-	rec, ok := p.opts.Machines.Get(strings.ToLower(r.PathValue("id")))
+	rec, ok := p.opts.Machines.Get(metal.NormalizeID(r.PathValue("id")))
 	if !ok {
 		http.Error(w, "no such machine", http.StatusNotFound)
 

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // Entry kinds.
@@ -272,7 +273,7 @@ func (b *Book) appendLocked(m *machine, e Entry) {
 
 // Record adds an entry to a machine's timeline (it implements lifecycle.Journal).
 func (b *Book) Record(machineID, kind, text string, failed bool) {
-	id := strings.ToLower(machineID)
+	id := metal.NormalizeID(machineID)
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -285,7 +286,7 @@ func (b *Book) Record(machineID, kind, text string, failed bool) {
 // Summarize takes the lifecycle's summary of a machine (it implements lifecycle.Journal): a change of phase
 // and a first install are timeline entries of their own.
 func (b *Book) Summarize(machineID string, s lifecycle.MachineSummary) {
-	id := strings.ToLower(machineID)
+	id := metal.NormalizeID(machineID)
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -327,7 +328,7 @@ func (b *Book) Get(machineID string) (Record, bool) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 
-	m, ok := b.machines[strings.ToLower(machineID)]
+	m, ok := b.machines[metal.NormalizeID(machineID)]
 	if !ok {
 		return Record{}, false
 	}

@@ -209,7 +209,7 @@ func (b *Book) bootServed(site string, at time.Time, s *bootpb.BootServed) {
 
 // machineEvent adds an entry to a machine named by an edge event (and applies fn), placing it at the site.
 func (b *Book) machineEvent(site, machineID string, entry Entry, fn func(*machine)) {
-	id := strings.ToLower(machineID)
+	id := metal.NormalizeID(machineID)
 	if !validID(id) {
 		b.metrics.refused.WithLabelValues("bad_machine_id").Inc()
 

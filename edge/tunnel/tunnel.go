@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/netip"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -274,7 +273,7 @@ func (s *Server) serve(ctx context.Context, ln net.Listener, opts ...grpc.Server
 // Channel returns the direct channel to a machine's agent (a call on it goes through the tunnel
 // without the proxy). Calls fail with Unavailable when the machine has no tunnel.
 func (s *Server) Channel(machineID string) grpc.ClientConnInterface {
-	return s.handler.KeyAsChannel(strings.ToLower(machineID))
+	return s.handler.KeyAsChannel(metal.NormalizeID(machineID))
 }
 
 // Open returns the machine IDs with an agent tunnel open now, sorted.
@@ -327,7 +326,7 @@ func (s *Server) EndBoot(machineID string, t time.Time) {
 
 // Connected reports whether the machine's agent has a tunnel open.
 func (s *Server) Connected(machineID string) bool {
-	return s.handler.KeyAsChannel(strings.ToLower(machineID)).Ready()
+	return s.handler.KeyAsChannel(metal.NormalizeID(machineID)).Ready()
 }
 
 // guardedService refuses forward tunnels and reverse tunnels without a valid machine-id before
