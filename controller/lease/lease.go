@@ -43,8 +43,9 @@ type Config struct {
 	Margin time.Duration
 }
 
-// Default returns a 15 s lease renewed every 3 s, given up by its holder 3 s before a standby may take it.
-func Default() Config { return ForDuration(15 * time.Second) }
+// Default returns a 10 s lease renewed every 2 s, given up by its holder 2 s before a standby may take it: a
+// controller killed and started again elsewhere acts about 10 s later.
+func Default() Config { return ForDuration(10 * time.Second) }
 
 // ForDuration returns a lease of d renewed every d/5, given up by its holder d/5 before a standby may take it.
 func ForDuration(d time.Duration) Config {

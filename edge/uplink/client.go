@@ -164,6 +164,9 @@ type Client struct {
 
 	sessions  atomic.Int64
 	connected atomic.Bool
+	// sessionUp is when the last session came up (zero: none since the loop last looked); the run loop's
+	// goroutine alone writes and reads it.
+	sessionUp time.Time
 	// answered is the index in Addresses of the controller that connected last; current is its address
 	// (for logs and status).
 	answered atomic.Int32
@@ -219,21 +222,18 @@ func (c *Client) Run(ctx context.Context) error {
 		return err
 	}
 
-	bo := newBackoff(c.cfg.BackoffMin, c.cfg.BackoffMax)
+	pace := &pacer{bo: newBackoff(c.cfg.BackoffMin, c.cfg.BackoffMax)}
 
 	for {
 		began := time.Now()
+		c.sessionUp = time.Time{}
 		err := c.runSession(ctx)
 
 		if ctx.Err() != nil {
 			return nil
 		}
 
-		if time.Since(began) > 30*time.Second {
-			bo.reset()
-		}
-
-		wait := bo.next()
+		wait := pace.after(began, c.sessionUp, time.Now())
 
 		var rejected *RejectedError
 
@@ -504,6 +504,7 @@ func (c *Client) runSession(ctx context.Context) error {
 	}
 
 	n := c.sessions.Add(1)
+	c.sessionUp = time.Now()
 	c.connected.Store(true)
 	defer c.connected.Store(false)
 
@@ -648,6 +649,47 @@ func (b *backoff) next() time.Duration {
 }
 
 func (b *backoff) reset() { b.ceiling = b.min }
+
+// first is a wait from the first range, [min, 2*min], leaving the ceiling where it is.
+func (b *backoff) first() time.Duration {
+	return b.min + rand.N(b.min+1) // jitter, not a secret
+}
+
+// pacer decides the wait before each session attempt from how the last one went.
+type pacer struct {
+	bo         *backoff
+	quickUntil time.Time
+}
+
+// after returns the wait after an attempt that began at began and ended at now; up is when its session came
+// up (zero: it never did).
+func (p *pacer) after(began, up, now time.Time) time.Duration {
+	switch {
+	case !up.IsZero() && now.Sub(up) >= stableSession:
+		// A session that held ended (a controller restarted or failed over): its successor is expected
+		// within seconds, so for a while every attempt comes soon, jittered, instead of backing off.
+		p.bo.reset()
+		p.quickUntil = now.Add(quickRetryWindow)
+	case now.Sub(began) > 30*time.Second:
+		p.bo.reset()
+	}
+
+	if now.Before(p.quickUntil) {
+		return p.bo.first()
+	}
+
+	return p.bo.next()
+}
+
+const (
+	// stableSession is how long a session must have held for its end to be taken as a controller going
+	// away (a restart, a failover) rather than a controller that accepts and drops: only then do the
+	// attempts come quickly.
+	stableSession = 10 * time.Second
+	// quickRetryWindow is how long after such an end every attempt waits only [BackoffMin, 2*BackoffMin]:
+	// long enough for a standby to take the lease over and a restarted controller to come back.
+	quickRetryWindow = 30 * time.Second
+)
 
 // honourRetryAfter returns the wait before the next attempt when the controller asked for retryAfter: at least
 // that, plus up to half of it again, so that the edges it turned away at once do not all come back at once.

@@ -33,3 +33,18 @@ func (c *Client) DialController(ctx context.Context) (string, error) {
 
 	return addr, nil
 }
+
+// Pacer is the client's choice of the wait before each session attempt, for tests.
+type Pacer struct{ p *pacer }
+
+// NewPacer returns a pacer over a backoff between lo and hi.
+func NewPacer(lo, hi time.Duration) *Pacer { return &Pacer{p: &pacer{bo: newBackoff(lo, hi)}} }
+
+// After is the wait after an attempt that began at began, whose session came up at up (zero: never), ended at now.
+func (p *Pacer) After(began, up, now time.Time) time.Duration { return p.p.after(began, up, now) }
+
+// StableSession and QuickRetryWindow are the pacer's thresholds.
+const (
+	StableSession    = stableSession
+	QuickRetryWindow = quickRetryWindow
+)
