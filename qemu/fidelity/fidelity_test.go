@@ -14,6 +14,8 @@ import (
 // TestFidelity runs the contract scenario against the stand-in and, where one can be built and started here
 // (root, the module proxy), against a real Omni v1.9.3, and requires both transcripts to agree step by step.
 func TestFidelity(t *testing.T) {
+	t.Parallel() // beside TestControllerOutlivesWatchBudget, which mostly waits
+
 	standIn, err := fidelity.StartStandIn("bare-metal", zaptest.NewLogger(t).Named("stand-in"))
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, standIn.Stop()) })
