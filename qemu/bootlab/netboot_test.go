@@ -73,6 +73,20 @@ func TestNetbootOVMF(t *testing.T) {
 	netboot(t, bootCase{firmware: "ovmf", timeout: 5 * time.Minute})
 }
 
+// TestNetbootHTTPBoot boots a UEFI machine by UEFI HTTP boot at a site whose edge serves no TFTP: OVMF's PXE
+// is off (its fw_cfg knobs), its HTTP boot client asks with vendor class HTTPClient (option 93 = 16), the edge's
+// ProxyDHCP answers with HTTPClient and http://<edge>/tftp/ipxe.efi, the firmware fetches iPXE over HTTP from
+// the edge, and iPXE continues to agent mode as over PXE. The site's DHCP server gives the address only.
+func TestNetbootHTTPBoot(t *testing.T) {
+	netboot(t, bootCase{
+		firmware: "ovmf-http", edgeArgs: []string{"-no-tftp"}, timeout: 5 * time.Minute, noTFTP: true,
+		logHas: [][]string{
+			{`"msg":"proxydhcp reply"`, `"firmware":"http-x86"`, `http://` + bootlab.EdgeIP + `/tftp/ipxe.efi`},
+			{`"msg":"http"`, `"uri":"/tftp/ipxe.efi"`},
+		},
+	})
+}
+
 // bootCase is one lab boot: the firmware, the site's DHCP server, the edge's flags, and what the edge must
 // have printed before the machine called back.
 type bootCase struct {
@@ -89,6 +103,8 @@ type bootCase struct {
 	stranger bool
 	// logHas are lines the edge's log must hold, each given as the fragments one line holds.
 	logHas [][]string
+	// noTFTP says the edge must serve no TFTP file (the boot went over HTTP only).
+	noTFTP bool
 }
 
 func randomUUID(t *testing.T) string {
@@ -181,7 +197,7 @@ func netboot(t *testing.T, bc bootCase) {
 	case "seabios":
 		args = append(args, "-machine", "pc,accel=tcg", "-boot", "n",
 			"-device", "virtio-net-pci,netdev=n0,mac=52:54:00:77:00:01,bootindex=1")
-	case "ovmf":
+	case "ovmf", "ovmf-http":
 		vars := filepath.Join(dir, "OVMF_VARS.fd")
 		b, err := os.ReadFile("/usr/share/OVMF/OVMF_VARS_4M.fd")
 		require.NoError(t, err)
@@ -191,6 +207,13 @@ func netboot(t *testing.T, bc bootCase) {
 			"-drive", "if=pflash,format=raw,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd",
 			"-drive", "if=pflash,format=raw,file="+vars,
 			"-device", "virtio-net-pci,netdev=n0,mac=52:54:00:77:00:02,romfile=,bootindex=1")
+
+		if firmware == "ovmf-http" {
+			// OVMF's boot options for the NIC are PXE then HTTP boot, IPv4 then IPv6: its fw_cfg knobs turn
+			// PXE off, so the firmware boots the NIC by UEFI HTTP boot (IPv4) only.
+			args = append(args, "-fw_cfg", "name=opt/org.tianocore/IPv4PXESupport,string=n",
+				"-fw_cfg", "name=opt/org.tianocore/IPv6PXESupport,string=n")
+		}
 	}
 
 	start := time.Now()
@@ -209,8 +232,11 @@ func netboot(t *testing.T, bc bootCase) {
 
 	// The chain went the way the firmware class says it must.
 	want := []string{"DHCP 52:54:00:77:00:01 bios ipxe=true", "BOOT %s agent platform=pcbios"}
-	if firmware == "ovmf" {
+	switch firmware {
+	case "ovmf":
 		want = []string{"DHCP 52:54:00:77:00:02 uefi-x86 ipxe=false", "TFTP ipxe.efi", "DHCP 52:54:00:77:00:02 uefi-x86 ipxe=true", "BOOT %s agent platform=efi"}
+	case "ovmf-http":
+		want = []string{"DHCP 52:54:00:77:00:02 http-x86 ipxe=false", "DHCP 52:54:00:77:00:02 uefi-x86 ipxe=true", "BOOT %s agent platform=efi"}
 	}
 
 	if bc.want != nil {
@@ -226,6 +252,7 @@ func netboot(t *testing.T, bc bootCase) {
 	for _, l := range seen {
 		require.False(t, bc.noDHCP && strings.HasPrefix(l, "DHCP "), "the edge's ProxyDHCP answered (%q) though it should answer nobody", l)
 		require.False(t, strings.HasPrefix(l, "DHCP "+strangerMAC), "the edge answered the unregistered machine: %q", l)
+		require.False(t, bc.noTFTP && strings.HasPrefix(l, "TFTP "), "the edge served a TFTP file (%q) at a site without TFTP", l)
 	}
 
 	require.Subset(t, seen, want, "edge saw %q", seen)

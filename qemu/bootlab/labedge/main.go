@@ -35,7 +35,10 @@ import (
 func main() {
 	cfg := config.Default()
 
-	var assets, registered string
+	var (
+		assets, registered string
+		noTFTP             bool
+	)
 
 	flag.StringVar(&cfg.DHCP.Interface, "iface", "br0", "interface to serve ProxyDHCP on")
 	flag.StringVar(&cfg.DHCP.ServerIP, "ip", "", "the edge's address on that interface")
@@ -48,7 +51,12 @@ func main() {
 	flag.StringVar((*string)(&cfg.DHCP.Mode), "proxydhcp-mode", string(cfg.DHCP.Mode), "full or 4011-only (the edge's --proxydhcp-mode)")
 	flag.StringVar(&registered, "register-macs", "", "comma-separated MACs registered before they boot, with discovery known for the site: "+
 		"applied as the controller applies a site's table, through the edge's boot-plan service")
+	flag.BoolVar(&noTFTP, "no-tftp", false, "serve no TFTP at all, as a site whose machines reach no TFTP (UEFI HTTP boot only)")
 	flag.Parse()
+
+	if noTFTP {
+		cfg.TFTP.Listen = ""
+	}
 
 	log, err := logging.New(os.Stderr, cfg.LogLevel)
 	if err != nil {
