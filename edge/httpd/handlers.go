@@ -31,7 +31,7 @@ func (s *Server) serveProbe(w http.ResponseWriter, _ *http.Request) {
 	writeText(w, "text/plain; charset=utf-8", []byte(probeScript))
 }
 
-// serveBoot gathers what Decide needs, writes its answer, then counts and reports it.
+// serveBoot gathers what Decide needs, reports the boot, writes its answer and counts it.
 func (s *Server) serveBoot(w http.ResponseWriter, r *http.Request) {
 	q, err := ParseBootQuery(r.URL.RawQuery)
 	if err != nil {
@@ -48,6 +48,15 @@ func (s *Server) serveBoot(w http.ResponseWriter, r *http.Request) {
 		Query: q, Host: r.Host, Plan: e, Assets: s.deps.Assets, Upstream: s.upstream(),
 		LastReported: s.waits.last(waitKey), Now: now,
 	})
+
+	// Reported before the answer is written: the machine's agent may dial the moment it has its script, and
+	// the served boot is the evidence its tunnel is bound to.
+	if s.deps.Observer != nil && a.Mode != "" && a.Report {
+		s.deps.Observer.BootServed(BootServed{
+			UUID: q.UUID, MAC: q.MAC, Arch: q.Arch, Platform: q.Platform, Mode: a.Mode, Remote: remoteAddr(r), TableVersion: e.Version,
+			Missing: a.Missing, WaitingFor: a.Waiting,
+		})
+	}
 
 	switch {
 	case a.Mode == "":
@@ -72,13 +81,6 @@ func (s *Server) serveBoot(w http.ResponseWriter, r *http.Request) {
 		s.waits.note(waitKey, now)
 		s.log.Warn("boot waits for assets the site does not hold", zap.String("mode", a.Waiting), zap.String("uuid", e.UUID),
 			zap.Strings("missing", a.Missing))
-	}
-
-	if s.deps.Observer != nil && a.Report {
-		s.deps.Observer.BootServed(BootServed{
-			UUID: q.UUID, MAC: q.MAC, Arch: q.Arch, Platform: q.Platform, Mode: a.Mode, Remote: remoteAddr(r), TableVersion: e.Version,
-			Missing: a.Missing, WaitingFor: a.Waiting,
-		})
 	}
 }
 
