@@ -84,7 +84,8 @@ func (s *Server) FullWanted() bool {
 
 // handleFull answers a request on port 67 in full mode; false hands it to the ProxyDHCP (relayed requests).
 func (s *Server) handleFull(ctx context.Context, j job, raw []byte, pool *Pool) bool {
-	req, err := dhcpv4.FromBytes(raw)
+	// Parsed from a copy: the request may outlive the read buffer, which goes back to its pool.
+	req, err := dhcpv4.FromBytes(bytes.Clone(raw))
 	if err != nil {
 		s.drop(DropMalformed, err, j.peer, nil)
 
@@ -97,6 +98,30 @@ func (s *Server) handleFull(ctx context.Context, j job, raw []byte, pool *Pool) 
 		return true
 	}
 
+	// A DISCOVER may wait for an address probe (up to ProbeTimeout): it is answered from a goroutine of its own,
+	// up to MaxProbes at once, so that a storm of new clients does not hold every worker for a probe each.
+	// With every probe slot taken it is answered here, the workers' wait being the back pressure.
+	if req.MessageType() == dhcpv4.MessageTypeDiscover && s.deps.Probe != nil && req.GatewayIPAddr.IsUnspecified() {
+		select {
+		case s.probeSlots <- struct{}{}:
+			s.probing.Add(1)
+
+			go func() {
+				defer func() { <-s.probeSlots; s.probing.Done() }()
+
+				s.answerFull(ctx, j, pool, req)
+			}()
+
+			return true
+		default:
+		}
+	}
+
+	return s.answerFull(ctx, j, pool, req)
+}
+
+// answerFull decides a full-mode request and sends its reply; false hands it to the ProxyDHCP (relayed).
+func (s *Server) answerFull(ctx context.Context, j job, pool *Pool, req *dhcpv4.DHCPv4) bool {
 	d := s.decideFull(ctx, pool, req)
 
 	switch {

@@ -52,6 +52,9 @@ type Config struct {
 	Mode Mode
 	// ProbeTimeout bounds the wait for an answer to the probe of an address before it is offered (full DHCP).
 	ProbeTimeout time.Duration
+	// MaxProbes is how many DISCOVERs may wait for their address probes at once (full DHCP); beyond it the
+	// workers answer them, one probe at a time each.
+	MaxProbes int
 	// Leases bound what clients can make full DHCP mode hold.
 	Leases LeaseLimits
 }
@@ -74,6 +77,7 @@ func Default() Config {
 		Discovery:      DiscoverAll,
 		Mode:           ModeFull,
 		ProbeTimeout:   300 * time.Millisecond,
+		MaxProbes:      256,
 		Leases:         DefaultLeaseLimits(),
 	}
 }
@@ -120,8 +124,8 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("workers, queue size, rate and burst per MAC and tracked MACs must be positive"))
 	}
 
-	if c.ProbeTimeout <= 0 || c.Leases.OfferTTL <= 0 || c.Leases.MaxOffers <= 0 || c.Leases.DeclineHold <= 0 || c.Leases.MaxBad <= 0 {
-		errs = append(errs, errors.New("the probe timeout, offer lifetime, pending offers, decline hold and held-back addresses must be positive"))
+	if c.ProbeTimeout <= 0 || c.MaxProbes <= 0 || c.Leases.OfferTTL <= 0 || c.Leases.MaxOffers <= 0 || c.Leases.DeclineHold <= 0 || c.Leases.MaxBad <= 0 {
+		errs = append(errs, errors.New("the probe timeout, probes at once, offer lifetime, pending offers, decline hold and held-back addresses must be positive"))
 	}
 
 	if len(c.Files.Names()) == 0 {
@@ -187,6 +191,10 @@ type Server struct {
 	leaseReplies *prometheus.CounterVec
 	probeErrors  prometheus.Counter
 	conflicts    prometheus.Counter
+	// probeSlots bounds the DISCOVERs answered after a probe at once (a token per goroutine); probing
+	// counts them, and Serve waits for them before it returns.
+	probeSlots chan struct{}
+	probing    sync.WaitGroup
 
 	mu   sync.Mutex
 	macs map[[6]byte]*macState
@@ -222,9 +230,10 @@ func New(cfg Config, logger *zap.Logger, deps Deps) (*Server, error) {
 	}
 
 	s := &Server{
-		cfg:  cfg,
-		log:  logger.With(zap.String("component", "dhcp")),
-		deps: deps,
+		cfg:        cfg,
+		log:        logger.With(zap.String("component", "dhcp")),
+		deps:       deps,
+		probeSlots: make(chan struct{}, cfg.MaxProbes),
 		params: Params{
 			ServerIP: serverIP,
 			HTTPPort: cfg.HTTPPort,
@@ -389,7 +398,11 @@ func (s *Server) Serve(ctx context.Context, dhcpConn, pxeConn net.PacketConn) er
 		return nil
 	})
 
-	return eg.Wait()
+	err := eg.Wait()
+
+	s.probing.Wait() // the answers after a probe end with ctx; they write on connections the caller still holds
+
+	return err
 }
 
 func (s *Server) read(ctx context.Context, conn net.PacketConn, role Role, jobs chan<- job) error {
