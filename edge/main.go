@@ -83,6 +83,7 @@ func rootCommand(lookup func(string) (string, bool)) (*cobra.Command, *envflag.B
 	f.StringVar(&cfg.DHCP.Interface, "interface", cfg.DHCP.Interface, "network interface the ProxyDHCP serves (SO_BINDTODEVICE); empty with no --server-ip turns it off")
 	f.StringVar((*string)(&cfg.AgentBinding), "agent-binding", string(cfg.AgentBinding), "what an agent tunnel must prove: address (it comes from the address the machine's boot fetched from) or off (trusted site networks only)")
 	f.StringVar((*string)(&cfg.DHCP.Discovery), "discovery", string(cfg.DHCP.Discovery), "which PXE clients the ProxyDHCP answers: all, known (machines the controller knows or an operator registered) or off")
+	f.DurationVar(&cfg.DHCP.GuardInterval, "dhcp-guard-interval", cfg.DHCP.GuardInterval, "with full DHCP mode asked for: how often the site network is checked for another DHCP server")
 	f.StringVar((*string)(&cfg.DHCP.Mode), "proxydhcp-mode", string(cfg.DHCP.Mode), "full (ports 67 and 4011) or 4011-only (beside a site DHCP server that offers PXE)")
 	f.StringVar(&cfg.DHCP.ServerIP, "server-ip", cfg.DHCP.ServerIP, "the edge's address machines reach (default: the interface's first IPv4)")
 	f.StringVar(&cfg.HTTP.Listen, "http-listen", cfg.HTTP.Listen, "address for iPXE scripts, binaries, assets, /config, /metrics and /healthz")

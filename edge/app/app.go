@@ -326,7 +326,7 @@ func segmentChecks(cfg config.Config, log *zap.Logger, reg prometheus.Registerer
 		return nil, nil, fmt.Errorf("dhcp interface: %w", err)
 	}
 
-	guard, err := dhcp.NewGuard(dhcp.DefaultGuardConfig(), log, dhcp.RawDiscoverer{Interface: ifi.Name, Window: 3 * time.Second},
+	guard, err := dhcp.NewGuard(dhcp.GuardConfig{Interval: cfg.DHCP.GuardInterval}, log, dhcp.RawDiscoverer{Interface: ifi.Name, Window: 3 * time.Second},
 		dhcp.GuardMAC(ifi.HardwareAddr), wanted, reg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("dhcp guard: %w", err)

@@ -185,7 +185,7 @@ func (s *segment) startEdge(t *testing.T, stateDir string, site *bootpb.DHCP) *e
 
 	var srv *dhcp.Server
 
-	guard, err := dhcp.NewGuard(dhcp.DefaultGuardConfig(), log, dhcp.RawDiscoverer{Interface: s.edgeIf, Window: 2 * time.Second, Enter: s.enter},
+	guard, err := dhcp.NewGuard(dhcp.GuardConfig{Interval: dhcp.Default().GuardInterval}, log, dhcp.RawDiscoverer{Interface: s.edgeIf, Window: 2 * time.Second, Enter: s.enter},
 		dhcp.GuardMAC(hwaddr), func() bool { return srv.FullWanted() }, nil)
 	require.NoError(t, err)
 

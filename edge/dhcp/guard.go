@@ -29,9 +29,6 @@ type GuardConfig struct {
 	Interval time.Duration
 }
 
-// DefaultGuardConfig returns the production defaults.
-func DefaultGuardConfig() GuardConfig { return GuardConfig{Interval: 2 * time.Minute} }
-
 // Guard keeps full DHCP mode off a segment that has another DHCP server: before full mode serves, and then
 // every Interval, it sends its own DISCOVER (with a MAC of its own making) and, while another server OFFERs,
 // full mode is refused (the edge answers PXE clients as a ProxyDHCP), the other server is named in the log and

@@ -52,6 +52,9 @@ type Config struct {
 	Mode Mode
 	// ProbeTimeout bounds the wait for an answer to the probe of an address before it is offered (full DHCP).
 	ProbeTimeout time.Duration
+	// GuardInterval is how often, while full DHCP mode is asked for, the segment is checked for another DHCP
+	// server (it is also checked before full mode first serves).
+	GuardInterval time.Duration
 	// MaxProbes is how many DISCOVERs may wait for their address probes at once (full DHCP); beyond it the
 	// workers answer them, one probe at a time each.
 	MaxProbes int
@@ -78,6 +81,7 @@ func Default() Config {
 		Mode:           ModeFull,
 		ProbeTimeout:   300 * time.Millisecond,
 		MaxProbes:      256,
+		GuardInterval:  2 * time.Minute,
 		Leases:         DefaultLeaseLimits(),
 	}
 }
@@ -124,8 +128,8 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("workers, queue size, rate and burst per MAC and tracked MACs must be positive"))
 	}
 
-	if c.ProbeTimeout <= 0 || c.MaxProbes <= 0 || c.Leases.OfferTTL <= 0 || c.Leases.MaxOffers <= 0 || c.Leases.DeclineHold <= 0 || c.Leases.MaxBad <= 0 {
-		errs = append(errs, errors.New("the probe timeout, probes at once, offer lifetime, pending offers, decline hold and held-back addresses must be positive"))
+	if c.ProbeTimeout <= 0 || c.MaxProbes <= 0 || c.GuardInterval <= 0 || c.Leases.OfferTTL <= 0 || c.Leases.MaxOffers <= 0 || c.Leases.DeclineHold <= 0 || c.Leases.MaxBad <= 0 {
+		errs = append(errs, errors.New("the probe timeout, probes at once, guard interval, offer lifetime, pending offers, decline hold and held-back addresses must be positive"))
 	}
 
 	if len(c.Files.Names()) == 0 {
