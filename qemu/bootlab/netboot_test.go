@@ -87,6 +87,9 @@ func TestNetbootHTTPBoot(t *testing.T) {
 	})
 }
 
+// strangerMAC is the unregistered machine's MAC (bootCase.stranger).
+const strangerMAC = "52:54:00:77:00:03"
+
 // bootCase is one lab boot: the firmware, the site's DHCP server, the edge's flags, and what the edge must
 // have printed before the machine called back.
 type bootCase struct {
@@ -105,6 +108,16 @@ type bootCase struct {
 	logHas [][]string
 	// noTFTP says the edge must serve no TFTP file (the boot went over HTTP only).
 	noTFTP bool
+	// uuid is the machine's SMBIOS UUID (random when empty).
+	uuid string
+	// disk is a directory of files the machine's second boot device (a virtio disk after the NIC) is made
+	// from: a raw image "disk.raw" for SeaBIOS, an EFI system partition's tree for OVMF.
+	disk string
+	// check, when set, checks more: seen are the edge's lines, dir the site's directory (edge.log, serial logs).
+	check func(t *testing.T, seen []string, dir string)
+	// serial, when set, is what the machine's serial console must print instead of the edge's CALLBACK
+	// line (the machine boots something other than the agent).
+	serial string
 }
 
 func randomUUID(t *testing.T) string {
@@ -169,8 +182,6 @@ func netboot(t *testing.T, bc bootCase) {
 
 	waitLine(t, lines, "READY", 30*time.Second)
 
-	const strangerMAC = "52:54:00:77:00:03"
-
 	if bc.stranger {
 		strangerTap := site.AddTap(t)
 		site.Start(t, "qemu-stranger", nil, "ip", "netns", "exec", site.NS, "qemu-system-x86_64",
@@ -180,7 +191,11 @@ func netboot(t *testing.T, bc bootCase) {
 	}
 
 	tap := site.AddTap(t)
-	uuid := randomUUID(t)
+
+	uuid := bc.uuid
+	if uuid == "" {
+		uuid = randomUUID(t)
+	}
 	serial := filepath.Join(site.Dir, "serial-"+firmware+".log")
 
 	args := []string{
@@ -195,8 +210,15 @@ func netboot(t *testing.T, bc bootCase) {
 
 	switch firmware {
 	case "seabios":
+		// SeaBIOS's own log (its debug port) says which device it booted.
+		args = append(args, "-chardev", "file,id=dbg,path="+filepath.Join(site.Dir, "seabios.log"), "-device", "isa-debugcon,iobase=0x402,chardev=dbg")
 		args = append(args, "-machine", "pc,accel=tcg", "-boot", "n",
 			"-device", "virtio-net-pci,netdev=n0,mac=52:54:00:77:00:01,bootindex=1")
+
+		if bc.disk != "" {
+			args = append(args, "-drive", "if=none,id=d0,format=raw,readonly=on,file="+filepath.Join(bc.disk, "disk.raw"),
+				"-device", "virtio-blk-pci,drive=d0,bootindex=2")
+		}
 	case "ovmf", "ovmf-http":
 		vars := filepath.Join(dir, "OVMF_VARS.fd")
 		b, err := os.ReadFile("/usr/share/OVMF/OVMF_VARS_4M.fd")
@@ -207,6 +229,12 @@ func netboot(t *testing.T, bc bootCase) {
 			"-drive", "if=pflash,format=raw,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd",
 			"-drive", "if=pflash,format=raw,file="+vars,
 			"-device", "virtio-net-pci,netdev=n0,mac=52:54:00:77:00:02,romfile=,bootindex=1")
+
+		if bc.disk != "" {
+			// QEMU's vvfat: the directory as a FAT disk, read only.
+			args = append(args, "-drive", "if=none,id=d0,format=raw,readonly=on,file=fat:"+bc.disk,
+				"-device", "virtio-blk-pci,drive=d0,bootindex=2")
+		}
 
 		if firmware == "ovmf-http" {
 			// OVMF's boot options for the NIC are PXE then HTTP boot, IPv4 then IPv6: its fw_cfg knobs turn
@@ -227,8 +255,24 @@ func netboot(t *testing.T, bc bootCase) {
 		}
 	})
 
+	if bc.serial != "" {
+		seen := waitSerial(t, lines, serial, bc.serial, timeout)
+		t.Logf("%s: power-on to %q on the serial console in %s", firmware, bc.serial, time.Since(start).Round(100*time.Millisecond))
+		checkEdge(t, bc, uuid, seen, site)
+
+		return
+	}
+
 	seen := waitLine(t, lines, "CALLBACK u="+uuid, timeout)
 	t.Logf("%s: power-on to callback in %s", firmware, time.Since(start).Round(100*time.Millisecond))
+	checkEdge(t, bc, uuid, seen, site)
+}
+
+// checkEdge checks the edge's lines (seen) and log against bc.
+func checkEdge(t *testing.T, bc bootCase, uuid string, seen []string, site *bootlab.Site) {
+	t.Helper()
+
+	firmware := bc.firmware
 
 	// The chain went the way the firmware class says it must.
 	want := []string{"DHCP 52:54:00:77:00:01 bios ipxe=true", "BOOT %s agent platform=pcbios"}
@@ -275,6 +319,10 @@ func netboot(t *testing.T, bc bootCase) {
 			})
 		}, time.Minute, time.Second, "no line with %q in %s", frags, edgeLog)
 	}
+
+	if bc.check != nil {
+		bc.check(t, seen, site.Dir)
+	}
 }
 
 func tailBytes(b []byte, n int) []byte {
@@ -303,6 +351,40 @@ func waitLine(t *testing.T, lines <-chan string, prefix string, timeout time.Dur
 			seen = append(seen, l)
 		case <-deadline:
 			t.Fatalf("no %q within %s; edge printed %q", prefix, timeout, seen)
+		}
+	}
+}
+
+// waitSerial waits, with a hard deadline, for the serial console file to hold marker, and returns the edge's
+// lines printed meanwhile.
+func waitSerial(t *testing.T, lines <-chan string, serial, marker string, timeout time.Duration) []string {
+	t.Helper()
+
+	deadline := time.After(timeout)
+	tick := time.NewTicker(500 * time.Millisecond)
+
+	defer tick.Stop()
+
+	var seen []string
+
+	for {
+		select {
+		case l := <-lines:
+			seen = append(seen, l)
+		case <-tick.C:
+			if b, err := os.ReadFile(serial); err == nil && strings.Contains(string(b), marker) {
+				// What the edge printed up to now, without waiting for more.
+				for {
+					select {
+					case l := <-lines:
+						seen = append(seen, l)
+					default:
+						return seen
+					}
+				}
+			}
+		case <-deadline:
+			t.Fatalf("no %q on the serial console within %s; edge printed %q", marker, timeout, seen)
 		}
 	}
 }

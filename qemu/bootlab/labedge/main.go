@@ -14,7 +14,9 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -38,6 +40,7 @@ func main() {
 	var (
 		assets, registered string
 		noTFTP             bool
+		lab                labFlags
 	)
 
 	flag.StringVar(&cfg.DHCP.Interface, "iface", "br0", "interface to serve ProxyDHCP on")
@@ -51,6 +54,9 @@ func main() {
 	flag.StringVar((*string)(&cfg.DHCP.Mode), "proxydhcp-mode", string(cfg.DHCP.Mode), "full or 4011-only (the edge's --proxydhcp-mode)")
 	flag.StringVar(&registered, "register-macs", "", "comma-separated MACs registered before they boot, with discovery known for the site: "+
 		"applied as the controller applies a site's table, through the edge's boot-plan service")
+	flag.StringVar(&lab.disk, "disk", "", "<uuid>=<method>: the machine's plan is disk, handed off by that method "+
+		"(ipxe-exit, http-404 or ipxe-sanboot), applied through the edge's boot-plan service as the controller does")
+	flag.StringVar(&lab.failFirst, "fail-first", "", "<path prefix>=<n>: the first n GETs under that prefix answer 503 (a flaky download)")
 	flag.BoolVar(&noTFTP, "no-tftp", false, "serve no TFTP at all, as a site whose machines reach no TFTP (UEFI HTTP boot only)")
 	flag.Parse()
 
@@ -67,15 +73,32 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 
-	if err := run(ctx, log, cfg, assets, registered); err != nil {
+	lab.registered = registered
+
+	if err := run(ctx, log, cfg, assets, lab); err != nil {
 		log.Error("labedge failed", zap.Error(err))
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, log *zap.Logger, cfg config.Config, assets, registered string) error {
+// labFlags are the lab's changes to the site's table and to the edge's HTTP answers.
+type labFlags struct {
+	registered, disk, failFirst string
+}
+
+func run(ctx context.Context, log *zap.Logger, cfg config.Config, assets string, lab labFlags) error {
 	cfg.HTTP.Listen = ":80"
 	cfg.HTTP.MaxConnsPerSource = min(cfg.HTTP.MaxConnsPerSource, cfg.HTTP.MaxConns)
+
+	fail, err := parseFailFirst(lab.failFirst)
+	if err != nil {
+		return err
+	}
+
+	tbl, err := siteTable(lab)
+	if err != nil {
+		return err
+	}
 
 	controllerAPI, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -84,7 +107,7 @@ func run(ctx context.Context, log *zap.Logger, cfg config.Config, assets, regist
 
 	edge, err := app.Build(ctx, cfg, log, app.Options{
 		ControllerAPI: controllerAPI,
-		WrapHTTP:      func(h http.Handler) http.Handler { return logRequests(h, log) },
+		WrapHTTP:      func(h http.Handler) http.Handler { return logRequests(failFirst(h, fail), log) },
 		Tap:           printer{},
 		FilesDir:      assets,
 	})
@@ -92,7 +115,7 @@ func run(ctx context.Context, log *zap.Logger, cfg config.Config, assets, regist
 		return err
 	}
 
-	if registered == "" {
+	if tbl == nil {
 		fmt.Println("READY")
 
 		return edge.Run(ctx)
@@ -101,7 +124,7 @@ func run(ctx context.Context, log *zap.Logger, cfg config.Config, assets, regist
 	eg, ctx := errgroup.WithContext(ctx)
 	eg.Go(func() error { return edge.Run(ctx) })
 	eg.Go(func() error {
-		if err := registerSite(ctx, controllerAPI.Addr().String(), strings.Split(registered, ",")); err != nil {
+		if err := applyTable(ctx, controllerAPI.Addr().String(), tbl); err != nil {
 			return err
 		}
 
@@ -113,10 +136,38 @@ func run(ctx context.Context, log *zap.Logger, cfg config.Config, assets, regist
 	return eg.Wait()
 }
 
-// registerSite applies the table a controller sends a site set to discovery known with macs registered
-// (controller site set --discovery known; controller site machine add), over the edge's own boot-plan
-// service, as the controller does.
-func registerSite(ctx context.Context, addr string, macs []string) error {
+// siteTable is the table a controller would send for the lab's flags (nil when they change nothing): with
+// registered MACs, the site set to discovery known with them added (controller site set --discovery known;
+// controller site machine add); with a disk plan, that machine's plan.
+func siteTable(lab labFlags) (*bootpb.Table, error) {
+	if lab.registered == "" && lab.disk == "" {
+		return nil, nil //nolint:nilnil // no table to apply
+	}
+
+	tbl := &bootpb.Table{Version: 1}
+	if lab.registered != "" {
+		tbl.Discovery, tbl.RegisteredMacs = bootpb.Discovery_DISCOVERY_KNOWN, strings.Split(lab.registered, ",")
+	}
+
+	if lab.disk != "" {
+		uuid, method, ok := strings.Cut(lab.disk, "=")
+
+		m, known := map[string]bootpb.DiskMethod{
+			"ipxe-exit": bootpb.DiskMethod_DISK_METHOD_IPXE_EXIT, "http-404": bootpb.DiskMethod_DISK_METHOD_HTTP_404,
+			"ipxe-sanboot": bootpb.DiskMethod_DISK_METHOD_IPXE_SANBOOT,
+		}[method]
+		if !ok || !known {
+			return nil, fmt.Errorf("-disk %q: want <uuid>=ipxe-exit|http-404|ipxe-sanboot", lab.disk)
+		}
+
+		tbl.Plans = []*bootpb.Plan{{Uuid: uuid, Mode: bootpb.Mode_MODE_DISK, DiskMethod: m}}
+	}
+
+	return tbl, nil
+}
+
+// applyTable applies tbl over the edge's own boot-plan service, as the controller does.
+func applyTable(ctx context.Context, addr string, tbl *bootpb.Table) error {
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
@@ -126,14 +177,53 @@ func registerSite(ctx context.Context, addr string, macs []string) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 
-	_, err = bootpb.NewBootPlansClient(conn).Apply(ctx, &bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Snapshot{Snapshot: &bootpb.Table{
-		Version: 1, Discovery: bootpb.Discovery_DISCOVERY_KNOWN, RegisteredMacs: macs,
-	}}}, grpc.WaitForReady(true))
+	_, err = bootpb.NewBootPlansClient(conn).Apply(ctx, &bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Snapshot{Snapshot: tbl}}, grpc.WaitForReady(true))
 	if err != nil {
 		return fmt.Errorf("apply the site's table: %w", err)
 	}
 
 	return nil
+}
+
+// failRule makes the first n GETs under prefix fail.
+type failRule struct {
+	prefix string
+	n      int
+}
+
+func parseFailFirst(v string) (*failRule, error) {
+	if v == "" {
+		return nil, nil //nolint:nilnil // no rule
+	}
+
+	prefix, count, ok := strings.Cut(v, "=")
+
+	n, err := strconv.Atoi(count)
+	if !ok || err != nil || n < 1 || !strings.HasPrefix(prefix, "/") {
+		return nil, fmt.Errorf("-fail-first %q: want /<path prefix>=<n>, n >= 1", v)
+	}
+
+	return &failRule{prefix: prefix, n: n}, nil
+}
+
+// failFirst answers the rule's first n GETs with 503 and prints "FAILED <path>" for each.
+func failFirst(h http.Handler, rule *failRule) http.Handler {
+	if rule == nil {
+		return h
+	}
+
+	var failed atomic.Int32
+
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, rule.prefix) && int(failed.Add(1)) <= rule.n {
+			fmt.Printf("FAILED %s\n", r.URL.Path)
+			http.Error(w, "lab: failed on purpose", http.StatusServiceUnavailable)
+
+			return
+		}
+
+		h.ServeHTTP(w, r)
+	})
 }
 
 // logRequests logs every request and prints the /config ones (the booted /init calls back).
