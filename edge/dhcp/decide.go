@@ -1,6 +1,7 @@
 package dhcp
 
 import (
+	"bytes"
 	"fmt"
 	"net"
 	"net/netip"
@@ -57,6 +58,9 @@ const (
 	DropUnknownMachine   DropReason = "unknown_machine"
 	DropDiscoveryOff     DropReason = "discovery_off"
 	DropMode4011Only     DropReason = "port_67_not_served"
+	// DropNoSignedFile is a machine that enforces Secure Boot at a site with no signed boot file for its
+	// firmware: it is never handed an unsigned one.
+	DropNoSignedFile DropReason = "no_signed_boot_file"
 )
 
 // BootFiles names the iPXE binaries served over TFTP (and over HTTP under /tftp/).
@@ -69,6 +73,28 @@ type BootFiles struct {
 	UEFIx86SNP string
 	// UEFIARM64 is for UEFI arm64 (and U-Boot arm64).
 	UEFIARM64 string
+	// UEFIx86Signed is a signed unified kernel image (agent mode) for UEFI x86 machines that enforce Secure
+	// Boot (empty: the site has none, and such machines are not answered).
+	UEFIx86Signed string
+	// SecureBoot names the machines that enforce Secure Boot: MACs, or "*" for every UEFI machine at the site.
+	// Their firmware's DHCP requests do not say so (OVMF's are the same with Secure Boot on or off), so the
+	// site says it.
+	SecureBoot []string
+}
+
+// secureBoot reports whether the machine with this MAC enforces Secure Boot.
+func (b BootFiles) secureBoot(mac net.HardwareAddr) bool {
+	for _, m := range b.SecureBoot {
+		if m == "*" {
+			return true
+		}
+
+		if hw, err := net.ParseMAC(m); err == nil && bytes.Equal(hw, mac) {
+			return true
+		}
+	}
+
+	return false
 }
 
 // DefaultBootFiles are the file names Debian's ipxe package uses (arm64 is not packaged there).
@@ -82,7 +108,7 @@ func (b BootFiles) Names() []string {
 
 	seen := map[string]bool{}
 
-	for _, n := range []string{b.BIOS, b.UEFIx86, b.UEFIx86SNP, b.UEFIARM64} {
+	for _, n := range []string{b.BIOS, b.UEFIx86, b.UEFIx86SNP, b.UEFIARM64, b.UEFIx86Signed} {
 		if n != "" && !seen[n] {
 			seen[n] = true
 			out = append(out, n)
@@ -379,6 +405,20 @@ func chooseBootFile(p Params, req *dhcpv4.DHCPv4, d *Decision) bool {
 	snp := p.Prefs != nil && p.Prefs.SNPOnly(req.ClientHWAddr, d.UUID)
 
 	switch {
+	case d.Firmware.UEFI() && p.Files.secureBoot(req.ClientHWAddr):
+		// Secure Boot: only the signed image, over TFTP or HTTP boot; never iPXE, and never the script (an
+		// iPXE asking is not this firmware's).
+		name := p.Files.UEFIx86Signed
+		if d.IPXE || d.Firmware.Arch() != "x86_64" || name == "" || (p.Bootable != nil && !p.Bootable(name)) {
+			d.Drop = DropNoSignedFile
+
+			return false
+		}
+
+		d.BootFile = name
+		if d.Firmware.HTTPBoot() {
+			d.BootFile = p.HTTPBase() + "/tftp/" + name
+		}
 	case d.IPXE:
 		// Already iPXE: hand it the script, never the binary again (chainload loop).
 		d.BootFile = p.ScriptURL()

@@ -66,6 +66,11 @@ func (f Firmware) HTTPBoot() bool {
 	return f == FirmwareHTTPx86 || f == FirmwareHTTPARM64
 }
 
+// UEFI reports whether the class is UEFI firmware (PXE or HTTP boot, any architecture).
+func (f Firmware) UEFI() bool {
+	return f != FirmwareUnknown && f != FirmwareBIOS
+}
+
 // Arch returns the iPXE build architecture name for the class ("i386", "x86_64", "arm64").
 func (f Firmware) Arch() string {
 	switch f {

@@ -1,0 +1,69 @@
+package dhcp_test
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/insomniacslk/dhcp/dhcpv4"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-metal/outpost/edge/dhcp"
+)
+
+// A machine that enforces Secure Boot gets the signed image and nothing else: never iPXE, never the script,
+// never a BIOS file; without a signed image it is refused by name.
+func TestDecideSecureBoot(t *testing.T) {
+	t.Parallel()
+
+	signed := params()
+	signed.Files.UEFIx86Signed = "outpost-agent-x86_64.efi"
+	signed.Files.SecureBoot = []string{testMAC.String()}
+
+	site := signed
+	site.Files.SecureBoot = []string{"*"}
+
+	other := signed
+	other.Files.SecureBoot = []string{"02:00:00:00:00:99", "not a mac"}
+
+	none := signed
+	none.Files.UEFIx86Signed = ""
+
+	missing := signed
+	missing.Bootable = func(name string) bool { return name != "outpost-agent-x86_64.efi" }
+
+	http := "http://" + testServer.String() + ":8080/tftp/outpost-agent-x86_64.efi"
+
+	for _, tc := range []struct {
+		name string
+		p    dhcp.Params
+		mods []dhcpv4.Modifier
+		file string
+		drop dhcp.DropReason
+	}{
+		{name: "pxe", p: signed, mods: []dhcpv4.Modifier{arch(7), pxeClass("PXEClient:Arch:00007")}, file: "outpost-agent-x86_64.efi"},
+		{name: "every machine at the site", p: site, mods: []dhcpv4.Modifier{arch(7), pxeClass("PXEClient:Arch:00007")}, file: "outpost-agent-x86_64.efi"},
+		{name: "http boot", p: signed, mods: []dhcpv4.Modifier{arch(16), pxeClass("HTTPClient:Arch:00016")}, file: http},
+		{name: "another machine gets iPXE", p: other, mods: []dhcpv4.Modifier{arch(7), pxeClass("PXEClient:Arch:00007")}, file: "ipxe.efi"},
+		{name: "bios is not secure boot", p: site, mods: []dhcpv4.Modifier{arch(0), pxeClass("PXEClient:Arch:00000")}, file: "undionly.kpxe"},
+		{name: "ipxe asking", p: signed, mods: []dhcpv4.Modifier{arch(7), pxeClass("PXEClient:Arch:00007"), dhcpv4.WithUserClass("iPXE", false)}, drop: dhcp.DropNoSignedFile},
+		{name: "arm64 has no signed file", p: signed, mods: []dhcpv4.Modifier{arch(11), pxeClass("PXEClient:Arch:00011")}, drop: dhcp.DropNoSignedFile},
+		{name: "no signed file", p: none, mods: []dhcpv4.Modifier{arch(7), pxeClass("PXEClient:Arch:00007")}, drop: dhcp.DropNoSignedFile},
+		{name: "signed file not served", p: missing, mods: []dhcpv4.Modifier{arch(16), pxeClass("HTTPClient:Arch:00016")}, drop: dhcp.DropNoSignedFile},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+
+			d := dhcp.Decide(tc.p, dhcp.RoleDHCP, netip.AddrPort{}, request(t, dhcpv4.MessageTypeDiscover, tc.mods...))
+			require.Equal(t, tc.drop, d.Drop, "%v", d.Err)
+
+			if tc.drop != "" {
+				require.Nil(t, d.Reply)
+
+				return
+			}
+
+			require.Equal(t, tc.file, d.BootFile)
+			require.Equal(t, tc.file, d.Reply.BootFileName)
+		})
+	}
+}
