@@ -4,7 +4,8 @@
 set -euo pipefail
 
 packages=(protobuf-compiler libprotobuf-dev iproute2 qemu-system-x86 ipxe ipxe-qemu ovmf dnsmasq-base busybox-static
-	ipmitool openipmi redfishtool nginx-light tftp-hpa cpio chromium skopeo)
+	ipmitool openipmi redfishtool nginx-light tftp-hpa cpio chromium skopeo
+	binutils sbsigntool systemd-boot-efi isc-dhcp-relay)
 
 missing=()
 for p in "${packages[@]}"; do
