@@ -151,6 +151,8 @@ type EdgeOptions struct {
 	PreseedDir string
 	// Restart appends to the existing log (an edge restarted mid-run).
 	Restart bool
+	// ExtraArgs are further edge flags.
+	ExtraArgs []string
 }
 
 // EdgeAPIPort is the edge's agent tunnel port.
@@ -171,6 +173,8 @@ func (s *Site) StartEdge(ctx context.Context, bin string, opts EdgeOptions) (*Pr
 	if opts.PreseedDir != "" {
 		args = append(args, "--assets-preseed-dir", opts.PreseedDir)
 	}
+
+	args = append(args, opts.ExtraArgs...)
 
 	p, err := s.lab.Start(ProcSpec{Name: s.Name + "/edge", NS: s.NS, Cmd: bin, Append: opts.Restart, Args: args})
 	if err != nil {
