@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/outpost-metal/outpost/shared/assetbundle"
 	"github.com/outpost-metal/outpost/shared/ocinames"
 )
 
@@ -173,4 +174,46 @@ func TestParseDigest(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzNames: repositories, tags and digests come from a registry's answers and from registry clients at a
+// site. Whatever passes validation builds names the edge's cache accepts, at most MaxNameLen long, and a
+// manifest name gives its tag back; nothing panics on any input.
+func FuzzNames(f *testing.F) {
+	f.Add("siderolabs/installer", "v1.11.5", "sha256:"+hex)
+	f.Add("installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba", "latest", "sha512:00")
+	f.Add("a__b--c/d.e", "-bad", "sha256:ABC")
+
+	f.Fuzz(func(t *testing.T, repo, tag, digest string) {
+		repoErr, tagErr := ocinames.ValidateRepository(repo), ocinames.ValidateTag(tag)
+
+		digestHex, digestErr := ocinames.ParseDigest(digest)
+		if digestErr == nil {
+			require.NoError(t, ocinames.ValidateHex(digestHex))
+			require.Equal(t, "sha256:"+digestHex, digest)
+		}
+
+		if repoErr != nil {
+			return
+		}
+
+		if tagErr == nil {
+			name := ocinames.ManifestName(repo, tag)
+			require.LessOrEqual(t, len(name), ocinames.MaxNameLen)
+			require.NoError(t, assetbundle.ValidateName(name), "manifest name %q", name)
+
+			got, ok := ocinames.TagOf(repo, name)
+			require.True(t, ok)
+			require.Equal(t, tag, got)
+		}
+
+		if digestErr == nil {
+			name := ocinames.BlobName(repo, digestHex)
+			require.LessOrEqual(t, len(name), ocinames.MaxNameLen)
+			require.NoError(t, assetbundle.ValidateName(name), "blob name %q", name)
+
+			_, ok := ocinames.TagOf(repo, name)
+			require.False(t, ok, "a blob name read as a tag")
+		}
+	})
 }
