@@ -141,7 +141,7 @@ func run(ctx context.Context, log *zap.Logger, cfg config.Config, assets string,
 // controller site machine add); with a disk plan, that machine's plan.
 func siteTable(lab labFlags) (*bootpb.Table, error) {
 	if lab.registered == "" && lab.disk == "" {
-		return nil, nil //nolint:nilnil // no table to apply
+		return nil, nil
 	}
 
 	tbl := &bootpb.Table{Version: 1}
@@ -193,7 +193,7 @@ type failRule struct {
 
 func parseFailFirst(v string) (*failRule, error) {
 	if v == "" {
-		return nil, nil //nolint:nilnil // no rule
+		return nil, nil
 	}
 
 	prefix, count, ok := strings.Cut(v, "=")
