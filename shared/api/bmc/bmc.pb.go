@@ -225,8 +225,12 @@ func (x *Target) GetPassword() string {
 }
 
 type PowerRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Target        *Target                `protobuf:"bytes,1,opt,name=target,proto3" json:"target,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Target *Target                `protobuf:"bytes,1,opt,name=target,proto3" json:"target,omitempty"`
+	// intent_id names a power action (PowerOn, PowerOff, PowerCycle) the controller recorded before sending it
+	// (see outpost.intents): the edge carries out each ID at most once and answers a repeat with the recorded
+	// outcome. Empty: no deduplication.
+	IntentId      string `protobuf:"bytes,2,opt,name=intent_id,json=intentId,proto3" json:"intent_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -266,6 +270,13 @@ func (x *PowerRequest) GetTarget() *Target {
 		return x.Target
 	}
 	return nil
+}
+
+func (x *PowerRequest) GetIntentId() string {
+	if x != nil {
+		return x.IntentId
+	}
+	return ""
 }
 
 type WatchRequest struct {
@@ -628,9 +639,10 @@ const file_shared_api_bmc_bmc_proto_rawDesc = "" +
 	"\x10redfish_endpoint\x18\x04 \x01(\tR\x0fredfishEndpoint\x121\n" +
 	"\bprotocol\x18\x05 \x01(\x0e2\x15.outpost.bmc.ProtocolR\bprotocol\x12\x1a\n" +
 	"\busername\x18\x06 \x01(\tR\busername\x12\x1a\n" +
-	"\bpassword\x18\a \x01(\tR\bpassword\";\n" +
+	"\bpassword\x18\a \x01(\tR\bpassword\"X\n" +
 	"\fPowerRequest\x12+\n" +
-	"\x06target\x18\x01 \x01(\v2\x13.outpost.bmc.TargetR\x06target\"=\n" +
+	"\x06target\x18\x01 \x01(\v2\x13.outpost.bmc.TargetR\x06target\x12\x1b\n" +
+	"\tintent_id\x18\x02 \x01(\tR\bintentId\"=\n" +
 	"\fWatchRequest\x12-\n" +
 	"\atargets\x18\x01 \x03(\v2\x13.outpost.bmc.TargetR\atargets\"\\\n" +
 	"\rWatchResponse\x12\x1a\n" +
