@@ -25,13 +25,16 @@ func CheckID(id string) error {
 	}
 
 	for i := range len(id) {
-		c := id[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+		if c := id[i]; !idByte(c) {
 			return fmt.Errorf("%w: byte %#x at %d", ErrInvalidID, c, i)
 		}
 	}
 
 	return nil
+}
+
+func idByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-'
 }
 
 // NewOutgoingContext returns ctx with the intent ID in its outgoing metadata (replacing any there).
