@@ -1,0 +1,53 @@
+package vbmc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/bougou/go-ipmi/pkg/hal"
+	"github.com/bougou/go-ipmi/pkg/vmproto"
+)
+
+// SetLANAddress sets the address and RMCP port the BMC reports for its LAN channel (Get LAN Configuration
+// Parameters #3 and #8, IPMI v2.0 table 23-4): what a host reads in-band to tell its provider where the BMC
+// answers (the metal agent's GetPowerManagement).
+func (i *IPMI) SetLANAddress(ctx context.Context, addr netip.Addr, port uint16) error {
+	if !addr.Is4() {
+		return fmt.Errorf("bmc lan address %s: not IPv4", addr)
+	}
+
+	network := i.bmc.HAL().Network()
+	if network == nil {
+		return errors.New("bmc has no network configuration")
+	}
+
+	cfg, err := network.GetConfig(ctx)
+	if err != nil {
+		return fmt.Errorf("read bmc lan configuration: %w", err)
+	}
+
+	cfg.IP, cfg.Port = addr.As4(), port
+	cfg.Mask = [4]byte{255, 255, 255, 0}
+
+	if err := network.SetConfig(ctx, &hal.IPConfig{IP: cfg.IP, Mask: cfg.Mask, Gateway: cfg.Gateway, MAC: cfg.MAC, Port: cfg.Port}); err != nil {
+		return fmt.Errorf("set bmc lan configuration: %w", err)
+	}
+
+	return nil
+}
+
+// ServeInBand serves the BMC's in-band system interface on ln: QEMU's external-BMC ("VM") protocol, which
+// QEMU's ipmi-bmc-extern speaks over its chardev for a guest's KCS interface (isa-ipmi-kcs), so the guest's
+// /dev/ipmi0 reaches the same BMC as the LAN front end: a user created in-band is the one LAN sessions
+// authenticate. One QEMU connection is served at a time (each power-on is a new QEMU process that connects
+// again). It returns nil when ctx ends or ln is closed.
+func (i *IPMI) ServeInBand(ctx context.Context, ln net.Listener) error {
+	if err := vmproto.NewVMServer(i.bmc).Serve(ctx, ln); err != nil {
+		return fmt.Errorf("serve in-band ipmi: %w", err)
+	}
+
+	return nil
+}
