@@ -25,10 +25,12 @@ type Boot struct {
 	UUID string
 	// Cmdline is the kernel command line.
 	Cmdline string
+	// OEM are the SMBIOS OEM strings (QEMU's -smbios type=11): what the lab tells this machine's /init.
+	OEM []string
 }
 
 // Start mounts /proc, /sys and /dev (already mounted is fine), loads the modules listed in /modules.order and
-// reads the SMBIOS UUID and the kernel command line.
+// reads the SMBIOS UUID and OEM strings and the kernel command line.
 func Start() (Boot, error) {
 	for _, m := range []struct{ src, dst, fs string }{{"proc", "/proc", "proc"}, {"sysfs", "/sys", "sysfs"}, {"devtmpfs", "/dev", "devtmpfs"}} {
 		if err := os.MkdirAll(m.dst, 0o755); err != nil {
@@ -54,7 +56,12 @@ func Start() (Boot, error) {
 		return Boot{}, fmt.Errorf("read kernel command line: %w", err)
 	}
 
-	return Boot{UUID: strings.ToLower(strings.TrimSpace(string(uuid))), Cmdline: strings.TrimSpace(string(cmdline))}, nil
+	oem, err := OEMStrings("/sys")
+	if err != nil {
+		return Boot{}, err
+	}
+
+	return Boot{UUID: strings.ToLower(strings.TrimSpace(string(uuid))), Cmdline: strings.TrimSpace(string(cmdline)), OEM: oem}, nil
 }
 
 // LoadModules loads every module listed (one path per line) in list, in order; already loaded ones are fine.

@@ -6,7 +6,9 @@
 //     joins Omni with SideroLink's Provision RPC and the join token found there (the way Talos does; retried
 //     while Omni is unreachable), and serves the real management.AgentService over the reverse tunnel to
 //     metal.provider.address (qemu/testagent) against the real virtual disk /dev/vda, with its virtual BMC
-//     reached in-band over the second serial port;
+//     reached in-band over the second serial port; or, for a machine whose SMBIOS OEM strings say
+//     outpost.agent=real, runs the real talos-metal-agent on the qemu/machined stand-in with in-band IPMI
+//     through /dev/ipmi0 (realagent.go);
 //   - in install mode (no metal.provider.address=): writes the installed OS (qemu/lab/osimage) to /dev/vda,
 //     reports the install over the BMC channel and reboots.
 //
@@ -93,6 +95,12 @@ func run() error {
 
 	if !agentMode {
 		return install(uuid, bmc)
+	}
+
+	if kind, _ := guestinit.OEMValue(g.OEM, agentKindKey); kind == agentReal {
+		fmt.Println("OUTPOST-INIT agent=real")
+
+		return realAgent(uuid, args)
 	}
 
 	return agent(uuid, args, bmc)
