@@ -30,6 +30,9 @@ type RedfishOptions struct {
 	// ApplyOnReset (with AMI) keeps a Boot change made through the settings object pending until
 	// the next power-on or reset, as AMI firmware does; the settings object shows the pending values.
 	ApplyOnReset bool
+	// Media, when set, is the BMC's virtual CD: served as the manager's VirtualMedia (linked from the system too),
+	// and bootable once with BootSourceOverrideTarget "Cd".
+	Media *Media
 }
 
 // Redfish is a small Redfish service for one ComputerSystem backed by a Chassis: service root,
@@ -166,12 +169,14 @@ func (r *Redfish) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	case strings.HasPrefix(path, sessionsPath+"/") && req.Method == http.MethodDelete:
 		r.logout(w, strings.TrimPrefix(path, sessionsPath+"/"))
 	default:
-		writeError(w, http.StatusNotFound, "Base.1.8.ResourceMissingAtURI", "no such resource")
+		if !r.serveMedia(w, req, path) {
+			writeError(w, http.StatusNotFound, "Base.1.8.ResourceMissingAtURI", "no such resource")
+		}
 	}
 }
 
 func (r *Redfish) serviceRoot() map[string]any {
-	return map[string]any{
+	root := map[string]any{
 		"@odata.id":      "/redfish/v1",
 		"@odata.type":    "#ServiceRoot.v1_5_0.ServiceRoot",
 		"Id":             "RootService",
@@ -182,6 +187,12 @@ func (r *Redfish) serviceRoot() map[string]any {
 		"SessionService": map[string]string{"@odata.id": "/redfish/v1/SessionService"},
 		"Links":          map[string]any{"Sessions": map[string]string{"@odata.id": sessionsPath}},
 	}
+
+	if r.opts.Media != nil {
+		root["Managers"] = map[string]string{"@odata.id": managersPath}
+	}
+
+	return root
 }
 
 func (r *Redfish) etag() string {
@@ -198,7 +209,7 @@ func (r *Redfish) bump() {
 }
 
 var (
-	redfishTarget = map[BootDevice]string{BootNone: "None", BootPXE: "Pxe", BootDisk: "Hdd"}
+	redfishTarget = map[BootDevice]string{BootNone: "None", BootPXE: "Pxe", BootDisk: "Hdd", BootCD: "Cd"}
 	redfishMode   = map[BootMode]string{ModeBIOS: "Legacy", ModeUEFI: "UEFI"}
 )
 
@@ -231,6 +242,11 @@ func (r *Redfish) getSystem(w http.ResponseWriter, settings bool) {
 		id = settingsPath
 	}
 
+	targets := []string{"None", "Pxe", "Hdd"}
+	if r.opts.Media != nil {
+		targets = append(targets, "Cd")
+	}
+
 	sys := map[string]any{
 		"@odata.id":   id,
 		"@odata.type": "#ComputerSystem.v1_13_0.ComputerSystem",
@@ -243,7 +259,7 @@ func (r *Redfish) getSystem(w http.ResponseWriter, settings bool) {
 			"BootSourceOverrideEnabled":                        enabled,
 			"BootSourceOverrideTarget":                         redfishTarget[o.Device],
 			"BootSourceOverrideMode":                           redfishMode[o.Mode],
-			"BootSourceOverrideTarget@Redfish.AllowableValues": []string{"None", "Pxe", "Hdd"},
+			"BootSourceOverrideTarget@Redfish.AllowableValues": targets,
 		},
 		"Actions": map[string]any{
 			"#ComputerSystem.Reset": map[string]any{
@@ -253,6 +269,10 @@ func (r *Redfish) getSystem(w http.ResponseWriter, settings bool) {
 				},
 			},
 		},
+	}
+
+	if r.opts.Media != nil && !settings {
+		sys["VirtualMedia"] = map[string]string{"@odata.id": mediaPath}
 	}
 
 	if r.opts.AMI && !settings {
@@ -299,6 +319,14 @@ func (r *Redfish) patchBoot(w http.ResponseWriter, req *http.Request, pending bo
 			o.Device = BootPXE
 		case "Hdd":
 			o.Device = BootDisk
+		case "Cd":
+			if r.opts.Media == nil {
+				writeError(w, http.StatusBadRequest, "Base.1.8.PropertyValueNotInList", "this bmc has no virtual media")
+
+				return
+			}
+
+			o.Device = BootCD
 		default:
 			writeError(w, http.StatusBadRequest, "Base.1.8.PropertyValueNotInList", "unsupported BootSourceOverrideTarget")
 
