@@ -26,6 +26,7 @@ import (
 	"github.com/outpost-metal/outpost/edge/config"
 	"github.com/outpost-metal/outpost/edge/dhcp"
 	"github.com/outpost-metal/outpost/edge/httpd"
+	"github.com/outpost-metal/outpost/edge/intents"
 	"github.com/outpost-metal/outpost/edge/journal"
 	"github.com/outpost-metal/outpost/edge/limits"
 	"github.com/outpost-metal/outpost/edge/registry"
@@ -162,7 +163,20 @@ func (e *Edge) build(ctx context.Context, cfg config.Config, opts Options) error
 		return fmt.Errorf("asset fetcher: %w", err)
 	}
 
-	tunnels := tunnel.New(tunnel.Options{Binding: cfg.AgentBinding, Evidence: book, Logger: log, Events: events, Addresses: book, Limits: cfg.Tunnels})
+	// Each destructive or disruptive call the controller sends with an intent ID is carried out at most once.
+	icfg := intents.Default()
+	icfg.Dir = cfg.StateDir
+
+	carried, err := intents.Open(icfg, log, time.Now)
+	if err != nil {
+		return fmt.Errorf("intent store: %w", err)
+	}
+
+	e.closers = append(e.closers, closer{"intent store", carried.Close})
+
+	tunnels := tunnel.New(tunnel.Options{
+		Binding: cfg.AgentBinding, Evidence: book, Logger: log, Events: events, Addresses: book, Limits: cfg.Tunnels, Intents: carried,
+	})
 
 	bmcs, err := bmc.New(cfg.BMC, log, time.Now)
 	if err != nil {
@@ -201,13 +215,14 @@ func (e *Edge) build(ctx context.Context, cfg config.Config, opts Options) error
 
 	e.closers = append(e.closers, closer{"http server", httpSrv.Close})
 
-	for _, cs := range [][]prometheus.Collector{tunnels.Collectors(), bmcs.Collectors(), watcher.Collectors(), store.Collectors(), table.Collectors(), oci.Collectors()} {
+	for _, cs := range [][]prometheus.Collector{tunnels.Collectors(), bmcs.Collectors(), watcher.Collectors(), store.Collectors(), table.Collectors(), oci.Collectors(), carried.Collectors()} {
 		metrics.MustRegister(cs...)
 	}
 
 	register := []func(grpc.ServiceRegistrar){
 		boot.NewService(table).Register,
-		bmc.NewService(bmcs).WithWatcher(watcher).WithBootEnded(tunnels.EndBoot).Register,
+		intents.WrapBMC(bmc.NewService(bmcs).WithWatcher(watcher).WithBootEnded(tunnels.EndBoot), carried).Register,
+		intents.NewService(carried).Register,
 		assetcache.NewService(fetcher).Register,
 	}
 

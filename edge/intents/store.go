@@ -276,14 +276,11 @@ func (s *Store) appendLocked(o *intentspb.IntentOutcome) error {
 	return nil
 }
 
-// Func carries out an intent's call; ctx ends at the caller's deadline (or the store's run timeout), not when
-// the caller goes away. It returns the encoded response.
-type Func func(ctx context.Context) ([]byte, error)
-
 // Do carries out intent id (op on machineID) with fn unless the store knows it: a running one is waited for,
 // a finished one answered with its recorded outcome, an interrupted one refused with Aborted. It returns the
-// encoded response, or the call's gRPC status as an error.
-func (s *Store) Do(ctx context.Context, id, machineID, op string, fn Func) ([]byte, error) {
+// encoded response, or the call's gRPC status as an error. fn's context ends at the caller's deadline (or the
+// store's run timeout), not when the caller goes away; fn returns the encoded response.
+func (s *Store) Do(ctx context.Context, id, machineID, op string, fn func(ctx context.Context) ([]byte, error)) ([]byte, error) {
 	if err := intentspb.CheckID(id); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}

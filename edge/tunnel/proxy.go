@@ -52,6 +52,16 @@ func (s *Server) proxy(_ any, ss grpc.ServerStream) error {
 		return status.Errorf(codes.InvalidArgument, "forward %s: %v", method, err)
 	}
 
+	// A call that carries an intent ID is carried out at most once, even without a tunnel now: a repeat of
+	// one done is answered from the record.
+	if intentID, err := s.intentOf(md); err != nil {
+		s.failures.WithLabelValues("intent_id").Inc()
+
+		return status.Errorf(codes.InvalidArgument, "forward %s: %v", method, err)
+	} else if intentID != "" {
+		return s.proxyIntent(ss, method, id, intentID, md)
+	}
+
 	ch := s.handler.KeyAsChannel(id)
 	if !ch.Ready() {
 		s.failures.WithLabelValues("no_tunnel").Inc()

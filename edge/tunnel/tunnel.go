@@ -96,6 +96,9 @@ type Options struct {
 	Evidence Evidence
 	// Clock paces the journaled events and the refusal log (default: the wall clock).
 	Clock limits.Clock
+	// Intents carries out agent calls that carry an intent ID at most once (optional: without it such calls
+	// are forwarded like any other).
+	Intents IntentRunner
 }
 
 // Server is the agent tunnel endpoint and the agent call proxy.
@@ -105,6 +108,7 @@ type Server struct {
 	book     AddressBook
 	now      func() time.Time
 	timeout  time.Duration
+	intents  IntentRunner
 	handler  *grpctunnel.TunnelServiceHandler
 	rejected *prometheus.CounterVec
 	failures *prometheus.CounterVec
@@ -154,6 +158,7 @@ func New(opts Options) *Server {
 		book:     opts.Addresses,
 		now:      opts.Now,
 		timeout:  opts.DefaultCallTimeout,
+		intents:  opts.Intents,
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outpost_edge_agent_tunnels_rejected_total",
 			Help: "Agent tunnels refused, by reason.",
