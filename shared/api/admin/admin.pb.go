@@ -267,7 +267,11 @@ type Site struct {
 	Enrolled       bool                   `protobuf:"varint,11,opt,name=enrolled,proto3" json:"enrolled,omitempty"`
 	Labels         map[string]string      `protobuf:"bytes,12,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// settings are the site's own settings; an empty value means the controller's default.
-	Settings      *SiteSettings `protobuf:"bytes,13,opt,name=settings,proto3" json:"settings,omitempty"`
+	Settings *SiteSettings `protobuf:"bytes,13,opt,name=settings,proto3" json:"settings,omitempty"`
+	// edge_refused says why this controller last refused the site's edge for its release (naming both versions),
+	// when it has since had no session; empty otherwise. Kept in memory: a restarted controller forgets it.
+	EdgeRefused   string                 `protobuf:"bytes,14,opt,name=edge_refused,json=edgeRefused,proto3" json:"edge_refused,omitempty"`
+	EdgeRefusedAt *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=edge_refused_at,json=edgeRefusedAt,proto3" json:"edge_refused_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -389,6 +393,20 @@ func (x *Site) GetLabels() map[string]string {
 func (x *Site) GetSettings() *SiteSettings {
 	if x != nil {
 		return x.Settings
+	}
+	return nil
+}
+
+func (x *Site) GetEdgeRefused() string {
+	if x != nil {
+		return x.EdgeRefused
+	}
+	return ""
+}
+
+func (x *Site) GetEdgeRefusedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EdgeRefusedAt
 	}
 	return nil
 }
@@ -2365,7 +2383,7 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\asite_id\x18\x01 \x01(\tR\x06siteId\x126\n" +
 	"\ttoken_ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\btokenTtl\x12\x1a\n" +
 	"\breusable\x18\x03 \x01(\bR\breusable\"\x12\n" +
-	"\x10ListSitesRequest\"\xea\x04\n" +
+	"\x10ListSitesRequest\"\xd1\x05\n" +
 	"\x04Site\x12\x17\n" +
 	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x18\n" +
@@ -2381,7 +2399,9 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	" \x01(\bR\ttokenUsed\x12\x1a\n" +
 	"\benrolled\x18\v \x01(\bR\benrolled\x127\n" +
 	"\x06labels\x18\f \x03(\v2\x1f.outpost.admin.Site.LabelsEntryR\x06labels\x127\n" +
-	"\bsettings\x18\r \x01(\v2\x1b.outpost.admin.SiteSettingsR\bsettings\x1a9\n" +
+	"\bsettings\x18\r \x01(\v2\x1b.outpost.admin.SiteSettingsR\bsettings\x12!\n" +
+	"\fedge_refused\x18\x0e \x01(\tR\vedgeRefused\x12B\n" +
+	"\x0fedge_refused_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\redgeRefusedAt\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd8\x04\n" +
@@ -2637,64 +2657,65 @@ var file_shared_api_admin_admin_proto_depIdxs = []int32{
 	41, // 5: outpost.admin.Site.token_expires:type_name -> google.protobuf.Timestamp
 	37, // 6: outpost.admin.Site.labels:type_name -> outpost.admin.Site.LabelsEntry
 	5,  // 7: outpost.admin.Site.settings:type_name -> outpost.admin.SiteSettings
-	40, // 8: outpost.admin.SiteSettings.dhcp_lease_time:type_name -> google.protobuf.Duration
-	38, // 9: outpost.admin.SiteSettings.dhcp_reservations:type_name -> outpost.admin.SiteSettings.DhcpReservationsEntry
-	4,  // 10: outpost.admin.ListSitesResponse.sites:type_name -> outpost.admin.Site
-	6,  // 11: outpost.admin.ListSitesResponse.standby:type_name -> outpost.admin.Standby
-	4,  // 12: outpost.admin.ShowSiteResponse.site:type_name -> outpost.admin.Site
-	42, // 13: outpost.admin.ShowSiteResponse.assets:type_name -> outpost.assets.SiteAssetState
-	6,  // 14: outpost.admin.ShowSiteResponse.standby:type_name -> outpost.admin.Standby
-	43, // 15: outpost.admin.SetAssetPolicyRequest.policy:type_name -> outpost.assets.Policy
-	39, // 16: outpost.admin.SetSiteLabelsRequest.labels:type_name -> outpost.admin.SetSiteLabelsRequest.LabelsEntry
-	19, // 17: outpost.admin.SetSiteSettingsRequest.dhcp_dns:type_name -> outpost.admin.StringList
-	19, // 18: outpost.admin.SetSiteSettingsRequest.dhcp_ntp:type_name -> outpost.admin.StringList
-	40, // 19: outpost.admin.SetSiteSettingsRequest.dhcp_lease_time:type_name -> google.protobuf.Duration
-	5,  // 20: outpost.admin.SetSiteSettingsResponse.settings:type_name -> outpost.admin.SiteSettings
-	25, // 21: outpost.admin.ListMachinesResponse.machines:type_name -> outpost.admin.Machine
-	41, // 22: outpost.admin.Machine.updated:type_name -> google.protobuf.Timestamp
-	26, // 23: outpost.admin.Machine.last:type_name -> outpost.admin.TimelineEntry
-	41, // 24: outpost.admin.TimelineEntry.time:type_name -> google.protobuf.Timestamp
-	25, // 25: outpost.admin.ShowMachineResponse.machine:type_name -> outpost.admin.Machine
-	26, // 26: outpost.admin.ShowMachineResponse.timeline:type_name -> outpost.admin.TimelineEntry
-	0,  // 27: outpost.admin.Admin.CreateSite:input_type -> outpost.admin.CreateSiteRequest
-	2,  // 28: outpost.admin.Admin.NewJoinToken:input_type -> outpost.admin.NewJoinTokenRequest
-	3,  // 29: outpost.admin.Admin.ListSites:input_type -> outpost.admin.ListSitesRequest
-	8,  // 30: outpost.admin.Admin.RevokeSite:input_type -> outpost.admin.RevokeSiteRequest
-	10, // 31: outpost.admin.Admin.DeleteSite:input_type -> outpost.admin.DeleteSiteRequest
-	12, // 32: outpost.admin.Admin.ShowSite:input_type -> outpost.admin.ShowSiteRequest
-	14, // 33: outpost.admin.Admin.SetAssetPolicy:input_type -> outpost.admin.SetAssetPolicyRequest
-	33, // 34: outpost.admin.Admin.StageAssets:input_type -> outpost.admin.StageAssetsRequest
-	33, // 35: outpost.admin.Admin.UnstageAssets:input_type -> outpost.admin.StageAssetsRequest
-	35, // 36: outpost.admin.Admin.BundleAssets:input_type -> outpost.admin.BundleAssetsRequest
-	16, // 37: outpost.admin.Admin.SetSiteLabels:input_type -> outpost.admin.SetSiteLabelsRequest
-	18, // 38: outpost.admin.Admin.SetSiteSettings:input_type -> outpost.admin.SetSiteSettingsRequest
-	21, // 39: outpost.admin.Admin.RegisterMachines:input_type -> outpost.admin.RegisterMachinesRequest
-	23, // 40: outpost.admin.Machines.ListMachines:input_type -> outpost.admin.ListMachinesRequest
-	27, // 41: outpost.admin.Machines.ShowMachine:input_type -> outpost.admin.ShowMachineRequest
-	29, // 42: outpost.admin.Machines.SetBootMode:input_type -> outpost.admin.SetBootModeRequest
-	31, // 43: outpost.admin.Machines.ClearAlert:input_type -> outpost.admin.ClearAlertRequest
-	1,  // 44: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
-	1,  // 45: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
-	7,  // 46: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
-	9,  // 47: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
-	11, // 48: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
-	13, // 49: outpost.admin.Admin.ShowSite:output_type -> outpost.admin.ShowSiteResponse
-	15, // 50: outpost.admin.Admin.SetAssetPolicy:output_type -> outpost.admin.SetAssetPolicyResponse
-	34, // 51: outpost.admin.Admin.StageAssets:output_type -> outpost.admin.StageAssetsResponse
-	34, // 52: outpost.admin.Admin.UnstageAssets:output_type -> outpost.admin.StageAssetsResponse
-	36, // 53: outpost.admin.Admin.BundleAssets:output_type -> outpost.admin.BundleAssetsResponse
-	17, // 54: outpost.admin.Admin.SetSiteLabels:output_type -> outpost.admin.SetSiteLabelsResponse
-	20, // 55: outpost.admin.Admin.SetSiteSettings:output_type -> outpost.admin.SetSiteSettingsResponse
-	22, // 56: outpost.admin.Admin.RegisterMachines:output_type -> outpost.admin.RegisterMachinesResponse
-	24, // 57: outpost.admin.Machines.ListMachines:output_type -> outpost.admin.ListMachinesResponse
-	28, // 58: outpost.admin.Machines.ShowMachine:output_type -> outpost.admin.ShowMachineResponse
-	30, // 59: outpost.admin.Machines.SetBootMode:output_type -> outpost.admin.SetBootModeResponse
-	32, // 60: outpost.admin.Machines.ClearAlert:output_type -> outpost.admin.ClearAlertResponse
-	44, // [44:61] is the sub-list for method output_type
-	27, // [27:44] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	41, // 8: outpost.admin.Site.edge_refused_at:type_name -> google.protobuf.Timestamp
+	40, // 9: outpost.admin.SiteSettings.dhcp_lease_time:type_name -> google.protobuf.Duration
+	38, // 10: outpost.admin.SiteSettings.dhcp_reservations:type_name -> outpost.admin.SiteSettings.DhcpReservationsEntry
+	4,  // 11: outpost.admin.ListSitesResponse.sites:type_name -> outpost.admin.Site
+	6,  // 12: outpost.admin.ListSitesResponse.standby:type_name -> outpost.admin.Standby
+	4,  // 13: outpost.admin.ShowSiteResponse.site:type_name -> outpost.admin.Site
+	42, // 14: outpost.admin.ShowSiteResponse.assets:type_name -> outpost.assets.SiteAssetState
+	6,  // 15: outpost.admin.ShowSiteResponse.standby:type_name -> outpost.admin.Standby
+	43, // 16: outpost.admin.SetAssetPolicyRequest.policy:type_name -> outpost.assets.Policy
+	39, // 17: outpost.admin.SetSiteLabelsRequest.labels:type_name -> outpost.admin.SetSiteLabelsRequest.LabelsEntry
+	19, // 18: outpost.admin.SetSiteSettingsRequest.dhcp_dns:type_name -> outpost.admin.StringList
+	19, // 19: outpost.admin.SetSiteSettingsRequest.dhcp_ntp:type_name -> outpost.admin.StringList
+	40, // 20: outpost.admin.SetSiteSettingsRequest.dhcp_lease_time:type_name -> google.protobuf.Duration
+	5,  // 21: outpost.admin.SetSiteSettingsResponse.settings:type_name -> outpost.admin.SiteSettings
+	25, // 22: outpost.admin.ListMachinesResponse.machines:type_name -> outpost.admin.Machine
+	41, // 23: outpost.admin.Machine.updated:type_name -> google.protobuf.Timestamp
+	26, // 24: outpost.admin.Machine.last:type_name -> outpost.admin.TimelineEntry
+	41, // 25: outpost.admin.TimelineEntry.time:type_name -> google.protobuf.Timestamp
+	25, // 26: outpost.admin.ShowMachineResponse.machine:type_name -> outpost.admin.Machine
+	26, // 27: outpost.admin.ShowMachineResponse.timeline:type_name -> outpost.admin.TimelineEntry
+	0,  // 28: outpost.admin.Admin.CreateSite:input_type -> outpost.admin.CreateSiteRequest
+	2,  // 29: outpost.admin.Admin.NewJoinToken:input_type -> outpost.admin.NewJoinTokenRequest
+	3,  // 30: outpost.admin.Admin.ListSites:input_type -> outpost.admin.ListSitesRequest
+	8,  // 31: outpost.admin.Admin.RevokeSite:input_type -> outpost.admin.RevokeSiteRequest
+	10, // 32: outpost.admin.Admin.DeleteSite:input_type -> outpost.admin.DeleteSiteRequest
+	12, // 33: outpost.admin.Admin.ShowSite:input_type -> outpost.admin.ShowSiteRequest
+	14, // 34: outpost.admin.Admin.SetAssetPolicy:input_type -> outpost.admin.SetAssetPolicyRequest
+	33, // 35: outpost.admin.Admin.StageAssets:input_type -> outpost.admin.StageAssetsRequest
+	33, // 36: outpost.admin.Admin.UnstageAssets:input_type -> outpost.admin.StageAssetsRequest
+	35, // 37: outpost.admin.Admin.BundleAssets:input_type -> outpost.admin.BundleAssetsRequest
+	16, // 38: outpost.admin.Admin.SetSiteLabels:input_type -> outpost.admin.SetSiteLabelsRequest
+	18, // 39: outpost.admin.Admin.SetSiteSettings:input_type -> outpost.admin.SetSiteSettingsRequest
+	21, // 40: outpost.admin.Admin.RegisterMachines:input_type -> outpost.admin.RegisterMachinesRequest
+	23, // 41: outpost.admin.Machines.ListMachines:input_type -> outpost.admin.ListMachinesRequest
+	27, // 42: outpost.admin.Machines.ShowMachine:input_type -> outpost.admin.ShowMachineRequest
+	29, // 43: outpost.admin.Machines.SetBootMode:input_type -> outpost.admin.SetBootModeRequest
+	31, // 44: outpost.admin.Machines.ClearAlert:input_type -> outpost.admin.ClearAlertRequest
+	1,  // 45: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
+	1,  // 46: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
+	7,  // 47: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
+	9,  // 48: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
+	11, // 49: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
+	13, // 50: outpost.admin.Admin.ShowSite:output_type -> outpost.admin.ShowSiteResponse
+	15, // 51: outpost.admin.Admin.SetAssetPolicy:output_type -> outpost.admin.SetAssetPolicyResponse
+	34, // 52: outpost.admin.Admin.StageAssets:output_type -> outpost.admin.StageAssetsResponse
+	34, // 53: outpost.admin.Admin.UnstageAssets:output_type -> outpost.admin.StageAssetsResponse
+	36, // 54: outpost.admin.Admin.BundleAssets:output_type -> outpost.admin.BundleAssetsResponse
+	17, // 55: outpost.admin.Admin.SetSiteLabels:output_type -> outpost.admin.SetSiteLabelsResponse
+	20, // 56: outpost.admin.Admin.SetSiteSettings:output_type -> outpost.admin.SetSiteSettingsResponse
+	22, // 57: outpost.admin.Admin.RegisterMachines:output_type -> outpost.admin.RegisterMachinesResponse
+	24, // 58: outpost.admin.Machines.ListMachines:output_type -> outpost.admin.ListMachinesResponse
+	28, // 59: outpost.admin.Machines.ShowMachine:output_type -> outpost.admin.ShowMachineResponse
+	30, // 60: outpost.admin.Machines.SetBootMode:output_type -> outpost.admin.SetBootModeResponse
+	32, // 61: outpost.admin.Machines.ClearAlert:output_type -> outpost.admin.ClearAlertResponse
+	45, // [45:62] is the sub-list for method output_type
+	28, // [28:45] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_admin_admin_proto_init() }

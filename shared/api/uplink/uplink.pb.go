@@ -96,6 +96,9 @@ const (
 	HelloReply_CODE_LOCKED_OUT HelloReply_Code = 9
 	// TOKEN_REJECTED: the join token of an ENROLL hello is wrong, expired or used; retrying with it cannot succeed.
 	HelloReply_CODE_TOKEN_REJECTED HelloReply_Code = 10
+	// EDGE_VERSION: the controller does not accept the edge's release (edge_version in the hello): too old, newer
+	// than the controller, or not a version at all; reason names both versions. Upgrading one side is the remedy.
+	HelloReply_CODE_EDGE_VERSION HelloReply_Code = 11
 )
 
 // Enum value maps for HelloReply_Code.
@@ -112,6 +115,7 @@ var (
 		8:  "CODE_OVERLOADED",
 		9:  "CODE_LOCKED_OUT",
 		10: "CODE_TOKEN_REJECTED",
+		11: "CODE_EDGE_VERSION",
 	}
 	HelloReply_Code_value = map[string]int32{
 		"CODE_ACCEPTED":         0,
@@ -125,6 +129,7 @@ var (
 		"CODE_OVERLOADED":       8,
 		"CODE_LOCKED_OUT":       9,
 		"CODE_TOKEN_REJECTED":   10,
+		"CODE_EDGE_VERSION":     11,
 	}
 )
 
@@ -774,7 +779,7 @@ const file_shared_api_uplink_uplink_proto_rawDesc = "" +
 	"\aPurpose\x12\x17\n" +
 	"\x13PURPOSE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fPURPOSE_SESSION\x10\x01\x12\x12\n" +
-	"\x0ePURPOSE_ENROLL\x10\x02\"\xf0\x03\n" +
+	"\x0ePURPOSE_ENROLL\x10\x02\"\x87\x04\n" +
 	"\n" +
 	"HelloReply\x123\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x1f.outpost.uplink.HelloReply.CodeR\x04code\x12\x16\n" +
@@ -782,7 +787,7 @@ const file_shared_api_uplink_uplink_proto_rawDesc = "" +
 	"\x10protocol_version\x18\x03 \x01(\rR\x0fprotocolVersion\x12-\n" +
 	"\x12controller_version\x18\x04 \x01(\tR\x11controllerVersion\x12:\n" +
 	"\vretry_after\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\n" +
-	"retryAfter\"\xfe\x01\n" +
+	"retryAfter\"\x95\x02\n" +
 	"\x04Code\x12\x11\n" +
 	"\rCODE_ACCEPTED\x10\x00\x12\x12\n" +
 	"\x0eCODE_MALFORMED\x10\x01\x12\x19\n" +
@@ -795,7 +800,8 @@ const file_shared_api_uplink_uplink_proto_rawDesc = "" +
 	"\x0fCODE_OVERLOADED\x10\b\x12\x13\n" +
 	"\x0fCODE_LOCKED_OUT\x10\t\x12\x17\n" +
 	"\x13CODE_TOKEN_REJECTED\x10\n" +
-	"\"Z\n" +
+	"\x12\x15\n" +
+	"\x11CODE_EDGE_VERSION\x10\v\"Z\n" +
 	"\rEnrollRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x10\n" +
 	"\x03csr\x18\x02 \x01(\fR\x03csr\x12!\n" +
