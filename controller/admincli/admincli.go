@@ -107,12 +107,27 @@ func (c *Client) ListSites(ctx context.Context, out io.Writer, now time.Time) er
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SITE\tSTATE\tEDGE VERSION\tLAST SEEN\tREMOTE\tDESCRIPTION")
 
+	var refused []*adminpb.Site
+
 	for _, s := range resp.GetSites() {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.GetSiteId(), siteStateAt(s, resp.GetStandby()), dash(peer(s.GetEdgeVersion())),
 			ago(s.GetLastSeen(), now), dash(peer(s.GetRemoteAddress())), peer(s.GetDescription()))
+
+		if s.GetEdgeRefused() != "" {
+			refused = append(refused, s)
+		}
 	}
 
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+
+	// A refused edge's release is the one thing its operator must act on: said in full under the table.
+	for _, s := range refused {
+		fmt.Fprintf(out, "%s: edge refused %s: %s\n", s.GetSiteId(), ago(s.GetEdgeRefusedAt(), now), peer(s.GetEdgeRefused()))
+	}
+
+	return nil
 }
 
 // peer makes a string an edge (or anyone) supplied safe to print: escapes shown, not interpreted; bounded.
@@ -148,6 +163,8 @@ func siteState(s *adminpb.Site) string {
 		return "revoked"
 	case s.GetConnected():
 		return "connected"
+	case s.GetEdgeRefused() != "":
+		return "edge-refused"
 	case s.GetEnrolled():
 		return "offline"
 	default:
@@ -227,6 +244,10 @@ func (c *Client) ShowSite(ctx context.Context, siteID string, out io.Writer, now
 	fmt.Fprintf(tw, "state:\t%s\n", siteStateAt(s, resp.GetStandby()))
 	fmt.Fprintf(tw, "description:\t%s\n", peer(s.GetDescription()))
 	fmt.Fprintf(tw, "edge version:\t%s\n", dash(peer(s.GetEdgeVersion())))
+
+	if s.GetEdgeRefused() != "" {
+		fmt.Fprintf(tw, "edge refused:\t%s: %s\n", ago(s.GetEdgeRefusedAt(), now), peer(s.GetEdgeRefused()))
+	}
 	fmt.Fprintf(tw, "last seen:\t%s\n", ago(s.GetLastSeen(), now))
 	fmt.Fprintf(tw, "remote:\t%s\n", dash(peer(s.GetRemoteAddress())))
 

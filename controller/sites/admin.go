@@ -160,6 +160,13 @@ func (a *Admin) view(ctx context.Context, site *resources.Site) (*adminpb.Site, 
 
 	live := st.TypedSpec().Value
 
+	var refusedAt *timestamppb.Timestamp
+
+	refused, at := a.server.EdgeRefused(site.Metadata().ID())
+	if refused != "" {
+		refusedAt = timestamppb.New(at)
+	}
+
 	return &adminpb.Site{
 		SiteId:         site.Metadata().ID(),
 		Description:    spec.GetDescription(),
@@ -174,6 +181,8 @@ func (a *Admin) view(ctx context.Context, site *resources.Site) (*adminpb.Site, 
 		Enrolled:       len(spec.GetCertificateSerials()) > 0,
 		Labels:         spec.GetLabels(),
 		Settings:       settingsView(SettingsOf(site)),
+		EdgeRefused:    refused,
+		EdgeRefusedAt:  refusedAt,
 	}, nil
 }
 

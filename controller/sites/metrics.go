@@ -11,6 +11,7 @@ const (
 	reasonMalformed        = "malformed_hello"
 	reasonHelloTimeout     = "hello_timeout"
 	reasonProtocolVersion  = "protocol_version"
+	reasonEdgeVersion      = "edge_version"
 	reasonBadCertificate   = "bad_certificate"
 	reasonSiteMismatch     = "site_mismatch"
 	reasonUnknownSite      = "unknown_site"

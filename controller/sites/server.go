@@ -56,6 +56,9 @@ type Options struct {
 	Limits Limits
 	// ServerNames are extra DNS names for the server certificate (the fixed uplink name is always there).
 	ServerNames []string
+	// Version is the controller's release as edges are told and held to (version.CheckEdge); empty means
+	// version.String(), the build's own.
+	Version string
 }
 
 // Defaults for Options.
@@ -80,6 +83,7 @@ type Server struct {
 	rejects   *rejectLog
 	table     sessionTable
 	statuses  *statusKeeper
+	refusals  releaseRefusals
 }
 
 // NewServer builds a server; call Serve with a listener.
@@ -94,6 +98,10 @@ func NewServer(opts Options) (*Server, error) {
 
 	if opts.CertValidity <= 0 {
 		opts.CertValidity = DefaultCertValidity
+	}
+
+	if opts.Version == "" {
+		opts.Version = version.String()
 	}
 
 	if err := opts.Limits.Validate(); err != nil {
@@ -350,6 +358,15 @@ func (s *Server) handle(ctx context.Context, raw net.Conn, source string, accept
 		}
 	}
 
+	if reject == nil {
+		// The release is judged once the hello is authenticated (certificate or join token), so that what is
+		// remembered per site came from that site's edge.
+		if reject = s.checkRelease(hello, log); reject != nil && releaseEnroll != nil {
+			releaseEnroll()
+			releaseEnroll = nil
+		}
+	}
+
 	if reject != nil {
 		s.admission.penalize(source)
 		s.refuse(reject, raw.RemoteAddr(), hello.GetSiteId())
@@ -411,7 +428,7 @@ func (s *Server) readHello(conn *tls.Conn) (*uplinkpb.Hello, *rejection) {
 		return nil, &rejection{
 			code: uplinkpb.HelloReply_CODE_PROTOCOL_VERSION,
 			reason: fmt.Sprintf("the edge speaks uplink protocol %d, this controller (%s) speaks %d: run the same release on both",
-				frame.ProtocolVersion, version.String(), version.ProtocolVersion),
+				frame.ProtocolVersion, s.opts.Version, version.ProtocolVersion),
 			metric: reasonProtocolVersion,
 			reply:  true,
 		}
@@ -435,7 +452,7 @@ func (s *Server) admitEnroll(ctx context.Context, source string, hello *uplinkpb
 		return nil, &rejection{
 			code: uplinkpb.HelloReply_CODE_MALFORMED,
 			reason: fmt.Sprintf("the enrolment hello carries no join token (an edge older than this controller, %s?): run the same release on both",
-				version.String()),
+				s.opts.Version),
 			metric: reasonNoToken,
 			reply:  true,
 		}
@@ -551,7 +568,7 @@ func (s *Server) reply(conn net.Conn, code uplinkpb.HelloReply_Code, reason stri
 		Code:              code,
 		Reason:            reason,
 		ProtocolVersion:   version.ProtocolVersion,
-		ControllerVersion: version.String(),
+		ControllerVersion: s.opts.Version,
 	}
 
 	if retryAfter > 0 {
@@ -647,6 +664,7 @@ func (s *Server) serveSession(ctx context.Context, conn *tls.Conn, hello *uplink
 	}
 
 	s.metrics.sessions.Inc()
+	s.refusals.clear(siteID)
 	live.sessions = s.statuses.connected(ctx, live, log)
 	log.Info("site connected", zap.String("edge_version", live.edgeVersion))
 

@@ -18,7 +18,6 @@ import (
 
 	uplinkpb "github.com/outpost-metal/outpost/shared/api/uplink"
 	"github.com/outpost-metal/outpost/shared/uplink"
-	"github.com/outpost-metal/outpost/shared/version"
 )
 
 type siteKey struct{}
@@ -161,7 +160,7 @@ func (c *controllerService) Status(ctx context.Context, _ *uplinkpb.ControllerSt
 		return nil, status.Error(codes.Unauthenticated, "no site identity")
 	}
 
-	out := &uplinkpb.ControllerStatus{SiteId: siteID, ControllerVersion: version.String()}
+	out := &uplinkpb.ControllerStatus{SiteId: siteID, ControllerVersion: c.server.opts.Version}
 
 	if live, ok := c.server.statusView(siteID); ok {
 		out.ConnectedSince = timestamppb.New(live.since)

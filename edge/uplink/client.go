@@ -127,6 +127,9 @@ type Options struct {
 	Now func() time.Time
 	// Dial opens the TCP connection; nil means a net.Dialer.
 	Dial func(ctx context.Context, address string) (net.Conn, error)
+	// Version is the release the edge reports in its hello, which the controller holds it to; empty means
+	// version.String(), the build's own.
+	Version string
 }
 
 // RejectedError is the controller's refusal of a hello, with its reason.
@@ -186,6 +189,10 @@ func New(cfg Config, opts Options) (*Client, error) {
 		opts.Now = time.Now
 	}
 
+	if opts.Version == "" {
+		opts.Version = version.String()
+	}
+
 	if opts.Dial == nil {
 		d := &net.Dialer{KeepAlive: 15 * time.Second}
 		opts.Dial = func(ctx context.Context, address string) (net.Conn, error) {
@@ -241,6 +248,8 @@ func (c *Client) Run(ctx context.Context) error {
 		case errors.As(err, &rejected) && rejected.RetryAfter > 0:
 			wait = honourRetryAfter(wait, rejected.RetryAfter)
 			c.log.Warn("uplink rejected", zap.String("reason", rejected.Reason), zap.Stringer("code", rejected.Code), zap.Duration("retry_in", wait))
+		case rejected != nil && rejected.Code == uplinkpb.HelloReply_CODE_EDGE_VERSION:
+			c.logReleaseRefused(rejected, wait)
 		case rejected != nil:
 			c.log.Error("uplink rejected", zap.String("reason", rejected.Reason), zap.Stringer("code", rejected.Code), zap.Duration("retry_in", wait))
 		default:
@@ -253,6 +262,13 @@ func (c *Client) Run(ctx context.Context) error {
 		case <-time.After(wait):
 		}
 	}
+}
+
+// logReleaseRefused says that the controller refused this edge's release, which only an upgrade (of the
+// edge's appliance or of the controller, as the reason says) fixes; the edge keeps trying meanwhile.
+func (c *Client) logReleaseRefused(rejected *RejectedError, wait time.Duration) {
+	c.log.Error("uplink rejected: the controller does not accept this edge's release", zap.String("reason", rejected.Reason),
+		zap.String("edge_version", c.opts.Version), zap.String("controller_version", rejected.ControllerVersion), zap.Duration("retry_in", wait))
 }
 
 func (c *Client) ensureIdentity(ctx context.Context) error {
@@ -300,7 +316,11 @@ func (c *Client) ensureIdentity(ctx context.Context) error {
 			wait = honourRetryAfter(wait, rejected.RetryAfter)
 		}
 
-		c.log.Warn("enrolment failed; retrying", zap.Error(err), zap.Duration("retry_in", wait))
+		if rejected != nil && rejected.Code == uplinkpb.HelloReply_CODE_EDGE_VERSION {
+			c.logReleaseRefused(rejected, wait)
+		} else {
+			c.log.Warn("enrolment failed; retrying", zap.Error(err), zap.Duration("retry_in", wait))
+		}
 
 		select {
 		case <-ctx.Done():
@@ -330,7 +350,7 @@ func (c *Client) enroll(ctx context.Context, tok uplink.JoinToken) (*Identity, e
 		return nil, err
 	}
 
-	hello := &uplinkpb.Hello{SiteId: tok.SiteID, EdgeVersion: version.String(), Purpose: uplinkpb.Hello_PURPOSE_ENROLL, JoinToken: tok.String()}
+	hello := &uplinkpb.Hello{SiteId: tok.SiteID, EdgeVersion: c.opts.Version, Purpose: uplinkpb.Hello_PURPOSE_ENROLL, JoinToken: tok.String()}
 
 	peer, err := c.open(ctx, uplink.EnrollTLSConfig(tok.CAFingerprint), hello)
 	if err != nil {
@@ -353,7 +373,7 @@ func (c *Client) enroll(ctx context.Context, tok uplink.JoinToken) (*Identity, e
 	resp, err := uplinkpb.NewEnrollmentClient(peer.Conn()).Enroll(cctx, &uplinkpb.EnrollRequest{
 		Token:       tok.String(),
 		Csr:         csr,
-		EdgeVersion: version.String(),
+		EdgeVersion: c.opts.Version,
 	})
 	if err != nil {
 		switch status.Code(err) {
@@ -496,7 +516,7 @@ func (c *Client) controllerAddress() string {
 func (c *Client) runSession(ctx context.Context) error {
 	id := c.currentIdentity()
 
-	hello := &uplinkpb.Hello{SiteId: id.SiteID, EdgeVersion: version.String(), Purpose: uplinkpb.Hello_PURPOSE_SESSION}
+	hello := &uplinkpb.Hello{SiteId: id.SiteID, EdgeVersion: c.opts.Version, Purpose: uplinkpb.Hello_PURPOSE_SESSION}
 
 	peer, err := c.open(ctx, uplink.SessionTLSConfig(id.Cert, id.CA), hello)
 	if err != nil {
@@ -624,7 +644,7 @@ func (e *edgeStatus) Status(context.Context, *uplinkpb.EdgeStatusRequest) (*upli
 
 	return &uplinkpb.EdgeStatus{
 		SiteId:      e.client.SiteID(),
-		EdgeVersion: version.String(),
+		EdgeVersion: e.client.opts.Version,
 		StartedAt:   timestamppb.New(e.client.started),
 		Now:         timestamppb.New(e.client.opts.Now()),
 		Counters:    counters,

@@ -40,6 +40,8 @@ type ControllerOptions struct {
 	// State and CA are used instead of new ones (a restarted controller keeps both).
 	State state.State
 	CA    *sites.CA
+	// Version is the release the controller holds edges to (empty: the build's own).
+	Version string
 }
 
 // Controller is a running uplink server with its registry.
@@ -104,6 +106,7 @@ func StartController(t testing.TB, opts ControllerOptions) *Controller {
 		OnSession:     opts.OnSession,
 		CertValidity:  opts.CertValidity,
 		Limits:        opts.Limits,
+		Version:       opts.Version,
 	})
 	require.NoError(t, err)
 
