@@ -80,6 +80,7 @@ func (b *builder) newLifecycle(context.Context) error {
 	deps.Types = types
 	deps.Power = b.edges.clients
 	deps.Agent = b.edges.clients
+	deps.Intents = b.edges.clients
 	deps.Sites = b.edges.locations
 	deps.Plans = &assetAwarePusher{next: b.edges.tables, needs: b.assets.needs, install: b.assets.install}
 	deps.Planner = planner

@@ -50,13 +50,13 @@ func TestEdgeCallConcurrency(t *testing.T) {
 func newControllers(t *testing.T, cfg lifecycle.Config, types resources.Types) []controller.QController {
 	t.Helper()
 
-	edge := lifecycletest.NewFakeEdge()
+	edge := lifecycletest.NewFakeEdge(t)
 
 	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), lifecycletest.FakeResolver{}, edge)
 	require.NoError(t, err)
 
 	ctrls, err := lifecycle.New(cfg, lifecycle.Deps{
-		Types: types, Power: edge, Agent: edge, Sites: edge, Plans: edge, Planner: planner, Now: time.Now, Rand: rand.Reader,
+		Types: types, Power: edge, Agent: edge, Intents: edge, Sites: edge, Plans: edge, Planner: planner, Now: time.Now, Rand: rand.Reader,
 	})
 	require.NoError(t, err)
 

@@ -86,6 +86,7 @@ type Deps struct {
 	Types   resources.Types
 	Power   PowerClient
 	Agent   AgentClient
+	Intents IntentClient
 	Sites   SiteLocator
 	Plans   PlanPusher
 	Planner Planner
@@ -112,7 +113,7 @@ type SiteLabels interface {
 }
 
 func (d Deps) validate() error {
-	if d.Power == nil || d.Agent == nil || d.Sites == nil || d.Plans == nil || d.Planner == nil || d.Now == nil || d.Rand == nil {
+	if d.Power == nil || d.Agent == nil || d.Intents == nil || d.Sites == nil || d.Plans == nil || d.Planner == nil || d.Now == nil || d.Rand == nil {
 		return errors.New("a lifecycle dependency is missing")
 	}
 

@@ -12,6 +12,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/machineaccess"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+	intentspb "github.com/outpost-metal/outpost/shared/api/intents"
 )
 
 // ErrNoIPMI means the machine's power management is not something the edge's BMC service can drive.
@@ -210,4 +211,15 @@ func (c *EdgeClients) Reboot(ctx context.Context, site, id string) error {
 	_, err := c.Access.Agent(site, id).Reboot(ctx, &agentpb.RebootRequest{})
 
 	return c.classify(site, err)
+}
+
+// IntentOutcome implements IntentClient. An edge of the release before intents has no Intents service: its
+// answer (Unimplemented) is an error, and the intent stays open.
+func (c *EdgeClients) IntentOutcome(ctx context.Context, site, id, intentID string) (intentspb.State, error) {
+	out, err := c.Access.IntentOutcome(ctx, site, id, intentID)
+	if err != nil {
+		return intentspb.State_STATE_UNKNOWN, c.classify(site, err)
+	}
+
+	return out.GetState(), nil
 }

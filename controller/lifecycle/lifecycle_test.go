@@ -90,7 +90,7 @@ func newHarness(t *testing.T, configure ...func(*lifecycle.Config)) *harness {
 	h := &harness{
 		t:     t,
 		st:    state.WrapCore(namespaced.NewState(inmem.Build)),
-		edge:  lifecycletest.NewFakeEdge(),
+		edge:  lifecycletest.NewFakeEdge(t),
 		clock: &fakeClock{},
 		types: resources.NewTypes(providerID),
 		stats: lifecycle.NewMetrics(),
@@ -127,7 +127,7 @@ func (h *harness) start() {
 	require.NoError(h.t, err)
 
 	h.ctrls, err = lifecycle.New(cfg, lifecycle.Deps{
-		Types: h.types, Power: h.edge, Agent: h.edge, Sites: h.edge, Plans: h.edge, Planner: planner,
+		Types: h.types, Power: h.edge, Agent: h.edge, Intents: h.edge, Sites: h.edge, Plans: h.edge, Planner: planner,
 		Now: h.clock.Now, Rand: rand.Reader, Metrics: h.stats, Secrets: box, Journal: h.journal, SitePolicies: h.policies,
 	})
 	require.NoError(h.t, err)

@@ -134,9 +134,10 @@ func (v *view) installed() bool {
 	return v.machine.GetInstallEventId() > atWipe
 }
 
-// requiresWipe: never wiped, or Omni asked for a new wipe since.
+// requiresWipe: never wiped (a record holding only an open intent is not a wipe), or Omni asked for a new
+// wipe since.
 func (v *view) requiresWipe() bool {
-	return v.wipe == nil || v.wipe.GetLastWipeId() != v.machine.GetWipeId()
+	return v.wipe.GetWipedAt() == nil || v.wipe.GetLastWipeId() != v.machine.GetWipeId()
 }
 
 func (v *view) requiresPowerOn() bool { return v.allocated() || v.installed() || v.requiresWipe() }

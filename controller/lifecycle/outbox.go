@@ -97,6 +97,16 @@ func (j *jobs) start(ctx context.Context, key, tag string, timeout time.Duration
 	return jb
 }
 
+// has reports whether a job under key with tag runs (or finished and was not collected).
+func (j *jobs) has(key, tag string) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+
+	cur, ok := j.running[key]
+
+	return ok && cur.tag == tag
+}
+
 // collect forgets a finished job, so the next start runs afresh.
 func (j *jobs) collect(jb *job) {
 	j.mu.Lock()

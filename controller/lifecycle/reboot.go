@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/cosi-project/runtime/pkg/controller"
@@ -14,6 +15,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/bootplans"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
+	intentspb "github.com/outpost-metal/outpost/shared/api/intents"
 )
 
 // reboot reboots a running machine when the user asked (a new requested reboot ID) or when it must work and
@@ -43,6 +45,14 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 
 		logger.Info("recorded a reboot done before the omni connection broke", zap.String("reason", rs.GetReason()))
 		v.reboot = rs
+	}
+
+	// A power cycle left open (a crash, a cut) is settled with the edge before anything is decided: one it
+	// carried out is recorded, not repeated.
+	if in := v.reboot.GetOpenIntent(); in != nil {
+		if settled, err := s.resume(ctx, logger, r, v, key, in); settled || err != nil {
+			return err
+		}
 	}
 
 	site, reason, wait := s.decide(v)
@@ -91,11 +101,19 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 			}
 		}
 
-		if err = s.env.Power.PowerCycle(callCtx, site, v.id, fresh.bmc); err != nil {
-			return s.env.failed(fmt.Errorf("reboot %s at site %s: %w", v.id, site, err))
+		in := v.reboot.GetOpenIntent()
+		if in == nil {
+			if in, err = s.intend(ctx, r, v, rs, site); err != nil {
+				return err
+			}
 		}
 
-		rs.LastReboot = timestamppb.New(s.env.Now())
+		err = s.env.Power.PowerCycle(intentspb.NewOutgoingContext(callCtx, in.GetId()), site, v.id, fresh.bmc)
+		if err = s.env.settle(ctx, v.id, in, err); err != nil {
+			return s.failedIntent(ctx, r, v, key, in, err)
+		}
+
+		rs.LastReboot, rs.OpenIntent = timestamppb.New(s.env.Now()), nil
 		s.env.outbox.put(key, rs)
 
 		logger.Info("rebooted", zap.String("site", site), zap.String("reason", rs.Reason), zap.String("mode", string(plan.Mode)))
@@ -109,6 +127,97 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 	}
 
 	return s.record(ctx, r, v.id, key, rs)
+}
+
+// resume settles an open power-cycle intent with the edge. settled is false when it is still to be sent (not
+// received at the edge, or running there): the step decides as usual and sends it again under the same ID,
+// which the edge carries out at most once.
+func (s *reboot) resume(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view, key string, in *specs.IntentSpec) (bool, error) {
+	done, err := s.env.outcome(ctx, v.id, in)
+
+	var closed *intentClosed
+
+	switch {
+	case done:
+		rs := proto.Clone(v.reboot).(*specs.RebootStatusSpec) //nolint:forcetypeassert // a clone has the type of its source
+		rs.LastReboot, rs.OpenIntent = timestamppb.New(s.env.Now()), nil
+
+		if err = s.record(ctx, r, v.id, key, rs); err != nil {
+			return true, err
+		}
+
+		logger.Info("recorded a reboot the edge carried out before its answer was lost", zap.String("intent", in.GetId()))
+		s.env.note(v.id, "power", "rebooted ("+in.GetReason()+"): recorded after the answer was lost")
+
+		return true, nil
+	case errors.As(err, &closed):
+		return true, s.failedIntent(ctx, r, v, key, in, closed)
+	case errors.Is(err, errIntentOpen):
+		return false, nil
+	default:
+		return true, s.env.failed(fmt.Errorf("reboot %s: what became of power-cycle intent %s is not known yet: %w", v.id, in.GetId(), err))
+	}
+}
+
+// intend writes a new power-cycle intent into the reboot record (rs as it will be once done), before the
+// call is sent.
+func (s *reboot) intend(ctx context.Context, r controller.QRuntime, v *view, rs *specs.RebootStatusSpec, site string) (*specs.IntentSpec, error) {
+	in, err := s.env.newIntent(intentPowerCycle, site, rs.GetLastRebootId(), rs.GetReason())
+	if err != nil {
+		return nil, err
+	}
+
+	open := &specs.RebootStatusSpec{}
+	if v.reboot != nil {
+		open = proto.Clone(v.reboot).(*specs.RebootStatusSpec) //nolint:forcetypeassert // a clone has the type of its source
+	}
+
+	open.OpenIntent = in
+
+	if err = s.write(ctx, r, v, open); err != nil {
+		return nil, s.env.failed(fmt.Errorf("record the power-cycle intent of %s: %w", v.id, err))
+	}
+
+	return in, nil
+}
+
+// failedIntent handles a power cycle that did not finish: an intent the edge closed is cleared (interrupted:
+// the machine may have been cycled or not, which its next observation tells; it is not cycled again for it),
+// any other failure leaves it open. The step is retried after the pause a failure sets.
+func (s *reboot) failedIntent(ctx context.Context, r controller.QRuntime, v *view, key string, in *specs.IntentSpec, err error) error {
+	var closed *intentClosed
+	if errors.As(err, &closed) {
+		rs := proto.Clone(v.reboot).(*specs.RebootStatusSpec) //nolint:forcetypeassert // a clone has the type of its source
+		rs.OpenIntent = nil
+
+		if closed.state == intentspb.State_STATE_INTERRUPTED {
+			// Counted as done: the cooldown starts and a requested reboot is not repeated.
+			rs.LastReboot = timestamppb.New(s.env.Now())
+			if in.GetCause() != "" {
+				rs.LastRebootId = in.GetCause()
+			}
+
+			s.env.alertIntent(v.id, "the edge restarted during a power cycle (intent "+in.GetId()+"): whether the machine was cycled is unknown; not cycled again for it")
+		}
+
+		if werr := s.record(ctx, r, v.id, key, rs); werr != nil {
+			return s.env.failed(fmt.Errorf("clear the power-cycle intent of %s: %w", v.id, werr))
+		}
+	}
+
+	return s.env.failed(fmt.Errorf("reboot %s at site %s: %w", v.id, in.GetSiteId(), err))
+}
+
+// write writes the reboot record rs (not kept in the outbox: it records no action) and updates the view.
+func (s *reboot) write(ctx context.Context, r controller.QRuntime, v *view, rs *specs.RebootStatusSpec) error {
+	err := writeOwn(ctx, s.env, r, s.env.Types.NewRebootStatus(v.id), v.reboot, rs, func(res *resources.RebootStatus) {
+		res.TypedSpec().Value = rs
+	})
+	if err == nil {
+		v.reboot = rs
+	}
+
+	return err
 }
 
 // record writes the reboot status and drops it from the outbox.

@@ -2,15 +2,18 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/controller"
 	"go.uber.org/zap"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
+	intentspb "github.com/outpost-metal/outpost/shared/api/intents"
 )
 
 // wipe wipes a machine's disks through its agent on acceptance and whenever Omni sets a new wipe ID, and
@@ -46,34 +49,40 @@ func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.Q
 		return s.env.waitFor(logger, "machine not seen at any site")
 	}
 
+	// An intent left open (a crash, a cut) is settled with the edge first, agent or not: a wipe it carried out
+	// is recorded, not repeated.
+	in, settled, err := s.resume(ctx, logger, r, v, site)
+	if settled || err != nil {
+		return err
+	}
+
 	if !v.agentConnected() {
 		return s.env.waitFor(logger, "wipe waits for the agent") // the reboot controller brings it to agent mode
 	}
 
-	wipeID, installEvents, token := v.machine.GetWipeId(), v.machine.GetInstallEventId(), v.machine.GetNodeUniqueToken()
+	if in == nil {
+		if in, err = s.intend(ctx, r, v, site); err != nil {
+			return err
+		}
+	}
 
 	// The wipe runs apart from this reconcile: when the runtime is rebuilt meanwhile (Omni restarted), it goes
 	// on, and the next reconcile joins it rather than wiping again.
-	method := s.env.SitePolicies.WipeMethod(site, s.env.cfg.WipeMethod)
-	zeroes, timeout := method == "zeroes", s.env.cfg.WipeTimeout
+	zeroes, timeout := in.GetReason() == "zeroes", s.env.cfg.WipeTimeout
 	if zeroes {
 		timeout = s.env.cfg.ZeroesWipeTimeout
 	}
 
-	jb := s.env.jobs.start(ctx, key, wipeID, timeout, func(ctx context.Context) error {
-		logger.Info("wiping disks", zap.String("site", site), zap.String("wipe_id", wipeID), zap.Bool("zeroes", zeroes))
-		s.env.note(v.id, "wipe-started", "wiping disks ("+method+")")
+	jb := s.env.jobs.start(ctx, key, in.GetId(), timeout, func(ctx context.Context) error {
+		logger.Info("wiping disks", zap.String("site", site), zap.String("wipe_id", in.GetCause()), zap.String("intent", in.GetId()), zap.Bool("zeroes", zeroes))
+		s.env.note(v.id, "wipe-started", "wiping disks ("+in.GetReason()+")")
 
-		if err := s.env.Agent.WipeDisks(ctx, site, v.id, zeroes); err != nil {
+		err := s.env.Agent.WipeDisks(intentspb.NewOutgoingContext(ctx, in.GetId()), site, v.id, zeroes)
+		if err = s.env.settle(ctx, v.id, in, err); err != nil {
 			return err
 		}
 
-		s.env.outbox.put(key, &specs.WipeStatusSpec{
-			LastWipeId:           wipeID,
-			InstallEventIdAtWipe: installEvents,
-			WipedNodeUniqueToken: token,
-			WipedAt:              timestamppb.New(s.env.Now()),
-		})
+		s.env.outbox.put(key, wipeDone(in, s.env.Now()))
 
 		return nil
 	}, func(err error) {
@@ -97,7 +106,7 @@ func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.Q
 	s.env.jobs.collect(jb)
 
 	if jb.err != nil {
-		return s.env.failed(fmt.Errorf("wipe %s at site %s: %w", v.id, site, jb.err))
+		return s.failedIntent(ctx, r, v, in, jb.err)
 	}
 
 	rec, ok := s.env.outbox.get(key)
@@ -106,6 +115,99 @@ func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.Q
 	}
 
 	return s.record(ctx, logger, r, v.id, rec.(*specs.WipeStatusSpec), "disks wiped") // only wipes are kept here
+}
+
+// resume returns the intent open in the record when it serves the wipe Omni asks for now and is still to be
+// sent (not received at the edge, or running there: sent again under the same ID, carried out at most once).
+// settled is true when the step is done for now: the edge carried it out (recorded here) or closed it
+// (cleared, retried after a pause), or the edge could not be asked.
+func (s *wipe) resume(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view, site string) (in *specs.IntentSpec, settled bool, err error) {
+	in = v.wipe.GetOpenIntent()
+	if in == nil || in.GetCause() != v.machine.GetWipeId() {
+		return nil, false, nil // none, or for a wipe Omni no longer asks for: a new intent replaces it
+	}
+
+	if s.env.jobs.has(outboxKey("wipe", v.id), in.GetId()) {
+		return in, false, nil // this process sent it: join it
+	}
+
+	done, err := s.env.outcome(ctx, v.id, in)
+
+	var closed *intentClosed
+
+	switch {
+	case done:
+		return nil, true, s.record(ctx, logger, r, v.id, wipeDone(in, s.env.Now()), "recorded a wipe the edge carried out before its answer was lost")
+	case errors.As(err, &closed):
+		return nil, true, s.failedIntent(ctx, r, v, in, closed)
+	case errors.Is(err, errIntentOpen):
+		return in, false, nil
+	default:
+		return nil, true, s.env.failed(fmt.Errorf("wipe %s at site %s: what became of wipe intent %s is not known yet: %w", v.id, site, in.GetId(), err))
+	}
+}
+
+// intend writes a new wipe intent to the record, before anything is sent.
+func (s *wipe) intend(ctx context.Context, r controller.QRuntime, v *view, site string) (*specs.IntentSpec, error) {
+	in, err := s.env.newIntent(intentWipe, site, v.machine.GetWipeId(), s.env.SitePolicies.WipeMethod(site, s.env.cfg.WipeMethod))
+	if err != nil {
+		return nil, err
+	}
+
+	in.InstallEventId, in.NodeUniqueToken = v.machine.GetInstallEventId(), v.machine.GetNodeUniqueToken()
+
+	if err = s.writeIntent(ctx, r, v, in); err != nil {
+		return nil, s.env.failed(fmt.Errorf("record the wipe intent of %s: %w", v.id, err))
+	}
+
+	return in, nil
+}
+
+// writeIntent writes the wipe record with open (nil: none) as its open intent, the rest as it was.
+func (s *wipe) writeIntent(ctx context.Context, r controller.QRuntime, v *view, open *specs.IntentSpec) error {
+	rec := &specs.WipeStatusSpec{}
+	if v.wipe != nil {
+		rec = proto.Clone(v.wipe).(*specs.WipeStatusSpec) //nolint:forcetypeassert // a clone has the type of its source
+	}
+
+	rec.OpenIntent = open
+
+	err := writeOwn(ctx, s.env, r, s.env.Types.NewWipeStatus(v.id), v.wipe, rec, func(res *resources.WipeStatus) {
+		res.TypedSpec().Value = rec
+	})
+	if err == nil {
+		v.wipe = rec
+	}
+
+	return err
+}
+
+// failedIntent handles a wipe that did not finish: an intent the edge closed (failed, or interrupted by an
+// edge restart) is cleared from the record, so the next try is a new intent; any other failure leaves it open.
+// Either way the step is retried after the pause a failure sets.
+func (s *wipe) failedIntent(ctx context.Context, r controller.QRuntime, v *view, in *specs.IntentSpec, err error) error {
+	var closed *intentClosed
+	if errors.As(err, &closed) {
+		if closed.state == intentspb.State_STATE_INTERRUPTED {
+			s.env.alertIntent(v.id, "the edge restarted while wiping (intent "+in.GetId()+"): whether the disks were wiped is unknown; wiping again")
+		}
+
+		if werr := s.writeIntent(ctx, r, v, nil); werr != nil {
+			return s.env.failed(fmt.Errorf("clear the wipe intent of %s: %w", v.id, werr))
+		}
+	}
+
+	return s.env.failed(fmt.Errorf("wipe %s at site %s: %w", v.id, in.GetSiteId(), err))
+}
+
+// wipeDone is the record of a wipe carried out under intent in.
+func wipeDone(in *specs.IntentSpec, now time.Time) *specs.WipeStatusSpec {
+	return &specs.WipeStatusSpec{
+		LastWipeId:           in.GetCause(),
+		InstallEventIdAtWipe: in.GetInstallEventId(),
+		WipedNodeUniqueToken: in.GetNodeUniqueToken(),
+		WipedAt:              timestamppb.New(now),
+	}
 }
 
 // record writes a finished wipe to WipeStatus and drops it from the outbox.

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+	intentspb "github.com/outpost-metal/outpost/shared/api/intents"
 )
 
 // BMC is the controller's view of one machine's BMC, reached through its site's edge.
@@ -46,6 +47,15 @@ func (b *BMC) client() (bmcpb.BMCClient, error) {
 
 func (b *BMC) req() *bmcpb.PowerRequest { return &bmcpb.PowerRequest{Target: b.target} }
 
+// powerReq is the request of a power action: it carries the intent ID in ctx (intents.NewOutgoingContext),
+// which the edge carries out at most once.
+func (b *BMC) powerReq(ctx context.Context) *bmcpb.PowerRequest {
+	r := b.req()
+	r.IntentId = intentspb.FromOutgoingContext(ctx)
+
+	return r
+}
+
 // PowerStatus reports whether the machine is on.
 func (b *BMC) PowerStatus(ctx context.Context) (bool, error) {
 	cl, err := b.client()
@@ -72,8 +82,8 @@ func (b *BMC) call(ctx context.Context, op func(bmcpb.BMCClient, context.Context
 
 // PowerOn powers the machine on.
 func (b *BMC) PowerOn(ctx context.Context) error {
-	return b.call(ctx, func(cl bmcpb.BMCClient, ctx context.Context, r *bmcpb.PowerRequest) error {
-		_, err := cl.PowerOn(ctx, r)
+	return b.call(ctx, func(cl bmcpb.BMCClient, ctx context.Context, _ *bmcpb.PowerRequest) error {
+		_, err := cl.PowerOn(ctx, b.powerReq(ctx))
 
 		return err
 	})
@@ -81,8 +91,8 @@ func (b *BMC) PowerOn(ctx context.Context) error {
 
 // PowerOff powers the machine off.
 func (b *BMC) PowerOff(ctx context.Context) error {
-	return b.call(ctx, func(cl bmcpb.BMCClient, ctx context.Context, r *bmcpb.PowerRequest) error {
-		_, err := cl.PowerOff(ctx, r)
+	return b.call(ctx, func(cl bmcpb.BMCClient, ctx context.Context, _ *bmcpb.PowerRequest) error {
+		_, err := cl.PowerOff(ctx, b.powerReq(ctx))
 
 		return err
 	})
@@ -90,8 +100,8 @@ func (b *BMC) PowerOff(ctx context.Context) error {
 
 // PowerCycle power-cycles the machine (or powers it on when off).
 func (b *BMC) PowerCycle(ctx context.Context) error {
-	return b.call(ctx, func(cl bmcpb.BMCClient, ctx context.Context, r *bmcpb.PowerRequest) error {
-		_, err := cl.PowerCycle(ctx, r)
+	return b.call(ctx, func(cl bmcpb.BMCClient, ctx context.Context, _ *bmcpb.PowerRequest) error {
+		_, err := cl.PowerCycle(ctx, b.powerReq(ctx))
 
 		return err
 	})

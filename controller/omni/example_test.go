@@ -56,7 +56,7 @@ func Example() {
 	edges := &lifecycle.EdgeClients{Access: access, Sites: locations} // PowerClient and AgentClient
 
 	ctrls, err := lifecycle.New(lifecycle.Default(), lifecycle.Deps{
-		Types: conn.Types(), Power: edges, Agent: edges, Sites: locations, Plans: tables, Planner: planner,
+		Types: conn.Types(), Power: edges, Agent: edges, Intents: edges, Sites: locations, Plans: tables, Planner: planner,
 		Now: time.Now, Rand: rand.Reader, Metrics: lifecycle.NewMetrics(), // register Metrics with prometheus
 	})
 	if err != nil {

@@ -36,6 +36,8 @@ const (
 	KindPhase        = "phase"
 	KindError        = "error"
 	KindLifecycle    = "lifecycle"
+	// KindIntent is an alert about a destructive call whose outcome nobody knows (the edge restarted during it).
+	KindIntent = "intent"
 )
 
 // Entry is one thing that happened to a machine.

@@ -49,7 +49,7 @@ func TestControllerOutlivesWatchBudget(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), watchBudget+10*time.Minute)
 	defer cancel()
 
-	r := &run{t: t, b: b, edge: lifecycletest.NewFakeEdge(), tr: &transcript{}, admin: omni.NewAdmin(b.Admin()),
+	r := &run{t: t, b: b, edge: lifecycletest.NewFakeEdge(t), tr: &transcript{}, admin: omni.NewAdmin(b.Admin()),
 		jc: make(chan controlleromni.JoinConfig, 1)}
 	r.startController(ctx)
 

@@ -138,7 +138,7 @@ func (r *run) startController(ctx context.Context) {
 	require.NoError(t, err)
 
 	ctrls, err := lifecycle.New(cfg, lifecycle.Deps{
-		Types: resources.NewTypes(ocfg.ProviderID), Power: r.edge, Agent: r.edge, Sites: r.edge, Plans: r.edge,
+		Types: resources.NewTypes(ocfg.ProviderID), Power: r.edge, Agent: r.edge, Intents: r.edge, Sites: r.edge, Plans: r.edge,
 		Planner: planner, Now: time.Now, Rand: rand.Reader, Secrets: secrets,
 	})
 	require.NoError(t, err)
@@ -390,7 +390,7 @@ func scenario(t *testing.T, b fidelity.Backend) *transcript {
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
 
-	r := &run{t: t, b: b, edge: lifecycletest.NewFakeEdge(), tr: &transcript{}, admin: omni.NewAdmin(b.Admin()),
+	r := &run{t: t, b: b, edge: lifecycletest.NewFakeEdge(t), tr: &transcript{}, admin: omni.NewAdmin(b.Admin()),
 		jc: make(chan controlleromni.JoinConfig, 1)}
 	providerID := b.Controller().ProviderID
 

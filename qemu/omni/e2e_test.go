@@ -39,7 +39,7 @@ func runController(t *testing.T, s *standIn, edge *lifecycletest.FakeEdge) (stop
 	cfg.CallTimeout = 2 * time.Second
 
 	ctrls, err := lifecycle.New(cfg, lifecycle.Deps{
-		Types: resources.NewTypes("bare-metal"), Power: edge, Agent: edge, Sites: edge, Plans: edge, Planner: planner,
+		Types: resources.NewTypes("bare-metal"), Power: edge, Agent: edge, Intents: edge, Sites: edge, Plans: edge, Planner: planner,
 		Now: time.Now, Rand: rand.Reader,
 	})
 	require.NoError(t, err)
@@ -96,7 +96,7 @@ func TestControllerAgainstStandIn(t *testing.T) {
 
 	s := startStandIn(t, omni.Default())
 	admin := omni.NewAdmin(s.client(t, s.AdminKey()))
-	edge := lifecycletest.NewFakeEdge()
+	edge := lifecycletest.NewFakeEdge(t)
 
 	stop := runController(t, s, edge)
 
@@ -175,7 +175,7 @@ func testOmniRestart(t *testing.T, refuseResumed bool) {
 	cfg.StateDir = t.TempDir()
 
 	s := startStandIn(t, cfg)
-	edge := lifecycletest.NewFakeEdge()
+	edge := lifecycletest.NewFakeEdge(t)
 	runController(t, s, edge)
 
 	// a machine ready before the restart must not be touched again after it

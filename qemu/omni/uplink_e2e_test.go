@@ -321,7 +321,7 @@ func TestLifecycleOverTheUplink(t *testing.T) {
 	cfg.CallTimeout = 5 * time.Second
 
 	ctrls, err := lifecycle.New(cfg, lifecycle.Deps{
-		Types: conn.Types(), Power: edges, Agent: edges, Sites: locations, Plans: tables,
+		Types: conn.Types(), Power: edges, Agent: edges, Intents: edges, Sites: locations, Plans: tables,
 		Planner: planner, Now: time.Now, Rand: rand.Reader,
 	})
 	require.NoError(t, err)

@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"testing"
 
 	agentpb "github.com/siderolabs/talos-metal-agent/api/agent"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -16,6 +19,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/bootplans"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
+	"github.com/outpost-metal/outpost/edge/intents"
 )
 
 // Machine is a machine as the fake edge models it.
@@ -51,12 +55,33 @@ type FakeEdge struct {
 	// failed ones included, by the same key.
 	fail     map[string]error
 	attempts map[string]int
+	// intents carries out calls with an intent ID at most once (UseIntents); lose counts the replies to lose.
+	intents   *intents.Store
+	intentDir string
+	zlog      *zap.Logger
+	lose      map[string]int
 }
 
-// NewFakeEdge returns a fake edge with no machines.
-func NewFakeEdge() *FakeEdge {
-	return &FakeEdge{machines: map[string]*Machine{}, offline: map[string]bool{}, dropAt: map[string]bool{}, statusReads: map[string]int{}, deadBMC: map[string]bool{},
-		fail: map[string]error{}, attempts: map[string]int{}}
+// NewFakeEdge returns a fake edge with no machines. Its calls that carry an intent ID go through the edge's own
+// intent store, in a directory of the test's.
+func NewFakeEdge(t testing.TB) *FakeEdge {
+	t.Helper()
+
+	f := &FakeEdge{machines: map[string]*Machine{}, offline: map[string]bool{}, dropAt: map[string]bool{}, statusReads: map[string]int{}, deadBMC: map[string]bool{},
+		fail: map[string]error{}, attempts: map[string]int{}, lose: map[string]int{}, intentDir: t.TempDir(), zlog: zaptest.NewLogger(t)}
+
+	if err := f.RestartIntents(); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Cleanup(func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+
+		f.intents.Close() //nolint:errcheck // the test is over
+	})
+
+	return f
 }
 
 // FailCalls makes every call of machine id named call ("WipeDisks", "PowerOn", ...) fail with err before it
@@ -401,24 +426,31 @@ func (f *FakeEdge) PowerOff(_ context.Context, site, id string, _ *specs.BMCConf
 	return nil
 }
 
-// PowerCycle implements lifecycle.PowerClient.
-func (f *FakeEdge) PowerCycle(_ context.Context, site, id string, _ *specs.BMCConfigurationSpec) error {
+// PowerCycle implements lifecycle.PowerClient. A call that carries an intent ID goes through the intent
+// store (UseIntents) as at the edge.
+func (f *FakeEdge) PowerCycle(ctx context.Context, site, id string, _ *specs.BMCConfigurationSpec) error {
 	f.mu.Lock()
-	defer f.mu.Unlock()
+	err := f.attempt(id, "PowerCycle")
+	f.mu.Unlock()
 
-	if err := f.attempt(id, "PowerCycle"); err != nil {
-		return err
-	}
-
-	m, err := f.bmc(site, id)
 	if err != nil {
 		return err
 	}
 
-	f.record(id, fmt.Sprintf("PowerCycle acked=%s pxe=%v", m.Acked.Mode, m.PXEOnce))
-	m.boot()
+	return f.once(ctx, id, "PowerCycle", "/outpost.bmc.BMC/PowerCycle", func(context.Context) error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
 
-	return nil
+		m, err := f.bmc(site, id)
+		if err != nil {
+			return err
+		}
+
+		f.record(id, fmt.Sprintf("PowerCycle acked=%s pxe=%v", m.Acked.Mode, m.PXEOnce))
+		m.boot()
+
+		return nil
+	})
 }
 
 // SetPXEOnce implements lifecycle.PowerClient.
@@ -513,14 +545,25 @@ func (f *FakeEdge) SetPowerManagement(_ context.Context, site, id string, req *a
 	return nil
 }
 
-// WipeDisks implements lifecycle.AgentClient.
+// WipeDisks implements lifecycle.AgentClient. A call that carries an intent ID goes through the intent store
+// (UseIntents) as at the edge.
 func (f *FakeEdge) WipeDisks(ctx context.Context, site, id string, zeroes bool) error {
 	f.mu.Lock()
-	defer f.mu.Unlock()
+	err := f.attempt(id, "WipeDisks")
+	f.mu.Unlock()
 
-	if err := f.attempt(id, "WipeDisks"); err != nil {
+	if err != nil {
 		return err
 	}
+
+	return f.once(ctx, id, "WipeDisks", "/management.AgentService/WipeDisks", func(ctx context.Context) error {
+		return f.wipe(ctx, site, id, zeroes)
+	})
+}
+
+func (f *FakeEdge) wipe(ctx context.Context, site, id string, zeroes bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 
 	m, err := f.agentMachine(site, id)
 	if err != nil {

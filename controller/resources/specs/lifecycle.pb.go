@@ -69,7 +69,7 @@ func (x MachineObservationSpec_PowerState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use MachineObservationSpec_PowerState.Descriptor instead.
 func (MachineObservationSpec_PowerState) EnumDescriptor() ([]byte, []int) {
-	return file_controller_resources_specs_lifecycle_proto_rawDescGZIP(), []int{4, 0}
+	return file_controller_resources_specs_lifecycle_proto_rawDescGZIP(), []int{5, 0}
 }
 
 // BMCConfigurationSpec is how the controller reaches a machine's BMC: IPMI credentials it provisioned through
@@ -145,8 +145,10 @@ type WipeStatusSpec struct {
 	InstallEventIdAtWipe uint64                 `protobuf:"varint,2,opt,name=install_event_id_at_wipe,json=installEventIdAtWipe,proto3" json:"install_event_id_at_wipe,omitempty"`
 	WipedNodeUniqueToken string                 `protobuf:"bytes,3,opt,name=wiped_node_unique_token,json=wipedNodeUniqueToken,proto3" json:"wiped_node_unique_token,omitempty"`
 	WipedAt              *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=wiped_at,json=wipedAt,proto3" json:"wiped_at,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// open_intent is a wipe sent (or about to be) whose result is not recorded yet.
+	OpenIntent    *IntentSpec `protobuf:"bytes,5,opt,name=open_intent,json=openIntent,proto3" json:"open_intent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WipeStatusSpec) Reset() {
@@ -207,6 +209,13 @@ func (x *WipeStatusSpec) GetWipedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *WipeStatusSpec) GetOpenIntent() *IntentSpec {
+	if x != nil {
+		return x.OpenIntent
+	}
+	return nil
+}
+
 // PowerOperationSpec records the controller's power decisions for a machine.
 type PowerOperationSpec struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
@@ -215,8 +224,10 @@ type PowerOperationSpec struct {
 	// power_off_request_id is the user power-off request last acknowledged, under power_off_wipe_id.
 	PowerOffRequestId string `protobuf:"bytes,3,opt,name=power_off_request_id,json=powerOffRequestId,proto3" json:"power_off_request_id,omitempty"`
 	PowerOffWipeId    string `protobuf:"bytes,4,opt,name=power_off_wipe_id,json=powerOffWipeId,proto3" json:"power_off_wipe_id,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// open_intent is a power action sent (or about to be) whose result is not recorded yet.
+	OpenIntent    *IntentSpec `protobuf:"bytes,5,opt,name=open_intent,json=openIntent,proto3" json:"open_intent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PowerOperationSpec) Reset() {
@@ -277,6 +288,13 @@ func (x *PowerOperationSpec) GetPowerOffWipeId() string {
 	return ""
 }
 
+func (x *PowerOperationSpec) GetOpenIntent() *IntentSpec {
+	if x != nil {
+		return x.OpenIntent
+	}
+	return nil
+}
+
 // RebootStatusSpec records the last reboot the controller issued.
 type RebootStatusSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -284,7 +302,9 @@ type RebootStatusSpec struct {
 	LastRebootId string                 `protobuf:"bytes,1,opt,name=last_reboot_id,json=lastRebootId,proto3" json:"last_reboot_id,omitempty"`
 	LastReboot   *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=last_reboot,json=lastReboot,proto3" json:"last_reboot,omitempty"`
 	// reason is why the last reboot was issued ("requested", "wrong-mode").
-	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// open_intent is a power cycle sent (or about to be) whose result is not recorded yet.
+	OpenIntent    *IntentSpec `protobuf:"bytes,4,opt,name=open_intent,json=openIntent,proto3" json:"open_intent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -340,6 +360,122 @@ func (x *RebootStatusSpec) GetReason() string {
 	return ""
 }
 
+func (x *RebootStatusSpec) GetOpenIntent() *IntentSpec {
+	if x != nil {
+		return x.OpenIntent
+	}
+	return nil
+}
+
+// IntentSpec is a destructive or disruptive call through a site's edge (a wipe, a power action), recorded in
+// the step's own record before the call is sent and cleared by the write that records its result. The call
+// carries id; the edge carries out each ID at most once. A controller that finds an intent open and not running
+// in its process asks the edge what became of it (outpost.intents.Intents/Outcome) before acting again.
+type IntentSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// op is "wipe", "power-on", "power-off" or "power-cycle".
+	Op        string                 `protobuf:"bytes,2,opt,name=op,proto3" json:"op,omitempty"`
+	SiteId    string                 `protobuf:"bytes,3,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// cause is what the call serves: the wipe ID of a wipe, the user's reboot or power-off request ID ("" for a
+	// decision of the controller's own).
+	Cause string `protobuf:"bytes,5,opt,name=cause,proto3" json:"cause,omitempty"`
+	// install_event_id and node_unique_token are the machine's when a wipe was decided (recorded with it).
+	InstallEventId  uint64 `protobuf:"varint,6,opt,name=install_event_id,json=installEventId,proto3" json:"install_event_id,omitempty"`
+	NodeUniqueToken string `protobuf:"bytes,7,opt,name=node_unique_token,json=nodeUniqueToken,proto3" json:"node_unique_token,omitempty"`
+	// reason is why the action was decided ("requested", "wrong-mode", "idle", "work", "zeroes" for a wipe).
+	Reason        string `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IntentSpec) Reset() {
+	*x = IntentSpec{}
+	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IntentSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IntentSpec) ProtoMessage() {}
+
+func (x *IntentSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IntentSpec.ProtoReflect.Descriptor instead.
+func (*IntentSpec) Descriptor() ([]byte, []int) {
+	return file_controller_resources_specs_lifecycle_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *IntentSpec) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *IntentSpec) GetOp() string {
+	if x != nil {
+		return x.Op
+	}
+	return ""
+}
+
+func (x *IntentSpec) GetSiteId() string {
+	if x != nil {
+		return x.SiteId
+	}
+	return ""
+}
+
+func (x *IntentSpec) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *IntentSpec) GetCause() string {
+	if x != nil {
+		return x.Cause
+	}
+	return ""
+}
+
+func (x *IntentSpec) GetInstallEventId() uint64 {
+	if x != nil {
+		return x.InstallEventId
+	}
+	return 0
+}
+
+func (x *IntentSpec) GetNodeUniqueToken() string {
+	if x != nil {
+		return x.NodeUniqueToken
+	}
+	return ""
+}
+
+func (x *IntentSpec) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // MachineObservationSpec is what the controller last observed about a machine through its site's edge.
 type MachineObservationSpec struct {
 	state          protoimpl.MessageState            `protogen:"open.v1"`
@@ -361,7 +497,7 @@ type MachineObservationSpec struct {
 
 func (x *MachineObservationSpec) Reset() {
 	*x = MachineObservationSpec{}
-	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[4]
+	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -373,7 +509,7 @@ func (x *MachineObservationSpec) String() string {
 func (*MachineObservationSpec) ProtoMessage() {}
 
 func (x *MachineObservationSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[4]
+	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -386,7 +522,7 @@ func (x *MachineObservationSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineObservationSpec.ProtoReflect.Descriptor instead.
 func (*MachineObservationSpec) Descriptor() ([]byte, []int) {
-	return file_controller_resources_specs_lifecycle_proto_rawDescGZIP(), []int{4}
+	return file_controller_resources_specs_lifecycle_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *MachineObservationSpec) GetPowerState() MachineObservationSpec_PowerState {
@@ -467,7 +603,7 @@ type MachineLocationSpec struct {
 
 func (x *MachineLocationSpec) Reset() {
 	*x = MachineLocationSpec{}
-	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[5]
+	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -479,7 +615,7 @@ func (x *MachineLocationSpec) String() string {
 func (*MachineLocationSpec) ProtoMessage() {}
 
 func (x *MachineLocationSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[5]
+	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -492,7 +628,7 @@ func (x *MachineLocationSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineLocationSpec.ProtoReflect.Descriptor instead.
 func (*MachineLocationSpec) Descriptor() ([]byte, []int) {
-	return file_controller_resources_specs_lifecycle_proto_rawDescGZIP(), []int{5}
+	return file_controller_resources_specs_lifecycle_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *MachineLocationSpec) GetSiteId() string {
@@ -578,7 +714,7 @@ type BMCConfigurationSpec_IPMI struct {
 
 func (x *BMCConfigurationSpec_IPMI) Reset() {
 	*x = BMCConfigurationSpec_IPMI{}
-	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[6]
+	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -590,7 +726,7 @@ func (x *BMCConfigurationSpec_IPMI) String() string {
 func (*BMCConfigurationSpec_IPMI) ProtoMessage() {}
 
 func (x *BMCConfigurationSpec_IPMI) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[6]
+	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -648,23 +784,40 @@ const file_controller_resources_specs_lifecycle_proto_rawDesc = "" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12\x1a\n" +
 	"\busername\x18\x03 \x01(\tR\busername\x12\x1a\n" +
-	"\bpassword\x18\x04 \x01(\tR\bpassword\"\xd8\x01\n" +
+	"\bpassword\x18\x04 \x01(\tR\bpassword\"\x9e\x02\n" +
 	"\x0eWipeStatusSpec\x12 \n" +
 	"\flast_wipe_id\x18\x01 \x01(\tR\n" +
 	"lastWipeId\x126\n" +
 	"\x18install_event_id_at_wipe\x18\x02 \x01(\x04R\x14installEventIdAtWipe\x125\n" +
 	"\x17wiped_node_unique_token\x18\x03 \x01(\tR\x14wipedNodeUniqueToken\x125\n" +
-	"\bwiped_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\awipedAt\"\xf2\x01\n" +
+	"\bwiped_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\awipedAt\x12D\n" +
+	"\vopen_intent\x18\x05 \x01(\v2#.outpost.resources.specs.IntentSpecR\n" +
+	"openIntent\"\xb8\x02\n" +
 	"\x12PowerOperationSpec\x12>\n" +
 	"\rlast_power_on\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\vlastPowerOn\x12@\n" +
 	"\x0elast_power_off\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\flastPowerOff\x12/\n" +
 	"\x14power_off_request_id\x18\x03 \x01(\tR\x11powerOffRequestId\x12)\n" +
-	"\x11power_off_wipe_id\x18\x04 \x01(\tR\x0epowerOffWipeId\"\x8d\x01\n" +
+	"\x11power_off_wipe_id\x18\x04 \x01(\tR\x0epowerOffWipeId\x12D\n" +
+	"\vopen_intent\x18\x05 \x01(\v2#.outpost.resources.specs.IntentSpecR\n" +
+	"openIntent\"\xd3\x01\n" +
 	"\x10RebootStatusSpec\x12$\n" +
 	"\x0elast_reboot_id\x18\x01 \x01(\tR\flastRebootId\x12;\n" +
 	"\vlast_reboot\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"lastReboot\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xa2\x04\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12D\n" +
+	"\vopen_intent\x18\x04 \x01(\v2#.outpost.resources.specs.IntentSpecR\n" +
+	"openIntent\"\x84\x02\n" +
+	"\n" +
+	"IntentSpec\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x0e\n" +
+	"\x02op\x18\x02 \x01(\tR\x02op\x12\x17\n" +
+	"\asite_id\x18\x03 \x01(\tR\x06siteId\x129\n" +
+	"\n" +
+	"created_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x14\n" +
+	"\x05cause\x18\x05 \x01(\tR\x05cause\x12(\n" +
+	"\x10install_event_id\x18\x06 \x01(\x04R\x0einstallEventId\x12*\n" +
+	"\x11node_unique_token\x18\a \x01(\tR\x0fnodeUniqueToken\x12\x16\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason\"\xa2\x04\n" +
 	"\x16MachineObservationSpec\x12[\n" +
 	"\vpower_state\x18\x01 \x01(\x0e2:.outpost.resources.specs.MachineObservationSpec.PowerStateR\n" +
 	"powerState\x12'\n" +
@@ -710,35 +863,40 @@ func file_controller_resources_specs_lifecycle_proto_rawDescGZIP() []byte {
 }
 
 var file_controller_resources_specs_lifecycle_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_controller_resources_specs_lifecycle_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_controller_resources_specs_lifecycle_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_controller_resources_specs_lifecycle_proto_goTypes = []any{
 	(MachineObservationSpec_PowerState)(0), // 0: outpost.resources.specs.MachineObservationSpec.PowerState
 	(*BMCConfigurationSpec)(nil),           // 1: outpost.resources.specs.BMCConfigurationSpec
 	(*WipeStatusSpec)(nil),                 // 2: outpost.resources.specs.WipeStatusSpec
 	(*PowerOperationSpec)(nil),             // 3: outpost.resources.specs.PowerOperationSpec
 	(*RebootStatusSpec)(nil),               // 4: outpost.resources.specs.RebootStatusSpec
-	(*MachineObservationSpec)(nil),         // 5: outpost.resources.specs.MachineObservationSpec
-	(*MachineLocationSpec)(nil),            // 6: outpost.resources.specs.MachineLocationSpec
-	(*BMCConfigurationSpec_IPMI)(nil),      // 7: outpost.resources.specs.BMCConfigurationSpec.IPMI
-	nil,                                    // 8: outpost.resources.specs.MachineObservationSpec.SiteLabelsEntry
-	(*timestamppb.Timestamp)(nil),          // 9: google.protobuf.Timestamp
+	(*IntentSpec)(nil),                     // 5: outpost.resources.specs.IntentSpec
+	(*MachineObservationSpec)(nil),         // 6: outpost.resources.specs.MachineObservationSpec
+	(*MachineLocationSpec)(nil),            // 7: outpost.resources.specs.MachineLocationSpec
+	(*BMCConfigurationSpec_IPMI)(nil),      // 8: outpost.resources.specs.BMCConfigurationSpec.IPMI
+	nil,                                    // 9: outpost.resources.specs.MachineObservationSpec.SiteLabelsEntry
+	(*timestamppb.Timestamp)(nil),          // 10: google.protobuf.Timestamp
 }
 var file_controller_resources_specs_lifecycle_proto_depIdxs = []int32{
-	7,  // 0: outpost.resources.specs.BMCConfigurationSpec.ipmi:type_name -> outpost.resources.specs.BMCConfigurationSpec.IPMI
-	9,  // 1: outpost.resources.specs.WipeStatusSpec.wiped_at:type_name -> google.protobuf.Timestamp
-	9,  // 2: outpost.resources.specs.PowerOperationSpec.last_power_on:type_name -> google.protobuf.Timestamp
-	9,  // 3: outpost.resources.specs.PowerOperationSpec.last_power_off:type_name -> google.protobuf.Timestamp
-	9,  // 4: outpost.resources.specs.RebootStatusSpec.last_reboot:type_name -> google.protobuf.Timestamp
-	0,  // 5: outpost.resources.specs.MachineObservationSpec.power_state:type_name -> outpost.resources.specs.MachineObservationSpec.PowerState
-	9,  // 6: outpost.resources.specs.MachineObservationSpec.observed_at:type_name -> google.protobuf.Timestamp
-	8,  // 7: outpost.resources.specs.MachineObservationSpec.site_labels:type_name -> outpost.resources.specs.MachineObservationSpec.SiteLabelsEntry
-	9,  // 8: outpost.resources.specs.MachineLocationSpec.last_seen:type_name -> google.protobuf.Timestamp
-	9,  // 9: outpost.resources.specs.MachineLocationSpec.alert_at:type_name -> google.protobuf.Timestamp
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	8,  // 0: outpost.resources.specs.BMCConfigurationSpec.ipmi:type_name -> outpost.resources.specs.BMCConfigurationSpec.IPMI
+	10, // 1: outpost.resources.specs.WipeStatusSpec.wiped_at:type_name -> google.protobuf.Timestamp
+	5,  // 2: outpost.resources.specs.WipeStatusSpec.open_intent:type_name -> outpost.resources.specs.IntentSpec
+	10, // 3: outpost.resources.specs.PowerOperationSpec.last_power_on:type_name -> google.protobuf.Timestamp
+	10, // 4: outpost.resources.specs.PowerOperationSpec.last_power_off:type_name -> google.protobuf.Timestamp
+	5,  // 5: outpost.resources.specs.PowerOperationSpec.open_intent:type_name -> outpost.resources.specs.IntentSpec
+	10, // 6: outpost.resources.specs.RebootStatusSpec.last_reboot:type_name -> google.protobuf.Timestamp
+	5,  // 7: outpost.resources.specs.RebootStatusSpec.open_intent:type_name -> outpost.resources.specs.IntentSpec
+	10, // 8: outpost.resources.specs.IntentSpec.created_at:type_name -> google.protobuf.Timestamp
+	0,  // 9: outpost.resources.specs.MachineObservationSpec.power_state:type_name -> outpost.resources.specs.MachineObservationSpec.PowerState
+	10, // 10: outpost.resources.specs.MachineObservationSpec.observed_at:type_name -> google.protobuf.Timestamp
+	9,  // 11: outpost.resources.specs.MachineObservationSpec.site_labels:type_name -> outpost.resources.specs.MachineObservationSpec.SiteLabelsEntry
+	10, // 12: outpost.resources.specs.MachineLocationSpec.last_seen:type_name -> google.protobuf.Timestamp
+	10, // 13: outpost.resources.specs.MachineLocationSpec.alert_at:type_name -> google.protobuf.Timestamp
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_controller_resources_specs_lifecycle_proto_init() }
@@ -752,7 +910,7 @@ func file_controller_resources_specs_lifecycle_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_controller_resources_specs_lifecycle_proto_rawDesc), len(file_controller_resources_specs_lifecycle_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
