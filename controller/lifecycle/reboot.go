@@ -139,7 +139,7 @@ func (s *reboot) resume(ctx context.Context, logger *zap.Logger, r controller.QR
 
 	switch {
 	case done:
-		rs := proto.Clone(v.reboot).(*specs.RebootStatusSpec) //nolint:forcetypeassert // a clone has the type of its source
+		rs := proto.Clone(v.reboot).(*specs.RebootStatusSpec)
 		rs.LastReboot, rs.OpenIntent = timestamppb.New(s.env.Now()), nil
 
 		if err = s.record(ctx, r, v.id, key, rs); err != nil {
@@ -169,7 +169,7 @@ func (s *reboot) intend(ctx context.Context, r controller.QRuntime, v *view, rs 
 
 	open := &specs.RebootStatusSpec{}
 	if v.reboot != nil {
-		open = proto.Clone(v.reboot).(*specs.RebootStatusSpec) //nolint:forcetypeassert // a clone has the type of its source
+		open = proto.Clone(v.reboot).(*specs.RebootStatusSpec)
 	}
 
 	open.OpenIntent = in
@@ -187,7 +187,7 @@ func (s *reboot) intend(ctx context.Context, r controller.QRuntime, v *view, rs 
 func (s *reboot) failedIntent(ctx context.Context, r controller.QRuntime, v *view, key string, in *specs.IntentSpec, err error) error {
 	var closed *intentClosed
 	if errors.As(err, &closed) {
-		rs := proto.Clone(v.reboot).(*specs.RebootStatusSpec) //nolint:forcetypeassert // a clone has the type of its source
+		rs := proto.Clone(v.reboot).(*specs.RebootStatusSpec)
 		rs.OpenIntent = nil
 
 		if closed.state == intentspb.State_STATE_INTERRUPTED {

@@ -167,7 +167,7 @@ func (s *wipe) intend(ctx context.Context, r controller.QRuntime, v *view, site 
 func (s *wipe) writeIntent(ctx context.Context, r controller.QRuntime, v *view, open *specs.IntentSpec) error {
 	rec := &specs.WipeStatusSpec{}
 	if v.wipe != nil {
-		rec = proto.Clone(v.wipe).(*specs.WipeStatusSpec) //nolint:forcetypeassert // a clone has the type of its source
+		rec = proto.Clone(v.wipe).(*specs.WipeStatusSpec)
 	}
 
 	rec.OpenIntent = open

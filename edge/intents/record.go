@@ -45,7 +45,7 @@ func AppendRecord(dst []byte, o *intentspb.IntentOutcome) ([]byte, error) {
 
 	var hdr [headerLen]byte
 
-	binary.BigEndian.PutUint32(hdr[0:4], uint32(len(body))) //nolint:gosec // bounded above
+	binary.BigEndian.PutUint32(hdr[0:4], uint32(len(body)))
 	binary.BigEndian.PutUint32(hdr[4:8], crc32.Checksum(body, castagnoli))
 
 	return append(append(dst, hdr[:]...), body...), nil

@@ -344,9 +344,9 @@ func (s *Store) finish(e *entry, resp []byte, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 
-	out := proto.Clone(e.out).(*intentspb.IntentOutcome) //nolint:forcetypeassert // a clone has the type of its source
+	out := proto.Clone(e.out).(*intentspb.IntentOutcome)
 	out.EndedUnixMs = s.now().UnixMilli()
-	out.Code, out.Message = uint32(st.Code()), st.Message() //nolint:gosec // gRPC codes are small
+	out.Code, out.Message = uint32(st.Code()), st.Message()
 
 	if err == nil {
 		out.State = intentspb.State_STATE_DONE
@@ -436,7 +436,7 @@ func (s *Store) Outcome(id, machineID string) (*intentspb.IntentOutcome, error) 
 		return nil, status.Errorf(codes.AlreadyExists, "intent %s is for machine %s, not %s", id, e.out.GetMachineId(), machineID)
 	}
 
-	out := proto.Clone(e.out).(*intentspb.IntentOutcome) //nolint:forcetypeassert // a clone has the type of its source
+	out := proto.Clone(e.out).(*intentspb.IntentOutcome)
 	out.Response = nil
 
 	return out, nil

@@ -91,7 +91,7 @@ func wipeRange(ctx context.Context, f *os.File, start, length uint64) (string, e
 
 		n := min(uint64(len(buf)), start+length-off)
 
-		if _, err := f.WriteAt(buf[:n], int64(off)); err != nil { //nolint:gosec // off < size, which fits int64
+		if _, err := f.WriteAt(buf[:n], int64(off)); err != nil {
 			return "", err
 		}
 
