@@ -51,7 +51,7 @@ func enrollHello(ctx context.Context, addr, ip string, cfg *tls.Config, siteID, 
 		return nil, nil, err
 	}
 
-	hello := &uplinkpb.Hello{SiteId: siteID, EdgeVersion: "attacker", Purpose: uplinkpb.Hello_PURPOSE_ENROLL, JoinToken: token}
+	hello := &uplinkpb.Hello{SiteId: siteID, EdgeVersion: version.String(), Purpose: uplinkpb.Hello_PURPOSE_ENROLL, JoinToken: token}
 	if err := uplink.WriteFrame(conn, version.ProtocolVersion, hello); err != nil {
 		conn.Close() //nolint:errcheck
 
