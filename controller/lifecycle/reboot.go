@@ -129,9 +129,10 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 	return s.record(ctx, r, v.id, key, rs)
 }
 
-// resume settles an open power-cycle intent with the edge. settled is false when it is still to be sent (not
-// received at the edge, or running there): the step decides as usual and sends it again under the same ID,
-// which the edge carries out at most once.
+// resume settles an open power-cycle intent with the edge. settled is false when the step goes on deciding: the
+// intent was carried out (recorded here; the cooldown it started applies), or it is still to be sent (not
+// received at the edge, or running there: sent again under the same ID, which the edge carries out at most
+// once).
 func (s *reboot) resume(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view, key string, in *specs.IntentSpec) (bool, error) {
 	done, err := s.env.outcome(ctx, v.id, in)
 
@@ -149,7 +150,11 @@ func (s *reboot) resume(ctx context.Context, logger *zap.Logger, r controller.QR
 		logger.Info("recorded a reboot the edge carried out before its answer was lost", zap.String("intent", in.GetId()))
 		s.env.note(v.id, "power", "rebooted ("+in.GetReason()+"): recorded after the answer was lost")
 
-		return true, nil
+		// Decided afresh on the record (its cooldown starts now): nothing else wakes this step if the machine
+		// still runs the wrong thing after the reboot.
+		v.reboot = rs
+
+		return false, nil
 	case errors.As(err, &closed):
 		return true, s.failedIntent(ctx, r, v, key, in, closed)
 	case errors.Is(err, errIntentOpen):
