@@ -131,7 +131,11 @@ func (e *Edge) build(ctx context.Context, cfg config.Config, opts Options) error
 
 	e.closers = append(e.closers, closer{"event journal", jrnl.Close})
 
-	book := tunnel.NewBootBook(time.Now)
+	// The boot evidence agent tunnels are bound to outlives the edge's restarts (its state directory).
+	book, err := tunnel.LoadBootBook(cfg.StateDir, time.Now, log)
+	if err != nil {
+		return err
+	}
 	events := siteEvents{rec: journal.NewRecorder(jrnl, log), book: book, tap: opts.Tap}
 
 	catalog, err := bootfiles.LoadCatalog(cfg.IPXEDir, cfg.DHCP.Files.Names())
@@ -268,6 +272,7 @@ func (e *Edge) build(ctx context.Context, cfg config.Config, opts Options) error
 		component{"asset fetcher", fetcher.Run},
 		component{"bmc sessions", bmcs.Run},
 		component{"bmc watcher", watcher.Run},
+		component{"boot evidence", book.Run},
 	)
 
 	if cfg.TFTP.Listen != "" {

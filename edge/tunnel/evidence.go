@@ -35,6 +35,10 @@ type BootBook struct {
 	seen map[string]netip.Addr
 	macs map[string]map[string]time.Time // uuid -> mac -> last asked
 	dhcp map[string]time.Time            // mac -> when the edge last answered its DHCP or PXE request
+
+	// path is the file seen is kept in (LoadBootBook; "" for none); dirty says seen changed since it was saved.
+	path  string
+	dirty bool
 }
 
 // NewBootBook returns an empty book; now is the clock (nil: time.Now).
@@ -77,12 +81,14 @@ func (b *BootBook) Note(uuid string, addr netip.Addr, mac net.HardwareAddr) {
 
 	if len(b.seen) > maxBooks || len(b.macs) > maxBooks {
 		b.seen, b.macs = map[string]netip.Addr{}, map[string]map[string]time.Time{}
+		b.dirty = true
 	}
 
 	now := b.now()
 
-	if answered, ok := b.dhcp[mac.String()]; !ok || now.Sub(answered) <= BootWindow {
+	if answered, ok := b.dhcp[mac.String()]; (!ok || now.Sub(answered) <= BootWindow) && b.seen[uuid] != addr {
 		b.seen[uuid] = addr
+		b.dirty = true
 	}
 
 	m := b.macs[uuid]
