@@ -92,6 +92,11 @@ ATTACK_TESTS = TestFloodLegitimateTransferCompletes|TestRefusalFloodIsBoundedInR
 attack: ## the attack suite alone: floods, slow clients, rogue tunnels, wrong tokens, an OVMF boot under attack (figures in -v output)
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) -v -run '^($(ATTACK_TESTS))$$' ./edge/... ./qemu/linklab/ ./qemu/bootlab/ ./qemu/vbmc/ | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|_test.go:[0-9]+: '
 
+.PHONY: chaos
+chaos: ## the real binaries under random uplink cuts, lost replies and kills, machines cycling; prints CHAOS ... (CHAOS_CUTS=100, CHAOS_KILLS=10, CHAOS_MACHINES=4)
+	CHAOS_CUTS=$${CHAOS_CUTS:-100} CHAOS_KILLS=$${CHAOS_KILLS:-10} CHAOS_MACHINES=$${CHAOS_MACHINES:-4} \
+		$(GO) test -count=1 -timeout $(TEST_TIMEOUT) -v -run '^TestChaos$$' ./qemu/linklab/ | grep -E '^(CHAOS|--- FAIL|FAIL|ok)|chaos_test.go:[0-9]+: '
+
 .PHONY: bench
 bench: ## benchmarks, each side by side with its peer
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./...

@@ -51,6 +51,15 @@ func buildBinaries(t *testing.T) string {
 	t.Helper()
 
 	buildOnce.Do(func() {
+		// LINKLAB_BINARIES names a directory with controller and edge binaries built elsewhere (another commit,
+		// to compare it with this one under the same test): used as they are.
+		if dir := os.Getenv("LINKLAB_BINARIES"); dir != "" {
+			buildDir, buildErr = filepath.Abs(dir)
+			t.Logf("binaries from LINKLAB_BINARIES=%s", buildDir)
+
+			return
+		}
+
 		buildDir, buildErr = filepath.Abs("../../_out/test/linklab")
 		if buildErr != nil {
 			return

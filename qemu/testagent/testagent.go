@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -49,6 +50,10 @@ type Config struct {
 	// BeforeWipe is called by WipeDisks before any disk is touched (optional): an error fails the call with
 	// nothing wiped. Tests use it to hold a wipe while they act (kill the controller that asked for it).
 	BeforeWipe func(ctx context.Context) error
+	// AfterWipe is called by WipeDisks once every disk is wiped, before it answers (optional).
+	AfterWipe func(ctx context.Context)
+	// Source is the local address the agent dials from ("": any), as a machine on its own address does.
+	Source string
 	// RetryInterval is the pause between tunnel attempts (default 1s).
 	RetryInterval time.Duration
 	// Logger is required.
@@ -151,7 +156,16 @@ func (a *Agent) RunOnce(ctx context.Context) error {
 		target = strings.TrimPrefix(target, "http://")
 	}
 
-	conn, err := grpc.NewClient("passthrough:///"+target, grpc.WithTransportCredentials(creds))
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+
+	if a.cfg.Source != "" {
+		dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(a.cfg.Source)}}
+		opts = append(opts, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			return dialer.DialContext(ctx, "tcp", addr)
+		}))
+	}
+
+	conn, err := grpc.NewClient("passthrough:///"+target, opts...)
 	if err != nil {
 		return fmt.Errorf("dial edge %s: %w", a.cfg.Endpoint, err)
 	}
@@ -260,6 +274,10 @@ func (s *service) WipeDisks(ctx context.Context, req *agentpb.WipeDisksRequest) 
 		}
 
 		s.log.Info("disk wiped", zap.String("disk", path), zap.Bool("zeroes", req.GetZeroes()))
+	}
+
+	if s.cfg.AfterWipe != nil {
+		s.cfg.AfterWipe(ctx)
 	}
 
 	return &agentpb.WipeDisksResponse{}, nil
