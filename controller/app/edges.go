@@ -1,6 +1,8 @@
 package app
 
 import (
+	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+
 	"context"
 
 	"github.com/outpost-metal/outpost/controller/bootevents"
@@ -17,10 +19,12 @@ import (
 // order after reconnecting, so the controller's view stays right across a WAN outage without rebooting
 // machines whose agents never left.
 type edgeWiring struct {
-	locations *lifecycle.Locations
-	watches   *lifecycle.WatchLists
-	receiver  *bootevents.Receiver
-	tables    *boottables.Tables
+	// bmcProtocol is the controller's --bmc-protocol, parsed.
+	bmcProtocol bmcpb.Protocol
+	locations   *lifecycle.Locations
+	watches     *lifecycle.WatchLists
+	receiver    *bootevents.Receiver
+	tables      *boottables.Tables
 	// policies are the sites' own BMC protocols and wipe methods (controller site set).
 	policies *lifecycle.SitePolicies
 	// clients reach machines through their site's session; built once the uplink server exists.
@@ -33,17 +37,19 @@ func (b *builder) newEdgeWiring(context.Context) error {
 	locations := lifecycle.NewLocations(b.log)
 	policies := lifecycle.NewSitePolicies()
 
-	watches, err := lifecycle.NewWatchLists(b.log, b.cfg.BMCProtocol, policies, locations)
+	// The controller's BMC protocol, parsed once (the configuration was checked).
+	protocol, err := lifecycle.ParseBMCProtocol(b.cfg.BMCProtocol)
 	if err != nil {
 		return err
 	}
 
 	b.edges = &edgeWiring{
-		locations: locations,
-		watches:   watches,
-		receiver:  bootevents.NewReceiver(b.log, locations, sites.SiteFromContext).WithInventory(locations),
-		tables:    boottables.New(b.log, nil),
-		policies:  policies,
+		bmcProtocol: protocol,
+		locations:   locations,
+		watches:     lifecycle.NewWatchLists(b.log, protocol, policies, locations),
+		receiver:    bootevents.NewReceiver(b.log, locations, sites.SiteFromContext).WithInventory(locations),
+		tables:      boottables.New(b.log, nil),
+		policies:    policies,
 	}
 
 	return nil
@@ -55,7 +61,7 @@ func (b *builder) newMachineAccess(context.Context) error {
 		Access:          machineaccess.New(b.uplink.Conn, b.edges.locations),
 		Sites:           b.edges.locations,
 		DefaultBootMode: b.cfg.DefaultBootMode,
-		BMCProtocol:     b.cfg.BMCProtocol,
+		BMCProtocol:     b.edges.bmcProtocol,
 		Policies:        b.edges.policies,
 	}
 

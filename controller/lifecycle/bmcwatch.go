@@ -40,16 +40,11 @@ type PowerReports interface {
 	PowerReported(site, machineID, state, reason string)
 }
 
-// NewWatchLists returns empty lists; protocol is how the edge reaches the BMCs (ParseBMCProtocol) unless a
-// site's own policy (policies, optional) says otherwise; power (optional) takes the states the edges know.
-func NewWatchLists(log *zap.Logger, protocol string, policies *SitePolicies, power PowerReports) (*WatchLists, error) {
-	p, err := ParseBMCProtocol(protocol)
-	if err != nil {
-		return nil, err
-	}
-
+// NewWatchLists returns empty lists; protocol is how the edge reaches the BMCs unless a site's own policy
+// (policies, optional) says otherwise; power (optional) takes the states the edges know.
+func NewWatchLists(log *zap.Logger, protocol bmcpb.Protocol, policies *SitePolicies, power PowerReports) *WatchLists {
 	w := &WatchLists{
-		log: log.With(zap.String("component", "bmc_watch_lists")), protocol: p, policies: policies, settle: time.Second, power: power,
+		log: log.With(zap.String("component", "bmc_watch_lists")), protocol: protocol, policies: policies, settle: time.Second, power: power,
 		sites: map[string]map[string]*bmcpb.Target{}, where: map[string]string{}, changed: map[string]chan struct{}{},
 	}
 
@@ -57,7 +52,7 @@ func NewWatchLists(log *zap.Logger, protocol string, policies *SitePolicies, pow
 		policies.OnBMCProtocolChange(w.reprotocol)
 	}
 
-	return w, nil
+	return w
 }
 
 // reprotocol gives every target of site the site's protocol now (an operator changed it).

@@ -77,8 +77,7 @@ func TestWatchListsFollowTheSite(t *testing.T) {
 	_, err := locs.Seen("site-a", id1)
 	require.NoError(t, err)
 
-	lists, err := lifecycle.NewWatchLists(zaptest.NewLogger(t), "ipmi", nil, locs)
-	require.NoError(t, err)
+	lists := lifecycle.NewWatchLists(zaptest.NewLogger(t), bmcpb.Protocol_PROTOCOL_IPMI, nil, locs)
 
 	bmc := func(host string) *specs.BMCConfigurationSpec {
 		return &specs.BMCConfigurationSpec{Ipmi: &specs.BMCConfigurationSpec_IPMI{Address: host, Port: 623, Username: "u", Password: "p"}}
@@ -129,8 +128,7 @@ func TestWatchListsFollowTheSitesProtocol(t *testing.T) {
 	policies := lifecycle.NewSitePolicies()
 	require.NoError(t, policies.Set("site-a", lifecycle.SitePolicy{BMCProtocol: "redfish"}))
 
-	lists, err := lifecycle.NewWatchLists(zaptest.NewLogger(t), "ipmi", policies, nil)
-	require.NoError(t, err)
+	lists := lifecycle.NewWatchLists(zaptest.NewLogger(t), bmcpb.Protocol_PROTOCOL_IPMI, policies, nil)
 
 	bmc := &specs.BMCConfigurationSpec{Ipmi: &specs.BMCConfigurationSpec_IPMI{Address: "10.0.0.1", Port: 623, Username: "u", Password: "p"}}
 	lists.Set("site-a", id1, bmc)

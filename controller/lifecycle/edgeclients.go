@@ -27,9 +27,9 @@ type EdgeClients struct {
 	// DefaultBootMode is the firmware mode of a one-time PXE boot of a machine whose firmware nothing has
 	// reported (no boot through the edge yet, no BMC that says): "uefi" (the default when empty) or "bios".
 	DefaultBootMode string
-	// BMCProtocol is how the edge talks to BMCs: "auto" (Redfish when it answers, else IPMI; the default when
-	// empty), "ipmi" or "redfish"; a site's own (Policies) comes first.
-	BMCProtocol string
+	// BMCProtocol is how the edge talks to BMCs (ParseBMCProtocol of the controller's setting; the zero value
+	// is auto: Redfish when it answers, else IPMI); a site's own (Policies) comes first.
+	BMCProtocol bmcpb.Protocol
 	// Policies are the sites' own settings (optional).
 	Policies *SitePolicies
 }
@@ -75,12 +75,7 @@ func target(bmc *specs.BMCConfigurationSpec, proto bmcpb.Protocol) (*bmcpb.Targe
 }
 
 func (c *EdgeClients) bmc(site, id string, bmc *specs.BMCConfigurationSpec) (*machineaccess.BMC, error) {
-	proto, err := ParseBMCProtocol(c.BMCProtocol)
-	if err != nil {
-		return nil, err
-	}
-
-	t, err := target(bmc, c.Policies.BMCProtocol(site, proto))
+	t, err := target(bmc, c.Policies.BMCProtocol(site, c.BMCProtocol))
 	if err != nil {
 		return nil, fmt.Errorf("bmc of %s: %w", id, err)
 	}

@@ -132,14 +132,17 @@ func TestEdgeClientsOverGRPC(t *testing.T) {
 	for _, tc := range []struct {
 		setting string
 		want    bmcpb.Protocol
-	}{{"ipmi", bmcpb.Protocol_PROTOCOL_IPMI}, {"redfish", bmcpb.Protocol_PROTOCOL_REDFISH}, {"auto", bmcpb.Protocol_PROTOCOL_AUTO}} {
-		pc := &lifecycle.EdgeClients{Access: access, Sites: locs, BMCProtocol: tc.setting}
+	}{{"ipmi", bmcpb.Protocol_PROTOCOL_IPMI}, {"redfish", bmcpb.Protocol_PROTOCOL_REDFISH}, {"auto", bmcpb.Protocol_PROTOCOL_AUTO}, {"", bmcpb.Protocol_PROTOCOL_AUTO}} {
+		proto, err := lifecycle.ParseBMCProtocol(tc.setting)
+		require.NoError(t, err)
+
+		pc := &lifecycle.EdgeClients{Access: access, Sites: locs, BMCProtocol: proto}
 		_, err = pc.PowerStatus(ctx, "site-a", id, bmc)
 		require.NoError(t, err)
 		require.Equal(t, tc.want, edge.target.GetProtocol(), tc.setting)
 	}
 
-	_, err = (&lifecycle.EdgeClients{Access: access, Sites: locs, BMCProtocol: "smoke-signals"}).PowerStatus(ctx, "site-a", id, bmc)
+	_, err = lifecycle.ParseBMCProtocol("smoke-signals")
 	require.ErrorContains(t, err, "want auto, ipmi or redfish")
 
 	// A site's own protocol comes before the controller's, and handing it back restores the controller's.
@@ -147,7 +150,7 @@ func TestEdgeClientsOverGRPC(t *testing.T) {
 	require.NoError(t, policies.Set("site-a", lifecycle.SitePolicy{BMCProtocol: "redfish"}))
 	require.ErrorContains(t, policies.Set("site-a", lifecycle.SitePolicy{WipeMethod: "shred"}), `wipe method "shred"`)
 
-	pc := &lifecycle.EdgeClients{Access: access, Sites: locs, BMCProtocol: "ipmi", Policies: policies}
+	pc := &lifecycle.EdgeClients{Access: access, Sites: locs, BMCProtocol: bmcpb.Protocol_PROTOCOL_IPMI, Policies: policies}
 	_, err = pc.PowerStatus(ctx, "site-a", id, bmc)
 	require.NoError(t, err)
 	require.Equal(t, bmcpb.Protocol_PROTOCOL_REDFISH, edge.target.GetProtocol(), "the site's own")

@@ -37,13 +37,14 @@ func (p SitePolicy) Validate() error {
 type SitePolicies struct {
 	mu       sync.RWMutex
 	sites    map[string]SitePolicy
+	protos   map[string]bmcpb.Protocol // the sites' BMC protocols, parsed when set
 	labels   map[string]map[string]string
 	onChange []func(site string)
 }
 
 // NewSitePolicies returns policies holding no site's.
 func NewSitePolicies() *SitePolicies {
-	return &SitePolicies{sites: map[string]SitePolicy{}, labels: map[string]map[string]string{}}
+	return &SitePolicies{sites: map[string]SitePolicy{}, protos: map[string]bmcpb.Protocol{}, labels: map[string]map[string]string{}}
 }
 
 // SetLabels replaces the labels published on site's machines (none: no labels).
@@ -76,6 +77,8 @@ func (p *SitePolicies) Set(site string, sp SitePolicy) error {
 		return fmt.Errorf("site %s: %w", site, err)
 	}
 
+	proto, _ := ParseBMCProtocol(sp.BMCProtocol) // valid: checked above
+
 	p.mu.Lock()
 	old := p.sites[site]
 
@@ -83,6 +86,12 @@ func (p *SitePolicies) Set(site string, sp SitePolicy) error {
 		delete(p.sites, site)
 	} else {
 		p.sites[site] = sp
+	}
+
+	if sp.BMCProtocol == "" {
+		delete(p.protos, site)
+	} else {
+		p.protos[site] = proto
 	}
 
 	hooks := p.onChange
@@ -118,10 +127,15 @@ func (p *SitePolicies) get(site string) SitePolicy {
 
 // BMCProtocol is site's BMC protocol, fallback (the controller's) when it has none of its own.
 func (p *SitePolicies) BMCProtocol(site string, fallback bmcpb.Protocol) bmcpb.Protocol {
-	if s := p.get(site).BMCProtocol; s != "" {
-		if proto, err := ParseBMCProtocol(s); err == nil {
-			return proto
-		}
+	if p == nil {
+		return fallback
+	}
+
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+
+	if proto, ok := p.protos[site]; ok {
+		return proto
 	}
 
 	return fallback
