@@ -61,6 +61,8 @@ type MachineSpec struct {
 	MemoryMiB int
 	// RunTimeout bounds every QEMU run (power-on to power-off; default 10 minutes).
 	RunTimeout time.Duration
+	// Agent is the agent it runs in agent mode (default TestAgent; RealAgent: realagent.go).
+	Agent AgentKind
 }
 
 // IPMIPort is the virtual BMCs' RMCP port.
@@ -170,6 +172,10 @@ func (s *Site) AddMachine(ctx context.Context, spec MachineSpec) (*Machine, erro
 	}
 
 	if err := m.serveChannel(ctx); err != nil {
+		return nil, err
+	}
+
+	if err := m.serveInBand(ctx); err != nil {
 		return nil, err
 	}
 
@@ -501,6 +507,8 @@ func (m *Machine) startLocked(reason string, pxe bool) error {
 		"-netdev", "tap,id=n0,ifname=" + m.tap + ",script=no,downscript=no",
 		"-device", "virtio-rng-pci",
 	}
+
+	args = append(args, m.agentArgs()...)
 
 	switch m.Spec.Firmware {
 	case UEFI:

@@ -51,3 +51,14 @@ func (i *IPMI) ServeInBand(ctx context.Context, ln net.Listener) error {
 
 	return nil
 }
+
+// LANUser reports whether the BMC holds an enabled user of that name allowed on its LAN channel (1): one a
+// LAN session can authenticate as, however it was created.
+func (i *IPMI) LANUser(name string) bool {
+	_, err := i.bmc.Users.FindEnabledByNameOnChannel(name, lanChannel)
+
+	return err == nil
+}
+
+// lanChannel is the BMC's LAN channel number (go-ipmi's default channel store).
+const lanChannel = 1

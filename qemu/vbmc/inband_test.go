@@ -121,6 +121,8 @@ func TestInBandUserReachesLAN(t *testing.T) {
 	call(netFnApp, cmdSetUserPassword, slot, 0x01)                                             // enable user
 
 	require.True(t, b.HasUser(agentUser))
+	require.True(t, b.LANUser(agentUser), "enabled, allowed on the LAN channel")
+	require.False(t, b.LANUser("nobody"))
 
 	name := call(netFnApp, cmdGetUserName, slot)
 	require.Equal(t, agentUser, strings.TrimRight(string(name), "\x00"))
