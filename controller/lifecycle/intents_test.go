@@ -88,7 +88,7 @@ func TestEdgeRestartDuringWipeIsAnAlert(t *testing.T) {
 	h.omni("m1", accepted)
 
 	h.eventually("the wipe reached the machine", func() bool { return h.edge.Count("m1", "WipeDisks") == 1 })
-	require.NoError(t, h.edge.RestartIntents())
+	h.edge.RestartIntents()
 	h.edge.HoldWipes(nil)
 	close(release)
 

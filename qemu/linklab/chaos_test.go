@@ -314,7 +314,7 @@ func chaos(ctx context.Context, t *testing.T, plan chaosPlan, proxy *linklab.Pro
 	every := max(1, plan.cuts/max(1, plan.kills))
 
 	for i := 1; i <= plan.cuts; i++ {
-		pause := 500*time.Millisecond + rand.N(3500*time.Millisecond) //nolint:gosec // fault timing, not a secret
+		pause := 500*time.Millisecond + rand.N(3500*time.Millisecond)
 
 		select {
 		case <-ctx.Done():
@@ -329,7 +329,7 @@ func chaos(ctx context.Context, t *testing.T, plan chaosPlan, proxy *linklab.Pro
 			select {
 			case <-ctx.Done():
 				return done
-			case <-time.After(rand.N(pause)): //nolint:gosec // fault timing
+			case <-time.After(rand.N(pause)):
 			}
 
 			kill(done.kills)
@@ -402,7 +402,7 @@ type chaosTally struct {
 
 // maybeDrop cuts the uplink now, every other time: the call that is done is answered into a cut link.
 func (c *chaosTally) maybeDrop() {
-	if c.drop == nil || rand.IntN(2) == 0 { //nolint:gosec // fault timing, not a secret
+	if c.drop == nil || rand.IntN(2) == 0 {
 		return
 	}
 

@@ -10,8 +10,6 @@ import (
 	"testing"
 
 	agentpb "github.com/siderolabs/talos-metal-agent/api/agent"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -19,7 +17,6 @@ import (
 	"github.com/outpost-metal/outpost/controller/bootplans"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
-	"github.com/outpost-metal/outpost/edge/intents"
 )
 
 // Machine is a machine as the fake edge models it.
@@ -55,33 +52,18 @@ type FakeEdge struct {
 	// failed ones included, by the same key.
 	fail     map[string]error
 	attempts map[string]int
-	// intents carries out calls with an intent ID at most once (UseIntents); lose counts the replies to lose.
-	intents   *intents.Store
-	intentDir string
-	zlog      *zap.Logger
-	lose      map[string]int
+	// intents carries out calls with an intent ID at most once; lose counts the replies to lose.
+	intents *intentBook
+	lose    map[string]int
 }
 
-// NewFakeEdge returns a fake edge with no machines. Its calls that carry an intent ID go through the edge's own
-// intent store, in a directory of the test's.
+// NewFakeEdge returns a fake edge with no machines. Its calls that carry an intent ID are carried out at most
+// once, as at the edge.
 func NewFakeEdge(t testing.TB) *FakeEdge {
 	t.Helper()
 
-	f := &FakeEdge{machines: map[string]*Machine{}, offline: map[string]bool{}, dropAt: map[string]bool{}, statusReads: map[string]int{}, deadBMC: map[string]bool{},
-		fail: map[string]error{}, attempts: map[string]int{}, lose: map[string]int{}, intentDir: t.TempDir(), zlog: zaptest.NewLogger(t)}
-
-	if err := f.RestartIntents(); err != nil {
-		t.Fatal(err)
-	}
-
-	t.Cleanup(func() {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-
-		f.intents.Close() //nolint:errcheck // the test is over
-	})
-
-	return f
+	return &FakeEdge{machines: map[string]*Machine{}, offline: map[string]bool{}, dropAt: map[string]bool{}, statusReads: map[string]int{}, deadBMC: map[string]bool{},
+		fail: map[string]error{}, attempts: map[string]int{}, lose: map[string]int{}, intents: newIntentBook()}
 }
 
 // FailCalls makes every call of machine id named call ("WipeDisks", "PowerOn", ...) fail with err before it
