@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/siderolabs/omni/client/api/omni/specs"
+
 	"github.com/outpost-metal/outpost/qemu/bootlab"
 	"github.com/outpost-metal/outpost/qemu/metalagent"
 	"github.com/outpost-metal/outpost/qemu/realomni"
@@ -387,4 +389,30 @@ func (e *Env) AddMachine(ctx context.Context, site *Site, spec MachineSpec) (*Ma
 	e.Machines = append(e.Machines, m)
 
 	return m, nil
+}
+
+// WaitPending waits until Omni lists the machine, waiting for acceptance: its agent's tunnel reached the edge
+// and the controller created it.
+func (e *Env) WaitPending(ctx context.Context, m *Machine, timeout time.Duration) error {
+	return poll(ctx, timeout, "pending InfraMachine", m, func() (bool, error) {
+		spec, _, err := e.infraMachine(ctx, m.Spec.UUID)
+
+		return spec != nil && spec.AcceptanceStatus == specs.InfraMachineConfigSpec_PENDING, err
+	})
+}
+
+// WaitReadyToUse waits until Omni reports the machine ready to use (its BMC configured, its disk wiped).
+func (e *Env) WaitReadyToUse(ctx context.Context, m *Machine, timeout time.Duration) error {
+	return poll(ctx, timeout, "ready to use in Omni", m, func() (bool, error) {
+		_, st, err := e.infraMachine(ctx, m.Spec.UUID)
+
+		return st != nil && st.ReadyToUse, err
+	})
+}
+
+// WaitBMCUser waits until the machine's BMC holds an enabled LAN user of that name (BMCHasUser).
+func (m *Machine) WaitBMCUser(ctx context.Context, name string, timeout time.Duration) error {
+	return poll(ctx, timeout, "bmc user "+name+" on the LAN channel", m, func() (bool, error) {
+		return m.BMCHasUser(name), nil
+	})
 }
