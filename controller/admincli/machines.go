@@ -144,6 +144,10 @@ func (c *Client) ShowMachine(ctx context.Context, machineID string, out io.Write
 	fmt.Fprintf(tw, "agent:\t%s\n", map[bool]string{true: "connected", false: "not connected"}[m.GetAgentConnected()])
 	fmt.Fprintf(tw, "installed:\t%s\n", map[bool]string{true: "yes", false: "no"}[m.GetInstalled()])
 
+	if d := m.GetDiagnosis(); d != "" {
+		fmt.Fprintf(tw, "diagnosis:\t%s\n", peer(d))
+	}
+
 	if err := tw.Flush(); err != nil {
 		return err
 	}

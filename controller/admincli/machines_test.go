@@ -45,7 +45,9 @@ func (siteAdmin) ListSites(context.Context, *adminpb.ListSitesRequest) (*adminpb
 func fleet(t *testing.T) *admincli.Client {
 	t.Helper()
 
-	book := timeline.New(timeline.DefaultConfig(), time.Now)
+	// the book's entries are written ten minutes ago: m2, powered on then, has seen no DHCP since
+	book := timeline.New(timeline.DefaultConfig(), func() time.Time { return time.Now().Add(-10 * time.Minute) })
+	book.Record(m2, timeline.KindPower, "powered on into agent mode", false)
 	book.Summarize(m1, lifecycle.MachineSummary{Site: "branch-7", Phase: lifecycle.PhaseReady, Power: "off", BMCAddress: "10.0.1.5", BMCProtocol: "ipmi"})
 	book.Summarize(m2, lifecycle.MachineSummary{Site: "branch-7", Phase: lifecycle.PhaseWiping, Power: "on"})
 	book.Summarize(m3, lifecycle.MachineSummary{Site: "branch-9", Phase: lifecycle.PhaseReady, Power: "on"})
@@ -153,6 +155,13 @@ func TestMachineShow(t *testing.T) {
 	require.Less(t, iBoot, iAgent)
 	require.Contains(t, s, "ERROR BMC not answering")
 	require.NotContains(t, s, "\x1b")
+
+	require.NotContains(t, s, "diagnosis:", "m1 booted as far as it should")
+
+	// A machine powered on ten minutes ago that no DHCP came from since: said where its boot stopped.
+	out.Reset()
+	require.NoError(t, c.ShowMachine(t.Context(), m2, &out, time.Now()))
+	require.Regexp(t, `diagnosis:\s+powered on at \d\d:\d\d:\d\d and no DHCP request from its interfaces since`, out.String())
 
 	require.ErrorContains(t, c.ShowMachine(t.Context(), "00000000-0000-0000-0000-000000000000", &out, time.Now()), "no machine")
 

@@ -96,6 +96,8 @@ func (a *API) ShowMachine(_ context.Context, req *adminpb.ShowMachineRequest) (*
 	}
 
 	out := &adminpb.ShowMachineResponse{Machine: machineProto(rec.Machine), Dropped: rec.Dropped}
+	out.Machine.Diagnosis = timeline.Diagnose(rec, time.Now())
+
 	for _, e := range rec.Entries {
 		out.Timeline = append(out.Timeline, entryProto(e))
 	}

@@ -1595,9 +1595,12 @@ type Machine struct {
 	// last is the newest timeline entry.
 	Last *TimelineEntry `protobuf:"bytes,11,opt,name=last,proto3" json:"last,omitempty"`
 	// macs, arch and firmware are how the machine was seen booting.
-	Macs          []string `protobuf:"bytes,12,rep,name=macs,proto3" json:"macs,omitempty"`
-	Arch          string   `protobuf:"bytes,13,opt,name=arch,proto3" json:"arch,omitempty"`
-	Firmware      string   `protobuf:"bytes,14,opt,name=firmware,proto3" json:"firmware,omitempty"`
+	Macs     []string `protobuf:"bytes,12,rep,name=macs,proto3" json:"macs,omitempty"`
+	Arch     string   `protobuf:"bytes,13,opt,name=arch,proto3" json:"arch,omitempty"`
+	Firmware string   `protobuf:"bytes,14,opt,name=firmware,proto3" json:"firmware,omitempty"`
+	// diagnosis says where the machine's current network boot stopped ("" when nothing is amiss; machine show
+	// only).
+	Diagnosis     string `protobuf:"bytes,15,opt,name=diagnosis,proto3" json:"diagnosis,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1726,6 +1729,13 @@ func (x *Machine) GetArch() string {
 func (x *Machine) GetFirmware() string {
 	if x != nil {
 		return x.Firmware
+	}
+	return ""
+}
+
+func (x *Machine) GetDiagnosis() string {
+	if x != nil {
+		return x.Diagnosis
 	}
 	return ""
 }
@@ -2500,7 +2510,7 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\x05limit\x18\x04 \x01(\rR\x05limit\"`\n" +
 	"\x14ListMachinesResponse\x122\n" +
 	"\bmachines\x18\x01 \x03(\v2\x16.outpost.admin.MachineR\bmachines\x12\x14\n" +
-	"\x05total\x18\x02 \x01(\rR\x05total\"\xbe\x03\n" +
+	"\x05total\x18\x02 \x01(\rR\x05total\"\xdc\x03\n" +
 	"\aMachine\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x17\n" +
@@ -2518,7 +2528,8 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\x04last\x18\v \x01(\v2\x1c.outpost.admin.TimelineEntryR\x04last\x12\x12\n" +
 	"\x04macs\x18\f \x03(\tR\x04macs\x12\x12\n" +
 	"\x04arch\x18\r \x01(\tR\x04arch\x12\x1a\n" +
-	"\bfirmware\x18\x0e \x01(\tR\bfirmware\"\x97\x01\n" +
+	"\bfirmware\x18\x0e \x01(\tR\bfirmware\x12\x1c\n" +
+	"\tdiagnosis\x18\x0f \x01(\tR\tdiagnosis\"\x97\x01\n" +
 	"\rTimelineEntry\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x12\n" +

@@ -1,0 +1,97 @@
+package timeline
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Graces: how long a step of a network boot may take after the one before it before Diagnose calls it the
+// step where the boot stopped. Servers take minutes from power-on to their first DHCP request.
+const (
+	firstDHCPGrace = 5 * time.Minute
+	stepGrace      = 3 * time.Minute
+	installGrace   = 15 * time.Minute
+)
+
+// Diagnose says in one sentence where the machine's current network boot stopped, read from its timeline:
+// the first step after its last power-on or reboot (a DHCP request, the firmware's boot file, iPXE's boot
+// script, the agent's tunnel, the install) that did not come within its grace, or what held it (assets the
+// site lacks, a refused tunnel). It is "" when nothing is amiss: no power-on in the timeline, the boot got as
+// far as it should, or a step is still within its grace.
+func Diagnose(rec Record, now time.Time) string {
+	start := -1
+
+	for i, e := range rec.Entries {
+		if e.Kind == KindPower && (strings.HasPrefix(e.Text, "powered on") || strings.HasPrefix(e.Text, "rebooted")) {
+			start = i
+		}
+	}
+
+	if start < 0 {
+		return ""
+	}
+
+	var (
+		begun                    = rec.Entries[start].At
+		dhcp, pxe, served, plan  *Entry
+		pxeFailed, wait, refused *Entry
+	)
+
+	for i := start + 1; i < len(rec.Entries); i++ {
+		e := &rec.Entries[i]
+
+		switch {
+		case e.Kind == KindAgentUp, e.Kind == KindDiskBoot, e.Kind == KindInstalled:
+			return "" // as far as a boot goes
+		case e.Kind == KindDHCP:
+			dhcp = e
+		case e.Kind == KindPXE && e.Error:
+			pxeFailed = e
+		case e.Kind == KindPXE:
+			pxe, pxeFailed = e, nil
+		case e.Kind == KindAssetWait:
+			wait = e
+		case e.Kind == KindBootServed:
+			served, wait = e, nil
+		case e.Kind == KindInstallPlan:
+			plan, wait = e, nil
+		case e.Kind == KindError && strings.Contains(e.Text, "tunnel") && strings.Contains(e.Text, "refused"):
+			refused = e
+		}
+	}
+
+	at := func(e *Entry) string { return e.At.UTC().Format("15:04:05") }
+	late := func(since time.Time, grace time.Duration) bool { return now.Sub(since) > grace }
+
+	switch {
+	case refused != nil:
+		return fmt.Sprintf("its agent's tunnel was refused at %s: %s", at(refused), refused.Text)
+	case wait != nil:
+		return fmt.Sprintf("its boot has waited since %s for boot assets this site does not hold: stage them (controller assets stage) or let the site fetch them (controller site policy)", at(wait))
+	case plan != nil:
+		if late(plan.At, installGrace) {
+			return fmt.Sprintf("its install plan was served at %s and no install was reported since: the installer did not finish or cannot reach Omni", at(plan))
+		}
+	case served != nil:
+		if late(served.At, stepGrace) {
+			return fmt.Sprintf("its agent-mode boot script was served at %s but no agent tunnel opened since: the kernel or initramfs download, or the agent's way to the edge, failed", at(served))
+		}
+	case pxeFailed != nil:
+		return fmt.Sprintf("the firmware's boot file download failed at %s: %s", at(pxeFailed), pxeFailed.Text)
+	case pxe != nil:
+		if late(pxe.At, stepGrace) {
+			return fmt.Sprintf("the firmware fetched its boot file at %s but iPXE never asked for its boot script: iPXE's own DHCP, or HTTP to the edge, failed", at(pxe))
+		}
+	case dhcp != nil:
+		if late(dhcp.At, stepGrace) {
+			return fmt.Sprintf("its DHCP request was seen at %s but no boot file was fetched: the firmware did not take the edge's offer (network boot off in the firmware, or TFTP/HTTP to the edge blocked)", at(dhcp))
+		}
+	default:
+		if late(begun, firstDHCPGrace) {
+			return fmt.Sprintf("powered on at %s and no DHCP request from its interfaces since: check its boot order, its NIC and VLAN, and that the edge serves that segment", at(&rec.Entries[start]))
+		}
+	}
+
+	return ""
+}

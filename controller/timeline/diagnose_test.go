@@ -1,0 +1,53 @@
+package timeline_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-metal/outpost/controller/timeline"
+)
+
+// Each step of a network boot that did not follow the one before within its grace is named; a boot that got
+// as far as it should, or is still within a grace, has no diagnosis.
+func TestDiagnose(t *testing.T) {
+	t.Parallel()
+
+	t0 := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	at := func(min int) time.Time { return t0.Add(time.Duration(min) * time.Minute) }
+	on := timeline.Entry{At: t0, Kind: timeline.KindPower, Text: "powered on into agent mode"}
+
+	for _, tc := range []struct {
+		name    string
+		entries []timeline.Entry
+		now     time.Time
+		want    string
+	}{
+		{"no power-on", []timeline.Entry{{At: t0, Kind: timeline.KindDHCP, Text: "DHCP"}}, at(60), ""},
+		{"no DHCP yet, within grace", []timeline.Entry{on}, at(4), ""},
+		{"no DHCP", []timeline.Entry{on}, at(6), "powered on at 10:00:00 and no DHCP request"},
+		{"DHCP, no boot file", []timeline.Entry{on, {At: at(1), Kind: timeline.KindDHCP}}, at(5), "its DHCP request was seen at 10:01:00 but no boot file"},
+		{"boot file failed", []timeline.Entry{on, {At: at(1), Kind: timeline.KindDHCP}, {At: at(1), Kind: timeline.KindPXE, Error: true, Text: "fetch of undionly.kpxe over tftp failed: timeout"}}, at(2), "download failed at 10:01:00: fetch of undionly.kpxe"},
+		{"iPXE never asked", []timeline.Entry{on, {At: at(1), Kind: timeline.KindPXE}}, at(5), "iPXE never asked for its boot script"},
+		{"no agent", []timeline.Entry{on, {At: at(1), Kind: timeline.KindBootServed}}, at(5), "no agent tunnel opened since"},
+		{"agent up", []timeline.Entry{on, {At: at(1), Kind: timeline.KindBootServed}, {At: at(2), Kind: timeline.KindAgentUp}}, at(50), ""},
+		{"assets", []timeline.Entry{on, {At: at(1), Kind: timeline.KindAssetWait, Error: true}}, at(2), "waited since 10:01:00 for boot assets"},
+		{"refused", []timeline.Entry{on, {At: at(1), Kind: timeline.KindBootServed}, {At: at(2), Kind: timeline.KindError, Error: true, Text: "agent tunnel from 10.0.0.9 refused: no boot evidence"}}, at(3), "tunnel was refused at 10:02:00"},
+		{"install pending", []timeline.Entry{on, {At: at(1), Kind: timeline.KindInstallPlan}}, at(10), ""},
+		{"install stuck", []timeline.Entry{on, {At: at(1), Kind: timeline.KindInstallPlan}}, at(20), "no install was reported since"},
+		{"disk boot", []timeline.Entry{on, {At: at(1), Kind: timeline.KindDiskBoot}}, at(60), ""},
+		{"a later reboot starts afresh", []timeline.Entry{on, {At: at(1), Kind: timeline.KindAgentUp}, {At: at(10), Kind: timeline.KindPower, Text: "rebooted into install mode: wrong-mode"}}, at(16), "powered on at 10:10:00"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+
+			got := timeline.Diagnose(timeline.Record{Entries: tc.entries}, tc.now)
+			if tc.want == "" {
+				require.Empty(t, got)
+			} else {
+				require.Contains(t, got, tc.want)
+			}
+		})
+	}
+}
