@@ -187,6 +187,8 @@ type machinesData struct {
 
 type machineData struct {
 	Record timeline.Record
+	// Diagnosis says where the machine's current boot stopped ("" when nothing is amiss).
+	Diagnosis string
 }
 
 // SiteStates are the states a site's link can be in.
@@ -324,7 +326,7 @@ func (p *Pages) machinePage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	buf, err := p.render("machine.html", machineData{Record: rec})
+	buf, err := p.render("machine.html", machineData{Record: rec, Diagnosis: timeline.Diagnose(rec, p.opts.Now())})
 	p.write(w, buf, err)
 }
 

@@ -118,6 +118,15 @@ func TestPagesEscapeHostileStrings(t *testing.T) {
 	_, body := get(t, srv.URL+"/status/machines/"+m1)
 	require.Contains(t, body, "BMC not answering")
 	require.Contains(t, body, "ipmi at")
+	require.NotContains(t, body, "Boot stopped", "no power-on in the timeline: nothing to diagnose")
+
+	// A boot whose agent tunnel was refused says so at the top of the machine's page, escaped.
+	book.Record(m1, timeline.KindPower, "powered on into agent mode", false)
+	book.Record(m1, timeline.KindError, "agent tunnel from 10.0.0.9 refused: "+hostile, true)
+
+	_, body = get(t, srv.URL+"/status/machines/"+m1)
+	require.Contains(t, body, "Boot stopped:</strong> its agent&#39;s tunnel was refused at")
+	require.NotContains(t, body, "<script>alert")
 }
 
 func TestSitesPageCountsPhases(t *testing.T) {
