@@ -49,8 +49,10 @@ func (p *process) hasLine(msg, field, value string) bool {
 // TestBinariesStandbyTakesOverMidWipe runs two controller binaries of one provider against the Omni stand-in
 // (each with a state directory of its own), an edge given both addresses, and a machine (test agent, virtual IPMI
 // BMC). The first controller acts; it is killed while the accepted machine's wipe is in progress (the agent holds
-// it). The standby acts after the lease runs out, the edge reconnects to it, the wipe is done again and completes
-// exactly once, the machine is ready, and its BMC saw no power action.
+// it). The standby acts after the lease runs out and the edge reconnects to it; the wipe the killed controller
+// started goes on at the edge (it is not the caller's to cancel), the standby settles its intent (joins it or
+// finds it done) rather than wiping again: the agent gets one wipe call, the machine is ready, and its BMC saw
+// no power action.
 func TestBinariesStandbyTakesOverMidWipe(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binaries; skipped with -short")
@@ -87,10 +89,11 @@ func TestBinariesStandbyTakesOverMidWipe(t *testing.T) {
 		return resp.StatusCode == http.StatusOK
 	}, time.Minute, 100*time.Millisecond, "the edge never served the join config")
 
-	// The agent holds the first wipe until its caller goes away; every later one goes ahead.
+	// The agent holds the first wipe until the standby has taken over; every later one goes ahead.
 	var (
 		wipeCalls, wipesDone atomic.Int32
 		firstHeld            = make(chan struct{})
+		releaseFirst         = make(chan struct{})
 	)
 
 	disk := filepath.Join(t.TempDir(), "disk.img")
@@ -102,9 +105,12 @@ func TestBinariesStandbyTakesOverMidWipe(t *testing.T) {
 		BeforeWipe: func(ctx context.Context) error {
 			if wipeCalls.Add(1) == 1 {
 				close(firstHeld)
-				<-ctx.Done()
 
-				return ctx.Err()
+				select {
+				case <-releaseFirst:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
 			}
 
 			wipesDone.Add(1)
@@ -161,6 +167,7 @@ func TestBinariesStandbyTakesOverMidWipe(t *testing.T) {
 
 	require.Eventually(t, func() bool { return edge.hasLine("uplink connected", "controller", addrB) }, time.Minute, 50*time.Millisecond,
 		"the edge did not reconnect to the standby")
+	close(releaseFirst)
 
 	require.Eventually(t, func() bool {
 		st, err := safe.StateGetByID[*infra.MachineStatus](ctx, stand.State(), machineID)
@@ -174,6 +181,7 @@ func TestBinariesStandbyTakesOverMidWipe(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, bytes.Repeat([]byte{0}, 1<<20), data, "the disk was not zeroed")
 	require.EqualValues(t, 1, wipesDone.Load(), "the wipe completed exactly once (%d calls)", wipeCalls.Load())
+	require.EqualValues(t, 1, wipeCalls.Load(), "the standby sent the wipe again")
 
 	powerMu.Lock()
 	defer powerMu.Unlock()
