@@ -52,7 +52,7 @@ func Default() Config {
 	return Config{
 		Cooldown:          5 * time.Minute,
 		PollInterval:      30 * time.Second,
-		WipeMethod:        "fast",
+		WipeMethod:        WipeFast,
 		WipeTimeout:       time.Hour,
 		ZeroesWipeTimeout: 24 * time.Hour,
 		CallTimeout:       time.Minute,
@@ -61,13 +61,30 @@ func Default() Config {
 	}
 }
 
+// Wipe methods (Config.WipeMethod, SitePolicy.WipeMethod).
+const (
+	// WipeFast: the agent drops partition tables and signatures.
+	WipeFast = "fast"
+	// WipeZeroes: the agent writes zeroes over every disk.
+	WipeZeroes = "zeroes"
+)
+
+// checkWipeMethod refuses anything but a wipe method.
+func checkWipeMethod(m string) error {
+	if m != WipeFast && m != WipeZeroes {
+		return fmt.Errorf("wipe method %q: want %s or %s", m, WipeFast, WipeZeroes)
+	}
+
+	return nil
+}
+
 // Validate reports settings that cannot work.
 func (c Config) Validate() error {
 	switch {
 	case c.PollInterval <= 0:
 		return errors.New("poll interval must be positive")
-	case c.WipeMethod != "fast" && c.WipeMethod != "zeroes":
-		return fmt.Errorf("wipe method %q: want fast or zeroes", c.WipeMethod)
+	case checkWipeMethod(c.WipeMethod) != nil:
+		return checkWipeMethod(c.WipeMethod)
 	case c.WipeTimeout <= 0 || c.ZeroesWipeTimeout <= 0 || c.CallTimeout <= 0:
 		return errors.New("timeouts must be positive")
 	case c.Cooldown < 0:

@@ -23,8 +23,10 @@ func (p SitePolicy) Validate() error {
 		return err
 	}
 
-	if p.WipeMethod != "" && p.WipeMethod != "fast" && p.WipeMethod != "zeroes" {
-		return fmt.Errorf("wipe method %q: want fast or zeroes", p.WipeMethod)
+	if p.WipeMethod != "" {
+		if err := checkWipeMethod(p.WipeMethod); err != nil {
+			return err
+		}
 	}
 
 	return nil

@@ -68,7 +68,7 @@ func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.Q
 
 	// The wipe runs apart from this reconcile: when the runtime is rebuilt meanwhile (Omni restarted), it goes
 	// on, and the next reconcile joins it rather than wiping again.
-	zeroes, timeout := in.GetReason() == "zeroes", s.env.cfg.WipeTimeout
+	zeroes, timeout := in.GetReason() == WipeZeroes, s.env.cfg.WipeTimeout
 	if zeroes {
 		timeout = s.env.cfg.ZeroesWipeTimeout
 	}
