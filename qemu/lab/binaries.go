@@ -39,6 +39,8 @@ type ControllerOptions struct {
 	ImageFactoryURL string
 	// Restart appends to the existing log (a controller restarted mid-run).
 	Restart bool
+	// WipeTimeout replaces the one-hour bound of a fast wipe (a test of a wipe that hangs).
+	WipeTimeout time.Duration
 }
 
 // StartController runs the controller binary in the core namespace against o (trusting a real Omni's CA
@@ -74,6 +76,10 @@ func (l *Lab) StartController(ctx context.Context, core *Core, bin string, o *Om
 
 	if opts.AssetPolicy != "" {
 		args = append(args, "--default-asset-policy", opts.AssetPolicy)
+	}
+
+	if opts.WipeTimeout > 0 {
+		args = append(args, "--wipe-timeout", opts.WipeTimeout.String())
 	}
 
 	if opts.PowerCooldown > 0 {

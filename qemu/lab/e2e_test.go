@@ -98,7 +98,23 @@ func runE2E(t *testing.T, root string, run e2eRun) {
 		t.Skipf("lab e2e: %s", reason)
 	}
 
-	images, err := lab.BuildImages(ctx, root, filepath.Join(l.Dir, "images"))
+	// Against the real Omni, site 2's machines run the real talos-metal-agent (cached under _out/metalagent);
+	// the images then carry it and Debian's generic kernel for in-band IPMI.
+	realAgent := run.omni == lab.RealOmni
+
+	var images lab.Images
+
+	if realAgent {
+		agentBin, aerr := lab.BuildRealAgent(ctx, root)
+		if aerr != nil {
+			t.Fatal(aerr)
+		}
+
+		images, err = lab.BuildAgentImages(ctx, root, filepath.Join(l.Dir, "images"), agentBin)
+	} else {
+		images, err = lab.BuildImages(ctx, root, filepath.Join(l.Dir, "images"))
+	}
+
 	if errors.Is(err, bootlab.ErrNoKernel) {
 		t.Skipf("lab e2e: %v", err)
 	}
@@ -109,7 +125,7 @@ func runE2E(t *testing.T, root string, run e2eRun) {
 
 	start := time.Now()
 
-	env, err := lab.Setup(ctx, l, built, images, lab.Options{Omni: run.omni, StandInOnly: run.standInOnly})
+	env, err := lab.Setup(ctx, l, built, images, lab.Options{Omni: run.omni, StandInOnly: run.standInOnly, RealAgent: realAgent})
 	if err != nil {
 		t.Fatalf("lab set-up: %v (logs under %s)", err, l.Dir)
 	}

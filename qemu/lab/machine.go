@@ -63,6 +63,10 @@ type MachineSpec struct {
 	RunTimeout time.Duration
 	// Agent is the agent it runs in agent mode (default TestAgent; RealAgent: realagent.go).
 	Agent AgentKind
+	// GuestFaults (RealAgent only) are the faults its guest injects under the agent, "name:count,..."
+	// (qemu/labinit: wipe-error, wipe-hang, kill-agent-in-wipe); each line of the console's OUTPOST-FAULT is
+	// one injected.
+	GuestFaults string
 }
 
 // IPMIPort is the virtual BMCs' RMCP port.
@@ -159,13 +163,13 @@ func (s *Site) AddMachine(ctx context.Context, spec MachineSpec) (*Machine, erro
 	}
 
 	// Every BMC answers IPMI (the agent provisions an IPMI user, and Redfish BMCs speak IPMI too); a Redfish
-	// machine's BMC also serves Redfish over HTTPS with the same account.
+	// machine's BMC also serves Redfish over HTTPS with the same accounts (one user table, as on a server).
 	if err := m.serveIPMI(ctx); err != nil {
 		return nil, err
 	}
 
 	if spec.BMC == Redfish {
-		m.redfish = vbmc.NewRedfish(m.Chassis, vbmc.RedfishOptions{User: "admin", Password: adminPassword})
+		m.redfish = vbmc.NewRedfish(m.Chassis, vbmc.RedfishOptions{User: "admin", Password: adminPassword, Accounts: m.ipmi.CheckUser})
 		if err := m.serveRedfish(ctx); err != nil {
 			return nil, err
 		}
@@ -702,7 +706,18 @@ func (m *Machine) WaitSerial(ctx context.Context, from int64, needle string, tim
 	}
 }
 
-// BMCUsersSet returns the BMC users the machine's agent created in-band, in order.
+// AgentCreatedBMCUser reports whether the machine's agent has created its BMC user in-band: through the lab's
+// channel for the test agent, on the BMC's own user table (however it got there) for the real agent.
+func (m *Machine) AgentCreatedBMCUser() bool {
+	if m.Spec.Agent == RealAgent {
+		return m.BMCHasUser(AgentBMCUser)
+	}
+
+	return len(m.BMCUsersSet()) > 0
+}
+
+// BMCUsersSet returns the BMC users the machine's agent created in-band through the lab's channel, in order
+// (the test agent's way; the real agent uses /dev/ipmi0).
 func (m *Machine) BMCUsersSet() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -33,12 +33,20 @@ const (
 	RealAgent AgentKind = "real"
 )
 
+// AgentBMCUser is the BMC user the controller has the agent create (its default IPMI user name; the lab's
+// controller keeps the default).
+const AgentBMCUser = "outpost"
+
 // AgentModules are the kernel modules a real-agent machine loads besides InitModules: the KCS system
 // interface driver and the /dev/ipmi0 character device the agent opens.
 var AgentModules = []string{"ipmi_si", "ipmi_devintf"}
 
-// realAgentOEM is the SMBIOS OEM string that makes the lab's /init run the real agent (qemu/labinit).
-const realAgentOEM = "outpost.agent=real"
+// realAgentOEM is the SMBIOS OEM string that makes the lab's /init run the real agent (qemu/labinit);
+// guestFaultsOEM is the key of the one that lists its guest faults.
+const (
+	realAgentOEM   = "outpost.agent=real"
+	guestFaultsOEM = "outpost.faults"
+)
 
 // agentArgs are the QEMU arguments a machine gets for its agent: none for the test agent; for the real one
 // the OEM string that chooses it and the in-band IPMI interface to its BMC.
@@ -47,13 +55,27 @@ func (m *Machine) agentArgs() []string {
 		return nil
 	}
 
-	return []string{
+	args := []string{
 		"-smbios", "type=11,value=" + realAgentOEM,
 		"-chardev", "socket,id=ipmi0,path=" + m.ipmiSockPath() + ",reconnect=1",
 		"-device", "ipmi-bmc-extern,id=bmc0,chardev=ipmi0",
 		"-device", "isa-ipmi-kcs,bmc=bmc0",
 	}
+
+	if m.Spec.GuestFaults != "" {
+		// QEMU's option syntax doubles a comma inside a value.
+		args = append(args, "-smbios", "type=11,value="+guestFaultsOEM+"="+strings.ReplaceAll(m.Spec.GuestFaults, ",", ",,"))
+	}
+
+	return args
 }
+
+// RefuseInBandUsers makes the machine's BMC refuse the next n in-band password sets: the agent cannot create
+// its BMC user until they are used up.
+func (m *Machine) RefuseInBandUsers(n int) { m.ipmi.RefuseInBandUsers(n) }
+
+// InBandUsersRefused returns how many in-band password sets the machine's BMC refused.
+func (m *Machine) InBandUsersRefused() int64 { return m.ipmi.InBandUsersRefused() }
 
 func (m *Machine) ipmiSockPath() string { return filepath.Join(m.Site.Dir, m.Spec.Name+".ipmi.sock") }
 
@@ -308,6 +330,8 @@ func appendAgentArchive(f *os.File, agent []byte, modulesDir string) error {
 type RealAgentOptions struct {
 	// Omni is the lab's Omni (default RealOmni).
 	Omni OmniMode
+	// WipeTimeout replaces the controller's one-hour bound of a fast wipe.
+	WipeTimeout time.Duration
 }
 
 // SetupRealAgent brings up the core, Omni (real or stand-in), the controller with the lab's local install
@@ -352,7 +376,7 @@ func SetupRealAgent(ctx context.Context, l *Lab, bins Binaries, images Images, o
 		return nil, err
 	}
 
-	e.ctrlBin, e.ctrlOpts = bins.Controller, ControllerOptions{LocalAssetsDir: local, PowerCooldown: labCooldown}
+	e.ctrlBin, e.ctrlOpts = bins.Controller, ControllerOptions{LocalAssetsDir: local, PowerCooldown: labCooldown, WipeTimeout: opts.WipeTimeout}
 	if e.Controller, err = l.StartController(ctx, e.Core, e.ctrlBin, e.Omni, e.ctrlOpts); err != nil {
 		return nil, err
 	}

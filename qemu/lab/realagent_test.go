@@ -16,9 +16,6 @@ import (
 	"github.com/outpost-metal/outpost/qemu/realomni"
 )
 
-// realAgentBMCUser is the IPMI user the controller creates through the agent (its default IPMIUsername).
-const realAgentBMCUser = "outpost"
-
 // diskMarker is written into the machine's disk before its first boot, where a fast wipe must zero it.
 var diskMarker = []byte("OUTPOST-REAL-AGENT-DISK-MARKER")
 
@@ -32,74 +29,7 @@ var diskMarker = []byte("OUTPOST-REAL-AGENT-DISK-MARKER")
 // OMNI chooses the Omni as for TestE2E (real by default). Root, QEMU (TCG). Logs and timeline.md stay under
 // _out/realagent-lab/<real|standin>.
 func TestRealMetalAgent(t *testing.T) {
-	skipUnlessLab(t)
-
-	mode, err := lab.ParseOmniMode(os.Getenv(lab.OmniEnv))
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	root := bootlab.RepoRoot(t)
-
-	bctx, bcancel := context.WithTimeout(t.Context(), 40*time.Minute)
-	defer bcancel()
-
-	var omniBins realomni.Binaries
-
-	if mode == lab.RealOmni {
-		if omniBins, err = lab.BuildRealOmni(bctx, root, zapLogger(t)); err != nil {
-			t.Fatal(err)
-		}
-	}
-
-	agentBin, err := lab.BuildRealAgent(bctx, root)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	l, err := lab.New(filepath.Join(root, "_out", "realagent-lab", string(mode)), zapLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	t.Cleanup(l.Close)
-	t.Cleanup(l.CloseOnSignal())
-
-	ctx, cancel := context.WithTimeout(t.Context(), 45*time.Minute)
-	defer cancel()
-
-	images, err := lab.BuildAgentImages(ctx, root, filepath.Join(l.Dir, "images"), agentBin)
-	if errors.Is(err, bootlab.ErrNoKernel) {
-		t.Skipf("lab test: %v", err)
-	}
-
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	bins, err := lab.BuildBinaries(ctx, root, filepath.Join(l.Dir, "bin"))
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	bins.RealOmni = omniBins
-
-	if ok, reason := lab.ControllerSupportsOmni(ctx, bins.Controller); !ok {
-		t.Skipf("lab test: %s", reason)
-	}
-
-	e, err := lab.SetupRealAgent(ctx, l, bins, images, lab.RealAgentOptions{Omni: mode})
-	if err != nil {
-		t.Fatalf("lab set-up: %v (logs under %s)", err, l.Dir)
-	}
-
-	t.Cleanup(func() {
-		if err := e.Timeline.Write(); err == nil {
-			if b, err := os.ReadFile(e.Timeline.Path); err == nil {
-				t.Logf("timeline (%s):\n%s", e.Timeline.Path, b)
-			}
-		}
-	})
+	ctx, l, e := setupRealAgentLab(t, "realagent-lab", lab.RealAgentOptions{})
 
 	site := e.Sites[0]
 
@@ -126,8 +56,8 @@ func TestRealMetalAgent(t *testing.T) {
 		}
 	}
 
-	if m.BMCHasUser(realAgentBMCUser) {
-		t.Fatalf("the BMC holds %q before the agent ran", realAgentBMCUser)
+	if m.BMCHasUser(lab.AgentBMCUser) {
+		t.Fatalf("the BMC holds %q before the agent ran", lab.AgentBMCUser)
 	}
 
 	step("power-on to the real agent started with the edge's provider address", func() error {
@@ -150,8 +80,8 @@ func TestRealMetalAgent(t *testing.T) {
 
 	step("the agent's tunnel up at the edge: pending in Omni", func() error { return e.WaitPending(ctx, m, 5*time.Minute) })
 
-	if m.BMCHasUser(realAgentBMCUser) {
-		t.Fatalf("the BMC holds %q before acceptance", realAgentBMCUser)
+	if m.BMCHasUser(lab.AgentBMCUser) {
+		t.Fatalf("the BMC holds %q before acceptance", lab.AgentBMCUser)
 	}
 
 	var lanCallsBefore int64
@@ -161,7 +91,7 @@ func TestRealMetalAgent(t *testing.T) {
 			return err
 		}
 
-		if err := m.WaitBMCUser(ctx, realAgentBMCUser, 5*time.Minute); err != nil {
+		if err := m.WaitBMCUser(ctx, lab.AgentBMCUser, 5*time.Minute); err != nil {
 			return err
 		}
 
@@ -284,4 +214,83 @@ func lastLine(out []byte, needle string) string {
 	}
 
 	return ""
+}
+
+// setupRealAgentLab builds what a real-agent lab needs (the real Omni unless OMNI says otherwise, the real
+// agent, its images, the binaries) and brings up SetupRealAgent's lab under _out/<dir>/<omni mode>, or skips
+// with the reason. The context ends with the test or after 45 minutes.
+func setupRealAgentLab(t *testing.T, dir string, opts lab.RealAgentOptions) (context.Context, *lab.Lab, *lab.Env) {
+	t.Helper()
+	skipUnlessLab(t)
+
+	mode, err := lab.ParseOmniMode(os.Getenv(lab.OmniEnv))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	root := bootlab.RepoRoot(t)
+
+	bctx, bcancel := context.WithTimeout(t.Context(), 40*time.Minute)
+	defer bcancel()
+
+	var omniBins realomni.Binaries
+
+	if mode == lab.RealOmni {
+		if omniBins, err = lab.BuildRealOmni(bctx, root, zapLogger(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	agentBin, err := lab.BuildRealAgent(bctx, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	l, err := lab.New(filepath.Join(root, "_out", dir, string(mode)), zapLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Cleanup(l.Close)
+	t.Cleanup(l.CloseOnSignal())
+
+	ctx, cancel := context.WithTimeout(t.Context(), 45*time.Minute)
+	t.Cleanup(cancel)
+
+	images, err := lab.BuildAgentImages(ctx, root, filepath.Join(l.Dir, "images"), agentBin)
+	if errors.Is(err, bootlab.ErrNoKernel) {
+		t.Skipf("lab test: %v", err)
+	}
+
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	bins, err := lab.BuildBinaries(ctx, root, filepath.Join(l.Dir, "bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	bins.RealOmni = omniBins
+
+	if ok, reason := lab.ControllerSupportsOmni(ctx, bins.Controller); !ok {
+		t.Skipf("lab test: %s", reason)
+	}
+
+	opts.Omni = mode
+
+	e, err := lab.SetupRealAgent(ctx, l, bins, images, opts)
+	if err != nil {
+		t.Fatalf("lab set-up: %v (logs under %s)", err, l.Dir)
+	}
+
+	t.Cleanup(func() {
+		if err := e.Timeline.Write(); err == nil {
+			if b, err := os.ReadFile(e.Timeline.Path); err == nil {
+				t.Logf("timeline (%s):\n%s", e.Timeline.Path, b)
+			}
+		}
+	})
+
+	return ctx, l, e
 }

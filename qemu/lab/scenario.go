@@ -77,6 +77,9 @@ type Options struct {
 	// Talos (power-off once information is collected, install events, installed machines booting their
 	// disk); the others are left to a real-Omni run and the timeline says so.
 	StandInOnly bool
+	// RealAgent runs the real talos-metal-agent on site 2's machines (BIOS with IPMI, UEFI with Redfish), site
+	// 1's keep the test agent; the images must be BuildAgentImages'.
+	RealAgent bool
 }
 
 // labCooldown is the controller's power cooldown in the lab (five minutes in production).
@@ -160,9 +163,14 @@ func Setup(ctx context.Context, l *Lab, bins Binaries, images Images, opts Optio
 			fw  Firmware
 			bmc BMCKind
 		}{{BIOS, IPMI}, {UEFI, Redfish}} {
+			agent := TestAgent
+			if opts.RealAgent && i == 2 {
+				agent = RealAgent
+			}
+
 			m, err := site.AddMachine(ctx, MachineSpec{
 				Name: fmt.Sprintf("%s-%s", site.Name, kind.fw), UUID: fmt.Sprintf("0e5a1ab0-0000-4000-8000-0000000%d00%d%d", 0, i, j+1),
-				MAC: fmt.Sprintf("52:54:00:0e:%02d:%02d", i, j+1), Firmware: kind.fw, BMC: kind.bmc,
+				MAC: fmt.Sprintf("52:54:00:0e:%02d:%02d", i, j+1), Firmware: kind.fw, BMC: kind.bmc, Agent: agent,
 			})
 			if err != nil {
 				return nil, err
@@ -545,7 +553,7 @@ func (e *Env) waitSettled(ctx context.Context, m *Machine) error {
 // created, and Omni reports it ready.
 func (e *Env) waitReady(ctx context.Context, m *Machine) error {
 	if err := poll(ctx, 5*time.Minute, "bmc user provisioned through the agent", m, func() (bool, error) {
-		return len(m.BMCUsersSet()) > 0, nil
+		return m.AgentCreatedBMCUser(), nil
 	}); err != nil {
 		return err
 	}

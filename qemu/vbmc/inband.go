@@ -8,6 +8,8 @@ import (
 	"net/netip"
 
 	"github.com/bougou/go-ipmi/pkg/hal"
+	"github.com/bougou/go-ipmi/pkg/handlers"
+	"github.com/bougou/go-ipmi/pkg/types"
 	"github.com/bougou/go-ipmi/pkg/vmproto"
 )
 
@@ -45,11 +47,41 @@ func (i *IPMI) SetLANAddress(ctx context.Context, addr netip.Addr, port uint16) 
 // authenticate. One QEMU connection is served at a time (each power-on is a new QEMU process that connects
 // again). It returns nil when ctx ends or ln is closed.
 func (i *IPMI) ServeInBand(ctx context.Context, ln net.Listener) error {
-	if err := vmproto.NewVMServer(i.bmc).Serve(ctx, ln); err != nil {
+	reg := handlers.NewRegistry()
+	reg.Use(i.refuseInBandUsers) // before the handlers: middleware wraps what is registered after it
+	handlers.RegisterAllHandlers(reg)
+
+	if err := vmproto.NewVMServer(i.bmc, vmproto.WithVMHandlerRegistry(reg)).Serve(ctx, ln); err != nil {
 		return fmt.Errorf("serve in-band ipmi: %w", err)
 	}
 
 	return nil
+}
+
+// RefuseInBandUsers makes the BMC refuse the next n in-band password sets (Set User Password with the "set
+// password" operation, IPMI v2.0 section 22.30) with "insufficient privilege", as a BMC whose in-band user
+// management is locked down does: the host cannot create its user.
+func (i *IPMI) RefuseInBandUsers(n int) { i.refuse.Store(int64(n)) }
+
+// InBandUsersRefused returns how many in-band password sets the BMC refused.
+func (i *IPMI) InBandUsersRefused() int64 { return i.refused.Load() }
+
+// setPasswordOp is the Set User Password operation that sets a password (request byte 2, bits 1:0).
+const setPasswordOp = 0x02
+
+func (i *IPMI) refuseInBandUsers(next handlers.Handler) handlers.Handler {
+	return handlers.HandlerFunc(func(ctx context.Context, hctx *handlers.HandlerContext, data []byte) ([]byte, types.CompletionCode, error) {
+		isSet := hctx != nil && hctx.Command.NetFn == types.CommandSetUserPassword.NetFn &&
+			hctx.Command.ID == types.CommandSetUserPassword.ID && len(data) >= 2 && data[1]&0x03 == setPasswordOp
+
+		if isSet && i.refuse.Add(-1) >= 0 {
+			i.refused.Add(1)
+
+			return nil, types.CodeInsufficientPrivilege, nil
+		}
+
+		return next.Handle(ctx, hctx, data)
+	})
 }
 
 // LANUser reports whether the BMC holds an enabled user of that name allowed on its LAN channel (1): one a

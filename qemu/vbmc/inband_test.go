@@ -3,6 +3,8 @@ package vbmc_test
 import (
 	"context"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -141,4 +143,94 @@ func TestInBandUserReachesLAN(t *testing.T) {
 
 	out, err = cmd.CombinedOutput()
 	require.Error(t, err, "a wrong password must not open a session: %s", out)
+}
+
+// TestInBandUserRefused: a BMC told to refuse in-band users answers the password set with "insufficient
+// privilege" that many times, leaves the user unable to log in meanwhile, and takes the next one.
+func TestInBandUserRefused(t *testing.T) {
+	t.Parallel()
+
+	b, err := vbmc.NewIPMI(vbmc.NewChassis(), user, password)
+	require.NoError(t, err)
+
+	ln, err := net.Listen("unix", filepath.Join(t.TempDir(), "ipmi.sock"))
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+
+	go func() { done <- b.ServeInBand(ctx, ln) }()
+
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+
+	conn, err := net.Dial("unix", ln.Addr().String())
+	require.NoError(t, err)
+
+	defer conn.Close() //nolint:errcheck
+
+	c := vmproto.NewClient(conn, 5*time.Second)
+
+	const slot, agentUser, agentPassword = 3, "outpost", "0123456789abcdef"
+
+	cc, _, err := c.Command(netFnApp, cmdSetUserName, append([]byte{slot}, pad16(agentUser)...)...)
+	require.NoError(t, err)
+	require.Zero(t, cc)
+
+	b.RefuseInBandUsers(2)
+
+	setPassword := func() byte {
+		cc, _, err := c.Command(netFnApp, cmdSetUserPassword, append([]byte{slot, 0x02}, pad16(agentPassword)...)...)
+		require.NoError(t, err)
+
+		return cc
+	}
+
+	require.Equal(t, byte(0xd4), setPassword(), "insufficient privilege")
+	require.Equal(t, byte(0xd4), setPassword())
+	require.False(t, b.CheckUser(agentUser, agentPassword))
+	require.Equal(t, int64(2), b.InBandUsersRefused())
+
+	require.Zero(t, setPassword(), "the third is taken")
+
+	cc, _, err = c.Command(netFnApp, cmdSetUserPassword, slot, 0x01) // enable user
+	require.NoError(t, err)
+	require.Zero(t, cc, "enabling is not a password set")
+	require.True(t, b.CheckUser(agentUser, agentPassword))
+	require.False(t, b.CheckUser(agentUser, "wrong"))
+	require.Equal(t, int64(2), b.InBandUsersRefused())
+}
+
+// TestRedfishSharesTheIPMIUsers: a Redfish service given the IPMI BMC's user table takes a user created there
+// (as the agent creates one in-band) and still refuses a wrong password.
+func TestRedfishSharesTheIPMIUsers(t *testing.T) {
+	t.Parallel()
+
+	ch := vbmc.NewChassis()
+
+	b, err := vbmc.NewIPMI(ch, user, password)
+	require.NoError(t, err)
+
+	srv := httptest.NewServer(vbmc.NewRedfish(ch, vbmc.RedfishOptions{User: user, Password: password, Accounts: b.CheckUser}))
+	t.Cleanup(srv.Close)
+
+	get := func(u, p string) int {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.URL+"/redfish/v1/Systems", nil)
+		require.NoError(t, err)
+		req.SetBasicAuth(u, p)
+
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close() //nolint:errcheck
+
+		return resp.StatusCode
+	}
+
+	require.Equal(t, http.StatusUnauthorized, get("outpost", "0123456789abcdef"), "no such user yet")
+	require.NoError(t, b.SetUser("outpost", "0123456789abcdef"))
+	require.Equal(t, http.StatusOK, get("outpost", "0123456789abcdef"))
+	require.Equal(t, http.StatusUnauthorized, get("outpost", "0123456789abcdeX"))
+	require.Equal(t, http.StatusOK, get(user, password), "its own account still works")
 }

@@ -21,6 +21,9 @@ import (
 type IPMI struct {
 	bmc     *bmc.BMC
 	actions *atomic.Int64
+
+	// refuse is how many more in-band password sets to refuse; refused counts those refused.
+	refuse, refused atomic.Int64
 }
 
 // Actions returns how many chassis controls (power on, off, cycle, reset) and boot flag sets this front end

@@ -1,6 +1,7 @@
 package vbmc
 
 import (
+	"crypto/subtle"
 	"errors"
 	"fmt"
 
@@ -61,6 +62,25 @@ func (r *Redfish) SetAccount(user, password string) {
 	defer r.mu.Unlock()
 
 	r.opts.User, r.opts.Password = user, password
+}
+
+// CheckUser reports whether name is an enabled user whose password is password, compared as the BMC stores
+// it (padded to the IPMI 2.0 length); Redfish services sharing the BMC's user table take it as an account.
+func (i *IPMI) CheckUser(name, password string) bool {
+	if name == "" || len(password) > bmc.MaxPasswordLen {
+		return false
+	}
+
+	u, err := i.bmc.Users.GetByName(name)
+	if err != nil || !u.Enabled {
+		return false
+	}
+
+	var want bmc.User
+
+	want.SetPassword([]byte(password))
+
+	return subtle.ConstantTimeCompare(u.Password[:], want.Password[:]) == 1
 }
 
 // HasUser reports whether a user of that name exists on the BMC.
