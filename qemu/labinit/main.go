@@ -100,7 +100,7 @@ func run() error {
 	if kind, _ := guestinit.OEMValue(g.OEM, agentKindKey); kind == agentReal {
 		fmt.Println("OUTPOST-INIT agent=real")
 
-		return realAgent(uuid, args)
+		return realAgent(uuid, args, g.OEM)
 	}
 
 	return agent(uuid, args, bmc)

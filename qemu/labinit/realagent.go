@@ -45,9 +45,22 @@ const (
 // realAgent runs agent mode as Talos does: the machined stand-in on machined's socket, the real metal agent
 // (restarted whenever it exits) dialing metal.provider.address from the kernel command line by itself, and the
 // in-band IPMI device it sets BMC users through. It returns errReboot once the stand-in answered a Reboot.
-func realAgent(uuid string, args map[string]string) error {
+func realAgent(uuid string, args map[string]string, oem []string) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+
+	spec, _ := guestinit.OEMValue(oem, faultsKey)
+
+	injected, err := parseFaults(spec)
+	if err != nil {
+		return fmt.Errorf("%s: %w", faultsKey, err)
+	}
+
+	if spec != "" {
+		fmt.Println("OUTPOST-FAULTS", spec)
+	}
+
+	var agentProc agentProcess
 
 	go join(ctx, uuid, args["talos.config"])
 
@@ -63,7 +76,7 @@ func realAgent(uuid string, args map[string]string) error {
 
 	log := zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()), zapcore.Lock(os.Stdout), zap.InfoLevel))
 
-	srv, err := machined.New(machined.Config{Tag: talosVersion, Logger: log})
+	srv, err := machined.New(machined.Config{Tag: talosVersion, Logger: log, BeforeWipe: injected.beforeWipe(&agentProc)})
 	if err != nil {
 		return err
 	}
@@ -83,7 +96,7 @@ func realAgent(uuid string, args map[string]string) error {
 
 	fmt.Println("OUTPOST-AGENT-START", args["metal.provider.address"], "real talos-metal-agent")
 
-	go superviseAgent(ctx)
+	go superviseAgent(ctx, &agentProc)
 
 	err = <-served
 
@@ -105,12 +118,18 @@ func realAgent(uuid string, args map[string]string) error {
 
 // superviseAgent runs the real agent until ctx ends, starting it again after it exits (it exits whenever its
 // tunnel ends; Talos restarts it).
-func superviseAgent(ctx context.Context) {
+func superviseAgent(ctx context.Context, proc *agentProcess) {
 	for run := 1; ; run++ {
 		cmd := exec.CommandContext(ctx, realAgentBinary)
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stdout
 
-		err := cmd.Run()
+		err := cmd.Start()
+		if err == nil {
+			proc.set(cmd.Process.Pid)
+			err = cmd.Wait()
+			proc.set(0)
+		}
+
 		if ctx.Err() != nil {
 			return
 		}

@@ -56,6 +56,10 @@ type Config struct {
 	StopGrace time.Duration
 	// Logger is required.
 	Logger *zap.Logger
+	// BeforeWipe, when set, runs before each BlockDeviceWipe call touches a device, with the call's number
+	// (from 1) and context: a lab's fault injection (a Talos API that errors or hangs, an agent killed in the
+	// middle of a wipe). An error ends the call with every device left as it was.
+	BeforeWipe func(ctx context.Context, call int) error
 }
 
 // Validate checks the configuration.
@@ -84,7 +88,8 @@ type Server struct {
 	state state.State
 	disks map[string]Disk
 
-	wipeMu sync.Mutex
+	wipeMu    sync.Mutex
+	wipeCalls int
 
 	reboot chan machine.RebootRequest_Mode
 }
@@ -287,6 +292,16 @@ func (s *Server) BlockDeviceWipe(ctx context.Context, req *storage.BlockDeviceWi
 
 	s.wipeMu.Lock()
 	defer s.wipeMu.Unlock()
+
+	s.wipeCalls++
+
+	if s.cfg.BeforeWipe != nil {
+		if err := s.cfg.BeforeWipe(ctx, s.wipeCalls); err != nil {
+			s.log.Warn("wipe refused before it started", zap.Int("call", s.wipeCalls), zap.Error(err))
+
+			return nil, status.Errorf(codes.Unavailable, "wipe not started: %v", err)
+		}
+	}
 
 	for _, d := range req.GetDevices() {
 		disk := s.disks[d.GetDevice()]

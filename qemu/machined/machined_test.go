@@ -3,6 +3,7 @@ package machined_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -81,9 +82,18 @@ type running struct {
 func serve(t *testing.T, roles ...role.Role) (*talosclient.Client, *running) {
 	t.Helper()
 
+	return serveWith(t, machined.Config{}, roles...)
+}
+
+// serveWith is serve with cfg's fault hooks.
+func serveWith(t *testing.T, cfg machined.Config, roles ...role.Role) (*talosclient.Client, *running) {
+	t.Helper()
+
 	sysRoot, devDir := fakeMachine(t)
 
-	s, err := machined.New(machined.Config{SysRoot: sysRoot, DevDir: devDir, Tag: "v1.11.5", Logger: zaptest.NewLogger(t)})
+	cfg.SysRoot, cfg.DevDir, cfg.Tag, cfg.Logger = sysRoot, devDir, "v1.11.5", zaptest.NewLogger(t)
+
+	s, err := machined.New(cfg)
 	require.NoError(t, err)
 
 	sock := filepath.Join(t.TempDir(), "machine.sock")
@@ -239,6 +249,31 @@ func TestBlockDeviceWipe(t *testing.T) {
 
 		require.NoError(t, wipe(c, storage.BlockDeviceWipeDescriptor_ZEROES, "vda"))
 		requireDisk(t, r.dev, make([]byte, diskSize))
+	})
+
+	t.Run("a fault before the wipe leaves the disk as it was; the next call wipes", func(t *testing.T) {
+		t.Parallel()
+
+		var calls []int
+
+		c, r := serveWith(t, machined.Config{BeforeWipe: func(_ context.Context, call int) error {
+			calls = append(calls, call) // calls are serialized by the stand-in
+
+			if call == 1 {
+				return errors.New("lab fault: disk busy")
+			}
+
+			return nil
+		}}, role.Admin)
+
+		err := wipe(c, storage.BlockDeviceWipeDescriptor_ZEROES, "vda")
+		require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+		require.ErrorContains(t, err, "disk busy")
+		requireDisk(t, r.dev, junk)
+
+		require.NoError(t, wipe(c, storage.BlockDeviceWipeDescriptor_ZEROES, "vda"))
+		requireDisk(t, r.dev, make([]byte, diskSize))
+		require.Equal(t, []int{1, 2}, calls)
 	})
 
 	for name, devices := range map[string][]string{
