@@ -99,6 +99,7 @@ func rootCommand(lookup func(string) (string, bool)) (*cobra.Command, *envflag.B
 	f.StringVar(&cfg.Omni.ProviderID, "provider-id", cfg.Omni.ProviderID, "infra provider ID the service account was created for")
 	f.DurationVar(&cfg.Lifecycle.Cooldown, "power-cooldown", cfg.Lifecycle.Cooldown, "minimum time between a power-on or reboot and the next power-off or reboot")
 	f.StringVar(&cfg.Lifecycle.WipeMethod, "wipe-method", cfg.Lifecycle.WipeMethod, "how disks are wiped on accept and release: fast or zeroes")
+	f.DurationVar(&cfg.Lifecycle.AgentReconnectGrace, "agent-reconnect-grace", cfg.Lifecycle.AgentReconnectGrace, "how long a machine whose agent went away may take to see it back before it is rebooted into agent mode")
 	f.DurationVar(&cfg.Lifecycle.WipeTimeout, "wipe-timeout", cfg.Lifecycle.WipeTimeout, "how long a fast wipe may take")
 	f.DurationVar(&cfg.Lifecycle.ZeroesWipeTimeout, "zeroes-wipe-timeout", cfg.Lifecycle.ZeroesWipeTimeout, "how long a zeroes wipe may take (size it to the largest disks)")
 	f.DurationVar(&cfg.Lifecycle.PollInterval, "poll-interval", cfg.Lifecycle.PollInterval, "how often power and agent state are refreshed")

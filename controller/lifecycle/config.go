@@ -26,6 +26,9 @@ type Config struct {
 	// WipeMethod is how disks are wiped: "fast" (the agent drops partition tables and signatures) or "zeroes"
 	// (every byte overwritten: bounded by WipeTimeout, which must fit the largest disks).
 	WipeMethod string
+	// AgentReconnectGrace is how long a machine whose agent went away is left to see it back (Talos restarts an
+	// agent that exited) before it is rebooted into agent mode.
+	AgentReconnectGrace time.Duration
 	// WipeTimeout bounds one fast disk wipe.
 	WipeTimeout time.Duration
 	// ZeroesWipeTimeout bounds one zeroes wipe (hours: a 10 TB spinning disk at 200 MB/s takes 14 h).
@@ -50,14 +53,15 @@ type Config struct {
 // Default returns the lifecycle defaults.
 func Default() Config {
 	return Config{
-		Cooldown:          5 * time.Minute,
-		PollInterval:      30 * time.Second,
-		WipeMethod:        WipeFast,
-		WipeTimeout:       time.Hour,
-		ZeroesWipeTimeout: 24 * time.Hour,
-		CallTimeout:       time.Minute,
-		IPMIUsername:      "outpost",
-		Concurrency:       8,
+		Cooldown:            5 * time.Minute,
+		PollInterval:        30 * time.Second,
+		WipeMethod:          WipeFast,
+		WipeTimeout:         time.Hour,
+		AgentReconnectGrace: 30 * time.Second,
+		ZeroesWipeTimeout:   24 * time.Hour,
+		CallTimeout:         time.Minute,
+		IPMIUsername:        "outpost",
+		Concurrency:         8,
 	}
 }
 
@@ -87,6 +91,8 @@ func (c Config) Validate() error {
 		return checkWipeMethod(c.WipeMethod)
 	case c.WipeTimeout <= 0 || c.ZeroesWipeTimeout <= 0 || c.CallTimeout <= 0:
 		return errors.New("timeouts must be positive")
+	case c.AgentReconnectGrace < 0:
+		return errors.New("agent reconnect grace must not be negative")
 	case c.Cooldown < 0:
 		return errors.New("cooldown must not be negative")
 	case c.IPMIUsername == "" || len(c.IPMIUsername) > 16:

@@ -253,6 +253,17 @@ func (e *env) cooldownLeft(v *view) time.Duration {
 	return max(0, last.Add(e.cfg.Cooldown).Sub(e.Now()))
 }
 
+// agentGraceLeft is how much of the agent reconnect grace is left for a machine whose agent went lately and is
+// to be in agent mode (0 for any other).
+func (e *env) agentGraceLeft(v *view) time.Duration {
+	lost := v.obs.GetAgentLostAt()
+	if v.mode() != bootplans.ModeAgent || v.agentConnected() || !lost.IsValid() {
+		return 0
+	}
+
+	return max(0, lost.AsTime().Add(e.cfg.AgentReconnectGrace).Sub(e.Now()))
+}
+
 // ours reports whether an InfraMachine belongs to this provider.
 func (e *env) ours(m *infra.Machine) bool {
 	id, _ := m.Metadata().Labels().Get(omnires.LabelInfraProviderID)

@@ -88,6 +88,14 @@ func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, 
 		}
 	}
 
+	switch {
+	case obs.AgentConnected:
+	case v.obs.GetAgentConnected():
+		obs.AgentLostAt = timestamppb.New(s.env.Now())
+	default:
+		obs.AgentLostAt = v.obs.GetAgentLostAt()
+	}
+
 	// observed_at is when what the record says was observed; an observation that finds nothing new leaves the
 	// record (and its observed_at) as it is, so a steady fleet writes nothing
 	obs.ObservedAt = v.obs.GetObservedAt()

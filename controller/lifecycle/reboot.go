@@ -260,7 +260,7 @@ func (s *reboot) decide(v *view) (site, reason string, wait error) {
 	case req != "" && req != v.reboot.GetLastRebootId():
 		return site, reasonRequested, nil
 	case v.requiresPowerOn() && wrongMode(v):
-		if left := s.env.cooldownLeft(v); left > 0 {
+		if left := max(s.env.cooldownLeft(v), s.env.agentGraceLeft(v)); left > 0 {
 			return "", "", controller.NewRequeueInterval(min(left, s.env.cfg.PollInterval))
 		}
 

@@ -212,6 +212,15 @@ func (f *FakeEdge) PullPlug(id string) {
 	m.Power, m.Agent, m.Booted = false, false, ""
 }
 
+// SetAgent plays machine id's agent exiting (false: its tunnel closes, the machine stays on) or coming back
+// (true: Talos restarted it), with no reboot.
+func (f *FakeEdge) SetAgent(id string, up bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	f.machines[id].Agent = up
+}
+
 // InstallToDisk plays the Talos installer finishing on machine id.
 func (f *FakeEdge) InstallToDisk(id string) {
 	f.mu.Lock()

@@ -490,7 +490,11 @@ type MachineObservationSpec struct {
 	// alert says what is wrong with the machine's identity at its site ("" when nothing): "tunnel-contested"
 	// (two machines with its UUID booted lately), "tunnel-from-other-address", "second-tunnel" (another host
 	// asked for its agent tunnel), "claimed-by-other-site". Published as the outpost-alert label.
-	Alert         string `protobuf:"bytes,7,opt,name=alert,proto3" json:"alert,omitempty"`
+	Alert string `protobuf:"bytes,7,opt,name=alert,proto3" json:"alert,omitempty"`
+	// agent_lost_at is when the observation last saw the machine's agent go (connected, then not); unset while it
+	// is connected or was never seen. A machine whose agent went lately is given the reconnect grace before it
+	// is rebooted back into agent mode: Talos restarts an agent that exited within seconds.
+	AgentLostAt   *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=agent_lost_at,json=agentLostAt,proto3" json:"agent_lost_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -572,6 +576,13 @@ func (x *MachineObservationSpec) GetAlert() string {
 		return x.Alert
 	}
 	return ""
+}
+
+func (x *MachineObservationSpec) GetAgentLostAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.AgentLostAt
+	}
+	return nil
 }
 
 // MachineLocationSpec is where the controller knows a machine to be, learned from its site's edge and kept in
@@ -817,7 +828,7 @@ const file_controller_resources_specs_lifecycle_proto_rawDesc = "" +
 	"\x05cause\x18\x05 \x01(\tR\x05cause\x12(\n" +
 	"\x10install_event_id\x18\x06 \x01(\x04R\x0einstallEventId\x12*\n" +
 	"\x11node_unique_token\x18\a \x01(\tR\x0fnodeUniqueToken\x12\x16\n" +
-	"\x06reason\x18\b \x01(\tR\x06reason\"\xa2\x04\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason\"\xe2\x04\n" +
 	"\x16MachineObservationSpec\x12[\n" +
 	"\vpower_state\x18\x01 \x01(\x0e2:.outpost.resources.specs.MachineObservationSpec.PowerStateR\n" +
 	"powerState\x12'\n" +
@@ -828,7 +839,8 @@ const file_controller_resources_specs_lifecycle_proto_rawDesc = "" +
 	"observedAt\x12`\n" +
 	"\vsite_labels\x18\x06 \x03(\v2?.outpost.resources.specs.MachineObservationSpec.SiteLabelsEntryR\n" +
 	"siteLabels\x12\x14\n" +
-	"\x05alert\x18\a \x01(\tR\x05alert\x1a=\n" +
+	"\x05alert\x18\a \x01(\tR\x05alert\x12>\n" +
+	"\ragent_lost_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\vagentLostAt\x1a=\n" +
 	"\x0fSiteLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"N\n" +
@@ -890,13 +902,14 @@ var file_controller_resources_specs_lifecycle_proto_depIdxs = []int32{
 	0,  // 9: outpost.resources.specs.MachineObservationSpec.power_state:type_name -> outpost.resources.specs.MachineObservationSpec.PowerState
 	10, // 10: outpost.resources.specs.MachineObservationSpec.observed_at:type_name -> google.protobuf.Timestamp
 	9,  // 11: outpost.resources.specs.MachineObservationSpec.site_labels:type_name -> outpost.resources.specs.MachineObservationSpec.SiteLabelsEntry
-	10, // 12: outpost.resources.specs.MachineLocationSpec.last_seen:type_name -> google.protobuf.Timestamp
-	10, // 13: outpost.resources.specs.MachineLocationSpec.alert_at:type_name -> google.protobuf.Timestamp
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	10, // 12: outpost.resources.specs.MachineObservationSpec.agent_lost_at:type_name -> google.protobuf.Timestamp
+	10, // 13: outpost.resources.specs.MachineLocationSpec.last_seen:type_name -> google.protobuf.Timestamp
+	10, // 14: outpost.resources.specs.MachineLocationSpec.alert_at:type_name -> google.protobuf.Timestamp
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_controller_resources_specs_lifecycle_proto_init() }
