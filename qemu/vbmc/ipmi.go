@@ -20,6 +20,7 @@ import (
 // IPMI is the IPMI v2 (lanplus) front end of a Chassis.
 type IPMI struct {
 	bmc     *bmc.BMC
+	hal     *ipmiHAL
 	actions *atomic.Int64
 
 	// refuse is how many more in-band password sets to refuse; refused counts those refused.
@@ -67,7 +68,7 @@ func NewIPMI(ch *Chassis, user, password string, cipherSuites ...uint8) (*IPMI, 
 		return nil, fmt.Errorf("store ipmi user: %w", err)
 	}
 
-	return &IPMI{bmc: b, actions: actions}, nil
+	return &IPMI{bmc: b, hal: h, actions: actions}, nil
 }
 
 // Serve answers RMCP/RMCP+ on conn until ctx ends; it closes conn.

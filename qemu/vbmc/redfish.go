@@ -36,6 +36,9 @@ type RedfishOptions struct {
 	// Media, when set, is the BMC's virtual CD: served as the manager's VirtualMedia (linked from the system too),
 	// and bootable once with BootSourceOverrideTarget "Cd".
 	Media *Media
+	// Hardware, when set, is the machine's inventory: the system's vendor, model, serial, processors, memory and
+	// BIOS version, a drive, an Ethernet interface, the manager's firmware and a firmware inventory.
+	Hardware *Hardware
 }
 
 // Redfish is a small Redfish service for one ComputerSystem backed by a Chassis: service root,
@@ -172,7 +175,7 @@ func (r *Redfish) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	case strings.HasPrefix(path, sessionsPath+"/") && req.Method == http.MethodDelete:
 		r.logout(w, strings.TrimPrefix(path, sessionsPath+"/"))
 	default:
-		if !r.serveMedia(w, req, path) {
+		if !r.serveHardware(w, req, path) && !r.serveMedia(w, req, path) {
 			writeError(w, http.StatusNotFound, "Base.1.8.ResourceMissingAtURI", "no such resource")
 		}
 	}
@@ -194,6 +197,8 @@ func (r *Redfish) serviceRoot() map[string]any {
 	if r.opts.Media != nil {
 		root["Managers"] = map[string]string{"@odata.id": managersPath}
 	}
+
+	r.hardwareRoot(root)
 
 	return root
 }
@@ -272,6 +277,10 @@ func (r *Redfish) getSystem(w http.ResponseWriter, settings bool) {
 				},
 			},
 		},
+	}
+
+	if !settings {
+		r.hardwareSystem(sys)
 	}
 
 	if r.opts.Media != nil && !settings {

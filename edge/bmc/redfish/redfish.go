@@ -116,12 +116,14 @@ type Client struct {
 	api     *gofish.APIClient
 	hc      *http.Client
 	secrets []string
+	limits  *limits
 }
 
 // Dial logs in (a Redfish session) and finds the ComputerSystem. Errors never contain the credentials.
 func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	hc := cfg.HTTPClient()
-	hc.Transport = htmlGuard{next: hc.Transport}
+	lim := &limits{next: hc.Transport}
+	hc.Transport = htmlGuard{next: lim}
 	secrets := []string{cfg.Password, cfg.Username}
 
 	api, err := gofish.ConnectContext(ctx, gofish.ClientConfig{
@@ -137,7 +139,7 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("open redfish session: %w", classify(err, secrets))
 	}
 
-	return &Client{api: api, hc: hc, secrets: secrets}, nil
+	return &Client{api: api, hc: hc, secrets: secrets, limits: lim}, nil
 }
 
 // Close logs the session out.

@@ -626,6 +626,208 @@ func (x *GetBootOverrideResponse) GetMode() BootMode {
 	return BootMode_BOOT_MODE_UNSPECIFIED
 }
 
+// InventoryResponse is a machine's hardware as its BMC reports it. Strings are printable UTF-8 of at most 128
+// characters (longer ones are cut); lists hold at most 64 entries (the counts say how many there were). A field the
+// BMC does not report is empty or zero.
+type InventoryResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// protocol is the protocol the inventory was read over (IPMI gives only what its FRU data has).
+	Protocol     Protocol `protobuf:"varint,1,opt,name=protocol,proto3,enum=outpost.bmc.Protocol" json:"protocol,omitempty"`
+	Manufacturer string   `protobuf:"bytes,2,opt,name=manufacturer,proto3" json:"manufacturer,omitempty"`
+	Model        string   `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
+	SerialNumber string   `protobuf:"bytes,4,opt,name=serial_number,json=serialNumber,proto3" json:"serial_number,omitempty"`
+	CpuCount     uint32   `protobuf:"varint,5,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
+	CpuModel     string   `protobuf:"bytes,6,opt,name=cpu_model,json=cpuModel,proto3" json:"cpu_model,omitempty"`
+	// memory_gib is the total system memory in GiB (rounded down).
+	MemoryGib uint32 `protobuf:"varint,7,opt,name=memory_gib,json=memoryGib,proto3" json:"memory_gib,omitempty"`
+	// disk_count is the number of drives; disk_bytes the capacities of at most 64 of them (0: unknown).
+	DiskCount uint32   `protobuf:"varint,8,opt,name=disk_count,json=diskCount,proto3" json:"disk_count,omitempty"`
+	DiskBytes []uint64 `protobuf:"varint,9,rep,packed,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
+	// nic_speeds_mbps are the link speeds of at most 64 network interfaces (0: unknown or down).
+	NicSpeedsMbps []uint32 `protobuf:"varint,10,rep,packed,name=nic_speeds_mbps,json=nicSpeedsMbps,proto3" json:"nic_speeds_mbps,omitempty"`
+	BiosVersion   string   `protobuf:"bytes,11,opt,name=bios_version,json=biosVersion,proto3" json:"bios_version,omitempty"`
+	// bmc_firmware is the BMC's own firmware version.
+	BmcFirmware string `protobuf:"bytes,12,opt,name=bmc_firmware,json=bmcFirmware,proto3" json:"bmc_firmware,omitempty"`
+	// firmware is the firmware inventory (UpdateService), at most 64 entries.
+	Firmware      []*FirmwareVersion `protobuf:"bytes,13,rep,name=firmware,proto3" json:"firmware,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InventoryResponse) Reset() {
+	*x = InventoryResponse{}
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InventoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InventoryResponse) ProtoMessage() {}
+
+func (x *InventoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InventoryResponse.ProtoReflect.Descriptor instead.
+func (*InventoryResponse) Descriptor() ([]byte, []int) {
+	return file_shared_api_bmc_bmc_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *InventoryResponse) GetProtocol() Protocol {
+	if x != nil {
+		return x.Protocol
+	}
+	return Protocol_PROTOCOL_AUTO
+}
+
+func (x *InventoryResponse) GetManufacturer() string {
+	if x != nil {
+		return x.Manufacturer
+	}
+	return ""
+}
+
+func (x *InventoryResponse) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *InventoryResponse) GetSerialNumber() string {
+	if x != nil {
+		return x.SerialNumber
+	}
+	return ""
+}
+
+func (x *InventoryResponse) GetCpuCount() uint32 {
+	if x != nil {
+		return x.CpuCount
+	}
+	return 0
+}
+
+func (x *InventoryResponse) GetCpuModel() string {
+	if x != nil {
+		return x.CpuModel
+	}
+	return ""
+}
+
+func (x *InventoryResponse) GetMemoryGib() uint32 {
+	if x != nil {
+		return x.MemoryGib
+	}
+	return 0
+}
+
+func (x *InventoryResponse) GetDiskCount() uint32 {
+	if x != nil {
+		return x.DiskCount
+	}
+	return 0
+}
+
+func (x *InventoryResponse) GetDiskBytes() []uint64 {
+	if x != nil {
+		return x.DiskBytes
+	}
+	return nil
+}
+
+func (x *InventoryResponse) GetNicSpeedsMbps() []uint32 {
+	if x != nil {
+		return x.NicSpeedsMbps
+	}
+	return nil
+}
+
+func (x *InventoryResponse) GetBiosVersion() string {
+	if x != nil {
+		return x.BiosVersion
+	}
+	return ""
+}
+
+func (x *InventoryResponse) GetBmcFirmware() string {
+	if x != nil {
+		return x.BmcFirmware
+	}
+	return ""
+}
+
+func (x *InventoryResponse) GetFirmware() []*FirmwareVersion {
+	if x != nil {
+		return x.Firmware
+	}
+	return nil
+}
+
+// FirmwareVersion is one entry of a firmware inventory.
+type FirmwareVersion struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Version       string                 `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FirmwareVersion) Reset() {
+	*x = FirmwareVersion{}
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FirmwareVersion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FirmwareVersion) ProtoMessage() {}
+
+func (x *FirmwareVersion) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FirmwareVersion.ProtoReflect.Descriptor instead.
+func (*FirmwareVersion) Descriptor() ([]byte, []int) {
+	return file_shared_api_bmc_bmc_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *FirmwareVersion) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *FirmwareVersion) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
 var File_shared_api_bmc_bmc_proto protoreflect.FileDescriptor
 
 const file_shared_api_bmc_bmc_proto_rawDesc = "" +
@@ -661,7 +863,28 @@ const file_shared_api_bmc_bmc_proto_rawDesc = "" +
 	"\x17GetBootOverrideResponse\x12\x10\n" +
 	"\x03set\x18\x01 \x01(\bR\x03set\x12\x10\n" +
 	"\x03pxe\x18\x02 \x01(\bR\x03pxe\x12)\n" +
-	"\x04mode\x18\x03 \x01(\x0e2\x15.outpost.bmc.BootModeR\x04mode*F\n" +
+	"\x04mode\x18\x03 \x01(\x0e2\x15.outpost.bmc.BootModeR\x04mode\"\xe4\x03\n" +
+	"\x11InventoryResponse\x121\n" +
+	"\bprotocol\x18\x01 \x01(\x0e2\x15.outpost.bmc.ProtocolR\bprotocol\x12\"\n" +
+	"\fmanufacturer\x18\x02 \x01(\tR\fmanufacturer\x12\x14\n" +
+	"\x05model\x18\x03 \x01(\tR\x05model\x12#\n" +
+	"\rserial_number\x18\x04 \x01(\tR\fserialNumber\x12\x1b\n" +
+	"\tcpu_count\x18\x05 \x01(\rR\bcpuCount\x12\x1b\n" +
+	"\tcpu_model\x18\x06 \x01(\tR\bcpuModel\x12\x1d\n" +
+	"\n" +
+	"memory_gib\x18\a \x01(\rR\tmemoryGib\x12\x1d\n" +
+	"\n" +
+	"disk_count\x18\b \x01(\rR\tdiskCount\x12\x1d\n" +
+	"\n" +
+	"disk_bytes\x18\t \x03(\x04R\tdiskBytes\x12&\n" +
+	"\x0fnic_speeds_mbps\x18\n" +
+	" \x03(\rR\rnicSpeedsMbps\x12!\n" +
+	"\fbios_version\x18\v \x01(\tR\vbiosVersion\x12!\n" +
+	"\fbmc_firmware\x18\f \x01(\tR\vbmcFirmware\x128\n" +
+	"\bfirmware\x18\r \x03(\v2\x1c.outpost.bmc.FirmwareVersionR\bfirmware\"?\n" +
+	"\x0fFirmwareVersion\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion*F\n" +
 	"\bProtocol\x12\x11\n" +
 	"\rPROTOCOL_AUTO\x10\x00\x12\x11\n" +
 	"\rPROTOCOL_IPMI\x10\x01\x12\x14\n" +
@@ -669,7 +892,7 @@ const file_shared_api_bmc_bmc_proto_rawDesc = "" +
 	"\bBootMode\x12\x19\n" +
 	"\x15BOOT_MODE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eBOOT_MODE_BIOS\x10\x01\x12\x12\n" +
-	"\x0eBOOT_MODE_UEFI\x10\x022\xc5\x04\n" +
+	"\x0eBOOT_MODE_UEFI\x10\x022\x8d\x05\n" +
 	"\x03BMC\x12J\n" +
 	"\vPowerStatus\x12\x19.outpost.bmc.PowerRequest\x1a .outpost.bmc.PowerStatusResponse\x12@\n" +
 	"\aPowerOn\x12\x19.outpost.bmc.PowerRequest\x1a\x1a.outpost.bmc.PowerResponse\x12A\n" +
@@ -680,7 +903,8 @@ const file_shared_api_bmc_bmc_proto_rawDesc = "" +
 	"SetPXEOnce\x12\x1e.outpost.bmc.SetPXEOnceRequest\x1a\x1a.outpost.bmc.PowerResponse\x12J\n" +
 	"\x11ClearBootOverride\x12\x19.outpost.bmc.PowerRequest\x1a\x1a.outpost.bmc.PowerResponse\x12R\n" +
 	"\x0fGetBootOverride\x12\x19.outpost.bmc.PowerRequest\x1a$.outpost.bmc.GetBootOverrideResponse\x12>\n" +
-	"\x05Watch\x12\x19.outpost.bmc.WatchRequest\x1a\x1a.outpost.bmc.WatchResponseB1Z/github.com/outpost-metal/outpost/shared/api/bmcb\x06proto3"
+	"\x05Watch\x12\x19.outpost.bmc.WatchRequest\x1a\x1a.outpost.bmc.WatchResponse\x12F\n" +
+	"\tInventory\x12\x19.outpost.bmc.PowerRequest\x1a\x1e.outpost.bmc.InventoryResponseB1Z/github.com/outpost-metal/outpost/shared/api/bmcb\x06proto3"
 
 var (
 	file_shared_api_bmc_bmc_proto_rawDescOnce sync.Once
@@ -695,7 +919,7 @@ func file_shared_api_bmc_bmc_proto_rawDescGZIP() []byte {
 }
 
 var file_shared_api_bmc_bmc_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_shared_api_bmc_bmc_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_shared_api_bmc_bmc_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_shared_api_bmc_bmc_proto_goTypes = []any{
 	(Protocol)(0),                   // 0: outpost.bmc.Protocol
 	(BootMode)(0),                   // 1: outpost.bmc.BootMode
@@ -708,6 +932,8 @@ var file_shared_api_bmc_bmc_proto_goTypes = []any{
 	(*PowerStatusResponse)(nil),     // 8: outpost.bmc.PowerStatusResponse
 	(*SetPXEOnceRequest)(nil),       // 9: outpost.bmc.SetPXEOnceRequest
 	(*GetBootOverrideResponse)(nil), // 10: outpost.bmc.GetBootOverrideResponse
+	(*InventoryResponse)(nil),       // 11: outpost.bmc.InventoryResponse
+	(*FirmwareVersion)(nil),         // 12: outpost.bmc.FirmwareVersion
 }
 var file_shared_api_bmc_bmc_proto_depIdxs = []int32{
 	0,  // 0: outpost.bmc.Target.protocol:type_name -> outpost.bmc.Protocol
@@ -717,27 +943,31 @@ var file_shared_api_bmc_bmc_proto_depIdxs = []int32{
 	2,  // 4: outpost.bmc.SetPXEOnceRequest.target:type_name -> outpost.bmc.Target
 	1,  // 5: outpost.bmc.SetPXEOnceRequest.mode:type_name -> outpost.bmc.BootMode
 	1,  // 6: outpost.bmc.GetBootOverrideResponse.mode:type_name -> outpost.bmc.BootMode
-	3,  // 7: outpost.bmc.BMC.PowerStatus:input_type -> outpost.bmc.PowerRequest
-	3,  // 8: outpost.bmc.BMC.PowerOn:input_type -> outpost.bmc.PowerRequest
-	3,  // 9: outpost.bmc.BMC.PowerOff:input_type -> outpost.bmc.PowerRequest
-	3,  // 10: outpost.bmc.BMC.PowerCycle:input_type -> outpost.bmc.PowerRequest
-	9,  // 11: outpost.bmc.BMC.SetPXEOnce:input_type -> outpost.bmc.SetPXEOnceRequest
-	3,  // 12: outpost.bmc.BMC.ClearBootOverride:input_type -> outpost.bmc.PowerRequest
-	3,  // 13: outpost.bmc.BMC.GetBootOverride:input_type -> outpost.bmc.PowerRequest
-	4,  // 14: outpost.bmc.BMC.Watch:input_type -> outpost.bmc.WatchRequest
-	8,  // 15: outpost.bmc.BMC.PowerStatus:output_type -> outpost.bmc.PowerStatusResponse
-	7,  // 16: outpost.bmc.BMC.PowerOn:output_type -> outpost.bmc.PowerResponse
-	7,  // 17: outpost.bmc.BMC.PowerOff:output_type -> outpost.bmc.PowerResponse
-	7,  // 18: outpost.bmc.BMC.PowerCycle:output_type -> outpost.bmc.PowerResponse
-	7,  // 19: outpost.bmc.BMC.SetPXEOnce:output_type -> outpost.bmc.PowerResponse
-	7,  // 20: outpost.bmc.BMC.ClearBootOverride:output_type -> outpost.bmc.PowerResponse
-	10, // 21: outpost.bmc.BMC.GetBootOverride:output_type -> outpost.bmc.GetBootOverrideResponse
-	5,  // 22: outpost.bmc.BMC.Watch:output_type -> outpost.bmc.WatchResponse
-	15, // [15:23] is the sub-list for method output_type
-	7,  // [7:15] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	0,  // 7: outpost.bmc.InventoryResponse.protocol:type_name -> outpost.bmc.Protocol
+	12, // 8: outpost.bmc.InventoryResponse.firmware:type_name -> outpost.bmc.FirmwareVersion
+	3,  // 9: outpost.bmc.BMC.PowerStatus:input_type -> outpost.bmc.PowerRequest
+	3,  // 10: outpost.bmc.BMC.PowerOn:input_type -> outpost.bmc.PowerRequest
+	3,  // 11: outpost.bmc.BMC.PowerOff:input_type -> outpost.bmc.PowerRequest
+	3,  // 12: outpost.bmc.BMC.PowerCycle:input_type -> outpost.bmc.PowerRequest
+	9,  // 13: outpost.bmc.BMC.SetPXEOnce:input_type -> outpost.bmc.SetPXEOnceRequest
+	3,  // 14: outpost.bmc.BMC.ClearBootOverride:input_type -> outpost.bmc.PowerRequest
+	3,  // 15: outpost.bmc.BMC.GetBootOverride:input_type -> outpost.bmc.PowerRequest
+	4,  // 16: outpost.bmc.BMC.Watch:input_type -> outpost.bmc.WatchRequest
+	3,  // 17: outpost.bmc.BMC.Inventory:input_type -> outpost.bmc.PowerRequest
+	8,  // 18: outpost.bmc.BMC.PowerStatus:output_type -> outpost.bmc.PowerStatusResponse
+	7,  // 19: outpost.bmc.BMC.PowerOn:output_type -> outpost.bmc.PowerResponse
+	7,  // 20: outpost.bmc.BMC.PowerOff:output_type -> outpost.bmc.PowerResponse
+	7,  // 21: outpost.bmc.BMC.PowerCycle:output_type -> outpost.bmc.PowerResponse
+	7,  // 22: outpost.bmc.BMC.SetPXEOnce:output_type -> outpost.bmc.PowerResponse
+	7,  // 23: outpost.bmc.BMC.ClearBootOverride:output_type -> outpost.bmc.PowerResponse
+	10, // 24: outpost.bmc.BMC.GetBootOverride:output_type -> outpost.bmc.GetBootOverrideResponse
+	5,  // 25: outpost.bmc.BMC.Watch:output_type -> outpost.bmc.WatchResponse
+	11, // 26: outpost.bmc.BMC.Inventory:output_type -> outpost.bmc.InventoryResponse
+	18, // [18:27] is the sub-list for method output_type
+	9,  // [9:18] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_bmc_bmc_proto_init() }
@@ -751,7 +981,7 @@ func file_shared_api_bmc_bmc_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_bmc_bmc_proto_rawDesc), len(file_shared_api_bmc_bmc_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   9,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

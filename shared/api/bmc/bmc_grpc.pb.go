@@ -31,6 +31,7 @@ const (
 	BMC_ClearBootOverride_FullMethodName = "/outpost.bmc.BMC/ClearBootOverride"
 	BMC_GetBootOverride_FullMethodName   = "/outpost.bmc.BMC/GetBootOverride"
 	BMC_Watch_FullMethodName             = "/outpost.bmc.BMC/Watch"
+	BMC_Inventory_FullMethodName         = "/outpost.bmc.BMC/Inventory"
 )
 
 // BMCClient is the client API for BMC service.
@@ -57,6 +58,12 @@ type BMCClient interface {
 	// turn) and journals every change as a PowerChanged event, so the controller never polls BMCs across the
 	// WAN and power state stays fresh while the uplink is down. Credentials are held in memory only.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (*WatchResponse, error)
+	// Inventory reads what the BMC knows of the machine's hardware: over Redfish the ComputerSystem (vendor,
+	// model, serial, processors, memory, BIOS), its storage drives and network interfaces, the manager's firmware
+	// and the UpdateService's firmware inventory; over IPMI what the FRU data has (board and product). Every
+	// string is printable and bounded, every list capped (see InventoryResponse); a huge, slow or malformed answer
+	// is a clear error or a truncated answer, never more.
+	Inventory(ctx context.Context, in *PowerRequest, opts ...grpc.CallOption) (*InventoryResponse, error)
 }
 
 type bMCClient struct {
@@ -147,6 +154,16 @@ func (c *bMCClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.Ca
 	return out, nil
 }
 
+func (c *bMCClient) Inventory(ctx context.Context, in *PowerRequest, opts ...grpc.CallOption) (*InventoryResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(InventoryResponse)
+	err := c.cc.Invoke(ctx, BMC_Inventory_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // BMCServer is the server API for BMC service.
 // All implementations must embed UnimplementedBMCServer
 // for forward compatibility.
@@ -171,6 +188,12 @@ type BMCServer interface {
 	// turn) and journals every change as a PowerChanged event, so the controller never polls BMCs across the
 	// WAN and power state stays fresh while the uplink is down. Credentials are held in memory only.
 	Watch(context.Context, *WatchRequest) (*WatchResponse, error)
+	// Inventory reads what the BMC knows of the machine's hardware: over Redfish the ComputerSystem (vendor,
+	// model, serial, processors, memory, BIOS), its storage drives and network interfaces, the manager's firmware
+	// and the UpdateService's firmware inventory; over IPMI what the FRU data has (board and product). Every
+	// string is printable and bounded, every list capped (see InventoryResponse); a huge, slow or malformed answer
+	// is a clear error or a truncated answer, never more.
+	Inventory(context.Context, *PowerRequest) (*InventoryResponse, error)
 	mustEmbedUnimplementedBMCServer()
 }
 
@@ -204,6 +227,9 @@ func (UnimplementedBMCServer) GetBootOverride(context.Context, *PowerRequest) (*
 }
 func (UnimplementedBMCServer) Watch(context.Context, *WatchRequest) (*WatchResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Watch not implemented")
+}
+func (UnimplementedBMCServer) Inventory(context.Context, *PowerRequest) (*InventoryResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Inventory not implemented")
 }
 func (UnimplementedBMCServer) mustEmbedUnimplementedBMCServer() {}
 func (UnimplementedBMCServer) testEmbeddedByValue()             {}
@@ -370,6 +396,24 @@ func _BMC_Watch_Handler(srv interface{}, ctx context.Context, dec func(interface
 	return interceptor(ctx, in, info, handler)
 }
 
+func _BMC_Inventory_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PowerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BMCServer).Inventory(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BMC_Inventory_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BMCServer).Inventory(ctx, req.(*PowerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // BMC_ServiceDesc is the grpc.ServiceDesc for BMC service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -408,6 +452,10 @@ var BMC_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Watch",
 			Handler:    _BMC_Watch_Handler,
+		},
+		{
+			MethodName: "Inventory",
+			Handler:    _BMC_Inventory_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,4 @@
+package bmc
+
+// Clean is clean, for its fuzz target.
+var Clean = clean
