@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
+	"github.com/outpost-metal/outpost/shared/printable"
 )
 
 // Output is how a list or show command prints: a table for people or JSON for programs.
@@ -29,6 +30,9 @@ const (
 )
 
 // ParseOutput checks an --output value.
+// maxDiagnosis bounds a diagnosis as printed (the controller bounds it too; this is the terminal's guard).
+const maxDiagnosis = 400
+
 func ParseOutput(s string) (Output, error) {
 	switch Output(s) {
 	case OutputTable, "":
@@ -145,7 +149,7 @@ func (c *Client) ShowMachine(ctx context.Context, machineID string, out io.Write
 	fmt.Fprintf(tw, "installed:\t%s\n", map[bool]string{true: "yes", false: "no"}[m.GetInstalled()])
 
 	if d := m.GetDiagnosis(); d != "" {
-		fmt.Fprintf(tw, "diagnosis:\t%s\n", peer(d))
+		fmt.Fprintf(tw, "diagnosis:\t%s\n", printable.String(d, maxDiagnosis)) // a sentence: not cut at a column
 	}
 
 	if err := tw.Flush(); err != nil {

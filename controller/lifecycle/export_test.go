@@ -80,3 +80,9 @@ func NextLooks(cfg Config, now func() time.Time, results ...error) []time.Durati
 
 	return out
 }
+
+// ErrorLine exposes errorLine.
+var ErrorLine = errorLine
+
+// Stated exposes stated.
+var Stated = stated

@@ -129,8 +129,46 @@ func (e *env) noteError(machineID, step string, err error) {
 		return
 	}
 
-	e.Journal.Record(machineID, "error", strings.TrimPrefix(step, "lifecycle.")+": "+err.Error(), true)
+	e.Journal.Record(machineID, "error", errorLine(step, err), true)
 }
+
+// errorLine is a step's error as a timeline reads it: the step, then the cause (what the far end said last,
+// which the first 80 characters of a line must show), then the whole chain for whoever reads on. The chain
+// begins with the machine and site the timeline already names, and, through the edge and the agent, carries
+// each hop's gRPC status: the cause is the last status description in it ("desc = ..."), or the chain itself.
+//
+// A step that knows the cause better than the far end does says it with stated.
+func errorLine(step string, err error) string {
+	step = strings.TrimSuffix(strings.TrimPrefix(step, "lifecycle."), "Controller")
+	chain := err.Error()
+
+	var st *statedError
+	if errors.As(err, &st) {
+		return step + ": " + st.cause + " (" + strings.Replace(chain, st.cause+": ", "", 1) + ")"
+	}
+
+	const desc = "desc = "
+
+	i := strings.LastIndex(chain, desc)
+	if i < 0 {
+		return step + ": " + chain
+	}
+
+	return step + ": " + chain[i+len(desc):] + " (" + chain + ")"
+}
+
+// statedError is an error with its cause in the step's own words, for the timeline.
+type statedError struct {
+	cause string
+	err   error
+}
+
+// stated wraps err with its cause in the step's words (errors.Is and status.Code still see err).
+func stated(err error, cause string) error { return &statedError{cause: cause, err: err} }
+
+func (e *statedError) Error() string { return e.cause + ": " + e.err.Error() }
+
+func (e *statedError) Unwrap() error { return e.err }
 
 // JournalTo hands every edge event to j as well (after the locations took it).
 func (l *Locations) JournalTo(j EdgeJournal) {

@@ -1,12 +1,16 @@
 package lifecycle_test
 
 import (
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/timeline"
@@ -147,4 +151,43 @@ func TestLocationsHandEventsToTheJournal(t *testing.T) {
 
 		return k
 	}())
+}
+
+// TestErrorLine: a step's error reads cause first, the chain after it, so that a cut line still says why.
+func TestErrorLine(t *testing.T) {
+	t.Parallel()
+
+	const id = "0e5a1ab0-0000-4000-8000-0000000fa001"
+
+	agent := status.Error(codes.Unavailable, "failed to wipe disks: "+status.Error(codes.Unavailable, "wipe not started: the disk is busy").Error())
+
+	for _, tc := range []struct {
+		name, step string
+		err        error
+		wantPrefix string
+	}{
+		{
+			name: "through the edge and the agent", step: "lifecycle.WipeController",
+			err:        fmt.Errorf("wipe %s at site site1: %w", id, agent),
+			wantPrefix: "Wipe: wipe not started: the disk is busy (wipe " + id + " at site site1: rpc error:",
+		},
+		{
+			name: "the step's own words first", step: "lifecycle.WipeController",
+			err:        lifecycle.Stated(fmt.Errorf("wipe %s at site site1: %w", id, status.Error(codes.DeadlineExceeded, "context deadline exceeded")), "no answer within 45s"),
+			wantPrefix: "Wipe: no answer within 45s (wipe " + id,
+		},
+		{
+			name: "no status in the chain", step: "lifecycle.PowerController",
+			err:        fmt.Errorf("power status of %s at site site1: %w", id, errors.New("site offline")),
+			wantPrefix: "Power: power status of " + id + " at site site1: site offline",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+
+			line := lifecycle.ErrorLine(tc.step, tc.err)
+			require.Truef(t, len(line) >= len(tc.wantPrefix) && line[:len(tc.wantPrefix)] == tc.wantPrefix, "%q", line)
+			require.Contains(t, line, errors.Unwrap(tc.err).Error(), "the whole chain below the step's words is kept")
+		})
+	}
 }

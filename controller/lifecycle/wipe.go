@@ -78,6 +78,10 @@ func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.Q
 		s.env.note(v.id, "wipe-started", "wiping disks ("+in.GetReason()+")")
 
 		err := s.env.Agent.WipeDisks(intentspb.NewOutgoingContext(ctx, in.GetId()), site, v.id, zeroes)
+		if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			err = stated(err, fmt.Sprintf("no answer within %s, the %s wipe's timeout", timeout, in.GetReason()))
+		}
+
 		if err = s.env.settle(ctx, v.id, in, err); err != nil {
 			return err
 		}

@@ -157,7 +157,7 @@ func (s *Server) callError(callerCtx context.Context, id, method string, err err
 		s.failures.WithLabelValues("tunnel_closed").Inc()
 		s.log.Debug("agent tunnel closed during a call", zap.String("machine_id", id), zap.String("method", method))
 
-		return status.Errorf(codes.Unavailable, "forward %s: agent tunnel of machine %s closed during the call", method, id)
+		return status.Errorf(codes.Unavailable, "agent tunnel closed during the call (forward %s of machine %s)", method, id)
 	default:
 		// The agent's own status (or a deadline) passes through unchanged.
 		return st.Err()
