@@ -1,6 +1,6 @@
 // Package labels holds the machine labels the controller publishes to Omni on each machine's
-// InfraMachineStatus: the site a machine is at, labels an operator sets per site, and provider-wide static
-// labels. Omni copies them onto its own MachineStatus as omni.sidero.dev/infra-provider/<provider-id>/<key>,
+// InfraMachineStatus: the site a machine is at, labels an operator sets per site, provider-wide static labels
+// and the machine's hardware inventory as its BMC reports it. Omni copies them onto its own MachineStatus as omni.sidero.dev/infra-provider/<provider-id>/<key>,
 // where MachineClass selectors see them. Keys and values follow the label syntax Omni (and Kubernetes)
 // accept; anything else is refused where the operator set it.
 package labels
@@ -91,15 +91,16 @@ func Parse(pairs []string) (map[string]string, error) {
 	return out, nil
 }
 
-// Machine returns the labels of a machine at site: the static labels, then the site's own (which win),
-// then the site label (which always says where the machine is) and the alert label when alert is set. site
-// may be empty (not located yet).
-func Machine(static, siteLabels map[string]string, site, alert string) map[string]string {
-	out := maps.Clone(static)
+// Machine returns the labels of a machine at site: its inventory labels, then the static labels and the site's
+// own (an operator's word wins over the BMC's, the site's over the provider's), then the site label (which
+// always says where the machine is) and the alert label when alert is set. site may be empty (not located yet).
+func Machine(inventory, static, siteLabels map[string]string, site, alert string) map[string]string {
+	out := maps.Clone(inventory)
 	if out == nil {
 		out = map[string]string{}
 	}
 
+	maps.Copy(out, static)
 	maps.Copy(out, siteLabels)
 
 	if site != "" {

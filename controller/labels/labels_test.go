@@ -47,8 +47,10 @@ func TestParse(t *testing.T) {
 func TestMachineAndApply(t *testing.T) {
 	t.Parallel()
 
-	want := labels.Machine(map[string]string{"tier": "gold", "rack": "default"}, map[string]string{"rack": "r7"}, "branch-7", "")
-	require.Equal(t, map[string]string{"tier": "gold", "rack": "r7", "site": "branch-7"}, want)
+	want := labels.Machine(map[string]string{"vendor": "Acme", "tier": "bmc", "site": "forged"},
+		map[string]string{"tier": "gold", "rack": "default"}, map[string]string{"rack": "r7"}, "branch-7", "")
+	require.Equal(t, map[string]string{"vendor": "Acme", "tier": "gold", "rack": "r7", "site": "branch-7"}, want,
+		"operators' labels win over the inventory's, the site label over all")
 
 	current := map[string]string{"omni.sidero.dev/infra-provider-id": "bare-metal", "old": "x", "rack": "r1", "tier": "gold"}
 	got := map[string]string{}
@@ -58,7 +60,9 @@ func TestMachineAndApply(t *testing.T) {
 	}
 
 	labels.Apply(current, want, func(k, v string) { got[k] = v }, func(k string) { delete(got, k) })
-	require.Equal(t, map[string]string{"omni.sidero.dev/infra-provider-id": "bare-metal", "rack": "r7", "tier": "gold", "site": "branch-7"}, got)
+	require.Equal(t, map[string]string{
+		"omni.sidero.dev/infra-provider-id": "bare-metal", "rack": "r7", "tier": "gold", "site": "branch-7", "vendor": "Acme",
+	}, got)
 }
 
 func FuzzParse(f *testing.F) {

@@ -1,6 +1,7 @@
 // Package lifecycle holds the controller's machine lifecycle as COSI QControllers on Omni's state, one per file:
 // machine observation (power via BMC, agent reachability), BMC configuration, wipe, power, reboot, boot plans,
-// InfraMachineStatus and teardown, with the semantics Omni expects from a static infra provider.
+// hardware inventory (read from the BMC, published as labels), InfraMachineStatus and teardown, with the
+// semantics Omni expects from a static infra provider.
 // Edge access goes through the small interfaces of edge.go.
 package lifecycle
 
@@ -48,6 +49,9 @@ type Config struct {
 	EdgeCallConcurrency uint
 	// StaticLabels are published on every machine's InfraMachineStatus (validated with package labels).
 	StaticLabels map[string]string
+	// InventoryInterval is how long a machine's hardware inventory is kept before its BMC is asked again
+	// (0: a day); a new BMC configuration is asked at once.
+	InventoryInterval time.Duration
 }
 
 // Default returns the lifecycle defaults.
@@ -99,6 +103,8 @@ func (c Config) Validate() error {
 		return errors.New("ipmi username must have 1 to 16 characters")
 	case c.Concurrency == 0:
 		return errors.New("concurrency must be positive")
+	case c.InventoryInterval < 0:
+		return errors.New("inventory interval must not be negative")
 	}
 
 	return nil
@@ -128,6 +134,9 @@ type Deps struct {
 	Watches *WatchLists
 	// Journal records what happens to each machine for operators (optional).
 	Journal Journal
+	// Inventory reads machines' hardware inventories from their BMCs (optional: Power when it can, else no
+	// inventory labels).
+	Inventory InventoryClient
 }
 
 // SiteLabels tells the labels an operator set on a site, published on its machines.
@@ -161,6 +170,10 @@ func New(cfg Config, deps Deps) ([]controller.QController, error) {
 		deps.Metrics = NewMetrics()
 	}
 
+	if ic, ok := deps.Power.(InventoryClient); ok && deps.Inventory == nil {
+		deps.Inventory = ic
+	}
+
 	deps.Power = timedPower{next: deps.Power, m: deps.Metrics}
 	deps.Agent = timedAgent{next: deps.Agent, m: deps.Metrics}
 
@@ -183,6 +196,10 @@ func New(cfg Config, deps Deps) ([]controller.QController, error) {
 		newRebootController(env),
 		newInfraMachineStatusController(env),
 		newTeardownController(env),
+	}
+
+	if deps.Inventory != nil {
+		qcs = append(qcs, newMachineInventoryController(env))
 	}
 
 	for _, qc := range qcs {

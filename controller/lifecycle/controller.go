@@ -40,6 +40,7 @@ const (
 	powerRecord                           // PowerOperation
 	rebootRecord                          // RebootStatus
 	observationRecord                     // MachineObservation
+	inventoryRecord                       // MachineInventory
 
 	// ownRecords are all the controller's own records (not Omni's BMCConfig).
 	ownRecords = bmcRecord | wipeRecord | powerRecord | rebootRecord | observationRecord
@@ -61,6 +62,7 @@ func recordTypes(t resources.Types) []struct {
 		{powerRecord, t.PowerOperation},
 		{rebootRecord, t.RebootStatus},
 		{observationRecord, t.MachineObservation},
+		{inventoryRecord, t.MachineInventory},
 	}
 }
 

@@ -173,6 +173,18 @@ func bootMode(firmware string) bmcpb.BootMode {
 	}
 }
 
+// Inventory implements InventoryClient.
+func (c *EdgeClients) Inventory(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) (*bmcpb.InventoryResponse, error) {
+	b, err := c.bmc(site, id, bmc)
+	if err != nil {
+		return nil, err
+	}
+
+	inv, err := b.Inventory(ctx)
+
+	return inv, c.classify(site, err)
+}
+
 // Hello implements AgentClient.
 func (c *EdgeClients) Hello(ctx context.Context, site, id string) error {
 	_, err := c.Access.Agent(site, id).Hello(ctx, &agentpb.HelloRequest{})

@@ -21,7 +21,8 @@ import (
 var mirroredLabels = []string{omnires.LabelCluster, omnires.LabelMachineSet, omnires.LabelControlPlaneRole, omnires.LabelWorkerRole}
 
 // infraMachineStatus reports the lifecycle back to Omni in InfraMachineStatus: power state, ready to use,
-// installed, last reboot, wiped node token and the power-off request being honoured; cluster labels mirrored.
+// installed, last reboot, wiped node token and the power-off request being honoured; cluster labels mirrored;
+// the site's, the operator's and the hardware inventory's labels published.
 type infraMachineStatus struct {
 	noTeardown
 
@@ -30,7 +31,7 @@ type infraMachineStatus struct {
 
 func newInfraMachineStatusController(e *env) *machineController {
 	return newMachineController(e, "lifecycle.InfraMachineStatusController", infra.InfraMachineStatusType,
-		omniresources.InfraProviderNamespace, ownRecords, &infraMachineStatus{env: e})
+		omniresources.InfraProviderNamespace, ownRecords|inventoryRecord, &infraMachineStatus{env: e})
 }
 
 func (s *infraMachineStatus) reconcile(ctx context.Context, _ *zap.Logger, r controller.QRuntime, v *view) error {
@@ -117,11 +118,12 @@ func (s *infraMachineStatus) apply(v *view, st *infra.MachineStatus) {
 
 		st.Metadata().Labels().Set(omnires.LabelInfraProviderID, s.env.Types.ProviderID)
 
-		// the site and operator labels, which Omni shows as omni.sidero.dev/infra-provider/<id>/<key>
+		// the inventory, site and operator labels, which Omni shows as omni.sidero.dev/infra-provider/<id>/<key>
 		// (the observation carries the site's labels, so a change of them reaches this controller)
 		site, _ := v.site()
 
-		labels.Apply(st.Metadata().Labels().Raw(), labels.Machine(s.env.cfg.StaticLabels, v.obs.GetSiteLabels(), site, v.obs.GetAlert()),
+		labels.Apply(st.Metadata().Labels().Raw(),
+			labels.Machine(inventoryLabels(v.inv), s.env.cfg.StaticLabels, v.obs.GetSiteLabels(), site, v.obs.GetAlert()),
 			st.Metadata().Labels().Set, st.Metadata().Labels().Delete)
 	}
 }

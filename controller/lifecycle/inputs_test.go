@@ -55,7 +55,8 @@ func TestControllersAreWokenByWhatTheyRead(t *testing.T) {
 	require.Equal(t, sorted(bmc, wipe, obs), inputs["BootPlanController"])
 	require.Equal(t, sorted(bmc, wipe, reboot, obs), inputs["PowerController"], "the cooldown reads the last reboot")
 	require.Equal(t, sorted(bmc, wipe, power, obs), inputs["RebootController"])
-	require.Equal(t, sorted(bmc, wipe, power, reboot, obs), inputs["InfraMachineStatusController"])
+	require.Equal(t, sorted(bmc, wipe, power, reboot, obs, types.MachineInventory), inputs["InfraMachineStatusController"],
+		"the inventory's labels are published there")
 	require.Empty(t, inputs["TeardownController"])
 	require.Empty(t, inputs["ScheduleController"])
 }

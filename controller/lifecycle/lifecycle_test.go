@@ -75,6 +75,8 @@ type harness struct {
 	journal lifecycle.Journal
 	// policies are the sites' own settings (none unless a test sets one).
 	policies *lifecycle.SitePolicies
+	// inventory reads hardware inventories (nil: none are read).
+	inventory lifecycle.InventoryClient
 
 	ctrls []controller.QController
 	// omniReads counts the runtime's reads that reach the state itself (not its cache): what would go to Omni.
@@ -129,6 +131,7 @@ func (h *harness) start() {
 	h.ctrls, err = lifecycle.New(cfg, lifecycle.Deps{
 		Types: h.types, Power: h.edge, Agent: h.edge, Intents: h.edge, Sites: h.edge, Plans: h.edge, Planner: planner,
 		Now: h.clock.Now, Rand: rand.Reader, Metrics: h.stats, Secrets: box, Journal: h.journal, SitePolicies: h.policies,
+		Inventory: h.inventory,
 	})
 	require.NoError(h.t, err)
 

@@ -34,6 +34,7 @@ type view struct {
 	power   *specs.PowerOperationSpec
 	reboot  *specs.RebootStatusSpec
 	obs     *specs.MachineObservationSpec
+	inv     *specs.MachineInventorySpec
 
 	finalizers resource.Finalizers // set during teardown only
 
@@ -107,6 +108,14 @@ func loadView(ctx context.Context, r controller.Reader, t resources.Types, m *in
 			return nil, err
 		} else if ok {
 			v.obs = o.TypedSpec().Value
+		}
+	}
+
+	if reads.has(inventoryRecord) {
+		if o, ok, err := getSpec[*resources.MachineInventory](ctx, r, *t.NewMachineInventory(id).Metadata()); err != nil {
+			return nil, err
+		} else if ok {
+			v.inv = o.TypedSpec().Value
 		}
 	}
 

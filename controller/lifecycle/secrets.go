@@ -89,4 +89,8 @@ func (e *env) overlayOwnWrites(v *view, reads records) {
 	if rec, ok := e.written.get(e.Types.MachineObservation, v.id); ok && reads.has(observationRecord) {
 		v.obs = rec.(*specs.MachineObservationSpec)
 	}
+
+	if rec, ok := e.written.get(e.Types.MachineInventory, v.id); ok && reads.has(inventoryRecord) {
+		v.inv = rec.(*specs.MachineInventorySpec)
+	}
 }

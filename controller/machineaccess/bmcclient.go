@@ -128,6 +128,16 @@ func (b *BMC) SetPXEOnce(ctx context.Context, mode bmcpb.BootMode) error {
 	return err
 }
 
+// Inventory reads the machine's hardware inventory.
+func (b *BMC) Inventory(ctx context.Context) (*bmcpb.InventoryResponse, error) {
+	cl, err := b.client()
+	if err != nil {
+		return nil, err
+	}
+
+	return cl.Inventory(ctx, b.req())
+}
+
 // GetBootOverride reads the current boot override.
 func (b *BMC) GetBootOverride(ctx context.Context) (*bmcpb.GetBootOverrideResponse, error) {
 	cl, err := b.client()

@@ -46,6 +46,12 @@ type MachineObservation = typed.Resource[MachineObservationSpec, lifecycleExtens
 // MachineObservationSpec wraps specs.MachineObservationSpec.
 type MachineObservationSpec = protobuf.ResourceSpec[specs.MachineObservationSpec, *specs.MachineObservationSpec]
 
+// MachineInventory is a machine's hardware as its BMC reported it (ID = machine UUID).
+type MachineInventory = typed.Resource[MachineInventorySpec, lifecycleExtension]
+
+// MachineInventorySpec wraps specs.MachineInventorySpec.
+type MachineInventorySpec = protobuf.ResourceSpec[specs.MachineInventorySpec, *specs.MachineInventorySpec]
+
 // MachineLocation is where a machine was last seen and how it boots (ID = machine UUID): the controller's
 // durable knowledge of machines, loaded before any decision after a restart.
 type MachineLocation = typed.Resource[MachineLocationSpec, lifecycleExtension]
@@ -95,6 +101,7 @@ type Types struct {
 	PowerOperation     resource.Type
 	RebootStatus       resource.Type
 	MachineObservation resource.Type
+	MachineInventory   resource.Type
 	// MachineLocation is not among All: a location reaches the lifecycle through the SiteLocator.
 	MachineLocation resource.Type
 	// Site and EnrollmentCA hold the controller's sites and enrollment CA (see Sites, NewEnrollmentCA).
@@ -114,6 +121,7 @@ func NewTypes(providerID string) Types {
 		PowerOperation:     infra.ResourceType("PowerOperation", providerID),
 		RebootStatus:       infra.ResourceType("RebootStatus", providerID),
 		MachineObservation: infra.ResourceType("MachineObservation", providerID),
+		MachineInventory:   infra.ResourceType("MachineInventory", providerID),
 		MachineLocation:    infra.ResourceType("MachineLocation", providerID),
 		Site:               infra.ResourceType("Site", providerID),
 		EnrollmentCA:       infra.ResourceType("EnrollmentCA", providerID),
@@ -126,7 +134,7 @@ func (t Types) Sites() SiteKind { return SiteKind{Namespace: t.Namespace, Type: 
 
 // All lists the lifecycle resource types.
 func (t Types) All() []resource.Type {
-	return []resource.Type{t.BMCConfiguration, t.WipeStatus, t.PowerOperation, t.RebootStatus, t.MachineObservation}
+	return []resource.Type{t.BMCConfiguration, t.WipeStatus, t.PowerOperation, t.RebootStatus, t.MachineObservation, t.MachineInventory}
 }
 
 // Register registers the protobuf codecs of the lifecycle types (needed before they cross gRPC); registering
@@ -138,6 +146,7 @@ func (t Types) Register() error {
 		protobuf.RegisterResource(t.PowerOperation, t.NewPowerOperation("")),
 		protobuf.RegisterResource(t.RebootStatus, t.NewRebootStatus("")),
 		protobuf.RegisterResource(t.MachineObservation, t.NewMachineObservation("")),
+		protobuf.RegisterResource(t.MachineInventory, t.NewMachineInventory("")),
 		protobuf.RegisterResource(t.MachineLocation, t.NewMachineLocation("")),
 		protobuf.RegisterResource(t.Site, t.Sites().New("")),
 		protobuf.RegisterResource(t.EnrollmentCA, t.NewEnrollmentCA("")),
@@ -183,6 +192,12 @@ func (t Types) NewRebootStatus(id string) *RebootStatus {
 func (t Types) NewMachineObservation(id string) *MachineObservation {
 	return typed.NewResource[MachineObservationSpec, lifecycleExtension](t.md(t.MachineObservation, id),
 		protobuf.NewResourceSpec(&specs.MachineObservationSpec{}))
+}
+
+// NewMachineInventory returns an empty MachineInventory for machine id.
+func (t Types) NewMachineInventory(id string) *MachineInventory {
+	return typed.NewResource[MachineInventorySpec, lifecycleExtension](t.md(t.MachineInventory, id),
+		protobuf.NewResourceSpec(&specs.MachineInventorySpec{}))
 }
 
 // NewMachineLocation returns an empty MachineLocation for machine id.

@@ -712,6 +712,168 @@ func (x *MachineLocationSpec) GetAlertAt() *timestamppb.Timestamp {
 	return nil
 }
 
+// MachineInventorySpec is a machine's hardware as its BMC reported it through the site's edge (bmc Inventory),
+// read when the BMC configuration first appears or changes and again after the refresh interval (a day), never on
+// every poll. Its values are published as labels on the machine's InfraMachineStatus (package labels).
+type MachineInventorySpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bmc is the BMC the inventory was read from ("address:port"); another one means read again.
+	Bmc string `protobuf:"bytes,1,opt,name=bmc,proto3" json:"bmc,omitempty"`
+	// protocol is "redfish" or "ipmi" (IPMI has only what the FRU data holds).
+	Protocol      string                 `protobuf:"bytes,2,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	ReadAt        *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=read_at,json=readAt,proto3" json:"read_at,omitempty"`
+	Manufacturer  string                 `protobuf:"bytes,4,opt,name=manufacturer,proto3" json:"manufacturer,omitempty"`
+	Model         string                 `protobuf:"bytes,5,opt,name=model,proto3" json:"model,omitempty"`
+	SerialNumber  string                 `protobuf:"bytes,6,opt,name=serial_number,json=serialNumber,proto3" json:"serial_number,omitempty"`
+	CpuCount      uint32                 `protobuf:"varint,7,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
+	CpuModel      string                 `protobuf:"bytes,8,opt,name=cpu_model,json=cpuModel,proto3" json:"cpu_model,omitempty"`
+	MemoryGib     uint32                 `protobuf:"varint,9,opt,name=memory_gib,json=memoryGib,proto3" json:"memory_gib,omitempty"`
+	DiskCount     uint32                 `protobuf:"varint,10,opt,name=disk_count,json=diskCount,proto3" json:"disk_count,omitempty"`
+	DiskBytes     []uint64               `protobuf:"varint,11,rep,packed,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
+	NicSpeedsMbps []uint32               `protobuf:"varint,12,rep,packed,name=nic_speeds_mbps,json=nicSpeedsMbps,proto3" json:"nic_speeds_mbps,omitempty"`
+	BiosVersion   string                 `protobuf:"bytes,13,opt,name=bios_version,json=biosVersion,proto3" json:"bios_version,omitempty"`
+	BmcFirmware   string                 `protobuf:"bytes,14,opt,name=bmc_firmware,json=bmcFirmware,proto3" json:"bmc_firmware,omitempty"`
+	// error says why the last read failed ("" when it succeeded); the facts above are then an earlier read's.
+	Error         string `protobuf:"bytes,15,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MachineInventorySpec) Reset() {
+	*x = MachineInventorySpec{}
+	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MachineInventorySpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MachineInventorySpec) ProtoMessage() {}
+
+func (x *MachineInventorySpec) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MachineInventorySpec.ProtoReflect.Descriptor instead.
+func (*MachineInventorySpec) Descriptor() ([]byte, []int) {
+	return file_controller_resources_specs_lifecycle_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *MachineInventorySpec) GetBmc() string {
+	if x != nil {
+		return x.Bmc
+	}
+	return ""
+}
+
+func (x *MachineInventorySpec) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *MachineInventorySpec) GetReadAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ReadAt
+	}
+	return nil
+}
+
+func (x *MachineInventorySpec) GetManufacturer() string {
+	if x != nil {
+		return x.Manufacturer
+	}
+	return ""
+}
+
+func (x *MachineInventorySpec) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *MachineInventorySpec) GetSerialNumber() string {
+	if x != nil {
+		return x.SerialNumber
+	}
+	return ""
+}
+
+func (x *MachineInventorySpec) GetCpuCount() uint32 {
+	if x != nil {
+		return x.CpuCount
+	}
+	return 0
+}
+
+func (x *MachineInventorySpec) GetCpuModel() string {
+	if x != nil {
+		return x.CpuModel
+	}
+	return ""
+}
+
+func (x *MachineInventorySpec) GetMemoryGib() uint32 {
+	if x != nil {
+		return x.MemoryGib
+	}
+	return 0
+}
+
+func (x *MachineInventorySpec) GetDiskCount() uint32 {
+	if x != nil {
+		return x.DiskCount
+	}
+	return 0
+}
+
+func (x *MachineInventorySpec) GetDiskBytes() []uint64 {
+	if x != nil {
+		return x.DiskBytes
+	}
+	return nil
+}
+
+func (x *MachineInventorySpec) GetNicSpeedsMbps() []uint32 {
+	if x != nil {
+		return x.NicSpeedsMbps
+	}
+	return nil
+}
+
+func (x *MachineInventorySpec) GetBiosVersion() string {
+	if x != nil {
+		return x.BiosVersion
+	}
+	return ""
+}
+
+func (x *MachineInventorySpec) GetBmcFirmware() string {
+	if x != nil {
+		return x.BmcFirmware
+	}
+	return ""
+}
+
+func (x *MachineInventorySpec) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 // IPMI is an IPMI v2 LAN endpoint with its credentials.
 type BMCConfigurationSpec_IPMI struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -725,7 +887,7 @@ type BMCConfigurationSpec_IPMI struct {
 
 func (x *BMCConfigurationSpec_IPMI) Reset() {
 	*x = BMCConfigurationSpec_IPMI{}
-	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[7]
+	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -737,7 +899,7 @@ func (x *BMCConfigurationSpec_IPMI) String() string {
 func (*BMCConfigurationSpec_IPMI) ProtoMessage() {}
 
 func (x *BMCConfigurationSpec_IPMI) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[7]
+	mi := &file_controller_resources_specs_lifecycle_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -860,7 +1022,27 @@ const file_controller_resources_specs_lifecycle_proto_rawDesc = "" +
 	"\x06schema\x18\b \x01(\rR\x06schema\x12\x14\n" +
 	"\x05alert\x18\t \x01(\tR\x05alert\x125\n" +
 	"\balert_at\x18\n" +
-	" \x01(\v2\x1a.google.protobuf.TimestampR\aalertAtB=Z;github.com/outpost-metal/outpost/controller/resources/specsb\x06proto3"
+	" \x01(\v2\x1a.google.protobuf.TimestampR\aalertAt\"\xf3\x03\n" +
+	"\x14MachineInventorySpec\x12\x10\n" +
+	"\x03bmc\x18\x01 \x01(\tR\x03bmc\x12\x1a\n" +
+	"\bprotocol\x18\x02 \x01(\tR\bprotocol\x123\n" +
+	"\aread_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x06readAt\x12\"\n" +
+	"\fmanufacturer\x18\x04 \x01(\tR\fmanufacturer\x12\x14\n" +
+	"\x05model\x18\x05 \x01(\tR\x05model\x12#\n" +
+	"\rserial_number\x18\x06 \x01(\tR\fserialNumber\x12\x1b\n" +
+	"\tcpu_count\x18\a \x01(\rR\bcpuCount\x12\x1b\n" +
+	"\tcpu_model\x18\b \x01(\tR\bcpuModel\x12\x1d\n" +
+	"\n" +
+	"memory_gib\x18\t \x01(\rR\tmemoryGib\x12\x1d\n" +
+	"\n" +
+	"disk_count\x18\n" +
+	" \x01(\rR\tdiskCount\x12\x1d\n" +
+	"\n" +
+	"disk_bytes\x18\v \x03(\x04R\tdiskBytes\x12&\n" +
+	"\x0fnic_speeds_mbps\x18\f \x03(\rR\rnicSpeedsMbps\x12!\n" +
+	"\fbios_version\x18\r \x01(\tR\vbiosVersion\x12!\n" +
+	"\fbmc_firmware\x18\x0e \x01(\tR\vbmcFirmware\x12\x14\n" +
+	"\x05error\x18\x0f \x01(\tR\x05errorB=Z;github.com/outpost-metal/outpost/controller/resources/specsb\x06proto3"
 
 var (
 	file_controller_resources_specs_lifecycle_proto_rawDescOnce sync.Once
@@ -875,7 +1057,7 @@ func file_controller_resources_specs_lifecycle_proto_rawDescGZIP() []byte {
 }
 
 var file_controller_resources_specs_lifecycle_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_controller_resources_specs_lifecycle_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_controller_resources_specs_lifecycle_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_controller_resources_specs_lifecycle_proto_goTypes = []any{
 	(MachineObservationSpec_PowerState)(0), // 0: outpost.resources.specs.MachineObservationSpec.PowerState
 	(*BMCConfigurationSpec)(nil),           // 1: outpost.resources.specs.BMCConfigurationSpec
@@ -885,31 +1067,33 @@ var file_controller_resources_specs_lifecycle_proto_goTypes = []any{
 	(*IntentSpec)(nil),                     // 5: outpost.resources.specs.IntentSpec
 	(*MachineObservationSpec)(nil),         // 6: outpost.resources.specs.MachineObservationSpec
 	(*MachineLocationSpec)(nil),            // 7: outpost.resources.specs.MachineLocationSpec
-	(*BMCConfigurationSpec_IPMI)(nil),      // 8: outpost.resources.specs.BMCConfigurationSpec.IPMI
-	nil,                                    // 9: outpost.resources.specs.MachineObservationSpec.SiteLabelsEntry
-	(*timestamppb.Timestamp)(nil),          // 10: google.protobuf.Timestamp
+	(*MachineInventorySpec)(nil),           // 8: outpost.resources.specs.MachineInventorySpec
+	(*BMCConfigurationSpec_IPMI)(nil),      // 9: outpost.resources.specs.BMCConfigurationSpec.IPMI
+	nil,                                    // 10: outpost.resources.specs.MachineObservationSpec.SiteLabelsEntry
+	(*timestamppb.Timestamp)(nil),          // 11: google.protobuf.Timestamp
 }
 var file_controller_resources_specs_lifecycle_proto_depIdxs = []int32{
-	8,  // 0: outpost.resources.specs.BMCConfigurationSpec.ipmi:type_name -> outpost.resources.specs.BMCConfigurationSpec.IPMI
-	10, // 1: outpost.resources.specs.WipeStatusSpec.wiped_at:type_name -> google.protobuf.Timestamp
+	9,  // 0: outpost.resources.specs.BMCConfigurationSpec.ipmi:type_name -> outpost.resources.specs.BMCConfigurationSpec.IPMI
+	11, // 1: outpost.resources.specs.WipeStatusSpec.wiped_at:type_name -> google.protobuf.Timestamp
 	5,  // 2: outpost.resources.specs.WipeStatusSpec.open_intent:type_name -> outpost.resources.specs.IntentSpec
-	10, // 3: outpost.resources.specs.PowerOperationSpec.last_power_on:type_name -> google.protobuf.Timestamp
-	10, // 4: outpost.resources.specs.PowerOperationSpec.last_power_off:type_name -> google.protobuf.Timestamp
+	11, // 3: outpost.resources.specs.PowerOperationSpec.last_power_on:type_name -> google.protobuf.Timestamp
+	11, // 4: outpost.resources.specs.PowerOperationSpec.last_power_off:type_name -> google.protobuf.Timestamp
 	5,  // 5: outpost.resources.specs.PowerOperationSpec.open_intent:type_name -> outpost.resources.specs.IntentSpec
-	10, // 6: outpost.resources.specs.RebootStatusSpec.last_reboot:type_name -> google.protobuf.Timestamp
+	11, // 6: outpost.resources.specs.RebootStatusSpec.last_reboot:type_name -> google.protobuf.Timestamp
 	5,  // 7: outpost.resources.specs.RebootStatusSpec.open_intent:type_name -> outpost.resources.specs.IntentSpec
-	10, // 8: outpost.resources.specs.IntentSpec.created_at:type_name -> google.protobuf.Timestamp
+	11, // 8: outpost.resources.specs.IntentSpec.created_at:type_name -> google.protobuf.Timestamp
 	0,  // 9: outpost.resources.specs.MachineObservationSpec.power_state:type_name -> outpost.resources.specs.MachineObservationSpec.PowerState
-	10, // 10: outpost.resources.specs.MachineObservationSpec.observed_at:type_name -> google.protobuf.Timestamp
-	9,  // 11: outpost.resources.specs.MachineObservationSpec.site_labels:type_name -> outpost.resources.specs.MachineObservationSpec.SiteLabelsEntry
-	10, // 12: outpost.resources.specs.MachineObservationSpec.agent_lost_at:type_name -> google.protobuf.Timestamp
-	10, // 13: outpost.resources.specs.MachineLocationSpec.last_seen:type_name -> google.protobuf.Timestamp
-	10, // 14: outpost.resources.specs.MachineLocationSpec.alert_at:type_name -> google.protobuf.Timestamp
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	11, // 10: outpost.resources.specs.MachineObservationSpec.observed_at:type_name -> google.protobuf.Timestamp
+	10, // 11: outpost.resources.specs.MachineObservationSpec.site_labels:type_name -> outpost.resources.specs.MachineObservationSpec.SiteLabelsEntry
+	11, // 12: outpost.resources.specs.MachineObservationSpec.agent_lost_at:type_name -> google.protobuf.Timestamp
+	11, // 13: outpost.resources.specs.MachineLocationSpec.last_seen:type_name -> google.protobuf.Timestamp
+	11, // 14: outpost.resources.specs.MachineLocationSpec.alert_at:type_name -> google.protobuf.Timestamp
+	11, // 15: outpost.resources.specs.MachineInventorySpec.read_at:type_name -> google.protobuf.Timestamp
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_controller_resources_specs_lifecycle_proto_init() }
@@ -923,7 +1107,7 @@ func file_controller_resources_specs_lifecycle_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_controller_resources_specs_lifecycle_proto_rawDesc), len(file_controller_resources_specs_lifecycle_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

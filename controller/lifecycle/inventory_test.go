@@ -1,0 +1,132 @@
+package lifecycle_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cosi-project/runtime/pkg/safe"
+	"github.com/cosi-project/runtime/pkg/state"
+	"github.com/cosi-project/runtime/pkg/state/impl/inmem"
+	"github.com/cosi-project/runtime/pkg/state/impl/namespaced"
+	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-metal/outpost/controller/labels"
+	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/lifecycle/lifecycletest"
+	"github.com/outpost-metal/outpost/controller/resources"
+	"github.com/outpost-metal/outpost/controller/resources/specs"
+	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+)
+
+// fakeInventory answers inventory reads with what the test sets and records the BMCs asked.
+type fakeInventory struct {
+	mu    sync.Mutex
+	resp  *bmcpb.InventoryResponse
+	err   error
+	asked []string // BMC addresses
+}
+
+func (f *fakeInventory) Inventory(_ context.Context, _, _ string, bmc *specs.BMCConfigurationSpec) (*bmcpb.InventoryResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	f.asked = append(f.asked, bmc.GetIpmi().GetAddress())
+
+	return f.resp, f.err
+}
+
+func (f *fakeInventory) set(resp *bmcpb.InventoryResponse, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	f.resp, f.err = resp, err
+}
+
+func (f *fakeInventory) calls() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	return len(f.asked)
+}
+
+func newInventoryHarness(t *testing.T, inv lifecycle.InventoryClient, configure ...func(*lifecycle.Config)) *harness {
+	t.Helper()
+
+	h := &harness{
+		t: t, st: state.WrapCore(namespaced.NewState(inmem.Build)), edge: lifecycletest.NewFakeEdge(t), clock: &fakeClock{},
+		types: resources.NewTypes(providerID), stats: lifecycle.NewMetrics(), policies: lifecycle.NewSitePolicies(),
+		inventory: inv, configure: configure,
+	}
+
+	require.NoError(t, h.types.Register())
+	h.start()
+	t.Cleanup(h.stop)
+
+	return h
+}
+
+// TestInventoryLabelsPublished: a machine's inventory is read once its BMC is configured, kept in its
+// MachineInventory and published as labels; polls do not read it again, the refresh interval and a failed read
+// do, and a failure keeps the labels of the last good read.
+func TestInventoryLabelsPublished(t *testing.T) {
+	t.Parallel()
+
+	const interval = 600 * time.Millisecond // 30 poll intervals
+
+	inv := &fakeInventory{resp: &bmcpb.InventoryResponse{
+		Protocol: bmcpb.Protocol_PROTOCOL_REDFISH, Manufacturer: "Dell Inc.", Model: "PowerEdge R640", CpuCount: 2,
+		MemoryGib: 384, DiskCount: 2, DiskBytes: []uint64{480 << 30, 1920 << 30}, NicSpeedsMbps: []uint32{25000},
+		BiosVersion: "2.19.1", BmcFirmware: "\x1b[31m7.00 (build 171)",
+	}}
+	h := newInventoryHarness(t, inv, func(c *lifecycle.Config) { c.InventoryInterval = interval })
+
+	h.edge.Add("m1", "site-a")
+	h.omni("m1", accepted)
+
+	labelsOf := func() map[string]string {
+		st, err := safe.StateGetByID[*infra.MachineStatus](t.Context(), h.st, "m1")
+		if err != nil {
+			return nil
+		}
+
+		return st.Metadata().Labels().Raw()
+	}
+
+	h.eventually("inventory labels", func() bool {
+		l := labelsOf()
+
+		return l[labels.Vendor] == "Dell-Inc" && l[labels.Model] == "PowerEdge-R640" && l[labels.DiskSizesGiB] == "1920_480" &&
+			l[labels.BMCFirmware] == "31m7.00-build-171" && l[labels.NICSpeedMbps] == "25000" && l[labels.Site] == "site-a"
+	})
+
+	rec, err := safe.StateGet[*resources.MachineInventory](t.Context(), h.st, h.types.NewMachineInventory("m1").Metadata())
+	require.NoError(t, err)
+	require.Equal(t, "redfish", rec.TypedSpec().Value.GetProtocol())
+	require.Equal(t, "outpost@10.0.0.1:623", rec.TypedSpec().Value.GetBmc())
+
+	require.Never(t, func() bool { return inv.calls() > 1 }, interval/3, tick, "read again within the refresh interval (polls every 20ms)")
+
+	// the refresh interval passes: read again; this time the BMC fails, the labels of the last read stay
+	inv.set(nil, errors.New("bmc busy"))
+	h.eventually("read again after the interval", func() bool { return inv.calls() >= 2 })
+	h.eventually("failure recorded", func() bool {
+		rec, err := safe.StateGet[*resources.MachineInventory](t.Context(), h.st, h.types.NewMachineInventory("m1").Metadata())
+
+		return err == nil && strings.Contains(rec.TypedSpec().Value.GetError(), "bmc busy")
+	})
+	require.Equal(t, "Dell-Inc", labelsOf()[labels.Vendor])
+
+	// a failure is tried again sooner (interval/24), and a good answer replaces the labels
+	inv.set(&bmcpb.InventoryResponse{Protocol: bmcpb.Protocol_PROTOCOL_IPMI, Manufacturer: "Supermicro", SerialNumber: "S1"}, nil)
+	h.eventually("new labels after the retry", func() bool {
+		l := labelsOf()
+		_, model := l[labels.Model]
+
+		return l[labels.Vendor] == "Supermicro" && l[labels.InventorySource] == "ipmi" && l[labels.Serial] == "S1" && !model
+	})
+}
