@@ -84,6 +84,8 @@ type run struct {
 	tr    *transcript
 	admin *omni.Admin
 	jc    chan controlleromni.JoinConfig
+	// inventory reads machines' hardware inventories (nil: none are read).
+	inventory lifecycle.InventoryClient
 }
 
 const waitFor = 60 * time.Second
@@ -139,7 +141,7 @@ func (r *run) startController(ctx context.Context) {
 
 	ctrls, err := lifecycle.New(cfg, lifecycle.Deps{
 		Types: resources.NewTypes(ocfg.ProviderID), Power: r.edge, Agent: r.edge, Intents: r.edge, Sites: r.edge, Plans: r.edge,
-		Planner: planner, Now: time.Now, Rand: rand.Reader, Secrets: secrets,
+		Planner: planner, Now: time.Now, Rand: rand.Reader, Secrets: secrets, Inventory: r.inventory,
 	})
 	require.NoError(t, err)
 
