@@ -103,6 +103,7 @@ func rootCommand(lookup func(string) (string, bool)) (*cobra.Command, *envflag.B
 	f.DurationVar(&cfg.Lifecycle.WipeTimeout, "wipe-timeout", cfg.Lifecycle.WipeTimeout, "how long a fast wipe may take")
 	f.DurationVar(&cfg.Lifecycle.ZeroesWipeTimeout, "zeroes-wipe-timeout", cfg.Lifecycle.ZeroesWipeTimeout, "how long a zeroes wipe may take (size it to the largest disks)")
 	f.DurationVar(&cfg.Lifecycle.PollInterval, "poll-interval", cfg.Lifecycle.PollInterval, "how often power and agent state are refreshed")
+	f.DurationVar(&cfg.Lifecycle.InventoryInterval, "inventory-interval", cfg.Lifecycle.InventoryInterval, "how often a machine's hardware inventory is read again from its BMC (a new BMC is read at once)")
 	f.StringVar(&cfg.Planner.AgentTalosVersion, "agent-talos-version", cfg.Planner.AgentTalosVersion, "Talos version booted in agent mode")
 	f.StringVar(&cfg.Planner.Console, "console", cfg.Planner.Console, "console kernel argument for PXE boots")
 	f.StringVar((*string)(&cfg.Planner.DiskMethod), "disk-method", string(cfg.Planner.DiskMethod), "how machines boot their disk: ipxe-exit, http-404 or ipxe-sanboot")

@@ -50,7 +50,7 @@ type Config struct {
 	// StaticLabels are published on every machine's InfraMachineStatus (validated with package labels).
 	StaticLabels map[string]string
 	// InventoryInterval is how long a machine's hardware inventory is kept before its BMC is asked again
-	// (0: a day); a new BMC configuration is asked at once.
+	// (default and 0: a day); a new BMC configuration is asked at once, a failed read again after a 24th of it.
 	InventoryInterval time.Duration
 }
 
@@ -66,6 +66,7 @@ func Default() Config {
 		CallTimeout:         time.Minute,
 		IPMIUsername:        "outpost",
 		Concurrency:         8,
+		InventoryInterval:   defaultInventoryInterval,
 	}
 }
 
