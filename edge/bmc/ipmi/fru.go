@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/bougou/go-ipmi/pkg/command/storage"
 	"github.com/bougou/go-ipmi/pkg/types"
 )
 
@@ -12,8 +13,12 @@ import (
 // start on every BMC seen; an area past the bound is left out.
 const MaxFRUBytes = 2048
 
-// fruChunk is the bytes asked for per Read FRU Data (ipmitool's LAN default; IPMI v2.0 §34.2).
-const fruChunk = 32
+// fruChunk is the bytes asked for per Read FRU Data (ipmitool's LAN default; IPMI v2.0 §34.2), halved down to
+// minFRUChunk for a BMC that says it is too many.
+const (
+	fruChunk    = 32
+	minFRUChunk = 8
+)
 
 // FRU is what the BMC's built-in FRU device (ID 0) says of the machine: its board and product info areas
 // (Platform Management FRU Information Storage Definition v1.0 §11, §12). Strings are as stored (the caller
@@ -37,11 +42,18 @@ func (c *Client) FRU(ctx context.Context) (FRU, error) {
 	}
 
 	data := make([]byte, 0, size)
+	chunk := fruChunk
 
 	for len(data) < size {
-		n := min(size-len(data), fruChunk)
+		n := min(size-len(data), chunk)
 
 		resp, err := c.c.ReadFRUData(ctx, 0, uint16(len(data)), uint8(n))
+		if re, ok := types.IsResponseError(err); ok && storage.ReadFRUDataLength2Big(re.CompletionCode()) && chunk > minFRUChunk {
+			chunk /= 2 // the BMC takes smaller reads (C7h, C8h, CAh; §34.2), as ipmitool finds out
+
+			continue
+		}
+
 		if err != nil {
 			return FRU{}, fmt.Errorf("read fru data at %d: %w", len(data), c.fail(types.CommandReadFRUData, err))
 		}
