@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -17,6 +18,26 @@ var hardware = vbmc.Hardware{
 	MemoryGiB: 4, DiskBytes: 20 << 30, NICSpeedMbps: 1000, BIOSVersion: "1.16.3", BMCFirmware: "vbmc-1.0",
 }
 
+// serveIPMI serves an IPMI BMC for ch on loopback until the test ends.
+func serveIPMI(t *testing.T, ch *vbmc.Chassis) (*vbmc.IPMI, int) {
+	t.Helper()
+
+	b, err := vbmc.NewIPMI(ch, user, password)
+	require.NoError(t, err)
+
+	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+
+	go func() { done <- b.Serve(ctx, conn) }()
+
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+
+	return b, conn.LocalAddr().(*net.UDPAddr).Port
+}
+
 // TestInventory reads the inventory with the edge's BMC manager: everything over Redfish, the FRU data's vendor,
 // model and serial over IPMI.
 func TestInventory(t *testing.T) {
@@ -26,19 +47,8 @@ func TestInventory(t *testing.T) {
 	srv := httptest.NewServer(vbmc.NewRedfish(ch, vbmc.RedfishOptions{User: user, Password: password, Hardware: &hardware}))
 	t.Cleanup(srv.Close)
 
-	ipmiBMC, err := vbmc.NewIPMI(ch, user, password)
-	require.NoError(t, err)
+	ipmiBMC, port := serveIPMI(t, ch)
 	require.NoError(t, ipmiBMC.SetHardware(hardware))
-
-	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	require.NoError(t, err)
-
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-
-	go func() { done <- ipmiBMC.Serve(ctx, conn) }()
-
-	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
 
 	mgr := newManager(t, nil, nil)
 
@@ -51,8 +61,6 @@ func TestInventory(t *testing.T) {
 		Firmware: []bmc.FirmwareVersion{{Name: "BIOS", Version: "1.16.3"}, {Name: "BMC", Version: "vbmc-1.0"}},
 	}, inv)
 
-	port := conn.LocalAddr().(*net.UDPAddr).Port
-
 	inv, err = mgr.Inventory(t.Context(), bmc.Target{Host: "127.0.0.1", IPMIPort: port, Protocol: bmc.ProtocolIPMI}, creds)
 	require.NoError(t, err)
 	require.Equal(t, bmc.Inventory{Protocol: bmc.ProtocolIPMI, Manufacturer: "Outpost Lab", Model: "VM-2000", SerialNumber: "SN-0042"}, inv)
@@ -62,4 +70,66 @@ func TestInventory(t *testing.T) {
 
 	_, err = mgr.Inventory(t.Context(), plain.target(bmc.ProtocolIPMI), creds)
 	require.ErrorContains(t, err, "read inventory on bmc 127.0.0.1")
+}
+
+// TestInventoryHostileFRU: FRU data that is huge, garbage or points past what is read gives a bounded answer or
+// a clear error, quickly.
+func TestInventoryHostileFRU(t *testing.T) {
+	t.Parallel()
+
+	header := func(board, product uint8) []byte {
+		h := []byte{1, 0, 0, board, product, 0, 0, 0}
+		sum := 0
+
+		for _, b := range h[:7] {
+			sum += int(b)
+		}
+
+		h[7] = uint8(-sum)
+
+		return h
+	}
+
+	long := make([]byte, 60<<10)
+	copy(long, header(255, 0)) // the board area at 2040, past the 2 KiB read
+
+	garbage := make([]byte, 4096)
+	for i := range garbage {
+		garbage[i] = byte(i * 7)
+	}
+
+	// a board area whose second field runs past its end, a product area with an escape sequence in its name
+	odd := append(header(1, 3), 1, 2, 0, 0, 0, 0, 0xC4, 'A', 'c', 'm', 'e', 0xDF, 'x', 'x', 'x', 'x')
+	odd = append(odd, 1, 2, 0, 0xC0, 0xC6, 'H', 'i', 0x1b, '[', '2', 'J', 0xC1, 0, 0, 0, 0)
+
+	for _, tc := range []struct {
+		name    string
+		data    []byte
+		want    bmc.Inventory
+		wantErr string
+	}{
+		{name: "areas past the bound", data: long, wantErr: "no readable board or product area"},
+		{name: "garbage", data: garbage, wantErr: "fru common header"},
+		{name: "fields past their area, escapes", data: odd, want: bmc.Inventory{Protocol: bmc.ProtocolIPMI, Manufacturer: "Acme", Model: "Hi [2J"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+
+			b, port := serveIPMI(t, vbmc.NewChassis())
+			require.NoError(t, b.SetFRUData(tc.data))
+
+			start := time.Now()
+			inv, err := newManager(t, nil, nil).Inventory(t.Context(), bmc.Target{Host: "127.0.0.1", IPMIPort: port, Protocol: bmc.ProtocolIPMI}, creds)
+			require.Less(t, time.Since(start), 5*time.Second)
+
+			if tc.wantErr != "" {
+				require.ErrorContains(t, err, tc.wantErr)
+
+				return
+			}
+
+			require.NoError(t, err)
+			require.Equal(t, tc.want, inv)
+		})
+	}
 }
