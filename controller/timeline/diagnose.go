@@ -17,23 +17,29 @@ const (
 // Diagnose says in one sentence where the machine's current network boot stopped, read from its timeline:
 // the first step after its last power-on or reboot (a DHCP request, the firmware's boot file, iPXE's boot
 // script, the agent's tunnel, the install) that did not come within its grace, or what held it (assets the
-// site lacks, a refused tunnel). It is "" when nothing is amiss: no power-on in the timeline, the boot got as
-// far as it should, or a step is still within its grace.
+// site lacks, a refused tunnel). It is "" when nothing is amiss: nothing since the last boot that went as far
+// as it goes, the boot got as far as it should, or a step is still within its grace. Without a power-on by
+// the controller (a machine powered on by hand) the missing first DHCP request cannot be timed and is not
+// diagnosed.
 func Diagnose(rec Record, now time.Time) string {
-	start := -1
+	// The current boot began at the last power-on or reboot the controller made, or, when a boot got as far as
+	// it goes after that (or there is no power entry: a machine powered on by hand), right after that boot.
+	start, powered := -1, false
 
 	for i, e := range rec.Entries {
-		if e.Kind == KindPower && (strings.HasPrefix(e.Text, "powered on") || strings.HasPrefix(e.Text, "rebooted")) {
-			start = i
+		switch {
+		case e.Kind == KindPower && (strings.HasPrefix(e.Text, "powered on") || strings.HasPrefix(e.Text, "rebooted")):
+			start, powered = i, true
+		case e.Kind == KindAgentUp, e.Kind == KindAgentDown, e.Kind == KindDiskBoot, e.Kind == KindInstalled:
+			start, powered = i, false
 		}
 	}
 
-	if start < 0 {
-		return ""
+	if start == len(rec.Entries)-1 && !powered {
+		return "" // nothing since a boot that went as far as it goes
 	}
 
 	var (
-		begun                    = rec.Entries[start].At
 		dhcp, pxe, served, plan  *Entry
 		pxeFailed, wait, refused *Entry
 	)
@@ -87,8 +93,8 @@ func Diagnose(rec Record, now time.Time) string {
 		if late(dhcp.At, stepGrace) {
 			return fmt.Sprintf("its DHCP request was seen at %s but no boot file was fetched: the firmware did not take the edge's offer (network boot off in the firmware, or TFTP/HTTP to the edge blocked)", at(dhcp))
 		}
-	default:
-		if late(begun, firstDHCPGrace) {
+	case powered:
+		if late(rec.Entries[start].At, firstDHCPGrace) {
 			return fmt.Sprintf("powered on at %s and no DHCP request from its interfaces since: check its boot order, its NIC and VLAN, and that the edge serves that segment", at(&rec.Entries[start]))
 		}
 	}

@@ -24,7 +24,15 @@ func TestDiagnose(t *testing.T) {
 		now     time.Time
 		want    string
 	}{
-		{"no power-on", []timeline.Entry{{At: t0, Kind: timeline.KindDHCP, Text: "DHCP"}}, at(60), ""},
+		{"powered on by hand: DHCP only, within grace", []timeline.Entry{{At: t0, Kind: timeline.KindDHCP, Text: "DHCP"}}, at(2), ""},
+		{"powered on by hand: DHCP only", []timeline.Entry{{At: t0, Kind: timeline.KindDHCP, Text: "DHCP"}}, at(60), "its DHCP request was seen at 10:00:00 but no boot file"},
+		{"powered on by hand: no agent", []timeline.Entry{{At: t0, Kind: timeline.KindDHCP}, {At: at(1), Kind: timeline.KindBootServed}}, at(5), "served at 10:01:00 but no agent tunnel opened since"},
+		{"by hand after a finished boot: no agent", []timeline.Entry{
+			on, {At: at(1), Kind: timeline.KindAgentUp}, {At: at(10), Kind: timeline.KindAgentDown},
+			{At: at(11), Kind: timeline.KindDHCP}, {At: at(11), Kind: timeline.KindBootServed},
+		}, at(15), "served at 10:11:00 but no agent tunnel opened since"},
+		{"nothing since the agent went", []timeline.Entry{on, {At: at(1), Kind: timeline.KindAgentUp}, {At: at(10), Kind: timeline.KindAgentDown}}, at(60), ""},
+		{"nothing at all", nil, at(60), ""},
 		{"no DHCP yet, within grace", []timeline.Entry{on}, at(4), ""},
 		{"no DHCP", []timeline.Entry{on}, at(6), "powered on at 10:00:00 and no DHCP request"},
 		{"DHCP, no boot file", []timeline.Entry{on, {At: at(1), Kind: timeline.KindDHCP}}, at(5), "its DHCP request was seen at 10:01:00 but no boot file"},
