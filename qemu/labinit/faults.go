@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +25,9 @@ const (
 	// faultKillAgentInWipe: once the agent's wipe call reached machined, the agent is killed (SIGKILL); the
 	// wipe does not start, and the agent is started again as Talos restarts its services.
 	faultKillAgentInWipe = "kill-agent-in-wipe"
+	// faultWrongProviderAddress: the agent is started with --provider-address pointing at port 1 of the
+	// address the kernel arguments name (refused), as an agent given a wrong address; not a wipe fault.
+	faultWrongProviderAddress = "wrong-provider-address"
 )
 
 // hangBound bounds a hung wipe that nobody cancels.
@@ -50,7 +54,7 @@ func parseFaults(s string) (faults, error) {
 		}
 
 		switch name {
-		case faultWipeError, faultWipeHang, faultKillAgentInWipe:
+		case faultWipeError, faultWipeHang, faultKillAgentInWipe, faultWrongProviderAddress:
 		default:
 			return faults{}, fmt.Errorf("unknown fault %q", name)
 		}
@@ -69,6 +73,21 @@ func parseFaults(s string) (faults, error) {
 	}
 
 	return f, nil
+}
+
+// agentArgs are the agent's arguments under these faults: none, or a wrong --provider-address in place of the
+// kernel argument's (its host, port 1).
+func (f faults) agentArgs(providerAddress string) []string {
+	if f.counts[faultWrongProviderAddress] == 0 {
+		return nil
+	}
+
+	host, _, err := net.SplitHostPort(providerAddress)
+	if err != nil {
+		host = providerAddress
+	}
+
+	return []string{"--provider-address", net.JoinHostPort(host, "1")}
 }
 
 // agentProcess is the running agent, which a fault may kill.
@@ -102,6 +121,10 @@ func (f faults) beforeWipe(agent *agentProcess) func(ctx context.Context, call i
 		first := 1
 
 		for _, name := range f.order {
+			if name == faultWrongProviderAddress {
+				continue
+			}
+
 			if call >= first+f.counts[name] {
 				first += f.counts[name]
 

@@ -58,9 +58,20 @@ func TestFaultsTakeTurns(t *testing.T) {
 	require.ErrorContains(t, before(ctx, 3), "hung until context canceled")
 
 	require.NoError(t, before(t.Context(), 4))
+	require.Nil(t, f.agentArgs("10.77.1.1:50042"))
 	require.NoError(t, before(t.Context(), 5))
 
 	kill, err := parseFaults("kill-agent-in-wipe:1")
 	require.NoError(t, err)
 	require.ErrorContains(t, kill.beforeWipe(&agentProcess{})(t.Context(), 1), "no agent running")
+}
+
+func TestWrongProviderAddress(t *testing.T) {
+	t.Parallel()
+
+	f, err := parseFaults("wrong-provider-address,wipe-error:1")
+	require.NoError(t, err)
+	require.Equal(t, []string{"--provider-address", "10.77.1.1:1"}, f.agentArgs("10.77.1.1:50042"))
+	require.ErrorContains(t, f.beforeWipe(&agentProcess{})(t.Context(), 1), "busy", "not a wipe fault: the wipe error takes call 1")
+	require.NoError(t, f.beforeWipe(&agentProcess{})(t.Context(), 2))
 }

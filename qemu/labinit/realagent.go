@@ -96,7 +96,12 @@ func realAgent(uuid string, args map[string]string, oem []string) error {
 
 	fmt.Println("OUTPOST-AGENT-START", args["metal.provider.address"], "real talos-metal-agent")
 
-	go superviseAgent(ctx, &agentProc)
+	agentArgs := injected.agentArgs(args["metal.provider.address"])
+	if len(agentArgs) > 0 {
+		fmt.Println("OUTPOST-FAULT", faultWrongProviderAddress, agentArgs[len(agentArgs)-1])
+	}
+
+	go superviseAgent(ctx, &agentProc, agentArgs)
 
 	err = <-served
 
@@ -118,9 +123,9 @@ func realAgent(uuid string, args map[string]string, oem []string) error {
 
 // superviseAgent runs the real agent until ctx ends, starting it again after it exits (it exits whenever its
 // tunnel ends; Talos restarts it).
-func superviseAgent(ctx context.Context, proc *agentProcess) {
+func superviseAgent(ctx context.Context, proc *agentProcess, agentArgs []string) {
 	for run := 1; ; run++ {
-		cmd := exec.CommandContext(ctx, realAgentBinary)
+		cmd := exec.CommandContext(ctx, realAgentBinary, agentArgs...)
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stdout
 
 		err := cmd.Start()
