@@ -41,7 +41,7 @@ func adminClient(cfg *config.Config, output *string, timeout time.Duration, fn f
 }
 
 func machineCommand(cfg *config.Config) *cobra.Command {
-	machine := &cobra.Command{Use: "machine", Short: "Show machines: list (by site and phase), show one with its timeline; set a boot mode"}
+	machine := &cobra.Command{Use: "machine", Short: "Show machines: list (by site and phase), show one with its timeline, why one did not boot; set a boot mode"}
 
 	var (
 		output string
@@ -84,6 +84,20 @@ func machineCommand(cfg *config.Config) *cobra.Command {
 		},
 	}
 
+	why := &cobra.Command{
+		Use:   "why MACHINE",
+		Short: "Say where a machine's current network boot stopped, with the evidence from its site's edge",
+		Long: "Read the machine's timeline (its edge's journal and the lifecycle's steps) and say which step of its\n" +
+			"current network boot did not happen within its grace (DHCP, boot file, boot script, agent tunnel,\n" +
+			"install) after the last one that did, then list the entries of that boot.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return adminClient(cfg, &output, 30*time.Second, func(ctx context.Context, c *admincli.Client) error {
+				return c.WhyMachine(ctx, args[0], cmd.OutOrStdout())
+			})(cmd, args)
+		},
+	}
+
 	bootMode := &cobra.Command{
 		Use:   "boot-mode MACHINE bios|uefi|auto",
 		Short: "Set the firmware a machine's network boots use, over what it reports (auto: its reports decide again)",
@@ -112,7 +126,7 @@ func machineCommand(cfg *config.Config) *cobra.Command {
 		},
 	}
 
-	machine.AddCommand(list, show, bootMode, clearAlert)
+	machine.AddCommand(list, show, why, bootMode, clearAlert)
 
 	return machine
 }

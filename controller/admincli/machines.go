@@ -181,6 +181,54 @@ func (c *Client) ShowMachine(ctx context.Context, machineID string, out io.Write
 	return tw.Flush()
 }
 
+// WhyMachine prints where the machine's current network boot stopped (its diagnosis, or that nothing is
+// amiss) and the timeline entries of that boot, the evidence.
+func (c *Client) WhyMachine(ctx context.Context, machineID string, out io.Writer) error {
+	resp, err := c.machinesAPI.ShowMachine(ctx, &adminpb.ShowMachineRequest{MachineId: machineID})
+	if err != nil {
+		return describe("show machine", err)
+	}
+
+	entries := resp.GetTimeline()
+	from := min(int(resp.GetCurrentBoot()), len(entries))
+
+	if c.Output == OutputJSON {
+		return writeJSON(out, &adminpb.ShowMachineResponse{Machine: resp.GetMachine(), Timeline: entries[from:], CurrentBoot: 0})
+	}
+
+	m := resp.GetMachine()
+
+	switch d := m.GetDiagnosis(); {
+	case d != "":
+		fmt.Fprintf(out, "%s: %s\n", peer(m.GetMachineId()), printable.String(d, maxDiagnosis))
+	case from == len(entries) && from > 0:
+		fmt.Fprintf(out, "%s: nothing amiss: its last boot went as far as it goes (%s)\n", peer(m.GetMachineId()), peer(entries[from-1].GetText()))
+	case len(entries) == 0:
+		fmt.Fprintf(out, "%s: nothing known of its boots yet\n", peer(m.GetMachineId()))
+	default:
+		fmt.Fprintf(out, "%s: nothing amiss: no step of a network boot is overdue\n", peer(m.GetMachineId()))
+	}
+
+	if from == len(entries) {
+		return nil
+	}
+
+	fmt.Fprintln(out, "\nthis boot:")
+
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+
+	for _, e := range entries[from:] {
+		mark := ""
+		if e.GetError() {
+			mark = "ERROR "
+		}
+
+		fmt.Fprintf(tw, "  %s\t%s\t%s%s\n", stamp(e.GetTime()), peer(e.GetKind()), mark, peer(e.GetText()))
+	}
+
+	return tw.Flush()
+}
+
 func stamp(ts *timestamppb.Timestamp) string {
 	if !ts.IsValid() {
 		return "-"

@@ -259,3 +259,26 @@ func TestWatchRedraws(t *testing.T) {
 		require.NotContains(t, frame, m1)
 	}
 }
+
+func TestMachineWhy(t *testing.T) {
+	t.Parallel()
+
+	c := fleet(t)
+
+	var out bytes.Buffer
+
+	// m2 was powered on ten minutes ago and no DHCP came: the step that did not happen, then that boot's entries.
+	require.NoError(t, c.WhyMachine(t.Context(), m2, &out))
+	require.Regexp(t, `^`+m2+`: powered on at \d\d:\d\d:\d\d and no DHCP request from its interfaces since`, out.String())
+	require.Contains(t, out.String(), "this boot:")
+	require.Contains(t, out.String(), "powered on into agent mode")
+
+	// m1's boot reached its agent: nothing amiss, and nothing of that finished boot listed as this one's.
+	out.Reset()
+	require.NoError(t, c.WhyMachine(t.Context(), m1, &out))
+	require.Contains(t, out.String(), m1+": nothing amiss")
+	require.NotContains(t, out.String(), "boot-served")
+	require.NotContains(t, out.String(), "\x1b")
+
+	require.ErrorContains(t, c.WhyMachine(t.Context(), "00000000-0000-0000-0000-000000000000", &out), "no machine")
+}

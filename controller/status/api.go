@@ -97,6 +97,7 @@ func (a *API) ShowMachine(_ context.Context, req *adminpb.ShowMachineRequest) (*
 
 	out := &adminpb.ShowMachineResponse{Machine: machineProto(rec.Machine), Dropped: rec.Dropped}
 	out.Machine.Diagnosis = timeline.Diagnose(rec, time.Now())
+	out.CurrentBoot = uint32(min(timeline.CurrentBoot(rec), len(rec.Entries))) // the timeline holds at most MaxEntries
 
 	for _, e := range rec.Entries {
 		out.Timeline = append(out.Timeline, entryProto(e))

@@ -22,19 +22,7 @@ const (
 // the controller (a machine powered on by hand) the missing first DHCP request cannot be timed and is not
 // diagnosed.
 func Diagnose(rec Record, now time.Time) string {
-	// The current boot began at the last power-on or reboot the controller made, or, when a boot got as far as
-	// it goes after that (or there is no power entry: a machine powered on by hand), right after that boot.
-	start, powered := -1, false
-
-	for i, e := range rec.Entries {
-		switch {
-		case e.Kind == KindPower && (strings.HasPrefix(e.Text, "powered on") || strings.HasPrefix(e.Text, "rebooted")):
-			start, powered = i, true
-		case e.Kind == KindAgentUp, e.Kind == KindAgentDown, e.Kind == KindDiskBoot, e.Kind == KindInstalled:
-			start, powered = i, false
-		}
-	}
-
+	start, powered := currentBoot(rec.Entries)
 	if start == len(rec.Entries)-1 && !powered {
 		return "" // nothing since a boot that went as far as it goes
 	}
@@ -100,4 +88,34 @@ func Diagnose(rec Record, now time.Time) string {
 	}
 
 	return ""
+}
+
+// CurrentBoot returns the index of the first entry of the machine's current network boot, the one Diagnose
+// reads: its last power-on or reboot by the controller, or the first entry after the last boot that went as
+// far as it goes (len(rec.Entries) when nothing came since).
+func CurrentBoot(rec Record) int {
+	start, powered := currentBoot(rec.Entries)
+	if powered {
+		return start
+	}
+
+	return start + 1
+}
+
+// currentBoot finds where the current boot begins: at the last power-on or reboot the controller made
+// (powered), or, when a boot got as far as it goes after that (or there is no power entry: a machine powered
+// on by hand), right after that boot (start is then that boot's last entry, -1 when there is none).
+func currentBoot(entries []Entry) (start int, powered bool) {
+	start = -1
+
+	for i, e := range entries {
+		switch {
+		case e.Kind == KindPower && (strings.HasPrefix(e.Text, "powered on") || strings.HasPrefix(e.Text, "rebooted")):
+			start, powered = i, true
+		case e.Kind == KindAgentUp, e.Kind == KindAgentDown, e.Kind == KindDiskBoot, e.Kind == KindInstalled:
+			start, powered = i, false
+		}
+	}
+
+	return start, powered
 }

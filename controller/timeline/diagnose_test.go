@@ -59,3 +59,31 @@ func TestDiagnose(t *testing.T) {
 		})
 	}
 }
+
+func TestCurrentBoot(t *testing.T) {
+	t.Parallel()
+
+	t0 := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	on := timeline.Entry{At: t0, Kind: timeline.KindPower, Text: "powered on into agent mode"}
+	dhcp := timeline.Entry{At: t0, Kind: timeline.KindDHCP}
+	up := timeline.Entry{At: t0, Kind: timeline.KindAgentUp}
+	bmc := timeline.Entry{At: t0, Kind: timeline.KindPower, Text: "BMC reports power on"}
+
+	for _, tc := range []struct {
+		name    string
+		entries []timeline.Entry
+		want    int
+	}{
+		{"nothing", nil, 0},
+		{"by hand, never finished", []timeline.Entry{dhcp, dhcp}, 0},
+		{"powered on by the controller", []timeline.Entry{dhcp, up, on, dhcp}, 2},
+		{"finished after the power-on", []timeline.Entry{on, dhcp, up}, 3},
+		{"by hand after a finished boot", []timeline.Entry{on, up, dhcp}, 2},
+		{"a BMC report is not a power-on", []timeline.Entry{up, bmc}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			require.Equal(t, tc.want, timeline.CurrentBoot(timeline.Record{Entries: tc.entries}))
+		})
+	}
+}

@@ -1866,8 +1866,11 @@ type ShowMachineResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Machine *Machine               `protobuf:"bytes,1,opt,name=machine,proto3" json:"machine,omitempty"`
 	// timeline is oldest first; dropped counts the earlier entries dropped to keep it bounded.
-	Timeline      []*TimelineEntry `protobuf:"bytes,2,rep,name=timeline,proto3" json:"timeline,omitempty"`
-	Dropped       uint64           `protobuf:"varint,3,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	Timeline []*TimelineEntry `protobuf:"bytes,2,rep,name=timeline,proto3" json:"timeline,omitempty"`
+	Dropped  uint64           `protobuf:"varint,3,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	// current_boot is the index in timeline where the machine's current network boot begins, the entries the
+	// diagnosis is read from (len(timeline) when nothing came since its last boot went as far as it goes).
+	CurrentBoot   uint32 `protobuf:"varint,4,opt,name=current_boot,json=currentBoot,proto3" json:"current_boot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1919,6 +1922,13 @@ func (x *ShowMachineResponse) GetTimeline() []*TimelineEntry {
 func (x *ShowMachineResponse) GetDropped() uint64 {
 	if x != nil {
 		return x.Dropped
+	}
+	return 0
+}
+
+func (x *ShowMachineResponse) GetCurrentBoot() uint32 {
+	if x != nil {
+		return x.CurrentBoot
 	}
 	return 0
 }
@@ -2538,11 +2548,12 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\x05error\x18\x05 \x01(\bR\x05error\"3\n" +
 	"\x12ShowMachineRequest\x12\x1d\n" +
 	"\n" +
-	"machine_id\x18\x01 \x01(\tR\tmachineId\"\x9b\x01\n" +
+	"machine_id\x18\x01 \x01(\tR\tmachineId\"\xbe\x01\n" +
 	"\x13ShowMachineResponse\x120\n" +
 	"\amachine\x18\x01 \x01(\v2\x16.outpost.admin.MachineR\amachine\x128\n" +
 	"\btimeline\x18\x02 \x03(\v2\x1c.outpost.admin.TimelineEntryR\btimeline\x12\x18\n" +
-	"\adropped\x18\x03 \x01(\x04R\adropped\"O\n" +
+	"\adropped\x18\x03 \x01(\x04R\adropped\x12!\n" +
+	"\fcurrent_boot\x18\x04 \x01(\rR\vcurrentBoot\"O\n" +
 	"\x12SetBootModeRequest\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x1a\n" +
