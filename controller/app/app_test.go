@@ -22,6 +22,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/admincli"
 	"github.com/outpost-metal/outpost/controller/app"
 	"github.com/outpost-metal/outpost/controller/config"
+	"github.com/outpost-metal/outpost/shared/rungroup"
 )
 
 // testConfig is a controller on loopback ports chosen by the kernel, with its state in a new directory.
@@ -172,7 +173,7 @@ func TestComponentEndingStopsAll(t *testing.T) {
 
 	select {
 	case err := <-done:
-		require.ErrorIs(t, err, app.ErrStoppedOnItsOwn)
+		require.ErrorIs(t, err, rungroup.ErrStoppedOnItsOwn)
 		require.EqualError(t, err, "quitter: stopped on its own")
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after a component ended")
@@ -181,7 +182,7 @@ func TestComponentEndingStopsAll(t *testing.T) {
 	require.True(t, refused(c.UplinkAddr()), "uplink closed")
 	require.True(t, refused(c.HTTPAddr()), "http closed")
 
-	require.EqualError(t, c.Run(t.Context()), "controller: Run called twice")
+	require.ErrorIs(t, c.Run(t.Context()), rungroup.ErrAlreadyRun, "a controller runs once")
 }
 
 // A component's error stops the others too, and Run returns it with the component's name.
@@ -266,4 +267,37 @@ func TestCancelStopsAllThenCloses(t *testing.T) {
 	require.True(t, uplinkClosed.Load(), "the uplink server had stopped before the closes")
 	require.True(t, refused(c.HTTPAddr()))
 	require.NoFileExists(t, cfg.AdminSocketPath(), "the admin socket is removed")
+}
+
+// A controller built and closed without a run gives back what Build took: its ports, the admin socket and the
+// store (the same state directory builds again at once; the bolt file stays locked while open), and no
+// goroutine is left. It cannot run after.
+func TestCloseWithoutRun(t *testing.T) {
+	defer goleak.VerifyNone(t)
+
+	cfg := testConfig(t)
+
+	c, err := app.Build(t.Context(), cfg, zaptest.NewLogger(t))
+	require.NoError(t, err)
+	require.False(t, refused(c.UplinkAddr()), "Build opens the uplink listener")
+	require.FileExists(t, cfg.AdminSocketPath())
+
+	var closed atomic.Int32
+
+	c.AddCloser("probe", func() error { closed.Add(1); return nil })
+
+	require.NoError(t, c.Close())
+	require.NoError(t, c.Close(), "a second Close does nothing")
+	require.Equal(t, int32(1), closed.Load(), "closed once")
+	require.True(t, refused(c.UplinkAddr()), "uplink closed")
+	require.True(t, refused(c.HTTPAddr()), "http closed")
+	require.NoFileExists(t, cfg.AdminSocketPath(), "the admin socket is removed")
+	require.ErrorIs(t, c.Run(t.Context()), rungroup.ErrAlreadyRun)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+
+	again, err := app.Build(ctx, cfg, zaptest.NewLogger(t))
+	require.NoError(t, err, "the store was released")
+	require.NoError(t, again.Close())
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/timeline"
 	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
 	assetspb "github.com/outpost-metal/outpost/shared/api/assets"
+	"github.com/outpost-metal/outpost/shared/rungroup"
 )
 
 // builder holds what Build has constructed so far; each step reads what earlier steps made and adds its
@@ -63,7 +64,9 @@ type builder struct {
 
 	// elector is the lease (with Omni); acting are the components that run only while it is held (see act).
 	elector *lease.Elector
-	acting  []component
+	acting  []rungroup.Component
+	// shared is the Omni connection the sites, the CA and the lease are kept through (nil without Omni).
+	shared *omni.Connection
 }
 
 // step is one construction step, named for the error it may return.
@@ -76,13 +79,14 @@ type step struct {
 // When a step fails it closes whatever earlier steps opened and returns the error, prefixed with the step's
 // name; no goroutine of the controller is left running.
 func Build(ctx context.Context, cfg config.Config, log *zap.Logger) (*Controller, error) {
-	b := &builder{cfg: cfg, log: log, ctrl: &Controller{log: log}}
+	b := &builder{cfg: cfg, log: log, ctrl: &Controller{group: rungroup.New(log)}}
 
 	steps := []step{
 		{"configuration", b.configuration},
 		{"store", b.openStore},
 		{"metrics", b.newMetrics},
 		{"enrollment CA", b.loadCA},
+		{"lease", b.newLease},
 		{"site assets", b.newSiteAssets},
 		{"edge wiring", b.newEdgeWiring},
 		{"uplink server", b.newUplinkServer},
@@ -95,12 +99,12 @@ func Build(ctx context.Context, cfg config.Config, log *zap.Logger) (*Controller
 	steps = append(steps,
 		step{"lifecycle", b.newLifecycle},
 		step{"listeners", b.listen},
-		step{"lease", func(context.Context) error { b.runActing(); return nil }},
+		step{"lease term", func(context.Context) error { b.runActing(); return nil }},
 	)
 
 	for _, s := range steps {
 		if err := s.build(ctx); err != nil {
-			return nil, errors.Join(fmt.Errorf("build %s: %w", s.name, err), b.ctrl.close())
+			return nil, errors.Join(fmt.Errorf("build %s: %w", s.name, err), b.ctrl.Close())
 		}
 	}
 
@@ -117,12 +121,12 @@ func (b *builder) optionalSteps() []step {
 
 // run adds a long-running component to the controller's run list.
 func (b *builder) run(name string, fn func(ctx context.Context) error) {
-	b.ctrl.components = append(b.ctrl.components, component{name: name, run: fn})
+	b.ctrl.group.Go(name, fn)
 }
 
 // onClose adds something to close once every component has returned (or when a later step fails).
 func (b *builder) onClose(name string, fn func() error) {
-	b.ctrl.closers = append(b.ctrl.closers, closer{name: name, close: fn})
+	b.ctrl.group.OnClose(name, fn)
 }
 
 func (b *builder) configuration(context.Context) error {
@@ -239,7 +243,7 @@ func (b *builder) newAdmin(context.Context) error {
 
 func (b *builder) newHTTP(context.Context) error {
 	b.mux = newHTTPMux(b.metrics)
-	b.mux.Handle("GET /readyz", readyHandler(b.ctrl))
+	b.mux.Handle("GET /readyz", readyHandler(b.elector))
 
 	return nil
 }
@@ -248,9 +252,7 @@ func (b *builder) newHTTP(context.Context) error {
 // servers on them to the run list.
 func (b *builder) listen(context.Context) error {
 	if b.elector != nil {
-		if err := b.listenUplinkPerTerm(); err != nil {
-			return err
-		}
+		b.listenUplinkPerTerm()
 	} else {
 		uplinkLn, err := net.Listen("tcp", b.cfg.UplinkListen)
 		if err != nil {

@@ -13,10 +13,10 @@ func (c *Controller) HTTPAddr() net.Addr { return c.httpAddr }
 
 // AddComponent adds a component to the run list, as an optional step would.
 func (c *Controller) AddComponent(name string, run func(ctx context.Context) error) {
-	c.components = append(c.components, component{name: name, run: run})
+	c.group.Go(name, run)
 }
 
 // AddCloser adds something to close after the components, as a step would; it is closed first.
 func (c *Controller) AddCloser(name string, fn func() error) {
-	c.closers = append(c.closers, closer{name: name, close: fn})
+	c.group.OnClose(name, fn)
 }

@@ -14,13 +14,13 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/outpost-metal/outpost/controller/lease"
 	"github.com/outpost-metal/outpost/controller/omni"
 	"github.com/outpost-metal/outpost/controller/seal"
 	"github.com/outpost-metal/outpost/controller/sites"
 	"github.com/outpost-metal/outpost/shared/atomicfile"
+	"github.com/outpost-metal/outpost/shared/rungroup"
 )
 
 // With Omni configured, the controller keeps its sites and enrollment CA in Omni's provider namespace, and a
@@ -28,8 +28,8 @@ import (
 // asset store) and what a controller kept before it moved its state to Omni, which is imported once.
 
 // loadSharedState connects to Omni for the site registry, the CA and the lease (unary calls that outlive an
-// Omni restart: the client reconnects), loads or creates the CA there (importing the state directory's), imports
-// the sites the state directory holds, and builds the lease elector.
+// Omni restart: the client reconnects), loads or creates the CA there (importing the state directory's) and
+// imports the sites the state directory holds.
 func (b *builder) loadSharedState(ctx context.Context) error {
 	conn, err := omni.Connect(ctx, b.cfg.Omni, b.log.Named("shared-state"))
 	if err != nil {
@@ -37,6 +37,7 @@ func (b *builder) loadSharedState(ctx context.Context) error {
 	}
 
 	b.onClose("omni connection (sites and lease)", conn.Close)
+	b.shared = conn
 
 	key, err := seal.KeyFromServiceAccount(b.cfg.Omni.ServiceAccountKey, sites.CASealPurpose)
 	if err != nil {
@@ -63,6 +64,24 @@ func (b *builder) loadSharedState(ctx context.Context) error {
 
 	b.log.Info("sites and enrollment CA kept in omni", zap.String("ca", string(origin)), zap.Int("sites_imported", imported))
 
+	return nil
+}
+
+// newLease builds the lease elector (with Omni; without, this controller always acts). The uplink's port is
+// checked first, so that a port taken shows at start and not at a takeover, and the record names the address
+// the port resolved to.
+func (b *builder) newLease(context.Context) error {
+	if b.shared == nil {
+		return nil
+	}
+
+	uplinkAddr, err := checkPort(b.cfg.UplinkListen)
+	if err != nil {
+		return fmt.Errorf("uplink: %w", err)
+	}
+
+	b.ctrl.uplinkAddr = uplinkAddr
+
 	holder, err := holderName(b.cfg.StateDir)
 	if err != nil {
 		return err
@@ -74,11 +93,22 @@ func (b *builder) loadSharedState(ctx context.Context) error {
 	}
 
 	cfg.Holder = holder
-	cfg.UplinkAddress = b.cfg.UplinkListen
+	cfg.UplinkAddress = uplinkAddr.String()
 
-	b.elector, err = lease.New(cfg, conn.State(), conn.Types(), b.log, time.Now, b.metrics)
+	b.elector, err = lease.New(cfg, b.shared.State(), b.shared.Types(), b.log, time.Now, b.metrics)
 
 	return err
+}
+
+// checkPort listens on addr and closes at once: the address it resolved to (the port the kernel chose for
+// port 0), or why it cannot be listened on.
+func checkPort(addr string) (net.Addr, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+
+	return ln.Addr(), ln.Close()
 }
 
 // holderName names this controller in the lease: its host name and an ID kept in the state directory. The ID
@@ -136,7 +166,7 @@ func (b *builder) act(name string, fn func(ctx context.Context) error) {
 		return
 	}
 
-	b.acting = append(b.acting, component{name: name, run: fn})
+	b.acting = append(b.acting, rungroup.Component{Name: name, Run: fn})
 }
 
 // runActing adds the one component that campaigns for the lease and, in each term, runs the acting
@@ -147,33 +177,11 @@ func (b *builder) runActing() {
 		return
 	}
 
-	acting, log, elector := b.acting, b.log, b.elector
+	acting, log, elector := b.acting, b.log.With(zap.Bool("acting", true)), b.elector
 
-	b.ctrl.elector = elector
 	b.run("lease", func(ctx context.Context) error {
 		return elector.Run(ctx, func(ctx context.Context) error {
-			eg, ectx := errgroup.WithContext(ctx)
-
-			for _, comp := range acting {
-				eg.Go(func() error {
-					log.Info("acting component started", zap.String("component", comp.name))
-
-					err := comp.run(ectx)
-
-					switch {
-					case err != nil:
-						err = fmt.Errorf("%s: %w", comp.name, err)
-					case ectx.Err() == nil:
-						err = fmt.Errorf("%s: %w", comp.name, ErrStoppedOnItsOwn)
-					}
-
-					log.Info("acting component stopped", zap.String("component", comp.name), zap.Bool("failed", err != nil))
-
-					return err
-				})
-			}
-
-			err := eg.Wait()
+			err := rungroup.Run(ctx, log, acting)
 			if ctx.Err() != nil {
 				// The term ended (lease lost or shutdown): the components' errors are their way out.
 				return nil
@@ -185,24 +193,10 @@ func (b *builder) runActing() {
 }
 
 // listenUplinkPerTerm serves the uplink only while this controller holds the lease: a standby does not listen,
-// so an edge given several controller addresses is refused at once and dials the next. The port is checked
-// now, so that a port taken shows at start and not at a takeover.
-func (b *builder) listenUplinkPerTerm() error {
-	ln, err := net.Listen("tcp", b.cfg.UplinkListen)
-	if err != nil {
-		return fmt.Errorf("uplink: %w", err)
-	}
-
-	b.ctrl.uplinkAddr = ln.Addr()
-	addr := ln.Addr().String()
-
-	if b.elector != nil {
-		b.elector.SetUplinkAddress(addr)
-	}
-
-	if err := ln.Close(); err != nil {
-		return fmt.Errorf("uplink: %w", err)
-	}
+// so an edge given several controller addresses is refused at once and dials the next. Its port was checked
+// when the lease was built (newLease).
+func (b *builder) listenUplinkPerTerm() {
+	addr := b.ctrl.uplinkAddr.String()
 
 	b.act("uplink", func(ctx context.Context) error {
 		ln, err := net.Listen("tcp", addr)
@@ -210,25 +204,15 @@ func (b *builder) listenUplinkPerTerm() error {
 			return fmt.Errorf("listen on %s after taking the lease: %w", addr, err)
 		}
 
-		return errors.Join(b.uplink.Serve(ctx, ln), ignoreClosed(ln.Close()))
+		return errors.Join(b.uplink.Serve(ctx, ln), rungroup.IgnoreClosed(ln.Close()))
 	})
-
-	return nil
-}
-
-func ignoreClosed(err error) error {
-	if errors.Is(err, net.ErrClosed) {
-		return nil
-	}
-
-	return err
 }
 
 // readyHandler answers 200 while this controller acts (holds the lease, or there is none) and 503 while it
 // stands by: a Kubernetes Service in front of two controllers sends edges to the active one.
-func readyHandler(c *Controller) http.HandlerFunc {
+func readyHandler(elector *lease.Elector) http.HandlerFunc {
 	return func(w http.ResponseWriter, _ *http.Request) {
-		if c.elector != nil && !c.elector.Acting() {
+		if elector != nil && !elector.Acting() {
 			http.Error(w, "standby: another controller holds the lease", http.StatusServiceUnavailable)
 
 			return

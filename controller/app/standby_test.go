@@ -158,7 +158,10 @@ func TestStandbyTakesOver(t *testing.T) {
 	require.False(t, refused(a.c.UplinkAddr()))
 
 	// The standby reads the same sites and signs with the same CA: a token it makes pins the same fingerprint.
-	require.Contains(t, listSites(t, b.cfg), "branch-1")
+	// It names where the acting one accepts edges: the port its listen address resolved to, from the lease.
+	sitesAtB := listSites(t, b.cfg)
+	require.Contains(t, sitesAtB, "branch-1")
+	require.Contains(t, sitesAtB, "(uplink "+a.c.UplinkAddr().String()+")")
 
 	tokB := createSite(t, b.cfg, "branch-2")
 	require.Equal(t, tokA.CAFingerprint, tokB.CAFingerprint)

@@ -82,10 +82,6 @@ type Elector struct {
 // Acting reports whether this controller holds the lease now.
 func (e *Elector) Acting() bool { return e.acting.Load() }
 
-// SetUplinkAddress replaces the address written in the record for operators (the one the uplink listener
-// was given may be a wildcard or port 0). Call it before Run.
-func (e *Elector) SetUplinkAddress(addr string) { e.cfg.UplinkAddress = addr }
-
 // ActingElsewhere reports whether another controller acts now (this one stands by) and, when it does, its name
 // and where it accepts edges, as the lease record says; the name reads "unknown (...)" when the record cannot be
 // read, and is empty when nobody holds the lease yet.
