@@ -2,7 +2,6 @@ package app_test
 
 import (
 	"context"
-	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -215,54 +214,4 @@ func TestCloseWithoutRun(t *testing.T) {
 	require.False(t, free(t, "tcp", cfg.HTTP.Listen), "Build opens the listeners")
 	require.NoError(t, edge.Close())
 	require.True(t, free(t, "tcp", cfg.HTTP.Listen))
-}
-
-func TestRunComponents(t *testing.T) {
-	errBroken := errors.New("broken")
-
-	// blocker runs until cancelled and says so.
-	blocker := func(stopped chan<- string, name string) app.Component {
-		return app.NewComponent(name, func(ctx context.Context) error {
-			<-ctx.Done()
-			stopped <- name
-
-			return nil
-		})
-	}
-
-	for _, tc := range []struct {
-		name   string
-		ending func(ctx context.Context) error // nil: none ends, the test cancels
-		want   error
-	}{
-		{"one fails", func(context.Context) error { return errBroken }, errBroken},
-		{"one returns nil on its own", func(context.Context) error { return nil }, app.ErrEndedEarly},
-		{"cancelled", nil, nil},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-
-			stopped := make(chan string, 2)
-			comps := []app.Component{blocker(stopped, "a"), blocker(stopped, "b")}
-
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-
-			if tc.ending != nil {
-				comps = append(comps, app.NewComponent("ender", tc.ending))
-			} else {
-				cancel()
-			}
-
-			err := app.RunComponents(ctx, zaptest.NewLogger(t), comps)
-			if tc.want == nil {
-				require.NoError(t, err)
-			} else {
-				require.ErrorIs(t, err, tc.want)
-				require.ErrorContains(t, err, "ender: ")
-			}
-
-			require.ElementsMatch(t, []string{"a", "b"}, []string{<-stopped, <-stopped})
-		})
-	}
 }
