@@ -94,8 +94,8 @@ func (l *Locations) HandleEvent(ctx context.Context, site string, e *bootpb.Even
 		}
 
 		l.Raise(id, alert, "agent tunnel from "+printable.String(k.TunnelRefused.GetRemoteIp(), 64)+" refused at site "+site)
-	case *bootpb.Event_PxeSeen:
-		// names no machine
+	case *bootpb.Event_PxeSeen, *bootpb.Event_AssetFetch:
+		// names no machine (the timeline ties them to one by address)
 	default:
 		l.reject(site, "unknown_event", nil)
 	}

@@ -20,12 +20,14 @@ import (
 
 // Entry kinds.
 const (
-	KindDHCP         = "dhcp"
-	KindPXE          = "pxe"
-	KindBootServed   = "boot-served"
-	KindInstallPlan  = "install-plan"
-	KindDiskBoot     = "disk-boot"
-	KindAssetWait    = "asset-wait"
+	KindDHCP        = "dhcp"
+	KindPXE         = "pxe"
+	KindBootServed  = "boot-served"
+	KindInstallPlan = "install-plan"
+	KindDiskBoot    = "disk-boot"
+	KindAssetWait   = "asset-wait"
+	// KindAssetFetch is a boot asset (kernel, initramfs) sent to the machine whole, or stopped early (Error).
+	KindAssetFetch   = "asset-fetch"
 	KindAgentUp      = "agent-up"
 	KindAgentDown    = "agent-down"
 	KindPower        = "power"

@@ -53,6 +53,8 @@ func event(k any) *bootpb.Event {
 		e.Kind = &bootpb.Event_AgentTunnel{AgentTunnel: k}
 	case *bootpb.PowerChanged:
 		e.Kind = &bootpb.Event_PowerChanged{PowerChanged: k}
+	case *bootpb.AssetFetch:
+		e.Kind = &bootpb.Event_AssetFetch{AssetFetch: k}
 	}
 
 	return e
@@ -348,4 +350,29 @@ func TestWaitForAssetsNamesThem(t *testing.T) {
 	require.Equal(t, []string{timeline.KindAssetWait}, kinds(rec))
 	require.True(t, rec.Last.Error)
 	require.Equal(t, `waits to boot install mode: the site does not hold its boot assets yet: missing talos/v1.11.5/abc/amd64/kernel, talos/v1.11.5/abc/amd64/initramfs.xz\x1b[2J`, rec.Last.Text)
+}
+
+// Asset downloads name only the machine's address: they join the timeline of the machine whose boot script
+// went to that address, a whole one as done, one stopped early as an error saying how far it got.
+func TestAssetFetches(t *testing.T) {
+	t.Parallel()
+
+	b := timeline.New(timeline.DefaultConfig(), newClock().Now)
+
+	for _, e := range []*bootpb.Event{
+		event(&bootpb.BootServed{Uuid: m1, Mac: "52:54:00:12:34:56", Mode: "agent", RemoteIp: "10.0.0.50"}),
+		event(&bootpb.AssetFetch{RemoteIp: "10.0.0.50", File: "agent/x86_64/vmlinuz", Sent: 7 << 20, Size: 7 << 20}),
+		event(&bootpb.AssetFetch{RemoteIp: "10.0.0.50", File: "agent/x86_64/initramfs.xz", Sent: 1 << 20, Size: 40 << 20, Error: "connection reset by peer"}),
+		event(&bootpb.AssetFetch{RemoteIp: "not an address", File: "x"}),
+		event(&bootpb.AssetFetch{RemoteIp: "10.0.0.99", File: "\x1b]0;owned", Size: 1}),
+	} {
+		require.NoError(t, b.HandleEvent(t.Context(), "site-a", e))
+	}
+
+	rec, _ := b.Get(m1)
+	require.Equal(t, []string{timeline.KindBootServed, timeline.KindAssetFetch, timeline.KindAssetFetch}, kinds(rec))
+	require.Equal(t, "downloaded agent/x86_64/vmlinuz (7.0 MiB)", rec.Entries[1].Text)
+	require.False(t, rec.Entries[1].Error)
+	require.Equal(t, "download of agent/x86_64/initramfs.xz stopped after 1.0 MiB of 40.0 MiB: connection reset by peer", rec.Entries[2].Text)
+	require.True(t, rec.Entries[2].Error)
 }

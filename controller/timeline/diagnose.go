@@ -30,6 +30,9 @@ func Diagnose(rec Record, now time.Time) string {
 	var (
 		dhcp, pxe, served, plan  *Entry
 		pxeFailed, wait, refused *Entry
+		// fetchFailed is the last asset download stopped early since the boot script; fetchFailures counts them.
+		fetchFailed   *Entry
+		fetchFailures int
 	)
 
 	for i := start + 1; i < len(rec.Entries); i++ {
@@ -47,9 +50,11 @@ func Diagnose(rec Record, now time.Time) string {
 		case e.Kind == KindAssetWait:
 			wait = e
 		case e.Kind == KindBootServed:
-			served, wait = e, nil
+			served, wait, fetchFailed, fetchFailures = e, nil, nil, 0
 		case e.Kind == KindInstallPlan:
-			plan, wait = e, nil
+			plan, wait, fetchFailed, fetchFailures = e, nil, nil, 0
+		case e.Kind == KindAssetFetch && e.Error:
+			fetchFailed, fetchFailures = e, fetchFailures+1+e.Repeats
 		case e.Kind == KindError && strings.Contains(e.Text, "tunnel") && strings.Contains(e.Text, "refused"):
 			refused = e
 		}
@@ -63,9 +68,17 @@ func Diagnose(rec Record, now time.Time) string {
 		return fmt.Sprintf("its agent's tunnel was refused at %s: %s", at(refused), refused.Text)
 	case wait != nil:
 		return fmt.Sprintf("its boot has waited since %s for boot assets this site does not hold: stage them (controller assets stage) or let the site fetch them (controller site policy)", at(wait))
+	case plan != nil && fetchFailed != nil:
+		if late(plan.At, stepGrace) {
+			return fmt.Sprintf("its install plan was served at %s, then %s (the last at %s): %s", at(plan), times("an asset download failed", fetchFailures), at(fetchFailed), fetchFailed.Text)
+		}
 	case plan != nil:
 		if late(plan.At, installGrace) {
 			return fmt.Sprintf("its install plan was served at %s and no install was reported since: the installer did not finish or cannot reach Omni", at(plan))
+		}
+	case served != nil && fetchFailed != nil:
+		if late(served.At, stepGrace) {
+			return fmt.Sprintf("iPXE fetched its agent-mode boot script at %s, then %s (the last at %s): %s", at(served), times("a download failed", fetchFailures), at(fetchFailed), fetchFailed.Text)
 		}
 	case served != nil:
 		if late(served.At, stepGrace) {
@@ -118,4 +131,16 @@ func currentBoot(entries []Entry) (start int, powered bool) {
 	}
 
 	return start, powered
+}
+
+// times says how often something happened: "a download failed", "a download failed twice", "... 3 times".
+func times(what string, n int) string {
+	switch {
+	case n <= 1:
+		return what
+	case n == 2:
+		return what + " twice"
+	default:
+		return fmt.Sprintf("%s %d times", what, n)
+	}
 }

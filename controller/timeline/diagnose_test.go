@@ -39,6 +39,20 @@ func TestDiagnose(t *testing.T) {
 		{"boot file failed", []timeline.Entry{on, {At: at(1), Kind: timeline.KindDHCP}, {At: at(1), Kind: timeline.KindPXE, Error: true, Text: "fetch of undionly.kpxe over tftp failed: timeout"}}, at(2), "download failed at 10:01:00: fetch of undionly.kpxe"},
 		{"iPXE never asked", []timeline.Entry{on, {At: at(1), Kind: timeline.KindPXE}}, at(5), "iPXE never asked for its boot script"},
 		{"no agent", []timeline.Entry{on, {At: at(1), Kind: timeline.KindBootServed}}, at(5), "no agent tunnel opened since"},
+		{"kernel download failing", []timeline.Entry{
+			on, {At: at(1), Kind: timeline.KindBootServed},
+			{At: at(1), Kind: timeline.KindAssetFetch, Error: true, Text: "download of agent/x86_64/vmlinuz stopped after 1.0 MiB of 14.0 MiB: reset"},
+			{At: at(2), Kind: timeline.KindAssetFetch, Error: true, Text: "download of agent/x86_64/vmlinuz stopped after 1.0 MiB of 14.0 MiB: broken pipe"},
+		}, at(5), "iPXE fetched its agent-mode boot script at 10:01:00, then a download failed twice (the last at 10:02:00): download of agent/x86_64/vmlinuz stopped"},
+		{"kernel download failing, within grace", []timeline.Entry{
+			on, {At: at(1), Kind: timeline.KindBootServed}, {At: at(1), Kind: timeline.KindAssetFetch, Error: true, Text: "x"},
+		}, at(3), ""},
+		{"a failed download before this boot script does not count", []timeline.Entry{
+			on, {At: at(1), Kind: timeline.KindAssetFetch, Error: true, Text: "x"}, {At: at(1), Kind: timeline.KindBootServed},
+		}, at(5), "no agent tunnel opened since"},
+		{"install download failing", []timeline.Entry{
+			on, {At: at(1), Kind: timeline.KindInstallPlan}, {At: at(1), Kind: timeline.KindAssetFetch, Error: true, Text: "download of talos/initramfs.xz stopped", Repeats: 2},
+		}, at(5), "its install plan was served at 10:01:00, then an asset download failed 3 times"},
 		{"agent up", []timeline.Entry{on, {At: at(1), Kind: timeline.KindBootServed}, {At: at(2), Kind: timeline.KindAgentUp}}, at(50), ""},
 		{"assets", []timeline.Entry{on, {At: at(1), Kind: timeline.KindAssetWait, Error: true}}, at(2), "waited since 10:01:00 for boot assets"},
 		{"refused", []timeline.Entry{on, {At: at(1), Kind: timeline.KindBootServed}, {At: at(2), Kind: timeline.KindError, Error: true, Text: "agent tunnel from 10.0.0.9 refused: no boot evidence"}}, at(3), "tunnel was refused at 10:02:00"},

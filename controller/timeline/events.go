@@ -68,6 +68,26 @@ func (b *Book) HandleEvent(_ context.Context, site string, e *bootpb.Event) erro
 		}
 
 		b.byAddress(site, "ip/"+ip, entry, nil)
+	case *bootpb.Event_AssetFetch:
+		f := k.AssetFetch
+
+		ip, ok := normalIP(f.GetRemoteIp())
+		if !ok {
+			b.metrics.refused.WithLabelValues("bad_address").Inc()
+
+			return nil
+		}
+
+		file := printable.String(f.GetFile(), 128)
+		entry := Entry{At: at, Kind: KindAssetFetch, Text: fmt.Sprintf("downloaded %s (%s)", file, mib(f.GetSize()))}
+
+		if f.GetError() != "" || f.GetSent() < f.GetSize() {
+			entry.Text = fmt.Sprintf("download of %s stopped after %s of %s: %s", file, mib(f.GetSent()), mib(f.GetSize()),
+				orUnknown(printable.String(f.GetError(), 160)))
+			entry.Error = true
+		}
+
+		b.byAddress(site, "ip/"+ip, entry, nil)
 	case *bootpb.Event_BootServed:
 		b.bootServed(site, at, k.BootServed)
 	case *bootpb.Event_AgentTunnel:
@@ -330,3 +350,6 @@ func orUnknown(s string) string {
 
 	return s
 }
+
+// mib is a byte count as a timeline says it.
+func mib(n uint64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }

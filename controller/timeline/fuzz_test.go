@@ -17,6 +17,7 @@ func FuzzHandleEvent(f *testing.F) {
 		event(&bootpb.DHCPSeen{Mac: "52:54:00:12:34:56", Firmware: "uefi-x86"}),
 		event(&bootpb.BootServed{Uuid: m1, Mac: "52:54:00:12:34:56", RemoteIp: "10.0.0.5", Mode: "install"}),
 		event(&bootpb.PXESeen{RemoteIp: "10.0.0.5", File: "ipxe.efi", Error: "x"}),
+		event(&bootpb.AssetFetch{RemoteIp: "10.0.0.5", File: "agent/x86_64/vmlinuz", Sent: 1, Size: 9, Error: "reset"}),
 		event(&bootpb.AgentTunnel{MachineId: m1, Open: true}),
 		event(&bootpb.PowerChanged{MachineId: m1, State: "unknown", Error: "\x1b[2J"}),
 	} {

@@ -47,6 +47,9 @@ func (s siteEvents) TFTPFetch(f bootfiles.Fetch) {
 // HTTPFetch implements httpd.Observer.
 func (s siteEvents) HTTPFetch(f bootfiles.Fetch) { s.rec.HTTPFetch(f) }
 
+// AssetFetch implements httpd.AssetObserver.
+func (s siteEvents) AssetFetch(f httpd.AssetFetch) { s.rec.AssetFetch(f) }
+
 // BootServed implements httpd.Observer: the boot is journaled and where the machine asked from is noted, the
 // evidence its agent's tunnel is bound to. A config fetch is none: it carries no MAC and is answered to any
 // host, so a host asking for a switched-off machine's config could take its tunnel.

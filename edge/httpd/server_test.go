@@ -44,6 +44,21 @@ type recorder struct {
 	mu      sync.Mutex
 	served  []httpd.BootServed
 	fetches []bootfiles.Fetch
+	assets  []httpd.AssetFetch
+}
+
+func (r *recorder) AssetFetch(f httpd.AssetFetch) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.assets = append(r.assets, f)
+}
+
+// assetFetches returns the asset fetches told so far.
+func (r *recorder) assetFetches() []httpd.AssetFetch {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	return append([]httpd.AssetFetch(nil), r.assets...)
 }
 
 func (r *recorder) BootServed(b httpd.BootServed) {

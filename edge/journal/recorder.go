@@ -71,6 +71,20 @@ func (r *Recorder) fetch(f bootfiles.Fetch, via string) {
 	r.Record(&bootpb.Event{Kind: &bootpb.Event_PxeSeen{PxeSeen: ev}})
 }
 
+// AssetFetch records a whole boot asset sent to a machine, or its sending stopped early.
+func (r *Recorder) AssetFetch(f httpd.AssetFetch) {
+	ev := &bootpb.AssetFetch{File: f.Name, Sent: uint64(max(f.Sent, 0)), Size: uint64(max(f.Size, 0))}
+	if f.Remote.IsValid() {
+		ev.RemoteIp = f.Remote.String()
+	}
+
+	if f.Err != nil {
+		ev.Error = f.Err.Error()
+	}
+
+	r.Record(&bootpb.Event{Kind: &bootpb.Event_AssetFetch{AssetFetch: ev}})
+}
+
 // BootServed records a boot.ipxe answer.
 func (r *Recorder) BootServed(b httpd.BootServed) {
 	ev := &bootpb.BootServed{

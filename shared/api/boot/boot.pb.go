@@ -1494,6 +1494,7 @@ type Event struct {
 	//	*Event_DhcpSeen
 	//	*Event_PxeSeen
 	//	*Event_BootServed
+	//	*Event_AssetFetch
 	//	*Event_AgentTunnel
 	//	*Event_TunnelRefused
 	//	*Event_PowerChanged
@@ -1580,6 +1581,15 @@ func (x *Event) GetBootServed() *BootServed {
 	return nil
 }
 
+func (x *Event) GetAssetFetch() *AssetFetch {
+	if x != nil {
+		if x, ok := x.Kind.(*Event_AssetFetch); ok {
+			return x.AssetFetch
+		}
+	}
+	return nil
+}
+
 func (x *Event) GetAgentTunnel() *AgentTunnel {
 	if x != nil {
 		if x, ok := x.Kind.(*Event_AgentTunnel); ok {
@@ -1623,6 +1633,10 @@ type Event_BootServed struct {
 	BootServed *BootServed `protobuf:"bytes,12,opt,name=boot_served,json=bootServed,proto3,oneof"`
 }
 
+type Event_AssetFetch struct {
+	AssetFetch *AssetFetch `protobuf:"bytes,13,opt,name=asset_fetch,json=assetFetch,proto3,oneof"`
+}
+
 type Event_AgentTunnel struct {
 	AgentTunnel *AgentTunnel `protobuf:"bytes,20,opt,name=agent_tunnel,json=agentTunnel,proto3,oneof"`
 }
@@ -1640,6 +1654,8 @@ func (*Event_DhcpSeen) isEvent_Kind() {}
 func (*Event_PxeSeen) isEvent_Kind() {}
 
 func (*Event_BootServed) isEvent_Kind() {}
+
+func (*Event_AssetFetch) isEvent_Kind() {}
 
 func (*Event_AgentTunnel) isEvent_Kind() {}
 
@@ -1871,6 +1887,86 @@ func (x *PXESeen) GetError() string {
 	return ""
 }
 
+// AssetFetch: a whole boot asset (a kernel, an initramfs) was sent to a machine over HTTP, or the sending
+// stopped early (range requests are not reported).
+type AssetFetch struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	RemoteIp string                 `protobuf:"bytes,1,opt,name=remote_ip,json=remoteIp,proto3" json:"remote_ip,omitempty"`
+	// file is the asset's name under /assets/.
+	File string `protobuf:"bytes,2,opt,name=file,proto3" json:"file,omitempty"`
+	// sent of size bytes went out; error says why the sending stopped early (empty when all of it went).
+	Sent          uint64 `protobuf:"varint,3,opt,name=sent,proto3" json:"sent,omitempty"`
+	Size          uint64 `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
+	Error         string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AssetFetch) Reset() {
+	*x = AssetFetch{}
+	mi := &file_shared_api_boot_boot_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AssetFetch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AssetFetch) ProtoMessage() {}
+
+func (x *AssetFetch) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_boot_boot_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AssetFetch.ProtoReflect.Descriptor instead.
+func (*AssetFetch) Descriptor() ([]byte, []int) {
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *AssetFetch) GetRemoteIp() string {
+	if x != nil {
+		return x.RemoteIp
+	}
+	return ""
+}
+
+func (x *AssetFetch) GetFile() string {
+	if x != nil {
+		return x.File
+	}
+	return ""
+}
+
+func (x *AssetFetch) GetSent() uint64 {
+	if x != nil {
+		return x.Sent
+	}
+	return 0
+}
+
+func (x *AssetFetch) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *AssetFetch) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 // BootServed: boot.ipxe answered a machine.
 type BootServed struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1899,7 +1995,7 @@ type BootServed struct {
 
 func (x *BootServed) Reset() {
 	*x = BootServed{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[18]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1911,7 +2007,7 @@ func (x *BootServed) String() string {
 func (*BootServed) ProtoMessage() {}
 
 func (x *BootServed) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[18]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1924,7 +2020,7 @@ func (x *BootServed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootServed.ProtoReflect.Descriptor instead.
 func (*BootServed) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{18}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *BootServed) GetUuid() string {
@@ -2023,7 +2119,7 @@ type TunnelRefused struct {
 
 func (x *TunnelRefused) Reset() {
 	*x = TunnelRefused{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[19]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2035,7 +2131,7 @@ func (x *TunnelRefused) String() string {
 func (*TunnelRefused) ProtoMessage() {}
 
 func (x *TunnelRefused) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[19]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2048,7 +2144,7 @@ func (x *TunnelRefused) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelRefused.ProtoReflect.Descriptor instead.
 func (*TunnelRefused) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{19}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *TunnelRefused) GetMachineId() string {
@@ -2090,7 +2186,7 @@ type AgentTunnel struct {
 
 func (x *AgentTunnel) Reset() {
 	*x = AgentTunnel{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[20]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2102,7 +2198,7 @@ func (x *AgentTunnel) String() string {
 func (*AgentTunnel) ProtoMessage() {}
 
 func (x *AgentTunnel) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[20]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2115,7 +2211,7 @@ func (x *AgentTunnel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentTunnel.ProtoReflect.Descriptor instead.
 func (*AgentTunnel) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{20}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AgentTunnel) GetMachineId() string {
@@ -2250,7 +2346,7 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"journal_id\x18\x01 \x01(\tR\tjournalId\x12+\n" +
 	"\x06events\x18\x02 \x03(\v2\x13.outpost.boot.EventR\x06events\"'\n" +
 	"\x0fPublishResponse\x12\x14\n" +
-	"\x05acked\x18\x01 \x01(\x04R\x05acked\"\xcc\x03\n" +
+	"\x05acked\x18\x01 \x01(\x04R\x05acked\"\x89\x04\n" +
 	"\x05Event\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\x04R\bsequence\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x125\n" +
@@ -2258,7 +2354,9 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	" \x01(\v2\x16.outpost.boot.DHCPSeenH\x00R\bdhcpSeen\x122\n" +
 	"\bpxe_seen\x18\v \x01(\v2\x15.outpost.boot.PXESeenH\x00R\apxeSeen\x12;\n" +
 	"\vboot_served\x18\f \x01(\v2\x18.outpost.boot.BootServedH\x00R\n" +
-	"bootServed\x12>\n" +
+	"bootServed\x12;\n" +
+	"\vasset_fetch\x18\r \x01(\v2\x18.outpost.boot.AssetFetchH\x00R\n" +
+	"assetFetch\x12>\n" +
 	"\fagent_tunnel\x18\x14 \x01(\v2\x19.outpost.boot.AgentTunnelH\x00R\vagentTunnel\x12D\n" +
 	"\x0etunnel_refused\x18\x15 \x01(\v2\x1b.outpost.boot.TunnelRefusedH\x00R\rtunnelRefused\x12A\n" +
 	"\rpower_changed\x18( \x01(\v2\x1a.outpost.boot.PowerChangedH\x00R\fpowerChangedB\x06\n" +
@@ -2279,7 +2377,14 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\tremote_ip\x18\x01 \x01(\tR\bremoteIp\x12\x12\n" +
 	"\x04file\x18\x02 \x01(\tR\x04file\x12\x10\n" +
 	"\x03via\x18\x03 \x01(\tR\x03via\x12\x14\n" +
-	"\x05error\x18\x04 \x01(\tR\x05error\"\xf6\x02\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"{\n" +
+	"\n" +
+	"AssetFetch\x12\x1b\n" +
+	"\tremote_ip\x18\x01 \x01(\tR\bremoteIp\x12\x12\n" +
+	"\x04file\x18\x02 \x01(\tR\x04file\x12\x12\n" +
+	"\x04sent\x18\x03 \x01(\x04R\x04sent\x12\x12\n" +
+	"\x04size\x18\x04 \x01(\x04R\x04size\x12\x14\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\"\xf6\x02\n" +
 	"\n" +
 	"BootServed\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x10\n" +
@@ -2364,7 +2469,7 @@ func file_shared_api_boot_boot_proto_rawDescGZIP() []byte {
 }
 
 var file_shared_api_boot_boot_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_shared_api_boot_boot_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_shared_api_boot_boot_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_shared_api_boot_boot_proto_goTypes = []any{
 	(Mode)(0),                     // 0: outpost.boot.Mode
 	(DiskMethod)(0),               // 1: outpost.boot.DiskMethod
@@ -2391,55 +2496,57 @@ var file_shared_api_boot_boot_proto_goTypes = []any{
 	(*PowerChanged)(nil),          // 22: outpost.boot.PowerChanged
 	(*DHCPSeen)(nil),              // 23: outpost.boot.DHCPSeen
 	(*PXESeen)(nil),               // 24: outpost.boot.PXESeen
-	(*BootServed)(nil),            // 25: outpost.boot.BootServed
-	(*TunnelRefused)(nil),         // 26: outpost.boot.TunnelRefused
-	(*AgentTunnel)(nil),           // 27: outpost.boot.AgentTunnel
-	nil,                           // 28: outpost.boot.Table.AgentEntry
-	nil,                           // 29: outpost.boot.Delta.AgentEntry
-	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
+	(*AssetFetch)(nil),            // 25: outpost.boot.AssetFetch
+	(*BootServed)(nil),            // 26: outpost.boot.BootServed
+	(*TunnelRefused)(nil),         // 27: outpost.boot.TunnelRefused
+	(*AgentTunnel)(nil),           // 28: outpost.boot.AgentTunnel
+	nil,                           // 29: outpost.boot.Table.AgentEntry
+	nil,                           // 30: outpost.boot.Delta.AgentEntry
+	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
 }
 var file_shared_api_boot_boot_proto_depIdxs = []int32{
 	0,  // 0: outpost.boot.Plan.mode:type_name -> outpost.boot.Mode
 	1,  // 1: outpost.boot.Plan.disk_method:type_name -> outpost.boot.DiskMethod
 	9,  // 2: outpost.boot.Plan.install:type_name -> outpost.boot.Kernel
 	10, // 3: outpost.boot.Table.plans:type_name -> outpost.boot.Plan
-	28, // 4: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
+	29, // 4: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
 	2,  // 5: outpost.boot.Table.discovery:type_name -> outpost.boot.Discovery
 	12, // 6: outpost.boot.Table.dhcp:type_name -> outpost.boot.DHCP
 	3,  // 7: outpost.boot.DHCP.mode:type_name -> outpost.boot.DHCPMode
 	13, // 8: outpost.boot.DHCP.reservations:type_name -> outpost.boot.DHCPReservation
 	10, // 9: outpost.boot.Delta.upsert:type_name -> outpost.boot.Plan
-	29, // 10: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
+	30, // 10: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
 	2,  // 11: outpost.boot.Delta.discovery:type_name -> outpost.boot.Discovery
 	12, // 12: outpost.boot.Delta.dhcp:type_name -> outpost.boot.DHCP
 	11, // 13: outpost.boot.ApplyRequest.snapshot:type_name -> outpost.boot.Table
 	14, // 14: outpost.boot.ApplyRequest.delta:type_name -> outpost.boot.Delta
 	21, // 15: outpost.boot.PublishRequest.events:type_name -> outpost.boot.Event
-	30, // 16: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
+	31, // 16: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
 	23, // 17: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
 	24, // 18: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
-	25, // 19: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
-	27, // 20: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
-	26, // 21: outpost.boot.Event.tunnel_refused:type_name -> outpost.boot.TunnelRefused
-	22, // 22: outpost.boot.Event.power_changed:type_name -> outpost.boot.PowerChanged
-	4,  // 23: outpost.boot.DHCPSeen.firmware_class:type_name -> outpost.boot.FirmwareClass
-	5,  // 24: outpost.boot.BootServed.ipxe_arch:type_name -> outpost.boot.IPXEArch
-	6,  // 25: outpost.boot.BootServed.ipxe_platform:type_name -> outpost.boot.IPXEPlatform
-	9,  // 26: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
-	9,  // 27: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
-	7,  // 28: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
-	15, // 29: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
-	19, // 30: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
-	17, // 31: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
-	8,  // 32: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
-	16, // 33: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
-	20, // 34: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
-	18, // 35: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
-	32, // [32:36] is the sub-list for method output_type
-	28, // [28:32] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	26, // 19: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
+	25, // 20: outpost.boot.Event.asset_fetch:type_name -> outpost.boot.AssetFetch
+	28, // 21: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
+	27, // 22: outpost.boot.Event.tunnel_refused:type_name -> outpost.boot.TunnelRefused
+	22, // 23: outpost.boot.Event.power_changed:type_name -> outpost.boot.PowerChanged
+	4,  // 24: outpost.boot.DHCPSeen.firmware_class:type_name -> outpost.boot.FirmwareClass
+	5,  // 25: outpost.boot.BootServed.ipxe_arch:type_name -> outpost.boot.IPXEArch
+	6,  // 26: outpost.boot.BootServed.ipxe_platform:type_name -> outpost.boot.IPXEPlatform
+	9,  // 27: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
+	9,  // 28: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
+	7,  // 29: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
+	15, // 30: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
+	19, // 31: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
+	17, // 32: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
+	8,  // 33: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
+	16, // 34: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
+	20, // 35: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
+	18, // 36: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
+	33, // [33:37] is the sub-list for method output_type
+	29, // [29:33] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_boot_boot_proto_init() }
@@ -2455,6 +2562,7 @@ func file_shared_api_boot_boot_proto_init() {
 		(*Event_DhcpSeen)(nil),
 		(*Event_PxeSeen)(nil),
 		(*Event_BootServed)(nil),
+		(*Event_AssetFetch)(nil),
 		(*Event_AgentTunnel)(nil),
 		(*Event_TunnelRefused)(nil),
 		(*Event_PowerChanged)(nil),
@@ -2465,7 +2573,7 @@ func file_shared_api_boot_boot_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_boot_boot_proto_rawDesc), len(file_shared_api_boot_boot_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   23,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
