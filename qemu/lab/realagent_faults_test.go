@@ -222,7 +222,8 @@ func runFaulted(ctx context.Context, e *lab.Env, m *lab.Machine, markers []int64
 
 // runWrongAddress powers on a machine whose agent was given a wrong provider address (port 1 of the edge):
 // the agent starts and cannot reach the edge, so within the diagnosis's grace (3 minutes after its boot
-// script) `machine show` must name the step that did not happen, with the agent not connected. (The machine
+// script) `machine show` and `machine why` must name the step that did not happen, with the agent not
+// connected. (The machine
 // is in Omni, pending acceptance: the controller lists a machine once an edge has booted it.)
 func runWrongAddress(ctx context.Context, e *lab.Env, m *lab.Machine) error {
 	from := m.Serial.Size()
@@ -251,6 +252,17 @@ func runWrongAddress(ctx context.Context, e *lab.Env, m *lab.Machine) error {
 
 	if !strings.Contains(show, "agent:      not connected") {
 		return fmt.Errorf("an agent that cannot reach the edge shows as connected:\n%s", show)
+	}
+
+	// machine why: the same diagnosis first, then this boot's entries, the boot script's among them.
+	why, err := e.Controller.Command(ctx, time.Minute, "machine", "why", m.Spec.UUID)
+	if err != nil {
+		return err
+	}
+
+	if !strings.HasPrefix(why, m.Spec.UUID+": its agent-mode boot script was served at ") || !strings.Contains(why, want) ||
+		!strings.Contains(why, "this boot:") || !strings.Contains(why, "boot-served") {
+		return fmt.Errorf("machine why does not say it:\n%s", why)
 	}
 
 	return nil
