@@ -1,6 +1,13 @@
 package httpd
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outpost-metal/outpost/edge/limits"
+)
+
+// ConnStats returns the connection limiter's counts.
+func (s *Server) ConnStats() limits.Stats { return s.conns.Stats() }
 
 // ServedCounter exposes a boot-served counter to tests.
 func (s *Server) ServedCounter(mode string) prometheus.Counter {

@@ -198,9 +198,6 @@ func (s *Server) LimitListener(ln net.Listener) net.Listener {
 	})
 }
 
-// ConnStats returns the connection limiter's counts.
-func (s *Server) ConnStats() limits.Stats { return s.conns.Stats() }
-
 // shutdownGrace bounds how long Serve waits for requests in progress when ctx ends.
 const shutdownGrace = 5 * time.Second
 
