@@ -18,6 +18,8 @@ import (
 	"github.com/outpost-metal/outpost/edge/assetcache"
 	"github.com/outpost-metal/outpost/edge/config"
 	"github.com/outpost-metal/outpost/edge/httpd"
+	"github.com/outpost-metal/outpost/edge/journal"
+	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 	"github.com/outpost-metal/outpost/shared/rungroup"
 )
 
@@ -36,6 +38,16 @@ type Options struct {
 	// FilesDir is the directory of plain files served under /assets/, instead of <state>/files (the lab's
 	// boot images).
 	FilesDir string
+	// BMCs, when set, answers the controller's BMC calls instead of edge/bmc speaking IPMI and Redfish to the
+	// site's BMCs, and the edge watches no BMC itself (the fleet simulator's BMCs, which it watches itself,
+	// journaling through Edge.Journal).
+	BMCs bmcpb.BMCServer
+	// Upstream, when set, is where the asset fetcher fetches from instead of the image factory over HTTP (the
+	// fleet simulator has none).
+	Upstream assetcache.Source
+	// Dial, when set, opens the uplink's connections instead of a plain dialer (the fleet simulator's WAN
+	// links, each from its site's address).
+	Dial func(ctx context.Context, address string) (net.Conn, error)
 }
 
 // Edge is a built edge: every component constructed and every socket open, nothing running.
@@ -43,6 +55,7 @@ type Edge struct {
 	log   *zap.Logger
 	group *rungroup.Group
 	addrs Addrs
+	rec   *journal.Recorder
 }
 
 // Addrs are the addresses the edge serves on (TFTP nil when it is off).
@@ -101,6 +114,13 @@ func (e *Edge) Run(ctx context.Context) error {
 func (e *Edge) Close() error {
 	return e.group.Close()
 }
+
+// Addrs returns the addresses the edge serves on.
+func (e *Edge) Addrs() Addrs { return e.addrs }
+
+// Journal is where the edge journals what it sees for the controller, for a caller that plays the site
+// network itself (the fleet simulator's DHCP answers and BMC watch).
+func (e *Edge) Journal() *journal.Recorder { return e.rec }
 
 // upstreamRule is the site's asset policy as the boot scripts and /config apply it.
 func upstreamRule(p assetcache.Policy) httpd.UpstreamRule {

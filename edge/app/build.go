@@ -27,6 +27,7 @@ import (
 	"github.com/outpost-metal/outpost/edge/tftp"
 	"github.com/outpost-metal/outpost/edge/tunnel"
 	"github.com/outpost-metal/outpost/edge/uplink"
+	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 )
 
 // builder holds what Build has constructed so far; each step reads what earlier steps made and adds its own,
@@ -48,8 +49,8 @@ type builder struct {
 	fetcher *assetcache.Fetcher
 	carried *intents.Store
 	tunnels *tunnel.Server
-	bmcs    *bmc.Manager
-	watcher *bmc.Watcher
+	// bmcAPI answers the controller's BMC calls (edge/bmc's, or Options.BMCs).
+	bmcAPI  bmcpb.BMCServer
 	httpSrv *httpd.Server
 }
 
@@ -130,6 +131,7 @@ func (b *builder) loadBootEvidence(context.Context) error {
 	b.run("boot evidence", book.Run)
 	b.book = book
 	b.events = siteEvents{rec: journal.NewRecorder(b.jrnl, b.log), book: book, tap: b.opts.Tap}
+	b.edge.rec = b.events.rec
 
 	return nil
 }
@@ -175,7 +177,12 @@ func (b *builder) openAssetCache(ctx context.Context) error {
 }
 
 func (b *builder) newFetcher(context.Context) error {
-	fetcher, err := assetcache.NewFetcher(b.cfg.Fetcher, b.store, assetcache.HTTPSource{Client: factoryClient()}, b.log)
+	var upstream assetcache.Source = assetcache.HTTPSource{Client: factoryClient()}
+	if b.opts.Upstream != nil {
+		upstream = b.opts.Upstream
+	}
+
+	fetcher, err := assetcache.NewFetcher(b.cfg.Fetcher, b.store, upstream, b.log)
 	if err != nil {
 		return fmt.Errorf("asset fetcher: %w", err)
 	}
@@ -216,8 +223,14 @@ func (b *builder) newTunnels(context.Context) error {
 }
 
 // newBMCs builds the BMC sessions and the watch of their power, which the edge keeps itself and journals
-// (the controller sends the list).
+// (the controller sends the list), unless Options.BMCs answers for the BMCs.
 func (b *builder) newBMCs(context.Context) error {
+	if b.opts.BMCs != nil {
+		b.bmcAPI = b.opts.BMCs
+
+		return nil
+	}
+
 	bmcs, err := bmc.New(b.cfg.BMC, b.log, time.Now)
 	if err != nil {
 		return fmt.Errorf("bmc: %w", err)
@@ -231,7 +244,7 @@ func (b *builder) newBMCs(context.Context) error {
 	b.metrics.MustRegister(watcher.Collectors()...)
 	b.run("bmc sessions", bmcs.Run)
 	b.run("bmc watcher", watcher.Run)
-	b.bmcs, b.watcher = bmcs, watcher
+	b.bmcAPI = bmc.NewService(bmcs).WithWatcher(watcher).WithBootEnded(b.tunnels.EndBoot)
 
 	return nil
 }
@@ -276,7 +289,7 @@ func (b *builder) newHTTP(context.Context) error {
 func (b *builder) newControllerLink(context.Context) error {
 	register := []func(grpc.ServiceRegistrar){
 		boot.NewService(b.table).Register,
-		intents.WrapBMC(bmc.NewService(b.bmcs).WithWatcher(b.watcher).WithBootEnded(b.tunnels.EndBoot), b.carried).Register,
+		intents.WrapBMC(b.bmcAPI, b.carried).Register,
 		intents.NewService(b.carried).Register,
 		assetcache.NewService(b.fetcher).Register,
 	}
@@ -296,7 +309,7 @@ func (b *builder) newControllerLink(context.Context) error {
 	link, err := uplink.New(b.cfg.Uplink, uplink.Options{
 		Logger: b.log, Register: register, ServerOptions: []grpc.ServerOption{proxy},
 		OnSession: []uplink.SessionFunc{controllerSession(b.jrnl, b.tunnels, b.table, b.log), b.fetcher.OnSession},
-		Counters:  statusCounters(b.jrnl, b.table),
+		Counters:  statusCounters(b.jrnl, b.table), Dial: b.opts.Dial,
 	})
 	if err != nil {
 		return fmt.Errorf("uplink: %w", err)

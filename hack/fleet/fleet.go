@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/outpost-metal/outpost/edge/bootfiles"
 	"github.com/outpost-metal/outpost/shared/logging"
 )
 
@@ -26,7 +25,7 @@ type fleet struct {
 	log     *zap.Logger // the run's own account, on stderr
 	edgeLog *zap.Logger // every simulated edge's, in a file
 
-	catalog  *bootfiles.Catalog
+	ipxeDir  string // the edges' iPXE binaries (placeholders)
 	filesDir string // the edges' HTTP files: the agent-mode kernel and initramfs (placeholders)
 
 	uplinkAddr string
@@ -56,11 +55,11 @@ func newFleet(cfg Config, log *zap.Logger, edgeLogFile *os.File) (*fleet, error)
 
 	// iPXE binaries and the agent-mode image are placeholders: nothing boots them, but the edge serves only
 	// what it has.
-	ipxeDir := filepath.Join(cfg.WorkDir, "ipxe")
+	f.ipxeDir = filepath.Join(cfg.WorkDir, "ipxe")
 	f.filesDir = filepath.Join(cfg.WorkDir, "files")
 
 	for _, p := range []string{
-		filepath.Join(ipxeDir, "ipxe.efi"), filepath.Join(ipxeDir, "undionly.kpxe"),
+		filepath.Join(f.ipxeDir, "ipxe.efi"), filepath.Join(f.ipxeDir, "undionly.kpxe"),
 		filepath.Join(f.filesDir, "agent", "x86_64", "vmlinuz"), filepath.Join(f.filesDir, "agent", "x86_64", "initramfs.xz"),
 	} {
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -70,10 +69,6 @@ func newFleet(cfg Config, log *zap.Logger, edgeLogFile *os.File) (*fleet, error)
 		if err := os.WriteFile(p, []byte("fleet simulator placeholder\n"), 0o644); err != nil { // served files
 			return nil, err
 		}
-	}
-
-	if f.catalog, err = bootfiles.LoadCatalog(ipxeDir, []string{"ipxe.efi", "undionly.kpxe"}); err != nil {
-		return nil, err
 	}
 
 	return f, nil

@@ -116,7 +116,7 @@ func (m *machine) run(ctx context.Context) {
 		m.boots.Add(1)
 
 		// The ProxyDHCP answers the firmware's PXE request and journals it.
-		m.site.recorder.DHCPSeen(dhcp.Seen{MAC: m.mac, Firmware: dhcp.FirmwareUEFIx86})
+		m.site.edge.Journal().DHCPSeen(dhcp.Seen{MAC: m.mac, Firmware: dhcp.FirmwareUEFIx86})
 
 		mode, err := m.site.bootScript(m)
 		if err != nil {

@@ -24,20 +24,20 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/outpost-metal/outpost/edge/app"
 	"github.com/outpost-metal/outpost/edge/assetcache"
 	"github.com/outpost-metal/outpost/edge/bmc"
-	"github.com/outpost-metal/outpost/edge/boot"
 	"github.com/outpost-metal/outpost/edge/bootfiles"
+	"github.com/outpost-metal/outpost/edge/config"
+	"github.com/outpost-metal/outpost/edge/dhcp"
 	"github.com/outpost-metal/outpost/edge/httpd"
-	"github.com/outpost-metal/outpost/edge/journal"
 	"github.com/outpost-metal/outpost/edge/tunnel"
-	"github.com/outpost-metal/outpost/edge/uplink"
-	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 	"github.com/outpost-metal/outpost/shared/metal"
 )
 
-// site is one simulated site: a real edge's components (uplink client, boot table, journal, iPXE HTTP handler,
-// agent tunnel endpoint and proxy, asset cache) without its site-network listeners, its machines and their BMCs.
+// site is one simulated site: a real edge built by edge/app (uplink client, boot table, journal, HTTP server
+// called in process, agent tunnel endpoint and proxy, intents, asset cache) whose site network is simulated: no
+// DHCP or TFTP, its machines and their BMCs.
 type site struct {
 	fleet *fleet
 	id    string
@@ -47,133 +47,71 @@ type site struct {
 
 	ctx context.Context // the site's run context, which its machines' power-ons derive from
 
-	table    *boot.Table
-	jrnl     *journal.Journal
-	recorder *journal.Recorder
-	book     *tunnel.BootBook
-	tunnels  *tunnel.Server
-	tunnelLn net.Listener
+	edge *app.Edge
+	// http is the edge's HTTP handler, which machines are answered by in process.
+	http http.Handler
 	// agentConns carry the site's agents in "site" mode, agentsPerConn each.
 	agentConns []*grpc.ClientConn
-	httpSrv    *httpd.Server
-	served     *assetcache.Handler
-	fetcher    *assetcache.Fetcher
 	bmcs       *BMCService
-	link       *uplink.Client
 	wan        *wan
 
 	machines []*machine
-	modes    sync.Map // machine ID -> boot mode last served (from the observer)
+	modes    sync.Map // machine ID -> boot mode last served (from the tap)
 }
 
 func newSite(f *fleet, index int, token string) (*site, error) {
 	id := siteID(index)
-	dir := filepath.Join(f.cfg.WorkDir, "sites", id)
 	log := f.edgeLog.With(zap.String("site", id))
 	ip := siteAddr(index)
 
-	s := &site{fleet: f, id: id, index: index, ip: ip, log: log, book: tunnel.NewBootBook(nil), wan: &wan{ip: ip, conns: map[net.Conn]struct{}{}}}
+	s := &site{fleet: f, id: id, index: index, ip: ip, log: log, wan: &wan{ip: ip, conns: map[net.Conn]struct{}{}}}
 
-	var err error
+	cfg := config.Default()
+	cfg.StateDir = filepath.Join(f.cfg.WorkDir, "sites", id)
+	cfg.IPXEDir = f.ipxeDir
+	cfg.HTTP.Listen = "127.0.0.1:0" // not dialled: machines are answered in process
+	cfg.APIListen = "127.0.0.1:0"
+	cfg.TFTP.Listen = ""
+	cfg.Uplink.ControllerAddress = f.uplinkAddr
+	cfg.Uplink.JoinToken = token
 
-	if s.table, err = boot.Open(boot.Config{StateDir: dir}, log); err != nil {
-		return nil, err
-	}
-
-	jcfg := journal.Default()
-	jcfg.Dir = dir
-
-	if s.jrnl, err = journal.Open(jcfg, log, journal.Deps{}); err != nil {
-		return nil, err
-	}
-
-	s.recorder = journal.NewRecorder(s.jrnl, log)
 	// agents on their own connection come from their machine's address and are bound to its boot evidence as
 	// on a real edge; all of a site's agents on one connection cannot be (one address), so they are taken as given
-	limits, binding := tunnel.DefaultLimits(), tunnel.BindAddress
 	if f.cfg.AgentConns == "site" {
-		binding = tunnel.BindOff
-		limits.MaxTunnelsPerConn = max(limits.MaxTunnelsPerConn, 2*f.cfg.MachinesPerSite)
-		limits.MaxTunnelsPerSource = max(limits.MaxTunnelsPerSource, 2*f.cfg.MachinesPerSite)
-		limits.MaxTunnels = max(limits.MaxTunnels, limits.MaxTunnelsPerSource)
-	}
-
-	s.tunnels = tunnel.New(tunnel.Options{Logger: log, Events: tunnelEvents{s.recorder}, Addresses: s.book, Evidence: s.book, Limits: limits, Binding: binding})
-
-	acfg := assetcache.Default()
-	acfg.Dir = filepath.Join(dir, "assets")
-
-	store, err := assetcache.New(acfg, log, assetcache.NoneNeeded{}, time.Now)
-	if err != nil {
-		return nil, err
-	}
-
-	if s.fetcher, err = assetcache.NewFetcher(assetcache.DefaultFetcher(), store, noUpstream{}, log); err != nil {
-		return nil, err
-	}
-
-	if s.served, err = assetcache.NewHandler(store, f.filesDir); err != nil {
-		return nil, err
-	}
-
-	hcfg := httpd.Default()
-	hcfg.Listen = "in-process:80"
-
-	if s.httpSrv, err = httpd.New(hcfg, log, httpd.Deps{Table: s.table, Catalog: f.catalog, Observer: bootObserver{s}, Assets: s.served}); err != nil {
-		return nil, err
+		cfg.AgentBinding = tunnel.BindOff
+		cfg.Tunnels.MaxTunnelsPerConn = max(cfg.Tunnels.MaxTunnelsPerConn, 2*f.cfg.MachinesPerSite)
+		cfg.Tunnels.MaxTunnelsPerSource = max(cfg.Tunnels.MaxTunnelsPerSource, 2*f.cfg.MachinesPerSite)
+		cfg.Tunnels.MaxTunnels = max(cfg.Tunnels.MaxTunnels, cfg.Tunnels.MaxTunnelsPerSource)
 	}
 
 	s.bmcs = newBMCService(bmc.Default(), &f.cfg.BMC, uint64(index)+1) // index is small
-	if f.cfg.WatchBMCs {
-		s.bmcs.watcher = newEdgeWatch(s.bmcs, s.recorder, bmc.DefaultWatcher())
+
+	var err error
+
+	if s.edge, err = app.Build(context.Background(), cfg, log, app.Options{
+		WrapHTTP: func(h http.Handler) http.Handler { s.http = h; return h },
+		Tap:      bootTap{s},
+		FilesDir: f.filesDir,
+		BMCs:     s.bmcs,
+		Upstream: noUpstream{},
+		Dial:     s.wan.dial,
+	}); err != nil {
+		return nil, fmt.Errorf("edge of %s: %w", id, err)
 	}
 
-	if s.tunnelLn, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
-		return nil, fmt.Errorf("agent tunnel listener of %s: %w", id, err)
+	if f.cfg.WatchBMCs {
+		s.bmcs.watcher = newEdgeWatch(s.bmcs, s.edge.Journal(), bmc.DefaultWatcher())
 	}
 
 	if f.cfg.AgentConns == "site" {
 		for range (f.cfg.MachinesPerSite + agentsPerConn - 1) / agentsPerConn {
 			conn, err := s.dialAgent(ip)
 			if err != nil {
-				return nil, err
+				return nil, errors.Join(err, s.edge.Close())
 			}
 
 			s.agentConns = append(s.agentConns, conn)
 		}
-	}
-
-	ucfg := uplink.Default()
-	ucfg.ControllerAddress = f.uplinkAddr
-	ucfg.StateDir = dir
-	ucfg.JoinToken = token
-
-	if s.link, err = uplink.New(ucfg, uplink.Options{
-		Logger: log,
-		Register: []func(grpc.ServiceRegistrar){
-			boot.NewService(s.table).Register,
-			s.bmcs.Register,
-			assetcache.NewService(s.fetcher).Register,
-		},
-		ServerOptions: []grpc.ServerOption{s.tunnels.ServerOption()},
-		OnSession: []uplink.SessionFunc{
-			func(ctx context.Context, conn grpc.ClientConnInterface) error {
-				events := bootpb.NewEventsClient(conn)
-				s.reportInventory(ctx, events)
-
-				return s.jrnl.Deliver(ctx, events)
-			},
-			s.fetcher.OnSession,
-		},
-		Counters: func() map[string]int64 {
-			c := s.jrnl.Counters()
-			c["boot_table_version"] = int64(s.table.Version()) // versions stay far below 2^63
-
-			return c
-		},
-		Dial: s.wan.dial,
-	}); err != nil {
-		return nil, err
 	}
 
 	return s, nil
@@ -183,7 +121,7 @@ func newSite(f *fleet, index int, token string) (*site, error) {
 func (s *site) dialAgent(ip netip.Addr) (*grpc.ClientConn, error) {
 	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: ip.AsSlice()}}
 
-	conn, err := grpc.NewClient("passthrough:///"+s.tunnelLn.Addr().String(),
+	conn, err := grpc.NewClient("passthrough:///"+s.edge.Addrs().API.String(),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return dialer.DialContext(ctx, "tcp", addr) }),
 	)
@@ -201,9 +139,6 @@ const agentsPerConn = 8
 
 // run runs the site's edge until ctx ends. ctx also bounds its machines.
 func (s *site) run(ctx context.Context) error {
-	defer s.jrnl.Close()    //nolint:errcheck
-	defer s.httpSrv.Close() //nolint:errcheck
-	defer s.served.Close()  //nolint:errcheck
 	defer func() {
 		for _, c := range s.agentConns {
 			c.Close() //nolint:errcheck
@@ -212,9 +147,7 @@ func (s *site) run(ctx context.Context) error {
 
 	eg, ctx := errgroup.WithContext(ctx)
 
-	eg.Go(func() error { return s.link.Run(ctx) })
-	eg.Go(func() error { return s.tunnels.Serve(ctx, s.tunnelLn) })
-	eg.Go(func() error { return s.fetcher.Run(ctx) })
+	eg.Go(func() error { return s.edge.Run(ctx) })
 
 	if s.bmcs.watcher != nil {
 		eg.Go(func() error { return s.bmcs.watcher.run(ctx) })
@@ -229,22 +162,13 @@ func (s *site) run(ctx context.Context) error {
 	return err
 }
 
-// reportInventory is edge/app's: what the edge holds at the start of a session.
-func (s *site) reportInventory(ctx context.Context, events bootpb.EventsClient) {
-	req := &bootpb.InventoryRequest{Tunnels: s.tunnels.Open(), Table: s.table.UUIDs(), TableVersion: s.table.Version()}
-
-	if _, err := events.Inventory(ctx, req); err != nil {
-		s.log.Warn("inventory not taken by the controller", zap.Error(err))
-	}
-}
-
 // get asks the edge's HTTP server for path as machine m would, from its address.
 func (s *site) get(m *machine, path string) (int, []byte) {
 	req := httptest.NewRequest(http.MethodGet, "http://edge.site.internal"+path, nil)
 	req.RemoteAddr = netip.AddrPortFrom(m.ip, 4000).String()
 
 	rec := httptest.NewRecorder()
-	s.httpSrv.Handler().ServeHTTP(rec, req)
+	s.http.ServeHTTP(rec, req)
 
 	return rec.Code, rec.Body.Bytes()
 }
@@ -321,37 +245,14 @@ func siderolinkAPI(doc []byte) (*url.URL, error) {
 	return nil, errors.New("join config has no SideroLinkConfig apiUrl")
 }
 
-// bootObserver journals boot-script answers (as edge/app's does), notes where each machine asked from and tells
-// the simulated machine what it was served.
-type bootObserver struct{ s *site }
+// bootTap tells the simulated machine what the edge served it (the edge journals it).
+type bootTap struct{ s *site }
 
-func (o bootObserver) BootServed(b httpd.BootServed) {
-	o.s.book.Note(b.UUID, b.Remote, b.MAC)
-	o.s.recorder.BootServed(b)
-	o.s.modes.Store(metal.NormalizeID(b.UUID), b.Mode)
-}
+func (t bootTap) BootServed(b httpd.BootServed) { t.s.modes.Store(metal.NormalizeID(b.UUID), b.Mode) }
 
-func (o bootObserver) HTTPFetch(f bootfiles.Fetch) { o.s.recorder.HTTPFetch(f) }
+func (bootTap) DHCPSeen(dhcp.Seen) {}
 
-// tunnelEvents journals agent tunnels opening and closing (edge/app's).
-type tunnelEvents struct{ rec *journal.Recorder }
-
-func (t tunnelEvents) TunnelOpened(e tunnel.Event) { t.record(e, true) }
-func (t tunnelEvents) TunnelClosed(e tunnel.Event) { t.record(e, false) }
-
-func (t tunnelEvents) record(e tunnel.Event, open bool) {
-	ev := &bootpb.AgentTunnel{MachineId: e.MachineID, Open: open, AddressMismatch: e.AddressMismatch}
-
-	if e.RemoteAddr.IsValid() {
-		ev.RemoteIp = e.RemoteAddr.Addr().String()
-	}
-
-	if e.SeenAddr.IsValid() {
-		ev.SeenIp = e.SeenAddr.String()
-	}
-
-	t.rec.Record(&bootpb.Event{Kind: &bootpb.Event_AgentTunnel{AgentTunnel: ev}})
-}
+func (bootTap) TFTPFetch(bootfiles.Fetch) {}
 
 // noUpstream is the asset fetcher's upstream: the simulator has no image factory (and no network to reach one).
 type noUpstream struct{}
