@@ -376,3 +376,28 @@ func TestAssetFetches(t *testing.T) {
 	require.Equal(t, "download of agent/x86_64/initramfs.xz stopped after 1.0 MiB of 40.0 MiB: connection reset by peer", rec.Entries[2].Text)
 	require.True(t, rec.Entries[2].Error)
 }
+
+// A DHCP request naming its machine (option 97) from a MAC no boot script tied yet starts that machine's
+// timeline; the MAC is its own from then on. A request naming none is held for whichever machine boots from it.
+func TestDHCPNamesItsMachine(t *testing.T) {
+	t.Parallel()
+
+	b := timeline.New(timeline.DefaultConfig(), newClock().Now)
+
+	for _, e := range []*bootpb.Event{
+		event(&bootpb.DHCPSeen{Mac: "52:54:00:00:00:0a", Firmware: "bios", Uuid: strings.ToUpper(m1)}),
+		event(&bootpb.DHCPSeen{Mac: "52:54:00:00:00:0a", Firmware: "bios", Ipxe: true}),
+		event(&bootpb.DHCPSeen{Mac: "52:54:00:00:00:0b", Firmware: "bios", Uuid: "not-a-uuid"}),
+	} {
+		require.NoError(t, b.HandleEvent(t.Context(), "site-a", e))
+	}
+
+	rec, ok := b.Get(m1)
+	require.True(t, ok, "known by the UUID its DHCP request named")
+	require.Equal(t, []string{timeline.KindDHCP, timeline.KindDHCP}, kinds(rec))
+	require.Equal(t, []string{"52:54:00:00:00:0a"}, rec.MACs)
+	require.Equal(t, "bios", rec.Firmware)
+
+	_, total := b.List(timeline.Filter{}, 0, 0)
+	require.Equal(t, 1, total, "a bad UUID makes no machine")
+}

@@ -12,6 +12,9 @@ const (
 	firstDHCPGrace = 5 * time.Minute
 	stepGrace      = 3 * time.Minute
 	installGrace   = 15 * time.Minute
+	// dhcpLoop is how many DHCP requests in a row with nothing after them make a boot that goes round in
+	// circles (a normal one asks twice: the firmware, then iPXE).
+	dhcpLoop = 4
 )
 
 // Diagnose says in one sentence where the machine's current network boot stopped, read from its timeline:
@@ -90,6 +93,8 @@ func Diagnose(rec Record, now time.Time) string {
 		if late(pxe.At, stepGrace) {
 			return fmt.Sprintf("the firmware fetched its boot file at %s but iPXE never asked for its boot script: iPXE's own DHCP, or HTTP to the edge, failed", at(pxe))
 		}
+	case dhcp != nil && dhcp.Repeats >= dhcpLoop-1:
+		return fmt.Sprintf("its DHCP requests keep coming (%d in a row, the last at %s) and no boot file was fetched: the firmware does not take the edge's offer or cannot reach the edge (TFTP/HTTP blocked?)", dhcp.Repeats+1, at(dhcp))
 	case dhcp != nil:
 		if late(dhcp.At, stepGrace) {
 			return fmt.Sprintf("its DHCP request was seen at %s but no boot file was fetched: the firmware did not take the edge's offer (network boot off in the firmware, or TFTP/HTTP to the edge blocked)", at(dhcp))

@@ -36,6 +36,8 @@ func TestDiagnose(t *testing.T) {
 		{"no DHCP yet, within grace", []timeline.Entry{on}, at(4), ""},
 		{"no DHCP", []timeline.Entry{on}, at(6), "powered on at 10:00:00 and no DHCP request"},
 		{"DHCP, no boot file", []timeline.Entry{on, {At: at(1), Kind: timeline.KindDHCP}}, at(5), "its DHCP request was seen at 10:01:00 but no boot file"},
+		{"DHCP in a loop", []timeline.Entry{on, {At: at(1), Kind: timeline.KindDHCP, Repeats: 5}}, at(1), "its DHCP requests keep coming (6 in a row, the last at 10:01:00)"},
+		{"DHCP twice is a normal boot", []timeline.Entry{on, {At: at(1), Kind: timeline.KindDHCP, Repeats: 1}}, at(2), ""},
 		{"boot file failed", []timeline.Entry{on, {At: at(1), Kind: timeline.KindDHCP}, {At: at(1), Kind: timeline.KindPXE, Error: true, Text: "fetch of undionly.kpxe over tftp failed: timeout"}}, at(2), "download failed at 10:01:00: fetch of undionly.kpxe"},
 		{"iPXE never asked", []timeline.Entry{on, {At: at(1), Kind: timeline.KindPXE}}, at(5), "iPXE never asked for its boot script"},
 		{"no agent", []timeline.Entry{on, {At: at(1), Kind: timeline.KindBootServed}}, at(5), "no agent tunnel opened since"},

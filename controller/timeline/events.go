@@ -46,11 +46,27 @@ func (b *Book) HandleEvent(_ context.Context, site string, e *bootpb.Event) erro
 			text += ", relayed by " + d.GetRelay()
 		}
 
-		b.byAddress(site, "mac/"+mac, Entry{At: at, Kind: KindDHCP, Text: text}, func(m *machine) {
+		firmware := func(m *machine) {
 			if fw, ok := d.MachineFirmware(); ok && m.Firmware == "" {
 				m.Firmware = string(fw)
 			}
-		})
+		}
+
+		entry := Entry{At: at, Kind: KindDHCP, Text: text}
+
+		// A request that names its machine (option 97) and comes from a MAC no boot script has tied yet starts
+		// that machine's timeline: a machine whose boot stops before its boot script is still found by its UUID.
+		if id := metal.NormalizeID(d.GetUuid()); validID(id) && !b.tied(site, mac) {
+			b.machineEvent(site, id, entry, func(m *machine) {
+				firmware(m)
+				b.identify(m, mac, nil)
+				b.tieLocked(site, m, "mac/"+mac, b.byMAC, site+"/"+mac)
+			})
+
+			return nil
+		}
+
+		b.byAddress(site, "mac/"+mac, entry, firmware)
 	case *bootpb.Event_PxeSeen:
 		p := k.PxeSeen
 
@@ -204,27 +220,41 @@ func (b *Book) bootServed(site string, at time.Time, s *bootpb.BootServed) {
 			ties map[string]string
 			addr string
 		}{{macOK, "mac/" + mac, b.byMAC, site + "/" + mac}, {ipOK, "ip/" + ip, b.byIP, site + "/" + ip}} {
-			if !key.ok {
-				continue
+			if key.ok {
+				b.tieLocked(site, m, key.key, key.ties, key.addr)
 			}
-
-			if len(key.ties) >= b.cfg.MaxPending*4 {
-				clear(key.ties)
-			}
-
-			key.ties[key.addr] = m.ID
-
-			for _, h := range b.pending[site+"/"+key.key] {
-				if h.apply != nil {
-					h.apply(m)
-				}
-
-				b.appendLocked(m, h.Entry)
-			}
-
-			delete(b.pending, site+"/"+key.key)
 		}
 	})
+}
+
+// tieLocked makes an address at site m's (key "mac/..." or "ip/...", addr "<site>/<address>" in ties): what
+// was held for it joins m's timeline. b.mu is held.
+func (b *Book) tieLocked(site string, m *machine, key string, ties map[string]string, addr string) {
+	if len(ties) >= b.cfg.MaxPending*4 {
+		clear(ties)
+	}
+
+	ties[addr] = m.ID
+
+	for _, h := range b.pending[site+"/"+key] {
+		if h.apply != nil {
+			h.apply(m)
+		}
+
+		b.appendLocked(m, h.Entry)
+	}
+
+	delete(b.pending, site+"/"+key)
+}
+
+// tied reports whether a MAC at site is tied to a machine.
+func (b *Book) tied(site, mac string) bool {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+
+	_, ok := b.byMAC[site+"/"+mac]
+
+	return ok
 }
 
 // machineEvent adds an entry to a machine named by an edge event (and applies fn), placing it at the site.
@@ -262,6 +292,10 @@ func (b *Book) identify(m *machine, mac string, s *bootpb.BootServed) {
 		if len(m.MACs) > maxMACs {
 			m.MACs = m.MACs[len(m.MACs)-maxMACs:]
 		}
+	}
+
+	if s == nil {
+		return
 	}
 
 	if a, ok := s.MachineArch(); ok {
