@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // AssetFetch is one whole boot asset sent to a machine, or the sending stopped early: what tells a kernel
@@ -29,17 +30,17 @@ type AssetObserver interface {
 // errStoppedEarly is an asset's sending that ended short with no write error seen (the handler gave up).
 var errStoppedEarly = errors.New("the response ended early")
 
-// observeAssets wraps the /assets/ handler to tell o what each whole-asset GET sent.
-func observeAssets(o AssetObserver, h http.Handler) http.Handler {
+// guardAssets wraps the /assets/ handler: a response that can send nothing for stall is ended (the connection
+// and the file go back; whole as it is bounded by total), and o (when not nil) is told what each whole-asset
+// GET sent.
+func guardAssets(o AssetObserver, stall, total time.Duration, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodGet || r.Header.Get("Range") != "" {
-			h.ServeHTTP(w, r)
+		cw := &countingWriter{ResponseWriter: w, rc: http.NewResponseController(w), stall: stall, end: time.Now().Add(total)}
+		h.ServeHTTP(cw, r)
 
+		if o == nil || r.Method != http.MethodGet || r.Header.Get("Range") != "" {
 			return
 		}
-
-		cw := &countingWriter{ResponseWriter: w}
-		h.ServeHTTP(cw, r)
 
 		size, err := strconv.ParseInt(w.Header().Get("Content-Length"), 10, 64)
 		if (cw.code != 0 && cw.code != http.StatusOK) || err != nil || size < 0 {
@@ -62,12 +63,15 @@ func observeAssets(o AssetObserver, h http.Handler) http.Handler {
 	})
 }
 
-// countingWriter counts the body bytes written and keeps the first write error.
+// countingWriter counts the body bytes written, keeps the first write error and gives each write stall at most.
 type countingWriter struct {
 	http.ResponseWriter
-	code int
-	sent int64
-	err  error
+	rc    *http.ResponseController
+	stall time.Duration
+	end   time.Time
+	code  int
+	sent  int64
+	err   error
 }
 
 func (c *countingWriter) WriteHeader(code int) {
@@ -79,6 +83,16 @@ func (c *countingWriter) WriteHeader(code int) {
 }
 
 func (c *countingWriter) Write(p []byte) (int, error) {
+	if c.stall > 0 {
+		// Each write may take stall (a chunk, 32 KiB from ServeContent), never past the whole response's end.
+		deadline := time.Now().Add(c.stall)
+		if deadline.After(c.end) {
+			deadline = c.end
+		}
+
+		_ = c.rc.SetWriteDeadline(deadline) //nolint:errcheck // not every writer has a connection (tests)
+	}
+
 	n, err := c.ResponseWriter.Write(p)
 	c.sent += int64(n)
 

@@ -3,14 +3,18 @@ package httpd_test
 import (
 	"bytes"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-metal/outpost/edge/httpd"
 )
 
 // TestAssetFetchReported: a whole asset sent is told with its size; a download the machine stopped early is
@@ -50,7 +54,9 @@ func TestAssetFetchReported(t *testing.T) {
 	big := bytes.Repeat([]byte("kernel"), 8<<20/6)
 	require.NoError(t, os.WriteFile(filepath.Join(e.assets, "agent/x86_64/big"), big, 0o644))
 
-	resp, err = http.Get(e.ts.URL + "/assets/agent/x86_64/big") //nolint:noctx // the test's own server
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, e.ts.URL+"/assets/agent/x86_64/big", nil)
+	require.NoError(t, err)
+	resp, err = http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	_, err = io.CopyN(io.Discard, resp.Body, 64<<10)
 	require.NoError(t, err)
@@ -64,4 +70,35 @@ func TestAssetFetchReported(t *testing.T) {
 	require.EqualValues(t, len(big), f.Size)
 	require.Less(t, f.Sent, f.Size)
 	require.Error(t, f.Err)
+}
+
+// TestAssetDownloadStalls: a machine that stops taking its kernel (reset or gone, its connection still open)
+// has the download ended once nothing could be sent for the stall timeout: the connection goes back and the
+// stop is told, not held for the whole response's half hour.
+func TestAssetDownloadStalls(t *testing.T) {
+	t.Parallel()
+
+	cfg := httpd.Default()
+	cfg.StallTimeout = 300 * time.Millisecond
+
+	e := newEnvWith(t, cfg)
+
+	// Larger than what the sockets' buffers on both ends take.
+	big := bytes.Repeat([]byte("kernel"), 64<<20/6)
+	require.NoError(t, os.WriteFile(filepath.Join(e.assets, "agent/x86_64/big"), big, 0o644))
+
+	conn, err := net.Dial("tcp", strings.TrimPrefix(e.ts.URL, "http://"))
+	require.NoError(t, err)
+
+	t.Cleanup(func() { conn.Close() }) //nolint:errcheck
+
+	_, err = conn.Write([]byte("GET /assets/agent/x86_64/big HTTP/1.1\r\nHost: edge\r\n\r\n"))
+	require.NoError(t, err)
+
+	// Nothing read from here on.
+	require.Eventually(t, func() bool { return len(e.obs.assetFetches()) == 1 }, 20*time.Second, 20*time.Millisecond)
+
+	f := e.obs.assetFetches()[0]
+	require.Less(t, f.Sent, f.Size)
+	require.ErrorIs(t, f.Err, os.ErrDeadlineExceeded)
 }

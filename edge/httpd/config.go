@@ -32,6 +32,9 @@ type Config struct {
 	ReadTimeout       time.Duration
 	WriteTimeout      time.Duration
 	IdleTimeout       time.Duration
+	// StallTimeout ends an asset download that could send nothing for that long (a machine reset or gone in
+	// the middle of its kernel download); WriteTimeout still bounds the whole response.
+	StallTimeout time.Duration
 	// MaxConns bounds the open connections, MaxConnsPerSource those from one client address (see
 	// LimitListener). At a bound, the oldest connection that never got a response byte (a client still
 	// sending its headers, as slowloris does for ReadHeaderTimeout at most) or is idle between requests is
@@ -54,6 +57,7 @@ func Default() Config {
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Minute,
 		IdleTimeout:       2 * time.Minute,
+		StallTimeout:      time.Minute,
 		// A booting machine holds one connection (iPXE fetches kernel and initrd one after the other on it),
 		// two at most, for as long as its downloads take: 5,000 lets thousands of machines boot at once and
 		// keeps connections (with the asset file each download opens) well inside a 20,000 open-files limit.
@@ -86,7 +90,7 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("asset wait %s: at least 1s", c.AssetWait))
 	}
 
-	if c.ReadHeaderTimeout <= 0 || c.ReadTimeout <= 0 || c.WriteTimeout <= 0 || c.IdleTimeout <= 0 {
+	if c.ReadHeaderTimeout <= 0 || c.ReadTimeout <= 0 || c.WriteTimeout <= 0 || c.IdleTimeout <= 0 || c.StallTimeout <= 0 {
 		errs = append(errs, errors.New("all timeouts must be positive"))
 	}
 

@@ -147,12 +147,8 @@ func New(cfg Config, logger *zap.Logger, deps Deps) (*Server, error) {
 	mux.Handle("GET /ipxe/probe.ipxe", count("probe", http.HandlerFunc(s.serveProbe)))
 	mux.Handle("GET /ipxe/boot.ipxe", count("boot", http.HandlerFunc(s.serveBoot)))
 	mux.Handle("GET /tftp/{file...}", count("tftp", http.HandlerFunc(s.serveBinary)))
-	assets := http.Handler(deps.Assets)
-	if o, ok := deps.Observer.(AssetObserver); ok {
-		assets = observeAssets(o, assets)
-	}
-
-	mux.Handle("GET /assets/", count("assets", assets))
+	assetObserver, _ := deps.Observer.(AssetObserver)
+	mux.Handle("GET /assets/", count("assets", guardAssets(assetObserver, cfg.StallTimeout, cfg.WriteTimeout, deps.Assets)))
 	mux.Handle("GET /config", count("config", http.HandlerFunc(s.serveConfig)))
 	mux.Handle("GET /metrics", count("metrics", promhttp.HandlerFor(deps.Gatherer, promhttp.HandlerOpts{})))
 	mux.Handle("GET /healthz", count("healthz", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {

@@ -102,6 +102,13 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 
+	return newEnvWith(t, httpd.Default())
+}
+
+// newEnvWith is newEnv with cfg.
+func newEnvWith(t *testing.T, cfg httpd.Config) *env {
+	t.Helper()
+
 	tbl, err := boot.Open(boot.Config{StateDir: t.TempDir()}, zaptest.NewLogger(t))
 	require.NoError(t, err)
 
@@ -135,7 +142,7 @@ func newEnv(t *testing.T) *env {
 	reg := prometheus.NewRegistry()
 	obs := &recorder{}
 
-	srv, err := httpd.New(httpd.Default(), zaptest.NewLogger(t), httpd.Deps{
+	srv, err := httpd.New(cfg, zaptest.NewLogger(t), httpd.Deps{
 		Table: tbl, Catalog: bootfiles.NewCatalog(map[string][]byte{"ipxe.efi": []byte("EFI-BINARY")}),
 		Observer: obs, Registerer: reg, Gatherer: reg, Assets: cache,
 	})
