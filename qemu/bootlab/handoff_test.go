@@ -116,3 +116,18 @@ func bootSector(t *testing.T, marker string) []byte {
 
 	return disk
 }
+
+// TestBootThroughRelay boots a BIOS machine one DHCP relay away from its edge: the machine's network is routed
+// to the edge's, Debian's isc-dhcp-relay forwards its requests to the site's DHCP server and to the edge, the
+// edge answers the relay (giaddr) and the machine reaches agent mode over the router.
+func TestBootThroughRelay(t *testing.T) {
+	bootlab.SkipUnlessLab(t, "dhcrelay")
+	netboot(t, bootCase{
+		firmware: "seabios", site: bootlab.SiteOptions{Relay: true}, timeout: 3 * time.Minute,
+		logHas: [][]string{{`"msg":"proxydhcp reply"`, `"dest":"` + bootlab.RelayDownIP + `:67"`}},
+		check: func(t *testing.T, _ []string, dir string) {
+			// The machine called back from its own network, through the router.
+			require.Contains(t, readFile(t, filepath.Join(dir, "edge.log")), `"uri":"/ipxe/init.ipxe","remote":"10.78.0.`)
+		},
+	})
+}

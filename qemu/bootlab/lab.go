@@ -21,6 +21,10 @@ import (
 const (
 	EdgeIP = "10.77.0.2"
 	DHCPIP = "10.77.0.1"
+	// RelayUpIP and RelayDownIP are the DHCP relay's addresses on the edge's network and on the machines' own
+	// network one relay away (SiteOptions.Relay).
+	RelayUpIP   = "10.77.0.3"
+	RelayDownIP = "10.78.0.1"
 )
 
 // SkipUnlessLab skips the test, saying why, unless it can run lab tests: not -short, root, and the
@@ -95,6 +99,8 @@ type Site struct {
 	DHCPNS string
 	Dir    string
 	taps   int
+	// relayNS holds the machines' bridge when they are one DHCP relay away ("" otherwise).
+	relayNS string
 }
 
 // SiteOptions customise NewSite.
@@ -114,6 +120,10 @@ type SiteOptions struct {
 	// build has no PXE menus (measured here: "Booting from PXE menu", then "No more network devices", and no
 	// request reaches 4011), so on UEFI the site's server hands iPXE the edge's script URL itself.
 	PXEService bool
+	// Relay puts the machines on a network of their own, one router away from the edge's: a third namespace
+	// routes between the two and runs Debian's DHCP relay (isc-dhcp-relay), which forwards the machines'
+	// requests to the site's DHCP server and to the edge. The site's server leases 10.78.0.0/24 to them.
+	Relay bool
 }
 
 // NewSite creates the namespaces, the bridge and the site DHCP server; everything is removed when the test ends.
@@ -167,9 +177,48 @@ func NewSite(t *testing.T, opts SiteOptions) *Site {
 			"--dhcp-boot=tag:ipxe,tag:efi64,http://"+EdgeIP+"/ipxe/init.ipxe")
 	}
 
+	if opts.Relay {
+		args = append(args, "--dhcp-range=10.78.0.100,10.78.0.150,255.255.255.0,1h")
+	}
+
 	s.Start(t, "dnsmasq", nil, "ip", args...)
 
+	if opts.Relay {
+		s.startRelay(t)
+	}
+
 	return s
+}
+
+// startRelay creates the relay namespace: the machines' bridge br1 (RelayDownIP), a veth to the edge's bridge
+// (RelayUpIP), forwarding between them, routes back from the edge and the site's DHCP server, and dhcrelay
+// forwarding to both.
+func (s *Site) startRelay(t *testing.T) {
+	t.Helper()
+
+	s.relayNS = "ob-relay-" + strings.TrimPrefix(s.NS, "ob-site-")
+	Run(t, "ip", "netns", "add", s.relayNS)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", s.relayNS).Run() }) //nolint:errcheck
+
+	for _, args := range [][]string{
+		{"-n", s.relayNS, "link", "set", "lo", "up"},
+		{"-n", s.relayNS, "link", "add", "br1", "type", "bridge", "forward_delay", "0", "stp_state", "0"},
+		{"-n", s.relayNS, "addr", "add", RelayDownIP + "/24", "dev", "br1"},
+		{"-n", s.relayNS, "link", "set", "br1", "up"},
+		{"-n", s.NS, "link", "add", "rl0", "type", "veth", "peer", "name", "rl1", "netns", s.relayNS},
+		{"-n", s.NS, "link", "set", "rl0", "master", "br0", "up"},
+		{"-n", s.relayNS, "addr", "add", RelayUpIP + "/24", "dev", "rl1"},
+		{"-n", s.relayNS, "link", "set", "rl1", "up"},
+		{"-n", s.NS, "route", "add", "10.78.0.0/24", "via", RelayUpIP},
+		{"-n", s.DHCPNS, "route", "add", "10.78.0.0/24", "via", RelayUpIP},
+	} {
+		Run(t, "ip", args...)
+	}
+
+	Run(t, "ip", "netns", "exec", s.relayNS, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
+
+	s.Start(t, "dhcrelay", nil, "ip", "netns", "exec", s.relayNS, "dhcrelay", "-d", "-4", "--no-pid",
+		"-id", "br1", "-iu", "rl1", DHCPIP, EdgeIP)
 }
 
 // Start starts a long-running process (killed at the end of the test); its output goes to <Dir>/<name>.log
@@ -250,10 +299,24 @@ func (s *Site) AddTap(t *testing.T) string {
 	name := fmt.Sprintf("tap%d", s.taps)
 	s.taps++
 
-	Run(t, "ip", "-n", s.NS, "tuntap", "add", "dev", name, "mode", "tap")
-	Run(t, "ip", "-n", s.NS, "link", "set", name, "master", "br0", "up")
+	ns, bridge := s.NS, "br0"
+	if s.relayNS != "" {
+		ns, bridge = s.relayNS, "br1"
+	}
+
+	Run(t, "ip", "-n", ns, "tuntap", "add", "dev", name, "mode", "tap")
+	Run(t, "ip", "-n", ns, "link", "set", name, "master", bridge, "up")
 
 	return name
+}
+
+// MachineNS is the namespace the machines' taps are in (where QEMU must run).
+func (s *Site) MachineNS() string {
+	if s.relayNS != "" {
+		return s.relayNS
+	}
+
+	return s.NS
 }
 
 // GoBuild builds a package of this module statically into dir and returns the binary's path.

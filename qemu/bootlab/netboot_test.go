@@ -199,7 +199,7 @@ func netboot(t *testing.T, bc bootCase) {
 	serial := filepath.Join(site.Dir, "serial-"+firmware+".log")
 
 	args := []string{
-		"netns", "exec", site.NS, "qemu-system-x86_64",
+		"netns", "exec", site.MachineNS(), "qemu-system-x86_64",
 		"-m", "512", "-smp", "1", "-nodefaults", "-display", "none", "-no-reboot",
 		"-serial", "file:" + serial,
 		"-smbios", "type=1,uuid=" + uuid,
