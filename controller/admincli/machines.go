@@ -133,7 +133,7 @@ func (c *Client) ShowMachine(ctx context.Context, machineID string, out io.Write
 
 	m := resp.GetMachine()
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "machine:\t%s\n", peer(m.GetMachineId()))
+	fmt.Fprintf(tw, "machine:\t%s\n", who(m))
 	fmt.Fprintf(tw, "booted as:\t%s\n", peer(strings.Join(slices.DeleteFunc([]string{m.GetArch(), m.GetFirmware(), strings.Join(m.GetMacs(), " ")},
 		func(s string) bool { return s == "" }), ", ")))
 	fmt.Fprintf(tw, "site:\t%s\n", dash(peer(m.GetSiteId())))
@@ -200,13 +200,13 @@ func (c *Client) WhyMachine(ctx context.Context, machineID string, out io.Writer
 
 	switch d := m.GetDiagnosis(); {
 	case d != "":
-		fmt.Fprintf(out, "%s: %s\n", peer(m.GetMachineId()), printable.String(d, maxDiagnosis))
+		fmt.Fprintf(out, "%s: %s\n", who(m), printable.String(d, maxDiagnosis))
 	case from == len(entries) && from > 0:
-		fmt.Fprintf(out, "%s: nothing amiss: its last boot went as far as it goes (%s)\n", peer(m.GetMachineId()), peer(entries[from-1].GetText()))
+		fmt.Fprintf(out, "%s: nothing amiss: its last boot went as far as it goes (%s)\n", who(m), peer(entries[from-1].GetText()))
 	case len(entries) == 0:
-		fmt.Fprintf(out, "%s: nothing known of its boots yet\n", peer(m.GetMachineId()))
+		fmt.Fprintf(out, "%s: nothing known of its boots yet\n", who(m))
 	default:
-		fmt.Fprintf(out, "%s: nothing amiss: no step of a network boot is overdue\n", peer(m.GetMachineId()))
+		fmt.Fprintf(out, "%s: nothing amiss: no step of a network boot is overdue\n", who(m))
 	}
 
 	if from == len(entries) {
@@ -227,6 +227,19 @@ func (c *Client) WhyMachine(ctx context.Context, machineID string, out io.Writer
 	}
 
 	return tw.Flush()
+}
+
+// who names a machine: its ID, or for one only its edge has seen (a MAC no boot script tied yet) the MAC.
+func who(m *adminpb.Machine) string {
+	if id := m.GetMachineId(); id != "" {
+		return peer(id)
+	}
+
+	if macs := m.GetMacs(); len(macs) > 0 {
+		return peer(macs[0]) + " (no machine ID seen yet)"
+	}
+
+	return "-"
 }
 
 func stamp(ts *timestamppb.Timestamp) string {

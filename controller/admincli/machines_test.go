@@ -57,6 +57,8 @@ func fleet(t *testing.T) *admincli.Client {
 		{Kind: &bootpb.Event_BootServed{BootServed: &bootpb.BootServed{Uuid: m1, Mac: "52:54:00:00:00:01", Mode: "agent"}}},
 		{Kind: &bootpb.Event_AgentTunnel{AgentTunnel: &bootpb.AgentTunnel{MachineId: m1, Open: true}}},
 		{Kind: &bootpb.Event_PowerChanged{PowerChanged: &bootpb.PowerChanged{MachineId: m1, State: "unknown", Error: "bmc\x1b]0;owned\x07\x1b[2J"}}},
+		// a machine whose DHCP request named no UUID and whose boot went no further: known by its MAC only
+		{Kind: &bootpb.Event_DhcpSeen{DhcpSeen: &bootpb.DHCPSeen{Mac: "52:54:00:00:00:09", Firmware: "bios"}}},
 	} {
 		require.NoError(t, book.HandleEvent(t.Context(), "branch-7", e))
 	}
@@ -281,4 +283,15 @@ func TestMachineWhy(t *testing.T) {
 	require.NotContains(t, out.String(), "\x1b")
 
 	require.ErrorContains(t, c.WhyMachine(t.Context(), "00000000-0000-0000-0000-000000000000", &out), "no machine")
+
+	// By MAC: a machine only its edge has seen, and a known machine's interface.
+	out.Reset()
+	require.NoError(t, c.WhyMachine(t.Context(), "52-54-00-00-00-09", &out))
+	require.Regexp(t, `^52:54:00:00:00:09 \(no machine ID seen yet\): its DHCP request was seen at \d\d:\d\d:\d\d but no boot file`, out.String())
+
+	out.Reset()
+	require.NoError(t, c.WhyMachine(t.Context(), "52:54:00:00:00:01", &out))
+	require.Contains(t, out.String(), m1+": nothing amiss")
+
+	require.ErrorContains(t, c.WhyMachine(t.Context(), "52:54:00:00:00:77", &out), "no machine")
 }

@@ -2,6 +2,7 @@ package status
 
 import (
 	"context"
+	"net"
 	"errors"
 	"strings"
 	"time"
@@ -90,7 +91,18 @@ func (a *API) ListMachines(_ context.Context, req *adminpb.ListMachinesRequest) 
 
 // ShowMachine implements adminpb.MachinesServer.
 func (a *API) ShowMachine(_ context.Context, req *adminpb.ShowMachineRequest) (*adminpb.ShowMachineResponse, error) {
-	rec, ok := a.machines.Get(metal.NormalizeID(req.GetMachineId()))
+	var (
+		rec timeline.Record
+		ok  bool
+	)
+
+	// A MAC names the machine it belongs to, or a machine only its edge has seen (no boot script yet).
+	if hw, err := net.ParseMAC(req.GetMachineId()); err == nil && len(hw) == 6 {
+		rec, ok = a.machines.GetByMAC(hw.String())
+	} else {
+		rec, ok = a.machines.Get(metal.NormalizeID(req.GetMachineId()))
+	}
+
 	if !ok {
 		return nil, grpcstatus.Errorf(codes.NotFound, "no machine %q is known", clipID(req.GetMachineId()))
 	}

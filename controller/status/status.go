@@ -35,6 +35,9 @@ type Sites interface {
 type Machines interface {
 	List(f timeline.Filter, offset, limit int) ([]timeline.Machine, int)
 	Get(machineID string) (timeline.Record, bool)
+	// GetByMAC is the machine a network interface belongs to, or what its edge reported of a MAC no boot
+	// script has tied to a machine yet.
+	GetByMAC(mac string) (timeline.Record, bool)
 	Phases() map[string]map[string]int
 	Changed() <-chan struct{}
 }

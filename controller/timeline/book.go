@@ -344,6 +344,58 @@ func (b *Book) Get(machineID string) (Record, bool) {
 	return out, true
 }
 
+// GetByMAC returns the timeline of the machine a network interface belongs to: the machine a boot script tied
+// the MAC to at a site, or, for a MAC no boot script has tied (a machine whose boot stops before its script),
+// what its site's edge reported of it, with no machine ID (the site where it was seen last).
+func (b *Book) GetByMAC(mac string) (Record, bool) {
+	mac, ok := normalMAC(mac)
+	if !ok {
+		return Record{}, false
+	}
+
+	b.mu.RLock()
+
+	var (
+		held    []Entry
+		site    string
+		tiedTo  string
+		lastAt  time.Time
+		heldFor = "/mac/" + mac
+	)
+
+	for addr, id := range b.byMAC {
+		if strings.HasSuffix(addr, "/"+mac) {
+			tiedTo = id
+		}
+	}
+
+	if tiedTo == "" {
+		for key, list := range b.pending {
+			s, found := strings.CutSuffix(key, heldFor)
+			if !found || len(list) == 0 || list[len(list)-1].At.Before(lastAt) {
+				continue
+			}
+
+			site, lastAt, held = s, list[len(list)-1].At, held[:0]
+			for _, h := range list {
+				held = append(held, h.Entry)
+			}
+		}
+	}
+
+	b.mu.RUnlock()
+
+	if tiedTo != "" {
+		return b.Get(tiedTo)
+	}
+
+	if site == "" {
+		return Record{}, false
+	}
+
+	return Record{Machine: Machine{Site: site, MACs: []string{mac}}, Entries: held}, true
+}
+
 // Filter selects machines; empty fields match all.
 type Filter struct {
 	Site string
