@@ -2,8 +2,8 @@ package status
 
 import (
 	"context"
-	"net"
 	"errors"
+	"net"
 	"strings"
 	"time"
 
