@@ -15,6 +15,8 @@ const (
 	// dhcpLoop is how many DHCP requests in a row with nothing after them make a boot that goes round in
 	// circles (a normal one asks twice: the firmware, then iPXE).
 	dhcpLoop = 4
+	// fetchLoop is how many failed downloads in a row (iPXE's retries) make a boot that will not get its kernel.
+	fetchLoop = 2
 )
 
 // Diagnose says in one sentence where the machine's current network boot stopped, read from its timeline:
@@ -33,7 +35,8 @@ func Diagnose(rec Record, now time.Time) string {
 	var (
 		dhcp, pxe, served, plan  *Entry
 		pxeFailed, wait, refused *Entry
-		// fetchFailed is the last asset download stopped early since the boot script; fetchFailures counts them.
+		// fetchFailed is the last asset download stopped early in this boot, fetchFailures counts them since
+		// the last whole one (iPXE retries a download, then the whole script: failures add up across both).
 		fetchFailed   *Entry
 		fetchFailures int
 	)
@@ -53,11 +56,13 @@ func Diagnose(rec Record, now time.Time) string {
 		case e.Kind == KindAssetWait:
 			wait = e
 		case e.Kind == KindBootServed:
-			served, wait, fetchFailed, fetchFailures = e, nil, nil, 0
+			served, wait = e, nil
 		case e.Kind == KindInstallPlan:
-			plan, wait, fetchFailed, fetchFailures = e, nil, nil, 0
+			plan, wait = e, nil
 		case e.Kind == KindAssetFetch && e.Error:
 			fetchFailed, fetchFailures = e, fetchFailures+1+e.Repeats
+		case e.Kind == KindAssetFetch:
+			fetchFailed, fetchFailures = nil, 0
 		case e.Kind == KindError && strings.Contains(e.Text, "tunnel") && strings.Contains(e.Text, "refused"):
 			refused = e
 		}
@@ -72,7 +77,7 @@ func Diagnose(rec Record, now time.Time) string {
 	case wait != nil:
 		return fmt.Sprintf("its boot has waited since %s for boot assets this site does not hold: stage them (controller assets stage) or let the site fetch them (controller site policy)", at(wait))
 	case plan != nil && fetchFailed != nil:
-		if late(plan.At, stepGrace) {
+		if fetchFailures >= fetchLoop || late(plan.At, stepGrace) {
 			return fmt.Sprintf("its install plan was served at %s, then %s (the last at %s): %s", at(plan), times("an asset download failed", fetchFailures), at(fetchFailed), fetchFailed.Text)
 		}
 	case plan != nil:
@@ -80,7 +85,7 @@ func Diagnose(rec Record, now time.Time) string {
 			return fmt.Sprintf("its install plan was served at %s and no install was reported since: the installer did not finish or cannot reach Omni", at(plan))
 		}
 	case served != nil && fetchFailed != nil:
-		if late(served.At, stepGrace) {
+		if fetchFailures >= fetchLoop || late(served.At, stepGrace) {
 			return fmt.Sprintf("iPXE fetched its agent-mode boot script at %s, then %s (the last at %s): %s", at(served), times("a download failed", fetchFailures), at(fetchFailed), fetchFailed.Text)
 		}
 	case served != nil:

@@ -46,11 +46,16 @@ func TestDiagnose(t *testing.T) {
 			{At: at(1), Kind: timeline.KindAssetFetch, Error: true, Text: "download of agent/x86_64/vmlinuz stopped after 1.0 MiB of 14.0 MiB: reset"},
 			{At: at(2), Kind: timeline.KindAssetFetch, Error: true, Text: "download of agent/x86_64/vmlinuz stopped after 1.0 MiB of 14.0 MiB: broken pipe"},
 		}, at(5), "iPXE fetched its agent-mode boot script at 10:01:00, then a download failed twice (the last at 10:02:00): download of agent/x86_64/vmlinuz stopped"},
-		{"kernel download failing, within grace", []timeline.Entry{
+		{"one failed download, within grace", []timeline.Entry{
 			on, {At: at(1), Kind: timeline.KindBootServed}, {At: at(1), Kind: timeline.KindAssetFetch, Error: true, Text: "x"},
 		}, at(3), ""},
-		{"a failed download before this boot script does not count", []timeline.Entry{
-			on, {At: at(1), Kind: timeline.KindAssetFetch, Error: true, Text: "x"}, {At: at(1), Kind: timeline.KindBootServed},
+		{"failed downloads across the script's retries, at once", []timeline.Entry{
+			on, {At: at(1), Kind: timeline.KindBootServed}, {At: at(1), Kind: timeline.KindAssetFetch, Error: true, Text: "x"},
+			{At: at(2), Kind: timeline.KindBootServed}, {At: at(2), Kind: timeline.KindAssetFetch, Error: true, Text: "y"},
+		}, at(2), "iPXE fetched its agent-mode boot script at 10:02:00, then a download failed twice (the last at 10:02:00): y"},
+		{"a whole download clears the failures before it", []timeline.Entry{
+			on, {At: at(1), Kind: timeline.KindBootServed}, {At: at(1), Kind: timeline.KindAssetFetch, Error: true, Text: "x"},
+			{At: at(1), Kind: timeline.KindAssetFetch, Text: "downloaded"},
 		}, at(5), "no agent tunnel opened since"},
 		{"install download failing", []timeline.Entry{
 			on, {At: at(1), Kind: timeline.KindInstallPlan}, {At: at(1), Kind: timeline.KindAssetFetch, Error: true, Text: "download of talos/initramfs.xz stopped", Repeats: 2},
