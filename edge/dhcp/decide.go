@@ -519,7 +519,10 @@ func orDefault(v, def int) int {
 	return v
 }
 
-// parseUUID decodes option 97 (RFC 4578 §2.3): type 0 followed by a 16-byte GUID.
+// parseUUID decodes option 97 (RFC 4578 §2.3): type 0 followed by a 16-byte GUID. Firmware sends the GUID as
+// SMBIOS (2.6 and later) and EFI store it, its first three fields little-endian; it is returned in the order
+// iPXE's ${uuid}, dmidecode and Talos print (measured in the lab: a machine with SMBIOS UUID
+// 0e5a1ab0-0000-4000-8000-... sends b0 1a 5a 0e 00 00 00 40 80 00 ...).
 func parseUUID(v []byte) (string, error) {
 	if len(v) != 17 || v[0] != 0 {
 		return "", fmt.Errorf("option 97 of length %d (type %d), want 17 (type 0)", len(v), firstByte(v))
@@ -527,7 +530,7 @@ func parseUUID(v []byte) (string, error) {
 
 	g := v[1:]
 
-	return fmt.Sprintf("%x-%x-%x-%x-%x", g[0:4], g[4:6], g[6:8], g[8:10], g[10:16]), nil
+	return fmt.Sprintf("%02x%02x%02x%02x-%02x%02x-%02x%02x-%x-%x", g[3], g[2], g[1], g[0], g[5], g[4], g[7], g[6], g[8:10], g[10:16]), nil
 }
 
 func firstByte(v []byte) int {

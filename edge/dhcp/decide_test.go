@@ -427,7 +427,9 @@ func TestDecideUUID(t *testing.T) {
 
 	d := dhcp.Decide(params(), dhcp.RoleDHCP, netip.AddrPort{},
 		request(t, dhcpv4.MessageTypeDiscover, arch(7), dhcpv4.WithGeneric(dhcpv4.OptionClientMachineIdentifier, testGUID)))
-	require.Equal(t, "11223344-5566-7788-99aa-bbccddeeff00", d.UUID)
+	// The first three fields come little-endian (SMBIOS 2.6+, EFI GUIDs): 11 22 33 44 | 55 66 | 77 88 reads
+	// 44332211-6655-8877, as iPXE's ${uuid} and the machine's SMBIOS show it.
+	require.Equal(t, "44332211-6655-8877-99aa-bbccddeeff00", d.UUID)
 }
 
 func FuzzDecide(f *testing.F) {
