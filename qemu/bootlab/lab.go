@@ -124,6 +124,11 @@ type SiteOptions struct {
 	// routes between the two and runs Debian's DHCP relay (isc-dhcp-relay), which forwards the machines'
 	// requests to the site's DHCP server and to the edge. The site's server leases 10.78.0.0/24 to them.
 	Relay bool
+	// Bare makes the site's dnsmasq do the whole network boot itself, with no edge, as the classic dnsmasq +
+	// static files setup does: DHCP with boot files, TFTP for iPXE from this directory, and busybox's httpd
+	// serving the directory (boot.ipxe, the kernel, the initramfs) on DHCPIP. It is the peer the edge's boot
+	// times are compared with.
+	Bare string
 }
 
 // NewSite creates the namespaces, the bridge and the site DHCP server; everything is removed when the test ends.
@@ -179,6 +184,15 @@ func NewSite(t *testing.T, opts SiteOptions) *Site {
 
 	if opts.Relay {
 		args = append(args, "--dhcp-range=10.78.0.100,10.78.0.150,255.255.255.0,1h")
+	}
+
+	if opts.Bare != "" {
+		args = append(args, "--enable-tftp", "--tftp-root="+opts.Bare, "--dhcp-match=set:ipxe,175",
+			"--dhcp-vendorclass=set:efi,PXEClient:Arch:00007",
+			"--dhcp-boot=tag:ipxe,http://"+DHCPIP+"/boot.ipxe",
+			"--dhcp-boot=tag:!ipxe,tag:efi,ipxe.efi",
+			"--dhcp-boot=tag:!ipxe,tag:!efi,undionly.kpxe")
+		s.Start(t, "httpd", nil, "ip", "netns", "exec", s.DHCPNS, "busybox", "httpd", "-f", "-p", DHCPIP+":80", "-h", opts.Bare)
 	}
 
 	s.Start(t, "dnsmasq", nil, "ip", args...)

@@ -73,20 +73,6 @@ func TestNetbootOVMF(t *testing.T) {
 	netboot(t, bootCase{firmware: "ovmf", timeout: 5 * time.Minute})
 }
 
-// TestNetbootHTTPBoot boots a UEFI machine by UEFI HTTP boot at a site whose edge serves no TFTP: OVMF's PXE
-// is off (its fw_cfg knobs), its HTTP boot client asks with vendor class HTTPClient (option 93 = 16), the edge's
-// ProxyDHCP answers with HTTPClient and http://<edge>/tftp/ipxe.efi, the firmware fetches iPXE over HTTP from
-// the edge, and iPXE continues to agent mode as over PXE. The site's DHCP server gives the address only.
-func TestNetbootHTTPBoot(t *testing.T) {
-	netboot(t, bootCase{
-		firmware: "ovmf-http", edgeArgs: []string{"-no-tftp"}, timeout: 5 * time.Minute, noTFTP: true,
-		logHas: [][]string{
-			{`"msg":"proxydhcp reply"`, `"firmware":"http-x86"`, `http://` + bootlab.EdgeIP + `/tftp/ipxe.efi`},
-			{`"msg":"http"`, `"uri":"/tftp/ipxe.efi"`},
-		},
-	})
-}
-
 // strangerMAC is the unregistered machine's MAC (bootCase.stranger).
 const strangerMAC = "52:54:00:77:00:03"
 
@@ -113,6 +99,8 @@ type bootCase struct {
 	// disk is a directory of files the machine's second boot device (a virtio disk after the NIC) is made
 	// from: a raw image "disk.raw" for SeaBIOS, an EFI system partition's tree for OVMF.
 	disk string
+	// bare boots the machine from the bare-dnsmasq peer (SiteOptions.Bare) instead of an edge.
+	bare bool
 	// check, when set, checks more: seen are the edge's lines, dir the site's directory (edge.log, serial logs).
 	check func(t *testing.T, seen []string, dir string)
 	// serial, when set, is what the machine's serial console must print instead of the edge's CALLBACK
@@ -133,8 +121,9 @@ func randomUUID(t *testing.T) string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
-// netboot boots a machine as bc says through the edge.
-func netboot(t *testing.T, bc bootCase) {
+// netboot boots a machine as bc says through the edge and returns its power-on to callback (or serial
+// marker) time.
+func netboot(t *testing.T, bc bootCase) time.Duration {
 	bootlab.SkipUnlessLab(t, "qemu-system-x86_64", "dpkg-deb")
 
 	for _, f := range []string{"/usr/lib/ipxe/undionly.kpxe", "/usr/lib/ipxe/ipxe.efi", "/usr/share/OVMF/OVMF_CODE_4M.fd"} {
@@ -172,22 +161,29 @@ func netboot(t *testing.T, bc bootCase) {
 	require.NoError(t, bootlab.BuildInitramfs(initrd, initData, kernel.ModulesDir, []string{"virtio_pci", "virtio_net", "virtio_rng"}))
 	require.NoError(t, initrd.Close())
 
-	site := bootlab.NewSite(t, bc.site)
+	siteOpts := bc.site
+	if bc.bare {
+		siteOpts.Bare = bareFiles(t, dir, agentDir)
+	}
+
+	site := bootlab.NewSite(t, siteOpts)
 	firmware, timeout := bc.firmware, bc.timeout
 
 	lines := make(chan string, 64)
-	site.Start(t, "edge", lines, "ip", append([]string{"netns", "exec", site.NS, edgeBin,
-		"-iface", "br0", "-ip", bootlab.EdgeIP, "-state", filepath.Join(dir, "state"), "-assets", filepath.Join(dir, "assets"),
-		"-log-level", "debug"}, bc.edgeArgs...)...)
+	if !bc.bare {
+		site.Start(t, "edge", lines, "ip", append([]string{"netns", "exec", site.NS, edgeBin,
+			"-iface", "br0", "-ip", bootlab.EdgeIP, "-state", filepath.Join(dir, "state"), "-assets", filepath.Join(dir, "assets"),
+			"-log-level", "debug"}, bc.edgeArgs...)...)
 
-	waitLine(t, lines, "READY", 30*time.Second)
+		waitLine(t, lines, "READY", 30*time.Second)
 
-	if bc.stranger {
-		strangerTap := site.AddTap(t)
-		site.Start(t, "qemu-stranger", nil, "ip", "netns", "exec", site.NS, "qemu-system-x86_64",
-			"-m", "256", "-smp", "1", "-nodefaults", "-display", "none", "-no-reboot", "-machine", "pc,accel=tcg", "-boot", "n",
-			"-netdev", "tap,id=n0,ifname="+strangerTap+",script=no,downscript=no",
-			"-device", "virtio-net-pci,netdev=n0,mac="+strangerMAC+",bootindex=1")
+		if bc.stranger {
+			strangerTap := site.AddTap(t)
+			site.Start(t, "qemu-stranger", nil, "ip", "netns", "exec", site.NS, "qemu-system-x86_64",
+				"-m", "256", "-smp", "1", "-nodefaults", "-display", "none", "-no-reboot", "-machine", "pc,accel=tcg", "-boot", "n",
+				"-netdev", "tap,id=n0,ifname="+strangerTap+",script=no,downscript=no",
+				"-device", "virtio-net-pci,netdev=n0,mac="+strangerMAC+",bootindex=1")
+		}
 	}
 
 	tap := site.AddTap(t)
@@ -255,17 +251,31 @@ func netboot(t *testing.T, bc bootCase) {
 		}
 	})
 
+	if bc.bare {
+		// The bare peer prints nothing: the machine's /init says on its console that it called back.
+		waitSerial(t, lines, serial, "OUTPOST-CALLBACK-DONE", timeout)
+
+		took := time.Since(start).Round(100 * time.Millisecond)
+		t.Logf("%s (bare dnsmasq): power-on to callback in %s", firmware, took)
+
+		return took
+	}
+
 	if bc.serial != "" {
 		seen := waitSerial(t, lines, serial, bc.serial, timeout)
-		t.Logf("%s: power-on to %q on the serial console in %s", firmware, bc.serial, time.Since(start).Round(100*time.Millisecond))
+		took := time.Since(start).Round(100 * time.Millisecond)
+		t.Logf("%s: power-on to %q on the serial console in %s", firmware, bc.serial, took)
 		checkEdge(t, bc, uuid, seen, site)
 
-		return
+		return took
 	}
 
 	seen := waitLine(t, lines, "CALLBACK u="+uuid, timeout)
-	t.Logf("%s: power-on to callback in %s", firmware, time.Since(start).Round(100*time.Millisecond))
+	took := time.Since(start).Round(100 * time.Millisecond)
+	t.Logf("%s: power-on to callback in %s", firmware, took)
 	checkEdge(t, bc, uuid, seen, site)
+
+	return took
 }
 
 // checkEdge checks the edge's lines (seen) and log against bc.
@@ -387,4 +397,28 @@ func waitSerial(t *testing.T, lines <-chan string, serial, marker string, timeou
 			t.Fatalf("no %q on the serial console within %s; edge printed %q", marker, timeout, seen)
 		}
 	}
+}
+
+// bareFiles lays out the bare-dnsmasq peer's directory (SiteOptions.Bare) under dir: Debian's iPXE, the agent's
+// kernel and initramfs, and a boot.ipxe booting them with the same callback.
+func bareFiles(t *testing.T, dir, agentDir string) string {
+	t.Helper()
+
+	root := filepath.Join(dir, "bare")
+	require.NoError(t, os.MkdirAll(root, 0o755))
+
+	for src, name := range map[string]string{
+		"/usr/lib/ipxe/undionly.kpxe": "undionly.kpxe", "/usr/lib/ipxe/ipxe.efi": "ipxe.efi",
+		filepath.Join(agentDir, "vmlinuz"): "vmlinuz", filepath.Join(agentDir, "initramfs.xz"): "initramfs.xz",
+	} {
+		b, err := os.ReadFile(src)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(root, name), b, 0o644))
+	}
+
+	script := "#!ipxe\nkernel http://" + bootlab.DHCPIP + "/vmlinuz initrd=initrd console=ttyS0 talos.config=http://" + bootlab.DHCPIP +
+		"/config?u=${uuid}\ninitrd --name initrd http://" + bootlab.DHCPIP + "/initramfs.xz\nboot\n"
+	require.NoError(t, os.WriteFile(filepath.Join(root, "boot.ipxe"), []byte(script), 0o644))
+
+	return root
 }
