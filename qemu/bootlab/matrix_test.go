@@ -17,7 +17,8 @@ import (
 //   - SeaBIOS: the NIC's iPXE ROM, ProxyDHCP, the script;
 //   - OVMF-PXE: OVMF's PXE, ipxe.efi over TFTP, then as above;
 //   - OVMF-HTTPBoot: OVMF's UEFI HTTP boot only (its PXE knobs off) at a site whose edge serves no TFTP: the edge
-//     answers vendor class HTTPClient with http://<edge>/tftp/ipxe.efi, every fetch is HTTP from the edge.
+//     answers vendor class HTTPClient with http://<edge>/tftp/ipxe.efi, every fetch is HTTP from the edge;
+//   - OVMF-SecureBoot: secureBootCase (a signed UKI only; the firmware refuses an unsigned one).
 func TestFirmwareMatrix(t *testing.T) {
 	var (
 		mu    sync.Mutex
@@ -38,6 +39,7 @@ func TestFirmwareMatrix(t *testing.T) {
 		{"SeaBIOS", func(*testing.T) bootCase { return bootCase{firmware: "seabios", timeout: 3 * time.Minute} }, true},
 		{"OVMF-PXE", func(*testing.T) bootCase { return bootCase{firmware: "ovmf", timeout: 5 * time.Minute} }, true},
 		{"OVMF-HTTPBoot", func(*testing.T) bootCase { return httpBootCase() }, false},
+		{"OVMF-SecureBoot", secureBootCase, false},
 	} {
 		t.Run(cell.firmware+"/agent", func(t *testing.T) {
 			edge := netboot(t, cell.bc(t))

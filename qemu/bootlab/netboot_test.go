@@ -99,6 +99,11 @@ type bootCase struct {
 	// disk is a directory of files the machine's second boot device (a virtio disk after the NIC) is made
 	// from: a raw image "disk.raw" for SeaBIOS, an EFI system partition's tree for OVMF.
 	disk string
+	// prepare, when set, runs once the agent's kernel and initramfs are under dir/assets and returns more
+	// edge flags.
+	prepare func(t *testing.T, dir string) []string
+	// diskFirst boots the disk before the NIC.
+	diskFirst bool
 	// bare boots the machine from the bare-dnsmasq peer (SiteOptions.Bare) instead of an edge.
 	bare bool
 	// check, when set, checks more: seen are the edge's lines, dir the site's directory (edge.log, serial logs).
@@ -161,6 +166,11 @@ func netboot(t *testing.T, bc bootCase) time.Duration {
 	require.NoError(t, bootlab.BuildInitramfs(initrd, initData, kernel.ModulesDir, []string{"virtio_pci", "virtio_net", "virtio_rng"}))
 	require.NoError(t, initrd.Close())
 
+	edgeArgs := bc.edgeArgs
+	if bc.prepare != nil {
+		edgeArgs = append(append([]string(nil), edgeArgs...), bc.prepare(t, dir)...)
+	}
+
 	siteOpts := bc.site
 	if bc.bare {
 		siteOpts.Bare = bareFiles(t, dir, agentDir)
@@ -173,7 +183,7 @@ func netboot(t *testing.T, bc bootCase) time.Duration {
 	if !bc.bare {
 		site.Start(t, "edge", lines, "ip", append([]string{"netns", "exec", site.NS, edgeBin,
 			"-iface", "br0", "-ip", bootlab.EdgeIP, "-state", filepath.Join(dir, "state"), "-assets", filepath.Join(dir, "assets"),
-			"-log-level", "debug"}, bc.edgeArgs...)...)
+			"-log-level", "debug"}, edgeArgs...)...)
 
 		waitLine(t, lines, "READY", 30*time.Second)
 
@@ -215,21 +225,33 @@ func netboot(t *testing.T, bc bootCase) time.Duration {
 			args = append(args, "-drive", "if=none,id=d0,format=raw,readonly=on,file="+filepath.Join(bc.disk, "disk.raw"),
 				"-device", "virtio-blk-pci,drive=d0,bootindex=2")
 		}
-	case "ovmf", "ovmf-http":
+	case "ovmf", "ovmf-http", "ovmf-secboot":
+		code, varsTemplate, machine := "/usr/share/OVMF/OVMF_CODE_4M.fd", "/usr/share/OVMF/OVMF_VARS_4M.fd", "q35,accel=tcg"
+		if firmware == "ovmf-secboot" {
+			// Secure Boot enforcing with the snakeoil key enrolled; the Secure Boot build needs SMM.
+			code, varsTemplate, machine = "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd", "/usr/share/OVMF/OVMF_VARS_4M.snakeoil.fd", "q35,smm=on,accel=tcg"
+			args = append(args, "-global", "driver=cfi.pflash01,property=secure,value=on")
+		}
+
 		vars := filepath.Join(dir, "OVMF_VARS.fd")
-		b, err := os.ReadFile("/usr/share/OVMF/OVMF_VARS_4M.fd")
+		b, err := os.ReadFile(varsTemplate)
 		require.NoError(t, err)
 		require.NoError(t, os.WriteFile(vars, b, 0o644))
 
-		args = append(args, "-machine", "q35,accel=tcg",
-			"-drive", "if=pflash,format=raw,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd",
+		args = append(args, "-machine", machine,
+			"-drive", "if=pflash,format=raw,readonly=on,file="+code,
 			"-drive", "if=pflash,format=raw,file="+vars,
 			"-device", "virtio-net-pci,netdev=n0,mac=52:54:00:77:00:02,romfile=,bootindex=1")
 
 		if bc.disk != "" {
+			index := "2"
+			if bc.diskFirst {
+				index = "0"
+			}
+
 			// QEMU's vvfat: the directory as a FAT disk, read only.
 			args = append(args, "-drive", "if=none,id=d0,format=raw,readonly=on,file=fat:"+bc.disk,
-				"-device", "virtio-blk-pci,drive=d0,bootindex=2")
+				"-device", "virtio-blk-pci,drive=d0,bootindex="+index)
 		}
 
 		if firmware == "ovmf-http" {

@@ -57,6 +57,12 @@ func main() {
 	flag.StringVar(&lab.disk, "disk", "", "<uuid>=<method>: the machine's plan is disk, handed off by that method "+
 		"(ipxe-exit, http-404 or ipxe-sanboot), applied through the edge's boot-plan service as the controller does")
 	flag.StringVar(&lab.failFirst, "fail-first", "", "<path prefix>=<n>: the first n GETs under that prefix answer 503 (a flaky download)")
+	flag.StringVar(&cfg.DHCP.Files.UEFIx86Signed, "signed-file", "", "the signed UKI in -ipxe-dir that machines enforcing Secure Boot get")
+	flag.Func("secure-boot", "comma-separated MACs (or *) of the machines that enforce Secure Boot", func(v string) error {
+		cfg.DHCP.Files.SecureBoot = strings.Split(v, ",")
+
+		return nil
+	})
 	flag.BoolVar(&noTFTP, "no-tftp", false, "serve no TFTP at all, as a site whose machines reach no TFTP (UEFI HTTP boot only)")
 	flag.Parse()
 
