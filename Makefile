@@ -35,6 +35,10 @@ image: build ## the edge appliance (Talos extension, OCI image, patch) and the c
 deps: ## install the Debian packages the tests and the lab need (root; skipped with a reason otherwise)
 	hack/deps.sh
 
+.PHONY: ipxe-arm64
+ipxe-arm64: ## arm64 iPXE from Debian's ipxe package, cached under _out/ipxe-arm64/<debian version> (never committed)
+	hack/ipxe-arm64.sh
+
 $(TOOLS)/.stamp: hack/tools/go.mod hack/tools/go.sum
 	cd hack/tools && $(GO) build -o $(TOOLS)/ tool
 	touch $@

@@ -5,7 +5,8 @@ set -euo pipefail
 
 packages=(protobuf-compiler libprotobuf-dev iproute2 qemu-system-x86 ipxe ipxe-qemu ovmf dnsmasq-base busybox-static
 	ipmitool openipmi redfishtool nginx-light tftp-hpa cpio chromium skopeo
-	binutils sbsigntool openssl systemd-boot-efi isc-dhcp-relay python3-sushy-cli qemu-block-extra xorriso mtools grub-efi-amd64-bin grub-common iptables)
+	binutils sbsigntool openssl systemd-boot-efi isc-dhcp-relay python3-sushy-cli qemu-block-extra xorriso mtools grub-efi-amd64-bin grub-common iptables
+	gcc-aarch64-linux-gnu qemu-efi-aarch64 qemu-system-arm liblzma-dev perl make dpkg-dev)
 
 missing=()
 for p in "${packages[@]}"; do
