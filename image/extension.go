@@ -11,6 +11,7 @@ package image
 
 import (
 	"bytes"
+	"debug/pe"
 	"errors"
 	"fmt"
 	"io"
@@ -46,6 +47,10 @@ const (
 // DefaultIPXEFiles are the iPXE binaries the edge serves (Debian's ipxe package, /usr/lib/ipxe).
 var DefaultIPXEFiles = []string{"undionly.kpxe", "ipxe.pxe", "ipxe.efi", "snponly.efi"}
 
+// ARM64IPXEFile is the name the arm64 iPXE binary has in IPXEDir: the file the edge hands UEFI arm64 clients
+// (option 93 = 11, and 19 over HTTP boot).
+const ARM64IPXEFile = "snp-arm64.efi"
+
 // Config says what goes into the appliance.
 type Config struct {
 	// Version is the extension's version (the edge version).
@@ -58,6 +63,9 @@ type Config struct {
 	IPXEDir string
 	// IPXEFiles are the file names to take from IPXEDir.
 	IPXEFiles []string
+	// ARM64IPXE is the arm64 iPXE binary (hack/ipxe-arm64.sh builds it from Debian's ipxe package, which ships
+	// x86 binaries only), shipped as ARM64IPXEFile; empty ships none, and the edge refuses arm64 clients.
+	ARM64IPXE string
 	// PreseedDir optionally holds an asset import bundle (outpost-assets.json and files) to bake in.
 	PreseedDir string
 	// TalosVersion is the compatibility constraint of the extension, e.g. ">= v1.9.0".
@@ -95,6 +103,12 @@ func (c Config) Validate() error {
 	for _, f := range c.IPXEFiles {
 		if _, err := os.Stat(filepath.Join(c.IPXEDir, f)); err != nil {
 			errs = append(errs, fmt.Errorf("ipxe file: %w (install Debian's ipxe package)", err))
+		}
+	}
+
+	if c.ARM64IPXE != "" {
+		if err := checkPEMachine(c.ARM64IPXE, pe.IMAGE_FILE_MACHINE_ARM64); err != nil {
+			errs = append(errs, fmt.Errorf("arm64 ipxe file: %w (run hack/ipxe-arm64.sh)", err))
 		}
 	}
 
@@ -220,6 +234,12 @@ func WriteExtension(c Config, dir string) error {
 		}
 	}
 
+	if c.ARM64IPXE != "" {
+		if err := copyFile(c.ARM64IPXE, filepath.Join(ctr, IPXEDir, ARM64IPXEFile), 0o644); err != nil {
+			return err
+		}
+	}
+
 	// mount points for the bind mounts must exist in the container's rootfs
 	for _, d := range []string{StateDir, "/etc/ssl/certs"} {
 		if err := os.MkdirAll(filepath.Join(ctr, d), 0o755); err != nil {
@@ -234,6 +254,23 @@ func WriteExtension(c Config, dir string) error {
 	}
 
 	return ValidateExtension(dir)
+}
+
+// checkPEMachine reports whether path is an EFI (PE) binary for the given machine, so that an x86 binary is
+// never shipped under the arm64 name.
+func checkPEMachine(path string, machine uint16) error {
+	f, err := pe.Open(path)
+	if err != nil {
+		return fmt.Errorf("%s: not an EFI binary: %w", path, err)
+	}
+
+	defer f.Close() //nolint:errcheck // read-only
+
+	if f.Machine != machine {
+		return fmt.Errorf("%s: PE machine %#x, want %#x", path, f.Machine, machine)
+	}
+
+	return nil
 }
 
 // ValidateExtension loads an extension tree with machinery and validates its constraints and contents.

@@ -244,3 +244,31 @@ func TestServiceSpec(t *testing.T) {
 	require.True(t, bytes.Contains(data, []byte("/var/lib/outpost-edge")))
 	require.False(t, strings.Contains(string(data), "PRESEED"))
 }
+
+// An arm64 iPXE built by hack/ipxe-arm64.sh ships as the file the edge hands arm64 clients; an x86 binary under
+// that name is refused.
+func TestARM64IPXE(t *testing.T) {
+	bin, _ := edgeBinary(t)
+	dir := ipxeDir(t)
+
+	x86 := image.Default()
+	x86.EdgeBinary, x86.IPXEDir, x86.ARM64IPXE = bin, dir, filepath.Join(dir, "ipxe.efi")
+	err := x86.Validate()
+	require.ErrorContains(t, err, "PE machine 0x8664, want 0xaa64")
+
+	notPE := image.Default()
+	notPE.EdgeBinary, notPE.IPXEDir, notPE.ARM64IPXE = bin, dir, bin
+	require.ErrorContains(t, notPE.Validate(), "not an EFI binary")
+
+	built, _ := filepath.Glob("../_out/ipxe-arm64/*/snp.efi")
+	if len(built) == 0 {
+		t.Skip("no arm64 iPXE under _out/ipxe-arm64 (make ipxe-arm64 builds it)")
+	}
+
+	cfg := image.Default()
+	cfg.EdgeBinary, cfg.IPXEDir, cfg.ARM64IPXE = bin, dir, built[0]
+
+	out := t.TempDir()
+	require.NoError(t, image.WriteExtension(cfg, out))
+	require.Equal(t, fileSum(t, built[0]), fileSum(t, filepath.Join(out, "rootfs/usr/local/lib/containers/outpost-edge/usr/lib/ipxe", image.ARM64IPXEFile)))
+}
