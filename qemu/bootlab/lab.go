@@ -125,9 +125,9 @@ type SiteOptions struct {
 	// requests to the site's DHCP server and to the edge. The site's server leases 10.78.0.0/24 to them.
 	Relay bool
 	// Bare makes the site's dnsmasq do the whole network boot itself, with no edge, as the classic dnsmasq +
-	// static files setup does: DHCP with boot files, TFTP for iPXE from this directory, and busybox's httpd
-	// serving the directory (boot.ipxe, the kernel, the initramfs) on DHCPIP. It is the peer the edge's boot
-	// times are compared with.
+	// static files setup does: DHCP with boot files (UEFI HTTP boot included), TFTP for iPXE from this
+	// directory, and busybox's httpd serving the directory (boot.ipxe, the kernel, the initramfs, ipxe.efi) on
+	// DHCPIP. It is the peer the edge's boot times are compared with.
 	Bare string
 }
 
@@ -189,9 +189,13 @@ func NewSite(t *testing.T, opts SiteOptions) *Site {
 	if opts.Bare != "" {
 		args = append(args, "--enable-tftp", "--tftp-root="+opts.Bare, "--dhcp-match=set:ipxe,175",
 			"--dhcp-vendorclass=set:efi,PXEClient:Arch:00007",
+			// UEFI HTTP boot (UEFI specification, "HTTP Boot"): the client wants vendor class HTTPClient back
+			// and an http:// boot file.
+			"--dhcp-vendorclass=set:http,HTTPClient:Arch:00016", "--dhcp-option-force=tag:http,60,HTTPClient",
 			"--dhcp-boot=tag:ipxe,http://"+DHCPIP+"/boot.ipxe",
+			"--dhcp-boot=tag:!ipxe,tag:http,http://"+DHCPIP+"/ipxe.efi",
 			"--dhcp-boot=tag:!ipxe,tag:efi,ipxe.efi",
-			"--dhcp-boot=tag:!ipxe,tag:!efi,undionly.kpxe")
+			"--dhcp-boot=tag:!ipxe,tag:!efi,tag:!http,undionly.kpxe")
 		s.Start(t, "httpd", nil, "ip", "netns", "exec", s.DHCPNS, "busybox", "httpd", "-f", "-p", DHCPIP+":80", "-h", opts.Bare)
 	}
 

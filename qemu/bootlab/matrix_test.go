@@ -38,7 +38,7 @@ func TestFirmwareMatrix(t *testing.T) {
 	}{
 		{"SeaBIOS", func(*testing.T) bootCase { return bootCase{firmware: "seabios", timeout: 3 * time.Minute} }, true},
 		{"OVMF-PXE", func(*testing.T) bootCase { return bootCase{firmware: "ovmf", timeout: 5 * time.Minute} }, true},
-		{"OVMF-HTTPBoot", func(*testing.T) bootCase { return httpBootCase() }, false},
+		{"OVMF-HTTPBoot", func(*testing.T) bootCase { return httpBootCase() }, true},
 		{"OVMF-SecureBoot", secureBootCase, false},
 	} {
 		t.Run(cell.firmware+"/agent", func(t *testing.T) {
