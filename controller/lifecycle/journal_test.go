@@ -191,3 +191,31 @@ func TestErrorLine(t *testing.T) {
 		})
 	}
 }
+
+// TestWipeTimeoutReadsAsSuch: a wipe the far end ended at its deadline (the call's own, propagated) reads as
+// no answer within the wipe timeout, even when this end's own deadline has not quite passed.
+func TestWipeTimeoutReadsAsSuch(t *testing.T) {
+	t.Parallel()
+
+	h := newHarness(t)
+	h.stop()
+
+	book := timeline.New(timeline.DefaultConfig(), h.clock.Now)
+	h.journal = book
+	h.start()
+
+	h.edge.Add("m1", "site-a")
+	h.edge.FailCalls("m1", "WipeDisks", status.Error(codes.DeadlineExceeded, "context deadline exceeded"))
+	h.omni("m1", accepted)
+
+	h.eventually("the wipe's error in the timeline", func() bool {
+		rec, _ := book.Get("m1")
+		for _, e := range rec.Entries {
+			if e.Error && strings.HasPrefix(e.Text, "Wipe: no answer within 5s, the fast wipe's timeout (") {
+				return true
+			}
+		}
+
+		return false
+	})
+}

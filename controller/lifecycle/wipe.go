@@ -8,6 +8,8 @@ import (
 
 	"github.com/cosi-project/runtime/pkg/controller"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -78,7 +80,8 @@ func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.Q
 		s.env.note(v.id, "wipe-started", "wiping disks ("+in.GetReason()+")")
 
 		err := s.env.Agent.WipeDisks(intentspb.NewOutgoingContext(ctx, in.GetId()), site, v.id, zeroes)
-		if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		// The far end's deadline (the call's own, propagated) may end it a moment before this one's.
+		if err != nil && (errors.Is(ctx.Err(), context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded) {
 			err = stated(err, fmt.Sprintf("no answer within %s, the %s wipe's timeout", timeout, in.GetReason()))
 		}
 
