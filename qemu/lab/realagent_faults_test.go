@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -82,40 +81,12 @@ func TestRealMetalAgentUnderFaults(t *testing.T) {
 	}
 
 	// Each machine runs its own way through; a failure names the machine.
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		errs []error
-	)
-
+	runs := map[*lab.Machine]func() (string, error){}
 	for _, f := range machines {
-		wg.Add(1)
-
-		go func() {
-			defer wg.Done()
-
-			start := time.Now()
-			err := runFaulted(ctx, e, f.m, f.markers, f.fired, f.why)
-			e.Timeline.Step("power-on, accept, through the fault to ready with the disk wiped", f.m.Spec.Name, start, err)
-			t.Logf("%-14s %6.1f s  %v", f.m.Spec.Name, time.Since(start).Seconds(), err)
-
-			if err != nil {
-				mu.Lock()
-				errs = append(errs, fmt.Errorf("%s: %w", f.m.Spec.Name, err))
-				mu.Unlock()
-			}
-		}()
+		runs[f.m] = func() (string, error) { return "", runFaulted(ctx, e, f.m, f.markers, f.fired, f.why) }
 	}
 
-	wg.Wait()
-
-	for _, err := range errs {
-		t.Error(err)
-	}
-
-	if len(errs) > 0 {
-		t.Fatalf("logs under %s", l.Dir)
-	}
+	atOnce(t, l, e, "power-on, accept, through the fault to ready with the disk wiped", runs)
 
 	for _, f := range machines {
 		if err := f.m.Failures(); err != nil {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -293,4 +294,46 @@ func setupRealAgentLab(t *testing.T, dir string, opts lab.RealAgentOptions) (con
 	})
 
 	return ctx, l, e
+}
+
+// atOnce runs each run at the same time, each a machine's way through a test: its time is logged and kept in
+// the lab's timeline as step (with what the run returns as its detail), and the test fails naming every machine
+// whose run failed (logs under the lab's directory).
+func atOnce(t *testing.T, l *lab.Lab, e *lab.Env, step string, runs map[*lab.Machine]func() (detail string, err error)) {
+	t.Helper()
+
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+
+	for m, run := range runs {
+		wg.Add(1)
+
+		go func() {
+			defer wg.Done()
+
+			start := time.Now()
+			detail, err := run()
+			e.Timeline.Step(step, m.Spec.Name, start, err)
+			t.Logf("%-14s %6.1f s  %v\n%s", m.Spec.Name, time.Since(start).Seconds(), err, detail)
+
+			if err != nil {
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("%s: %w", m.Spec.Name, err))
+				mu.Unlock()
+			}
+		}()
+	}
+
+	wg.Wait()
+
+	for _, err := range errs {
+		t.Error(err)
+	}
+
+	if len(errs) > 0 {
+		t.Fatalf("logs under %s", l.Dir)
+	}
 }

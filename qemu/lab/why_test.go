@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -99,45 +98,19 @@ func TestWhyDidItNotBoot(t *testing.T) {
 		},
 	}
 
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		errs []error
-	)
-
+	runs := map[*lab.Machine]func() (string, error){}
 	for _, c := range cases {
-		wg.Add(1)
-
-		go func() {
-			defer wg.Done()
-
-			start := time.Now()
+		runs[c.m] = func() (string, error) {
 			ask, want := c.m.Spec.UUID, c.m.Spec.UUID+": "+c.want
 			if c.byMAC {
 				ask = c.m.Spec.MAC
 			}
 
-			why, err := stopAndAsk(ctx, e, c.m, ask, want, c.stop)
-			e.Timeline.Step("stopped, then named by machine why", c.m.Spec.Name, start, err)
-			t.Logf("%-13s %6.1f s  %v\n%s", c.m.Spec.Name, time.Since(start).Seconds(), err, why)
-
-			if err != nil {
-				mu.Lock()
-				errs = append(errs, fmt.Errorf("%s: %w", c.m.Spec.Name, err))
-				mu.Unlock()
-			}
-		}()
+			return stopAndAsk(ctx, e, c.m, ask, want, c.stop)
+		}
 	}
 
-	wg.Wait()
-
-	for _, err := range errs {
-		t.Error(err)
-	}
-
-	if len(errs) > 0 {
-		t.Fatalf("logs under %s", l.Dir)
-	}
+	atOnce(t, l, e, "stopped, then named by machine why", runs)
 }
 
 // stopAndAsk brings m to its stop, then asks machine why (naming the machine by ask) until its answer begins
