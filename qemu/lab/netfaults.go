@@ -1,10 +1,6 @@
 package lab
 
-import (
-	"fmt"
-	"os/exec"
-	"strconv"
-)
+import "strconv"
 
 // CutNetwork takes the machine's NIC off the site network (its tap leaves the site's bridge: nothing it sends
 // reaches the edge or the site's DHCP server) or puts it back. Its BMC, on the site network itself, still
@@ -31,11 +27,5 @@ func (m *Machine) RefuseHTTP(after int64) error {
 			"--connbytes-dir", "reply", "--connbytes-mode", "bytes")
 	}
 
-	args = append(args, "-j", "REJECT", "--reject-with", "tcp-reset")
-
-	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-		return fmt.Errorf("refuse http of %s: %w: %s", m.Spec.Name, err, out)
-	}
-
-	return nil
+	return m.Site.lab.IP(append(args, "-j", "REJECT", "--reject-with", "tcp-reset")...)
 }

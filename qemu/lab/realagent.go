@@ -427,11 +427,14 @@ func (e *Env) WaitPending(ctx context.Context, m *Machine, timeout time.Duration
 
 // WaitReadyToUse waits until Omni reports the machine ready to use (its BMC configured, its disk wiped).
 func (e *Env) WaitReadyToUse(ctx context.Context, m *Machine, timeout time.Duration) error {
-	return poll(ctx, timeout, "ready to use in Omni", m, func() (bool, error) {
-		_, st, err := e.infraMachine(ctx, m.Spec.UUID)
+	return poll(ctx, timeout, "ready to use in Omni", m, func() (bool, error) { return e.ReadyToUse(ctx, m) })
+}
 
-		return st != nil && st.ReadyToUse, err
-	})
+// ReadyToUse reads whether Omni reports m ready to use now.
+func (e *Env) ReadyToUse(ctx context.Context, m *Machine) (bool, error) {
+	_, st, err := e.infraMachine(ctx, m.Spec.UUID)
+
+	return st != nil && st.ReadyToUse, err
 }
 
 // WaitBMCUser waits until the machine's BMC holds an enabled LAN user of that name (BMCHasUser).

@@ -117,7 +117,7 @@ func runFaulted(ctx context.Context, e *lab.Env, m *lab.Machine, markers []int64
 	var reportedUnwiped error
 
 	if err := poll(ctx, 15*time.Minute, func() (bool, error) {
-		ready, err := readyToUse(ctx, e, m)
+		ready, err := e.ReadyToUse(ctx, m)
 		if err != nil || !ready {
 			return false, err
 		}
@@ -164,20 +164,4 @@ func runFaulted(ctx context.Context, e *lab.Env, m *lab.Machine, markers []int64
 	}
 
 	return nil
-}
-
-// readyToUse reads whether Omni reports m ready to use.
-func readyToUse(ctx context.Context, e *lab.Env, m *lab.Machine) (bool, error) {
-	rows, err := e.Omni.Admin.List(ctx)
-	if err != nil {
-		return false, err
-	}
-
-	for _, r := range rows {
-		if r.ID == m.Spec.UUID {
-			return r.Status != nil && r.Status.ReadyToUse, nil
-		}
-	}
-
-	return false, nil
 }
