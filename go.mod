@@ -7,6 +7,7 @@ require (
 	github.com/bougou/go-ipmi v0.9.1
 	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/cosi-project/runtime v1.16.2
+	github.com/diskfs/go-diskfs v1.9.4
 	github.com/google/go-containerregistry v0.22.1
 	github.com/hashicorp/yamux v0.1.2
 	github.com/insomniacslk/dhcp v0.0.0-20260719225207-c76316d4aa82
@@ -42,8 +43,10 @@ require (
 )
 
 require (
+	github.com/djherbis/times v1.6.0 // indirect
 	github.com/docker/cli v29.7.2+incompatible // indirect
 	github.com/docker/docker-credential-helpers v0.9.8 // indirect
+	github.com/elliotwutingfeng/asciiset v0.0.0-20260129054604-cfde2086bc57 // indirect
 	github.com/sirupsen/logrus v1.9.4 // indirect
 	gotest.tools/v3 v3.5.2 // indirect
 )
