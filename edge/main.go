@@ -92,6 +92,7 @@ func rootCommand(lookup func(string) (string, bool)) (*cobra.Command, *envflag.B
 	f.StringVar(&cfg.TFTP.Listen, "tftp-listen", cfg.TFTP.Listen, "TFTP address, empty to turn TFTP off")
 	f.StringVar(&cfg.APIListen, "api-listen", cfg.APIListen, "agent tunnel endpoint (HTTP/2)")
 	f.StringVar(&cfg.IPXEDir, "ipxe-dir", cfg.IPXEDir, "directory of iPXE binaries (Debian's ipxe package)")
+	f.StringVar(&cfg.VMediaLoader, "vmedia-loader", cfg.VMediaLoader, "EFI boot loader of virtual-media images (default: "+config.VMediaLoaderName+" in --ipxe-dir)")
 	f.StringVar(&cfg.DHCP.Files.UEFIx86Signed, "secure-boot-file", cfg.DHCP.Files.UEFIx86Signed, "signed UKI in --ipxe-dir for UEFI x86 machines that enforce Secure Boot")
 	f.StringSliceVar(&cfg.DHCP.Files.SecureBoot, "secure-boot", cfg.DHCP.Files.SecureBoot, "MACs of the machines that enforce Secure Boot, or * for every UEFI machine: they get only --secure-boot-file, never iPXE")
 	f.Int64Var(&cfg.Assets.MaxBytes, "assets-max-bytes", cfg.Assets.MaxBytes, "size cap of the boot-asset cache")

@@ -27,6 +27,7 @@ import (
 	"github.com/outpost-metal/outpost/edge/tftp"
 	"github.com/outpost-metal/outpost/edge/tunnel"
 	"github.com/outpost-metal/outpost/edge/uplink"
+	"github.com/outpost-metal/outpost/edge/vmedia"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 )
 
@@ -263,16 +264,34 @@ func (b *builder) newHTTP(context.Context) error {
 	oci := registry.New(b.store, b.log)
 	b.metrics.MustRegister(oci.Collectors()...)
 
-	httpSrv, err := httpd.New(b.cfg.HTTP, b.log, httpd.Deps{
+	upstream := func() httpd.UpstreamRule { return upstreamRule(b.fetcher.Policy()) }
+	deps := httpd.Deps{
 		Table:      b.table,
 		Catalog:    b.catalog,
 		Observer:   b.events,
 		Assets:     served,
 		Registry:   oci,
-		Upstream:   func() httpd.UpstreamRule { return upstreamRule(b.fetcher.Policy()) },
+		Upstream:   upstream,
 		Registerer: b.metrics,
 		Gatherer:   b.metrics,
-	})
+	}
+
+	if host := b.cfg.HTTP.ReachableHost(); host == "" {
+		b.log.Info("virtual media off: BMCs could not reach the images without the edge's site address (--advertise-host)")
+	} else {
+		store, err := vmedia.NewStore(vmedia.Config{Dir: filepath.Join(b.cfg.StateDir, "vmedia"), Loader: cmp.Or(b.cfg.VMediaLoader, filepath.Join(b.cfg.IPXEDir, config.VMediaLoaderName)), BaseURL: "http://" + host},
+			imagePlanner{cfg: b.cfg.HTTP, host: host, table: b.table, assets: served, upstream: upstream}, served, b.table.DHCP)
+		if err != nil {
+			return err
+		}
+
+		deps.VirtualMedia = store
+		if svc, ok := b.bmcAPI.(*bmc.Service); ok { // the fleet simulator's own BMCs boot no images
+			svc.WithImages(images{store: store, book: b.book})
+		}
+	}
+
+	httpSrv, err := httpd.New(b.cfg.HTTP, b.log, deps)
 	if err != nil {
 		return fmt.Errorf("http server: %w", err)
 	}

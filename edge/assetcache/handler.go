@@ -124,6 +124,22 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	http.ServeContent(w, r, "", fi.ModTime(), f)
 }
 
+// Open opens an asset by name as /assets/<name> would serve it: the cache's, else the files directory's.
+func (h *Handler) Open(name string) (*os.File, error) {
+	if ValidateDigest(name) != nil {
+		if err := ValidateName(name); err != nil {
+			return nil, err
+		}
+	}
+
+	f, _, err := h.store.Open(name)
+	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrCorrupt) {
+		return h.openFile(name)
+	}
+
+	return f, err
+}
+
 // openFile opens a regular file of the files directory (the root keeps the name inside it).
 func (h *Handler) openFile(name string) (*os.File, error) {
 	f, err := h.files.Open(name)

@@ -24,6 +24,7 @@ type Service struct {
 	log     *zap.Logger
 	watcher *Watcher
 	ended   func(machineID string, at time.Time)
+	images  Images
 }
 
 // WithBootEnded makes the service tell f of each machine it powered off or reset, with the time it sent the

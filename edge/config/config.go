@@ -22,6 +22,10 @@ import (
 	"github.com/outpost-metal/outpost/shared/logging"
 )
 
+// VMediaLoaderName is the virtual-media boot loader's file name in the iPXE directory (the appliance ships it
+// there).
+const VMediaLoaderName = "vmedia-x86_64.efi"
+
 // Config is everything the edge process needs. Component sections hold the components' own configurations;
 // StateDir fills in their directories.
 type Config struct {
@@ -35,6 +39,9 @@ type Config struct {
 	APIListen string
 	// AssetsPreseedDir is an asset bundle imported into the cache at start (appliances with baked-in assets).
 	AssetsPreseedDir string
+	// VMediaLoader is the EFI boot loader of virtual-media images (hack/vmedia-loader.sh); empty: VMediaLoaderName
+	// in IPXEDir. Without the file, machines at a site without DHCP cannot boot from images (a clear refusal).
+	VMediaLoader string
 	// JoinTokenFile holds the join token (preferred to a flag, which any local user sees in the process list).
 	JoinTokenFile string
 
@@ -80,7 +87,7 @@ func Default() Config {
 
 // AbsolutePaths makes every path setting absolute (relative to the working directory).
 func (c *Config) AbsolutePaths() error {
-	for _, p := range []*string{&c.StateDir, &c.IPXEDir, &c.AssetsPreseedDir, &c.JoinTokenFile} {
+	for _, p := range []*string{&c.StateDir, &c.IPXEDir, &c.AssetsPreseedDir, &c.JoinTokenFile, &c.VMediaLoader} {
 		if *p == "" || filepath.IsAbs(*p) {
 			continue
 		}

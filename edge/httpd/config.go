@@ -3,6 +3,8 @@ package httpd
 import (
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"regexp"
 	"time"
 )
@@ -104,3 +106,26 @@ func (c Config) Validate() error {
 
 // hostRE matches host[:port] with an IPv4, IPv6 or DNS host: nothing that could break out of a script line.
 var hostRE = regexp.MustCompile(`^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?$`)
+
+// ReachableHost is host[:port] another device at the site reaches this server at without a request to tell
+// it: AdvertiseHost, else the listen address when it names an address; "" when neither does.
+func (c Config) ReachableHost() string {
+	if c.AdvertiseHost != "" {
+		return c.AdvertiseHost
+	}
+
+	host, port, err := net.SplitHostPort(c.Listen)
+	if err != nil {
+		return ""
+	}
+
+	if a, err := netip.ParseAddr(host); err != nil || a.IsUnspecified() {
+		return ""
+	}
+
+	if port == "80" {
+		return host
+	}
+
+	return net.JoinHostPort(host, port)
+}

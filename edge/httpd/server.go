@@ -77,6 +77,9 @@ type Deps struct {
 	// Registry serves the OCI distribution API under /v2/, for every method (optional: without it nothing is
 	// served there).
 	Registry http.Handler
+	// VirtualMedia serves the virtual-media images BMCs mount, /vmedia/ (optional: without it nothing is served
+	// there).
+	VirtualMedia http.Handler
 	// Observer is optional.
 	Observer Observer
 	// Registerer receives this server's metrics; Gatherer is what /metrics serves (usually the same registry).
@@ -154,6 +157,10 @@ func New(cfg Config, logger *zap.Logger, deps Deps) (*Server, error) {
 	mux.Handle("GET /healthz", count("healthz", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		writeText(w, "text/plain; charset=utf-8", []byte("ok\n"))
 	})))
+
+	if deps.VirtualMedia != nil {
+		mux.Handle("GET /vmedia/", count("vmedia", deps.VirtualMedia))
+	}
 
 	if deps.Registry != nil { // every method: the registry answers writes with the spec's error
 		mux.Handle("/v2/", count("registry", deps.Registry))

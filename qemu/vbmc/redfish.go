@@ -36,6 +36,8 @@ type RedfishOptions struct {
 	// Media, when set, is the BMC's virtual CD: served as the manager's VirtualMedia (linked from the system too),
 	// and bootable once with BootSourceOverrideTarget "Cd".
 	Media *Media
+	// UUID is the system's UUID (a lab machine's SMBIOS UUID); empty when not set.
+	UUID string
 	// Hardware, when set, is the machine's inventory: the system's vendor, model, serial, processors, memory and
 	// BIOS version, a drive, an Ethernet interface, the manager's firmware and a firmware inventory.
 	Hardware *Hardware
@@ -277,6 +279,10 @@ func (r *Redfish) getSystem(w http.ResponseWriter, settings bool) {
 				},
 			},
 		},
+	}
+
+	if r.opts.UUID != "" {
+		sys["UUID"] = r.opts.UUID
 	}
 
 	if !settings {

@@ -828,6 +828,142 @@ func (x *FirmwareVersion) GetVersion() string {
 	return ""
 }
 
+type BootFromImageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// target.machine_id names the machine whose plan the image boots; empty for a machine never booted yet (it
+	// gets agent mode, found by mac).
+	Target *Target `protobuf:"bytes,1,opt,name=target,proto3" json:"target,omitempty"`
+	// mac is the interface whose reserved address the image brings up; empty: the one the edge learnt when the
+	// machine first booted from an image.
+	Mac           string `protobuf:"bytes,2,opt,name=mac,proto3" json:"mac,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BootFromImageRequest) Reset() {
+	*x = BootFromImageRequest{}
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BootFromImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BootFromImageRequest) ProtoMessage() {}
+
+func (x *BootFromImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BootFromImageRequest.ProtoReflect.Descriptor instead.
+func (*BootFromImageRequest) Descriptor() ([]byte, []int) {
+	return file_shared_api_bmc_bmc_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *BootFromImageRequest) GetTarget() *Target {
+	if x != nil {
+		return x.Target
+	}
+	return nil
+}
+
+func (x *BootFromImageRequest) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+type BootFromImageResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// url is the image the BMC mounted.
+	Url string `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
+	// system_uuid is the machine the BMC reports (lower case).
+	SystemUuid string `protobuf:"bytes,2,opt,name=system_uuid,json=systemUuid,proto3" json:"system_uuid,omitempty"`
+	// mode is what the image boots: agent or install.
+	Mode string `protobuf:"bytes,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	// mac and address are the interface and the static address the image brings up.
+	Mac           string `protobuf:"bytes,4,opt,name=mac,proto3" json:"mac,omitempty"`
+	Address       string `protobuf:"bytes,5,opt,name=address,proto3" json:"address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BootFromImageResponse) Reset() {
+	*x = BootFromImageResponse{}
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BootFromImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BootFromImageResponse) ProtoMessage() {}
+
+func (x *BootFromImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_bmc_bmc_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BootFromImageResponse.ProtoReflect.Descriptor instead.
+func (*BootFromImageResponse) Descriptor() ([]byte, []int) {
+	return file_shared_api_bmc_bmc_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *BootFromImageResponse) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *BootFromImageResponse) GetSystemUuid() string {
+	if x != nil {
+		return x.SystemUuid
+	}
+	return ""
+}
+
+func (x *BootFromImageResponse) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *BootFromImageResponse) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *BootFromImageResponse) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
 var File_shared_api_bmc_bmc_proto protoreflect.FileDescriptor
 
 const file_shared_api_bmc_bmc_proto_rawDesc = "" +
@@ -884,7 +1020,17 @@ const file_shared_api_bmc_bmc_proto_rawDesc = "" +
 	"\bfirmware\x18\r \x03(\v2\x1c.outpost.bmc.FirmwareVersionR\bfirmware\"?\n" +
 	"\x0fFirmwareVersion\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
-	"\aversion\x18\x02 \x01(\tR\aversion*F\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\"U\n" +
+	"\x14BootFromImageRequest\x12+\n" +
+	"\x06target\x18\x01 \x01(\v2\x13.outpost.bmc.TargetR\x06target\x12\x10\n" +
+	"\x03mac\x18\x02 \x01(\tR\x03mac\"\x8a\x01\n" +
+	"\x15BootFromImageResponse\x12\x10\n" +
+	"\x03url\x18\x01 \x01(\tR\x03url\x12\x1f\n" +
+	"\vsystem_uuid\x18\x02 \x01(\tR\n" +
+	"systemUuid\x12\x12\n" +
+	"\x04mode\x18\x03 \x01(\tR\x04mode\x12\x10\n" +
+	"\x03mac\x18\x04 \x01(\tR\x03mac\x12\x18\n" +
+	"\aaddress\x18\x05 \x01(\tR\aaddress*F\n" +
 	"\bProtocol\x12\x11\n" +
 	"\rPROTOCOL_AUTO\x10\x00\x12\x11\n" +
 	"\rPROTOCOL_IPMI\x10\x01\x12\x14\n" +
@@ -892,7 +1038,7 @@ const file_shared_api_bmc_bmc_proto_rawDesc = "" +
 	"\bBootMode\x12\x19\n" +
 	"\x15BOOT_MODE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eBOOT_MODE_BIOS\x10\x01\x12\x12\n" +
-	"\x0eBOOT_MODE_UEFI\x10\x022\x8d\x05\n" +
+	"\x0eBOOT_MODE_UEFI\x10\x022\xaa\x06\n" +
 	"\x03BMC\x12J\n" +
 	"\vPowerStatus\x12\x19.outpost.bmc.PowerRequest\x1a .outpost.bmc.PowerStatusResponse\x12@\n" +
 	"\aPowerOn\x12\x19.outpost.bmc.PowerRequest\x1a\x1a.outpost.bmc.PowerResponse\x12A\n" +
@@ -904,7 +1050,10 @@ const file_shared_api_bmc_bmc_proto_rawDesc = "" +
 	"\x11ClearBootOverride\x12\x19.outpost.bmc.PowerRequest\x1a\x1a.outpost.bmc.PowerResponse\x12R\n" +
 	"\x0fGetBootOverride\x12\x19.outpost.bmc.PowerRequest\x1a$.outpost.bmc.GetBootOverrideResponse\x12>\n" +
 	"\x05Watch\x12\x19.outpost.bmc.WatchRequest\x1a\x1a.outpost.bmc.WatchResponse\x12F\n" +
-	"\tInventory\x12\x19.outpost.bmc.PowerRequest\x1a\x1e.outpost.bmc.InventoryResponseB1Z/github.com/outpost-metal/outpost/shared/api/bmcb\x06proto3"
+	"\tInventory\x12\x19.outpost.bmc.PowerRequest\x1a\x1e.outpost.bmc.InventoryResponse\x12V\n" +
+	"\rBootFromImage\x12!.outpost.bmc.BootFromImageRequest\x1a\".outpost.bmc.BootFromImageResponse\x12C\n" +
+	"\n" +
+	"EjectImage\x12\x19.outpost.bmc.PowerRequest\x1a\x1a.outpost.bmc.PowerResponseB1Z/github.com/outpost-metal/outpost/shared/api/bmcb\x06proto3"
 
 var (
 	file_shared_api_bmc_bmc_proto_rawDescOnce sync.Once
@@ -919,7 +1068,7 @@ func file_shared_api_bmc_bmc_proto_rawDescGZIP() []byte {
 }
 
 var file_shared_api_bmc_bmc_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_shared_api_bmc_bmc_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_shared_api_bmc_bmc_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_shared_api_bmc_bmc_proto_goTypes = []any{
 	(Protocol)(0),                   // 0: outpost.bmc.Protocol
 	(BootMode)(0),                   // 1: outpost.bmc.BootMode
@@ -934,6 +1083,8 @@ var file_shared_api_bmc_bmc_proto_goTypes = []any{
 	(*GetBootOverrideResponse)(nil), // 10: outpost.bmc.GetBootOverrideResponse
 	(*InventoryResponse)(nil),       // 11: outpost.bmc.InventoryResponse
 	(*FirmwareVersion)(nil),         // 12: outpost.bmc.FirmwareVersion
+	(*BootFromImageRequest)(nil),    // 13: outpost.bmc.BootFromImageRequest
+	(*BootFromImageResponse)(nil),   // 14: outpost.bmc.BootFromImageResponse
 }
 var file_shared_api_bmc_bmc_proto_depIdxs = []int32{
 	0,  // 0: outpost.bmc.Target.protocol:type_name -> outpost.bmc.Protocol
@@ -945,29 +1096,34 @@ var file_shared_api_bmc_bmc_proto_depIdxs = []int32{
 	1,  // 6: outpost.bmc.GetBootOverrideResponse.mode:type_name -> outpost.bmc.BootMode
 	0,  // 7: outpost.bmc.InventoryResponse.protocol:type_name -> outpost.bmc.Protocol
 	12, // 8: outpost.bmc.InventoryResponse.firmware:type_name -> outpost.bmc.FirmwareVersion
-	3,  // 9: outpost.bmc.BMC.PowerStatus:input_type -> outpost.bmc.PowerRequest
-	3,  // 10: outpost.bmc.BMC.PowerOn:input_type -> outpost.bmc.PowerRequest
-	3,  // 11: outpost.bmc.BMC.PowerOff:input_type -> outpost.bmc.PowerRequest
-	3,  // 12: outpost.bmc.BMC.PowerCycle:input_type -> outpost.bmc.PowerRequest
-	9,  // 13: outpost.bmc.BMC.SetPXEOnce:input_type -> outpost.bmc.SetPXEOnceRequest
-	3,  // 14: outpost.bmc.BMC.ClearBootOverride:input_type -> outpost.bmc.PowerRequest
-	3,  // 15: outpost.bmc.BMC.GetBootOverride:input_type -> outpost.bmc.PowerRequest
-	4,  // 16: outpost.bmc.BMC.Watch:input_type -> outpost.bmc.WatchRequest
-	3,  // 17: outpost.bmc.BMC.Inventory:input_type -> outpost.bmc.PowerRequest
-	8,  // 18: outpost.bmc.BMC.PowerStatus:output_type -> outpost.bmc.PowerStatusResponse
-	7,  // 19: outpost.bmc.BMC.PowerOn:output_type -> outpost.bmc.PowerResponse
-	7,  // 20: outpost.bmc.BMC.PowerOff:output_type -> outpost.bmc.PowerResponse
-	7,  // 21: outpost.bmc.BMC.PowerCycle:output_type -> outpost.bmc.PowerResponse
-	7,  // 22: outpost.bmc.BMC.SetPXEOnce:output_type -> outpost.bmc.PowerResponse
-	7,  // 23: outpost.bmc.BMC.ClearBootOverride:output_type -> outpost.bmc.PowerResponse
-	10, // 24: outpost.bmc.BMC.GetBootOverride:output_type -> outpost.bmc.GetBootOverrideResponse
-	5,  // 25: outpost.bmc.BMC.Watch:output_type -> outpost.bmc.WatchResponse
-	11, // 26: outpost.bmc.BMC.Inventory:output_type -> outpost.bmc.InventoryResponse
-	18, // [18:27] is the sub-list for method output_type
-	9,  // [9:18] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	2,  // 9: outpost.bmc.BootFromImageRequest.target:type_name -> outpost.bmc.Target
+	3,  // 10: outpost.bmc.BMC.PowerStatus:input_type -> outpost.bmc.PowerRequest
+	3,  // 11: outpost.bmc.BMC.PowerOn:input_type -> outpost.bmc.PowerRequest
+	3,  // 12: outpost.bmc.BMC.PowerOff:input_type -> outpost.bmc.PowerRequest
+	3,  // 13: outpost.bmc.BMC.PowerCycle:input_type -> outpost.bmc.PowerRequest
+	9,  // 14: outpost.bmc.BMC.SetPXEOnce:input_type -> outpost.bmc.SetPXEOnceRequest
+	3,  // 15: outpost.bmc.BMC.ClearBootOverride:input_type -> outpost.bmc.PowerRequest
+	3,  // 16: outpost.bmc.BMC.GetBootOverride:input_type -> outpost.bmc.PowerRequest
+	4,  // 17: outpost.bmc.BMC.Watch:input_type -> outpost.bmc.WatchRequest
+	3,  // 18: outpost.bmc.BMC.Inventory:input_type -> outpost.bmc.PowerRequest
+	13, // 19: outpost.bmc.BMC.BootFromImage:input_type -> outpost.bmc.BootFromImageRequest
+	3,  // 20: outpost.bmc.BMC.EjectImage:input_type -> outpost.bmc.PowerRequest
+	8,  // 21: outpost.bmc.BMC.PowerStatus:output_type -> outpost.bmc.PowerStatusResponse
+	7,  // 22: outpost.bmc.BMC.PowerOn:output_type -> outpost.bmc.PowerResponse
+	7,  // 23: outpost.bmc.BMC.PowerOff:output_type -> outpost.bmc.PowerResponse
+	7,  // 24: outpost.bmc.BMC.PowerCycle:output_type -> outpost.bmc.PowerResponse
+	7,  // 25: outpost.bmc.BMC.SetPXEOnce:output_type -> outpost.bmc.PowerResponse
+	7,  // 26: outpost.bmc.BMC.ClearBootOverride:output_type -> outpost.bmc.PowerResponse
+	10, // 27: outpost.bmc.BMC.GetBootOverride:output_type -> outpost.bmc.GetBootOverrideResponse
+	5,  // 28: outpost.bmc.BMC.Watch:output_type -> outpost.bmc.WatchResponse
+	11, // 29: outpost.bmc.BMC.Inventory:output_type -> outpost.bmc.InventoryResponse
+	14, // 30: outpost.bmc.BMC.BootFromImage:output_type -> outpost.bmc.BootFromImageResponse
+	7,  // 31: outpost.bmc.BMC.EjectImage:output_type -> outpost.bmc.PowerResponse
+	21, // [21:32] is the sub-list for method output_type
+	10, // [10:21] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_bmc_bmc_proto_init() }
@@ -981,7 +1137,7 @@ func file_shared_api_bmc_bmc_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_bmc_bmc_proto_rawDesc), len(file_shared_api_bmc_bmc_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   11,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

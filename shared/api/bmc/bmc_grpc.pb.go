@@ -32,6 +32,8 @@ const (
 	BMC_GetBootOverride_FullMethodName   = "/outpost.bmc.BMC/GetBootOverride"
 	BMC_Watch_FullMethodName             = "/outpost.bmc.BMC/Watch"
 	BMC_Inventory_FullMethodName         = "/outpost.bmc.BMC/Inventory"
+	BMC_BootFromImage_FullMethodName     = "/outpost.bmc.BMC/BootFromImage"
+	BMC_EjectImage_FullMethodName        = "/outpost.bmc.BMC/EjectImage"
 )
 
 // BMCClient is the client API for BMC service.
@@ -64,6 +66,12 @@ type BMCClient interface {
 	// string is printable and bounded, every list capped (see InventoryResponse); a huge, slow or malformed answer
 	// is a clear error or a truncated answer, never more.
 	Inventory(ctx context.Context, in *PowerRequest, opts ...grpc.CallOption) (*InventoryResponse, error)
+	// BootFromImage boots a machine at a site without DHCP from virtual media: the edge builds (or reuses) the
+	// image of the machine's boot plan with its reserved static address, serves it over HTTP, mounts it in the
+	// BMC's virtual CD (Redfish VirtualMedia) and sets a one-time UEFI boot from the CD. Powering on is its own call.
+	BootFromImage(ctx context.Context, in *BootFromImageRequest, opts ...grpc.CallOption) (*BootFromImageResponse, error)
+	// EjectImage empties the BMC's virtual CD (an empty CD is no error).
+	EjectImage(ctx context.Context, in *PowerRequest, opts ...grpc.CallOption) (*PowerResponse, error)
 }
 
 type bMCClient struct {
@@ -164,6 +172,26 @@ func (c *bMCClient) Inventory(ctx context.Context, in *PowerRequest, opts ...grp
 	return out, nil
 }
 
+func (c *bMCClient) BootFromImage(ctx context.Context, in *BootFromImageRequest, opts ...grpc.CallOption) (*BootFromImageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BootFromImageResponse)
+	err := c.cc.Invoke(ctx, BMC_BootFromImage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *bMCClient) EjectImage(ctx context.Context, in *PowerRequest, opts ...grpc.CallOption) (*PowerResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PowerResponse)
+	err := c.cc.Invoke(ctx, BMC_EjectImage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // BMCServer is the server API for BMC service.
 // All implementations must embed UnimplementedBMCServer
 // for forward compatibility.
@@ -194,6 +222,12 @@ type BMCServer interface {
 	// string is printable and bounded, every list capped (see InventoryResponse); a huge, slow or malformed answer
 	// is a clear error or a truncated answer, never more.
 	Inventory(context.Context, *PowerRequest) (*InventoryResponse, error)
+	// BootFromImage boots a machine at a site without DHCP from virtual media: the edge builds (or reuses) the
+	// image of the machine's boot plan with its reserved static address, serves it over HTTP, mounts it in the
+	// BMC's virtual CD (Redfish VirtualMedia) and sets a one-time UEFI boot from the CD. Powering on is its own call.
+	BootFromImage(context.Context, *BootFromImageRequest) (*BootFromImageResponse, error)
+	// EjectImage empties the BMC's virtual CD (an empty CD is no error).
+	EjectImage(context.Context, *PowerRequest) (*PowerResponse, error)
 	mustEmbedUnimplementedBMCServer()
 }
 
@@ -230,6 +264,12 @@ func (UnimplementedBMCServer) Watch(context.Context, *WatchRequest) (*WatchRespo
 }
 func (UnimplementedBMCServer) Inventory(context.Context, *PowerRequest) (*InventoryResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Inventory not implemented")
+}
+func (UnimplementedBMCServer) BootFromImage(context.Context, *BootFromImageRequest) (*BootFromImageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method BootFromImage not implemented")
+}
+func (UnimplementedBMCServer) EjectImage(context.Context, *PowerRequest) (*PowerResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method EjectImage not implemented")
 }
 func (UnimplementedBMCServer) mustEmbedUnimplementedBMCServer() {}
 func (UnimplementedBMCServer) testEmbeddedByValue()             {}
@@ -414,6 +454,42 @@ func _BMC_Inventory_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _BMC_BootFromImage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BootFromImageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BMCServer).BootFromImage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BMC_BootFromImage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BMCServer).BootFromImage(ctx, req.(*BootFromImageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _BMC_EjectImage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PowerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BMCServer).EjectImage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BMC_EjectImage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BMCServer).EjectImage(ctx, req.(*PowerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // BMC_ServiceDesc is the grpc.ServiceDesc for BMC service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -456,6 +532,14 @@ var BMC_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Inventory",
 			Handler:    _BMC_Inventory_Handler,
+		},
+		{
+			MethodName: "BootFromImage",
+			Handler:    _BMC_BootFromImage_Handler,
+		},
+		{
+			MethodName: "EjectImage",
+			Handler:    _BMC_EjectImage_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

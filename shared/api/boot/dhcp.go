@@ -135,6 +135,9 @@ func (d *DHCP) Check() error {
 
 	if subnet.IsValid() {
 		switch {
+		case d.GetPoolStart() == "" && d.GetPoolEnd() == "" && d.GetMode() != DHCPMode_DHCP_MODE_FULL:
+			// A site without DHCP (off) names its subnet for the static addresses its machines boot with
+			// from virtual media: no pool to lease from.
 		case d.GetPoolStart() == "" || d.GetPoolEnd() == "":
 			errs = append(errs, errors.New("the dhcp subnet needs a pool (--dhcp-pool)"))
 		default:
