@@ -388,5 +388,32 @@ func siteMachineCommand(withClient clientRun) *cobra.Command {
 		cmd.AddCommand(sub)
 	}
 
+	var endpoint, user, passwordFile string
+
+	boot := &cobra.Command{
+		Use:   "boot SITE MAC --bmc-endpoint URL --bmc-user USER --bmc-password-file FILE",
+		Short: "Boot a machine at a site without DHCP from virtual media the first time (its BMC mounts the edge's image)",
+		Long: "The site's edge builds the agent-mode image with the address reserved for MAC (controller site machine add SITE MAC --ip),\n" +
+			"the machine's Redfish BMC mounts it and the machine is powered on (or cycled) into it once. Its later boots need\n" +
+			"nothing from the operator: the lifecycle boots it from images while the site's DHCP is off.",
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(func(ctx context.Context, c *admincli.Client) error {
+				return c.BootFromImage(ctx, args[0], args[1], endpoint, user, passwordFile, cmd.OutOrStdout())
+			})(cmd, args)
+		},
+	}
+
+	boot.Flags().StringVar(&endpoint, "bmc-endpoint", "", "the machine's BMC, a Redfish base URL (https://10.0.0.9)")
+	boot.Flags().StringVar(&user, "bmc-user", "", "the BMC user")
+	boot.Flags().StringVar(&passwordFile, "bmc-password-file", "", "a file holding the BMC user's password (a flag would show it in the process list)")
+
+	for _, f := range []string{"bmc-endpoint", "bmc-user", "bmc-password-file"} {
+		_ = boot.MarkFlagRequired(f) //nolint:errcheck // the flags exist
+	}
+
+	envflag.CommandLineOnly(boot.Flags(), "bmc-endpoint", "bmc-user", "bmc-password-file")
+	cmd.AddCommand(boot)
+
 	return cmd
 }

@@ -33,6 +33,7 @@ type Client struct {
 	conn        *grpc.ClientConn
 	api         adminpb.AdminClient
 	machinesAPI adminpb.MachinesClient
+	imageBoots  adminpb.SiteMachinesClient
 
 	// Output is how lists and shows print (default: a table).
 	Output Output
@@ -45,7 +46,7 @@ func Dial(path string) (*Client, error) {
 		return nil, fmt.Errorf("admin socket %s: %w", path, err)
 	}
 
-	return &Client{conn: conn, api: adminpb.NewAdminClient(conn), machinesAPI: adminpb.NewMachinesClient(conn), Output: OutputTable}, nil
+	return &Client{conn: conn, api: adminpb.NewAdminClient(conn), machinesAPI: adminpb.NewMachinesClient(conn), imageBoots: adminpb.NewSiteMachinesClient(conn), Output: OutputTable}, nil
 }
 
 // Close closes the connection.
@@ -367,6 +368,30 @@ func (c *Client) RegisterMachines(ctx context.Context, siteID string, macs []str
 	}
 
 	_, err = fmt.Fprintf(out, "site %s: %d registered machines\n", peer(siteID), len(resp.GetRegisteredMacs()))
+
+	return err
+}
+
+// maxPasswordFile bounds a BMC password file.
+const maxPasswordFile = 4 << 10
+
+// BootFromImage boots a machine at a site without DHCP from virtual media for the first time, through the BMC at
+// endpoint as user (the password read from passwordFile, one line), and prints what it boots.
+func (c *Client) BootFromImage(ctx context.Context, siteID, mac, endpoint, user, passwordFile string, out io.Writer) error {
+	pw, err := readBounded(passwordFile, maxPasswordFile)
+	if err != nil {
+		return fmt.Errorf("boot from image: bmc password: %w", err)
+	}
+
+	resp, err := c.imageBoots.BootFromImage(ctx, &adminpb.BootFromImageRequest{
+		SiteId: siteID, Mac: mac, BmcEndpoint: endpoint, BmcUsername: user, BmcPassword: strings.TrimRight(string(pw), "\r\n"),
+	})
+	if err != nil {
+		return describe("boot from image", err)
+	}
+
+	_, err = fmt.Fprintf(out, "machine %s at site %s boots %s mode from %s with %s (%s)\n",
+		peer(resp.GetSystemUuid()), peer(siteID), peer(resp.GetMode()), peer(resp.GetUrl()), peer(resp.GetAddress()), peer(mac))
 
 	return err
 }

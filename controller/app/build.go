@@ -21,6 +21,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/config"
 	"github.com/outpost-metal/outpost/controller/lease"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/machineaccess"
 	"github.com/outpost-metal/outpost/controller/omni"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/sites"
@@ -237,6 +238,7 @@ func (b *builder) newAdmin(context.Context) error {
 	}))
 
 	adminpb.RegisterAdminServer(b.admin, sites.NewAdmin(b.registry, b.uplink, b.store, b.assets.needs, opts...))
+	adminpb.RegisterSiteMachinesServer(b.admin, machineaccess.NewImageBoots(b.edges.clients.Access))
 
 	return nil
 }

@@ -66,7 +66,8 @@ func (b *builder) applySiteSettings(siteID string, s sites.Settings) {
 		Discovery: discovery, RegisteredMACs: s.RegisteredMACs, ExtraConfig: s.ExtraConfig, DHCP: s.DHCP.Table(),
 	})
 
-	if err := b.edges.policies.Set(siteID, lifecycle.SitePolicy{BMCProtocol: s.BMCProtocol, WipeMethod: s.WipeMethod}); err != nil {
+	policy := lifecycle.SitePolicy{BMCProtocol: s.BMCProtocol, WipeMethod: s.WipeMethod, BootFromImage: s.DHCP.Mode == bootpb.DHCPMode_DHCP_MODE_OFF.Name()}
+	if err := b.edges.policies.Set(siteID, policy); err != nil {
 		log.Warn("site policy refused", zap.Error(err)) // cannot happen after the check
 	}
 

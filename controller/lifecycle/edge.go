@@ -33,6 +33,11 @@ type PowerClient interface {
 	PowerCycle(ctx context.Context, siteID, machineID string, bmc *specs.BMCConfigurationSpec) error
 	// SetPXEOnce makes the next boot a network boot.
 	SetPXEOnce(ctx context.Context, siteID, machineID string, bmc *specs.BMCConfigurationSpec) error
+	// BootFromImage makes the next boot one from the virtual-media image of the machine's plan (a site without
+	// DHCP); it returns the static address the image brings up.
+	BootFromImage(ctx context.Context, siteID, machineID string, bmc *specs.BMCConfigurationSpec) (string, error)
+	// EjectImage empties the machine's virtual CD, so that it boots its disk.
+	EjectImage(ctx context.Context, siteID, machineID string, bmc *specs.BMCConfigurationSpec) error
 }
 
 // AgentClient calls the metal agent of a machine through its site's edge (management.AgentService).

@@ -126,6 +126,25 @@ func (c *EdgeClients) PowerCycle(ctx context.Context, site, id string, bmc *spec
 	return c.do(ctx, site, id, bmc, (*machineaccess.BMC).PowerCycle)
 }
 
+// BootFromImage implements PowerClient.
+func (c *EdgeClients) BootFromImage(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) (string, error) {
+	var addr string
+
+	err := c.do(ctx, site, id, bmc, func(b *machineaccess.BMC, ctx context.Context) error {
+		resp, err := b.BootFromImage(ctx, "")
+		addr = resp.GetAddress()
+
+		return err
+	})
+
+	return addr, err
+}
+
+// EjectImage implements PowerClient.
+func (c *EdgeClients) EjectImage(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) error {
+	return c.do(ctx, site, id, bmc, (*machineaccess.BMC).EjectImage)
+}
+
 // SetPXEOnce implements PowerClient. The firmware mode comes from what the machine reported (its iPXE boot
 // request, its PXE DHCP request); for a machine that never booted through the edge (the site's own DHCP hands
 // out the boot file, or it joined another way) the BMC is asked, and failing that the default mode is used.

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/outpost-metal/outpost/controller/bootplans"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
 )
@@ -176,8 +177,8 @@ func (s *power) act(ctx context.Context, logger *zap.Logger, r controller.QRunti
 	return nil
 }
 
-// powerOnInto pushes the machine's plan, waits for the edge's acknowledgement, sets a one-time PXE boot when
-// the plan network boots, and powers the machine on.
+// powerOnInto pushes the machine's plan, waits for the edge's acknowledgement, prepares the boot
+// (prepareBoot) and powers the machine on.
 func (e *env) powerOnInto(ctx context.Context, logger *zap.Logger, site string, v *view) error {
 	plan, err := e.plan(ctx, site, v, false)
 	if err != nil {
@@ -191,18 +192,47 @@ func (e *env) powerOnInto(ctx context.Context, logger *zap.Logger, site string, 
 	callCtx, cancel := context.WithTimeout(ctx, e.cfg.CallTimeout)
 	defer cancel()
 
-	if plan.Mode.PXE() {
-		if err = e.Power.SetPXEOnce(callCtx, site, v.id, v.bmc); err != nil {
-			return e.failed(fmt.Errorf("set one-time pxe boot of %s at site %s: %w", v.id, site, err))
-		}
+	how, err := e.prepareBoot(callCtx, site, v.id, v.bmc, plan.Mode)
+	if err != nil {
+		return e.failed(err)
 	}
 
 	if err = e.Power.PowerOn(callCtx, site, v.id, v.bmc); err != nil {
 		return e.failed(fmt.Errorf("power on %s at site %s: %w", v.id, site, err))
 	}
 
-	logger.Info("powered on", zap.String("site", site), zap.String("mode", string(plan.Mode)))
-	e.note(v.id, "power", "powered on into "+string(plan.Mode)+" mode")
+	logger.Info("powered on", zap.String("site", site), zap.String("mode", string(plan.Mode)), zap.String("how", how))
+	e.note(v.id, "power", "powered on into "+string(plan.Mode)+" mode"+how)
 
 	return nil
+}
+
+// prepareBoot readies a machine's next boot into mode before it is powered on or cycled: a plan the edge
+// serves (agent, install) is booted by a one-time network boot, or at a site without DHCP from the image of the
+// plan its BMC mounts; the disk at such a site needs the image ejected (a firmware that prefers removable media
+// would boot it again). It returns how the machine boots, for the timeline.
+func (e *env) prepareBoot(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec, mode bootplans.Mode) (string, error) {
+	image := e.SitePolicies.BootsFromImage(site)
+
+	switch {
+	case mode.PXE() && image:
+		addr, err := e.Power.BootFromImage(ctx, site, id, bmc)
+		if err != nil {
+			return "", fmt.Errorf("boot %s at site %s from virtual media: %w", id, site, err)
+		}
+
+		return " from virtual media (static address " + addr + ")", nil
+	case mode.PXE():
+		if err := e.Power.SetPXEOnce(ctx, site, id, bmc); err != nil {
+			return "", fmt.Errorf("set one-time pxe boot of %s at site %s: %w", id, site, err)
+		}
+
+		return " by network boot", nil
+	case image:
+		if err := e.Power.EjectImage(ctx, site, id, bmc); err != nil {
+			return "", fmt.Errorf("eject the virtual media of %s at site %s: %w", id, site, err)
+		}
+	}
+
+	return "", nil
 }

@@ -95,10 +95,9 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 		callCtx, cancel := context.WithTimeout(ctx, s.env.cfg.CallTimeout)
 		defer cancel()
 
-		if plan.Mode.PXE() {
-			if err = s.env.Power.SetPXEOnce(callCtx, site, v.id, fresh.bmc); err != nil {
-				return s.env.failed(fmt.Errorf("set one-time pxe boot of %s at site %s: %w", v.id, site, err))
-			}
+		how, err := s.env.prepareBoot(callCtx, site, v.id, fresh.bmc, plan.Mode)
+		if err != nil {
+			return s.env.failed(err)
 		}
 
 		in := v.reboot.GetOpenIntent()
@@ -117,7 +116,7 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 		s.env.outbox.put(key, rs)
 
 		logger.Info("rebooted", zap.String("site", site), zap.String("reason", rs.Reason), zap.String("mode", string(plan.Mode)))
-		s.env.note(v.id, "power", "rebooted into "+string(plan.Mode)+" mode: "+rs.Reason)
+		s.env.note(v.id, "power", "rebooted into "+string(plan.Mode)+" mode"+how+": "+rs.Reason)
 	case reason == reasonRequested:
 		// Off after all: its next start is the fresh boot the user asked for; recorded so it is not repeated.
 		logger.Info("reboot requested of a machine that is off: nothing to reboot", zap.String("site", site))

@@ -15,6 +15,9 @@ type SitePolicy struct {
 	BMCProtocol string
 	// WipeMethod is how the site's machines are wiped: fast or zeroes.
 	WipeMethod string
+	// BootFromImage is set for a site without DHCP (controller site set --dhcp off): its machines boot from
+	// virtual media their BMCs mount, never from the network.
+	BootFromImage bool
 }
 
 // Validate checks the policy's values.
@@ -142,6 +145,9 @@ func (p *SitePolicies) BMCProtocol(site string, fallback bmcpb.Protocol) bmcpb.P
 
 	return fallback
 }
+
+// BootsFromImage reports whether site's machines boot from virtual media (a site without DHCP).
+func (p *SitePolicies) BootsFromImage(site string) bool { return p.get(site).BootFromImage }
 
 // WipeMethod is site's wipe method, fallback (the controller's) when it has none of its own.
 func (p *SitePolicies) WipeMethod(site, fallback string) string {

@@ -55,6 +55,22 @@ func (p timedPower) SetPXEOnce(ctx context.Context, site, id string, bmc *specs.
 	return err
 }
 
+func (p timedPower) BootFromImage(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) (string, error) {
+	start := time.Now()
+	addr, err := p.next.BootFromImage(ctx, site, id, bmc)
+	p.m.called("boot_from_image", start, err)
+
+	return addr, err
+}
+
+func (p timedPower) EjectImage(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) error {
+	start := time.Now()
+	err := p.next.EjectImage(ctx, site, id, bmc)
+	p.m.called("eject_image", start, err)
+
+	return err
+}
+
 type timedAgent struct {
 	next AgentClient
 	m    *Metrics

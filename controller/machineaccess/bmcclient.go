@@ -20,7 +20,8 @@ type BMC struct {
 }
 
 // BMC returns the BMC of machineID at siteID. target names the BMC and carries the credentials;
-// its machine_id is set from machineID.
+// its machine_id is set from machineID. An empty machineID is a machine the controller does not know yet (one
+// an operator boots for the first time): calls go to the site's edge unchecked.
 func (c *Client) BMC(siteID, machineID string, target *bmcpb.Target) *BMC {
 	t := &bmcpb.Target{}
 	if target != nil {
@@ -33,8 +34,10 @@ func (c *Client) BMC(siteID, machineID string, target *bmcpb.Target) *BMC {
 }
 
 func (b *BMC) client() (bmcpb.BMCClient, error) {
-	if err := b.c.check(b.siteID, b.machineID); err != nil {
-		return nil, status.Error(codes.Aborted, err.Error())
+	if b.machineID != "" { // a machine not known yet has nothing to be checked against
+		if err := b.c.check(b.siteID, b.machineID); err != nil {
+			return nil, status.Error(codes.Aborted, err.Error())
+		}
 	}
 
 	conn, err := b.c.conn(b.siteID)
@@ -146,4 +149,25 @@ func (b *BMC) GetBootOverride(ctx context.Context) (*bmcpb.GetBootOverrideRespon
 	}
 
 	return cl.GetBootOverride(ctx, b.req())
+}
+
+// BootFromImage has the site's edge build the machine's virtual-media image (with the address reserved for mac;
+// empty: the MAC the machine booted an image with before), mount it in the BMC's virtual CD and set a one-time
+// boot from it.
+func (b *BMC) BootFromImage(ctx context.Context, mac string) (*bmcpb.BootFromImageResponse, error) {
+	cl, err := b.client()
+	if err != nil {
+		return nil, err
+	}
+
+	return cl.BootFromImage(ctx, &bmcpb.BootFromImageRequest{Target: b.target, Mac: mac})
+}
+
+// EjectImage empties the BMC's virtual CD.
+func (b *BMC) EjectImage(ctx context.Context) error {
+	return b.call(ctx, func(cl bmcpb.BMCClient, ctx context.Context, r *bmcpb.PowerRequest) error {
+		_, err := cl.EjectImage(ctx, r)
+
+		return err
+	})
 }

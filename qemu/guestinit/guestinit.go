@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"syscall"
@@ -185,4 +186,63 @@ func waitLink(timeout time.Duration) (string, error) {
 	}
 
 	return "", fmt.Errorf("no network interface within %s", timeout)
+}
+
+// ParseIPArg reads the kernel's ip= argument in its static form (client-ip:server-ip:gw-ip:netmask:...): the
+// address with its mask and the gateway (invalid: none). ok is false for any other form (dhcp, off, empty).
+func ParseIPArg(v string) (addr netip.Prefix, gw netip.Addr, ok bool) {
+	fields := strings.Split(v, ":")
+	if len(fields) < 4 {
+		return netip.Prefix{}, netip.Addr{}, false
+	}
+
+	client, err := netip.ParseAddr(fields[0])
+	if err != nil || !client.Is4() {
+		return netip.Prefix{}, netip.Addr{}, false
+	}
+
+	mask := net.ParseIP(fields[3]).To4()
+	if mask == nil {
+		return netip.Prefix{}, netip.Addr{}, false
+	}
+
+	ones, bits := net.IPMask(mask).Size()
+	if bits != 32 {
+		return netip.Prefix{}, netip.Addr{}, false
+	}
+
+	gw, _ = netip.ParseAddr(fields[2])
+
+	return netip.PrefixFrom(client, ones), gw, true
+}
+
+// StaticNetwork brings up the first Ethernet interface (waiting up to linkTimeout for it) with a static
+// address and default route, as the kernel's ip= argument gives them (ParseIPArg).
+func StaticNetwork(linkTimeout time.Duration, addr netip.Prefix, gw netip.Addr) (Lease, error) {
+	ifname, err := waitLink(linkTimeout)
+	if err != nil {
+		return Lease{}, err
+	}
+
+	link, err := netlink.LinkByName(ifname)
+	if err != nil {
+		return Lease{}, err
+	}
+
+	a := &netlink.Addr{IPNet: &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), 32)}}
+	if err := netlink.AddrAdd(link, a); err != nil {
+		return Lease{}, fmt.Errorf("add %s: %w", a, err)
+	}
+
+	var routers []net.IP
+
+	if gw.IsValid() {
+		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw.AsSlice()}); err != nil {
+			return Lease{}, fmt.Errorf("default route via %s: %w", gw, err)
+		}
+
+		routers = append(routers, gw.AsSlice())
+	}
+
+	return Lease{Interface: ifname, Address: a, Routers: routers}, nil
 }

@@ -67,6 +67,10 @@ type MachineSpec struct {
 	// (qemu/labinit: wipe-error, wipe-hang, kill-agent-in-wipe); each line of the console's OUTPOST-FAULT is
 	// one injected.
 	GuestFaults string
+	// VirtualMedia gives the machine a CD-ROM drive its Redfish BMC mounts images in (VirtualMedia, QMP
+	// underneath): a one-time CD boot starts from it; otherwise the disk comes first and the CD after it, as a
+	// server keeps its persistent boot order.
+	VirtualMedia bool
 }
 
 // IPMIPort is the virtual BMCs' RMCP port.
@@ -76,8 +80,11 @@ const IPMIPort = 623
 type BootRecord struct {
 	At     time.Time
 	Reason string
-	// PXE says the firmware was told to network boot first (the one-time PXE flag); otherwise disk first.
-	PXE bool
+	// PXE says the firmware was told to network boot first (the one-time PXE flag); CD that it was told to boot
+	// the virtual CD first (Image the image it held); otherwise disk first.
+	PXE   bool
+	CD    bool
+	Image string
 	// SerialOffset is where this boot's serial output starts.
 	SerialOffset int64
 }
@@ -104,6 +111,9 @@ type Machine struct {
 	sock    string
 	ipmi    *vbmc.IPMI
 	redfish *vbmc.Redfish
+	media   *vbmc.Media
+	qmp     string
+	admin   string
 
 	mu       sync.Mutex
 	qemu     *Proc
@@ -168,8 +178,17 @@ func (s *Site) AddMachine(ctx context.Context, spec MachineSpec) (*Machine, erro
 		return nil, err
 	}
 
+	m.admin = adminPassword
+
 	if spec.BMC == Redfish {
-		m.redfish = vbmc.NewRedfish(m.Chassis, vbmc.RedfishOptions{User: "admin", Password: adminPassword, Accounts: m.ipmi.CheckUser})
+		opts := vbmc.RedfishOptions{User: "admin", Password: adminPassword, Accounts: m.ipmi.CheckUser, UUID: spec.UUID}
+		if spec.VirtualMedia {
+			m.qmp = filepath.Join(s.Dir, spec.Name+".qmp")
+			m.media = vbmc.NewMedia(vbmc.QMP{Socket: m.qmp, Device: cdDevice})
+			opts.Media = m.media
+		}
+
+		m.redfish = vbmc.NewRedfish(m.Chassis, opts)
 		if err := m.serveRedfish(ctx); err != nil {
 			return nil, err
 		}
@@ -475,8 +494,26 @@ func (m *Machine) hook(_ context.Context, action vbmc.Action, boot vbmc.Override
 		return nil
 	}
 
-	return m.startLocked(string(action), boot.Device == vbmc.BootPXE)
+	return m.startLocked(string(action), boot.Device)
 }
+
+// cdDevice is the qdev id of a machine's CD-ROM drive.
+const cdDevice = "cdrom0"
+
+// BMCAdmin is the BMC's own administrator account (what an operator types into a first boot).
+func (m *Machine) BMCAdmin() (user, password string) { return "admin", m.admin }
+
+// RedfishEndpoint is the machine's Redfish BMC ("" for an IPMI-only one).
+func (m *Machine) RedfishEndpoint() string {
+	if m.redfish == nil {
+		return ""
+	}
+
+	return "https://" + m.BMCAddress
+}
+
+// Media is the BMC's virtual CD (nil without VirtualMedia).
+func (m *Machine) Media() *vbmc.Media { return m.media }
 
 func (m *Machine) stopLocked() {
 	if m.qemu == nil {
@@ -491,14 +528,22 @@ func (m *Machine) stopLocked() {
 	m.mu.Lock()
 }
 
-// startLocked starts QEMU: network first when pxe, else disk first (an empty disk then falls through to the
-// network, as real firmware does).
-func (m *Machine) startLocked(reason string, pxe bool) error {
+// startLocked starts QEMU: network first for a one-time PXE boot, the virtual CD first for a one-time CD boot,
+// else disk first (an empty disk then falls through to the CD and the network, as real firmware does).
+func (m *Machine) startLocked(reason string, once vbmc.BootDevice) error {
 	m.runs++
 
-	diskIndex, nicIndex := "1", "2"
-	if pxe {
-		diskIndex, nicIndex = "2", "1"
+	pxe, cd := once == vbmc.BootPXE, once == vbmc.BootCD && m.media != nil
+
+	diskIndex, nicIndex, cdIndex := "1", "3", "2"
+
+	switch {
+	case pxe:
+		diskIndex, nicIndex, cdIndex = "2", "1", "3"
+	case cd:
+		diskIndex, nicIndex, cdIndex = "2", "3", "1"
+	case m.media == nil:
+		nicIndex = "2"
 	}
 
 	args := []string{
@@ -513,6 +558,22 @@ func (m *Machine) startLocked(reason string, pxe bool) error {
 	}
 
 	args = append(args, m.agentArgs()...)
+
+	var image string
+
+	if m.media != nil {
+		// The medium the BMC holds goes in at start (QMP changes it while the machine runs); QEMU reads an
+		// http image by ranges with its curl block driver.
+		image = m.media.Image()
+
+		drive := "if=none,id=cd0,media=cdrom,readonly=on"
+		if image != "" {
+			drive += ",format=raw,file=" + image
+		}
+
+		args = append(args, "-qmp", "unix:"+m.qmp+",server=on,wait=off",
+			"-drive", drive, "-device", "ide-cd,drive=cd0,id="+cdDevice+",bootindex="+cdIndex)
+	}
 
 	switch m.Spec.Firmware {
 	case UEFI:
@@ -537,7 +598,7 @@ func (m *Machine) startLocked(reason string, pxe bool) error {
 			"-device", "virtio-net-pci,netdev=n0,mac="+m.Spec.MAC+",bootindex="+nicIndex)
 	}
 
-	rec := BootRecord{At: time.Now(), Reason: reason, PXE: pxe, SerialOffset: m.Serial.Size()}
+	rec := BootRecord{At: time.Now(), Reason: reason, PXE: pxe, CD: cd, Image: image, SerialOffset: m.Serial.Size()}
 
 	p, err := m.lab.Start(ProcSpec{
 		Name: m.Site.Name + "/" + m.Spec.Name + ".qemu", NS: m.Site.NS, Cmd: "qemu-system-x86_64", Args: args, Append: true,
@@ -548,7 +609,7 @@ func (m *Machine) startLocked(reason string, pxe bool) error {
 
 	m.qemu = p
 	m.boots = append(m.boots, rec)
-	m.log.Info("machine started", zap.String("reason", reason), zap.Bool("pxe", pxe))
+	m.log.Info("machine started", zap.String("reason", reason), zap.Bool("pxe", pxe), zap.Bool("cd", cd), zap.String("image", image))
 
 	go m.watch(p)
 
@@ -592,7 +653,7 @@ func (m *Machine) watch(p *Proc) {
 		// The guest reset itself (the kernel rebooting, iPXE giving up and rebooting, firmware): with
 		// -no-reboot QEMU exits, and the machine starts again as real hardware does, in its own boot order
 		// (a one-time PXE flag was consumed by the boot that just ended).
-		err := m.startLocked("guest-reboot", false)
+		err := m.startLocked("guest-reboot", vbmc.BootNone)
 		m.mu.Unlock()
 
 		if err != nil {

@@ -1,5 +1,6 @@
 // Command labinit is the /init of the lab machines' initramfs, a stand-in for Talos with the metal agent.
-// It loads the virtio modules listed in /modules.order, takes a DHCP lease, reads its SMBIOS UUID and the
+// It loads the virtio modules listed in /modules.order, takes a DHCP lease (or the static address of an ip=
+// argument: a machine booted from virtual media), reads its SMBIOS UUID and the
 // kernel command line (printed on the console), and then:
 //
 //   - in agent mode (metal.provider.address= on the command line): fetches talos.config (the edge's /config),
@@ -81,7 +82,15 @@ func run() error {
 	// checks on the console what the edge served.
 	fmt.Printf("OUTPOST-INIT uuid=%s mode=%s cmdline=%s\n", uuid, mode, g.Cmdline)
 
-	lease, err := guestinit.Network(30 * time.Second)
+	// A machine booted from virtual media at a site without DHCP has its address on the command line.
+	var lease guestinit.Lease
+
+	if addr, gw, static := guestinit.ParseIPArg(args["ip"]); static {
+		lease, err = guestinit.StaticNetwork(30*time.Second, addr, gw)
+	} else {
+		lease, err = guestinit.Network(30 * time.Second)
+	}
+
 	if err != nil {
 		return err
 	}

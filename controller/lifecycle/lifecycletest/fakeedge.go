@@ -25,6 +25,7 @@ type Machine struct {
 	Power     bool
 	Agent     bool
 	PXEOnce   bool
+	Image     string // the mode of the virtual-media image mounted ("" none); it boots before the disk
 	OnDisk    bool   // Talos installed on disk (the machine boots it without PXE)
 	Booted    string // mode the machine last booted into
 	IPMIUser  string
@@ -257,7 +258,10 @@ func (f *FakeEdge) bmc(site, id string) (*Machine, error) {
 func (m *Machine) boot() {
 	mode := "disk"
 
-	if m.PXEOnce || !m.OnDisk {
+	switch {
+	case m.Image != "": // as firmware that prefers removable media does
+		mode = m.Image
+	case m.PXEOnce || !m.OnDisk:
 		mode = string(m.Acked.Mode)
 		if !m.AckedSeen {
 			mode = string(bootplans.ModeAgent) // unknown machines boot agent mode
@@ -442,6 +446,50 @@ func (f *FakeEdge) PowerCycle(ctx context.Context, site, id string, _ *specs.BMC
 
 		return nil
 	})
+}
+
+// BootFromImage implements lifecycle.PowerClient: the image holds the acknowledged plan.
+func (f *FakeEdge) BootFromImage(_ context.Context, site, id string, _ *specs.BMCConfigurationSpec) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	if err := f.attempt(id, "BootFromImage"); err != nil {
+		return "", err
+	}
+
+	m, err := f.bmc(site, id)
+	if err != nil {
+		return "", err
+	}
+
+	if !m.AckedSeen || m.Acked.Mode == bootplans.ModeDisk || m.Acked.Mode == bootplans.ModeDeny {
+		return "", fmt.Errorf("machine %s: no image for plan %q", id, m.Acked.Mode)
+	}
+
+	f.record(id, "BootFromImage "+string(m.Acked.Mode))
+	m.Image = string(m.Acked.Mode)
+
+	return "10.9.0.7/24", nil
+}
+
+// EjectImage implements lifecycle.PowerClient.
+func (f *FakeEdge) EjectImage(_ context.Context, site, id string, _ *specs.BMCConfigurationSpec) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	if err := f.attempt(id, "EjectImage"); err != nil {
+		return err
+	}
+
+	m, err := f.bmc(site, id)
+	if err != nil {
+		return err
+	}
+
+	f.record(id, "EjectImage")
+	m.Image = ""
+
+	return nil
 }
 
 // SetPXEOnce implements lifecycle.PowerClient.

@@ -26,6 +26,155 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type BootFromImageRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	SiteId string                 `protobuf:"bytes,1,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
+	// mac is the machine's interface with a reserved address (controller site machine add SITE MAC --ip).
+	Mac string `protobuf:"bytes,2,opt,name=mac,proto3" json:"mac,omitempty"`
+	// bmc_endpoint is the BMC's Redfish base URL (http or https).
+	BmcEndpoint string `protobuf:"bytes,3,opt,name=bmc_endpoint,json=bmcEndpoint,proto3" json:"bmc_endpoint,omitempty"`
+	BmcUsername string `protobuf:"bytes,4,opt,name=bmc_username,json=bmcUsername,proto3" json:"bmc_username,omitempty"`
+	// bmc_password is a secret: never logged, stored or echoed.
+	BmcPassword   string `protobuf:"bytes,5,opt,name=bmc_password,json=bmcPassword,proto3" json:"bmc_password,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BootFromImageRequest) Reset() {
+	*x = BootFromImageRequest{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BootFromImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BootFromImageRequest) ProtoMessage() {}
+
+func (x *BootFromImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BootFromImageRequest.ProtoReflect.Descriptor instead.
+func (*BootFromImageRequest) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *BootFromImageRequest) GetSiteId() string {
+	if x != nil {
+		return x.SiteId
+	}
+	return ""
+}
+
+func (x *BootFromImageRequest) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *BootFromImageRequest) GetBmcEndpoint() string {
+	if x != nil {
+		return x.BmcEndpoint
+	}
+	return ""
+}
+
+func (x *BootFromImageRequest) GetBmcUsername() string {
+	if x != nil {
+		return x.BmcUsername
+	}
+	return ""
+}
+
+func (x *BootFromImageRequest) GetBmcPassword() string {
+	if x != nil {
+		return x.BmcPassword
+	}
+	return ""
+}
+
+type BootFromImageResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// url is the image the BMC mounted; system_uuid the machine it reports.
+	Url        string `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
+	SystemUuid string `protobuf:"bytes,2,opt,name=system_uuid,json=systemUuid,proto3" json:"system_uuid,omitempty"`
+	// mode is what the image boots (agent); address the static address it brings up.
+	Mode          string `protobuf:"bytes,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	Address       string `protobuf:"bytes,4,opt,name=address,proto3" json:"address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BootFromImageResponse) Reset() {
+	*x = BootFromImageResponse{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BootFromImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BootFromImageResponse) ProtoMessage() {}
+
+func (x *BootFromImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BootFromImageResponse.ProtoReflect.Descriptor instead.
+func (*BootFromImageResponse) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *BootFromImageResponse) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *BootFromImageResponse) GetSystemUuid() string {
+	if x != nil {
+		return x.SystemUuid
+	}
+	return ""
+}
+
+func (x *BootFromImageResponse) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *BootFromImageResponse) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
 type CreateSiteRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	SiteId      string                 `protobuf:"bytes,1,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
@@ -40,7 +189,7 @@ type CreateSiteRequest struct {
 
 func (x *CreateSiteRequest) Reset() {
 	*x = CreateSiteRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[0]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -52,7 +201,7 @@ func (x *CreateSiteRequest) String() string {
 func (*CreateSiteRequest) ProtoMessage() {}
 
 func (x *CreateSiteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[0]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -65,7 +214,7 @@ func (x *CreateSiteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSiteRequest.ProtoReflect.Descriptor instead.
 func (*CreateSiteRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{0}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *CreateSiteRequest) GetSiteId() string {
@@ -107,7 +256,7 @@ type CreateSiteResponse struct {
 
 func (x *CreateSiteResponse) Reset() {
 	*x = CreateSiteResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[1]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -119,7 +268,7 @@ func (x *CreateSiteResponse) String() string {
 func (*CreateSiteResponse) ProtoMessage() {}
 
 func (x *CreateSiteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[1]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -132,7 +281,7 @@ func (x *CreateSiteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSiteResponse.ProtoReflect.Descriptor instead.
 func (*CreateSiteResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{1}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *CreateSiteResponse) GetSiteId() string {
@@ -167,7 +316,7 @@ type NewJoinTokenRequest struct {
 
 func (x *NewJoinTokenRequest) Reset() {
 	*x = NewJoinTokenRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[2]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -179,7 +328,7 @@ func (x *NewJoinTokenRequest) String() string {
 func (*NewJoinTokenRequest) ProtoMessage() {}
 
 func (x *NewJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[2]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -192,7 +341,7 @@ func (x *NewJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NewJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*NewJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{2}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *NewJoinTokenRequest) GetSiteId() string {
@@ -224,7 +373,7 @@ type ListSitesRequest struct {
 
 func (x *ListSitesRequest) Reset() {
 	*x = ListSitesRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[3]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -236,7 +385,7 @@ func (x *ListSitesRequest) String() string {
 func (*ListSitesRequest) ProtoMessage() {}
 
 func (x *ListSitesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[3]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -249,7 +398,7 @@ func (x *ListSitesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSitesRequest.ProtoReflect.Descriptor instead.
 func (*ListSitesRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{3}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{5}
 }
 
 type Site struct {
@@ -278,7 +427,7 @@ type Site struct {
 
 func (x *Site) Reset() {
 	*x = Site{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[4]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -290,7 +439,7 @@ func (x *Site) String() string {
 func (*Site) ProtoMessage() {}
 
 func (x *Site) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[4]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -303,7 +452,7 @@ func (x *Site) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Site.ProtoReflect.Descriptor instead.
 func (*Site) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{4}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Site) GetSiteId() string {
@@ -442,7 +591,7 @@ type SiteSettings struct {
 
 func (x *SiteSettings) Reset() {
 	*x = SiteSettings{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[5]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -454,7 +603,7 @@ func (x *SiteSettings) String() string {
 func (*SiteSettings) ProtoMessage() {}
 
 func (x *SiteSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[5]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -467,7 +616,7 @@ func (x *SiteSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SiteSettings.ProtoReflect.Descriptor instead.
 func (*SiteSettings) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{5}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SiteSettings) GetDiscovery() string {
@@ -575,7 +724,7 @@ type Standby struct {
 
 func (x *Standby) Reset() {
 	*x = Standby{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[6]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -587,7 +736,7 @@ func (x *Standby) String() string {
 func (*Standby) ProtoMessage() {}
 
 func (x *Standby) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[6]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -600,7 +749,7 @@ func (x *Standby) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Standby.ProtoReflect.Descriptor instead.
 func (*Standby) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{6}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Standby) GetActiveHolder() string {
@@ -628,7 +777,7 @@ type ListSitesResponse struct {
 
 func (x *ListSitesResponse) Reset() {
 	*x = ListSitesResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[7]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -640,7 +789,7 @@ func (x *ListSitesResponse) String() string {
 func (*ListSitesResponse) ProtoMessage() {}
 
 func (x *ListSitesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[7]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -653,7 +802,7 @@ func (x *ListSitesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSitesResponse.ProtoReflect.Descriptor instead.
 func (*ListSitesResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{7}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListSitesResponse) GetSites() []*Site {
@@ -679,7 +828,7 @@ type RevokeSiteRequest struct {
 
 func (x *RevokeSiteRequest) Reset() {
 	*x = RevokeSiteRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[8]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -691,7 +840,7 @@ func (x *RevokeSiteRequest) String() string {
 func (*RevokeSiteRequest) ProtoMessage() {}
 
 func (x *RevokeSiteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[8]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -704,7 +853,7 @@ func (x *RevokeSiteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeSiteRequest.ProtoReflect.Descriptor instead.
 func (*RevokeSiteRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{8}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RevokeSiteRequest) GetSiteId() string {
@@ -722,7 +871,7 @@ type RevokeSiteResponse struct {
 
 func (x *RevokeSiteResponse) Reset() {
 	*x = RevokeSiteResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[9]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -734,7 +883,7 @@ func (x *RevokeSiteResponse) String() string {
 func (*RevokeSiteResponse) ProtoMessage() {}
 
 func (x *RevokeSiteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[9]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -747,7 +896,7 @@ func (x *RevokeSiteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeSiteResponse.ProtoReflect.Descriptor instead.
 func (*RevokeSiteResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{9}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{11}
 }
 
 type DeleteSiteRequest struct {
@@ -759,7 +908,7 @@ type DeleteSiteRequest struct {
 
 func (x *DeleteSiteRequest) Reset() {
 	*x = DeleteSiteRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[10]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -771,7 +920,7 @@ func (x *DeleteSiteRequest) String() string {
 func (*DeleteSiteRequest) ProtoMessage() {}
 
 func (x *DeleteSiteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[10]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -784,7 +933,7 @@ func (x *DeleteSiteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSiteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSiteRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{10}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeleteSiteRequest) GetSiteId() string {
@@ -802,7 +951,7 @@ type DeleteSiteResponse struct {
 
 func (x *DeleteSiteResponse) Reset() {
 	*x = DeleteSiteResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[11]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -814,7 +963,7 @@ func (x *DeleteSiteResponse) String() string {
 func (*DeleteSiteResponse) ProtoMessage() {}
 
 func (x *DeleteSiteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[11]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -827,7 +976,7 @@ func (x *DeleteSiteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSiteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSiteResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{11}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{13}
 }
 
 type ShowSiteRequest struct {
@@ -839,7 +988,7 @@ type ShowSiteRequest struct {
 
 func (x *ShowSiteRequest) Reset() {
 	*x = ShowSiteRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[12]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -851,7 +1000,7 @@ func (x *ShowSiteRequest) String() string {
 func (*ShowSiteRequest) ProtoMessage() {}
 
 func (x *ShowSiteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[12]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -864,7 +1013,7 @@ func (x *ShowSiteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShowSiteRequest.ProtoReflect.Descriptor instead.
 func (*ShowSiteRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{12}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ShowSiteRequest) GetSiteId() string {
@@ -886,7 +1035,7 @@ type ShowSiteResponse struct {
 
 func (x *ShowSiteResponse) Reset() {
 	*x = ShowSiteResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[13]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -898,7 +1047,7 @@ func (x *ShowSiteResponse) String() string {
 func (*ShowSiteResponse) ProtoMessage() {}
 
 func (x *ShowSiteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[13]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -911,7 +1060,7 @@ func (x *ShowSiteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShowSiteResponse.ProtoReflect.Descriptor instead.
 func (*ShowSiteResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{13}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ShowSiteResponse) GetSite() *Site {
@@ -945,7 +1094,7 @@ type SetAssetPolicyRequest struct {
 
 func (x *SetAssetPolicyRequest) Reset() {
 	*x = SetAssetPolicyRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[14]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -957,7 +1106,7 @@ func (x *SetAssetPolicyRequest) String() string {
 func (*SetAssetPolicyRequest) ProtoMessage() {}
 
 func (x *SetAssetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[14]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -970,7 +1119,7 @@ func (x *SetAssetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAssetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetAssetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{14}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SetAssetPolicyRequest) GetSiteId() string {
@@ -995,7 +1144,7 @@ type SetAssetPolicyResponse struct {
 
 func (x *SetAssetPolicyResponse) Reset() {
 	*x = SetAssetPolicyResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[15]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1007,7 +1156,7 @@ func (x *SetAssetPolicyResponse) String() string {
 func (*SetAssetPolicyResponse) ProtoMessage() {}
 
 func (x *SetAssetPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[15]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1020,7 +1169,7 @@ func (x *SetAssetPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAssetPolicyResponse.ProtoReflect.Descriptor instead.
 func (*SetAssetPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{15}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{17}
 }
 
 type SetSiteLabelsRequest struct {
@@ -1033,7 +1182,7 @@ type SetSiteLabelsRequest struct {
 
 func (x *SetSiteLabelsRequest) Reset() {
 	*x = SetSiteLabelsRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[16]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1045,7 +1194,7 @@ func (x *SetSiteLabelsRequest) String() string {
 func (*SetSiteLabelsRequest) ProtoMessage() {}
 
 func (x *SetSiteLabelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[16]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1058,7 +1207,7 @@ func (x *SetSiteLabelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSiteLabelsRequest.ProtoReflect.Descriptor instead.
 func (*SetSiteLabelsRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{16}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SetSiteLabelsRequest) GetSiteId() string {
@@ -1083,7 +1232,7 @@ type SetSiteLabelsResponse struct {
 
 func (x *SetSiteLabelsResponse) Reset() {
 	*x = SetSiteLabelsResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[17]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1095,7 +1244,7 @@ func (x *SetSiteLabelsResponse) String() string {
 func (*SetSiteLabelsResponse) ProtoMessage() {}
 
 func (x *SetSiteLabelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[17]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1108,7 +1257,7 @@ func (x *SetSiteLabelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSiteLabelsResponse.ProtoReflect.Descriptor instead.
 func (*SetSiteLabelsResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{17}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{19}
 }
 
 type SetSiteSettingsRequest struct {
@@ -1137,7 +1286,7 @@ type SetSiteSettingsRequest struct {
 
 func (x *SetSiteSettingsRequest) Reset() {
 	*x = SetSiteSettingsRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[18]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1149,7 +1298,7 @@ func (x *SetSiteSettingsRequest) String() string {
 func (*SetSiteSettingsRequest) ProtoMessage() {}
 
 func (x *SetSiteSettingsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[18]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1162,7 +1311,7 @@ func (x *SetSiteSettingsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSiteSettingsRequest.ProtoReflect.Descriptor instead.
 func (*SetSiteSettingsRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{18}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SetSiteSettingsRequest) GetSiteId() string {
@@ -1259,7 +1408,7 @@ type StringList struct {
 
 func (x *StringList) Reset() {
 	*x = StringList{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[19]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1271,7 +1420,7 @@ func (x *StringList) String() string {
 func (*StringList) ProtoMessage() {}
 
 func (x *StringList) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[19]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1284,7 +1433,7 @@ func (x *StringList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StringList.ProtoReflect.Descriptor instead.
 func (*StringList) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{19}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StringList) GetValues() []string {
@@ -1303,7 +1452,7 @@ type SetSiteSettingsResponse struct {
 
 func (x *SetSiteSettingsResponse) Reset() {
 	*x = SetSiteSettingsResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[20]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1315,7 +1464,7 @@ func (x *SetSiteSettingsResponse) String() string {
 func (*SetSiteSettingsResponse) ProtoMessage() {}
 
 func (x *SetSiteSettingsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[20]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1328,7 +1477,7 @@ func (x *SetSiteSettingsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSiteSettingsResponse.ProtoReflect.Descriptor instead.
 func (*SetSiteSettingsResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{20}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SetSiteSettingsResponse) GetSettings() *SiteSettings {
@@ -1351,7 +1500,7 @@ type RegisterMachinesRequest struct {
 
 func (x *RegisterMachinesRequest) Reset() {
 	*x = RegisterMachinesRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[21]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1363,7 +1512,7 @@ func (x *RegisterMachinesRequest) String() string {
 func (*RegisterMachinesRequest) ProtoMessage() {}
 
 func (x *RegisterMachinesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[21]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1376,7 +1525,7 @@ func (x *RegisterMachinesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterMachinesRequest.ProtoReflect.Descriptor instead.
 func (*RegisterMachinesRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{21}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RegisterMachinesRequest) GetSiteId() string {
@@ -1416,7 +1565,7 @@ type RegisterMachinesResponse struct {
 
 func (x *RegisterMachinesResponse) Reset() {
 	*x = RegisterMachinesResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[22]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1428,7 +1577,7 @@ func (x *RegisterMachinesResponse) String() string {
 func (*RegisterMachinesResponse) ProtoMessage() {}
 
 func (x *RegisterMachinesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[22]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1441,7 +1590,7 @@ func (x *RegisterMachinesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterMachinesResponse.ProtoReflect.Descriptor instead.
 func (*RegisterMachinesResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{22}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RegisterMachinesResponse) GetRegisteredMacs() []string {
@@ -1465,7 +1614,7 @@ type ListMachinesRequest struct {
 
 func (x *ListMachinesRequest) Reset() {
 	*x = ListMachinesRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[23]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1477,7 +1626,7 @@ func (x *ListMachinesRequest) String() string {
 func (*ListMachinesRequest) ProtoMessage() {}
 
 func (x *ListMachinesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[23]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1490,7 +1639,7 @@ func (x *ListMachinesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachinesRequest.ProtoReflect.Descriptor instead.
 func (*ListMachinesRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{23}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListMachinesRequest) GetSiteId() string {
@@ -1532,7 +1681,7 @@ type ListMachinesResponse struct {
 
 func (x *ListMachinesResponse) Reset() {
 	*x = ListMachinesResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[24]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1544,7 +1693,7 @@ func (x *ListMachinesResponse) String() string {
 func (*ListMachinesResponse) ProtoMessage() {}
 
 func (x *ListMachinesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[24]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1557,7 +1706,7 @@ func (x *ListMachinesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMachinesResponse.ProtoReflect.Descriptor instead.
 func (*ListMachinesResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{24}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListMachinesResponse) GetMachines() []*Machine {
@@ -1607,7 +1756,7 @@ type Machine struct {
 
 func (x *Machine) Reset() {
 	*x = Machine{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[25]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1619,7 +1768,7 @@ func (x *Machine) String() string {
 func (*Machine) ProtoMessage() {}
 
 func (x *Machine) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[25]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1632,7 +1781,7 @@ func (x *Machine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Machine.ProtoReflect.Descriptor instead.
 func (*Machine) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{25}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Machine) GetMachineId() string {
@@ -1755,7 +1904,7 @@ type TimelineEntry struct {
 
 func (x *TimelineEntry) Reset() {
 	*x = TimelineEntry{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[26]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1767,7 +1916,7 @@ func (x *TimelineEntry) String() string {
 func (*TimelineEntry) ProtoMessage() {}
 
 func (x *TimelineEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[26]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1780,7 +1929,7 @@ func (x *TimelineEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TimelineEntry.ProtoReflect.Descriptor instead.
 func (*TimelineEntry) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{26}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *TimelineEntry) GetTime() *timestamppb.Timestamp {
@@ -1827,7 +1976,7 @@ type ShowMachineRequest struct {
 
 func (x *ShowMachineRequest) Reset() {
 	*x = ShowMachineRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[27]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1839,7 +1988,7 @@ func (x *ShowMachineRequest) String() string {
 func (*ShowMachineRequest) ProtoMessage() {}
 
 func (x *ShowMachineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[27]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1852,7 +2001,7 @@ func (x *ShowMachineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShowMachineRequest.ProtoReflect.Descriptor instead.
 func (*ShowMachineRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{27}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ShowMachineRequest) GetMachineId() string {
@@ -1877,7 +2026,7 @@ type ShowMachineResponse struct {
 
 func (x *ShowMachineResponse) Reset() {
 	*x = ShowMachineResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[28]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1889,7 +2038,7 @@ func (x *ShowMachineResponse) String() string {
 func (*ShowMachineResponse) ProtoMessage() {}
 
 func (x *ShowMachineResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[28]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1902,7 +2051,7 @@ func (x *ShowMachineResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShowMachineResponse.ProtoReflect.Descriptor instead.
 func (*ShowMachineResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{28}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ShowMachineResponse) GetMachine() *Machine {
@@ -1945,7 +2094,7 @@ type SetBootModeRequest struct {
 
 func (x *SetBootModeRequest) Reset() {
 	*x = SetBootModeRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[29]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1957,7 +2106,7 @@ func (x *SetBootModeRequest) String() string {
 func (*SetBootModeRequest) ProtoMessage() {}
 
 func (x *SetBootModeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[29]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1970,7 +2119,7 @@ func (x *SetBootModeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBootModeRequest.ProtoReflect.Descriptor instead.
 func (*SetBootModeRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{29}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SetBootModeRequest) GetMachineId() string {
@@ -1998,7 +2147,7 @@ type SetBootModeResponse struct {
 
 func (x *SetBootModeResponse) Reset() {
 	*x = SetBootModeResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[30]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2010,7 +2159,7 @@ func (x *SetBootModeResponse) String() string {
 func (*SetBootModeResponse) ProtoMessage() {}
 
 func (x *SetBootModeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[30]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2023,7 +2172,7 @@ func (x *SetBootModeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBootModeResponse.ProtoReflect.Descriptor instead.
 func (*SetBootModeResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{30}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SetBootModeResponse) GetFirmware() string {
@@ -2049,7 +2198,7 @@ type ClearAlertRequest struct {
 
 func (x *ClearAlertRequest) Reset() {
 	*x = ClearAlertRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[31]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2061,7 +2210,7 @@ func (x *ClearAlertRequest) String() string {
 func (*ClearAlertRequest) ProtoMessage() {}
 
 func (x *ClearAlertRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[31]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2074,7 +2223,7 @@ func (x *ClearAlertRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClearAlertRequest.ProtoReflect.Descriptor instead.
 func (*ClearAlertRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{31}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ClearAlertRequest) GetMachineId() string {
@@ -2094,7 +2243,7 @@ type ClearAlertResponse struct {
 
 func (x *ClearAlertResponse) Reset() {
 	*x = ClearAlertResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[32]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2106,7 +2255,7 @@ func (x *ClearAlertResponse) String() string {
 func (*ClearAlertResponse) ProtoMessage() {}
 
 func (x *ClearAlertResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[32]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2119,7 +2268,7 @@ func (x *ClearAlertResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClearAlertResponse.ProtoReflect.Descriptor instead.
 func (*ClearAlertResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{32}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ClearAlertResponse) GetCleared() string {
@@ -2144,7 +2293,7 @@ type StageAssetsRequest struct {
 
 func (x *StageAssetsRequest) Reset() {
 	*x = StageAssetsRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[33]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2156,7 +2305,7 @@ func (x *StageAssetsRequest) String() string {
 func (*StageAssetsRequest) ProtoMessage() {}
 
 func (x *StageAssetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[33]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2169,7 +2318,7 @@ func (x *StageAssetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageAssetsRequest.ProtoReflect.Descriptor instead.
 func (*StageAssetsRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{33}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *StageAssetsRequest) GetSiteId() string {
@@ -2219,7 +2368,7 @@ type StageAssetsResponse struct {
 
 func (x *StageAssetsResponse) Reset() {
 	*x = StageAssetsResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[34]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2231,7 +2380,7 @@ func (x *StageAssetsResponse) String() string {
 func (*StageAssetsResponse) ProtoMessage() {}
 
 func (x *StageAssetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[34]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2244,7 +2393,7 @@ func (x *StageAssetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageAssetsResponse.ProtoReflect.Descriptor instead.
 func (*StageAssetsResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{34}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *StageAssetsResponse) GetProfile() string {
@@ -2272,7 +2421,7 @@ type BundleAssetsRequest struct {
 
 func (x *BundleAssetsRequest) Reset() {
 	*x = BundleAssetsRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[35]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2284,7 +2433,7 @@ func (x *BundleAssetsRequest) String() string {
 func (*BundleAssetsRequest) ProtoMessage() {}
 
 func (x *BundleAssetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[35]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2297,7 +2446,7 @@ func (x *BundleAssetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BundleAssetsRequest.ProtoReflect.Descriptor instead.
 func (*BundleAssetsRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{35}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *BundleAssetsRequest) GetSiteId() string {
@@ -2328,7 +2477,7 @@ type BundleAssetsResponse struct {
 
 func (x *BundleAssetsResponse) Reset() {
 	*x = BundleAssetsResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[36]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2340,7 +2489,7 @@ func (x *BundleAssetsResponse) String() string {
 func (*BundleAssetsResponse) ProtoMessage() {}
 
 func (x *BundleAssetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[36]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2353,7 +2502,7 @@ func (x *BundleAssetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BundleAssetsResponse.ProtoReflect.Descriptor instead.
 func (*BundleAssetsResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{36}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *BundleAssetsResponse) GetAssets() int32 {
@@ -2388,7 +2537,19 @@ var File_shared_api_admin_admin_proto protoreflect.FileDescriptor
 
 const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x1cshared/api/admin/admin.proto\x12\routpost.admin\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1eshared/api/assets/assets.proto\"\xa2\x01\n" +
+	"\x1cshared/api/admin/admin.proto\x12\routpost.admin\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1eshared/api/assets/assets.proto\"\xaa\x01\n" +
+	"\x14BootFromImageRequest\x12\x17\n" +
+	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12\x10\n" +
+	"\x03mac\x18\x02 \x01(\tR\x03mac\x12!\n" +
+	"\fbmc_endpoint\x18\x03 \x01(\tR\vbmcEndpoint\x12!\n" +
+	"\fbmc_username\x18\x04 \x01(\tR\vbmcUsername\x12!\n" +
+	"\fbmc_password\x18\x05 \x01(\tR\vbmcPassword\"x\n" +
+	"\x15BootFromImageResponse\x12\x10\n" +
+	"\x03url\x18\x01 \x01(\tR\x03url\x12\x1f\n" +
+	"\vsystem_uuid\x18\x02 \x01(\tR\n" +
+	"systemUuid\x12\x12\n" +
+	"\x04mode\x18\x03 \x01(\tR\x04mode\x12\x18\n" +
+	"\aaddress\x18\x04 \x01(\tR\aaddress\"\xa2\x01\n" +
 	"\x11CreateSiteRequest\x12\x17\n" +
 	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x126\n" +
@@ -2609,7 +2770,9 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\vShowMachine\x12!.outpost.admin.ShowMachineRequest\x1a\".outpost.admin.ShowMachineResponse\x12T\n" +
 	"\vSetBootMode\x12!.outpost.admin.SetBootModeRequest\x1a\".outpost.admin.SetBootModeResponse\x12Q\n" +
 	"\n" +
-	"ClearAlert\x12 .outpost.admin.ClearAlertRequest\x1a!.outpost.admin.ClearAlertResponseB3Z1github.com/outpost-metal/outpost/shared/api/adminb\x06proto3"
+	"ClearAlert\x12 .outpost.admin.ClearAlertRequest\x1a!.outpost.admin.ClearAlertResponse2j\n" +
+	"\fSiteMachines\x12Z\n" +
+	"\rBootFromImage\x12#.outpost.admin.BootFromImageRequest\x1a$.outpost.admin.BootFromImageResponseB3Z1github.com/outpost-metal/outpost/shared/api/adminb\x06proto3"
 
 var (
 	file_shared_api_admin_admin_proto_rawDescOnce sync.Once
@@ -2623,118 +2786,122 @@ func file_shared_api_admin_admin_proto_rawDescGZIP() []byte {
 	return file_shared_api_admin_admin_proto_rawDescData
 }
 
-var file_shared_api_admin_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_shared_api_admin_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_shared_api_admin_admin_proto_goTypes = []any{
-	(*CreateSiteRequest)(nil),        // 0: outpost.admin.CreateSiteRequest
-	(*CreateSiteResponse)(nil),       // 1: outpost.admin.CreateSiteResponse
-	(*NewJoinTokenRequest)(nil),      // 2: outpost.admin.NewJoinTokenRequest
-	(*ListSitesRequest)(nil),         // 3: outpost.admin.ListSitesRequest
-	(*Site)(nil),                     // 4: outpost.admin.Site
-	(*SiteSettings)(nil),             // 5: outpost.admin.SiteSettings
-	(*Standby)(nil),                  // 6: outpost.admin.Standby
-	(*ListSitesResponse)(nil),        // 7: outpost.admin.ListSitesResponse
-	(*RevokeSiteRequest)(nil),        // 8: outpost.admin.RevokeSiteRequest
-	(*RevokeSiteResponse)(nil),       // 9: outpost.admin.RevokeSiteResponse
-	(*DeleteSiteRequest)(nil),        // 10: outpost.admin.DeleteSiteRequest
-	(*DeleteSiteResponse)(nil),       // 11: outpost.admin.DeleteSiteResponse
-	(*ShowSiteRequest)(nil),          // 12: outpost.admin.ShowSiteRequest
-	(*ShowSiteResponse)(nil),         // 13: outpost.admin.ShowSiteResponse
-	(*SetAssetPolicyRequest)(nil),    // 14: outpost.admin.SetAssetPolicyRequest
-	(*SetAssetPolicyResponse)(nil),   // 15: outpost.admin.SetAssetPolicyResponse
-	(*SetSiteLabelsRequest)(nil),     // 16: outpost.admin.SetSiteLabelsRequest
-	(*SetSiteLabelsResponse)(nil),    // 17: outpost.admin.SetSiteLabelsResponse
-	(*SetSiteSettingsRequest)(nil),   // 18: outpost.admin.SetSiteSettingsRequest
-	(*StringList)(nil),               // 19: outpost.admin.StringList
-	(*SetSiteSettingsResponse)(nil),  // 20: outpost.admin.SetSiteSettingsResponse
-	(*RegisterMachinesRequest)(nil),  // 21: outpost.admin.RegisterMachinesRequest
-	(*RegisterMachinesResponse)(nil), // 22: outpost.admin.RegisterMachinesResponse
-	(*ListMachinesRequest)(nil),      // 23: outpost.admin.ListMachinesRequest
-	(*ListMachinesResponse)(nil),     // 24: outpost.admin.ListMachinesResponse
-	(*Machine)(nil),                  // 25: outpost.admin.Machine
-	(*TimelineEntry)(nil),            // 26: outpost.admin.TimelineEntry
-	(*ShowMachineRequest)(nil),       // 27: outpost.admin.ShowMachineRequest
-	(*ShowMachineResponse)(nil),      // 28: outpost.admin.ShowMachineResponse
-	(*SetBootModeRequest)(nil),       // 29: outpost.admin.SetBootModeRequest
-	(*SetBootModeResponse)(nil),      // 30: outpost.admin.SetBootModeResponse
-	(*ClearAlertRequest)(nil),        // 31: outpost.admin.ClearAlertRequest
-	(*ClearAlertResponse)(nil),       // 32: outpost.admin.ClearAlertResponse
-	(*StageAssetsRequest)(nil),       // 33: outpost.admin.StageAssetsRequest
-	(*StageAssetsResponse)(nil),      // 34: outpost.admin.StageAssetsResponse
-	(*BundleAssetsRequest)(nil),      // 35: outpost.admin.BundleAssetsRequest
-	(*BundleAssetsResponse)(nil),     // 36: outpost.admin.BundleAssetsResponse
-	nil,                              // 37: outpost.admin.Site.LabelsEntry
-	nil,                              // 38: outpost.admin.SiteSettings.DhcpReservationsEntry
-	nil,                              // 39: outpost.admin.SetSiteLabelsRequest.LabelsEntry
-	(*durationpb.Duration)(nil),      // 40: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 41: google.protobuf.Timestamp
-	(*assets.SiteAssetState)(nil),    // 42: outpost.assets.SiteAssetState
-	(assets.Policy)(0),               // 43: outpost.assets.Policy
+	(*BootFromImageRequest)(nil),     // 0: outpost.admin.BootFromImageRequest
+	(*BootFromImageResponse)(nil),    // 1: outpost.admin.BootFromImageResponse
+	(*CreateSiteRequest)(nil),        // 2: outpost.admin.CreateSiteRequest
+	(*CreateSiteResponse)(nil),       // 3: outpost.admin.CreateSiteResponse
+	(*NewJoinTokenRequest)(nil),      // 4: outpost.admin.NewJoinTokenRequest
+	(*ListSitesRequest)(nil),         // 5: outpost.admin.ListSitesRequest
+	(*Site)(nil),                     // 6: outpost.admin.Site
+	(*SiteSettings)(nil),             // 7: outpost.admin.SiteSettings
+	(*Standby)(nil),                  // 8: outpost.admin.Standby
+	(*ListSitesResponse)(nil),        // 9: outpost.admin.ListSitesResponse
+	(*RevokeSiteRequest)(nil),        // 10: outpost.admin.RevokeSiteRequest
+	(*RevokeSiteResponse)(nil),       // 11: outpost.admin.RevokeSiteResponse
+	(*DeleteSiteRequest)(nil),        // 12: outpost.admin.DeleteSiteRequest
+	(*DeleteSiteResponse)(nil),       // 13: outpost.admin.DeleteSiteResponse
+	(*ShowSiteRequest)(nil),          // 14: outpost.admin.ShowSiteRequest
+	(*ShowSiteResponse)(nil),         // 15: outpost.admin.ShowSiteResponse
+	(*SetAssetPolicyRequest)(nil),    // 16: outpost.admin.SetAssetPolicyRequest
+	(*SetAssetPolicyResponse)(nil),   // 17: outpost.admin.SetAssetPolicyResponse
+	(*SetSiteLabelsRequest)(nil),     // 18: outpost.admin.SetSiteLabelsRequest
+	(*SetSiteLabelsResponse)(nil),    // 19: outpost.admin.SetSiteLabelsResponse
+	(*SetSiteSettingsRequest)(nil),   // 20: outpost.admin.SetSiteSettingsRequest
+	(*StringList)(nil),               // 21: outpost.admin.StringList
+	(*SetSiteSettingsResponse)(nil),  // 22: outpost.admin.SetSiteSettingsResponse
+	(*RegisterMachinesRequest)(nil),  // 23: outpost.admin.RegisterMachinesRequest
+	(*RegisterMachinesResponse)(nil), // 24: outpost.admin.RegisterMachinesResponse
+	(*ListMachinesRequest)(nil),      // 25: outpost.admin.ListMachinesRequest
+	(*ListMachinesResponse)(nil),     // 26: outpost.admin.ListMachinesResponse
+	(*Machine)(nil),                  // 27: outpost.admin.Machine
+	(*TimelineEntry)(nil),            // 28: outpost.admin.TimelineEntry
+	(*ShowMachineRequest)(nil),       // 29: outpost.admin.ShowMachineRequest
+	(*ShowMachineResponse)(nil),      // 30: outpost.admin.ShowMachineResponse
+	(*SetBootModeRequest)(nil),       // 31: outpost.admin.SetBootModeRequest
+	(*SetBootModeResponse)(nil),      // 32: outpost.admin.SetBootModeResponse
+	(*ClearAlertRequest)(nil),        // 33: outpost.admin.ClearAlertRequest
+	(*ClearAlertResponse)(nil),       // 34: outpost.admin.ClearAlertResponse
+	(*StageAssetsRequest)(nil),       // 35: outpost.admin.StageAssetsRequest
+	(*StageAssetsResponse)(nil),      // 36: outpost.admin.StageAssetsResponse
+	(*BundleAssetsRequest)(nil),      // 37: outpost.admin.BundleAssetsRequest
+	(*BundleAssetsResponse)(nil),     // 38: outpost.admin.BundleAssetsResponse
+	nil,                              // 39: outpost.admin.Site.LabelsEntry
+	nil,                              // 40: outpost.admin.SiteSettings.DhcpReservationsEntry
+	nil,                              // 41: outpost.admin.SetSiteLabelsRequest.LabelsEntry
+	(*durationpb.Duration)(nil),      // 42: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 43: google.protobuf.Timestamp
+	(*assets.SiteAssetState)(nil),    // 44: outpost.assets.SiteAssetState
+	(assets.Policy)(0),               // 45: outpost.assets.Policy
 }
 var file_shared_api_admin_admin_proto_depIdxs = []int32{
-	40, // 0: outpost.admin.CreateSiteRequest.token_ttl:type_name -> google.protobuf.Duration
-	41, // 1: outpost.admin.CreateSiteResponse.token_expires:type_name -> google.protobuf.Timestamp
-	40, // 2: outpost.admin.NewJoinTokenRequest.token_ttl:type_name -> google.protobuf.Duration
-	41, // 3: outpost.admin.Site.last_seen:type_name -> google.protobuf.Timestamp
-	41, // 4: outpost.admin.Site.connected_since:type_name -> google.protobuf.Timestamp
-	41, // 5: outpost.admin.Site.token_expires:type_name -> google.protobuf.Timestamp
-	37, // 6: outpost.admin.Site.labels:type_name -> outpost.admin.Site.LabelsEntry
-	5,  // 7: outpost.admin.Site.settings:type_name -> outpost.admin.SiteSettings
-	41, // 8: outpost.admin.Site.edge_refused_at:type_name -> google.protobuf.Timestamp
-	40, // 9: outpost.admin.SiteSettings.dhcp_lease_time:type_name -> google.protobuf.Duration
-	38, // 10: outpost.admin.SiteSettings.dhcp_reservations:type_name -> outpost.admin.SiteSettings.DhcpReservationsEntry
-	4,  // 11: outpost.admin.ListSitesResponse.sites:type_name -> outpost.admin.Site
-	6,  // 12: outpost.admin.ListSitesResponse.standby:type_name -> outpost.admin.Standby
-	4,  // 13: outpost.admin.ShowSiteResponse.site:type_name -> outpost.admin.Site
-	42, // 14: outpost.admin.ShowSiteResponse.assets:type_name -> outpost.assets.SiteAssetState
-	6,  // 15: outpost.admin.ShowSiteResponse.standby:type_name -> outpost.admin.Standby
-	43, // 16: outpost.admin.SetAssetPolicyRequest.policy:type_name -> outpost.assets.Policy
-	39, // 17: outpost.admin.SetSiteLabelsRequest.labels:type_name -> outpost.admin.SetSiteLabelsRequest.LabelsEntry
-	19, // 18: outpost.admin.SetSiteSettingsRequest.dhcp_dns:type_name -> outpost.admin.StringList
-	19, // 19: outpost.admin.SetSiteSettingsRequest.dhcp_ntp:type_name -> outpost.admin.StringList
-	40, // 20: outpost.admin.SetSiteSettingsRequest.dhcp_lease_time:type_name -> google.protobuf.Duration
-	5,  // 21: outpost.admin.SetSiteSettingsResponse.settings:type_name -> outpost.admin.SiteSettings
-	25, // 22: outpost.admin.ListMachinesResponse.machines:type_name -> outpost.admin.Machine
-	41, // 23: outpost.admin.Machine.updated:type_name -> google.protobuf.Timestamp
-	26, // 24: outpost.admin.Machine.last:type_name -> outpost.admin.TimelineEntry
-	41, // 25: outpost.admin.TimelineEntry.time:type_name -> google.protobuf.Timestamp
-	25, // 26: outpost.admin.ShowMachineResponse.machine:type_name -> outpost.admin.Machine
-	26, // 27: outpost.admin.ShowMachineResponse.timeline:type_name -> outpost.admin.TimelineEntry
-	0,  // 28: outpost.admin.Admin.CreateSite:input_type -> outpost.admin.CreateSiteRequest
-	2,  // 29: outpost.admin.Admin.NewJoinToken:input_type -> outpost.admin.NewJoinTokenRequest
-	3,  // 30: outpost.admin.Admin.ListSites:input_type -> outpost.admin.ListSitesRequest
-	8,  // 31: outpost.admin.Admin.RevokeSite:input_type -> outpost.admin.RevokeSiteRequest
-	10, // 32: outpost.admin.Admin.DeleteSite:input_type -> outpost.admin.DeleteSiteRequest
-	12, // 33: outpost.admin.Admin.ShowSite:input_type -> outpost.admin.ShowSiteRequest
-	14, // 34: outpost.admin.Admin.SetAssetPolicy:input_type -> outpost.admin.SetAssetPolicyRequest
-	33, // 35: outpost.admin.Admin.StageAssets:input_type -> outpost.admin.StageAssetsRequest
-	33, // 36: outpost.admin.Admin.UnstageAssets:input_type -> outpost.admin.StageAssetsRequest
-	35, // 37: outpost.admin.Admin.BundleAssets:input_type -> outpost.admin.BundleAssetsRequest
-	16, // 38: outpost.admin.Admin.SetSiteLabels:input_type -> outpost.admin.SetSiteLabelsRequest
-	18, // 39: outpost.admin.Admin.SetSiteSettings:input_type -> outpost.admin.SetSiteSettingsRequest
-	21, // 40: outpost.admin.Admin.RegisterMachines:input_type -> outpost.admin.RegisterMachinesRequest
-	23, // 41: outpost.admin.Machines.ListMachines:input_type -> outpost.admin.ListMachinesRequest
-	27, // 42: outpost.admin.Machines.ShowMachine:input_type -> outpost.admin.ShowMachineRequest
-	29, // 43: outpost.admin.Machines.SetBootMode:input_type -> outpost.admin.SetBootModeRequest
-	31, // 44: outpost.admin.Machines.ClearAlert:input_type -> outpost.admin.ClearAlertRequest
-	1,  // 45: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
-	1,  // 46: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
-	7,  // 47: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
-	9,  // 48: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
-	11, // 49: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
-	13, // 50: outpost.admin.Admin.ShowSite:output_type -> outpost.admin.ShowSiteResponse
-	15, // 51: outpost.admin.Admin.SetAssetPolicy:output_type -> outpost.admin.SetAssetPolicyResponse
-	34, // 52: outpost.admin.Admin.StageAssets:output_type -> outpost.admin.StageAssetsResponse
-	34, // 53: outpost.admin.Admin.UnstageAssets:output_type -> outpost.admin.StageAssetsResponse
-	36, // 54: outpost.admin.Admin.BundleAssets:output_type -> outpost.admin.BundleAssetsResponse
-	17, // 55: outpost.admin.Admin.SetSiteLabels:output_type -> outpost.admin.SetSiteLabelsResponse
-	20, // 56: outpost.admin.Admin.SetSiteSettings:output_type -> outpost.admin.SetSiteSettingsResponse
-	22, // 57: outpost.admin.Admin.RegisterMachines:output_type -> outpost.admin.RegisterMachinesResponse
-	24, // 58: outpost.admin.Machines.ListMachines:output_type -> outpost.admin.ListMachinesResponse
-	28, // 59: outpost.admin.Machines.ShowMachine:output_type -> outpost.admin.ShowMachineResponse
-	30, // 60: outpost.admin.Machines.SetBootMode:output_type -> outpost.admin.SetBootModeResponse
-	32, // 61: outpost.admin.Machines.ClearAlert:output_type -> outpost.admin.ClearAlertResponse
-	45, // [45:62] is the sub-list for method output_type
-	28, // [28:45] is the sub-list for method input_type
+	42, // 0: outpost.admin.CreateSiteRequest.token_ttl:type_name -> google.protobuf.Duration
+	43, // 1: outpost.admin.CreateSiteResponse.token_expires:type_name -> google.protobuf.Timestamp
+	42, // 2: outpost.admin.NewJoinTokenRequest.token_ttl:type_name -> google.protobuf.Duration
+	43, // 3: outpost.admin.Site.last_seen:type_name -> google.protobuf.Timestamp
+	43, // 4: outpost.admin.Site.connected_since:type_name -> google.protobuf.Timestamp
+	43, // 5: outpost.admin.Site.token_expires:type_name -> google.protobuf.Timestamp
+	39, // 6: outpost.admin.Site.labels:type_name -> outpost.admin.Site.LabelsEntry
+	7,  // 7: outpost.admin.Site.settings:type_name -> outpost.admin.SiteSettings
+	43, // 8: outpost.admin.Site.edge_refused_at:type_name -> google.protobuf.Timestamp
+	42, // 9: outpost.admin.SiteSettings.dhcp_lease_time:type_name -> google.protobuf.Duration
+	40, // 10: outpost.admin.SiteSettings.dhcp_reservations:type_name -> outpost.admin.SiteSettings.DhcpReservationsEntry
+	6,  // 11: outpost.admin.ListSitesResponse.sites:type_name -> outpost.admin.Site
+	8,  // 12: outpost.admin.ListSitesResponse.standby:type_name -> outpost.admin.Standby
+	6,  // 13: outpost.admin.ShowSiteResponse.site:type_name -> outpost.admin.Site
+	44, // 14: outpost.admin.ShowSiteResponse.assets:type_name -> outpost.assets.SiteAssetState
+	8,  // 15: outpost.admin.ShowSiteResponse.standby:type_name -> outpost.admin.Standby
+	45, // 16: outpost.admin.SetAssetPolicyRequest.policy:type_name -> outpost.assets.Policy
+	41, // 17: outpost.admin.SetSiteLabelsRequest.labels:type_name -> outpost.admin.SetSiteLabelsRequest.LabelsEntry
+	21, // 18: outpost.admin.SetSiteSettingsRequest.dhcp_dns:type_name -> outpost.admin.StringList
+	21, // 19: outpost.admin.SetSiteSettingsRequest.dhcp_ntp:type_name -> outpost.admin.StringList
+	42, // 20: outpost.admin.SetSiteSettingsRequest.dhcp_lease_time:type_name -> google.protobuf.Duration
+	7,  // 21: outpost.admin.SetSiteSettingsResponse.settings:type_name -> outpost.admin.SiteSettings
+	27, // 22: outpost.admin.ListMachinesResponse.machines:type_name -> outpost.admin.Machine
+	43, // 23: outpost.admin.Machine.updated:type_name -> google.protobuf.Timestamp
+	28, // 24: outpost.admin.Machine.last:type_name -> outpost.admin.TimelineEntry
+	43, // 25: outpost.admin.TimelineEntry.time:type_name -> google.protobuf.Timestamp
+	27, // 26: outpost.admin.ShowMachineResponse.machine:type_name -> outpost.admin.Machine
+	28, // 27: outpost.admin.ShowMachineResponse.timeline:type_name -> outpost.admin.TimelineEntry
+	2,  // 28: outpost.admin.Admin.CreateSite:input_type -> outpost.admin.CreateSiteRequest
+	4,  // 29: outpost.admin.Admin.NewJoinToken:input_type -> outpost.admin.NewJoinTokenRequest
+	5,  // 30: outpost.admin.Admin.ListSites:input_type -> outpost.admin.ListSitesRequest
+	10, // 31: outpost.admin.Admin.RevokeSite:input_type -> outpost.admin.RevokeSiteRequest
+	12, // 32: outpost.admin.Admin.DeleteSite:input_type -> outpost.admin.DeleteSiteRequest
+	14, // 33: outpost.admin.Admin.ShowSite:input_type -> outpost.admin.ShowSiteRequest
+	16, // 34: outpost.admin.Admin.SetAssetPolicy:input_type -> outpost.admin.SetAssetPolicyRequest
+	35, // 35: outpost.admin.Admin.StageAssets:input_type -> outpost.admin.StageAssetsRequest
+	35, // 36: outpost.admin.Admin.UnstageAssets:input_type -> outpost.admin.StageAssetsRequest
+	37, // 37: outpost.admin.Admin.BundleAssets:input_type -> outpost.admin.BundleAssetsRequest
+	18, // 38: outpost.admin.Admin.SetSiteLabels:input_type -> outpost.admin.SetSiteLabelsRequest
+	20, // 39: outpost.admin.Admin.SetSiteSettings:input_type -> outpost.admin.SetSiteSettingsRequest
+	23, // 40: outpost.admin.Admin.RegisterMachines:input_type -> outpost.admin.RegisterMachinesRequest
+	25, // 41: outpost.admin.Machines.ListMachines:input_type -> outpost.admin.ListMachinesRequest
+	29, // 42: outpost.admin.Machines.ShowMachine:input_type -> outpost.admin.ShowMachineRequest
+	31, // 43: outpost.admin.Machines.SetBootMode:input_type -> outpost.admin.SetBootModeRequest
+	33, // 44: outpost.admin.Machines.ClearAlert:input_type -> outpost.admin.ClearAlertRequest
+	0,  // 45: outpost.admin.SiteMachines.BootFromImage:input_type -> outpost.admin.BootFromImageRequest
+	3,  // 46: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
+	3,  // 47: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
+	9,  // 48: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
+	11, // 49: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
+	13, // 50: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
+	15, // 51: outpost.admin.Admin.ShowSite:output_type -> outpost.admin.ShowSiteResponse
+	17, // 52: outpost.admin.Admin.SetAssetPolicy:output_type -> outpost.admin.SetAssetPolicyResponse
+	36, // 53: outpost.admin.Admin.StageAssets:output_type -> outpost.admin.StageAssetsResponse
+	36, // 54: outpost.admin.Admin.UnstageAssets:output_type -> outpost.admin.StageAssetsResponse
+	38, // 55: outpost.admin.Admin.BundleAssets:output_type -> outpost.admin.BundleAssetsResponse
+	19, // 56: outpost.admin.Admin.SetSiteLabels:output_type -> outpost.admin.SetSiteLabelsResponse
+	22, // 57: outpost.admin.Admin.SetSiteSettings:output_type -> outpost.admin.SetSiteSettingsResponse
+	24, // 58: outpost.admin.Admin.RegisterMachines:output_type -> outpost.admin.RegisterMachinesResponse
+	26, // 59: outpost.admin.Machines.ListMachines:output_type -> outpost.admin.ListMachinesResponse
+	30, // 60: outpost.admin.Machines.ShowMachine:output_type -> outpost.admin.ShowMachineResponse
+	32, // 61: outpost.admin.Machines.SetBootMode:output_type -> outpost.admin.SetBootModeResponse
+	34, // 62: outpost.admin.Machines.ClearAlert:output_type -> outpost.admin.ClearAlertResponse
+	1,  // 63: outpost.admin.SiteMachines.BootFromImage:output_type -> outpost.admin.BootFromImageResponse
+	46, // [46:64] is the sub-list for method output_type
+	28, // [28:46] is the sub-list for method input_type
 	28, // [28:28] is the sub-list for extension type_name
 	28, // [28:28] is the sub-list for extension extendee
 	0,  // [0:28] is the sub-list for field type_name
@@ -2745,16 +2912,16 @@ func file_shared_api_admin_admin_proto_init() {
 	if File_shared_api_admin_admin_proto != nil {
 		return
 	}
-	file_shared_api_admin_admin_proto_msgTypes[18].OneofWrappers = []any{}
+	file_shared_api_admin_admin_proto_msgTypes[20].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_admin_admin_proto_rawDesc), len(file_shared_api_admin_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   40,
+			NumMessages:   42,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_shared_api_admin_admin_proto_goTypes,
 		DependencyIndexes: file_shared_api_admin_admin_proto_depIdxs,

@@ -849,3 +849,119 @@ var Machines_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "shared/api/admin/admin.proto",
 }
+
+const (
+	SiteMachines_BootFromImage_FullMethodName = "/outpost.admin.SiteMachines/BootFromImage"
+)
+
+// SiteMachinesClient is the client API for SiteMachines service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// SiteMachines is served by the controller on its admin socket beside Admin: acts on machines at a site that
+// the controller may not know yet.
+type SiteMachinesClient interface {
+	// BootFromImage boots a machine at a site without DHCP from virtual media for the first time: the site's edge
+	// builds the agent-mode image with the address reserved for mac, the BMC named mounts it (Redfish
+	// VirtualMedia) and the machine is powered on (or cycled) into it once. Its later boots need nothing from
+	// the operator: the lifecycle boots it from images too.
+	BootFromImage(ctx context.Context, in *BootFromImageRequest, opts ...grpc.CallOption) (*BootFromImageResponse, error)
+}
+
+type siteMachinesClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewSiteMachinesClient(cc grpc.ClientConnInterface) SiteMachinesClient {
+	return &siteMachinesClient{cc}
+}
+
+func (c *siteMachinesClient) BootFromImage(ctx context.Context, in *BootFromImageRequest, opts ...grpc.CallOption) (*BootFromImageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BootFromImageResponse)
+	err := c.cc.Invoke(ctx, SiteMachines_BootFromImage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// SiteMachinesServer is the server API for SiteMachines service.
+// All implementations must embed UnimplementedSiteMachinesServer
+// for forward compatibility.
+//
+// SiteMachines is served by the controller on its admin socket beside Admin: acts on machines at a site that
+// the controller may not know yet.
+type SiteMachinesServer interface {
+	// BootFromImage boots a machine at a site without DHCP from virtual media for the first time: the site's edge
+	// builds the agent-mode image with the address reserved for mac, the BMC named mounts it (Redfish
+	// VirtualMedia) and the machine is powered on (or cycled) into it once. Its later boots need nothing from
+	// the operator: the lifecycle boots it from images too.
+	BootFromImage(context.Context, *BootFromImageRequest) (*BootFromImageResponse, error)
+	mustEmbedUnimplementedSiteMachinesServer()
+}
+
+// UnimplementedSiteMachinesServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedSiteMachinesServer struct{}
+
+func (UnimplementedSiteMachinesServer) BootFromImage(context.Context, *BootFromImageRequest) (*BootFromImageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method BootFromImage not implemented")
+}
+func (UnimplementedSiteMachinesServer) mustEmbedUnimplementedSiteMachinesServer() {}
+func (UnimplementedSiteMachinesServer) testEmbeddedByValue()                      {}
+
+// UnsafeSiteMachinesServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to SiteMachinesServer will
+// result in compilation errors.
+type UnsafeSiteMachinesServer interface {
+	mustEmbedUnimplementedSiteMachinesServer()
+}
+
+func RegisterSiteMachinesServer(s grpc.ServiceRegistrar, srv SiteMachinesServer) {
+	// If the following call panics, it indicates UnimplementedSiteMachinesServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&SiteMachines_ServiceDesc, srv)
+}
+
+func _SiteMachines_BootFromImage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BootFromImageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SiteMachinesServer).BootFromImage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SiteMachines_BootFromImage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SiteMachinesServer).BootFromImage(ctx, req.(*BootFromImageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// SiteMachines_ServiceDesc is the grpc.ServiceDesc for SiteMachines service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var SiteMachines_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "outpost.admin.SiteMachines",
+	HandlerType: (*SiteMachinesServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "BootFromImage",
+			Handler:    _SiteMachines_BootFromImage_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "shared/api/admin/admin.proto",
+}
