@@ -29,7 +29,8 @@ build: ## build the controller and edge binaries into _out/bin
 
 .PHONY: image
 image: build ## the edge appliance (Talos extension, OCI image, patch) and the controller (OCI image, systemd unit, Kubernetes manifest) under _out/image (MKIMAGE_* env)
-	$(GO) run ./image/cmd/mkimage -edge $(OUT)/bin/edge -controller-binary $(OUT)/bin/controller -out $(OUT)/image -version $(VERSION)
+	$(GO) run ./image/cmd/mkimage -edge $(OUT)/bin/edge -controller-binary $(OUT)/bin/controller -out $(OUT)/image -version $(VERSION) \
+		-vmedia-loader "$$(hack/vmedia-loader.sh)"
 
 .PHONY: deps
 deps: ## install the Debian packages the tests and the lab need (root; skipped with a reason otherwise)

@@ -51,6 +51,10 @@ var DefaultIPXEFiles = []string{"undionly.kpxe", "ipxe.pxe", "ipxe.efi", "snponl
 // (option 93 = 11, and 19 over HTTP boot).
 const ARM64IPXEFile = "snp-arm64.efi"
 
+// VMediaLoaderFile is the name the virtual-media boot loader has in IPXEDir, where the edge looks for it
+// (edge/config.VMediaLoaderName).
+const VMediaLoaderFile = "vmedia-x86_64.efi"
+
 // Config says what goes into the appliance.
 type Config struct {
 	// Version is the extension's version (the edge version).
@@ -66,6 +70,10 @@ type Config struct {
 	// ARM64IPXE is the arm64 iPXE binary (hack/ipxe-arm64.sh builds it from Debian's ipxe package, which ships
 	// x86 binaries only), shipped as ARM64IPXEFile; empty ships none, and the edge refuses arm64 clients.
 	ARM64IPXE string
+	// VMediaLoader is the boot loader of the edge's virtual-media images (hack/vmedia-loader.sh builds it from
+	// Debian's grub-efi-amd64-bin), shipped as VMediaLoaderFile; empty ships none, and the edge refuses to boot
+	// machines from images.
+	VMediaLoader string
 	// PreseedDir optionally holds an asset import bundle (outpost-assets.json and files) to bake in.
 	PreseedDir string
 	// TalosVersion is the compatibility constraint of the extension, e.g. ">= v1.9.0".
@@ -109,6 +117,12 @@ func (c Config) Validate() error {
 	if c.ARM64IPXE != "" {
 		if err := checkPEMachine(c.ARM64IPXE, pe.IMAGE_FILE_MACHINE_ARM64); err != nil {
 			errs = append(errs, fmt.Errorf("arm64 ipxe file: %w (run hack/ipxe-arm64.sh)", err))
+		}
+	}
+
+	if c.VMediaLoader != "" {
+		if err := checkPEMachine(c.VMediaLoader, pe.IMAGE_FILE_MACHINE_AMD64); err != nil {
+			errs = append(errs, fmt.Errorf("vmedia loader: %w (run hack/vmedia-loader.sh)", err))
 		}
 	}
 
@@ -236,6 +250,12 @@ func WriteExtension(c Config, dir string) error {
 
 	if c.ARM64IPXE != "" {
 		if err := copyFile(c.ARM64IPXE, filepath.Join(ctr, IPXEDir, ARM64IPXEFile), 0o644); err != nil {
+			return err
+		}
+	}
+
+	if c.VMediaLoader != "" {
+		if err := copyFile(c.VMediaLoader, filepath.Join(ctr, IPXEDir, VMediaLoaderFile), 0o644); err != nil {
 			return err
 		}
 	}

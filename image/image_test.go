@@ -17,6 +17,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outpost-metal/outpost/edge/config"
 	"github.com/outpost-metal/outpost/image"
 )
 
@@ -271,4 +272,32 @@ func TestARM64IPXE(t *testing.T) {
 	out := t.TempDir()
 	require.NoError(t, image.WriteExtension(cfg, out))
 	require.Equal(t, fileSum(t, built[0]), fileSum(t, filepath.Join(out, "rootfs/usr/local/lib/containers/outpost-edge/usr/lib/ipxe", image.ARM64IPXEFile)))
+}
+
+// The virtual-media boot loader built by hack/vmedia-loader.sh ships where the edge looks for it; a file that is
+// not an x86_64 EFI binary is refused.
+func TestVMediaLoader(t *testing.T) {
+	require.Equal(t, config.VMediaLoaderName, image.VMediaLoaderFile, "the appliance ships the loader under the edge's name")
+
+	bin, _ := edgeBinary(t)
+	dir := ipxeDir(t)
+
+	notPE := image.Default()
+	notPE.EdgeBinary, notPE.IPXEDir, notPE.VMediaLoader = bin, dir, bin
+	require.ErrorContains(t, notPE.Validate(), "not an EFI binary")
+
+	out, err := exec.Command("../hack/vmedia-loader.sh").Output()
+	if err != nil {
+		t.Skipf("hack/vmedia-loader.sh: %v (Debian grub-efi-amd64-bin, grub-common)", err)
+	}
+
+	loader := strings.TrimSpace(string(out))
+
+	cfg := image.Default()
+	cfg.EdgeBinary, cfg.IPXEDir, cfg.VMediaLoader = bin, dir, loader
+	require.NoError(t, cfg.Validate())
+
+	tree := t.TempDir()
+	require.NoError(t, image.WriteExtension(cfg, tree))
+	require.Equal(t, fileSum(t, loader), fileSum(t, filepath.Join(tree, "rootfs/usr/local/lib/containers/outpost-edge/usr/lib/ipxe", image.VMediaLoaderFile)))
 }

@@ -40,6 +40,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.EdgeBinary, "edge", env("MKIMAGE_EDGE", cfg.EdgeBinary), "static edge binary (MKIMAGE_EDGE)")
 	fs.StringVar(&cfg.IPXEDir, "ipxe-dir", env("MKIMAGE_IPXE_DIR", cfg.IPXEDir), "iPXE binaries (MKIMAGE_IPXE_DIR)")
 	fs.StringVar(&cfg.ARM64IPXE, "arm64-ipxe", env("MKIMAGE_ARM64_IPXE", ""), "arm64 iPXE binary from hack/ipxe-arm64.sh, shipped as "+image.ARM64IPXEFile+"; empty ships none (MKIMAGE_ARM64_IPXE)")
+	fs.StringVar(&cfg.VMediaLoader, "vmedia-loader", env("MKIMAGE_VMEDIA_LOADER", ""), "virtual-media boot loader from hack/vmedia-loader.sh, shipped as "+image.VMediaLoaderFile+"; empty ships none (MKIMAGE_VMEDIA_LOADER)")
 	fs.StringVar(&cfg.PreseedDir, "preseed", env("MKIMAGE_PRESEED", ""), "asset import bundle to bake in (MKIMAGE_PRESEED)")
 	fs.StringVar(&cfg.TalosVersion, "talos-version", env("MKIMAGE_TALOS_VERSION", cfg.TalosVersion), "Talos version constraint (MKIMAGE_TALOS_VERSION)")
 
