@@ -84,7 +84,7 @@ func BenchmarkMachineListFiltered(b *testing.B) {
 			b.ReportAllocs()
 
 			for b.Loop() {
-				if _, err := p.MachinesPage(status.PageQuery{Filter: f, Page: 3}); err != nil {
+				if _, err := p.MachinesPage(b.Context(), status.PageQuery{Filter: f, Page: 3}); err != nil {
 					b.Fatal(err)
 				}
 			}

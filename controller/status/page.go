@@ -40,11 +40,17 @@ type Options struct {
 	UpdateEvery time.Duration
 	// Heartbeat is how often an idle stream says it is alive (default 15 s).
 	Heartbeat time.Duration
+	// BMCProtocol is how a site's edge drives BMCs: "auto" (Redfish when the BMC answers it, else IPMI),
+	// "ipmi" or "redfish" (optional: auto).
+	BMCProtocol func(site string) string
+	// History bounds the fleet view's history (kept in memory from NewPages on).
+	History HistoryOptions
 }
 
 // Pages serves the status pages.
 type Pages struct {
 	opts    Options
+	history *History
 	tmpl    *template.Template
 	streams atomic.Int64
 	// stopped is closed when Run ends: live streams end with it (an HTTP server's shutdown waits for them).
@@ -73,7 +79,14 @@ func NewPages(opts Options) (*Pages, error) {
 		opts.Heartbeat = 15 * time.Second
 	}
 
-	p := &Pages{opts: opts, stopped: make(chan struct{})}
+	p := &Pages{opts: opts, stopped: make(chan struct{}), history: NewHistory(opts.History, opts.Now)}
+
+	// the timelines say what booted and what failed as it happens
+	if o, ok := opts.Machines.(interface {
+		Observe(f func(site string, e timeline.Entry))
+	}); ok {
+		o.Observe(p.history.Observe)
+	}
 
 	tmpl, err := template.New("status").Funcs(template.FuncMap{
 		"ago":    p.ago,
@@ -84,6 +97,8 @@ func NewPages(opts Options) (*Pages, error) {
 		"add":    func(a, b int) int { return a + b },
 		"phases": func() []string { return append(lifecycle.Phases(), timeline.UnknownPhase) },
 		"states": SiteStates,
+		"short":  shortWaiting,
+		"bmc":    p.bmcLine,
 	}).ParseFS(templateFiles, "templates/*.html")
 	if err != nil {
 		return nil, fmt.Errorf("status templates: %w", err)
@@ -94,10 +109,10 @@ func NewPages(opts Options) (*Pages, error) {
 	return p, nil
 }
 
-// Run ends every live-update stream once ctx is done, so that the HTTP server can shut down at once. It
-// returns nil then.
+// Run samples the fleet for the fleet view until ctx is done, then ends every live-update stream, so that the
+// HTTP server can shut down at once. It returns nil then.
 func (p *Pages) Run(ctx context.Context) error {
-	<-ctx.Done()
+	p.history.runSampler(ctx, p.opts.Sites, p.opts.Machines)
 	close(p.stopped)
 
 	return nil
@@ -177,18 +192,28 @@ type sitesData struct {
 	Pager
 	Connected, Offline int
 	Machines           int
+	Fleet              Fleet
 }
 
 type machinesData struct {
 	Filter   timeline.Filter
-	Machines []timeline.Machine
+	Machines []MachineRow
 	Pager
+}
+
+// MachineRow is a machine on the machine list, with what it is doing now.
+type MachineRow struct {
+	timeline.Machine
+
+	Now Now
 }
 
 type machineData struct {
 	Record timeline.Record
 	// Diagnosis says where the machine's current boot stopped ("" when nothing is amiss).
 	Diagnosis string
+	// Now is its current problem or last event, in one line.
+	Now Now
 }
 
 // SiteStates are the states a site's link can be in.
@@ -243,11 +268,13 @@ func (p *Pages) SitesPage(ctx context.Context, state string, page int) (*bytes.B
 		data.Sites = append(data.Sites, row)
 	}
 
+	data.Fleet = fleetView(p.history, sampleOf(all, byPhase, p.opts.Now()))
+
 	return p.render("sites.html", data)
 }
 
 // MachinesPage renders a page of the machine list selected by q.
-func (p *Pages) MachinesPage(q PageQuery) (*bytes.Buffer, error) {
+func (p *Pages) MachinesPage(ctx context.Context, q PageQuery) (*bytes.Buffer, error) {
 	list, total := p.opts.Machines.List(q.Filter, (q.Page-1)*PageSize, PageSize)
 
 	pg := pager(q.Page, total)
@@ -256,7 +283,32 @@ func (p *Pages) MachinesPage(q PageQuery) (*bytes.Buffer, error) {
 		pg.Total = total
 	}
 
-	return p.render("machines.html", machinesData{Filter: q.Filter, Machines: list, Pager: pg})
+	states := p.siteStates(ctx)
+	rows := make([]MachineRow, 0, len(list))
+
+	for _, m := range list {
+		rec, ok := p.opts.Machines.Get(m.ID)
+		if !ok {
+			rec = timeline.Record{Machine: m}
+		}
+
+		rows = append(rows, MachineRow{Machine: m, Now: Summarize(rec, states[m.Site])})
+	}
+
+	return p.render("machines.html", machinesData{Filter: q.Filter, Machines: rows, Pager: pg})
+}
+
+// siteStates is each site's link state (none when the sites cannot be read: no error is then cleared).
+func (p *Pages) siteStates(ctx context.Context) map[string]string {
+	out := map[string]string{}
+
+	if all, err := p.opts.Sites.Sites(ctx); err == nil {
+		for _, s := range all {
+			out[s.ID] = s.State
+		}
+	}
+
+	return out
 }
 
 func pager(page, total int) Pager {
@@ -314,7 +366,7 @@ func (p *Pages) machinesPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	buf, err := p.MachinesPage(q)
+	buf, err := p.MachinesPage(r.Context(), q)
 	p.write(w, buf, err)
 }
 
@@ -326,7 +378,9 @@ func (p *Pages) machinePage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	buf, err := p.render("machine.html", machineData{Record: rec, Diagnosis: timeline.Diagnose(rec, p.opts.Now())})
+	buf, err := p.render("machine.html", machineData{
+		Record: rec, Diagnosis: timeline.Diagnose(rec, p.opts.Now()), Now: Summarize(rec, p.siteStates(r.Context())[rec.Site]),
+	})
 	p.write(w, buf, err)
 }
 

@@ -117,7 +117,7 @@ func TestPagesEscapeHostileStrings(t *testing.T) {
 
 	_, body := get(t, srv.URL+"/status/machines/"+m1)
 	require.Contains(t, body, "BMC not answering")
-	require.Contains(t, body, "ipmi at")
+	require.Contains(t, body, "Redfish where the BMC answers it, else IPMI (auto)", "under auto, no protocol is claimed that the edge may not use")
 	require.NotContains(t, body, "Boot stopped", "no power-on in the timeline: nothing to diagnose")
 
 	// A boot whose agent tunnel was refused says so at the top of the machine's page, escaped.

@@ -50,6 +50,17 @@ type Entry struct {
 	// Repeats counts how many more times the same entry came in a row (At is the last time).
 	Repeats int  `json:"repeats,omitempty"`
 	Error   bool `json:"error,omitempty"`
+	// First is when a repeated entry came first (zero until it repeats, and for entries loaded from Omni).
+	First time.Time `json:"first,omitzero"`
+}
+
+// Since is when the entry (and its repeats) began.
+func (e Entry) Since() time.Time {
+	if !e.First.IsZero() && e.First.Before(e.At) {
+		return e.First
+	}
+
+	return e.At
 }
 
 // Machine is the summary of one machine: where it is and what the lifecycle last said of it.
@@ -127,6 +138,8 @@ type Book struct {
 	// changed is closed and replaced at every change (Changed).
 	changed chan struct{}
 	version uint64
+	// observers see every entry added to a machine's timeline (Observe).
+	observers []func(site string, e Entry)
 }
 
 type machine struct {
@@ -246,6 +259,12 @@ func (b *Book) appendLocked(m *machine, e Entry) {
 	if n := len(m.Entries); n > 0 {
 		last := &m.Entries[n-1]
 		if last.Kind == e.Kind && last.Text == e.Text && last.Error == e.Error && !e.At.Before(last.At) {
+			b.observeLocked(m, e)
+
+			if last.First.IsZero() {
+				last.First = last.At
+			}
+
 			last.At = e.At
 			last.Repeats++
 			m.Last = *last
@@ -262,6 +281,8 @@ func (b *Book) appendLocked(m *machine, e Entry) {
 		i--
 	}
 
+	b.observeLocked(m, e)
+
 	m.Entries = slices.Insert(m.Entries, i, e)
 
 	if over := len(m.Entries) - b.cfg.MaxEntries; over > 0 {
@@ -273,6 +294,22 @@ func (b *Book) appendLocked(m *machine, e Entry) {
 	m.Last = m.Entries[len(m.Entries)-1]
 
 	b.touchLocked(m)
+}
+
+// Observe has f called with every entry added to a machine's timeline from now on, repeats included, and the
+// machine's site ("" when unknown): the status pages' fleet history counts boots and failures from them. f
+// runs under the book's lock: it must be quick and must not call the book.
+func (b *Book) Observe(f func(site string, e Entry)) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	b.observers = append(b.observers, f)
+}
+
+func (b *Book) observeLocked(m *machine, e Entry) {
+	for _, f := range b.observers {
+		f(m.Site, e)
+	}
 }
 
 // Record adds an entry to a machine's timeline (it implements lifecycle.Journal).
