@@ -14,6 +14,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/status"
 	"github.com/outpost-metal/outpost/controller/timeline"
 	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
+	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 )
 
 // newStatus builds what an operator sees: every machine's timeline (fed by the edges' events through the
@@ -42,6 +43,16 @@ func (b *builder) newStatus(context.Context) error {
 		Sites:    registrySites{registry: b.registry, uplink: b.uplink, store: b.store, catalog: b.assets.catalog},
 		Machines: book,
 		Now:      time.Now,
+		BMCProtocol: func(site string) string {
+			switch b.edges.policies.BMCProtocol(site, b.edges.bmcProtocol) {
+			case bmcpb.Protocol_PROTOCOL_IPMI:
+				return "ipmi"
+			case bmcpb.Protocol_PROTOCOL_REDFISH:
+				return "redfish"
+			default:
+				return "auto"
+			}
+		},
 	})
 	if err != nil {
 		return err
