@@ -1,14 +1,20 @@
-// Command demo is `make demo`: it builds everything (printing progress on the long builds), brings up Omni (a
-// real Omni v1.9.3 by default, OMNI=standin for the stand-in), the controller and two emulated sites with two
-// machines each (one BIOS, one UEFI), forwards the controller's status page to a port on the host's loopback
-// and prints its address, and shows a live table (site, machine, power, phase, last event; plain lines when
-// the output is not a terminal) while it accepts every machine, allocates one per site, cuts a site's WAN for
-// a minute and releases the allocated machines. Run from a terminal it keeps the lab up after the scenario
-// until Ctrl-C (-keep=false: it tears down at the end); elsewhere it tears down at the end. Against the real
-// Omni, what only a real Talos gives it (information collection, hence power-off after the cooldown; install
-// events) does not happen and the timeline says why. When a real Omni cannot be built or run here and OMNI is
-// unset, it says why and uses the stand-in. Logs (demo.log), state and the timeline stay under _out/demo. It
-// needs root, QEMU and the Debian packages of `make deps`.
+// Command demo is `make demo`: it builds everything (a line when each long build starts, "still building"
+// lines while it runs, one when it is done), brings up Omni (a real Omni v1.9.3 by default, OMNI=standin for
+// the stand-in), the controller and two emulated sites with two machines each (one BIOS, one UEFI), forwards
+// a port on the host's loopback to the controller's status page in the lab's core namespace and prints its
+// address, and shows a live table (site, machine, power, phase in the status page's words, last event) while
+// it accepts every machine, allocates one per site, cuts a site's WAN for a minute and releases the allocated
+// machines. When its output is not a terminal it prints one plain line per change instead of the table.
+//
+// Run from a terminal it keeps the lab up after the scenario until Ctrl-C (-keep=false: it tears down at the
+// end); elsewhere it tears down at the end (-keep: it stays up until interrupted). Ctrl-C tears the lab down
+// at any time. Against the real Omni, what only a real Talos gives it (information collection, hence
+// power-off after the cooldown; install events) does not happen and the timeline says why. When a real Omni
+// cannot be built or run here and OMNI is unset, it says why and uses the stand-in.
+//
+// Each run keeps its log (demo.log), the lab's process logs and the timeline in its own directory,
+// _out/demo/runs/<start time>; the last few runs are kept. It needs root, QEMU and the Debian packages of
+// `make deps`.
 package main
 
 import (
@@ -17,13 +23,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"text/tabwriter"
@@ -33,27 +38,62 @@ import (
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/sys/unix"
 
+	"github.com/outpost-metal/outpost/controller/timeline"
 	"github.com/outpost-metal/outpost/qemu/bootlab"
 	"github.com/outpost-metal/outpost/qemu/lab"
 	"github.com/outpost-metal/outpost/qemu/realomni"
 )
 
+// config is the demo's settings (flags, each with an environment variable).
+type config struct {
+	// Out holds the build cache (bin, images) and one directory per run under runs/.
+	Out string
+	// Keep keeps the lab up after the scenario until Ctrl-C.
+	Keep bool
+	// StatusListen is the host address the status page is forwarded to (taken when free; else any port).
+	StatusListen string
+}
+
 func main() {
-	out := flag.String("out", "_out/demo", "directory for logs, state and the timeline")
-	keep := flag.Bool("keep", isTerminal(os.Stdout), "keep the lab running after the scenario until Ctrl-C "+
-		"(default: when run from a terminal)")
+	tty := isTerminal(os.Stdout)
+	cfg := config{Out: envOr("DEMO_OUT", "_out/demo"), Keep: tty, StatusListen: envOr("DEMO_STATUS_LISTEN", "127.0.0.1:9464")}
+
+	if v, ok := os.LookupEnv("DEMO_KEEP"); ok {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "demo: DEMO_KEEP=%q: not a boolean\n", v)
+			os.Exit(2)
+		}
+
+		cfg.Keep = b
+	}
+
+	flag.StringVar(&cfg.Out, "out", cfg.Out, "directory for the build cache and each run's logs, state and timeline "+
+		"(runs/<start time>) ($DEMO_OUT)")
+	flag.BoolVar(&cfg.Keep, "keep", cfg.Keep, "keep the lab running after the scenario until Ctrl-C; default: true "+
+		"when stdout is a terminal, false otherwise (then it tears down when the scenario ends) ($DEMO_KEEP)")
+	flag.StringVar(&cfg.StatusListen, "status-listen", cfg.StatusListen, "host loopback address the controller's "+
+		"status page is forwarded to; any free port when taken ($DEMO_STATUS_LISTEN)")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	if err := run(ctx, *out, *keep); err != nil && !errors.Is(err, context.Canceled) {
+	if err := run(ctx, cfg, tty); err != nil && !errors.Is(err, context.Canceled) {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, out string, keep bool) error {
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+
+	return def
+}
+
+func run(ctx context.Context, cfg config, tty bool) error {
 	mode, err := lab.ParseOmniMode(os.Getenv(lab.OmniEnv))
 	if err != nil {
 		return err
@@ -70,33 +110,58 @@ func run(ctx context.Context, out string, keep bool) error {
 		return err
 	}
 
-	dir, err := filepath.Abs(out)
+	out, err := filepath.Abs(cfg.Out)
 	if err != nil {
 		return err
 	}
 
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	runs := filepath.Join(out, "runs")
+
+	// A run killed without its teardown left namespaces behind: they go before this run starts.
+	for _, ns := range sweepStale(append([]string{out}, runDirs(runs)...)) {
+		say("deleted namespace " + ns + ", left by a demo that did not tear down")
+	}
+
+	for _, d := range prune(runs, keepRuns-1) {
+		os.RemoveAll(d) //nolint:errcheck // an old run's logs; a leftover is harmless
+	}
+
+	dir := filepath.Join(runs, time.Now().UTC().Format("20060102-150405"))
+
+	// The lab clears its directory when it starts: the log file is opened in it afterwards, and what the lab
+	// logs before then is not lost (it logs nothing before).
+	logTo := &lateWriter{}
+	log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), logTo, zap.InfoLevel))
+
+	l, err := lab.New(dir, log)
+	if err != nil {
 		return err
 	}
+
+	defer func() {
+		fmt.Println("==> tearing the lab down (stopping QEMU machines, deleting namespaces)")
+		l.Close()
+		logTo.close()
+		fmt.Println("==> lab torn down; logs, state and the timeline of this run: " + dir)
+	}()
 
 	logFile, err := os.Create(filepath.Join(dir, "demo.log"))
 	if err != nil {
 		return err
 	}
-	defer logFile.Close() //nolint:errcheck
+	logTo.set(logFile)
 
-	log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), logFile, zap.InfoLevel))
+	say("this run's log, process logs and timeline: " + dir)
 
 	var omniBins realomni.Binaries
 
 	if mode == lab.RealOmni {
-		say("building a real Omni " + realomni.Version + " (cached under _out/omni; the first build takes about 13 minutes " +
-			"on two cores; OMNI=standin uses the stand-in instead)")
+		say("a real Omni " + realomni.Version + ": taken from _out/omni when built before, otherwise built now " +
+			"(about 13 minutes on two cores the first time; OMNI=standin uses the stand-in instead)")
 
-		stopTicking := progress("building a real Omni")
-		omniBins, err = realOmni(ctx, root, log)
-
-		stopTicking()
+		omniBins, err = timed(os.Stdout, "building a real Omni", func() (realomni.Binaries, error) {
+			return realOmni(ctx, root, log)
+		})
 
 		switch {
 		case err != nil && (explicit || ctx.Err() != nil):
@@ -108,21 +173,9 @@ func run(ctx context.Context, out string, keep bool) error {
 		}
 	}
 
-	l, err := lab.New(dir, log)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		fmt.Println("tearing the lab down...")
-		l.Close()
-	}()
-
-	say("building the controller, the edge, the Omni stand-in and the machine images")
-
-	stopTicking := progress("building the binaries and images")
-	defer stopTicking()
-
-	bins, err := lab.BuildBinaries(ctx, root, filepath.Join(dir, "bin"))
+	bins, err := timed(os.Stdout, "building the controller, the edge and the Omni stand-in", func() (lab.Binaries, error) {
+		return lab.BuildBinaries(ctx, root, filepath.Join(out, "bin"))
+	})
 	if err != nil {
 		return err
 	}
@@ -133,7 +186,9 @@ func run(ctx context.Context, out string, keep bool) error {
 		return errors.New(reason)
 	}
 
-	images, err := lab.BuildImages(ctx, root, filepath.Join(dir, "images"))
+	images, err := timed(os.Stdout, "building the machine images", func() (lab.Images, error) {
+		return lab.BuildImages(ctx, root, filepath.Join(out, "images"))
+	})
 	if errors.Is(err, bootlab.ErrNoKernel) {
 		return fmt.Errorf("%w (the guest kernel comes from `apt-get download`; run make deps)", err)
 	}
@@ -141,8 +196,6 @@ func run(ctx context.Context, out string, keep bool) error {
 	if err != nil {
 		return err
 	}
-
-	stopTicking()
 
 	if mode == lab.RealOmni {
 		say("starting a real Omni in the lab's core namespace, the controller and two sites")
@@ -155,16 +208,23 @@ func run(ctx context.Context, out string, keep bool) error {
 		return err
 	}
 
-	status, err := forwardStatusPage(ctx, env.Core.NS)
+	status, err := forwardStatusPage(ctx, env.Core.NS, cfg.StatusListen)
 	if err != nil {
 		return err
 	}
 
-	say("the controller's status page: open " + status + " in a browser on this machine " +
-		"(forwarded into the lab's core namespace)")
+	open := howToOpen(status, env.Core.NS)
+	say(open[0])
 
-	if keep {
-		say("the lab stays up after the scenario until Ctrl-C")
+	for _, line := range open[1:] {
+		fmt.Println(line)
+	}
+
+	switch {
+	case cfg.Keep:
+		say("the lab stays up after the scenario until Ctrl-C; Ctrl-C at any time tears it down")
+	default:
+		say("the lab is torn down when the scenario ends (-keep keeps it up until Ctrl-C); Ctrl-C tears it down earlier")
 	}
 
 	var current atomic.Value
@@ -186,43 +246,55 @@ func run(ctx context.Context, out string, keep bool) error {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 
-	tty := isTerminal(os.Stdout)
-	shown := map[string]string{}
+	header := header{omni: omniName(env), logs: dir, open: open}
+	plain := &plainLines{w: os.Stdout, now: time.Now, shown: map[string]string{}}
+
+	show := func(step string) {
+		rows := tableRows(ctx, env)
+		if tty {
+			draw(os.Stdout, header, step, rows, time.Now())
+		} else {
+			plain.print(step, rows)
+		}
+	}
 
 	for {
 		select {
 		case <-ctx.Done():
+			fmt.Println()
+			say("interrupted")
+
 			return ctx.Err()
 		case err := <-done:
-			if tty {
-				draw(ctx, env, "scenario finished", status)
-			} else {
-				lines(ctx, env, "scenario finished", shown)
-			}
+			show("scenario finished")
 
 			if b, rerr := os.ReadFile(env.Timeline.Path); rerr == nil {
-				fmt.Printf("\n%s\nlogs: %s\n", b, dir)
+				fmt.Printf("\n%s\n", b)
 			}
 
-			if err != nil || !keep {
+			if err != nil || !cfg.Keep {
 				return err
 			}
 
-			fmt.Printf("lab kept running (status page: %s); Ctrl-C tears it down\n", status)
+			say("scenario finished; the lab stays up (status page: " + status + "); Ctrl-C tears it down")
 			<-ctx.Done()
 
 			return nil
 		case <-tick.C:
-			if tty {
-				draw(ctx, env, current.Load().(string), status) // only strings are stored
-			} else {
-				lines(ctx, env, current.Load().(string), shown)
-			}
+			show(current.Load().(string)) //nolint:forcetypeassert // only strings are stored
 		}
 	}
 }
 
 func say(s string) { fmt.Printf("==> %s\n", s) }
+
+func omniName(env *lab.Env) string {
+	if env.Omni.Mode == lab.RealOmni {
+		return "a real Omni " + realomni.Version
+	}
+
+	return "the Omni stand-in"
+}
 
 // realOmni builds a real Omni (or takes it from the cache), or says why it cannot run here.
 func realOmni(ctx context.Context, root string, log *zap.Logger) (realomni.Binaries, error) {
@@ -241,122 +313,156 @@ func isTerminal(f *os.File) bool {
 	return err == nil
 }
 
-// progress prints a line every 30 seconds while long work runs, until the returned function is called.
-func progress(what string) func() {
-	done := make(chan struct{})
-	start := time.Now()
+// howToOpen says where the status page is and how to reach it: from a browser on this machine, from another
+// machine through SSH, and from a shell inside the lab's core namespace.
+func howToOpen(status, coreNS string) []string {
+	port := status[strings.LastIndex(status, ":")+1:]
+	port = strings.TrimSuffix(port, "/status/")
 
-	go func() {
-		t := time.NewTicker(30 * time.Second)
-		defer t.Stop()
-
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				fmt.Printf("    ... still %s (%s so far)\n", what, time.Since(start).Round(time.Second))
-			}
-		}
-	}()
-
-	var once sync.Once
-
-	return func() { once.Do(func() { close(done) }) }
+	return []string{
+		"the controller's status page: open " + status + " in a browser on this machine " +
+			"(a forward on the host's loopback into the lab's core namespace, up while the lab is)",
+		"    from another machine: ssh -L " + port + ":127.0.0.1:" + port + " root@<this machine>, then open " + status,
+		fmt.Sprintf("    from a shell here, without the forward: ip netns exec %s curl -s http://127.0.0.1:%d/status/",
+			coreNS, lab.ControllerHTTPPort),
+	}
 }
 
-// forwardStatusPage forwards a port on the host's loopback to the controller's status page inside the core
-// namespace, for as long as ctx lasts, and returns the page's address on the host.
-func forwardStatusPage(ctx context.Context, coreNS string) (string, error) {
-	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("status page forward: %w", err)
-	}
+// row is one machine in the table.
+type row struct {
+	Site, Machine, Power, Phase, LastEvent string
+}
 
-	context.AfterFunc(ctx, func() { ln.Close() }) //nolint:errcheck
+// tableRows is the lab's machines with their phase as the controller gives it (`controller machine list`,
+// the status page's own words: lifecycle phases, timeline.UnknownPhase for a machine not looked at yet), "-"
+// for machines it does not know (the bare comparison machines, or before it has seen them).
+func tableRows(ctx context.Context, env *lab.Env) []row {
+	phases, _ := env.Controller.MachinePhases(ctx) //nolint:errcheck // no answer: the phase column shows "-"
+	statuses := env.Statuses(ctx)
+	machines := append(append([]*lab.Machine(nil), env.Machines...), env.Bare...)
 
-	dial := lab.DialerIn(coreNS)
-	target := fmt.Sprintf("127.0.0.1:%d", lab.ControllerHTTPPort)
+	rows := make([]row, 0, len(statuses))
 
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
+	for i, s := range statuses {
+		r := row{Site: s.Site, Machine: s.Machine, Power: s.Power, Phase: "-", LastEvent: s.LastEvent}
 
-			go func() {
-				defer c.Close() //nolint:errcheck
-
-				dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				up, err := dial(dctx, target)
-
-				cancel()
-
-				if err != nil {
-					return
+		if i < len(machines) {
+			if m, ok := phases[strings.ToLower(machines[i].Spec.UUID)]; ok {
+				r.Phase = m.Phase
+				if r.Phase == "" {
+					r.Phase = timeline.UnknownPhase
 				}
-				defer up.Close() //nolint:errcheck
-
-				go func() {
-					io.Copy(up, c) //nolint:errcheck
-					up.Close()     //nolint:errcheck
-				}()
-
-				io.Copy(c, up) //nolint:errcheck
-			}()
+			}
 		}
-	}()
 
-	return "http://" + ln.Addr().String() + "/status/", nil
-}
-
-// lines prints, when the output is not a terminal, the step when it changes and each machine's row when it
-// changes: a log that reads without terminal codes.
-func lines(ctx context.Context, env *lab.Env, step string, shown map[string]string) {
-	now := time.Now().Format("15:04:05")
-
-	if shown["\x00step"] != step {
-		shown["\x00step"] = step
-		fmt.Printf("%s step: %s\n", now, step)
+		rows = append(rows, r)
 	}
 
-	for _, s := range env.Statuses(ctx) {
-		row := fmt.Sprintf("power=%s phase=%s last=%q", s.Power, s.Phase, s.LastEvent)
-		key := s.Site + "/" + s.Machine
+	return rows
+}
 
-		if shown[key] != row {
-			shown[key] = row
-			fmt.Printf("%s %s %s\n", now, key, row)
+// plainLines prints, for output that is not a terminal, the step when it changes and a machine's row when it
+// changes: one line per change, no terminal codes.
+type plainLines struct {
+	w     io.Writer
+	now   func() time.Time
+	step  string
+	shown map[string]string
+}
+
+func (p *plainLines) print(step string, rows []row) {
+	now := p.now().Format("15:04:05")
+
+	if p.step != step {
+		p.step = step
+		fmt.Fprintf(p.w, "%s step: %s\n", now, clean(step)) //nolint:errcheck
+	}
+
+	for _, r := range rows {
+		line := fmt.Sprintf("power=%s phase=%s last=%q", clean(r.Power), clean(r.Phase), clean(r.LastEvent))
+		key := clean(r.Site) + "/" + clean(r.Machine)
+
+		if p.shown[key] != line {
+			p.shown[key] = line
+			fmt.Fprintf(p.w, "%s %s %s\n", now, key, line) //nolint:errcheck
 		}
 	}
 }
 
-// draw repaints the live table.
-func draw(ctx context.Context, env *lab.Env, step, status string) {
+// clean drops control characters (a serial console's escape codes) from what goes into a line.
+func clean(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
+			return -1
+		}
+
+		return r
+	}, s)
+}
+
+// header is the live table's heading.
+type header struct {
+	omni, logs string
+	open       []string
+}
+
+// draw repaints the live table (terminal only).
+func draw(w io.Writer, h header, step string, rows []row, now time.Time) {
 	var b strings.Builder
 
 	b.WriteString("\033[H\033[2J")
-	omni := "the Omni stand-in"
-	if env.Omni.Mode == lab.RealOmni {
-		omni = "a real Omni " + realomni.Version
+
+	fmt.Fprintf(&b, "Outpost lab against %s  %s  (this run: %s; Ctrl-C tears the lab down)\n",
+		h.omni, now.Format("15:04:05"), h.logs)
+
+	for _, l := range h.open {
+		b.WriteString(l + "\n")
 	}
 
-	fmt.Fprintf(&b, "Outpost lab against %s  %s  (logs: %s; Ctrl-C tears down)\nstatus page: %s\nstep: %s\n\n",
-		omni, time.Now().Format("15:04:05"), env.Lab.Dir, status, step)
+	fmt.Fprintf(&b, "step: %s\n\n", clean(step))
 
 	tw := tabwriter.NewWriter(&b, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SITE\tMACHINE\tPOWER\tPHASE\tLAST EVENT") //nolint:errcheck
 
-	for _, s := range env.Statuses(ctx) {
-		ev := s.LastEvent
+	for _, r := range rows {
+		ev := clean(r.LastEvent)
 		if len(ev) > 70 {
 			ev = ev[:70] + "..."
 		}
 
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Site, s.Machine, s.Power, s.Phase, ev) //nolint:errcheck
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Site, r.Machine, r.Power, r.Phase, ev) //nolint:errcheck
 	}
 
-	tw.Flush() //nolint:errcheck
-	fmt.Print(b.String())
+	tw.Flush()                    //nolint:errcheck
+	io.WriteString(w, b.String()) //nolint:errcheck
+}
+
+// lateWriter is a log destination set after the logger is made; what is written before is dropped.
+type lateWriter struct {
+	w atomic.Pointer[os.File]
+}
+
+func (l *lateWriter) set(f *os.File) { l.w.Store(f) }
+
+func (l *lateWriter) Write(p []byte) (int, error) {
+	if f := l.w.Load(); f != nil {
+		return f.Write(p)
+	}
+
+	return len(p), nil
+}
+
+// close closes the file once the last line is written (after the lab's teardown).
+func (l *lateWriter) close() {
+	if f := l.w.Swap(nil); f != nil {
+		f.Close() //nolint:errcheck
+	}
+}
+
+func (l *lateWriter) Sync() error {
+	if f := l.w.Load(); f != nil {
+		return f.Sync()
+	}
+
+	return nil
 }
