@@ -238,7 +238,11 @@ func (b *builder) newAdmin(context.Context) error {
 	}))
 
 	adminpb.RegisterAdminServer(b.admin, sites.NewAdmin(b.registry, b.uplink, b.store, b.assets.needs, opts...))
-	adminpb.RegisterSiteMachinesServer(b.admin, machineaccess.NewImageBoots(b.edges.clients.Access))
+	adminpb.RegisterSiteMachinesServer(b.admin, machineaccess.NewImageBoots(b.edges.clients.Access, func(id, kind, text string, failed bool) {
+		if b.timelines != nil { // built by the status step, before anything is served
+			b.timelines.Record(id, kind, text, failed)
+		}
+	}))
 
 	return nil
 }

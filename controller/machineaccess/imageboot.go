@@ -2,6 +2,7 @@ package machineaccess
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/url"
 
@@ -18,10 +19,18 @@ type ImageBoots struct {
 	adminpb.UnimplementedSiteMachinesServer
 
 	access *Client
+	record func(machineID, kind, text string, failed bool)
 }
 
-// NewImageBoots returns the service over the controller's edge connections.
-func NewImageBoots(access *Client) *ImageBoots { return &ImageBoots{access: access} }
+// NewImageBoots returns the service over the controller's edge connections; record notes each boot in the
+// machine's timeline (nil: nowhere).
+func NewImageBoots(access *Client, record func(machineID, kind, text string, failed bool)) *ImageBoots {
+	if record == nil {
+		record = func(string, string, string, bool) {}
+	}
+
+	return &ImageBoots{access: access, record: record}
+}
 
 // BootFromImage implements adminpb.SiteMachinesServer.
 func (s *ImageBoots) BootFromImage(ctx context.Context, req *adminpb.BootFromImageRequest) (*adminpb.BootFromImageResponse, error) {
@@ -59,6 +68,11 @@ func (s *ImageBoots) BootFromImage(ctx context.Context, req *adminpb.BootFromIma
 	// On, or cycled when it runs: the one-time CD boot takes effect either way.
 	if err := b.PowerCycle(ctx); err != nil {
 		return nil, err
+	}
+
+	if id := img.GetSystemUuid(); id != "" {
+		s.record(id, "power", fmt.Sprintf("powered on into %s mode from virtual media (static address %s) by the operator, at site %s",
+			img.GetMode(), img.GetAddress(), req.GetSiteId()), false)
 	}
 
 	return &adminpb.BootFromImageResponse{Url: img.GetUrl(), SystemUuid: img.GetSystemUuid(), Mode: img.GetMode(), Address: img.GetAddress()}, nil
