@@ -6,7 +6,10 @@ SHELL := /bin/bash
 GO        ?= go
 OUT       := $(CURDIR)/_out
 TOOLS     := $(OUT)/tools
-VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# RELEASE is this tree's release, the newest heading of shared/version/CHANGELOG.md. A build reports it, or what
+# `git describe` says past its tag (v0.3.0-4-gabc1234) when the tag is present; a clone without tags gets RELEASE.
+RELEASE   := $(shell sed -n 's/^## \(v[0-9][^ ]*\).*/\1/p' shared/version/CHANGELOG.md | head -n 1)
+VERSION   ?= $(shell git describe --tags --match '$(RELEASE)' --dirty 2>/dev/null || echo $(RELEASE))
 LDFLAGS   := -s -w -X github.com/outpost-metal/outpost/shared/version.stamped=$(VERSION)
 FUZZTIME  ?= 30s
 BENCHTIME ?= 1s
@@ -26,6 +29,10 @@ help: ## this list
 .PHONY: build
 build: ## build the controller and edge binaries into _out/bin
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(OUT)/bin/ ./controller ./edge
+
+.PHONY: version
+version: ## print the version a build of this tree reports (VERSION overrides it)
+	@echo $(VERSION)
 
 .PHONY: image
 image: build ## the edge appliance (Talos extension, OCI image, patch) and the controller (OCI image, systemd unit, Kubernetes manifest) under _out/image (MKIMAGE_* env)
@@ -82,7 +89,7 @@ e2e: deps ## the end-to-end lab test: two emulated sites through the whole lifec
 	OMNI='$(OMNI)' $(GO) test -count=1 -timeout $(TEST_TIMEOUT) -run '^TestE2E$$' -v ./qemu/lab/
 
 .PHONY: demo
-demo: deps ## run the lab with a live table (site, machine, power, phase, last event) against a real Omni (OMNI=standin: the stand-in); Ctrl-C tears it down
+demo: deps ## the lab against a real Omni (OMNI=standin: the stand-in): prints the status page's address, a live table (plain lines when not a terminal); from a terminal it stays up until Ctrl-C; logs under _out/demo/runs
 	OMNI='$(OMNI)' $(GO) run ./qemu/lab/cmd/demo
 
 .PHONY: fuzz

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"go.uber.org/zap"
 
 	"github.com/outpost-metal/outpost/controller/admincli"
 	"github.com/outpost-metal/outpost/controller/app"
@@ -60,6 +61,8 @@ func rootCommand(lookup func(string) (string, bool)) (*cobra.Command, *envflag.B
 				return err
 			}
 			defer log.Sync() //nolint:errcheck
+
+			log.Info("outpost controller", zap.String("version", version.String()))
 
 			return app.Run(cmd.Context(), cfg, log)
 		},

@@ -66,6 +66,8 @@ func rootCommand(lookup func(string) (string, bool)) (*cobra.Command, *envflag.B
 			}
 			defer log.Sync() //nolint:errcheck
 
+			log.Info("outpost edge", zap.String("version", version.String()))
+
 			return app.Run(cmd.Context(), cfg, log)
 		},
 	}
