@@ -150,6 +150,15 @@ func Build(ctx context.Context, opts BuildOptions) (Binaries, error) {
 		return bins, nil
 	}
 
+	// A build killed before it removed its scratch directory left it (the binaries, ~200 MB): under the lock
+	// no build runs, so every one there is stale.
+	stale, _ := filepath.Glob(filepath.Join(opts.OutDir, "*.build-*")) //nolint:errcheck // the pattern is valid
+	for _, d := range stale {
+		if err := os.RemoveAll(d); err != nil {
+			return Binaries{}, fmt.Errorf("remove a killed omni build's directory: %w", err)
+		}
+	}
+
 	if err := build(ctx, opts, modDir, dir, log); err != nil {
 		return Binaries{}, err
 	}

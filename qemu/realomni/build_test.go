@@ -127,3 +127,36 @@ func TestBuildCacheAndLock(t *testing.T) {
 	require.NoError(t, r3.err)
 	require.NotEqual(t, r1.bins.Omni, r3.bins.Omni)
 }
+
+// TestBuildRemovesKilledBuilds: a build's scratch directory left by a build that was killed is removed by
+// the next build, the cache entries stay.
+func TestBuildRemovesKilledBuilds(t *testing.T) {
+	dir := t.TempDir()
+	root := filepath.Join(dir, "repo")
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "hack", "omni"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(root, "hack", "omni", "go.mod"), []byte("module x\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(root, "hack", "omni", "go.sum"), []byte("a\n"), 0o644))
+
+	goCmd := filepath.Join(dir, "go")
+	require.NoError(t, os.WriteFile(goCmd, []byte(fakeGo), 0o755))
+
+	release := filepath.Join(dir, "release") // a file: the fake build goes on at once
+	require.NoError(t, os.WriteFile(release, []byte("go\n"), 0o600))
+	t.Setenv("CALLS", filepath.Join(dir, "calls"))
+	t.Setenv("STARTED", filepath.Join(dir, "started"))
+	t.Setenv("RELEASE", release)
+
+	out := filepath.Join(dir, "out")
+	killed := filepath.Join(out, "0123456789ab.build-42")
+	other := filepath.Join(out, "ba9876543210")
+
+	require.NoError(t, os.MkdirAll(killed, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(killed, "omni"), make([]byte, 1000), 0o755))
+	require.NoError(t, os.MkdirAll(other, 0o755))
+
+	bins, err := realomni.Build(t.Context(), realomni.BuildOptions{RepoRoot: root, OutDir: out, Go: goCmd, Logger: zaptest.NewLogger(t)})
+	require.NoError(t, err)
+	require.FileExists(t, bins.Omni)
+	require.NoDirExists(t, killed, "the killed build's directory is still there")
+	require.DirExists(t, other, "another cache entry went")
+}
