@@ -46,7 +46,7 @@ func FindChromium() (string, error) {
 }
 
 // Browser is headless Chromium run inside a lab namespace, so it reaches what listens on that namespace's
-// loopback.
+// loopback (NS empty: on this host, for pages served on its own loopback).
 type Browser struct {
 	Bin string
 	NS  string
@@ -92,13 +92,17 @@ func (b Browser) run(ctx context.Context, args ...string) ([]byte, error) {
 	defer os.RemoveAll(profile) //nolint:errcheck
 
 	full := append([]string{
-		"netns", "exec", b.NS, b.Bin, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+		b.Bin, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
 		"--no-first-run", "--disable-extensions", "--disable-background-networking", "--user-data-dir=" + profile,
 	}, args...)
 
+	if b.NS != "" {
+		full = append([]string{"ip", "netns", "exec", b.NS}, full...)
+	}
+
 	stdout, stderr := &cappedBuffer{max: maxBrowserOutput}, &cappedBuffer{max: 64 << 10}
 
-	cmd := exec.CommandContext(ctx, "ip", full...)
+	cmd := exec.CommandContext(ctx, full[0], full[1:]...)
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
@@ -478,7 +482,8 @@ func statusURL(path string) string {
 // sites page, the machine list and each of ms's pages. Every machine must appear at its site with the phase
 // the controller's CLI reports at the same moment (read before and after the pages; the check is repeated
 // until both readings agree with the pages, within a deadline), each site connected with its machines
-// counted by phase, and each machine's timeline must list its boot steps in order. want is the phase the
+// counted by phase, and each machine's timeline must list its boot steps in order; the sites page's fleet view
+// must draw its plots, with data, in a screenshot too (checkFleetView). want is the phase the
 // scenario expects of each machine at this point, which the CLI's reading and the pages must both show. A
 // screenshot of each page is kept under the lab directory.
 func (e *Env) checkStatusPages(ctx context.Context, want map[*Machine]string) error {
@@ -533,7 +538,7 @@ func (e *Env) checkStatusPages(ctx context.Context, want map[*Machine]string) er
 		e.Lab.log.Info("status page screenshot", zap.String("url", url), zap.String("path", path))
 	}
 
-	return nil
+	return e.checkFleetView(ctx, b, filepath.Join(dir, "fleet.png"))
 }
 
 // compareStatusPages is one reading of checkStatusPages.

@@ -135,6 +135,7 @@ func FuzzParseStatusPages(f *testing.F) {
 		`<tr><td>t</td><td>agent-up</td><td>x</td></tr></table></main>`))
 	f.Add([]byte(`<main id="main"><table><tr><td>a</td><td>b</td><td>c</td><td>d</td><td>e</td><td><a>ready: 1</a><a>x</a></td></tr></table></main>`))
 	f.Add([]byte("<tr><td>"))
+	f.Add([]byte(`<figure data-plot="plot-boots" data-points="2"><svg><rect class="bar" fill="#1f77b4"/></svg></figure>`))
 
 	f.Fuzz(func(t *testing.T, dom []byte) {
 		if _, err := lab.ParseSitesPage(dom); err == nil {
@@ -144,6 +145,9 @@ func FuzzParseStatusPages(f *testing.F) {
 		if _, entries, err := lab.ParseMachinePage(dom); err == nil {
 			_ = lab.CheckBootOrder(entries)
 		}
+
+		_, _ = lab.CheckFleetView(dom, lab.FleetPlots...)
+		_, _ = lab.ParseMachinesNow(dom)
 	})
 }
 
