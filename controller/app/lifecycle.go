@@ -43,9 +43,7 @@ func (b *builder) newLifecycle(context.Context) error {
 	plannerCfg := cfg.Planner
 	plannerCfg.EdgeAgentImage = cfg.AgentAssetsDir != ""
 
-	// Edges write their own /config URL and agent address into agent-mode scripts.
-	planner, err := bootplans.NewPlanner(plannerCfg, assets.TolerateMissingAgent(resolver, plannerCfg.AgentTalosVersion),
-		bootplans.NoSiteAddresses{})
+	planner, err := bootplans.NewPlanner(plannerCfg, assets.TolerateMissingAgent(resolver, plannerCfg.AgentTalosVersion))
 	if err != nil {
 		return err
 	}

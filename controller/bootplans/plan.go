@@ -11,9 +11,6 @@ import (
 	"slices"
 	"strings"
 
-	agentconfig "github.com/siderolabs/talos-metal-agent/pkg/config"
-	"github.com/siderolabs/talos/pkg/machinery/constants"
-
 	"github.com/outpost-metal/outpost/controller/assets"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 	"github.com/outpost-metal/outpost/shared/metal"
@@ -109,16 +106,6 @@ func (p Plan) Equal(o Plan) bool {
 		slices.Equal(p.MACs, o.MACs)
 }
 
-// Site is what a plan needs to know about the site the machine is at. Empty fields are left to the edge
-// (which adds talos.config pointing at itself to agent and install boots, and metal.provider.address to agent
-// boots).
-type Site struct {
-	// ConfigURL is where the machine fetches its Talos config documents (the edge's /config), without query.
-	ConfigURL string
-	// AgentAddress is where the metal agent dials its tunnel (host:port, https:// prefix for TLS).
-	AgentAddress string
-}
-
 // Machine is the per-machine input of a plan.
 type Machine struct {
 	ID              string
@@ -170,27 +157,14 @@ func (c PlannerConfig) Validate() error {
 	return nil
 }
 
-// SiteDirectory tells the planner the addresses of a site's edge.
-type SiteDirectory interface {
-	Site(siteID string) (Site, error)
-}
-
-// NoSiteAddresses is a SiteDirectory with empty addresses, for a controller whose edges add talos.config and
-// metal.provider.address to agent-mode scripts themselves, with the address machines reached them at.
-type NoSiteAddresses struct{}
-
-// Site implements SiteDirectory.
-func (NoSiteAddresses) Site(string) (Site, error) { return Site{}, nil }
-
 // Planner computes boot plans, resolving install assets with an assets.Resolver.
 type Planner struct {
 	cfg      PlannerConfig
 	resolver assets.Resolver
-	sites    SiteDirectory
 }
 
 // NewPlanner returns a Planner.
-func NewPlanner(cfg PlannerConfig, resolver assets.Resolver, sites SiteDirectory) (*Planner, error) {
+func NewPlanner(cfg PlannerConfig, resolver assets.Resolver) (*Planner, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("planner config: %w", err)
 	}
@@ -198,11 +172,11 @@ func NewPlanner(cfg PlannerConfig, resolver assets.Resolver, sites SiteDirectory
 	// validated above: the version is well-formed
 	cfg.AgentTalosVersion, _ = assets.CanonicalTalosVersion(cfg.AgentTalosVersion)
 
-	return &Planner{cfg: cfg, resolver: resolver, sites: sites}, nil
+	return &Planner{cfg: cfg, resolver: resolver}, nil
 }
 
-// Plan computes machine m's plan at site siteID.
-func (p *Planner) Plan(ctx context.Context, siteID string, m Machine) (Plan, error) {
+// Plan computes machine m's plan.
+func (p *Planner) Plan(ctx context.Context, m Machine) (Plan, error) {
 	mode := Decide(m.Situation)
 	plan := Plan{MachineID: m.ID, Mode: mode}
 
@@ -218,22 +192,9 @@ func (p *Planner) Plan(ctx context.Context, siteID string, m Machine) (Plan, err
 
 		return plan, nil
 	case ModeAgent, ModeInstall:
-		s, err := p.sites.Site(siteID)
-		if err != nil {
-			return Plan{}, fmt.Errorf("site %s of %s: %w", siteID, m.ID, err)
-		}
-
-		// Both PXE modes carry talos.config: an agent needs it to join Omni, and so does the Talos that the
-		// install boot puts on disk (it fetches the join config once, then reaches Omni over SideroLink).
+		// The edge adds what machines reach it at (talos.config, metal.provider.address) when it renders the
+		// boot: only it knows the address a machine reached it by.
 		args := []string{"talos.platform=metal"}
-
-		if s.ConfigURL != "" {
-			args = append(args, constants.KernelParamConfig+"="+s.ConfigURL+"?u=${uuid}")
-		}
-
-		if mode == ModeAgent && s.AgentAddress != "" {
-			args = append(args, agentconfig.MetalProviderAddressKernelArg+"="+s.AgentAddress)
-		}
 
 		if p.cfg.Console != "" {
 			args = append(args, "console="+p.cfg.Console)

@@ -39,12 +39,6 @@ func TestDecide(t *testing.T) {
 	}
 }
 
-type sites struct{}
-
-func (sites) Site(id string) (bootplans.Site, error) {
-	return bootplans.Site{ConfigURL: "http://" + id + "/config", AgentAddress: id + ":8081"}, nil
-}
-
 type resolver struct{ last assets.Profile }
 
 func (r *resolver) Resolve(_ context.Context, p assets.Profile) (assets.Boot, error) {
@@ -57,38 +51,38 @@ func TestPlanner(t *testing.T) {
 	t.Parallel()
 
 	res := &resolver{}
-	p, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), res, sites{})
+	p, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), res)
 	require.NoError(t, err)
 
 	ctx := context.Background()
 
-	agent, err := p.Plan(ctx, "site-a", bootplans.Machine{ID: "m1", ExtraKernelArgs: "foo=bar  baz"})
+	agent, err := p.Plan(ctx, bootplans.Machine{ID: "m1", ExtraKernelArgs: "foo=bar  baz"})
 	require.NoError(t, err)
 	require.Equal(t, bootplans.ModeAgent, agent.Mode)
-	require.Equal(t, []string{"talos.platform=metal", "talos.config=http://site-a/config?u=${uuid}", "metal.provider.address=site-a:8081", "console=ttyS0,115200", "foo=bar", "baz"}, agent.KernelArgs)
+	require.Equal(t, []string{"talos.platform=metal", "console=ttyS0,115200", "foo=bar", "baz"}, agent.KernelArgs)
 	require.Equal(t, []string{"siderolabs/metal-agent"}, res.last.Extensions)
 	require.Equal(t, "amd64", res.last.Arch)
 
 	// Omni writes the cluster's Talos version without the v
-	install, err := p.Plan(ctx, "site-a", bootplans.Machine{ID: "m1", TalosVersion: "1.11.0", Extensions: []string{"b", "a", "a"},
+	install, err := p.Plan(ctx, bootplans.Machine{ID: "m1", TalosVersion: "1.11.0", Extensions: []string{"b", "a", "a"},
 		ExtraKernelArgs: "foo=bar", Situation: bootplans.Situation{Acceptance: bootplans.Accepted, Allocated: true, BMCConfigured: true}})
 	require.NoError(t, err)
 	require.Equal(t, bootplans.ModeInstall, install.Mode)
 	require.Equal(t, "k/v1.11.0", install.KernelURL)
 	require.Equal(t, []string{"a", "b"}, res.last.Extensions)
-	require.Equal(t, []string{"talos.platform=metal", "talos.config=http://site-a/config?u=${uuid}", "console=ttyS0,115200", "foo=bar"}, install.KernelArgs,
-		"the installed Talos finds its way back to Omni through the edge's /config; no agent address")
+	require.Equal(t, []string{"talos.platform=metal", "console=ttyS0,115200", "foo=bar"}, install.KernelArgs,
+		"the planner adds nothing the edge knows better (talos.config, the agent address)")
 
-	disk, err := p.Plan(ctx, "site-a", bootplans.Machine{ID: "m1",
+	disk, err := p.Plan(ctx, bootplans.Machine{ID: "m1",
 		Situation: bootplans.Situation{Acceptance: bootplans.Accepted, Allocated: true, BMCConfigured: true, Installed: true}})
 	require.NoError(t, err)
 	require.Equal(t, bootplans.Plan{MachineID: "m1", Mode: bootplans.ModeDisk, DiskMethod: bootplans.DiskHTTP404}, disk)
 
-	deny, err := p.Plan(ctx, "site-a", bootplans.Machine{ID: "m1", Situation: bootplans.Situation{Acceptance: bootplans.Rejected}})
+	deny, err := p.Plan(ctx, bootplans.Machine{ID: "m1", Situation: bootplans.Situation{Acceptance: bootplans.Rejected}})
 	require.NoError(t, err)
 	require.Equal(t, bootplans.ModeDeny, deny.Mode)
 
-	_, err = bootplans.NewPlanner(bootplans.PlannerConfig{AgentTalosVersion: "v1", DiskMethod: "bogus"}, res, sites{})
+	_, err = bootplans.NewPlanner(bootplans.PlannerConfig{AgentTalosVersion: "v1", DiskMethod: "bogus"}, res)
 	require.Error(t, err)
 }
 
@@ -101,18 +95,18 @@ func TestPlannerEdgeAgentImage(t *testing.T) {
 	cfg.EdgeAgentImage = true
 
 	res := &resolver{}
-	p, err := bootplans.NewPlanner(cfg, res, sites{})
+	p, err := bootplans.NewPlanner(cfg, res)
 	require.NoError(t, err)
 
-	agent, err := p.Plan(t.Context(), "site-a", bootplans.Machine{ID: "m1", ExtraKernelArgs: "foo=bar"})
+	agent, err := p.Plan(t.Context(), bootplans.Machine{ID: "m1", ExtraKernelArgs: "foo=bar"})
 	require.NoError(t, err)
 	require.Equal(t, bootplans.ModeAgent, agent.Mode)
 	require.Empty(t, agent.KernelURL+agent.InitrdURL+agent.UpstreamKernelURL)
 	require.Equal(t, "amd64", agent.Arch)
-	require.Equal(t, []string{"talos.platform=metal", "talos.config=http://site-a/config?u=${uuid}", "metal.provider.address=site-a:8081", "console=ttyS0,115200", "foo=bar"}, agent.KernelArgs)
+	require.Equal(t, []string{"talos.platform=metal", "console=ttyS0,115200", "foo=bar"}, agent.KernelArgs)
 	require.Empty(t, res.last.TalosVersion, "nothing resolved for agent mode")
 
-	install, err := p.Plan(t.Context(), "site-a", bootplans.Machine{ID: "m1", TalosVersion: "v1.11.0",
+	install, err := p.Plan(t.Context(), bootplans.Machine{ID: "m1", TalosVersion: "v1.11.0",
 		Situation: bootplans.Situation{Acceptance: bootplans.Accepted, Allocated: true, BMCConfigured: true}})
 	require.NoError(t, err)
 	require.Equal(t, "k/v1.11.0", install.KernelURL)

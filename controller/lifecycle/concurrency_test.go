@@ -52,7 +52,7 @@ func newControllers(t *testing.T, cfg lifecycle.Config, types resources.Types) [
 
 	edge := lifecycletest.NewFakeEdge(t)
 
-	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), lifecycletest.FakeResolver{}, edge)
+	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), lifecycletest.FakeResolver{})
 	require.NoError(t, err)
 
 	ctrls, err := lifecycle.New(cfg, lifecycle.Deps{

@@ -99,5 +99,5 @@ type PlanPusher interface {
 
 // Planner computes a machine's boot plan (bootplans.Planner).
 type Planner interface {
-	Plan(ctx context.Context, siteID string, m bootplans.Machine) (bootplans.Plan, error)
+	Plan(ctx context.Context, m bootplans.Machine) (bootplans.Plan, error)
 }

@@ -122,7 +122,7 @@ func (h *harness) start() {
 		c(&cfg)
 	}
 
-	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), lifecycletest.FakeResolver{}, h.edge)
+	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), lifecycletest.FakeResolver{})
 	require.NoError(h.t, err)
 
 	box, err := seal.New(sealingKey, rand.Reader)

@@ -222,7 +222,7 @@ func (e *env) plan(ctx context.Context, site string, v *view, deleting bool) (bo
 		macs = loc.MACs
 	}
 
-	plan, err := e.Planner.Plan(ctx, site, in)
+	plan, err := e.Planner.Plan(ctx, in)
 	if err != nil {
 		return plan, err
 	}

@@ -17,16 +17,15 @@ import (
 )
 
 // Example shows how controller/app wires the Omni connection, the lifecycle and the boot planner.
-// The edge clients (power, agent, plan push) and the site directory are the uplink-backed implementations.
+// The edge clients (power, agent, plan push) are the uplink-backed implementations.
 func Example() {
 	ctx := context.Background()
 	logger := zap.NewNop()
 
 	var (
-		access   *machineaccess.Client       // machineaccess.New(sitesServer.Conn, locations)
-		tables   *boottables.Tables          // the sites' boot tables (its OnSession goes into sites.Options.OnSession)
-		siteDirs bootplans.SiteDirectory     // empty Sites: the edge adds its own /config URL and agent address
-		health   func(context.Context) error // e.g. "no site connected"
+		access *machineaccess.Client       // machineaccess.New(sitesServer.Conn, locations)
+		tables *boottables.Tables          // the sites' boot tables (its OnSession goes into sites.Options.OnSession)
+		health func(context.Context) error // e.g. "no site connected"
 	)
 
 	cfg := omni.Default()
@@ -45,7 +44,7 @@ func Example() {
 		return
 	}
 
-	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), resolver, siteDirs)
+	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), resolver)
 	if err != nil {
 		return
 	}

@@ -123,7 +123,7 @@ func (r *run) startController(ctx context.Context) {
 	resolver, err := assets.NewFactoryResolverWith(schematicIDs{}, "", fidelityFactory)
 	require.NoError(t, err)
 
-	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), resolver, r.edge)
+	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), resolver)
 	require.NoError(t, err)
 
 	cfg := lifecycle.Default()

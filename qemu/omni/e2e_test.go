@@ -30,7 +30,7 @@ func runController(t *testing.T, s *standIn, edge *lifecycletest.FakeEdge) (stop
 
 	ctx, cancel := context.WithCancel(context.Background())
 
-	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), lifecycletest.FakeResolver{}, edge)
+	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), lifecycletest.FakeResolver{})
 	require.NoError(t, err)
 
 	cfg := lifecycle.Default()

@@ -260,11 +260,6 @@ func (e *uplinkEdge) snapshot() (power bool, booted string, wipes int, powerOns 
 	return e.power, e.booted, e.wipes, append([]string(nil), e.powerOns...)
 }
 
-// noSiteAddresses lets the edge add its own /config URL and agent address.
-type noSiteAddresses struct{}
-
-func (noSiteAddresses) Site(string) (bootplans.Site, error) { return bootplans.Site{}, nil }
-
 // TestLifecycleOverTheUplink runs the whole controller side (Omni connection, lifecycle, boot tables, event
 // receiver, machine access) against the Omni stand-in and a fake edge behind the real uplink: the machine
 // joins, is accepted, provisioned, wiped, powered off; the site's WAN link fails and the machine is allocated;
@@ -310,7 +305,7 @@ func TestLifecycleOverTheUplink(t *testing.T) {
 
 	t.Cleanup(func() { conn.Close() }) //nolint:errcheck
 
-	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), lifecycletest.FakeResolver{}, noSiteAddresses{})
+	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), lifecycletest.FakeResolver{})
 	require.NoError(t, err)
 
 	edges := &lifecycle.EdgeClients{Access: machineaccess.New(ctrl.Server.Conn, locations), Sites: locations}

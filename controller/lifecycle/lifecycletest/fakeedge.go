@@ -301,11 +301,6 @@ func (f *FakeEdge) SetAlert(id, alert string) {
 	}
 }
 
-// Site implements bootplans.SiteDirectory.
-func (f *FakeEdge) Site(id string) (bootplans.Site, error) {
-	return bootplans.Site{ConfigURL: "http://" + id + ".edge/config", AgentAddress: id + ".edge:8081"}, nil
-}
-
 // Holds implements lifecycle.PlanPusher: the machine is at site and its edge acknowledged this plan last.
 func (f *FakeEdge) Holds(site string, plan bootplans.Plan) bool {
 	f.mu.Lock()
