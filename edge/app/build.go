@@ -157,7 +157,7 @@ func (b *builder) openAssetCache(ctx context.Context) error {
 		return fmt.Errorf("edge identity: %w", err)
 	}
 
-	store, err := assetcache.New(b.cfg.Assets, b.log, nil, time.Now)
+	store, err := assetcache.New(b.cfg.Assets, b.log, time.Now)
 	if err != nil {
 		return fmt.Errorf("asset cache: %w", err)
 	}

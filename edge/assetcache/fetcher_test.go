@@ -78,7 +78,7 @@ func TestCorruptAssetIsRefetched(t *testing.T) {
 	t.Cleanup(factory.Close)
 
 	dir := t.TempDir()
-	s := newStore(t, dir, 1<<30, nil)
+	s := newStore(t, dir, 1<<30)
 	f := startFetcher(t, s, assetcache.PolicyCache, factory.Client())
 	ref := assetcache.Ref{Name: assetcache.TalosName("v1.9.3", "abc123", "amd64", assetcache.KindKernel), SHA256: sum, Size: int64(len(data)), URLs: []string{factory.URL + "/image/kernel-amd64"}}
 
@@ -111,7 +111,7 @@ func TestOfflinePolicy(t *testing.T) {
 	}))
 	t.Cleanup(factory.Close)
 
-	s := newStore(t, t.TempDir(), 1<<30, nil)
+	s := newStore(t, t.TempDir(), 1<<30)
 	f := startFetcher(t, s, assetcache.PolicyOffline, factory.Client())
 	data, sum := blob(t, 1000)
 	ref := assetcache.Ref{Name: "agent/amd64/kernel", SHA256: sum, Size: 1000, URLs: []string{factory.URL}}
@@ -159,7 +159,7 @@ func (m *multiSource) Open(_ context.Context, ref assetcache.Ref, offset int64) 
 func TestOneContentUnderTwoNames(t *testing.T) {
 	t.Parallel()
 
-	s := newStore(t, t.TempDir(), 1<<30, nil)
+	s := newStore(t, t.TempDir(), 1<<30)
 	f := startFetcher(t, s, assetcache.PolicyOffline, nil)
 	data, sum := blob(t, 2000)
 	asBlob := assetcache.Ref{Name: "oci/siderolabs/installer/blobs/" + sum, SHA256: sum, Size: int64(len(data))}

@@ -16,7 +16,7 @@ import (
 func TestHandler(t *testing.T) {
 	t.Parallel()
 
-	s := newStore(t, t.TempDir(), 1<<30, nil)
+	s := newStore(t, t.TempDir(), 1<<30)
 	data, sum := blob(t, 10000)
 	require.NoError(t, s.Put(t.Context(), assetcache.Ref{Name: "agent/amd64/kernel", SHA256: sum, Size: 10000}, &bytesSource{data: data}))
 

@@ -9,11 +9,11 @@ import (
 	"github.com/outpost-metal/outpost/edge/assetcache"
 )
 
-// What the controller asked a fetcher to hold is never evicted from its store, with no NeededSet given.
+// What the controller asked a fetcher to hold is never evicted from its store.
 func TestFetcherHoldsWhatItWasAskedFor(t *testing.T) {
 	t.Parallel()
 
-	s := newStore(t, t.TempDir(), 1<<20, nil)
+	s := newStore(t, t.TempDir(), 1<<20)
 
 	held, heldSum := blob(t, 1000)
 	other, otherSum := blob(t, 1000)

@@ -84,7 +84,7 @@ func TestImportTarball(t *testing.T) {
 			t.Parallel()
 
 			dir := t.TempDir()
-			s := newStore(t, filepath.Join(dir, "cache"), 1<<30, nil)
+			s := newStore(t, filepath.Join(dir, "cache"), 1<<30)
 			file := filepath.Join(dir, "bundle.tar")
 			// files before the manifest, and a directory entry
 			writeTar(t, file, gz, []tarEntry{
@@ -192,7 +192,7 @@ func TestImportTarballRefused(t *testing.T) {
 
 			dir := t.TempDir()
 			cache := filepath.Join(dir, "cache")
-			s := newStore(t, cache, 1<<30, nil)
+			s := newStore(t, cache, 1<<30)
 
 			// something already cached must survive a refused import
 			old, oldSum := blob(t, 100)
@@ -282,7 +282,7 @@ func TestImportDirectory(t *testing.T) {
 			items := tt.setup(t, src)
 			require.NoError(t, os.WriteFile(filepath.Join(src, assetcache.BundleManifestName), bundleJSON(t, items...), 0o644))
 
-			s := newStore(t, t.TempDir(), 1<<30, nil)
+			s := newStore(t, t.TempDir(), 1<<30)
 			_, err := s.Import(t.Context(), src)
 
 			if tt.want != nil {
@@ -332,7 +332,7 @@ func FuzzImportTarball(f *testing.F) {
 		file := filepath.Join(dir, "in.tar")
 		require.NoError(t, os.WriteFile(file, data, 0o644))
 
-		s := newStore(t, filepath.Join(dir, "cache"), 1<<20, nil)
+		s := newStore(t, filepath.Join(dir, "cache"), 1<<20)
 		_, _ = s.Import(t.Context(), file)
 
 		// whatever happened, nothing may be left outside the cache or half-written inside it
@@ -367,7 +367,7 @@ func TestBundleOfAnotherControllerIsRefused(t *testing.T) {
 		cfg := assetcache.Default()
 		cfg.Dir, cfg.Controller = t.TempDir(), controller
 
-		s, err := assetcache.New(cfg, zaptest.NewLogger(t), nil, nil)
+		s, err := assetcache.New(cfg, zaptest.NewLogger(t), nil)
 		require.NoError(t, err)
 
 		return s

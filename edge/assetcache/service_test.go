@@ -13,8 +13,7 @@ import (
 func TestService(t *testing.T) {
 	t.Parallel()
 
-	needed := &neededSet{}
-	s := newStore(t, t.TempDir(), 1<<30, needed)
+	s := newStore(t, t.TempDir(), 1<<30)
 	f, err := assetcache.NewFetcher(assetcache.DefaultFetcher(), s, nil, zaptest.NewLogger(t))
 	require.NoError(t, err)
 
@@ -25,7 +24,7 @@ func TestService(t *testing.T) {
 	require.NoError(t, s.Put(t.Context(), assetcache.Ref{Name: "agent/amd64/kernel", SHA256: aSum, Size: 100}, &bytesSource{data: a}))
 	require.NoError(t, s.Put(t.Context(), assetcache.Ref{Name: "agent/amd64/initramfs", SHA256: bSum, Size: 200}, &bytesSource{data: b}))
 
-	needed.digests = []string{aSum}
+	s.Hold(aSum)
 
 	list, err := svc.List(t.Context(), &assetsapi.ListRequest{})
 	require.NoError(t, err)

@@ -10,11 +10,10 @@ import (
 	"go.uber.org/zap"
 )
 
-// space is the cache's size policy: the cap, and what is kept however long ago it was used, namely what the
-// current boot plans need (NeededSet) and what a fetcher over the store was asked to hold (Hold).
+// space is the cache's size policy: the cap, and what is kept however long ago it was used, namely what a
+// fetcher over the store was asked to hold for the site's boot plans (Hold).
 type space struct {
-	max    int64
-	needed NeededSet
+	max int64
 
 	// heldMu guards held. It is taken alone (hold) or inside the Store's mu and file lock (kept), never the
 	// other way round.
@@ -22,8 +21,8 @@ type space struct {
 	held   map[string]bool
 }
 
-func newSpace(maxBytes int64, needed NeededSet) *space {
-	return &space{max: maxBytes, needed: needed, held: map[string]bool{}}
+func newSpace(maxBytes int64) *space {
+	return &space{max: maxBytes, held: map[string]bool{}}
 }
 
 func (p *space) hold(digest string) {
@@ -33,13 +32,10 @@ func (p *space) hold(digest string) {
 	p.held[digest] = true
 }
 
-// kept returns the digests never evicted: needed by a current boot plan or held. The map is the caller's.
+// kept returns the digests never evicted: those held (what the controller asked the site to hold for its boot
+// plans). The map is the caller's.
 func (p *space) kept() map[string]bool {
 	set := map[string]bool{}
-
-	for _, d := range p.needed.NeededDigests() {
-		set[d] = true
-	}
 
 	p.heldMu.Lock()
 	for d := range p.held {

@@ -74,18 +74,6 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// NeededSet tells the store which digests the current boot plans need; those are never evicted. The
-// assets a Fetcher was asked to hold are kept too, without one (Hold).
-type NeededSet interface {
-	NeededDigests() []string
-}
-
-// NoneNeeded is a NeededSet for when there are no boot plans (tools such as `edge assets import`).
-type NoneNeeded struct{}
-
-// NeededDigests returns nothing.
-func (NoneNeeded) NeededDigests() []string { return nil }
-
 // Entry describes one cached asset.
 type Entry struct {
 	SHA256   string
@@ -119,13 +107,9 @@ type Store struct {
 
 // New opens (creating if needed) the cache in cfg.Dir. Partial downloads are never visible; recent ones are
 // kept and resumed by the next download of the same asset, stale ones removed (cleanTmp).
-func New(cfg Config, log *zap.Logger, needed NeededSet, now func() time.Time) (*Store, error) {
+func New(cfg Config, log *zap.Logger, now func() time.Time) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
-	}
-
-	if needed == nil {
-		needed = NoneNeeded{}
 	}
 
 	if now == nil {
@@ -145,7 +129,7 @@ func New(cfg Config, log *zap.Logger, needed NeededSet, now func() time.Time) (*
 		log:      log,
 		now:      now,
 		metrics:  m,
-		space:    newSpace(cfg.MaxBytes, needed),
+		space:    newSpace(cfg.MaxBytes),
 		idx:      idx,
 		inflight: flights{},
 	}, nil

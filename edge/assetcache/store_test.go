@@ -35,19 +35,7 @@ func blob(t testing.TB, n int) ([]byte, string) {
 	return b, hex.EncodeToString(sum[:])
 }
 
-type neededSet struct {
-	mu      sync.Mutex
-	digests []string
-}
-
-func (n *neededSet) NeededDigests() []string {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-
-	return append([]string(nil), n.digests...)
-}
-
-func newStore(t testing.TB, dir string, maxBytes int64, needed assetcache.NeededSet) *assetcache.Store {
+func newStore(t testing.TB, dir string, maxBytes int64) *assetcache.Store {
 	t.Helper()
 
 	cfg := assetcache.Default()
@@ -56,7 +44,7 @@ func newStore(t testing.TB, dir string, maxBytes int64, needed assetcache.Needed
 	cfg.RetryBackoff = time.Millisecond
 	cfg.Attempts = 3
 
-	s, err := assetcache.New(cfg, zaptest.NewLogger(t), needed, nil)
+	s, err := assetcache.New(cfg, zaptest.NewLogger(t), nil)
 	require.NoError(t, err)
 
 	return s
@@ -153,7 +141,7 @@ func TestInterruptedDownloadLeavesNoVisibleAsset(t *testing.T) {
 	t.Parallel()
 
 	dir := t.TempDir()
-	s := newStore(t, dir, 1<<30, nil)
+	s := newStore(t, dir, 1<<30)
 	data, sum := blob(t, 1<<20)
 	ref := assetcache.Ref{Name: assetcache.AgentName("amd64", assetcache.KindKernel), SHA256: sum, Size: int64(len(data))}
 
@@ -175,7 +163,7 @@ func TestInterruptedDownloadLeavesNoVisibleAsset(t *testing.T) {
 	require.Equal(t, []string{filepath.Join("tmp", sum+".partial")}, visibleFiles(t, dir), "only the partial file, outside the cache")
 
 	// a new store over the same directory (the edge restarted) shows nothing of it...
-	s2 := newStore(t, dir, 1<<30, nil)
+	s2 := newStore(t, dir, 1<<30)
 	entries, used := s2.List()
 	require.Empty(t, entries)
 	require.Zero(t, used)
@@ -195,7 +183,7 @@ func TestCompletePartialDownloadIsCommitted(t *testing.T) {
 	t.Parallel()
 
 	dir := t.TempDir()
-	s := newStore(t, dir, 1<<30, nil)
+	s := newStore(t, dir, 1<<30)
 	data, sum := blob(t, 64<<10)
 	ref := assetcache.Ref{Name: "agent/amd64/initramfs", SHA256: sum, Size: int64(len(data))}
 
@@ -213,7 +201,7 @@ func TestBusyPartialDownloadUsesAPrivateFile(t *testing.T) {
 	t.Parallel()
 
 	dir := t.TempDir()
-	s := newStore(t, dir, 1<<30, nil)
+	s := newStore(t, dir, 1<<30)
 	data, sum := blob(t, 64<<10)
 	ref := assetcache.Ref{Name: "agent/amd64/initramfs", SHA256: sum, Size: int64(len(data))}
 
@@ -245,7 +233,7 @@ func TestCorruptPartialDownloadStartsAfresh(t *testing.T) {
 	t.Parallel()
 
 	dir := t.TempDir()
-	s := newStore(t, dir, 1<<30, nil)
+	s := newStore(t, dir, 1<<30)
 	data, sum := blob(t, 256<<10)
 	ref := assetcache.Ref{Name: "agent/amd64/initramfs", SHA256: sum, Size: int64(len(data))}
 
@@ -267,7 +255,7 @@ func TestCorruptPartialDownloadStartsAfresh(t *testing.T) {
 func TestPutResumesAfterCut(t *testing.T) {
 	t.Parallel()
 
-	s := newStore(t, t.TempDir(), 1<<30, nil)
+	s := newStore(t, t.TempDir(), 1<<30)
 	data, sum := blob(t, 300<<10)
 	src := &bytesSource{data: data, cuts: 3, cutAt: 64 << 10}
 	ref := assetcache.Ref{Name: "agent/amd64/initramfs", SHA256: sum, Size: int64(len(data))}
@@ -314,7 +302,7 @@ func TestPutRefusesBadContent(t *testing.T) {
 			t.Parallel()
 
 			dir := t.TempDir()
-			s := newStore(t, dir, 1<<30, nil)
+			s := newStore(t, dir, 1<<30)
 
 			err := s.Put(t.Context(), tt.ref, &bytesSource{data: tt.src})
 			require.ErrorIs(t, err, tt.want)
@@ -333,12 +321,11 @@ func TestEvictionNeverRemovesNeeded(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	clock := func() time.Time { now = now.Add(time.Second); return now }
 
-	needed := &neededSet{}
 	cfg := assetcache.Default()
 	cfg.Dir = t.TempDir()
 	cfg.MaxBytes = 3 << 20
 
-	s, err := assetcache.New(cfg, zaptest.NewLogger(t), needed, clock)
+	s, err := assetcache.New(cfg, zaptest.NewLogger(t), clock)
 	require.NoError(t, err)
 
 	put := func(name string) string {
@@ -352,7 +339,7 @@ func TestEvictionNeverRemovesNeeded(t *testing.T) {
 	b := put("agent/amd64/initramfs")
 	c := put("agent/arm64/kernel")
 
-	needed.digests = []string{a}
+	s.Hold(a) // what the controller asked the site to hold for its plans
 
 	// touch b so that c is the least recently used evictable asset after a
 	f, _, err := s.Open(b)
@@ -366,8 +353,9 @@ func TestEvictionNeverRemovesNeeded(t *testing.T) {
 	require.False(t, s.Has(c), "least recently used evictable asset kept")
 	require.True(t, s.Has(d))
 
-	// everything needed: a new asset does not fit and nothing is evicted
-	needed.digests = []string{a, b, d}
+	// everything held: a new asset does not fit and nothing is evicted
+	s.Hold(b)
+	s.Hold(d)
 	data, sum := blob(t, 1<<20)
 	err = s.Put(t.Context(), assetcache.Ref{Name: "talos/v1.9.3/abc/amd64/kernel", SHA256: sum, Size: int64(len(data))}, &bytesSource{data: data})
 	require.ErrorIs(t, err, assetcache.ErrNoSpace)
@@ -385,7 +373,7 @@ func TestCheckDetectsCorruption(t *testing.T) {
 	t.Parallel()
 
 	dir := t.TempDir()
-	s := newStore(t, dir, 1<<30, nil)
+	s := newStore(t, dir, 1<<30)
 	data, sum := blob(t, 8192)
 	require.NoError(t, s.Put(t.Context(), assetcache.Ref{Name: "a/k", SHA256: sum, Size: 8192}, &bytesSource{data: data}))
 	require.NoError(t, s.Check(sum, false))
@@ -434,7 +422,7 @@ func TestDiskFullMidDownload(t *testing.T) {
 
 	t.Cleanup(func() { _ = exec.Command("umount", dir).Run() })
 
-	s := newStore(t, dir, 1<<30, nil)
+	s := newStore(t, dir, 1<<30)
 
 	small, smallSum := blob(t, 100<<10)
 	require.NoError(t, s.Put(t.Context(), assetcache.Ref{Name: "agent/amd64/cmdline", SHA256: smallSum, Size: int64(len(small))}, &bytesSource{data: small}))
@@ -456,8 +444,8 @@ func TestSecondProcessSeesImport(t *testing.T) {
 	t.Parallel()
 
 	dir := t.TempDir()
-	edge := newStore(t, dir, 1<<30, nil)
-	tool := newStore(t, dir, 1<<30, nil)
+	edge := newStore(t, dir, 1<<30)
+	tool := newStore(t, dir, 1<<30)
 
 	data, sum := blob(t, 1000)
 	require.NoError(t, tool.Put(t.Context(), assetcache.Ref{Name: "agent/amd64/kernel", SHA256: sum, Size: 1000}, &bytesSource{data: data}))
@@ -532,7 +520,7 @@ func (refusingSource) Open(context.Context, assetcache.Ref, int64) (io.ReadClose
 func TestRefusedBySourceCountedAsSource(t *testing.T) {
 	t.Parallel()
 
-	s := newStore(t, t.TempDir(), 1<<20, nil)
+	s := newStore(t, t.TempDir(), 1<<20)
 	_, sum := blob(t, 100)
 
 	err := s.Put(t.Context(), assetcache.Ref{Name: "agent/amd64/kernel", SHA256: sum, Size: 100}, refusingSource{})

@@ -21,7 +21,7 @@ import (
 // and prints one line per imported asset to w. It is safe while the edge runs: the cache is locked across
 // processes and the running edge picks the new manifest up on its next lookup.
 func Import(ctx context.Context, cfg assetcache.Config, log *zap.Logger, src string, w io.Writer) error {
-	store, err := assetcache.New(cfg, log, assetcache.NoneNeeded{}, time.Now)
+	store, err := assetcache.New(cfg, log, time.Now)
 	if err != nil {
 		return fmt.Errorf("open asset cache %s: %w", cfg.Dir, err)
 	}

@@ -70,7 +70,7 @@ func TestImportCommand(t *testing.T) {
 			require.NoError(t, err)
 			require.Contains(t, out.String(), "imported agent/amd64/kernel sha256:"+digest)
 
-			s, err := assetcache.New(cfg, zaptest.NewLogger(t), nil, nil)
+			s, err := assetcache.New(cfg, zaptest.NewLogger(t), nil)
 			require.NoError(t, err)
 			require.True(t, s.Has(digest))
 		})

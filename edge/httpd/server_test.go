@@ -159,7 +159,7 @@ func newEnvWith(t *testing.T, cfg httpd.Config) *env {
 func newAssets(t *testing.T, files string) *assetcache.Handler {
 	t.Helper()
 
-	store, err := assetcache.New(assetcache.Config{Dir: t.TempDir(), MaxBytes: 1 << 20, Attempts: 1}, zaptest.NewLogger(t), nil, nil)
+	store, err := assetcache.New(assetcache.Config{Dir: t.TempDir(), MaxBytes: 1 << 20, Attempts: 1}, zaptest.NewLogger(t), nil)
 	require.NoError(t, err)
 
 	h, err := assetcache.NewHandler(store, files)
@@ -536,7 +536,7 @@ func TestRegistryMount(t *testing.T) {
 	tbl, err := boot.Open(boot.Config{StateDir: t.TempDir()}, zaptest.NewLogger(t))
 	require.NoError(t, err)
 
-	store, err := assetcache.New(assetcache.Config{Dir: t.TempDir(), MaxBytes: 1 << 20, Attempts: 1}, zaptest.NewLogger(t), nil, nil)
+	store, err := assetcache.New(assetcache.Config{Dir: t.TempDir(), MaxBytes: 1 << 20, Attempts: 1}, zaptest.NewLogger(t), nil)
 	require.NoError(t, err)
 
 	manifest := []byte(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{},"layers":[]}`)

@@ -41,7 +41,7 @@ func (b bytesSource) Open(_ context.Context, _ assetcache.Ref, offset int64) (io
 func newStore(t *testing.T) *assetcache.Store {
 	t.Helper()
 
-	s, err := assetcache.New(assetcache.Config{Dir: t.TempDir(), MaxBytes: 1 << 30, Attempts: 1}, zaptest.NewLogger(t), nil, nil)
+	s, err := assetcache.New(assetcache.Config{Dir: t.TempDir(), MaxBytes: 1 << 30, Attempts: 1}, zaptest.NewLogger(t), nil)
 	require.NoError(t, err)
 
 	return s

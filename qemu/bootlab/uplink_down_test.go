@@ -119,7 +119,7 @@ func TestBootWithUplinkDown(t *testing.T) {
 		require.NoError(t, os.WriteFile(filepath.Join(files, "agent", "x86_64", f), []byte(f), 0o644))
 	}
 
-	store, err := assetcache.New(assetcache.Config{Dir: t.TempDir(), MaxBytes: 1 << 20, Attempts: 1}, log, nil, nil)
+	store, err := assetcache.New(assetcache.Config{Dir: t.TempDir(), MaxBytes: 1 << 20, Attempts: 1}, log, nil)
 	require.NoError(t, err)
 	served, err := assetcache.NewHandler(store, files)
 	require.NoError(t, err)

@@ -89,7 +89,7 @@ func BenchmarkAssetsHTTP(b *testing.B) {
 		cfg := assetcache.Default()
 		cfg.Dir = filepath.Join(dir, "cache")
 
-		store, err := assetcache.New(cfg, zap.NewNop(), nil, nil)
+		store, err := assetcache.New(cfg, zap.NewNop(), nil)
 		require.NoError(b, err)
 
 		_, err = store.Import(b.Context(), writeBundle(b, dir, digest, size))
@@ -263,7 +263,7 @@ func BenchmarkRelay(b *testing.B) {
 			cfg := assetcache.Default()
 			cfg.Dir = b.TempDir()
 
-			store, err := assetcache.New(cfg, zap.NewNop(), nil, nil)
+			store, err := assetcache.New(cfg, zap.NewNop(), nil)
 			require.NoError(b, err)
 
 			b.StartTimer()
@@ -303,7 +303,7 @@ func BenchmarkRelay(b *testing.B) {
 			cfg := assetcache.Default()
 			cfg.Dir = b.TempDir()
 
-			store, err := assetcache.New(cfg, zap.NewNop(), nil, nil)
+			store, err := assetcache.New(cfg, zap.NewNop(), nil)
 			require.NoError(b, err)
 
 			b.StartTimer()

@@ -82,7 +82,7 @@ func TestRelayResumesAfterCut(t *testing.T) {
 	cfg.Dir = t.TempDir()
 	cfg.RetryBackoff = 50 * time.Millisecond
 
-	store, err := assetcache.New(cfg, zaptest.NewLogger(t), nil, nil)
+	store, err := assetcache.New(cfg, zaptest.NewLogger(t), nil)
 	require.NoError(t, err)
 
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)

@@ -52,7 +52,7 @@ func TestRelayOverUplinkResumesAfterCut(t *testing.T) {
 	cfg.Dir = t.TempDir()
 	cfg.RetryBackoff = 20 * time.Millisecond
 
-	store, err := assetcache.New(cfg, zaptest.NewLogger(t), nil, nil)
+	store, err := assetcache.New(cfg, zaptest.NewLogger(t), nil)
 	require.NoError(t, err)
 
 	fcfg := assetcache.DefaultFetcher()

@@ -205,7 +205,7 @@ func startSite(t *testing.T, assetDir string, rtt time.Duration) *wanSite {
 	cfg.Dir = t.TempDir()
 	cfg.RetryBackoff = 20 * time.Millisecond
 
-	store, err := assetcache.New(cfg, zap.NewNop(), nil, nil)
+	store, err := assetcache.New(cfg, zap.NewNop(), nil)
 	require.NoError(t, err)
 
 	fcfg := assetcache.DefaultFetcher()
