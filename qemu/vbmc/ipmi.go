@@ -94,6 +94,7 @@ type ipmiHAL struct {
 	*mock.HAL
 
 	chassis ipmiChassis
+	console consoleSlot // sol.go
 }
 
 func (h *ipmiHAL) Chassis() hal.ChassisHAL { return h.chassis }

@@ -30,6 +30,15 @@ const (
 func startIPMI(t *testing.T, ch *vbmc.Chassis) int {
 	t.Helper()
 
+	_, port := startIPMIBMC(t, ch)
+
+	return port
+}
+
+// startIPMIBMC is startIPMI returning the BMC too.
+func startIPMIBMC(t *testing.T, ch *vbmc.Chassis) (*vbmc.IPMI, int) {
+	t.Helper()
+
 	b, err := vbmc.NewIPMI(ch, user, password)
 	require.NoError(t, err)
 
@@ -46,7 +55,7 @@ func startIPMI(t *testing.T, ch *vbmc.Chassis) int {
 		require.NoError(t, <-done)
 	})
 
-	return conn.LocalAddr().(*net.UDPAddr).Port
+	return b, conn.LocalAddr().(*net.UDPAddr).Port
 }
 
 func ipmitool(t *testing.T, port int, args ...string) string {
