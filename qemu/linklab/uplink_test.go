@@ -21,6 +21,7 @@ import (
 
 	"github.com/outpost-metal/outpost/controller/sites"
 	edgeuplink "github.com/outpost-metal/outpost/edge/uplink"
+	"github.com/outpost-metal/outpost/qemu/lab/tmpcheck"
 	"github.com/outpost-metal/outpost/qemu/linklab"
 	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
 	uplinkpb "github.com/outpost-metal/outpost/shared/api/uplink"
@@ -28,8 +29,10 @@ import (
 	"github.com/outpost-metal/outpost/shared/version"
 )
 
+// TestMain checks for leaked goroutines, and runs the tests in a temporary directory of their own that they
+// must leave empty (tmpcheck).
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(tmpcheck.Wrap(m))
 }
 
 // rejectedCount returns outpost_uplink_rejected_total{reason}.

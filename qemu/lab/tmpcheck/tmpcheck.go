@@ -6,9 +6,11 @@
 package tmpcheck
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sort"
@@ -40,7 +42,7 @@ func (w wrapped) Run() int {
 		}
 	}
 
-	dir, err := os.MkdirTemp("", "outpost-tmpcheck-")
+	dir, err := shortTempDir()
 	if err != nil {
 		fmt.Fprintf(w.stderr, "tmpcheck: a temporary directory for the tests: %v\n", err) //nolint:errcheck
 
@@ -78,6 +80,27 @@ func (w wrapped) Run() int {
 	}
 
 	return code
+}
+
+// shortTempDir creates a directory in the system's temporary directory with a name as short as it can be
+// ("ot" and four hex digits, where os.MkdirTemp adds ten): tests put unix sockets under t.TempDir, whose
+// paths must stay under 108 bytes (sun_path) with the test's name in them.
+func shortTempDir() (string, error) {
+	var err error
+
+	for range 100 {
+		dir := filepath.Join(os.TempDir(), fmt.Sprintf("ot%04x", rand.IntN(1<<16))) // a name, not a secret
+
+		if err = os.Mkdir(dir, 0o700); err == nil {
+			return dir, nil
+		}
+
+		if !errors.Is(err, fs.ErrExist) {
+			break
+		}
+	}
+
+	return "", fmt.Errorf("create a temporary directory: %w", err)
 }
 
 // maxListed is how many leftovers a failure names.
@@ -119,7 +142,7 @@ func size(path string) int64 {
 
 	filepath.WalkDir(path, func(_ string, d fs.DirEntry, err error) error { //nolint:errcheck // a partial sum is enough
 		if err != nil {
-			return nil //nolint:nilerr // unreadable parts are left out of the sum
+			return nil // unreadable parts are left out of the sum
 		}
 
 		if d.Type().IsRegular() {

@@ -27,6 +27,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -269,7 +270,8 @@ func run(ctx context.Context, cfg config, tty bool) error {
 			show("scenario finished")
 
 			if b, rerr := os.ReadFile(env.Timeline.Path); rerr == nil {
-				fmt.Printf("\n%s\n", b)
+				// A failed step quotes a serial console, with the firmware's terminal codes.
+				fmt.Printf("\n%s\n", cleanText(string(b)))
 			}
 
 			if err != nil || !cfg.Keep {
@@ -281,7 +283,7 @@ func run(ctx context.Context, cfg config, tty bool) error {
 
 			return nil
 		case <-tick.C:
-			show(current.Load().(string)) //nolint:forcetypeassert // only strings are stored
+			show(current.Load().(string)) // only strings are stored
 		}
 	}
 }
@@ -389,15 +391,26 @@ func (p *plainLines) print(step string, rows []row) {
 	}
 }
 
-// clean drops control characters (a serial console's escape codes) from what goes into a line.
-func clean(s string) string {
-	return strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
+// escapes are the terminal codes firmware writes to a serial console (CSI sequences such as "\x1b[2J",
+// "\x1b[01;01H", "\x1b[=3h"; two-character escapes such as "\x1bc").
+var escapes = regexp.MustCompile(`\x1b(\[[0-9;=?<>]*[ -/]*[@-~]|[^\[])`)
+
+// clean drops terminal codes and control characters (a serial console's) from what goes into a line.
+func clean(s string) string { return strings.Map(dropControl(""), escapes.ReplaceAllString(s, "")) }
+
+// cleanText is clean for text of several lines: line breaks and tabs stay.
+func cleanText(s string) string {
+	return strings.Map(dropControl("\n\t"), escapes.ReplaceAllString(s, ""))
+}
+
+func dropControl(keep string) func(rune) rune {
+	return func(r rune) rune {
+		if (r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0)) && !strings.ContainsRune(keep, r) {
 			return -1
 		}
 
 		return r
-	}, s)
+	}
 }
 
 // header is the live table's heading.

@@ -44,7 +44,7 @@ func TestPlainLines(t *testing.T) {
 	rows[1].Power, rows[1].Phase, rows[1].LastEvent = "on", "wiping", "\x1b[2JOUTPOST-AGENT-UP\r"
 	p.print("done: accept", rows)
 	require.Equal(t, "07:01:02 step: done: accept\n"+
-		"07:01:02 site1/site1-uefi power=on phase=wiping last=\"[2JOUTPOST-AGENT-UP\"\n", out.String())
+		"07:01:02 site1/site1-uefi power=on phase=wiping last=\"OUTPOST-AGENT-UP\"\n", out.String())
 	require.NotContains(t, out.String(), "\x1b")
 }
 
@@ -184,4 +184,14 @@ func TestHowToOpen(t *testing.T) {
 	require.Contains(t, lines[0], "open http://127.0.0.1:41234/status/ in a browser")
 	require.Contains(t, lines[1], "ssh -L 41234:127.0.0.1:41234 ")
 	require.Contains(t, lines[2], "ip netns exec ol-core-abcdef curl -s http://127.0.0.1:9464/status/")
+}
+
+// TestCleanText checks that a serial console's terminal codes quoted in the timeline come out as plain text.
+func TestCleanText(t *testing.T) {
+	t.Parallel()
+
+	in := "| step | \x1b[2J\x1b[01;01H\x1b[=3h\x1b[2J\x1b[01;01HBdsDxe: loading Boot0001\r |\n" +
+		"\x1b[1m\x1b[37m\x1b[40miPXE 1.0.0\x1b[0m -- Open Source\x1bc\tok\n"
+	require.Equal(t, "| step | BdsDxe: loading Boot0001 |\niPXE 1.0.0 -- Open Source\tok\n", cleanText(in))
+	require.Equal(t, "BdsDxe: loading Boot0001 - iPXE", clean("\x1b[2JBdsDxe: loading Boot0001\r\n - \x1b[1miPXE"))
 }
