@@ -161,3 +161,18 @@ func FuzzSummarize(f *testing.F) {
 		}
 	})
 }
+
+// The machine list names each machine's interfaces beside its UUID: what an operator finds on the machine.
+func TestMachineListShowsMACs(t *testing.T) {
+	t.Parallel()
+
+	book := timeline.New(timeline.DefaultConfig(), time.Now)
+	require.NoError(t, book.HandleEvent(t.Context(), "branch-7", &bootpb.Event{Kind: &bootpb.Event_BootServed{
+		BootServed: &bootpb.BootServed{Uuid: m1, Mode: "agent", Mac: "52:54:00:12:34:56"},
+	}}))
+
+	srv := newServer(t, siteList{{ID: "branch-7", State: "connected"}}, book, nil)
+
+	_, list := get(t, srv.URL+"/status/machines")
+	require.Contains(t, list, `<code>`+m1+`</code></a><br><span class="muted">52:54:00:12:34:56</span>`)
+}

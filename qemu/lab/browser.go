@@ -216,7 +216,7 @@ func ParseMachinesPage(dom []byte) ([]PageMachine, error) {
 			continue
 		}
 
-		out = append(out, PageMachine{ID: r[0].text, Site: r[1].text, Phase: firstField(r[2].text)})
+		out = append(out, PageMachine{ID: firstField(r[0].text), Site: r[1].text, Phase: firstField(r[2].text)})
 	}
 
 	return out, nil
