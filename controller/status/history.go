@@ -103,7 +103,7 @@ func (h *History) Observe(_ string, e timeline.Entry) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 
-	b := &h.hours[hour.Unix()/3600%HistoryHours]
+	b := &h.hours[slot(hour)]
 	if !b.Start.Equal(hour) {
 		*b = Hour{Start: hour, Boots: map[string]int{}, Failures: map[string]int{}}
 	}
@@ -147,7 +147,7 @@ func (h *History) Hours() []Hour {
 
 	for i := HistoryHours - 1; i >= 0; i-- {
 		start := cur.Add(-time.Duration(i) * time.Hour)
-		b := h.hours[start.Unix()/3600%HistoryHours]
+		b := h.hours[slot(start)]
 
 		if !b.Start.Equal(start) {
 			b = Hour{Start: start}
@@ -157,6 +157,11 @@ func (h *History) Hours() []Hour {
 	}
 
 	return out
+}
+
+// slot is where an hour's counts go in the ring.
+func slot(hour time.Time) int64 {
+	return (hour.Unix()/3600%HistoryHours + HistoryHours) % HistoryHours
 }
 
 func cloneCounts(m map[string]int) map[string]int {
