@@ -23,6 +23,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -250,8 +251,10 @@ func run(ctx context.Context, cfg config, tty bool) error {
 	header := header{omni: omniName(env), logs: dir, open: open}
 	plain := &plainLines{w: os.Stdout, now: time.Now, shown: map[string]string{}}
 
+	lastPhases := map[string]lab.PageMachine{}
+
 	show := func(step string) {
-		rows := tableRows(ctx, env)
+		rows := tableRows(ctx, env, lastPhases)
 		if tty {
 			draw(os.Stdout, header, step, rows, time.Now())
 		} else {
@@ -337,9 +340,16 @@ type row struct {
 
 // tableRows is the lab's machines with their phase as the controller gives it (`controller machine list`,
 // the status page's own words: lifecycle phases, timeline.UnknownPhase for a machine not looked at yet), "-"
-// for machines it does not know (the bare comparison machines, or before it has seen them).
-func tableRows(ctx context.Context, env *lab.Env) []row {
-	phases, _ := env.Controller.MachinePhases(ctx) //nolint:errcheck // no answer: the phase column shows "-"
+// for machines it does not know (the bare comparison machines, or before it has seen them). While the
+// controller does not answer (the scenario restarts it), last's phases (the last answer) are shown.
+func tableRows(ctx context.Context, env *lab.Env, last map[string]lab.PageMachine) []row {
+	phases, err := env.Controller.MachinePhases(ctx)
+	if err != nil {
+		phases = last
+	} else {
+		clear(last)
+		maps.Copy(last, phases)
+	}
 	statuses := env.Statuses(ctx)
 	machines := append(append([]*lab.Machine(nil), env.Machines...), env.Bare...)
 
