@@ -51,7 +51,9 @@ type builder struct {
 	carried *intents.Store
 	tunnels *tunnel.Server
 	// bmcAPI answers the controller's BMC calls (edge/bmc's, or Options.BMCs).
-	bmcAPI  bmcpb.BMCServer
+	bmcAPI bmcpb.BMCServer
+	// console serves machines' serial consoles over IPMI SOL (nil with Options.BMCs).
+	console *bmc.ConsoleService
 	httpSrv *httpd.Server
 }
 
@@ -246,6 +248,8 @@ func (b *builder) newBMCs(context.Context) error {
 	b.run("bmc sessions", bmcs.Run)
 	b.run("bmc watcher", watcher.Run)
 	b.bmcAPI = bmc.NewService(bmcs).WithWatcher(watcher).WithBootEnded(b.tunnels.EndBoot)
+	b.console = bmc.NewConsoleService(bmcs)
+	b.metrics.MustRegister(b.console.Collectors()...)
 
 	return nil
 }
@@ -312,6 +316,10 @@ func (b *builder) newControllerLink(context.Context) error {
 		intents.NewService(b.carried).Register,
 		assetcache.NewService(b.fetcher).Register,
 	}
+	if b.console != nil {
+		register = append(register, b.console.Register)
+	}
+
 	proxy := b.tunnels.ServerOption()
 
 	if api := b.opts.ControllerAPI; api != nil {

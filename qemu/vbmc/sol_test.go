@@ -53,8 +53,9 @@ func waitFor(t *testing.T, what string, cond func() bool, seen ...fmt.Stringer) 
 	}
 }
 
-// echoGuest is a machine's side of the serial line: it answers each line typed at it with "ECHO line".
-func echoGuest(t *testing.T, c *vbmc.Console) {
+// echoGuest is a machine's side of the serial line: it answers each line typed at it with "ECHO line". It
+// returns the guest's end, for output of its own.
+func echoGuest(t *testing.T, c *vbmc.Console) net.Conn {
 	t.Helper()
 
 	bmcEnd, guest := net.Pipe()
@@ -77,6 +78,8 @@ func echoGuest(t *testing.T, c *vbmc.Console) {
 		require.NoError(t, <-done)
 		guest.Close() //nolint:errcheck
 	})
+
+	return guest
 }
 
 func solCommand(port int) string {

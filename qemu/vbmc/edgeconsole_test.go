@@ -1,0 +1,137 @@
+package vbmc_test
+
+import (
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/outpost-metal/outpost/edge/bmc"
+	"github.com/outpost-metal/outpost/qemu/vbmc"
+	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+	consolepb "github.com/outpost-metal/outpost/shared/api/console"
+)
+
+// consoleClient is an operator attached to the edge's console service.
+type consoleClient struct {
+	stream consolepb.Console_AttachClient
+	out    *lockedBuffer
+	notes  *lockedBuffer
+	done   chan error
+}
+
+func attachConsole(t *testing.T, cl consolepb.ConsoleClient, target *bmcpb.Target, operator string, write bool) (*consoleClient, error) {
+	t.Helper()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+
+	stream, err := cl.Attach(ctx)
+	require.NoError(t, err)
+	require.NoError(t, stream.Send(&consolepb.Input{Kind: &consolepb.Input_Open{Open: &consolepb.Open{Target: target, Write: write, Operator: operator}}}))
+
+	first, err := stream.Recv()
+	if err != nil {
+		return nil, err
+	}
+
+	require.Equal(t, write, first.GetAttached().GetWrite())
+
+	c := &consoleClient{stream: stream, out: &lockedBuffer{}, notes: &lockedBuffer{}, done: make(chan error, 1)}
+
+	go func() {
+		for {
+			f, err := stream.Recv()
+			if err != nil {
+				c.done <- err
+
+				return
+			}
+
+			c.out.Write(f.GetData())             //nolint:errcheck
+			c.notes.Write([]byte(f.GetNotice())) //nolint:errcheck
+		}
+	}()
+
+	t.Cleanup(func() {
+		stream.CloseSend() //nolint:errcheck
+		cancel()
+		<-c.done
+	})
+
+	return c, nil
+}
+
+func (c *consoleClient) typeLine(t *testing.T, s string) {
+	t.Helper()
+	require.NoError(t, c.stream.Send(&consolepb.Input{Kind: &consolepb.Input_Data{Data: []byte(s + "\n")}}))
+}
+
+// TestEdgeConsoleOverSOL: the edge's console service reaches a vBMC's serial line over IPMI SOL. A writer's
+// typing reaches the line and its answer comes back; a reader sees output and its typing is not sent; a second
+// writer is refused with the first one named.
+func TestEdgeConsoleOverSOL(t *testing.T) {
+	ch := vbmc.NewChassis()
+	b, port := startIPMIBMC(t, ch)
+	c := vbmc.NewConsole()
+	b.SetConsole(c)
+	guest := echoGuest(t, c)
+
+	svc := bmc.NewConsoleService(newManager(t, nil, time.Now))
+	srv := grpc.NewServer()
+	svc.Register(srv)
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+
+	go srv.Serve(ln)            //nolint:errcheck
+	t.Cleanup(srv.GracefulStop) // waits for the handlers: their IPMI sessions close while the BMC still answers
+
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() }) //nolint:errcheck
+
+	cl := consolepb.NewConsoleClient(conn)
+	target := &bmcpb.Target{MachineId: "m1", Host: "127.0.0.1", IpmiPort: uint32(port), Username: user, Password: password}
+
+	start := time.Now()
+	w, err := attachConsole(t, cl, target, "alice", true)
+	require.NoError(t, err)
+	t.Logf("attached for writing in %s", time.Since(start))
+
+	w.typeLine(t, "hello-edge")
+	waitFor(t, "the guest's answer through the edge", func() bool { return strings.Contains(w.out.String(), "ECHO hello-edge") }, w.out)
+
+	_, err = attachConsole(t, cl, target, "bob", true)
+	require.Equal(t, codes.FailedPrecondition, status.Code(err), "a second writer is refused: %v", err)
+	require.Contains(t, err.Error(), "alice", "the refusal names who holds the console")
+
+	// The first writer leaves; a reader attaches (the BMC serves one SOL session, so one at a time here).
+	require.NoError(t, w.stream.CloseSend())
+	require.Error(t, <-w.done)
+	w.done <- nil // for its cleanup
+
+	var r *consoleClient
+
+	waitFor(t, "the console free for a reader", func() bool {
+		r, err = attachConsole(t, cl, target, "carol", false)
+
+		return err == nil
+	})
+
+	r.typeLine(t, "from-reader")
+	waitFor(t, "the read-only notice", func() bool { return strings.Contains(r.notes.String(), "read-only") }, r.notes)
+
+	// Output reaches a reader: the guest prints on its own.
+	_, err = guest.Write([]byte("GUEST-OUTPUT-FOR-READER\r\n"))
+	require.NoError(t, err)
+	waitFor(t, "output at the reader", func() bool { return strings.Contains(r.out.String(), "GUEST-OUTPUT-FOR-READER") }, r.out)
+	require.NotContains(t, r.out.String(), "ECHO from-reader", "a reader's typing never reaches the line")
+}
