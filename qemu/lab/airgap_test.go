@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -19,7 +18,6 @@ import (
 	"time"
 
 	"github.com/outpost-metal/outpost/controller/assets"
-	"github.com/outpost-metal/outpost/qemu/bootlab"
 	"github.com/outpost-metal/outpost/qemu/lab"
 	"github.com/outpost-metal/outpost/qemu/realomni"
 )
@@ -45,63 +43,13 @@ import (
 //
 // Logs and timeline.md stay under _out/airgap/<real|standin>.
 func TestAirGappedSiteInstalls(t *testing.T) {
-	skipUnlessLab(t)
-
 	if _, err := exec.LookPath("skopeo"); err != nil {
 		t.Skip("lab test: needs Debian's skopeo to pull from the edge's registry (hack/deps.sh installs it)")
 	}
 
-	mode, err := lab.ParseOmniMode(os.Getenv(lab.OmniEnv))
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, a, _, images := airGapLab(t, "airgap", 90*time.Minute, "cache", "offline")
 
-	var omniBins realomni.Binaries
-
-	if mode == lab.RealOmni {
-		// Cached under _out/omni; a cold build takes about 13 minutes on two cores, before any lab is up.
-		bctx, cancel := context.WithTimeout(t.Context(), 40*time.Minute)
-		omniBins, err = lab.BuildRealOmni(bctx, bootlab.RepoRoot(t), zapLogger(t))
-
-		cancel()
-
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-
-	l, images, root := newLab(t, filepath.Join("airgap", string(mode)))
-
-	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Minute)
-	defer cancel()
-
-	bins, err := lab.BuildBinaries(ctx, root, filepath.Join(l.Dir, "bin"))
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	bins.RealOmni = omniBins
-
-	if ok, reason := lab.ControllerSupportsOmni(ctx, bins.Controller); !ok {
-		t.Skipf("lab test: %s", reason)
-	}
-
-	a, err := lab.SetupAirGap(ctx, l, bins, images, lab.AirGapOptions{
-		Omni: mode, Policies: []string{"cache", "offline"}, RepoRoot: root,
-	})
-	if err != nil {
-		t.Fatalf("lab set-up: %v (logs under %s)", err, l.Dir)
-	}
-
-	t.Cleanup(func() {
-		if err := a.Timeline.Write(); err == nil {
-			if b, err := os.ReadFile(a.Timeline.Path); err == nil {
-				t.Logf("timeline (%s):\n%s", a.Timeline.Path, b)
-			}
-		}
-	})
-
-	g := &airGapRun{t: t, ctx: ctx, a: a, cache: a.Sites[0], offline: a.Sites[1], images: images}
+	g := &airGapRun{steps: steps{t, a}, t: t, ctx: ctx, a: a, cache: a.Sites[0], offline: a.Sites[1], images: images}
 	g.profile()
 
 	g.step("sites route nothing but the core's service address: the factory unreachable from them, the uplink reachable", g.checkRoutes)
@@ -139,6 +87,8 @@ func TestAirGappedSiteInstalls(t *testing.T) {
 
 // airGapRun is one run of TestAirGappedSiteInstalls.
 type airGapRun struct {
+	steps
+
 	t              *testing.T
 	ctx            context.Context
 	a              *lab.AirGap
@@ -170,23 +120,6 @@ func (g *airGapRun) must(err error) {
 	if err != nil {
 		g.t.Fatalf("%v (logs under %s)", err, g.a.Lab.Dir)
 	}
-}
-
-// step runs one step, records it on the timeline and stops the test at its failure, with the controller's
-// last errors.
-func (g *airGapRun) step(name string, fn func() error) {
-	g.t.Helper()
-
-	start := time.Now()
-	err := fn()
-	g.a.Timeline.Step(name, "", start, err)
-
-	if err != nil {
-		g.t.Fatalf("step FAILED: %s: %v\nlast controller errors:\n%s\nlogs: %s (Omni's: %s)", name, err,
-			controllerErrors(g.a.Controller), g.a.Lab.Dir, g.a.Omni.Log())
-	}
-
-	g.t.Logf("step ok: %s (%s)", name, time.Since(start).Round(time.Second))
 }
 
 // check runs a step whose failure does not stop the ones after it (they do not depend on it): the test fails

@@ -12,9 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outpost-metal/outpost/qemu/bootlab"
 	"github.com/outpost-metal/outpost/qemu/lab"
-	"github.com/outpost-metal/outpost/qemu/realomni"
 )
 
 // TestSiteWithoutDHCPServer runs a site whose network has no DHCP server but its edge, in full DHCP mode
@@ -27,56 +25,9 @@ import (
 // OMNI chooses the Omni as for TestE2E (real by default). Root, QEMU (TCG). Logs and timeline.md stay under
 // _out/fulldhcp/<real|standin>.
 func TestSiteWithoutDHCPServer(t *testing.T) {
-	skipUnlessLab(t)
+	ctx, a, bins, _ := airGapLab(t, "fulldhcp", 60*time.Minute, "cache")
 
-	mode, err := lab.ParseOmniMode(os.Getenv(lab.OmniEnv))
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	var omniBins realomni.Binaries
-
-	if mode == lab.RealOmni {
-		bctx, cancel := context.WithTimeout(t.Context(), 40*time.Minute)
-		omniBins, err = lab.BuildRealOmni(bctx, bootlab.RepoRoot(t), zapLogger(t))
-
-		cancel()
-
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-
-	l, images, root := newLab(t, filepath.Join("fulldhcp", string(mode)))
-
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Minute)
-	defer cancel()
-
-	bins, err := lab.BuildBinaries(ctx, root, filepath.Join(l.Dir, "bin"))
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	bins.RealOmni = omniBins
-
-	if ok, reason := lab.ControllerSupportsOmni(ctx, bins.Controller); !ok {
-		t.Skipf("lab test: %s", reason)
-	}
-
-	a, err := lab.SetupAirGap(ctx, l, bins, images, lab.AirGapOptions{Omni: mode, Policies: []string{"cache"}, RepoRoot: root})
-	if err != nil {
-		t.Fatalf("lab set-up: %v (logs under %s)", err, l.Dir)
-	}
-
-	t.Cleanup(func() {
-		if err := a.Timeline.Write(); err == nil {
-			if b, err := os.ReadFile(a.Timeline.Path); err == nil {
-				t.Logf("timeline (%s):\n%s", a.Timeline.Path, b)
-			}
-		}
-	})
-
-	f := &fullDHCPRun{t: t, ctx: ctx, a: a, site: a.Sites[0], edgeBin: bins.Edge}
+	f := &fullDHCPRun{steps: steps{t, a}, t: t, ctx: ctx, a: a, site: a.Sites[0], edgeBin: bins.Edge}
 
 	f.step("the site's own DHCP server is gone; the edge serves full DHCP mode (checking the segment every 5 s)", f.becomeTheServer)
 
@@ -122,6 +73,8 @@ const (
 )
 
 type fullDHCPRun struct {
+	steps
+
 	t       *testing.T
 	ctx     context.Context
 	a       *lab.AirGap
@@ -137,20 +90,6 @@ func (f *fullDHCPRun) must(err error) {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-}
-
-func (f *fullDHCPRun) step(name string, fn func() error) {
-	f.t.Helper()
-
-	start := time.Now()
-	err := fn()
-	f.a.Timeline.Step(name, "", start, err)
-
-	if err != nil {
-		f.t.Fatalf("step %q: %v", name, err)
-	}
-
-	f.t.Logf("step ok: %s (%s)", name, time.Since(start).Round(time.Second))
 }
 
 // restartEdge kills the site's edge and starts it again (its identity and leases in its state directory).

@@ -12,7 +12,6 @@ import (
 
 	"github.com/outpost-metal/outpost/qemu/bootlab"
 	"github.com/outpost-metal/outpost/qemu/lab"
-	"github.com/outpost-metal/outpost/qemu/realomni"
 )
 
 // TestVirtualMediaBoot runs a site with no DHCP at all (its server gone, the edge set to --dhcp off) and a UEFI
@@ -27,61 +26,14 @@ import (
 // OMNI chooses the Omni as for TestE2E (real by default). Root, QEMU (TCG). Logs and timeline.md stay under
 // _out/vmedia/<real|standin>.
 func TestVirtualMediaBoot(t *testing.T) {
-	skipUnlessLab(t)
+	ctx, a, bins, _ := airGapLab(t, "vmedia", 60*time.Minute, "cache")
 
-	mode, err := lab.ParseOmniMode(os.Getenv(lab.OmniEnv))
+	loader, err := lab.VMediaLoader(ctx, bootlab.RepoRoot(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 
-	var omniBins realomni.Binaries
-
-	if mode == lab.RealOmni {
-		bctx, cancel := context.WithTimeout(t.Context(), 40*time.Minute)
-		omniBins, err = lab.BuildRealOmni(bctx, bootlab.RepoRoot(t), zapLogger(t))
-
-		cancel()
-
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-
-	l, images, root := newLab(t, filepath.Join("vmedia", string(mode)))
-
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Minute)
-	defer cancel()
-
-	loader, err := lab.VMediaLoader(ctx, root)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	bins, err := lab.BuildBinaries(ctx, root, filepath.Join(l.Dir, "bin"))
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	bins.RealOmni = omniBins
-
-	if ok, reason := lab.ControllerSupportsOmni(ctx, bins.Controller); !ok {
-		t.Skipf("lab test: %s", reason)
-	}
-
-	a, err := lab.SetupAirGap(ctx, l, bins, images, lab.AirGapOptions{Omni: mode, Policies: []string{"cache"}, RepoRoot: root})
-	if err != nil {
-		t.Fatalf("lab set-up: %v (logs under %s)", err, l.Dir)
-	}
-
-	t.Cleanup(func() {
-		if err := a.Timeline.Write(); err == nil {
-			if b, err := os.ReadFile(a.Timeline.Path); err == nil {
-				t.Logf("timeline (%s):\n%s", a.Timeline.Path, b)
-			}
-		}
-	})
-
-	v := &vmediaRun{t: t, ctx: ctx, a: a, site: a.Sites[0]}
+	v := &vmediaRun{steps: steps{t, a}, t: t, ctx: ctx, a: a, site: a.Sites[0]}
 	reserved := netip.MustParseAddr("10.77.1.60")
 
 	v.step("the site has no DHCP at all: its server gone, the edge set to --dhcp off, the machine's address reserved", func() error {
@@ -110,24 +62,12 @@ func TestVirtualMediaBoot(t *testing.T) {
 }
 
 type vmediaRun struct {
+	steps
+
 	t    *testing.T
 	ctx  context.Context
 	a    *lab.AirGap
 	site *lab.Site
-}
-
-func (v *vmediaRun) step(name string, fn func() error) {
-	v.t.Helper()
-
-	start := time.Now()
-	err := fn()
-	v.a.Timeline.Step(name, "", start, err)
-
-	if err != nil {
-		v.t.Fatalf("step %q: %v", name, err)
-	}
-
-	v.t.Logf("step ok: %s (%s)", name, time.Since(start).Round(time.Second))
 }
 
 func (v *vmediaRun) noDHCP(edgeBin, loader, mac string, reserved netip.Addr) error {
