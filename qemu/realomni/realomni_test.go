@@ -21,11 +21,14 @@ import (
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 
+	"github.com/outpost-metal/outpost/qemu/lab/tmpcheck"
 	"github.com/outpost-metal/outpost/qemu/realomni"
 )
 
+// TestMain checks for leaked goroutines, and runs the tests in a temporary directory of their own that they
+// must leave empty (tmpcheck).
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(tmpcheck.Wrap(m))
 }
 
 // clusterTemplate is a cluster with no machines: Omni accepts it only when it knows both versions, which
