@@ -248,7 +248,7 @@ func run(ctx context.Context, cfg config, tty bool) error {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 
-	header := header{omni: omniName(env), logs: dir, open: open}
+	header := header{omni: omniName(env), logs: dir, open: open, keep: cfg.Keep}
 	plain := &plainLines{w: os.Stdout, now: time.Now, shown: map[string]string{}}
 
 	lastPhases := map[string]lab.PageMachine{}
@@ -426,7 +426,9 @@ func dropControl(keep string) func(rune) rune {
 // header is the live table's heading.
 type header struct {
 	omni, logs string
-	open       []string
+	// keep: the lab stays up after the scenario.
+	keep bool
+	open []string
 }
 
 // draw repaints the live table (terminal only).
@@ -435,8 +437,13 @@ func draw(w io.Writer, h header, step string, rows []row, now time.Time) {
 
 	b.WriteString("\033[H\033[2J")
 
-	fmt.Fprintf(&b, "Outpost lab against %s  %s  (this run: %s; Ctrl-C tears the lab down)\n",
-		h.omni, now.Format("15:04:05"), h.logs)
+	after := "it is torn down when the scenario ends"
+	if h.keep {
+		after = "it stays up after the scenario until Ctrl-C"
+	}
+
+	fmt.Fprintf(&b, "Outpost lab against %s  %s  (this run: %s)\nCtrl-C tears the lab down; %s\n",
+		h.omni, now.Format("15:04:05"), h.logs, after)
 
 	for _, l := range h.open {
 		b.WriteString(l + "\n")

@@ -195,3 +195,25 @@ func TestCleanText(t *testing.T) {
 	require.Equal(t, "| step | BdsDxe: loading Boot0001 |\niPXE 1.0.0 -- Open Source\tok\n", cleanText(in))
 	require.Equal(t, "BdsDxe: loading Boot0001 - iPXE", clean("\x1b[2JBdsDxe: loading Boot0001\r\n - \x1b[1miPXE"))
 }
+
+// TestDraw checks the live table: the page's address and the Ctrl-C promise in the heading, one row per
+// machine with the phase given.
+func TestDraw(t *testing.T) {
+	t.Parallel()
+
+	var b bytes.Buffer
+
+	h := header{omni: "the Omni stand-in", logs: "/x/_out/demo/runs/1", open: howToOpen("http://127.0.0.1:9464/status/", "ol-core-1"), keep: true}
+	draw(&b, h, "running", []row{{Site: "site1", Machine: "site1-bios", Power: "on", Phase: "wiping", LastEvent: "OUTPOST-AGENT-UP"}}, time.Now())
+
+	out := b.String()
+	require.True(t, strings.HasPrefix(out, "\x1b[H\x1b[2J"))
+	require.Contains(t, out, "it stays up after the scenario until Ctrl-C")
+	require.Contains(t, out, "open http://127.0.0.1:9464/status/")
+	require.Regexp(t, `(?m)^site1 +site1-bios +on +wiping +OUTPOST-AGENT-UP$`, out)
+
+	b.Reset()
+	h.keep = false
+	draw(&b, h, "running", nil, time.Now())
+	require.Contains(t, b.String(), "it is torn down when the scenario ends")
+}
