@@ -126,7 +126,7 @@ func machineCommand(cfg *config.Config) *cobra.Command {
 		},
 	}
 
-	machine.AddCommand(list, show, why, bootMode, clearAlert)
+	machine.AddCommand(list, show, why, bootMode, clearAlert, machineConsoleCommand(cfg, &output))
 
 	return machine
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/timeline"
 	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
 	assetspb "github.com/outpost-metal/outpost/shared/api/assets"
+	consolepb "github.com/outpost-metal/outpost/shared/api/console"
 	"github.com/outpost-metal/outpost/shared/rungroup"
 )
 
@@ -243,6 +244,7 @@ func (b *builder) newAdmin(context.Context) error {
 			b.timelines.Record(id, kind, text, failed)
 		}
 	}))
+	consolepb.RegisterConsoleServer(b.admin, machineaccess.NewConsoles(b.edges.clients.Access, b.edges.watches, b.log, time.Now))
 
 	return nil
 }
