@@ -125,7 +125,7 @@ func (c *Client) ListSites(ctx context.Context, out io.Writer, now time.Time) er
 
 	// A refused edge's release is the one thing its operator must act on: said in full under the table.
 	for _, s := range refused {
-		fmt.Fprintf(out, "%s: edge refused %s: %s\n", s.GetSiteId(), ago(s.GetEdgeRefusedAt(), now), peer(s.GetEdgeRefused()))
+		fmt.Fprintf(out, "%s: edge refused %s: %s\n", s.GetSiteId(), ago(s.GetEdgeRefusedAt(), now), refusal(s.GetEdgeRefused()))
 	}
 
 	return nil
@@ -133,6 +133,13 @@ func (c *Client) ListSites(ctx context.Context, out io.Writer, now time.Time) er
 
 // peer makes a string an edge (or anyone) supplied safe to print: escapes shown, not interpreted; bounded.
 func peer(s string) string { return printable.String(s, 80) }
+
+// maxRefusal bounds a release refusal as printed: the controller's own words (the edge's version in them is
+// quoted and cut), which end with what the operator must do, so they are not cut at peer's 80.
+const maxRefusal = 400
+
+// refusal prints why a site's edge was refused.
+func refusal(s string) string { return printable.String(s, maxRefusal) }
 
 // writeStandby says, above what a standby controller answered, that the sessions are elsewhere.
 func writeStandby(out io.Writer, sb *adminpb.Standby) {
@@ -247,7 +254,7 @@ func (c *Client) ShowSite(ctx context.Context, siteID string, out io.Writer, now
 	fmt.Fprintf(tw, "edge version:\t%s\n", dash(peer(s.GetEdgeVersion())))
 
 	if s.GetEdgeRefused() != "" {
-		fmt.Fprintf(tw, "edge refused:\t%s: %s\n", ago(s.GetEdgeRefusedAt(), now), peer(s.GetEdgeRefused()))
+		fmt.Fprintf(tw, "edge refused:\t%s: %s\n", ago(s.GetEdgeRefusedAt(), now), refusal(s.GetEdgeRefused()))
 	}
 	fmt.Fprintf(tw, "last seen:\t%s\n", ago(s.GetLastSeen(), now))
 	fmt.Fprintf(tw, "remote:\t%s\n", dash(peer(s.GetRemoteAddress())))

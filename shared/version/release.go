@@ -174,8 +174,9 @@ var ErrEdgeRefused = errors.New("edge release refused")
 func CheckEdge(controller, edge string) (Skew, error) {
 	e, err := Parse(edge)
 	if err != nil {
-		return 0, fmt.Errorf("%w: the edge reports version %s, which is %w; this controller is %s",
-			ErrEdgeRefused, quote(edge), ErrNotVersion, quote(controller))
+		// Both versions first: a view that shortens the reason keeps them.
+		return 0, fmt.Errorf("%w: this controller is %s; the edge reports version %s, which is %w",
+			ErrEdgeRefused, quote(controller), quote(edge), ErrNotVersion)
 	}
 
 	c, err := Parse(controller)
