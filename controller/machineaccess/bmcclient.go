@@ -138,7 +138,14 @@ func (b *BMC) Inventory(ctx context.Context) (*bmcpb.InventoryResponse, error) {
 		return nil, err
 	}
 
-	return cl.Inventory(ctx, b.req())
+	resp, err := cl.Inventory(ctx, b.req())
+	if status.Code(err) == codes.Unimplemented {
+		// An edge one release behind (still accepted) predates the call: said so, not as gRPC's "unknown method".
+		return nil, status.Error(codes.Unimplemented, fmt.Sprintf(
+			"the edge of site %s is of an earlier release, which reads no hardware inventory: upgrade its appliance", b.siteID))
+	}
+
+	return resp, err
 }
 
 // GetBootOverride reads the current boot override.
