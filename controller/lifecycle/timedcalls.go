@@ -9,66 +9,54 @@ import (
 	"github.com/outpost-metal/outpost/controller/resources/specs"
 )
 
-// timedPower and timedAgent time every call the lifecycle makes through an edge into Metrics.
+// timedPower and timedAgent time every call the lifecycle makes through an edge into Metrics, labelled by call.
 type timedPower struct {
 	next PowerClient
 	m    *Metrics
 }
 
-func (p timedPower) PowerStatus(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) (PowerState, error) {
-	start := time.Now()
-	ps, err := p.next.PowerStatus(ctx, site, id, bmc)
-	p.m.called("power_status", start, err)
+// timed runs one call and times it into m.
+func timed(m *Metrics, call string, fn func() error) error {
+	_, err := timedValue(m, call, func() (struct{}, error) { return struct{}{}, fn() })
 
-	return ps, err
+	return err
+}
+
+// timedValue runs one call with a result and times it into m.
+func timedValue[T any](m *Metrics, call string, fn func() (T, error)) (T, error) {
+	start := time.Now()
+	v, err := fn()
+	m.called(call, start, err)
+
+	return v, err
+}
+
+func (p timedPower) PowerStatus(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) (PowerState, error) {
+	return timedValue(p.m, "power_status", func() (PowerState, error) { return p.next.PowerStatus(ctx, site, id, bmc) })
 }
 
 func (p timedPower) PowerOn(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) error {
-	start := time.Now()
-	err := p.next.PowerOn(ctx, site, id, bmc)
-	p.m.called("power_on", start, err)
-
-	return err
+	return timed(p.m, "power_on", func() error { return p.next.PowerOn(ctx, site, id, bmc) })
 }
 
 func (p timedPower) PowerOff(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) error {
-	start := time.Now()
-	err := p.next.PowerOff(ctx, site, id, bmc)
-	p.m.called("power_off", start, err)
-
-	return err
+	return timed(p.m, "power_off", func() error { return p.next.PowerOff(ctx, site, id, bmc) })
 }
 
 func (p timedPower) PowerCycle(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) error {
-	start := time.Now()
-	err := p.next.PowerCycle(ctx, site, id, bmc)
-	p.m.called("power_cycle", start, err)
-
-	return err
+	return timed(p.m, "power_cycle", func() error { return p.next.PowerCycle(ctx, site, id, bmc) })
 }
 
 func (p timedPower) SetPXEOnce(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) error {
-	start := time.Now()
-	err := p.next.SetPXEOnce(ctx, site, id, bmc)
-	p.m.called("set_pxe_once", start, err)
-
-	return err
+	return timed(p.m, "set_pxe_once", func() error { return p.next.SetPXEOnce(ctx, site, id, bmc) })
 }
 
 func (p timedPower) BootFromImage(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) (string, error) {
-	start := time.Now()
-	addr, err := p.next.BootFromImage(ctx, site, id, bmc)
-	p.m.called("boot_from_image", start, err)
-
-	return addr, err
+	return timedValue(p.m, "boot_from_image", func() (string, error) { return p.next.BootFromImage(ctx, site, id, bmc) })
 }
 
 func (p timedPower) EjectImage(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) error {
-	start := time.Now()
-	err := p.next.EjectImage(ctx, site, id, bmc)
-	p.m.called("eject_image", start, err)
-
-	return err
+	return timed(p.m, "eject_image", func() error { return p.next.EjectImage(ctx, site, id, bmc) })
 }
 
 type timedAgent struct {
@@ -77,41 +65,23 @@ type timedAgent struct {
 }
 
 func (a timedAgent) Hello(ctx context.Context, site, id string) error {
-	start := time.Now()
-	err := a.next.Hello(ctx, site, id)
-	a.m.called("agent_hello", start, err)
-
-	return err
+	return timed(a.m, "agent_hello", func() error { return a.next.Hello(ctx, site, id) })
 }
 
 func (a timedAgent) GetPowerManagement(ctx context.Context, site, id string, req *agentpb.GetPowerManagementRequest) (*agentpb.GetPowerManagementResponse, error) {
-	start := time.Now()
-	resp, err := a.next.GetPowerManagement(ctx, site, id, req)
-	a.m.called("agent_get_power_management", start, err)
-
-	return resp, err
+	return timedValue(a.m, "agent_get_power_management", func() (*agentpb.GetPowerManagementResponse, error) {
+		return a.next.GetPowerManagement(ctx, site, id, req)
+	})
 }
 
 func (a timedAgent) SetPowerManagement(ctx context.Context, site, id string, req *agentpb.SetPowerManagementRequest) error {
-	start := time.Now()
-	err := a.next.SetPowerManagement(ctx, site, id, req)
-	a.m.called("agent_set_power_management", start, err)
-
-	return err
+	return timed(a.m, "agent_set_power_management", func() error { return a.next.SetPowerManagement(ctx, site, id, req) })
 }
 
 func (a timedAgent) WipeDisks(ctx context.Context, site, id string, zeroes bool) error {
-	start := time.Now()
-	err := a.next.WipeDisks(ctx, site, id, zeroes)
-	a.m.called("agent_wipe_disks", start, err)
-
-	return err
+	return timed(a.m, "agent_wipe_disks", func() error { return a.next.WipeDisks(ctx, site, id, zeroes) })
 }
 
 func (a timedAgent) Reboot(ctx context.Context, site, id string) error {
-	start := time.Now()
-	err := a.next.Reboot(ctx, site, id)
-	a.m.called("agent_reboot", start, err)
-
-	return err
+	return timed(a.m, "agent_reboot", func() error { return a.next.Reboot(ctx, site, id) })
 }
