@@ -67,6 +67,9 @@ type MachineSpec struct {
 	// (qemu/labinit: wipe-error, wipe-hang, kill-agent-in-wipe); each line of the console's OUTPOST-FAULT is
 	// one injected.
 	GuestFaults string
+	// Console serves the serial console through the BMC's IPMI SOL (console.go): QEMU's serial line goes to a
+	// socket the lab holds, and QEMU still writes the serial log.
+	Console bool
 	// VirtualMedia gives the machine a CD-ROM drive its Redfish BMC mounts images in (VirtualMedia, QMP
 	// underneath): a one-time CD boot starts from it; otherwise the disk comes first and the CD after it, as a
 	// server keeps its persistent boot order.
@@ -114,6 +117,9 @@ type Machine struct {
 	media   *vbmc.Media
 	qmp     string
 	admin   string
+	// console is the serial line as SOL serves it (Spec.Console), consock its socket.
+	console *vbmc.Console
+	consock string
 
 	mu       sync.Mutex
 	qemu     *Proc
@@ -196,6 +202,12 @@ func (s *Site) AddMachine(ctx context.Context, spec MachineSpec) (*Machine, erro
 
 	if err := m.serveChannel(ctx); err != nil {
 		return nil, err
+	}
+
+	if spec.Console {
+		if err := m.serveConsole(ctx); err != nil {
+			return nil, err
+		}
 	}
 
 	if err := m.serveInBand(ctx); err != nil {
@@ -548,7 +560,7 @@ func (m *Machine) startLocked(reason string, once vbmc.BootDevice) error {
 
 	args := []string{
 		"-name", m.Spec.Name, "-m", fmt.Sprint(m.Spec.MemoryMiB), "-smp", "1", "-nodefaults", "-display", "none", "-no-reboot",
-		"-chardev", "file,id=con,append=on,path=" + m.Serial.Path, "-serial", "chardev:con",
+		"-chardev", m.serialChardev(), "-serial", "chardev:con",
 		"-chardev", "socket,id=bmc,path=" + m.sock, "-serial", "chardev:bmc",
 		"-smbios", "type=1,uuid=" + m.Spec.UUID,
 		"-drive", "file=" + m.Disk + ",format=raw,if=none,id=disk0,cache=writethrough",

@@ -82,6 +82,8 @@ func run() error {
 	// checks on the console what the edge served.
 	fmt.Printf("OUTPOST-INIT uuid=%s mode=%s cmdline=%s\n", uuid, mode, g.Cmdline)
 
+	go echoConsole() // a line typed at the console comes back as OUTPOST-ECHO (echo.go)
+
 	// A machine booted from virtual media at a site without DHCP has its address on the command line.
 	var lease guestinit.Lease
 
