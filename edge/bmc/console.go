@@ -22,8 +22,8 @@ import (
 const (
 	// ConsoleInputFrame bounds the typed bytes of one Input frame.
 	ConsoleInputFrame = 1 << 10
-	// consoleOutputFrames bounds the output frames queued for one session (at most 64 KiB with SOL's small
-	// packets): a reader that falls further behind loses output and is told how much.
+	// consoleOutputFrames bounds the output frames queued for one session (of at most consoleOutputFrame bytes
+	// each: 256 KiB): a reader that falls further behind loses output and is told how much.
 	consoleOutputFrames = 256
 	consoleOutputFrame  = 1 << 10
 )
