@@ -150,6 +150,7 @@ type PowerClient interface {
 	PowerStatus(ctx context.Context) (bool, error)
 	PowerOn(ctx context.Context) error
 	PowerOff(ctx context.Context) error
+	// PowerCycle cycles a running machine (Manager.PowerCycle powers on one that is off).
 	PowerCycle(ctx context.Context) error
 	SetPXEOnce(ctx context.Context, uefi bool) error
 	ClearOverride(ctx context.Context) error

@@ -14,7 +14,8 @@ import (
 
 // TestServiceAgainstIPMISim drives OpenIPMI's ipmi_sim (skipped when it is not installed) through the gRPC
 // service the controller calls: the one-time PXE boot that ipmi_sim reads back without its valid and EFI bits
-// succeeds in both modes, and a BMC that cannot power anything is a FailedPrecondition, not "try again".
+// succeeds in both modes, a cycle of a machine that is off powers it on, and a BMC that cannot power anything is
+// a FailedPrecondition, not "try again".
 func TestServiceAgainstIPMISim(t *testing.T) {
 	t.Parallel()
 
@@ -37,7 +38,15 @@ func TestServiceAgainstIPMISim(t *testing.T) {
 			require.Equal(t, "pxe", sim.BootDevice())
 		}
 
-		_, err := srv.PowerOn(t.Context(), req)
+		// A cycle of a machine that is off powers it on: the manager's rule, for either protocol.
+		require.False(t, sim.Power())
+
+		_, err := srv.PowerCycle(t.Context(), req)
+		require.NoError(t, err)
+		require.True(t, sim.Power(), "a cycle of a machine that is off powers it on")
+		require.NotContains(t, sim.Calls(), "set power 0", "powered on, not cycled (a cycle powers down first)")
+
+		_, err = srv.PowerOn(t.Context(), req)
 		require.NoError(t, err)
 		require.True(t, sim.Power())
 

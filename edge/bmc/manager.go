@@ -162,9 +162,21 @@ func (m *Manager) PowerOff(ctx context.Context, t Target, c Credentials) error {
 	return m.do(ctx, "power off", t, c, PowerClient.PowerOff)
 }
 
-// PowerCycle power-cycles the machine (powers it on when off).
+// PowerCycle power-cycles the machine, or powers it on when it is off (a cycle does nothing to a machine that is
+// off, over either protocol): the one place this rule is kept.
 func (m *Manager) PowerCycle(ctx context.Context, t Target, c Credentials) error {
-	return m.do(ctx, "power cycle", t, c, PowerClient.PowerCycle)
+	return m.do(ctx, "power cycle", t, c, func(pc PowerClient, ctx context.Context) error {
+		on, err := pc.PowerStatus(ctx)
+		if err != nil {
+			return err
+		}
+
+		if !on {
+			return pc.PowerOn(ctx)
+		}
+
+		return pc.PowerCycle(ctx)
+	})
 }
 
 // SetPXEOnce sets a one-time network boot in the given mode and reads it back.

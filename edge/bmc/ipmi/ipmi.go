@@ -186,18 +186,9 @@ func (c *Client) PowerOff(ctx context.Context) error {
 	return c.control(ctx, chassis.ChassisControlPowerDown)
 }
 
-// PowerCycle power-cycles a running machine and powers up one that is off (a cycle of an off
-// machine is a no-op on many BMCs).
+// PowerCycle power-cycles a running machine (Chassis Control, power cycle). bmc.Manager powers on one that is
+// off instead: a cycle of an off machine is a no-op on many BMCs.
 func (c *Client) PowerCycle(ctx context.Context) error {
-	on, err := c.PowerStatus(ctx)
-	if err != nil {
-		return err
-	}
-
-	if !on {
-		return c.PowerOn(ctx)
-	}
-
 	return c.control(ctx, chassis.ChassisControlPowerCycle)
 }
 

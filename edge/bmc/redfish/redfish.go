@@ -212,17 +212,8 @@ func (c *Client) PowerOff(ctx context.Context) error {
 	return c.reset(ctx, schemas.ForceOffResetType)
 }
 
-// PowerCycle power-cycles a running machine and powers on one that is off.
+// PowerCycle power-cycles a running machine (bmc.Manager powers on one that is off instead).
 func (c *Client) PowerCycle(ctx context.Context) error {
-	on, err := c.PowerStatus(ctx)
-	if err != nil {
-		return err
-	}
-
-	if !on {
-		return c.PowerOn(ctx)
-	}
-
 	return c.reset(ctx, schemas.PowerCycleResetType, schemas.ForceRestartResetType)
 }
 
