@@ -3,6 +3,7 @@ package status
 import (
 	"fmt"
 	"html/template"
+	"slices"
 	"strings"
 	"time"
 )
@@ -14,8 +15,21 @@ const (
 	plotBottom   = 18 // room for the x axis labels
 )
 
-// palette colours series in order (readable on white, distinct in print).
-var palette = []string{"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf", "#bcbd22"}
+// palette colours series (readable on white, distinct in print). The fleet view gives boots the first three,
+// phases and failure reasons the next nine, sites online the last: what a screenshot shows of one plot is not
+// another's.
+var palette = []string{
+	"#1f77b4", "#d62728", "#2ca02c",
+	"#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf", "#bcbd22", "#393b79", "#637939",
+	"#8c6d31",
+}
+
+// Where each plot's colours begin in the palette.
+const (
+	bootColours  = 0
+	otherColours = 3
+	sitesColour  = 12
+)
 
 func colour(i int) string { return palette[i%len(palette)] }
 
@@ -23,6 +37,21 @@ func colour(i int) string { return palette[i%len(palette)] }
 type Series struct {
 	Name   string
 	Values []int
+	// Dashed draws a line dashed and grey (a bound others stay under, such as all sites).
+	Dashed bool
+	// First is where the series' colour is in the palette.
+	First int
+}
+
+// boundColour is the colour of a dashed line.
+const boundColour = "#999999"
+
+func (s Series) colour() string {
+	if s.Dashed {
+		return boundColour
+	}
+
+	return colour(s.First)
 }
 
 // Plot is one plot of the fleet view: its SVG and its legend (each series with its total or last value).
@@ -66,7 +95,7 @@ func barPlot(id, title string, labels []string, series []Series, total bool) Plo
 	for i := range slots {
 		y := float64(plotH - plotBottom)
 
-		for si, s := range series {
+		for _, s := range series {
 			v := s.Values[i]
 			if v == 0 {
 				continue
@@ -77,7 +106,7 @@ func barPlot(id, title string, labels []string, series []Series, total bool) Plo
 			h := float64(v) / float64(peak) * float64(plotH-plotBottom-4)
 			y -= h
 			fmt.Fprintf(&b, `<rect class="bar" x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"><title>%s %s: %d</title></rect>`,
-				plotLeft+float64(i)*bw+0.5, y, max(bw-1, 1), h, colour(si), template.HTMLEscapeString(labels[i]), template.HTMLEscapeString(s.Name), v)
+				plotLeft+float64(i)*bw+0.5, y, max(bw-1, 1), h, s.colour(), template.HTMLEscapeString(labels[i]), template.HTMLEscapeString(s.Name), v)
 		}
 	}
 
@@ -117,7 +146,13 @@ func linePlot(id, title string, labels []string, series []Series) Plot {
 		return float64(plotH-plotBottom) - float64(v)/float64(peak)*float64(plotH-plotBottom-4)
 	}
 
-	for si, s := range series {
+	// dashed bounds first, the lines that matter over them
+	order := slices.Concat(
+		slices.DeleteFunc(seriesIndexes(series), func(i int) bool { return !series[i].Dashed }),
+		slices.DeleteFunc(seriesIndexes(series), func(i int) bool { return series[i].Dashed }))
+
+	for _, si := range order {
+		s := series[si]
 		if !nonZero(s.Values) {
 			continue
 		}
@@ -132,11 +167,16 @@ func linePlot(id, title string, labels []string, series []Series) Plot {
 		}
 
 		if len(pts) == 1 { // one reading: a short level line, so that it shows
-			pts = []string{fmt.Sprintf("%.1f,%.1f", x(0)-6, y(s.Values[0])), fmt.Sprintf("%.1f,%.1f", x(0)+6, y(s.Values[0]))}
+			pts = []string{fmt.Sprintf("%.1f,%.1f", x(0)-16, y(s.Values[0])), fmt.Sprintf("%.1f,%.1f", x(0)+16, y(s.Values[0]))}
 		}
 
-		fmt.Fprintf(&b, `<polyline class="line" fill="none" stroke="%s" stroke-width="2" points="%s"><title>%s</title></polyline>`,
-			colour(si), strings.Join(pts, " "), template.HTMLEscapeString(s.Name))
+		dash := ""
+		if s.Dashed {
+			dash = ` stroke-dasharray="6 4"`
+		}
+
+		fmt.Fprintf(&b, `<polyline class="line" fill="none" stroke="%s" stroke-width="2"%s points="%s"><title>%s</title></polyline>`,
+			s.colour(), dash, strings.Join(pts, " "), template.HTMLEscapeString(s.Name))
 	}
 
 	xLabels(&b, labels, x)
@@ -146,6 +186,15 @@ func linePlot(id, title string, labels []string, series []Series) Plot {
 	p.Legend = legend(series, false)
 
 	return p
+}
+
+func seriesIndexes(series []Series) []int {
+	out := make([]int, len(series))
+	for i := range out {
+		out[i] = i
+	}
+
+	return out
 }
 
 func nonZero(vs []int) bool {
@@ -173,8 +222,9 @@ func xLabels(b *strings.Builder, labels []string, x func(int) float64) {
 	step := max(1, len(labels)/6)
 
 	for i := 0; i < len(labels); i += step {
+		at := min(max(x(i), plotLeft+14), plotW-16) // whole labels at both ends
 		fmt.Fprintf(b, `<text x="%.1f" y="%d" font-size="10" text-anchor="middle" fill="#555">%s</text>`,
-			x(i), plotH-4, template.HTMLEscapeString(labels[i]))
+			at, plotH-4, template.HTMLEscapeString(labels[i]))
 	}
 }
 
@@ -182,7 +232,7 @@ func xLabels(b *strings.Builder, labels []string, x func(int) float64) {
 func legend(series []Series, total bool) []LegendItem {
 	out := make([]LegendItem, 0, len(series))
 
-	for i, s := range series {
+	for _, s := range series {
 		v := 0
 
 		switch {
@@ -194,7 +244,7 @@ func legend(series []Series, total bool) []LegendItem {
 			v = s.Values[len(s.Values)-1]
 		}
 
-		out = append(out, LegendItem{Name: s.Name, Value: v, Swatch: template.CSS("background:" + colour(i))}) // a fixed colour
+		out = append(out, LegendItem{Name: s.Name, Value: v, Swatch: template.CSS("opacity:.8;background:" + s.colour())}) // a fixed colour; lighter than the marks, so that a screenshot's marks are told from the legend
 	}
 
 	return out
@@ -215,13 +265,13 @@ func fleetView(h *History, cur Sample) Fleet {
 	labels := make([]string, len(hours))
 
 	boots := make([]Series, 0, len(BootKinds()))
-	for _, k := range BootKinds() {
-		boots = append(boots, Series{Name: k, Values: make([]int, len(hours))})
+	for i, k := range BootKinds() {
+		boots = append(boots, Series{Name: k, Values: make([]int, len(hours)), First: bootColours + i})
 	}
 
 	fails := make([]Series, 0, len(FailureReasons()))
-	for _, r := range FailureReasons() {
-		fails = append(fails, Series{Name: r, Values: make([]int, len(hours))})
+	for i, r := range FailureReasons() {
+		fails = append(fails, Series{Name: r, Values: make([]int, len(hours)), First: otherColours + i})
 	}
 
 	for i, hr := range hours {
@@ -251,11 +301,12 @@ func fleetView(h *History, cur Sample) Fleet {
 	sLabels := make([]string, len(samples))
 	phases := make([]Series, 0, len(fleetPhases()))
 
-	for _, ph := range fleetPhases() {
-		phases = append(phases, Series{Name: ph, Values: make([]int, len(samples))})
+	for i, ph := range fleetPhases() {
+		phases = append(phases, Series{Name: ph, Values: make([]int, len(samples)), First: otherColours + i})
 	}
 
-	online := []Series{{Name: "online", Values: make([]int, len(samples))}, {Name: "all sites", Values: make([]int, len(samples))}}
+	// all sites dashed and drawn first: online is drawn over it, and shows where the two are equal
+	online := []Series{{Name: "online", Values: make([]int, len(samples)), First: sitesColour}, {Name: "all sites", Values: make([]int, len(samples)), Dashed: true}}
 
 	for i, s := range samples {
 		sLabels[i] = s.At.UTC().Format("15:04")

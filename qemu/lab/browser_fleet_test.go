@@ -63,6 +63,10 @@ func TestStatusPagesBMCSilentInBrowser(t *testing.T) {
 	})
 	book.Summarize(pageM2, lifecycle.MachineSummary{Site: "site-1", Phase: lifecycle.PhaseReady, Power: "on"})
 
+	// before anything booted: the boots plot's legend is on the page, no bar
+	before := filepath.Join(t.TempDir(), "before.png")
+	require.NoError(t, b.Screenshot(ctx, srv.URL+"/status/", before))
+
 	for _, id := range []string{pageM1, pageM2} {
 		require.NoError(t, book.HandleEvent(ctx, "site-1", &bootpb.Event{Kind: &bootpb.Event_BootServed{
 			BootServed: &bootpb.BootServed{Uuid: id, Mode: "agent"},
@@ -101,6 +105,8 @@ func TestStatusPagesBMCSilentInBrowser(t *testing.T) {
 	shot := filepath.Join(t.TempDir(), "fleet.png")
 	require.NoError(t, b.Screenshot(ctx, srv.URL+"/status/", shot))
 	require.NoError(t, lab.CheckFleetScreenshot(shot, plots, lab.FleetPlots...))
+	require.ErrorContains(t, lab.CheckFleetScreenshot(before, plots, "plot-boots", "plot-failures"), "plot plot-boots shows 0 pixels",
+		"a legend alone is not a plot")
 
 	// the BMC answers again: the lifecycle reads its power, the edge's watch reports it
 	book.Summarize(pageM1, lifecycle.MachineSummary{Site: "site-1", Phase: lifecycle.PhaseReady, Power: "on", BMCAddress: "10.0.0.9", BMCProtocol: "ipmi"})
