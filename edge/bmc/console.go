@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"time"
 
@@ -107,6 +108,7 @@ func (s *ConsoleService) Attach(stream consolepb.Console_AttachServer) error {
 	}
 
 	t, c := fromProto(open.GetTarget())
+	operator := operatorName(open.GetOperator())
 	key := open.GetTarget().GetMachineId()
 	if key == "" {
 		key = t.String()
@@ -116,10 +118,10 @@ func (s *ConsoleService) Attach(stream consolepb.Console_AttachServer) error {
 	if open.GetWrite() {
 		mode = "write"
 
-		release, err := s.hold(key, open.GetOperator())
+		release, err := s.hold(key, operator)
 		if err != nil {
 			s.sessions.WithLabelValues(mode, "refused").Inc()
-			s.log.Info("console writer refused", zap.String("machine_id", key), zap.String("operator", open.GetOperator()), zap.Error(err))
+			s.log.Info("console writer refused", zap.String("machine_id", key), zap.String("operator", operator), zap.Error(err))
 
 			return status.Error(codes.FailedPrecondition, fmt.Sprintf("console of %s: %v", key, err))
 		}
@@ -156,7 +158,7 @@ func (s *ConsoleService) Attach(stream consolepb.Console_AttachServer) error {
 	}
 
 	s.sessions.WithLabelValues(mode, result).Inc()
-	s.log.Info("console session ended", zap.String("machine_id", key), zap.String("operator", open.GetOperator()),
+	s.log.Info("console session ended", zap.String("machine_id", key), zap.String("operator", operator),
 		zap.String("mode", mode), zap.Time("attached_at", start), zap.Duration("duration", s.now().Sub(start)),
 		zap.Int64("bytes_out", sess.out), zap.Int64("bytes_in", sess.in), zap.Int64("dropped_bytes", sess.droppedTotal), zap.Error(err))
 
@@ -369,4 +371,23 @@ func (c *consoleSession) close() {
 		c.closed = true
 		close(c.frames)
 	}
+}
+
+// operatorName is who an operator says it is, as the edge repeats it (to a second writer, in logs): at most 64
+// bytes of letters, digits and "@._-", anything else as "_"; "unknown" for nothing.
+func operatorName(s string) string {
+	const operatorChars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789@._-"
+
+	b := []byte(s[:min(len(s), 64)])
+	for i, c := range b {
+		if strings.IndexByte(operatorChars, c) < 0 {
+			b[i] = '_'
+		}
+	}
+
+	if len(b) == 0 {
+		return "unknown"
+	}
+
+	return string(b)
 }

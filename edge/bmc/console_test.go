@@ -2,6 +2,7 @@ package bmc_test
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -36,4 +37,33 @@ func TestConsoleFloodIsBounded(t *testing.T) {
 	queued, dropped = q.Drain()
 	require.Equal(t, 5, queued)
 	require.Zero(t, dropped)
+}
+
+func TestOperatorName(t *testing.T) {
+	t.Parallel()
+
+	for _, tc := range []struct{ name, in, want string }{
+		{name: "plain", in: "alice@noc-1.example", want: "alice@noc-1.example"},
+		{name: "empty", in: "", want: "unknown"},
+		{name: "terminal codes", in: "eve\x1b]0;owned\x07", want: "eve__0_owned_"},
+		{name: "long", in: strings.Repeat("a", 100), want: strings.Repeat("a", 64)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			require.Equal(t, tc.want, bmc.OperatorName(tc.in))
+		})
+	}
+}
+
+// FuzzOperatorName: whatever an operator calls itself, the edge repeats at most 64 harmless bytes.
+func FuzzOperatorName(f *testing.F) {
+	f.Add("alice@noc")
+	f.Add("\x1b[2J\xff")
+
+	f.Fuzz(func(t *testing.T, in string) {
+		got := bmc.OperatorName(in)
+		if len(got) == 0 || len(got) > 64 || strings.Trim(got, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789@._-") != "" {
+			t.Fatalf("operator name %q from %q", got, in)
+		}
+	})
 }

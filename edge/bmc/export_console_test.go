@@ -25,3 +25,6 @@ func (q ConsoleQueue) Drain() (queued int, dropped int64) {
 		}
 	}
 }
+
+// OperatorName is operatorName, for its tests.
+var OperatorName = operatorName
