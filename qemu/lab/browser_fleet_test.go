@@ -90,6 +90,11 @@ func TestStatusPagesBMCSilentInBrowser(t *testing.T) {
 	require.True(t, strings.HasPrefix(now[pageM1].Text, "BMC 10.0.0.9 not answering since "), now[pageM1].Text)
 	require.False(t, now[pageM2].Problem, "%+v", now)
 
+	if dir := os.Getenv("OUTPOST_KEEP_SCREENSHOTS"); dir != "" { // for a look at the pages while the BMC is silent
+		require.NoError(t, b.Screenshot(ctx, srv.URL+"/status/machines", filepath.Join(dir, "machines-bmc-silent.png")))
+		require.NoError(t, b.Screenshot(ctx, srv.URL+"/status/machines/"+pageM1, filepath.Join(dir, "machine-bmc-silent.png")))
+	}
+
 	dom, err = b.DumpDOM(ctx, srv.URL+"/status/machines/"+pageM1)
 	require.NoError(t, err)
 	require.Contains(t, string(dom), "BMC 10.0.0.9 not answering")
