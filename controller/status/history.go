@@ -41,10 +41,16 @@ type Sample struct {
 
 // Hour is one hour of boots and failures.
 type Hour struct {
-	Start    time.Time
-	Boots    map[string]int
+	Start time.Time
+	// Boots counts the boots of each kind.
+	Boots map[string]int
+	// Failures counts the machines that failed for each reason (a machine once per reason: a BMC silent for
+	// the hour is one failure, not one per retry).
 	Failures map[string]int
 }
+
+// maxFailedPerHour bounds the machines an hour remembers as failed (beyond it every failure counts).
+const maxFailedPerHour = 1 << 14
 
 // History is the controller's own recent history of its fleet, in memory only: boots and failures per hour (by
 // kind and by reason, from the machines' timelines) for HistoryHours, and samples of machines by phase and sites
@@ -54,8 +60,11 @@ type History struct {
 	now   func() time.Time
 	start time.Time
 
-	mu      sync.Mutex
-	hours   [HistoryHours]Hour
+	mu    sync.Mutex
+	hours [HistoryHours]Hour
+	// failed are the machine and reason pairs counted in the current and the previous hour (older hours count
+	// what comes late without them).
+	failed  map[time.Time]map[string]struct{}
 	samples []Sample
 	next    int // where the next sample goes once the ring is full
 }
@@ -79,9 +88,9 @@ func NewHistory(opts HistoryOptions, now func() time.Time) *History {
 func (h *History) Start() time.Time { return h.start }
 
 // Observe counts one timeline entry (timeline.Book.Observe): a boot script served is a boot, an error a failure
-// by reason. Entries from before the history began (loaded from Omni, or an edge's journal catching up) or older
-// than HistoryHours are not counted.
-func (h *History) Observe(_ string, e timeline.Entry) {
+// of the machine by reason. Entries from before the history began (loaded from Omni, or an edge's journal catching
+// up) or older than HistoryHours are not counted.
+func (h *History) Observe(machineID, _ string, e timeline.Entry) {
 	boot := bootKind(e)
 	reason := ""
 
@@ -112,9 +121,42 @@ func (h *History) Observe(_ string, e timeline.Entry) {
 		b.Boots[boot]++
 	}
 
-	if reason != "" {
+	if reason != "" && h.firstFailure(hour, machineID+"/"+reason) {
 		b.Failures[reason]++
 	}
+}
+
+// firstFailure reports whether key (machine and reason) failed for the first time in hour; h.mu is held.
+func (h *History) firstFailure(hour time.Time, key string) bool {
+	if h.failed == nil {
+		h.failed = map[time.Time]map[string]struct{}{}
+	}
+
+	seen, ok := h.failed[hour]
+	if !ok {
+		for t := range h.failed { // the current hour and the one before are kept
+			if hour.Sub(t) > time.Hour {
+				delete(h.failed, t)
+			}
+		}
+
+		if len(h.failed) >= 2 {
+			return true
+		}
+
+		seen = map[string]struct{}{}
+		h.failed[hour] = seen
+	}
+
+	if _, dup := seen[key]; dup {
+		return false
+	}
+
+	if len(seen) < maxFailedPerHour {
+		seen[key] = struct{}{}
+	}
+
+	return true
 }
 
 // bootKind is the boot an entry says happened ("" none).

@@ -44,16 +44,16 @@ func TestHistoryCountsBootsAndFailuresPerHour(t *testing.T) {
 	c := &clock{t: time.Date(2026, 12, 4, 10, 30, 0, 0, time.UTC)}
 	h := status.NewHistory(status.HistoryOptions{}, c.Now)
 
-	h.Observe("s", timeline.Entry{At: c.Now(), Kind: timeline.KindInstallPlan, Text: "install plan served"})
-	h.Observe("s", timeline.Entry{At: c.Now(), Kind: timeline.KindBootServed, Text: "boot script served: agent mode"})
-	h.Observe("s", timeline.Entry{At: c.Now(), Kind: timeline.KindPower, Text: "BMC not answering: i/o timeout", Error: true})
-	h.Observe("s", timeline.Entry{At: c.Now(), Kind: timeline.KindError, Text: "Power: power status of x at site s: site offline", Error: true})
-	h.Observe("s", timeline.Entry{At: c.Now(), Kind: timeline.KindPhase, Text: "ready → installing"}) // neither
-	h.Observe("s", timeline.Entry{At: c.Now().Add(-time.Hour), Kind: timeline.KindDiskBoot, Text: "loaded: before the start"})
+	h.Observe("m1", "s", timeline.Entry{At: c.Now(), Kind: timeline.KindInstallPlan, Text: "install plan served"})
+	h.Observe("m1", "s", timeline.Entry{At: c.Now(), Kind: timeline.KindBootServed, Text: "boot script served: agent mode"})
+	h.Observe("m1", "s", timeline.Entry{At: c.Now(), Kind: timeline.KindPower, Text: "BMC not answering: i/o timeout", Error: true})
+	h.Observe("m1", "s", timeline.Entry{At: c.Now(), Kind: timeline.KindError, Text: "Power: power status of x at site s: site offline", Error: true})
+	h.Observe("m1", "s", timeline.Entry{At: c.Now(), Kind: timeline.KindPhase, Text: "ready → installing"}) // neither
+	h.Observe("m1", "s", timeline.Entry{At: c.Now().Add(-time.Hour), Kind: timeline.KindDiskBoot, Text: "loaded: before the start"})
 
 	c.Add(time.Hour)
-	h.Observe("s", timeline.Entry{At: c.Now(), Kind: timeline.KindDiskBoot, Text: "told to boot from its disk"})
-	h.Observe("s", timeline.Entry{At: c.Now(), Kind: timeline.KindAssetFetch, Text: "download of vmlinuz stopped", Error: true})
+	h.Observe("m1", "s", timeline.Entry{At: c.Now(), Kind: timeline.KindDiskBoot, Text: "told to boot from its disk"})
+	h.Observe("m1", "s", timeline.Entry{At: c.Now(), Kind: timeline.KindAssetFetch, Text: "download of vmlinuz stopped", Error: true})
 
 	hours := h.Hours()
 	require.Len(t, hours, status.HistoryHours)
@@ -164,4 +164,26 @@ func httptestServer(t *testing.T, h http.Handler) *httptest.Server {
 	t.Cleanup(srv.Close)
 
 	return srv
+}
+
+// A machine failing again and again for one reason is one failure an hour, not one per retry.
+func TestHistoryCountsFailedMachines(t *testing.T) {
+	t.Parallel()
+
+	c := &clock{t: time.Date(2026, 12, 4, 10, 5, 0, 0, time.UTC)}
+	h := status.NewHistory(status.HistoryOptions{}, c.Now)
+	silent := timeline.Entry{Kind: timeline.KindPower, Text: "BMC not answering: i/o timeout", Error: true}
+	offline := timeline.Entry{Kind: timeline.KindError, Text: "Power: site offline", Error: true}
+
+	for range 70 {
+		silent.At, offline.At = c.Now(), c.Now()
+		h.Observe("m1", "s", silent)
+		h.Observe("m1", "s", offline)
+		h.Observe("m2", "s", silent)
+		c.Add(time.Minute) // into the next hour after 55 minutes, 15 minutes in it
+	}
+
+	hours := h.Hours()
+	require.Equal(t, map[string]int{status.ReasonBMC: 2, status.ReasonSiteOffline: 1}, hours[len(hours)-2].Failures)
+	require.Equal(t, map[string]int{status.ReasonBMC: 2, status.ReasonSiteOffline: 1}, hours[len(hours)-1].Failures, "counted again in a new hour")
 }

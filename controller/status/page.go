@@ -83,7 +83,7 @@ func NewPages(opts Options) (*Pages, error) {
 
 	// the timelines say what booted and what failed as it happens
 	if o, ok := opts.Machines.(interface {
-		Observe(f func(site string, e timeline.Entry))
+		Observe(f func(machineID, site string, e timeline.Entry))
 	}); ok {
 		o.Observe(p.history.Observe)
 	}

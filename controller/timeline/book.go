@@ -139,7 +139,7 @@ type Book struct {
 	changed chan struct{}
 	version uint64
 	// observers see every entry added to a machine's timeline (Observe).
-	observers []func(site string, e Entry)
+	observers []func(machineID, site string, e Entry)
 }
 
 type machine struct {
@@ -296,10 +296,10 @@ func (b *Book) appendLocked(m *machine, e Entry) {
 	b.touchLocked(m)
 }
 
-// Observe has f called with every entry added to a machine's timeline from now on, repeats included, and the
-// machine's site ("" when unknown): the status pages' fleet history counts boots and failures from them. f
+// Observe has f called with every entry added to a machine's timeline from now on, repeats included, with the
+// machine and its site ("" when unknown): the status pages' fleet history counts boots and failures from them. f
 // runs under the book's lock: it must be quick and must not call the book.
-func (b *Book) Observe(f func(site string, e Entry)) {
+func (b *Book) Observe(f func(machineID, site string, e Entry)) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 
@@ -308,7 +308,7 @@ func (b *Book) Observe(f func(site string, e Entry)) {
 
 func (b *Book) observeLocked(m *machine, e Entry) {
 	for _, f := range b.observers {
-		f(m.Site, e)
+		f(m.ID, m.Site, e)
 	}
 }
 

@@ -23,11 +23,15 @@ func TestObserveAndFirst(t *testing.T) {
 		e    timeline.Entry
 	}
 
+	const id = "0e5a1ab0-0000-4000-8000-0000000fa001"
+
 	var got []seen
 
-	book.Observe(func(site string, e timeline.Entry) { got = append(got, seen{site, e}) })
+	book.Observe(func(machineID, site string, e timeline.Entry) {
+		require.Equal(t, id, machineID)
 
-	const id = "0e5a1ab0-0000-4000-8000-0000000fa001"
+		got = append(got, seen{site, e})
+	})
 
 	book.Summarize(id, lifecycle.MachineSummary{Site: "s1", Phase: lifecycle.PhaseReady})
 
