@@ -322,7 +322,7 @@ func fleetView(h *History, cur Sample) Fleet {
 
 	return Fleet{Since: h.Start(), Plots: []Plot{
 		barPlot("plot-boots", "Boots per hour, by what the edge served", labels, boots, true),
-		barPlot("plot-failures", "Failures per hour, by reason", labels, fails, true),
+		barPlot("plot-failures", "Machines failing per hour, by reason", labels, fails, true),
 		linePlot("plot-phases", "Machines by phase", sLabels, phases),
 		linePlot("plot-sites", "Sites online", sLabels, online),
 	}}
