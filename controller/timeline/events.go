@@ -154,6 +154,8 @@ func (b *Book) HandleEvent(_ context.Context, site string, e *bootpb.Event) erro
 		}
 
 		b.machineEvent(site, p.GetMachineId(), entry, nil)
+	case *bootpb.Event_ConsoleSession:
+		b.machineEvent(site, k.ConsoleSession.GetMachineId(), consoleEntry(at, k.ConsoleSession), nil)
 	default:
 		b.metrics.refused.WithLabelValues("unknown_event").Inc()
 	}

@@ -248,7 +248,7 @@ func (b *builder) newBMCs(context.Context) error {
 	b.run("bmc sessions", bmcs.Run)
 	b.run("bmc watcher", watcher.Run)
 	b.bmcAPI = bmc.NewService(bmcs).WithWatcher(watcher).WithBootEnded(b.tunnels.EndBoot)
-	b.console = bmc.NewConsoleService(bmcs)
+	b.console = bmc.NewConsoleService(bmcs).WithJournal(b.events.rec)
 	b.metrics.MustRegister(b.console.Collectors()...)
 
 	return nil

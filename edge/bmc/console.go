@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/outpost-metal/outpost/edge/bmc/ipmi"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 	consolepb "github.com/outpost-metal/outpost/shared/api/console"
 )
 
@@ -38,9 +39,10 @@ var ErrConsoleHeld = errors.New("console is held for writing")
 type ConsoleService struct {
 	consolepb.UnimplementedConsoleServer
 
-	m   *Manager
-	log *zap.Logger
-	now func() time.Time
+	m       *Manager
+	log     *zap.Logger
+	now     func() time.Time
+	journal ConsoleJournal
 
 	mu      sync.Mutex
 	writers map[string]writer
@@ -66,6 +68,25 @@ func NewConsoleService(m *Manager) *ConsoleService {
 			Name: "outpost_edge_console_dropped_bytes_total",
 			Help: "Serial console output bytes dropped because a session's reader fell behind.",
 		}),
+	}
+}
+
+// ConsoleJournal takes the edge's journal entries (journal.Recorder); Record must not block.
+type ConsoleJournal interface {
+	Record(e *bootpb.Event)
+}
+
+// WithJournal makes the service journal every session's end and every refused writer to j.
+func (s *ConsoleService) WithJournal(j ConsoleJournal) *ConsoleService {
+	s.journal = j
+
+	return s
+}
+
+// record journals a session.
+func (s *ConsoleService) record(c *bootpb.ConsoleSession) {
+	if s.journal != nil {
+		s.journal.Record(&bootpb.Event{Kind: &bootpb.Event_ConsoleSession{ConsoleSession: c}})
 	}
 }
 
@@ -122,6 +143,7 @@ func (s *ConsoleService) Attach(stream consolepb.Console_AttachServer) error {
 		if err != nil {
 			s.sessions.WithLabelValues(mode, "refused").Inc()
 			s.log.Info("console writer refused", zap.String("machine_id", key), zap.String("operator", operator), zap.Error(err))
+			s.record(&bootpb.ConsoleSession{MachineId: key, Operator: operator, Write: true, Result: "refused"})
 
 			return status.Error(codes.FailedPrecondition, fmt.Sprintf("console of %s: %v", key, err))
 		}
@@ -158,9 +180,15 @@ func (s *ConsoleService) Attach(stream consolepb.Console_AttachServer) error {
 	}
 
 	s.sessions.WithLabelValues(mode, result).Inc()
+	out, in, dropped := sess.counts()
+	s.record(&bootpb.ConsoleSession{
+		MachineId: key, Operator: operator, Write: open.GetWrite(), Result: result,
+		DurationMs: uint64(max(s.now().Sub(start).Milliseconds(), 0)),
+		BytesOut:   uint64(max(out, 0)), BytesIn: uint64(max(in, 0)), DroppedBytes: uint64(max(dropped, 0)),
+	})
 	s.log.Info("console session ended", zap.String("machine_id", key), zap.String("operator", operator),
 		zap.String("mode", mode), zap.Time("attached_at", start), zap.Duration("duration", s.now().Sub(start)),
-		zap.Int64("bytes_out", sess.out), zap.Int64("bytes_in", sess.in), zap.Int64("dropped_bytes", sess.droppedTotal), zap.Error(err))
+		zap.Int64("bytes_out", out), zap.Int64("bytes_in", in), zap.Int64("dropped_bytes", dropped), zap.Error(err))
 
 	if _, ok := status.FromError(err); ok && err != nil {
 		return err
@@ -361,6 +389,14 @@ func (c *consoleSession) takeDropped() int64 {
 	c.dropped = 0
 
 	return d
+}
+
+// counts returns the bytes sent to the operator, typed and dropped so far.
+func (c *consoleSession) counts() (out, in, dropped int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+
+	return c.out, c.in, c.droppedTotal
 }
 
 func (c *consoleSession) close() {

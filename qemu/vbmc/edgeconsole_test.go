@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,8 +17,29 @@ import (
 	"github.com/outpost-metal/outpost/edge/bmc"
 	"github.com/outpost-metal/outpost/qemu/vbmc"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 	consolepb "github.com/outpost-metal/outpost/shared/api/console"
 )
+
+// consoleJournal is the edge's journal as the console service writes it.
+type consoleJournal struct {
+	mu     sync.Mutex
+	events []*bootpb.ConsoleSession
+}
+
+func (j *consoleJournal) Record(e *bootpb.Event) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+
+	j.events = append(j.events, e.GetConsoleSession())
+}
+
+func (j *consoleJournal) sessions() []*bootpb.ConsoleSession {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+
+	return append([]*bootpb.ConsoleSession(nil), j.events...)
+}
 
 // consoleClient is an operator attached to the edge's console service.
 type consoleClient struct {
@@ -84,7 +106,8 @@ func TestEdgeConsoleOverSOL(t *testing.T) {
 	b.SetConsole(c)
 	guest := echoGuest(t, c)
 
-	svc := bmc.NewConsoleService(newManager(t, nil, time.Now))
+	journal := &consoleJournal{}
+	svc := bmc.NewConsoleService(newManager(t, nil, time.Now)).WithJournal(journal)
 	srv := grpc.NewServer()
 	svc.Register(srv)
 
@@ -117,6 +140,16 @@ func TestEdgeConsoleOverSOL(t *testing.T) {
 	require.NoError(t, w.stream.CloseSend())
 	require.Error(t, <-w.done)
 	w.done <- nil // for its cleanup
+
+	// Both are journaled at the edge: the refusal, and the writer's session with what it typed.
+	waitFor(t, "the writer's session journaled", func() bool { return len(journal.sessions()) == 2 })
+	got := journal.sessions()
+	require.Equal(t, "refused", got[0].GetResult())
+	require.Equal(t, "bob", got[0].GetOperator())
+	require.Equal(t, "ok", got[1].GetResult())
+	require.Equal(t, "alice", got[1].GetOperator())
+	require.Equal(t, uint64(len("hello-edge\n")), got[1].GetBytesIn())
+	require.Positive(t, got[1].GetBytesOut())
 
 	var r *consoleClient
 

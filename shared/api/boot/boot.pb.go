@@ -1498,6 +1498,7 @@ type Event struct {
 	//	*Event_AgentTunnel
 	//	*Event_TunnelRefused
 	//	*Event_PowerChanged
+	//	*Event_ConsoleSession
 	Kind          isEvent_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1617,6 +1618,15 @@ func (x *Event) GetPowerChanged() *PowerChanged {
 	return nil
 }
 
+func (x *Event) GetConsoleSession() *ConsoleSession {
+	if x != nil {
+		if x, ok := x.Kind.(*Event_ConsoleSession); ok {
+			return x.ConsoleSession
+		}
+	}
+	return nil
+}
+
 type isEvent_Kind interface {
 	isEvent_Kind()
 }
@@ -1649,6 +1659,10 @@ type Event_PowerChanged struct {
 	PowerChanged *PowerChanged `protobuf:"bytes,40,opt,name=power_changed,json=powerChanged,proto3,oneof"`
 }
 
+type Event_ConsoleSession struct {
+	ConsoleSession *ConsoleSession `protobuf:"bytes,41,opt,name=console_session,json=consoleSession,proto3,oneof"`
+}
+
 func (*Event_DhcpSeen) isEvent_Kind() {}
 
 func (*Event_PxeSeen) isEvent_Kind() {}
@@ -1662,6 +1676,112 @@ func (*Event_AgentTunnel) isEvent_Kind() {}
 func (*Event_TunnelRefused) isEvent_Kind() {}
 
 func (*Event_PowerChanged) isEvent_Kind() {}
+
+func (*Event_ConsoleSession) isEvent_Kind() {}
+
+// ConsoleSession: an operator's serial console session of a machine ended, or a second writer was refused.
+type ConsoleSession struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	MachineId string                 `protobuf:"bytes,1,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
+	// operator is who attached, as the edge repeats it (at most 64 bytes of letters, digits and "@._-").
+	Operator string `protobuf:"bytes,2,opt,name=operator,proto3" json:"operator,omitempty"`
+	Write    bool   `protobuf:"varint,3,opt,name=write,proto3" json:"write,omitempty"`
+	// result is "ok", "refused" (another writer held the console) or "failed" (the BMC's SOL did not serve it).
+	Result     string `protobuf:"bytes,4,opt,name=result,proto3" json:"result,omitempty"`
+	DurationMs uint64 `protobuf:"varint,5,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	// bytes_out is console output sent to the operator, bytes_in input typed, dropped_bytes output a slow reader lost.
+	BytesOut      uint64 `protobuf:"varint,6,opt,name=bytes_out,json=bytesOut,proto3" json:"bytes_out,omitempty"`
+	BytesIn       uint64 `protobuf:"varint,7,opt,name=bytes_in,json=bytesIn,proto3" json:"bytes_in,omitempty"`
+	DroppedBytes  uint64 `protobuf:"varint,8,opt,name=dropped_bytes,json=droppedBytes,proto3" json:"dropped_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConsoleSession) Reset() {
+	*x = ConsoleSession{}
+	mi := &file_shared_api_boot_boot_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConsoleSession) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConsoleSession) ProtoMessage() {}
+
+func (x *ConsoleSession) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_boot_boot_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConsoleSession.ProtoReflect.Descriptor instead.
+func (*ConsoleSession) Descriptor() ([]byte, []int) {
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ConsoleSession) GetMachineId() string {
+	if x != nil {
+		return x.MachineId
+	}
+	return ""
+}
+
+func (x *ConsoleSession) GetOperator() string {
+	if x != nil {
+		return x.Operator
+	}
+	return ""
+}
+
+func (x *ConsoleSession) GetWrite() bool {
+	if x != nil {
+		return x.Write
+	}
+	return false
+}
+
+func (x *ConsoleSession) GetResult() string {
+	if x != nil {
+		return x.Result
+	}
+	return ""
+}
+
+func (x *ConsoleSession) GetDurationMs() uint64 {
+	if x != nil {
+		return x.DurationMs
+	}
+	return 0
+}
+
+func (x *ConsoleSession) GetBytesOut() uint64 {
+	if x != nil {
+		return x.BytesOut
+	}
+	return 0
+}
+
+func (x *ConsoleSession) GetBytesIn() uint64 {
+	if x != nil {
+		return x.BytesIn
+	}
+	return 0
+}
+
+func (x *ConsoleSession) GetDroppedBytes() uint64 {
+	if x != nil {
+		return x.DroppedBytes
+	}
+	return 0
+}
 
 // PowerChanged: a watched BMC reported a power state other than the last one journaled for the machine (or
 // its first), or stopped answering.
@@ -1677,7 +1797,7 @@ type PowerChanged struct {
 
 func (x *PowerChanged) Reset() {
 	*x = PowerChanged{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[15]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1689,7 +1809,7 @@ func (x *PowerChanged) String() string {
 func (*PowerChanged) ProtoMessage() {}
 
 func (x *PowerChanged) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[15]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1702,7 +1822,7 @@ func (x *PowerChanged) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerChanged.ProtoReflect.Descriptor instead.
 func (*PowerChanged) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{15}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PowerChanged) GetMachineId() string {
@@ -1746,7 +1866,7 @@ type DHCPSeen struct {
 
 func (x *DHCPSeen) Reset() {
 	*x = DHCPSeen{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[16]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1758,7 +1878,7 @@ func (x *DHCPSeen) String() string {
 func (*DHCPSeen) ProtoMessage() {}
 
 func (x *DHCPSeen) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[16]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1771,7 +1891,7 @@ func (x *DHCPSeen) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DHCPSeen.ProtoReflect.Descriptor instead.
 func (*DHCPSeen) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{16}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DHCPSeen) GetMac() string {
@@ -1831,7 +1951,7 @@ type PXESeen struct {
 
 func (x *PXESeen) Reset() {
 	*x = PXESeen{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[17]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1843,7 +1963,7 @@ func (x *PXESeen) String() string {
 func (*PXESeen) ProtoMessage() {}
 
 func (x *PXESeen) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[17]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1856,7 +1976,7 @@ func (x *PXESeen) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PXESeen.ProtoReflect.Descriptor instead.
 func (*PXESeen) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{17}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PXESeen) GetRemoteIp() string {
@@ -1904,7 +2024,7 @@ type AssetFetch struct {
 
 func (x *AssetFetch) Reset() {
 	*x = AssetFetch{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[18]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1916,7 +2036,7 @@ func (x *AssetFetch) String() string {
 func (*AssetFetch) ProtoMessage() {}
 
 func (x *AssetFetch) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[18]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1929,7 +2049,7 @@ func (x *AssetFetch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssetFetch.ProtoReflect.Descriptor instead.
 func (*AssetFetch) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{18}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AssetFetch) GetRemoteIp() string {
@@ -1995,7 +2115,7 @@ type BootServed struct {
 
 func (x *BootServed) Reset() {
 	*x = BootServed{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[19]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2007,7 +2127,7 @@ func (x *BootServed) String() string {
 func (*BootServed) ProtoMessage() {}
 
 func (x *BootServed) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[19]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2020,7 +2140,7 @@ func (x *BootServed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootServed.ProtoReflect.Descriptor instead.
 func (*BootServed) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{19}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *BootServed) GetUuid() string {
@@ -2119,7 +2239,7 @@ type TunnelRefused struct {
 
 func (x *TunnelRefused) Reset() {
 	*x = TunnelRefused{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[20]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2131,7 +2251,7 @@ func (x *TunnelRefused) String() string {
 func (*TunnelRefused) ProtoMessage() {}
 
 func (x *TunnelRefused) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[20]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2144,7 +2264,7 @@ func (x *TunnelRefused) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelRefused.ProtoReflect.Descriptor instead.
 func (*TunnelRefused) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{20}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *TunnelRefused) GetMachineId() string {
@@ -2186,7 +2306,7 @@ type AgentTunnel struct {
 
 func (x *AgentTunnel) Reset() {
 	*x = AgentTunnel{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[21]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2198,7 +2318,7 @@ func (x *AgentTunnel) String() string {
 func (*AgentTunnel) ProtoMessage() {}
 
 func (x *AgentTunnel) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[21]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2211,7 +2331,7 @@ func (x *AgentTunnel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentTunnel.ProtoReflect.Descriptor instead.
 func (*AgentTunnel) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{21}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AgentTunnel) GetMachineId() string {
@@ -2346,7 +2466,7 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"journal_id\x18\x01 \x01(\tR\tjournalId\x12+\n" +
 	"\x06events\x18\x02 \x03(\v2\x13.outpost.boot.EventR\x06events\"'\n" +
 	"\x0fPublishResponse\x12\x14\n" +
-	"\x05acked\x18\x01 \x01(\x04R\x05acked\"\x89\x04\n" +
+	"\x05acked\x18\x01 \x01(\x04R\x05acked\"\xd2\x04\n" +
 	"\x05Event\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\x04R\bsequence\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x125\n" +
@@ -2359,8 +2479,20 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"assetFetch\x12>\n" +
 	"\fagent_tunnel\x18\x14 \x01(\v2\x19.outpost.boot.AgentTunnelH\x00R\vagentTunnel\x12D\n" +
 	"\x0etunnel_refused\x18\x15 \x01(\v2\x1b.outpost.boot.TunnelRefusedH\x00R\rtunnelRefused\x12A\n" +
-	"\rpower_changed\x18( \x01(\v2\x1a.outpost.boot.PowerChangedH\x00R\fpowerChangedB\x06\n" +
-	"\x04kind\"Y\n" +
+	"\rpower_changed\x18( \x01(\v2\x1a.outpost.boot.PowerChangedH\x00R\fpowerChanged\x12G\n" +
+	"\x0fconsole_session\x18) \x01(\v2\x1c.outpost.boot.ConsoleSessionH\x00R\x0econsoleSessionB\x06\n" +
+	"\x04kind\"\xf7\x01\n" +
+	"\x0eConsoleSession\x12\x1d\n" +
+	"\n" +
+	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x1a\n" +
+	"\boperator\x18\x02 \x01(\tR\boperator\x12\x14\n" +
+	"\x05write\x18\x03 \x01(\bR\x05write\x12\x16\n" +
+	"\x06result\x18\x04 \x01(\tR\x06result\x12\x1f\n" +
+	"\vduration_ms\x18\x05 \x01(\x04R\n" +
+	"durationMs\x12\x1b\n" +
+	"\tbytes_out\x18\x06 \x01(\x04R\bbytesOut\x12\x19\n" +
+	"\bbytes_in\x18\a \x01(\x04R\abytesIn\x12#\n" +
+	"\rdropped_bytes\x18\b \x01(\x04R\fdroppedBytes\"Y\n" +
 	"\fPowerChanged\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x14\n" +
@@ -2469,7 +2601,7 @@ func file_shared_api_boot_boot_proto_rawDescGZIP() []byte {
 }
 
 var file_shared_api_boot_boot_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_shared_api_boot_boot_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_shared_api_boot_boot_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_shared_api_boot_boot_proto_goTypes = []any{
 	(Mode)(0),                     // 0: outpost.boot.Mode
 	(DiskMethod)(0),               // 1: outpost.boot.DiskMethod
@@ -2493,60 +2625,62 @@ var file_shared_api_boot_boot_proto_goTypes = []any{
 	(*PublishRequest)(nil),        // 19: outpost.boot.PublishRequest
 	(*PublishResponse)(nil),       // 20: outpost.boot.PublishResponse
 	(*Event)(nil),                 // 21: outpost.boot.Event
-	(*PowerChanged)(nil),          // 22: outpost.boot.PowerChanged
-	(*DHCPSeen)(nil),              // 23: outpost.boot.DHCPSeen
-	(*PXESeen)(nil),               // 24: outpost.boot.PXESeen
-	(*AssetFetch)(nil),            // 25: outpost.boot.AssetFetch
-	(*BootServed)(nil),            // 26: outpost.boot.BootServed
-	(*TunnelRefused)(nil),         // 27: outpost.boot.TunnelRefused
-	(*AgentTunnel)(nil),           // 28: outpost.boot.AgentTunnel
-	nil,                           // 29: outpost.boot.Table.AgentEntry
-	nil,                           // 30: outpost.boot.Delta.AgentEntry
-	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
+	(*ConsoleSession)(nil),        // 22: outpost.boot.ConsoleSession
+	(*PowerChanged)(nil),          // 23: outpost.boot.PowerChanged
+	(*DHCPSeen)(nil),              // 24: outpost.boot.DHCPSeen
+	(*PXESeen)(nil),               // 25: outpost.boot.PXESeen
+	(*AssetFetch)(nil),            // 26: outpost.boot.AssetFetch
+	(*BootServed)(nil),            // 27: outpost.boot.BootServed
+	(*TunnelRefused)(nil),         // 28: outpost.boot.TunnelRefused
+	(*AgentTunnel)(nil),           // 29: outpost.boot.AgentTunnel
+	nil,                           // 30: outpost.boot.Table.AgentEntry
+	nil,                           // 31: outpost.boot.Delta.AgentEntry
+	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
 }
 var file_shared_api_boot_boot_proto_depIdxs = []int32{
 	0,  // 0: outpost.boot.Plan.mode:type_name -> outpost.boot.Mode
 	1,  // 1: outpost.boot.Plan.disk_method:type_name -> outpost.boot.DiskMethod
 	9,  // 2: outpost.boot.Plan.install:type_name -> outpost.boot.Kernel
 	10, // 3: outpost.boot.Table.plans:type_name -> outpost.boot.Plan
-	29, // 4: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
+	30, // 4: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
 	2,  // 5: outpost.boot.Table.discovery:type_name -> outpost.boot.Discovery
 	12, // 6: outpost.boot.Table.dhcp:type_name -> outpost.boot.DHCP
 	3,  // 7: outpost.boot.DHCP.mode:type_name -> outpost.boot.DHCPMode
 	13, // 8: outpost.boot.DHCP.reservations:type_name -> outpost.boot.DHCPReservation
 	10, // 9: outpost.boot.Delta.upsert:type_name -> outpost.boot.Plan
-	30, // 10: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
+	31, // 10: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
 	2,  // 11: outpost.boot.Delta.discovery:type_name -> outpost.boot.Discovery
 	12, // 12: outpost.boot.Delta.dhcp:type_name -> outpost.boot.DHCP
 	11, // 13: outpost.boot.ApplyRequest.snapshot:type_name -> outpost.boot.Table
 	14, // 14: outpost.boot.ApplyRequest.delta:type_name -> outpost.boot.Delta
 	21, // 15: outpost.boot.PublishRequest.events:type_name -> outpost.boot.Event
-	31, // 16: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
-	23, // 17: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
-	24, // 18: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
-	26, // 19: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
-	25, // 20: outpost.boot.Event.asset_fetch:type_name -> outpost.boot.AssetFetch
-	28, // 21: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
-	27, // 22: outpost.boot.Event.tunnel_refused:type_name -> outpost.boot.TunnelRefused
-	22, // 23: outpost.boot.Event.power_changed:type_name -> outpost.boot.PowerChanged
-	4,  // 24: outpost.boot.DHCPSeen.firmware_class:type_name -> outpost.boot.FirmwareClass
-	5,  // 25: outpost.boot.BootServed.ipxe_arch:type_name -> outpost.boot.IPXEArch
-	6,  // 26: outpost.boot.BootServed.ipxe_platform:type_name -> outpost.boot.IPXEPlatform
-	9,  // 27: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
-	9,  // 28: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
-	7,  // 29: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
-	15, // 30: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
-	19, // 31: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
-	17, // 32: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
-	8,  // 33: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
-	16, // 34: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
-	20, // 35: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
-	18, // 36: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
-	33, // [33:37] is the sub-list for method output_type
-	29, // [29:33] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	32, // 16: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
+	24, // 17: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
+	25, // 18: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
+	27, // 19: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
+	26, // 20: outpost.boot.Event.asset_fetch:type_name -> outpost.boot.AssetFetch
+	29, // 21: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
+	28, // 22: outpost.boot.Event.tunnel_refused:type_name -> outpost.boot.TunnelRefused
+	23, // 23: outpost.boot.Event.power_changed:type_name -> outpost.boot.PowerChanged
+	22, // 24: outpost.boot.Event.console_session:type_name -> outpost.boot.ConsoleSession
+	4,  // 25: outpost.boot.DHCPSeen.firmware_class:type_name -> outpost.boot.FirmwareClass
+	5,  // 26: outpost.boot.BootServed.ipxe_arch:type_name -> outpost.boot.IPXEArch
+	6,  // 27: outpost.boot.BootServed.ipxe_platform:type_name -> outpost.boot.IPXEPlatform
+	9,  // 28: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
+	9,  // 29: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
+	7,  // 30: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
+	15, // 31: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
+	19, // 32: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
+	17, // 33: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
+	8,  // 34: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
+	16, // 35: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
+	20, // 36: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
+	18, // 37: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
+	34, // [34:38] is the sub-list for method output_type
+	30, // [30:34] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_boot_boot_proto_init() }
@@ -2566,6 +2700,7 @@ func file_shared_api_boot_boot_proto_init() {
 		(*Event_AgentTunnel)(nil),
 		(*Event_TunnelRefused)(nil),
 		(*Event_PowerChanged)(nil),
+		(*Event_ConsoleSession)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2573,7 +2708,7 @@ func file_shared_api_boot_boot_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_boot_boot_proto_rawDesc), len(file_shared_api_boot_boot_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -1,0 +1,33 @@
+package timeline_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outpost-metal/outpost/controller/timeline"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+)
+
+// An edge's journaled console sessions join the machine's timeline: who, read or write, how long, bytes.
+func TestConsoleSessionsInTimeline(t *testing.T) {
+	t.Parallel()
+
+	b := timeline.New(timeline.DefaultConfig(), newClock().Now)
+	bootOnce(t, b, m1)
+
+	for _, c := range []*bootpb.ConsoleSession{
+		{MachineId: m1, Operator: "alice@noc", Write: true, Result: "ok", DurationMs: 12_400, BytesOut: 3456, BytesIn: 12, DroppedBytes: 100},
+		{MachineId: m1, Operator: "bob@noc", Write: true, Result: "refused"},
+	} {
+		require.NoError(t, b.HandleEvent(t.Context(), "site-a", &bootpb.Event{Kind: &bootpb.Event_ConsoleSession{ConsoleSession: c}}))
+	}
+
+	rec, ok := b.Get(m1)
+	require.True(t, ok)
+
+	n := len(rec.Entries)
+	require.Equal(t, timeline.KindBMC, rec.Entries[n-2].Kind)
+	require.Equal(t, "serial console (read-write) by alice@noc: 12s, 3456 bytes out, 12 typed, 100 dropped for a slow reader", rec.Entries[n-2].Text)
+	require.Equal(t, "serial console writer bob@noc refused: another held it", rec.Entries[n-1].Text)
+}
