@@ -41,7 +41,7 @@ func (u *upperConsole) Attach(stream consolepb.Console_AttachServer) error {
 	for {
 		f, err := stream.Recv()
 		if err != nil {
-			return nil //nolint:nilerr // the operator detached
+			return nil // the operator detached
 		}
 
 		u.mu.Lock()

@@ -94,7 +94,7 @@ func (s *Consoles) Attach(stream consolepb.Console_AttachServer) error {
 		zap.String("operator", open.GetOperator()), zap.Bool("write", attached.GetAttached().GetWrite()))
 
 	if err := stream.Send(attached); err != nil {
-		return nil //nolint:nilerr // the operator left
+		return nil // the operator left
 	}
 
 	var in, out atomic.Int64
@@ -146,7 +146,7 @@ func (s *Consoles) relayInput(stream consolepb.Console_AttachServer, edge consol
 		}
 
 		if err := edge.Send(&consolepb.Input{Kind: &consolepb.Input_Data{Data: data}}); err != nil {
-			return nil //nolint:nilerr // the edge's end shows in relayOutput
+			return nil // the edge's end shows in relayOutput
 		}
 
 		n.Add(int64(len(data)))
@@ -166,7 +166,7 @@ func (s *Consoles) relayOutput(stream consolepb.Console_AttachServer, edge conso
 		}
 
 		if err := stream.Send(f); err != nil {
-			return nil //nolint:nilerr // the operator left
+			return nil // the operator left
 		}
 
 		n.Add(int64(len(f.GetData())))

@@ -59,7 +59,7 @@ func (e *fakeEdge) Attach(stream consolepb.Console_AttachServer) error {
 	for {
 		f, err := stream.Recv()
 		if err != nil {
-			return nil //nolint:nilerr // the operator left
+			return nil // the operator left
 		}
 
 		if err := stream.Send(&consolepb.Output{Kind: &consolepb.Output_Data{Data: bytes.ToUpper(f.GetData())}}); err != nil {

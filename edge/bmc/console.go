@@ -203,7 +203,7 @@ func (s *ConsoleService) Attach(stream consolepb.Console_AttachServer) error {
 
 func (s *ConsoleService) run(ctx context.Context, stream consolepb.Console_AttachServer, cl *ipmi.Client, sess *consoleSession, write bool) error {
 	if err := stream.Send(&consolepb.Output{Kind: &consolepb.Output_Attached{Attached: &consolepb.Attached{Write: write, Via: "ipmi-sol"}}}); err != nil {
-		return nil //nolint:nilerr // the operator left before the first frame
+		return nil // the operator left before the first frame
 	}
 
 	ctx, cancel := context.WithCancelCause(ctx)
