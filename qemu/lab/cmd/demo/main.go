@@ -6,8 +6,9 @@
 // it accepts every machine, allocates one per site, cuts a site's WAN for a minute and releases the allocated
 // machines. When its output is not a terminal it prints one plain line per change instead of the table.
 //
-// Run from a terminal it keeps the lab up after the scenario until Ctrl-C (-keep=false: it tears down at the
-// end); elsewhere it tears down at the end (-keep: it stays up until interrupted). Ctrl-C tears the lab down
+// Run from a terminal it keeps the lab up after the scenario until Ctrl-C, also when a step failed (the
+// failure is then its exit status; -keep=false: it tears down at the end); elsewhere it tears down at the end
+// (-keep: it stays up until interrupted). Ctrl-C tears the lab down
 // at any time. Against the real Omni, what only a real Talos gives it (information collection, hence
 // power-off after the cooldown; install events) does not happen and the timeline says why. When a real Omni
 // cannot be built or run here and OMNI is unset, it says why and uses the stand-in.
@@ -277,14 +278,20 @@ func run(ctx context.Context, cfg config, tty bool) error {
 				fmt.Printf("\n%s\n", cleanText(string(b)))
 			}
 
-			if err != nil || !cfg.Keep {
+			if !cfg.Keep {
 				return err
+			}
+
+			// A failed step is worth a look at the running lab too: it stays up either way, and the failure is
+			// the exit status once it is torn down.
+			if err != nil {
+				say("the scenario FAILED: " + clean(err.Error()))
 			}
 
 			say("scenario finished; the lab stays up (status page: " + status + "); Ctrl-C tears it down")
 			<-ctx.Done()
 
-			return nil
+			return err
 		case <-tick.C:
 			show(current.Load().(string)) // only strings are stored
 		}
