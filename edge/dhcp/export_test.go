@@ -28,3 +28,16 @@ func (st *LeaseState) Lease(mac [6]byte) (Lease, bool) {
 
 	return Lease{}, false
 }
+
+// NaksCounter exposes full mode's NAK counter of one reason to tests.
+func (s *Server) NaksCounter(reason DropReason) prometheus.Counter {
+	return s.naks.WithLabelValues(string(reason))
+}
+
+// LeaseCounts is what the lease gauges read: live bound leases, pending offers, addresses held back.
+func (s *Server) LeaseCounts() (bound, offered, heldBack int) { return s.leaseCounts() }
+
+// RequestsCounter exposes the request counter of one port role ("dhcp", "pxe") to tests.
+func (s *Server) RequestsCounter(role string) prometheus.Counter {
+	return s.requests.WithLabelValues(role)
+}

@@ -134,6 +134,13 @@ func (s *Server) answerFull(ctx context.Context, j job, pool *Pool, req *dhcpv4.
 			s.drop(d.Reason, nil, j.peer, req.ClientHWAddr)
 		}
 
+		if d.Reason == DropPoolExhausted {
+			s.exhausted.Do(func() {
+				s.log.Warn("dhcp pool exhausted: new clients get no address until a lease ends or is released",
+					zap.Int("pool_size", pool.Size()), zap.Stringer("refused_mac", req.ClientHWAddr))
+			})
+		}
+
 		s.logLease(d, req)
 
 		return true

@@ -304,7 +304,10 @@ func decideRequest(p *Pool, st *LeaseState, req *dhcpv4.DHCPv4, now time.Time, d
 		d.Action, d.Reason = ActNak, NakNotInPool
 	case st.isBad(ip, now):
 		d.Action, d.Reason = ActNak, NakDeclined
-	case l != nil && l.MAC != mac && l.live(now):
+	case l != nil && l.MAC != mac && l.live(now) && !l.Offered:
+		// Only a bound lease refuses: a pending offer to another (this client's own offer withdrawn for it
+		// under a DISCOVER flood) goes to the client that completes its exchange; the other is NAKed if it
+		// asks later.
 		d.Action, d.Reason = ActNak, NakLeasedToOther
 	default:
 		d.Action = ActAck

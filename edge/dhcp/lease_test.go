@@ -141,6 +141,20 @@ func TestDecideLease(t *testing.T) {
 		require.Equal(t, dhcp.ActForget, d.Action, "another server's offer taken: silence")
 	})
 
+	t.Run("a request for an address offered to another binds it; the other is NAKed", func(t *testing.T) {
+		t.Parallel()
+
+		st := dhcp.NewLeaseState()
+		d := step(t, p, st, msg(t, macB, dhcpv4.MessageTypeDiscover), t0)
+		require.Equal(t, "10.9.0.100", d.IP.String())
+
+		d = step(t, p, st, msg(t, macA, dhcpv4.MessageTypeRequest, requested("10.9.0.100"), serverID("10.9.0.2")), t0)
+		require.Equal(t, dhcp.ActAck, d.Action, "its own offer was withdrawn for the other's: the one that completes wins")
+
+		d = step(t, p, st, msg(t, macB, dhcpv4.MessageTypeRequest, requested("10.9.0.100"), serverID("10.9.0.2")), t0)
+		require.Equal(t, dhcp.NakLeasedToOther, d.Reason)
+	})
+
 	t.Run("decline holds the address back, release frees it, a stranger can do neither", func(t *testing.T) {
 		t.Parallel()
 

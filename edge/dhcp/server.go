@@ -199,6 +199,8 @@ type Server struct {
 	// counts them, and Serve waits for them before it returns.
 	probeSlots chan struct{}
 	probing    sync.WaitGroup
+	// exhausted paces the warning that the pool is exhausted (once a minute at most).
+	exhausted rate.Sometimes
 
 	mu   sync.Mutex
 	macs map[[6]byte]*macState
@@ -238,6 +240,7 @@ func New(cfg Config, logger *zap.Logger, deps Deps) (*Server, error) {
 		log:        logger.With(zap.String("component", "dhcp")),
 		deps:       deps,
 		probeSlots: make(chan struct{}, cfg.MaxProbes),
+		exhausted:  rate.Sometimes{Interval: time.Minute},
 		params: Params{
 			ServerIP: serverIP,
 			HTTPPort: cfg.HTTPPort,
@@ -278,6 +281,12 @@ func New(cfg Config, logger *zap.Logger, deps Deps) (*Server, error) {
 	leases := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "outpost_dhcp_leases", Help: "Live leases in full DHCP mode.",
 	}, func() float64 { b, _, _ := s.leaseCounts(); return float64(b) })
+	offers := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "outpost_dhcp_offers_pending", Help: "Offers in full DHCP mode not yet requested (each holds its address until it expires).",
+	}, func() float64 { _, o, _ := s.leaseCounts(); return float64(o) })
+	heldBack := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "outpost_dhcp_addresses_held_back", Help: "Pool addresses held back in full DHCP mode after a DECLINE or a probe that found them in use.",
+	}, func() float64 { _, _, b := s.leaseCounts(); return float64(b) })
 	poolFree := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "outpost_dhcp_pool_size", Help: "Addresses in the full DHCP mode pool (0 when the edge does not serve full mode).",
 	}, func() float64 {
@@ -288,7 +297,7 @@ func New(cfg Config, logger *zap.Logger, deps Deps) (*Server, error) {
 		return 0
 	})
 
-	for _, c := range []prometheus.Collector{s.requests, s.replies, s.drops, s.naks, s.leaseReplies, s.probeErrors, s.conflicts, leases, poolFree} {
+	for _, c := range []prometheus.Collector{s.requests, s.replies, s.drops, s.naks, s.leaseReplies, s.probeErrors, s.conflicts, leases, offers, heldBack, poolFree} {
 		if err := deps.Registerer.Register(c); err != nil {
 			return nil, fmt.Errorf("register dhcp metrics: %w", err)
 		}
