@@ -325,3 +325,39 @@ func TestFullModeDeclineStorm(t *testing.T) {
 		c.bind(t, clientMAC(5, i))
 	}
 }
+
+// Bad input: malformed options. None is answered, each is counted as a drop, and a client binds afterwards.
+func TestFullModeMalformedOptions(t *testing.T) {
+	needRoot(t)
+
+	seg := newSegment(t)
+	edge := seg.startEdge(t, t.TempDir(), fullSite("10.77.0.100", "10.77.0.110"))
+	defer edge.stop()
+
+	c := seg.newWireClient(t)
+
+	bad := malformedRequests(t, clientMAC(6, 1))
+	requests := testutil.ToFloat64(edge.srv.RequestsCounter("dhcp"))
+
+	for name, raw := range bad {
+		_, err := c.conn.WriteTo(raw, &net.UDPAddr{IP: net.IPv4bcast, Port: dhcpv4.ServerPort})
+		require.NoError(t, err, name)
+
+		var xid dhcpv4.TransactionID
+
+		copy(xid[:], raw[4:8])
+		require.Nil(t, c.await(t, xid, 300*time.Millisecond), "%s: answered", name)
+	}
+
+	require.InDelta(t, requests+float64(len(bad)), testutil.ToFloat64(edge.srv.RequestsCounter("dhcp")), 0, "each read")
+
+	var drops float64
+	for _, r := range []dhcp.DropReason{dhcp.DropMalformed, dhcp.DropUnexpectedFullMsg, dhcp.DropNoAddress} {
+		drops += testutil.ToFloat64(edge.srv.DropsCounter(r))
+		t.Logf("drops %s: %.0f", r, testutil.ToFloat64(edge.srv.DropsCounter(r)))
+	}
+
+	require.InDelta(t, len(bad), drops, 0, "each dropped with its reason")
+
+	require.Equal(t, "10.77.0.100", c.bind(t, clientMAC(6, 2)).String())
+}

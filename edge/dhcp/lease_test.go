@@ -310,6 +310,10 @@ func FuzzDecideLease(f *testing.F) {
 		f.Add(m.ToBytes())
 	}
 
+	for _, raw := range malformedRequests(f, macA) {
+		f.Add(raw)
+	}
+
 	pool, err := dhcp.NewPool(&bootpb.DHCP{
 		Mode: bootpb.DHCPMode_DHCP_MODE_FULL, Subnet: "10.9.0.0/24", PoolStart: "10.9.0.100", PoolEnd: "10.9.0.103",
 		Reservations: []*bootpb.DHCPReservation{{Mac: macR.String(), Ip: "10.9.0.42"}},
@@ -329,4 +333,29 @@ func FuzzDecideLease(f *testing.F) {
 			st.Apply(pool, dhcp.DefaultLeaseLimits(), d, t0)
 		}
 	})
+}
+
+// malformedRequests are requests from one MAC whose options are broken: each must get no reply, cost a drop
+// with its reason, and leave the server serving.
+func malformedRequests(t testing.TB, mac net.HardwareAddr) map[string][]byte {
+	t.Helper()
+
+	m, err := dhcpv4.New(dhcpv4.WithHwAddr(mac), dhcpv4.WithMessageType(dhcpv4.MessageTypeDiscover))
+	require.NoError(t, err)
+
+	header := m.ToBytes()[:240] // BOOTP header and magic cookie (RFC 2131 §3)
+
+	with := func(opts ...byte) []byte { return append(append([]byte{}, header...), opts...) }
+
+	badCookie := with(53, 1, 1, 255)
+	badCookie[236] = 0
+
+	return map[string][]byte{
+		"option overruns the packet":   with(53, 1, 1, 50, 200, 10, 77),
+		"message type of length zero":  with(53, 0, 255),
+		"message type unknown":         with(53, 1, 42, 255),
+		"requested address of 3 bytes": with(53, 1, 3, 50, 3, 10, 77, 0, 255),
+		"no magic cookie":              badCookie,
+		"no options at all":            header[:236],
+	}
 }
