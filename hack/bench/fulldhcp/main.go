@@ -37,7 +37,7 @@ func main() {
 	leaseSeconds := flag.Uint("lease-seconds", 3600, "lease time in seconds")
 	flag.Parse()
 
-	site.LeaseSeconds = uint32(min(*leaseSeconds, 1<<31)) //nolint:gosec // bounded just above
+	site.LeaseSeconds = uint32(min(*leaseSeconds, 1<<31)) // bounded just above
 
 	if err := run(cfg, site, state); err != nil {
 		fmt.Fprintln(os.Stderr, "fulldhcp:", err)
