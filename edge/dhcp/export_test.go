@@ -41,3 +41,11 @@ func (s *Server) LeaseCounts() (bound, offered, heldBack int) { return s.leaseCo
 func (s *Server) RequestsCounter(role string) prometheus.Counter {
 	return s.requests.WithLabelValues(role)
 }
+
+// Writes is how many times the store wrote its file.
+func (s *LeaseStore) Writes() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	return s.writes
+}

@@ -283,11 +283,23 @@ type storedBad struct {
 // LeaseStore is the lease state persisted in the edge's state directory: every change to bound leases or
 // held-back addresses is written atomically before the reply that depends on it is sent, so leases survive an
 // edge restart and a WAN cut (the site's settings come from the persisted boot table).
+//
+// Writes are committed in groups: while one write is under way, the changes made meanwhile wait and go out
+// together in the next one, so a rack powering on at once costs a few writes, not one per exchange.
 type LeaseStore struct {
 	path string
 
 	mu sync.Mutex
 	st *LeaseState
+	// changed counts the changes made to st; written is the count the file holds; failed is the count of the
+	// last write that failed, with its error. writing is set while a write is under way (mu released); saved
+	// is broadcast when it ends.
+	changed, written, failed uint64
+	failErr                  error
+	writing                  bool
+	saved                    *sync.Cond
+	// writes counts the writes made (tests: changes are grouped).
+	writes uint64
 }
 
 // OpenLeases loads the leases from dir (none when the file is absent). A file that does not decode is moved
@@ -298,6 +310,7 @@ func OpenLeases(dir string, log *zap.Logger) (*LeaseStore, error) {
 	}
 
 	s := &LeaseStore{path: filepath.Join(dir, LeaseFileName), st: NewLeaseState()}
+	s.saved = sync.NewCond(&s.mu)
 
 	data, err := os.ReadFile(s.path)
 
@@ -354,8 +367,8 @@ func (s *LeaseStore) decode(data []byte) error {
 	return nil
 }
 
-// Do runs fn on the state under the store's lock and persists the state when fn reports it dirty; an error
-// is the persisting's (the state in memory has changed anyway).
+// Do runs fn on the state under the store's lock and, when fn reports it dirty, returns once a write holding the
+// change is on disk; an error is the persisting's (the state in memory has changed anyway).
 func (s *LeaseStore) Do(fn func(st *LeaseState) bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -364,10 +377,52 @@ func (s *LeaseStore) Do(fn func(st *LeaseState) bool) error {
 		return nil
 	}
 
-	return s.persistLocked()
+	s.changed++
+	want := s.changed
+
+	for s.written < want {
+		if s.failed >= want {
+			return s.failErr
+		}
+
+		if s.writing {
+			s.saved.Wait()
+
+			continue
+		}
+
+		// This caller writes everything changed so far, its own change and those made while the last write ran.
+		s.writing = true
+		gen := s.changed
+		data, err := s.encodeLocked()
+
+		if err == nil {
+			s.mu.Unlock()
+			err = atomicfile.Write(s.path, data, 0o600)
+			s.mu.Lock()
+
+			if err != nil {
+				err = fmt.Errorf("persist dhcp leases: %w", err)
+			}
+		}
+
+		s.writing = false
+
+		if err == nil {
+			s.written = max(s.written, gen)
+			s.writes++
+		} else {
+			s.failed, s.failErr = gen, err
+		}
+
+		s.saved.Broadcast()
+	}
+
+	return nil
 }
 
-func (s *LeaseStore) persistLocked() error {
+// encodeLocked is the lease file of the state now.
+func (s *LeaseStore) encodeLocked() ([]byte, error) {
 	f := leaseFile{Leases: []storedLease{}}
 
 	for _, l := range s.st.byMAC {
@@ -382,12 +437,8 @@ func (s *LeaseStore) persistLocked() error {
 
 	data, err := json.Marshal(f)
 	if err != nil {
-		return fmt.Errorf("encode dhcp leases: %w", err)
+		return nil, fmt.Errorf("encode dhcp leases: %w", err)
 	}
 
-	if err := atomicfile.Write(s.path, data, 0o600); err != nil {
-		return fmt.Errorf("persist dhcp leases: %w", err)
-	}
-
-	return nil
+	return data, nil
 }
