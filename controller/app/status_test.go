@@ -79,7 +79,7 @@ func TestStatusOnLoopback(t *testing.T) {
 
 	code, body := fetch(t, http.DefaultClient, "http://"+c.HTTPAddr().String()+"/status/", "")
 	require.Equal(t, http.StatusOK, code)
-	require.Contains(t, body, "<h1>Sites</h1>")
+	require.Contains(t, body, "<h2>Sites</h2>")
 
 	cli, err := admincli.Dial(cfg.AdminSocketPath())
 	require.NoError(t, err)
@@ -134,7 +134,7 @@ func TestStatusTokenAndTLS(t *testing.T) {
 
 	code, body := fetch(t, client, base+"/status/", "correct-horse-battery-staple")
 	require.Equal(t, http.StatusOK, code)
-	require.Contains(t, body, "<h1>Sites</h1>")
+	require.Contains(t, body, "<h2>Sites</h2>")
 
 	code, body = fetch(t, client, base+"/metrics", "correct-horse-battery-staple")
 	require.Equal(t, http.StatusOK, code)
