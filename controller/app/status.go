@@ -111,7 +111,7 @@ func (r registrySites) Sites(ctx context.Context) ([]status.Site, error) {
 		}
 
 		live := st.TypedSpec().Value
-		s := status.Site{ID: id, Description: spec.GetDescription(), EdgeVersion: live.GetEdgeVersion()}
+		s := status.Site{ID: id, Description: spec.GetDescription(), EdgeVersion: live.GetEdgeVersion(), Boots: status.BootsBy(spec.GetDhcpMode())}
 
 		switch {
 		case spec.GetRevoked():

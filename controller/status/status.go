@@ -20,6 +20,8 @@ type Site struct {
 	State       string
 	LastSeen    time.Time
 	EdgeVersion string
+	// Boots says how the site's machines boot, from its DHCP setting (BootsBy).
+	Boots string
 	// AssetsKnown says whether AssetsCached and AssetsMissing are known.
 	AssetsKnown   bool
 	AssetsCached  int
@@ -40,4 +42,16 @@ type Machines interface {
 	GetByMAC(mac string) (timeline.Record, bool)
 	Phases() map[string]map[string]int
 	Changed() <-chan struct{}
+}
+
+// BootsBy says how a site's machines boot under its DHCP mode (proxy, full or off; "" the edge's own, proxy).
+func BootsBy(dhcpMode string) string {
+	switch dhcpMode {
+	case "full":
+		return "network boot, addresses leased by the edge"
+	case "off":
+		return "virtual media through their BMCs, static addresses"
+	default:
+		return "network boot beside the site's DHCP server (ProxyDHCP)"
+	}
 }

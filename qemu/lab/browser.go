@@ -152,6 +152,8 @@ func tail(b []byte, n int) string {
 // PageSite is a row of the status sites page.
 type PageSite struct {
 	ID, State string
+	// Boots is how the site's machines boot, as the page says it.
+	Boots string
 	// Phases counts the site's machines by phase, as its links say ("ready: 2").
 	Phases map[string]int
 }
@@ -176,13 +178,13 @@ func ParseSitesPage(dom []byte) ([]PageSite, error) {
 	var out []PageSite
 
 	for _, r := range rows {
-		if len(r) != 6 || r[0].header {
+		if len(r) != 7 || r[0].header {
 			continue
 		}
 
-		s := PageSite{ID: firstField(r[0].text), State: r[1].text, Phases: map[string]int{}}
+		s := PageSite{ID: firstField(r[0].text), State: r[1].text, Boots: r[4].text, Phases: map[string]int{}}
 
-		for _, link := range r[5].links {
+		for _, link := range r[6].links {
 			phase, count, ok := strings.Cut(link, ":")
 			if !ok {
 				return nil, fmt.Errorf("site %s: phase link %q is not phase: count", s.ID, link)

@@ -45,8 +45,8 @@ func statusServer(t *testing.T) *httptest.Server {
 
 	pages, err := status.NewPages(status.Options{
 		Sites: pageSites{
-			{ID: "site-1", State: "connected", Description: "lab site-1", LastSeen: time.Now()},
-			{ID: "site-2", State: "offline"},
+			{ID: "site-1", State: "connected", Description: "lab site-1", LastSeen: time.Now(), Boots: status.BootsBy("off")},
+			{ID: "site-2", State: "offline", Boots: status.BootsBy("")},
 		},
 		Machines: book, Now: time.Now,
 	})
@@ -89,8 +89,8 @@ func TestParseStatusPages(t *testing.T) {
 	sites, err := lab.ParseSitesPage(fetch(t, srv.URL+"/status/"))
 	require.NoError(t, err)
 	require.Equal(t, []lab.PageSite{
-		{ID: "site-1", State: "connected", Phases: map[string]int{lifecycle.PhaseReady: 1, lifecycle.PhaseWiping: 1}},
-		{ID: "site-2", State: "offline", Phases: map[string]int{}},
+		{ID: "site-1", State: "connected", Boots: status.BootsBy("off"), Phases: map[string]int{lifecycle.PhaseReady: 1, lifecycle.PhaseWiping: 1}},
+		{ID: "site-2", State: "offline", Boots: status.BootsBy(""), Phases: map[string]int{}},
 	}, sites)
 
 	list, err := lab.ParseMachinesPage(fetch(t, srv.URL+"/status/machines"))
@@ -118,7 +118,7 @@ func TestParseStatusPagesRefuse(t *testing.T) {
 	_, err := lab.ParseSitesPage([]byte("<html><body><p>no main</p></body></html>"))
 	require.ErrorContains(t, err, `no element with id "main"`)
 
-	_, err = lab.ParseSitesPage([]byte(`<main id="main"><table><tr><td>a</td><td>connected</td><td></td><td></td><td></td>` +
+	_, err = lab.ParseSitesPage([]byte(`<main id="main"><table><tr><td>a</td><td>connected</td><td></td><td></td><td></td><td></td>` +
 		`<td><a>ready: many</a></td></tr></table></main>`))
 	require.ErrorContains(t, err, "bad count")
 
@@ -133,7 +133,7 @@ func TestParseStatusPagesRefuse(t *testing.T) {
 func FuzzParseStatusPages(f *testing.F) {
 	f.Add([]byte(`<main id="main"><h1>Machine <code>x</code></h1><table><tr><th>Site</th><td>s</td></tr>` +
 		`<tr><td>t</td><td>agent-up</td><td>x</td></tr></table></main>`))
-	f.Add([]byte(`<main id="main"><table><tr><td>a</td><td>b</td><td>c</td><td>d</td><td>e</td><td><a>ready: 1</a><a>x</a></td></tr></table></main>`))
+	f.Add([]byte(`<main id="main"><table><tr><td>a</td><td>b</td><td>c</td><td>d</td><td>e</td><td>f</td><td><a>ready: 1</a><a>x</a></td></tr></table></main>`))
 	f.Add([]byte("<tr><td>"))
 	f.Add([]byte(`<figure data-plot="plot-boots" data-points="2"><svg><rect class="bar" fill="#1f77b4"/></svg></figure>`))
 
