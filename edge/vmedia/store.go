@@ -12,13 +12,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/assetbundle"
 	"github.com/outpost-metal/outpost/shared/atomicfile"
 	"github.com/outpost-metal/outpost/shared/metal"
 )
@@ -267,7 +267,7 @@ func (s *Store) prune(keep string) {
 	var images []aged
 
 	for _, e := range entries {
-		if info, err := e.Info(); err == nil && imageName.MatchString(e.Name()) && e.Name() != keep {
+		if info, err := e.Info(); err == nil && isImageName(e.Name()) && e.Name() != keep {
 			images = append(images, aged{e.Name(), info.ModTime()})
 		}
 	}
@@ -280,14 +280,18 @@ func (s *Store) prune(keep string) {
 	}
 }
 
-// imageName is an image's file name.
-var imageName = regexp.MustCompile(`^[0-9a-f]{64}\.iso$`)
+// isImageName reports whether name is an image's file name: <sha256 hex>.iso.
+func isImageName(name string) bool {
+	digest, ok := strings.CutSuffix(name, ".iso")
+
+	return ok && assetbundle.ValidateDigest(digest) == nil
+}
 
 // ParseName returns the image file name of a request path under Prefix; false for anything else.
 func ParseName(path string) (string, bool) {
 	name, ok := strings.CutPrefix(path, Prefix)
 
-	return name, ok && imageName.MatchString(name)
+	return name, ok && isImageName(name)
 }
 
 // ServeHTTP serves GET and HEAD of an image, with ranges (a BMC reads it as a block device).
