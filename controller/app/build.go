@@ -244,9 +244,10 @@ func (b *builder) newAdmin(context.Context) error {
 			b.timelines.Record(id, kind, text, failed)
 		}
 	}))
-	consolepb.RegisterConsoleServer(b.admin, machineaccess.NewConsoles(b.edges.clients.Access, b.edges.watches, b.log, time.Now))
+	consoles := machineaccess.NewConsoles(b.edges.clients.Access, b.edges.watches, b.log, time.Now)
+	consolepb.RegisterConsoleServer(b.admin, consoles)
 
-	return nil
+	return registerAll(b.metrics, consoles.Collectors()...)
 }
 
 func (b *builder) newHTTP(context.Context) error {

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -35,11 +36,52 @@ type Consoles struct {
 	targets Targets
 	log     *zap.Logger
 	now     func() time.Time
+
+	sessions *prometheus.CounterVec
+	attached prometheus.Gauge
+	bytes    *prometheus.CounterVec
 }
+
+// Results of an operator's console request, as counted in outpost_console_sessions_total: a fixed set.
+const (
+	consoleOK       = "ok"        // attached (counted when the session ends)
+	consoleUnknown  = "unknown"   // no BMC is known for the machine
+	consoleOffline  = "offline"   // the machine's site has no live uplink, or its edge did not take the call
+	consoleRefused  = "refused"   // the edge refused it (another writer, a BMC without SOL, a dead BMC)
+	consoleBadFrame = "bad_frame" // the first frame opened no machine
+)
 
 // NewConsoles returns the console service over the controller's edge connections.
 func NewConsoles(access *Client, targets Targets, log *zap.Logger, now func() time.Time) *Consoles {
-	return &Consoles{access: access, targets: targets, log: log.With(zap.String("component", "console")), now: now}
+	return &Consoles{
+		access: access, targets: targets, log: log.With(zap.String("component", "console")), now: now,
+		sessions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outpost_console_sessions_total",
+			Help: "Operators' serial console requests through the controller, by mode (read, write) and result (ok, unknown, offline, refused, bad_frame).",
+		}, []string{"mode", "result"}),
+		attached: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outpost_console_sessions_attached",
+			Help: "Serial console sessions attached through the controller now.",
+		}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outpost_console_bytes_total",
+			Help: "Serial console bytes relayed through the controller, by direction (out: to operators, in: typed).",
+		}, []string{"direction"}),
+	}
+}
+
+// Collectors returns the service's metrics.
+func (s *Consoles) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{s.sessions, s.attached, s.bytes}
+}
+
+// mode is the label of a request's mode.
+func mode(write bool) string {
+	if write {
+		return "write"
+	}
+
+	return "read"
 }
 
 // Attach implements consolepb.ConsoleServer.
@@ -51,18 +93,24 @@ func (s *Consoles) Attach(stream consolepb.Console_AttachServer) error {
 
 	open := first.GetOpen()
 	if open == nil || open.GetMachine() == "" {
+		s.sessions.WithLabelValues(mode(open.GetWrite()), consoleBadFrame).Inc()
+
 		return status.Error(codes.InvalidArgument, "console: the first frame must open a machine")
 	}
 
-	id := open.GetMachine()
+	id, asked := open.GetMachine(), mode(open.GetWrite())
 
 	site, target, ok := s.targets.Target(id)
 	if !ok {
+		s.sessions.WithLabelValues(asked, consoleUnknown).Inc()
+
 		return status.Errorf(codes.NotFound, "console of %s: no bmc is known for it (a managed machine with a bmc configuration)", id)
 	}
 
 	conn, err := s.access.conn(site)
 	if err != nil {
+		s.sessions.WithLabelValues(asked, consoleOffline).Inc()
+
 		return status.Errorf(codes.Unavailable, "console of %s: site %s is offline: %v", id, site, err)
 	}
 
@@ -71,6 +119,8 @@ func (s *Consoles) Attach(stream consolepb.Console_AttachServer) error {
 
 	edge, err := consolepb.NewConsoleClient(conn).Attach(ctx)
 	if err != nil {
+		s.sessions.WithLabelValues(asked, consoleOffline).Inc()
+
 		return status.Errorf(codes.Unavailable, "console of %s at site %s: %v", id, site, err)
 	}
 
@@ -78,11 +128,14 @@ func (s *Consoles) Attach(stream consolepb.Console_AttachServer) error {
 	if err := edge.Send(&consolepb.Input{Kind: &consolepb.Input_Open{Open: &consolepb.Open{
 		Machine: id, Target: target, Write: open.GetWrite(), Operator: open.GetOperator(),
 	}}}); err != nil {
+		s.sessions.WithLabelValues(asked, consoleOffline).Inc()
+
 		return status.Errorf(codes.Unavailable, "console of %s at site %s: %v", id, site, err)
 	}
 
 	attached, err := edge.Recv()
 	if err != nil {
+		s.sessions.WithLabelValues(asked, consoleRefused).Inc()
 		s.log.Info("console refused", zap.String("machine_id", id), zap.String("site", site),
 			zap.String("operator", open.GetOperator()), zap.Bool("write", open.GetWrite()), zap.Error(err))
 
@@ -93,11 +146,22 @@ func (s *Consoles) Attach(stream consolepb.Console_AttachServer) error {
 	s.log.Info("console attached", zap.String("machine_id", id), zap.String("site", site),
 		zap.String("operator", open.GetOperator()), zap.Bool("write", attached.GetAttached().GetWrite()))
 
+	granted := mode(attached.GetAttached().GetWrite())
+
+	s.attached.Inc()
+
+	var in, out atomic.Int64
+
+	defer func() {
+		s.attached.Dec()
+		s.sessions.WithLabelValues(granted, consoleOK).Inc()
+		s.bytes.WithLabelValues("out").Add(float64(out.Load()))
+		s.bytes.WithLabelValues("in").Add(float64(in.Load()))
+	}()
+
 	if err := stream.Send(attached); err != nil {
 		return nil // the operator left
 	}
-
-	var in, out atomic.Int64
 
 	typed := make(chan error, 1)
 

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
@@ -168,4 +170,37 @@ func TestConsolesRelay(t *testing.T) {
 			break
 		}
 	}
+
+	// The session's end is counted before its status reaches the operator (the handler's return).
+	sessions, attached, bytes := metricsOf(svc)
+	for _, c := range []struct {
+		mode, result string
+		want         float64
+	}{
+		{"write", "ok", 1}, {"write", "refused", 1}, {"read", "unknown", 1}, {"read", "offline", 1}, {"read", "ok", 0},
+	} {
+		require.InDelta(t, c.want, testutil.ToFloat64(sessions.WithLabelValues(c.mode, c.result)), 0, "sessions %s/%s", c.mode, c.result)
+	}
+
+	require.InDelta(t, 0, testutil.ToFloat64(attached), 0, "no session is attached any more")
+	require.InDelta(t, 5, testutil.ToFloat64(bytes.WithLabelValues("out")), 0, "HELLO went out")
+	require.InDelta(t, 5, testutil.ToFloat64(bytes.WithLabelValues("in")), 0, "hello was typed; the oversized frame was not relayed")
+}
+
+// metricsOf returns the console service's session counter, attached gauge and byte counter.
+func metricsOf(svc *machineaccess.Consoles) (sessions *prometheus.CounterVec, attached prometheus.Gauge, bytes *prometheus.CounterVec) {
+	for _, c := range svc.Collectors() {
+		switch m := c.(type) {
+		case *prometheus.CounterVec:
+			if sessions == nil {
+				sessions = m
+			} else {
+				bytes = m
+			}
+		case prometheus.Gauge:
+			attached = m
+		}
+	}
+
+	return sessions, attached, bytes
 }
