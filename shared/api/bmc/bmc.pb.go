@@ -126,6 +126,60 @@ func (BootMode) EnumDescriptor() ([]byte, []int) {
 	return file_shared_api_bmc_bmc_proto_rawDescGZIP(), []int{1}
 }
 
+// PowerState is a machine's power state as a watched BMC reports it.
+type PowerState int32
+
+const (
+	PowerState_POWER_STATE_UNSPECIFIED PowerState = 0
+	PowerState_POWER_STATE_ON          PowerState = 1
+	PowerState_POWER_STATE_OFF         PowerState = 2
+	// POWER_STATE_UNKNOWN: the BMC did not answer.
+	PowerState_POWER_STATE_UNKNOWN PowerState = 3
+)
+
+// Enum value maps for PowerState.
+var (
+	PowerState_name = map[int32]string{
+		0: "POWER_STATE_UNSPECIFIED",
+		1: "POWER_STATE_ON",
+		2: "POWER_STATE_OFF",
+		3: "POWER_STATE_UNKNOWN",
+	}
+	PowerState_value = map[string]int32{
+		"POWER_STATE_UNSPECIFIED": 0,
+		"POWER_STATE_ON":          1,
+		"POWER_STATE_OFF":         2,
+		"POWER_STATE_UNKNOWN":     3,
+	}
+)
+
+func (x PowerState) Enum() *PowerState {
+	p := new(PowerState)
+	*p = x
+	return p
+}
+
+func (x PowerState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PowerState) Descriptor() protoreflect.EnumDescriptor {
+	return file_shared_api_bmc_bmc_proto_enumTypes[2].Descriptor()
+}
+
+func (PowerState) Type() protoreflect.EnumType {
+	return &file_shared_api_bmc_bmc_proto_enumTypes[2]
+}
+
+func (x PowerState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PowerState.Descriptor instead.
+func (PowerState) EnumDescriptor() ([]byte, []int) {
+	return file_shared_api_bmc_bmc_proto_rawDescGZIP(), []int{2}
+}
+
 // Target names a BMC and the user to act as.
 type Target struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -382,8 +436,10 @@ func (x *WatchResponse) GetKnown() []*WatchedPower {
 type WatchedPower struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	MachineId string                 `protobuf:"bytes,1,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
-	// state is "on", "off" or "unknown".
-	State         string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	// state is power_state by name ("on", "off" or "unknown"): all a v0.3.0 edge sends and a v0.3.0 controller
+	// reads, still sent beside power_state; v0.5.0 can drop it.
+	State         string     `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	PowerState    PowerState `protobuf:"varint,3,opt,name=power_state,json=powerState,proto3,enum=outpost.bmc.PowerState" json:"power_state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -430,6 +486,13 @@ func (x *WatchedPower) GetState() string {
 		return x.State
 	}
 	return ""
+}
+
+func (x *WatchedPower) GetPowerState() PowerState {
+	if x != nil {
+		return x.PowerState
+	}
+	return PowerState_POWER_STATE_UNSPECIFIED
 }
 
 type PowerResponse struct {
@@ -985,11 +1048,13 @@ const file_shared_api_bmc_bmc_proto_rawDesc = "" +
 	"\atargets\x18\x01 \x03(\v2\x13.outpost.bmc.TargetR\atargets\"\\\n" +
 	"\rWatchResponse\x12\x1a\n" +
 	"\bwatching\x18\x01 \x01(\rR\bwatching\x12/\n" +
-	"\x05known\x18\x02 \x03(\v2\x19.outpost.bmc.WatchedPowerR\x05known\"C\n" +
+	"\x05known\x18\x02 \x03(\v2\x19.outpost.bmc.WatchedPowerR\x05known\"}\n" +
 	"\fWatchedPower\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x14\n" +
-	"\x05state\x18\x02 \x01(\tR\x05state\"\x0f\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x128\n" +
+	"\vpower_state\x18\x03 \x01(\x0e2\x17.outpost.bmc.PowerStateR\n" +
+	"powerState\"\x0f\n" +
 	"\rPowerResponse\"%\n" +
 	"\x13PowerStatusResponse\x12\x0e\n" +
 	"\x02on\x18\x01 \x01(\bR\x02on\"k\n" +
@@ -1038,7 +1103,13 @@ const file_shared_api_bmc_bmc_proto_rawDesc = "" +
 	"\bBootMode\x12\x19\n" +
 	"\x15BOOT_MODE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eBOOT_MODE_BIOS\x10\x01\x12\x12\n" +
-	"\x0eBOOT_MODE_UEFI\x10\x022\xaa\x06\n" +
+	"\x0eBOOT_MODE_UEFI\x10\x02*k\n" +
+	"\n" +
+	"PowerState\x12\x1b\n" +
+	"\x17POWER_STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
+	"\x0ePOWER_STATE_ON\x10\x01\x12\x13\n" +
+	"\x0fPOWER_STATE_OFF\x10\x02\x12\x17\n" +
+	"\x13POWER_STATE_UNKNOWN\x10\x032\xaa\x06\n" +
 	"\x03BMC\x12J\n" +
 	"\vPowerStatus\x12\x19.outpost.bmc.PowerRequest\x1a .outpost.bmc.PowerStatusResponse\x12@\n" +
 	"\aPowerOn\x12\x19.outpost.bmc.PowerRequest\x1a\x1a.outpost.bmc.PowerResponse\x12A\n" +
@@ -1067,63 +1138,65 @@ func file_shared_api_bmc_bmc_proto_rawDescGZIP() []byte {
 	return file_shared_api_bmc_bmc_proto_rawDescData
 }
 
-var file_shared_api_bmc_bmc_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_shared_api_bmc_bmc_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
 var file_shared_api_bmc_bmc_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_shared_api_bmc_bmc_proto_goTypes = []any{
 	(Protocol)(0),                   // 0: outpost.bmc.Protocol
 	(BootMode)(0),                   // 1: outpost.bmc.BootMode
-	(*Target)(nil),                  // 2: outpost.bmc.Target
-	(*PowerRequest)(nil),            // 3: outpost.bmc.PowerRequest
-	(*WatchRequest)(nil),            // 4: outpost.bmc.WatchRequest
-	(*WatchResponse)(nil),           // 5: outpost.bmc.WatchResponse
-	(*WatchedPower)(nil),            // 6: outpost.bmc.WatchedPower
-	(*PowerResponse)(nil),           // 7: outpost.bmc.PowerResponse
-	(*PowerStatusResponse)(nil),     // 8: outpost.bmc.PowerStatusResponse
-	(*SetPXEOnceRequest)(nil),       // 9: outpost.bmc.SetPXEOnceRequest
-	(*GetBootOverrideResponse)(nil), // 10: outpost.bmc.GetBootOverrideResponse
-	(*InventoryResponse)(nil),       // 11: outpost.bmc.InventoryResponse
-	(*FirmwareVersion)(nil),         // 12: outpost.bmc.FirmwareVersion
-	(*BootFromImageRequest)(nil),    // 13: outpost.bmc.BootFromImageRequest
-	(*BootFromImageResponse)(nil),   // 14: outpost.bmc.BootFromImageResponse
+	(PowerState)(0),                 // 2: outpost.bmc.PowerState
+	(*Target)(nil),                  // 3: outpost.bmc.Target
+	(*PowerRequest)(nil),            // 4: outpost.bmc.PowerRequest
+	(*WatchRequest)(nil),            // 5: outpost.bmc.WatchRequest
+	(*WatchResponse)(nil),           // 6: outpost.bmc.WatchResponse
+	(*WatchedPower)(nil),            // 7: outpost.bmc.WatchedPower
+	(*PowerResponse)(nil),           // 8: outpost.bmc.PowerResponse
+	(*PowerStatusResponse)(nil),     // 9: outpost.bmc.PowerStatusResponse
+	(*SetPXEOnceRequest)(nil),       // 10: outpost.bmc.SetPXEOnceRequest
+	(*GetBootOverrideResponse)(nil), // 11: outpost.bmc.GetBootOverrideResponse
+	(*InventoryResponse)(nil),       // 12: outpost.bmc.InventoryResponse
+	(*FirmwareVersion)(nil),         // 13: outpost.bmc.FirmwareVersion
+	(*BootFromImageRequest)(nil),    // 14: outpost.bmc.BootFromImageRequest
+	(*BootFromImageResponse)(nil),   // 15: outpost.bmc.BootFromImageResponse
 }
 var file_shared_api_bmc_bmc_proto_depIdxs = []int32{
 	0,  // 0: outpost.bmc.Target.protocol:type_name -> outpost.bmc.Protocol
-	2,  // 1: outpost.bmc.PowerRequest.target:type_name -> outpost.bmc.Target
-	2,  // 2: outpost.bmc.WatchRequest.targets:type_name -> outpost.bmc.Target
-	6,  // 3: outpost.bmc.WatchResponse.known:type_name -> outpost.bmc.WatchedPower
-	2,  // 4: outpost.bmc.SetPXEOnceRequest.target:type_name -> outpost.bmc.Target
-	1,  // 5: outpost.bmc.SetPXEOnceRequest.mode:type_name -> outpost.bmc.BootMode
-	1,  // 6: outpost.bmc.GetBootOverrideResponse.mode:type_name -> outpost.bmc.BootMode
-	0,  // 7: outpost.bmc.InventoryResponse.protocol:type_name -> outpost.bmc.Protocol
-	12, // 8: outpost.bmc.InventoryResponse.firmware:type_name -> outpost.bmc.FirmwareVersion
-	2,  // 9: outpost.bmc.BootFromImageRequest.target:type_name -> outpost.bmc.Target
-	3,  // 10: outpost.bmc.BMC.PowerStatus:input_type -> outpost.bmc.PowerRequest
-	3,  // 11: outpost.bmc.BMC.PowerOn:input_type -> outpost.bmc.PowerRequest
-	3,  // 12: outpost.bmc.BMC.PowerOff:input_type -> outpost.bmc.PowerRequest
-	3,  // 13: outpost.bmc.BMC.PowerCycle:input_type -> outpost.bmc.PowerRequest
-	9,  // 14: outpost.bmc.BMC.SetPXEOnce:input_type -> outpost.bmc.SetPXEOnceRequest
-	3,  // 15: outpost.bmc.BMC.ClearBootOverride:input_type -> outpost.bmc.PowerRequest
-	3,  // 16: outpost.bmc.BMC.GetBootOverride:input_type -> outpost.bmc.PowerRequest
-	4,  // 17: outpost.bmc.BMC.Watch:input_type -> outpost.bmc.WatchRequest
-	3,  // 18: outpost.bmc.BMC.Inventory:input_type -> outpost.bmc.PowerRequest
-	13, // 19: outpost.bmc.BMC.BootFromImage:input_type -> outpost.bmc.BootFromImageRequest
-	3,  // 20: outpost.bmc.BMC.EjectImage:input_type -> outpost.bmc.PowerRequest
-	8,  // 21: outpost.bmc.BMC.PowerStatus:output_type -> outpost.bmc.PowerStatusResponse
-	7,  // 22: outpost.bmc.BMC.PowerOn:output_type -> outpost.bmc.PowerResponse
-	7,  // 23: outpost.bmc.BMC.PowerOff:output_type -> outpost.bmc.PowerResponse
-	7,  // 24: outpost.bmc.BMC.PowerCycle:output_type -> outpost.bmc.PowerResponse
-	7,  // 25: outpost.bmc.BMC.SetPXEOnce:output_type -> outpost.bmc.PowerResponse
-	7,  // 26: outpost.bmc.BMC.ClearBootOverride:output_type -> outpost.bmc.PowerResponse
-	10, // 27: outpost.bmc.BMC.GetBootOverride:output_type -> outpost.bmc.GetBootOverrideResponse
-	5,  // 28: outpost.bmc.BMC.Watch:output_type -> outpost.bmc.WatchResponse
-	11, // 29: outpost.bmc.BMC.Inventory:output_type -> outpost.bmc.InventoryResponse
-	14, // 30: outpost.bmc.BMC.BootFromImage:output_type -> outpost.bmc.BootFromImageResponse
-	7,  // 31: outpost.bmc.BMC.EjectImage:output_type -> outpost.bmc.PowerResponse
-	21, // [21:32] is the sub-list for method output_type
-	10, // [10:21] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	3,  // 1: outpost.bmc.PowerRequest.target:type_name -> outpost.bmc.Target
+	3,  // 2: outpost.bmc.WatchRequest.targets:type_name -> outpost.bmc.Target
+	7,  // 3: outpost.bmc.WatchResponse.known:type_name -> outpost.bmc.WatchedPower
+	2,  // 4: outpost.bmc.WatchedPower.power_state:type_name -> outpost.bmc.PowerState
+	3,  // 5: outpost.bmc.SetPXEOnceRequest.target:type_name -> outpost.bmc.Target
+	1,  // 6: outpost.bmc.SetPXEOnceRequest.mode:type_name -> outpost.bmc.BootMode
+	1,  // 7: outpost.bmc.GetBootOverrideResponse.mode:type_name -> outpost.bmc.BootMode
+	0,  // 8: outpost.bmc.InventoryResponse.protocol:type_name -> outpost.bmc.Protocol
+	13, // 9: outpost.bmc.InventoryResponse.firmware:type_name -> outpost.bmc.FirmwareVersion
+	3,  // 10: outpost.bmc.BootFromImageRequest.target:type_name -> outpost.bmc.Target
+	4,  // 11: outpost.bmc.BMC.PowerStatus:input_type -> outpost.bmc.PowerRequest
+	4,  // 12: outpost.bmc.BMC.PowerOn:input_type -> outpost.bmc.PowerRequest
+	4,  // 13: outpost.bmc.BMC.PowerOff:input_type -> outpost.bmc.PowerRequest
+	4,  // 14: outpost.bmc.BMC.PowerCycle:input_type -> outpost.bmc.PowerRequest
+	10, // 15: outpost.bmc.BMC.SetPXEOnce:input_type -> outpost.bmc.SetPXEOnceRequest
+	4,  // 16: outpost.bmc.BMC.ClearBootOverride:input_type -> outpost.bmc.PowerRequest
+	4,  // 17: outpost.bmc.BMC.GetBootOverride:input_type -> outpost.bmc.PowerRequest
+	5,  // 18: outpost.bmc.BMC.Watch:input_type -> outpost.bmc.WatchRequest
+	4,  // 19: outpost.bmc.BMC.Inventory:input_type -> outpost.bmc.PowerRequest
+	14, // 20: outpost.bmc.BMC.BootFromImage:input_type -> outpost.bmc.BootFromImageRequest
+	4,  // 21: outpost.bmc.BMC.EjectImage:input_type -> outpost.bmc.PowerRequest
+	9,  // 22: outpost.bmc.BMC.PowerStatus:output_type -> outpost.bmc.PowerStatusResponse
+	8,  // 23: outpost.bmc.BMC.PowerOn:output_type -> outpost.bmc.PowerResponse
+	8,  // 24: outpost.bmc.BMC.PowerOff:output_type -> outpost.bmc.PowerResponse
+	8,  // 25: outpost.bmc.BMC.PowerCycle:output_type -> outpost.bmc.PowerResponse
+	8,  // 26: outpost.bmc.BMC.SetPXEOnce:output_type -> outpost.bmc.PowerResponse
+	8,  // 27: outpost.bmc.BMC.ClearBootOverride:output_type -> outpost.bmc.PowerResponse
+	11, // 28: outpost.bmc.BMC.GetBootOverride:output_type -> outpost.bmc.GetBootOverrideResponse
+	6,  // 29: outpost.bmc.BMC.Watch:output_type -> outpost.bmc.WatchResponse
+	12, // 30: outpost.bmc.BMC.Inventory:output_type -> outpost.bmc.InventoryResponse
+	15, // 31: outpost.bmc.BMC.BootFromImage:output_type -> outpost.bmc.BootFromImageResponse
+	8,  // 32: outpost.bmc.BMC.EjectImage:output_type -> outpost.bmc.PowerResponse
+	22, // [22:33] is the sub-list for method output_type
+	11, // [11:22] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_bmc_bmc_proto_init() }
@@ -1136,7 +1209,7 @@ func file_shared_api_bmc_bmc_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_bmc_bmc_proto_rawDesc), len(file_shared_api_bmc_bmc_proto_rawDesc)),
-			NumEnums:      2,
+			NumEnums:      3,
 			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,

@@ -10,6 +10,7 @@
 package boot
 
 import (
+	bmc "github.com/outpost-metal/outpost/shared/api/bmc"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
@@ -412,6 +413,67 @@ func (x IPXEPlatform) Number() protoreflect.EnumNumber {
 // Deprecated: Use IPXEPlatform.Descriptor instead.
 func (IPXEPlatform) EnumDescriptor() ([]byte, []int) {
 	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{6}
+}
+
+// TunnelRefusal is why an edge refused an agent tunnel.
+type TunnelRefusal int32
+
+const (
+	TunnelRefusal_TUNNEL_REFUSAL_UNSPECIFIED TunnelRefusal = 0
+	// TUNNEL_REFUSAL_CONTESTED_MACHINE_ID: two machines fetched its boot script lately (a cloned UUID or a forger).
+	TunnelRefusal_TUNNEL_REFUSAL_CONTESTED_MACHINE_ID TunnelRefusal = 1
+	// TUNNEL_REFUSAL_SOURCE_NOT_BOOT_ADDRESS: the tunnel came from another address than the machine booted from.
+	TunnelRefusal_TUNNEL_REFUSAL_SOURCE_NOT_BOOT_ADDRESS TunnelRefusal = 2
+	// TUNNEL_REFUSAL_DUPLICATE_MACHINE_ID: the machine already has a tunnel.
+	TunnelRefusal_TUNNEL_REFUSAL_DUPLICATE_MACHINE_ID TunnelRefusal = 3
+	// TUNNEL_REFUSAL_NO_BOOT_EVIDENCE: the machine did not boot through the edge (never journaled: a flood of
+	// made-up machine IDs costs the controller nothing).
+	TunnelRefusal_TUNNEL_REFUSAL_NO_BOOT_EVIDENCE TunnelRefusal = 4
+)
+
+// Enum value maps for TunnelRefusal.
+var (
+	TunnelRefusal_name = map[int32]string{
+		0: "TUNNEL_REFUSAL_UNSPECIFIED",
+		1: "TUNNEL_REFUSAL_CONTESTED_MACHINE_ID",
+		2: "TUNNEL_REFUSAL_SOURCE_NOT_BOOT_ADDRESS",
+		3: "TUNNEL_REFUSAL_DUPLICATE_MACHINE_ID",
+		4: "TUNNEL_REFUSAL_NO_BOOT_EVIDENCE",
+	}
+	TunnelRefusal_value = map[string]int32{
+		"TUNNEL_REFUSAL_UNSPECIFIED":             0,
+		"TUNNEL_REFUSAL_CONTESTED_MACHINE_ID":    1,
+		"TUNNEL_REFUSAL_SOURCE_NOT_BOOT_ADDRESS": 2,
+		"TUNNEL_REFUSAL_DUPLICATE_MACHINE_ID":    3,
+		"TUNNEL_REFUSAL_NO_BOOT_EVIDENCE":        4,
+	}
+)
+
+func (x TunnelRefusal) Enum() *TunnelRefusal {
+	p := new(TunnelRefusal)
+	*p = x
+	return p
+}
+
+func (x TunnelRefusal) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TunnelRefusal) Descriptor() protoreflect.EnumDescriptor {
+	return file_shared_api_boot_boot_proto_enumTypes[7].Descriptor()
+}
+
+func (TunnelRefusal) Type() protoreflect.EnumType {
+	return &file_shared_api_boot_boot_proto_enumTypes[7]
+}
+
+func (x TunnelRefusal) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TunnelRefusal.Descriptor instead.
+func (TunnelRefusal) EnumDescriptor() ([]byte, []int) {
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{7}
 }
 
 type StateRequest struct {
@@ -1788,9 +1850,12 @@ func (x *ConsoleSession) GetDroppedBytes() uint64 {
 type PowerChanged struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	MachineId string                 `protobuf:"bytes,1,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
-	// state is "on", "off" or "unknown" (the BMC did not answer: error says why).
-	State         string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
-	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	// state is power_state by name ("on", "off" or "unknown"): all a v0.3.0 edge journals and a v0.3.0 controller
+	// reads, still sent beside power_state; v0.5.0 can drop it.
+	State string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	// error says why the BMC did not answer (power_state unknown).
+	Error         string         `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	PowerState    bmc.PowerState `protobuf:"varint,4,opt,name=power_state,json=powerState,proto3,enum=outpost.bmc.PowerState" json:"power_state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1844,6 +1909,13 @@ func (x *PowerChanged) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *PowerChanged) GetPowerState() bmc.PowerState {
+	if x != nil {
+		return x.PowerState
+	}
+	return bmc.PowerState(0)
 }
 
 // DHCPSeen: the ProxyDHCP answered a PXE client.
@@ -2227,12 +2299,12 @@ func (x *BootServed) GetWaitingFor() string {
 type TunnelRefused struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	MachineId string                 `protobuf:"bytes,1,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
-	// reason is "contested_machine_id" (two machines fetched its boot script lately: a cloned UUID or a
-	// forger), "source_not_boot_address" (the tunnel came from another address than the machine booted
-	// from) or "duplicate_machine_id" (the machine already has a tunnel).
+	// reason is refusal by name ("contested_machine_id", "source_not_boot_address", "duplicate_machine_id"): all a
+	// v0.3.0 edge journals and a v0.3.0 controller reads, still sent beside refusal; v0.5.0 can drop it.
 	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	// remote_ip is the refused tunnel's source address.
-	RemoteIp      string `protobuf:"bytes,3,opt,name=remote_ip,json=remoteIp,proto3" json:"remote_ip,omitempty"`
+	RemoteIp      string        `protobuf:"bytes,3,opt,name=remote_ip,json=remoteIp,proto3" json:"remote_ip,omitempty"`
+	Refusal       TunnelRefusal `protobuf:"varint,4,opt,name=refusal,proto3,enum=outpost.boot.TunnelRefusal" json:"refusal,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2286,6 +2358,13 @@ func (x *TunnelRefused) GetRemoteIp() string {
 		return x.RemoteIp
 	}
 	return ""
+}
+
+func (x *TunnelRefused) GetRefusal() TunnelRefusal {
+	if x != nil {
+		return x.Refusal
+	}
+	return TunnelRefusal_TUNNEL_REFUSAL_UNSPECIFIED
 }
 
 // AgentTunnel: a machine's agent opened or closed its reverse tunnel at the edge.
@@ -2373,7 +2452,7 @@ var File_shared_api_boot_boot_proto protoreflect.FileDescriptor
 
 const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\n" +
-	"\x1ashared/api/boot/boot.proto\x12\foutpost.boot\x1a\x1fgoogle/protobuf/timestamp.proto\"\x0e\n" +
+	"\x1ashared/api/boot/boot.proto\x12\foutpost.boot\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18shared/api/bmc/bmc.proto\"\x0e\n" +
 	"\fStateRequest\")\n" +
 	"\rStateResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\"\xd8\x01\n" +
@@ -2492,12 +2571,14 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"durationMs\x12\x1b\n" +
 	"\tbytes_out\x18\x06 \x01(\x04R\bbytesOut\x12\x19\n" +
 	"\bbytes_in\x18\a \x01(\x04R\abytesIn\x12#\n" +
-	"\rdropped_bytes\x18\b \x01(\x04R\fdroppedBytes\"Y\n" +
+	"\rdropped_bytes\x18\b \x01(\x04R\fdroppedBytes\"\x93\x01\n" +
 	"\fPowerChanged\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"\xba\x01\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\x128\n" +
+	"\vpower_state\x18\x04 \x01(\x0e2\x17.outpost.bmc.PowerStateR\n" +
+	"powerState\"\xba\x01\n" +
 	"\bDHCPSeen\x12\x10\n" +
 	"\x03mac\x18\x01 \x01(\tR\x03mac\x12\x1a\n" +
 	"\bfirmware\x18\x02 \x01(\tR\bfirmware\x12B\n" +
@@ -2531,12 +2612,13 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\x0emissing_assets\x18\n" +
 	" \x03(\tR\rmissingAssets\x12\x1f\n" +
 	"\vwaiting_for\x18\v \x01(\tR\n" +
-	"waitingFor\"c\n" +
+	"waitingFor\"\x9a\x01\n" +
 	"\rTunnelRefused\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x1b\n" +
-	"\tremote_ip\x18\x03 \x01(\tR\bremoteIp\"\xa1\x01\n" +
+	"\tremote_ip\x18\x03 \x01(\tR\bremoteIp\x125\n" +
+	"\arefusal\x18\x04 \x01(\x0e2\x1b.outpost.boot.TunnelRefusalR\arefusal\"\xa1\x01\n" +
 	"\vAgentTunnel\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x12\n" +
@@ -2580,7 +2662,13 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\fIPXEPlatform\x12\x1d\n" +
 	"\x19IPXE_PLATFORM_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14IPXE_PLATFORM_PCBIOS\x10\x01\x12\x15\n" +
-	"\x11IPXE_PLATFORM_EFI\x10\x022\x8f\x01\n" +
+	"\x11IPXE_PLATFORM_EFI\x10\x02*\xd2\x01\n" +
+	"\rTunnelRefusal\x12\x1e\n" +
+	"\x1aTUNNEL_REFUSAL_UNSPECIFIED\x10\x00\x12'\n" +
+	"#TUNNEL_REFUSAL_CONTESTED_MACHINE_ID\x10\x01\x12*\n" +
+	"&TUNNEL_REFUSAL_SOURCE_NOT_BOOT_ADDRESS\x10\x02\x12'\n" +
+	"#TUNNEL_REFUSAL_DUPLICATE_MACHINE_ID\x10\x03\x12#\n" +
+	"\x1fTUNNEL_REFUSAL_NO_BOOT_EVIDENCE\x10\x042\x8f\x01\n" +
 	"\tBootPlans\x12@\n" +
 	"\x05State\x12\x1a.outpost.boot.StateRequest\x1a\x1b.outpost.boot.StateResponse\x12@\n" +
 	"\x05Apply\x12\x1a.outpost.boot.ApplyRequest\x1a\x1b.outpost.boot.ApplyResponse2\x9e\x01\n" +
@@ -2600,7 +2688,7 @@ func file_shared_api_boot_boot_proto_rawDescGZIP() []byte {
 	return file_shared_api_boot_boot_proto_rawDescData
 }
 
-var file_shared_api_boot_boot_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_shared_api_boot_boot_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
 var file_shared_api_boot_boot_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_shared_api_boot_boot_proto_goTypes = []any{
 	(Mode)(0),                     // 0: outpost.boot.Mode
@@ -2610,77 +2698,81 @@ var file_shared_api_boot_boot_proto_goTypes = []any{
 	(FirmwareClass)(0),            // 4: outpost.boot.FirmwareClass
 	(IPXEArch)(0),                 // 5: outpost.boot.IPXEArch
 	(IPXEPlatform)(0),             // 6: outpost.boot.IPXEPlatform
-	(*StateRequest)(nil),          // 7: outpost.boot.StateRequest
-	(*StateResponse)(nil),         // 8: outpost.boot.StateResponse
-	(*Kernel)(nil),                // 9: outpost.boot.Kernel
-	(*Plan)(nil),                  // 10: outpost.boot.Plan
-	(*Table)(nil),                 // 11: outpost.boot.Table
-	(*DHCP)(nil),                  // 12: outpost.boot.DHCP
-	(*DHCPReservation)(nil),       // 13: outpost.boot.DHCPReservation
-	(*Delta)(nil),                 // 14: outpost.boot.Delta
-	(*ApplyRequest)(nil),          // 15: outpost.boot.ApplyRequest
-	(*ApplyResponse)(nil),         // 16: outpost.boot.ApplyResponse
-	(*InventoryRequest)(nil),      // 17: outpost.boot.InventoryRequest
-	(*InventoryResponse)(nil),     // 18: outpost.boot.InventoryResponse
-	(*PublishRequest)(nil),        // 19: outpost.boot.PublishRequest
-	(*PublishResponse)(nil),       // 20: outpost.boot.PublishResponse
-	(*Event)(nil),                 // 21: outpost.boot.Event
-	(*ConsoleSession)(nil),        // 22: outpost.boot.ConsoleSession
-	(*PowerChanged)(nil),          // 23: outpost.boot.PowerChanged
-	(*DHCPSeen)(nil),              // 24: outpost.boot.DHCPSeen
-	(*PXESeen)(nil),               // 25: outpost.boot.PXESeen
-	(*AssetFetch)(nil),            // 26: outpost.boot.AssetFetch
-	(*BootServed)(nil),            // 27: outpost.boot.BootServed
-	(*TunnelRefused)(nil),         // 28: outpost.boot.TunnelRefused
-	(*AgentTunnel)(nil),           // 29: outpost.boot.AgentTunnel
-	nil,                           // 30: outpost.boot.Table.AgentEntry
-	nil,                           // 31: outpost.boot.Delta.AgentEntry
-	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
+	(TunnelRefusal)(0),            // 7: outpost.boot.TunnelRefusal
+	(*StateRequest)(nil),          // 8: outpost.boot.StateRequest
+	(*StateResponse)(nil),         // 9: outpost.boot.StateResponse
+	(*Kernel)(nil),                // 10: outpost.boot.Kernel
+	(*Plan)(nil),                  // 11: outpost.boot.Plan
+	(*Table)(nil),                 // 12: outpost.boot.Table
+	(*DHCP)(nil),                  // 13: outpost.boot.DHCP
+	(*DHCPReservation)(nil),       // 14: outpost.boot.DHCPReservation
+	(*Delta)(nil),                 // 15: outpost.boot.Delta
+	(*ApplyRequest)(nil),          // 16: outpost.boot.ApplyRequest
+	(*ApplyResponse)(nil),         // 17: outpost.boot.ApplyResponse
+	(*InventoryRequest)(nil),      // 18: outpost.boot.InventoryRequest
+	(*InventoryResponse)(nil),     // 19: outpost.boot.InventoryResponse
+	(*PublishRequest)(nil),        // 20: outpost.boot.PublishRequest
+	(*PublishResponse)(nil),       // 21: outpost.boot.PublishResponse
+	(*Event)(nil),                 // 22: outpost.boot.Event
+	(*ConsoleSession)(nil),        // 23: outpost.boot.ConsoleSession
+	(*PowerChanged)(nil),          // 24: outpost.boot.PowerChanged
+	(*DHCPSeen)(nil),              // 25: outpost.boot.DHCPSeen
+	(*PXESeen)(nil),               // 26: outpost.boot.PXESeen
+	(*AssetFetch)(nil),            // 27: outpost.boot.AssetFetch
+	(*BootServed)(nil),            // 28: outpost.boot.BootServed
+	(*TunnelRefused)(nil),         // 29: outpost.boot.TunnelRefused
+	(*AgentTunnel)(nil),           // 30: outpost.boot.AgentTunnel
+	nil,                           // 31: outpost.boot.Table.AgentEntry
+	nil,                           // 32: outpost.boot.Delta.AgentEntry
+	(*timestamppb.Timestamp)(nil), // 33: google.protobuf.Timestamp
+	(bmc.PowerState)(0),           // 34: outpost.bmc.PowerState
 }
 var file_shared_api_boot_boot_proto_depIdxs = []int32{
 	0,  // 0: outpost.boot.Plan.mode:type_name -> outpost.boot.Mode
 	1,  // 1: outpost.boot.Plan.disk_method:type_name -> outpost.boot.DiskMethod
-	9,  // 2: outpost.boot.Plan.install:type_name -> outpost.boot.Kernel
-	10, // 3: outpost.boot.Table.plans:type_name -> outpost.boot.Plan
-	30, // 4: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
+	10, // 2: outpost.boot.Plan.install:type_name -> outpost.boot.Kernel
+	11, // 3: outpost.boot.Table.plans:type_name -> outpost.boot.Plan
+	31, // 4: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
 	2,  // 5: outpost.boot.Table.discovery:type_name -> outpost.boot.Discovery
-	12, // 6: outpost.boot.Table.dhcp:type_name -> outpost.boot.DHCP
+	13, // 6: outpost.boot.Table.dhcp:type_name -> outpost.boot.DHCP
 	3,  // 7: outpost.boot.DHCP.mode:type_name -> outpost.boot.DHCPMode
-	13, // 8: outpost.boot.DHCP.reservations:type_name -> outpost.boot.DHCPReservation
-	10, // 9: outpost.boot.Delta.upsert:type_name -> outpost.boot.Plan
-	31, // 10: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
+	14, // 8: outpost.boot.DHCP.reservations:type_name -> outpost.boot.DHCPReservation
+	11, // 9: outpost.boot.Delta.upsert:type_name -> outpost.boot.Plan
+	32, // 10: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
 	2,  // 11: outpost.boot.Delta.discovery:type_name -> outpost.boot.Discovery
-	12, // 12: outpost.boot.Delta.dhcp:type_name -> outpost.boot.DHCP
-	11, // 13: outpost.boot.ApplyRequest.snapshot:type_name -> outpost.boot.Table
-	14, // 14: outpost.boot.ApplyRequest.delta:type_name -> outpost.boot.Delta
-	21, // 15: outpost.boot.PublishRequest.events:type_name -> outpost.boot.Event
-	32, // 16: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
-	24, // 17: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
-	25, // 18: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
-	27, // 19: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
-	26, // 20: outpost.boot.Event.asset_fetch:type_name -> outpost.boot.AssetFetch
-	29, // 21: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
-	28, // 22: outpost.boot.Event.tunnel_refused:type_name -> outpost.boot.TunnelRefused
-	23, // 23: outpost.boot.Event.power_changed:type_name -> outpost.boot.PowerChanged
-	22, // 24: outpost.boot.Event.console_session:type_name -> outpost.boot.ConsoleSession
-	4,  // 25: outpost.boot.DHCPSeen.firmware_class:type_name -> outpost.boot.FirmwareClass
-	5,  // 26: outpost.boot.BootServed.ipxe_arch:type_name -> outpost.boot.IPXEArch
-	6,  // 27: outpost.boot.BootServed.ipxe_platform:type_name -> outpost.boot.IPXEPlatform
-	9,  // 28: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
-	9,  // 29: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
-	7,  // 30: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
-	15, // 31: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
-	19, // 32: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
-	17, // 33: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
-	8,  // 34: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
-	16, // 35: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
-	20, // 36: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
-	18, // 37: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
-	34, // [34:38] is the sub-list for method output_type
-	30, // [30:34] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	13, // 12: outpost.boot.Delta.dhcp:type_name -> outpost.boot.DHCP
+	12, // 13: outpost.boot.ApplyRequest.snapshot:type_name -> outpost.boot.Table
+	15, // 14: outpost.boot.ApplyRequest.delta:type_name -> outpost.boot.Delta
+	22, // 15: outpost.boot.PublishRequest.events:type_name -> outpost.boot.Event
+	33, // 16: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
+	25, // 17: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
+	26, // 18: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
+	28, // 19: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
+	27, // 20: outpost.boot.Event.asset_fetch:type_name -> outpost.boot.AssetFetch
+	30, // 21: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
+	29, // 22: outpost.boot.Event.tunnel_refused:type_name -> outpost.boot.TunnelRefused
+	24, // 23: outpost.boot.Event.power_changed:type_name -> outpost.boot.PowerChanged
+	23, // 24: outpost.boot.Event.console_session:type_name -> outpost.boot.ConsoleSession
+	34, // 25: outpost.boot.PowerChanged.power_state:type_name -> outpost.bmc.PowerState
+	4,  // 26: outpost.boot.DHCPSeen.firmware_class:type_name -> outpost.boot.FirmwareClass
+	5,  // 27: outpost.boot.BootServed.ipxe_arch:type_name -> outpost.boot.IPXEArch
+	6,  // 28: outpost.boot.BootServed.ipxe_platform:type_name -> outpost.boot.IPXEPlatform
+	7,  // 29: outpost.boot.TunnelRefused.refusal:type_name -> outpost.boot.TunnelRefusal
+	10, // 30: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
+	10, // 31: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
+	8,  // 32: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
+	16, // 33: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
+	20, // 34: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
+	18, // 35: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
+	9,  // 36: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
+	17, // 37: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
+	21, // 38: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
+	19, // 39: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
+	36, // [36:40] is the sub-list for method output_type
+	32, // [32:36] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_boot_boot_proto_init() }
@@ -2707,7 +2799,7 @@ func file_shared_api_boot_boot_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_boot_boot_proto_rawDesc), len(file_shared_api_boot_boot_proto_rawDesc)),
-			NumEnums:      7,
+			NumEnums:      8,
 			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   2,

@@ -1,6 +1,9 @@
 package boot
 
-import "github.com/outpost-metal/outpost/shared/metal"
+import (
+	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+	"github.com/outpost-metal/outpost/shared/metal"
+)
 
 // The journal's boot events carry the firmware class and iPXE's architecture and platform as enums; edges
 // before those fields sent only their names, which every event still carries too. The methods below read the
@@ -26,6 +29,14 @@ var ipxePlatformNames = map[IPXEPlatform]string{
 	IPXEPlatform_IPXE_PLATFORM_EFI:    "efi",
 }
 
+// tunnelRefusalNames are the refusals' names (the edge's metric labels, older journals).
+var tunnelRefusalNames = map[TunnelRefusal]string{
+	TunnelRefusal_TUNNEL_REFUSAL_CONTESTED_MACHINE_ID:    "contested_machine_id",
+	TunnelRefusal_TUNNEL_REFUSAL_SOURCE_NOT_BOOT_ADDRESS: "source_not_boot_address",
+	TunnelRefusal_TUNNEL_REFUSAL_DUPLICATE_MACHINE_ID:    "duplicate_machine_id",
+	TunnelRefusal_TUNNEL_REFUSAL_NO_BOOT_EVIDENCE:        "no_boot_evidence",
+}
+
 // byName returns the value named name in names (the zero value for none).
 func byName[E comparable](names map[E]string, name string) E {
 	for v, n := range names {
@@ -47,6 +58,13 @@ func IPXEArchNamed(name string) IPXEArch { return byName(ipxeArchNames, name) }
 
 // IPXEPlatformNamed is the value of iPXE's ${platform} (unspecified for another platform).
 func IPXEPlatformNamed(name string) IPXEPlatform { return byName(ipxePlatformNames, name) }
+
+// TunnelRefusalNamed is the refusal named name (unspecified for another name).
+func TunnelRefusalNamed(name string) TunnelRefusal { return byName(tunnelRefusalNames, name) }
+
+// Name is the refusal's name (contested_machine_id, source_not_boot_address, duplicate_machine_id,
+// no_boot_evidence; "" when unspecified).
+func (r TunnelRefusal) Name() string { return tunnelRefusalNames[r] }
 
 // Name is the class's name (bios, uefi-x86, uefi-arm64, http-x86, http-arm64; "" when unspecified).
 func (c FirmwareClass) Name() string { return firmwareClassNames[c] }
@@ -120,4 +138,34 @@ func (b *BootServed) MachineFirmware() (metal.Firmware, bool) {
 	default:
 		return "", false
 	}
+}
+
+// NewTunnelRefused is the event of a tunnel refused for machineID from remoteIP: the enum and, for older
+// controllers, its name.
+func NewTunnelRefused(machineID string, r TunnelRefusal, remoteIP string) *TunnelRefused {
+	return &TunnelRefused{MachineId: machineID, Refusal: r, Reason: r.Name(), RemoteIp: remoteIP}
+}
+
+// ReportedRefusal is why the tunnel was refused: the enum, or the one its name says in an older edge's event.
+func (t *TunnelRefused) ReportedRefusal() TunnelRefusal {
+	if r := t.GetRefusal(); r != TunnelRefusal_TUNNEL_REFUSAL_UNSPECIFIED {
+		return r
+	}
+
+	return TunnelRefusalNamed(t.GetReason())
+}
+
+// NewPowerChanged is the event of machineID's new power state (errText: why the BMC did not answer): the enum
+// and, for older controllers, its name.
+func NewPowerChanged(machineID string, s bmcpb.PowerState, errText string) *PowerChanged {
+	return &PowerChanged{MachineId: machineID, PowerState: s, State: s.Name(), Error: errText}
+}
+
+// ReportedState is the power state reported: the enum, or the one its name says in an older edge's event.
+func (p *PowerChanged) ReportedState() bmcpb.PowerState {
+	if s := p.GetPowerState(); s != bmcpb.PowerState_POWER_STATE_UNSPECIFIED {
+		return s
+	}
+
+	return bmcpb.PowerStateNamed(p.GetState())
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 	"github.com/outpost-metal/outpost/shared/metal"
 )
@@ -76,4 +77,36 @@ func FuzzVocabularyNames(f *testing.F) {
 			}
 		}
 	})
+}
+
+// Power states and tunnel refusals travel as enums beside their names; an older edge's event (names only) reads
+// the same, a newer event carries the name for older controllers, and a name nobody sends reads as unspecified.
+func TestPowerAndRefusalVocabulary(t *testing.T) {
+	t.Parallel()
+
+	for _, name := range []string{"on", "off", "unknown"} {
+		s := bmcpb.PowerStateNamed(name)
+		require.NotEqual(t, bmcpb.PowerState_POWER_STATE_UNSPECIFIED, s, name)
+
+		sent := bootpb.NewPowerChanged("m1", s, "")
+		require.Equal(t, name, sent.GetState(), "a v0.3.0 controller reads the name")
+		require.Equal(t, s, sent.ReportedState())
+		require.Equal(t, s, (&bootpb.PowerChanged{State: name}).ReportedState(), "a v0.3.0 edge sends the name only")
+	}
+
+	require.Equal(t, bmcpb.PowerState_POWER_STATE_UNSPECIFIED, (&bootpb.PowerChanged{State: "exploded"}).ReportedState())
+	require.Equal(t, bmcpb.PowerState_POWER_STATE_OFF,
+		(&bootpb.PowerChanged{State: "on", PowerState: bmcpb.PowerState_POWER_STATE_OFF}).ReportedState(), "the enum wins")
+
+	for _, name := range []string{"contested_machine_id", "source_not_boot_address", "duplicate_machine_id"} {
+		r := bootpb.TunnelRefusalNamed(name)
+		require.NotEqual(t, bootpb.TunnelRefusal_TUNNEL_REFUSAL_UNSPECIFIED, r, name)
+
+		sent := bootpb.NewTunnelRefused("m1", r, "10.0.0.66")
+		require.Equal(t, name, sent.GetReason(), "a v0.3.0 controller reads the name")
+		require.Equal(t, r, sent.ReportedRefusal())
+		require.Equal(t, r, (&bootpb.TunnelRefused{Reason: name}).ReportedRefusal(), "a v0.3.0 edge sends the name only")
+	}
+
+	require.Equal(t, bootpb.TunnelRefusal_TUNNEL_REFUSAL_UNSPECIFIED, (&bootpb.TunnelRefused{Reason: "bored"}).ReportedRefusal())
 }
