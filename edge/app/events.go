@@ -85,10 +85,10 @@ func (s siteEvents) recordTunnel(e tunnel.Event, open bool) {
 // TunnelRefused implements tunnel.RefusalSink: the controller hears that another host (or a clone) asked for
 // a machine's tunnel.
 func (s siteEvents) TunnelRefused(r tunnel.Refusal) {
-	ev := &bootpb.TunnelRefused{MachineId: r.MachineID, Reason: r.Reason}
+	var remote string
 	if r.RemoteAddr.IsValid() {
-		ev.RemoteIp = r.RemoteAddr.Addr().String()
+		remote = r.RemoteAddr.Addr().String()
 	}
 
-	s.rec.Record(&bootpb.Event{Kind: &bootpb.Event_TunnelRefused{TunnelRefused: ev}})
+	s.rec.Record(&bootpb.Event{Kind: &bootpb.Event_TunnelRefused{TunnelRefused: bootpb.NewTunnelRefused(r.MachineID, r.Reason, remote)}})
 }

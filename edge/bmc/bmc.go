@@ -33,15 +33,6 @@ const (
 	ProtocolRedfish Protocol = "redfish"
 )
 
-// BootMode is the firmware mode of a one-time PXE boot.
-type BootMode string
-
-// Boot modes.
-const (
-	BootModeBIOS BootMode = "bios"
-	BootModeUEFI BootMode = "uefi"
-)
-
 // Sentinel errors callers branch on.
 var (
 	// ErrTimeout means the BMC did not answer within the call's timeout.

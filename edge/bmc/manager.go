@@ -16,6 +16,7 @@ import (
 
 	"github.com/outpost-metal/outpost/edge/bmc/ipmi"
 	"github.com/outpost-metal/outpost/edge/bmc/redfish"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // Manager runs BMC operations: one session and one queue per BMC.
@@ -179,14 +180,14 @@ func (m *Manager) PowerCycle(ctx context.Context, t Target, c Credentials) error
 	})
 }
 
-// SetPXEOnce sets a one-time network boot in the given mode and reads it back.
-func (m *Manager) SetPXEOnce(ctx context.Context, t Target, c Credentials, mode BootMode) error {
-	if mode != BootModeBIOS && mode != BootModeUEFI {
-		return fmt.Errorf("set one-time pxe boot on bmc %s: %w: boot mode %q", t, ErrInvalidTarget, mode)
+// SetPXEOnce sets a one-time network boot in the firmware mode fw and reads it back.
+func (m *Manager) SetPXEOnce(ctx context.Context, t Target, c Credentials, fw metal.Firmware) error {
+	if fw != metal.BIOS && fw != metal.UEFI {
+		return fmt.Errorf("set one-time pxe boot on bmc %s: %w: boot mode %q", t, ErrInvalidTarget, fw)
 	}
 
 	return m.do(ctx, "set one-time pxe boot", t, c, func(pc PowerClient, ctx context.Context) error {
-		return pc.SetPXEOnce(ctx, mode == BootModeUEFI)
+		return pc.SetPXEOnce(ctx, fw == metal.UEFI)
 	})
 }
 
@@ -195,22 +196,22 @@ func (m *Manager) ClearOverride(ctx context.Context, t Target, c Credentials) er
 	return m.do(ctx, "clear boot override", t, c, PowerClient.ClearOverride)
 }
 
-// BootOverride reads the current boot override.
-func (m *Manager) BootOverride(ctx context.Context, t Target, c Credentials) (set, pxe bool, mode BootMode, err error) {
+// BootOverride reads the current boot override and the firmware mode it boots in.
+func (m *Manager) BootOverride(ctx context.Context, t Target, c Credentials) (set, pxe bool, fw metal.Firmware, err error) {
 	err = m.do(ctx, "read boot override", t, c, func(pc PowerClient, ctx context.Context) error {
 		var uefi bool
 
 		set, pxe, uefi, err = pc.BootOverride(ctx)
-		mode = BootModeBIOS
+		fw = metal.BIOS
 
 		if uefi {
-			mode = BootModeUEFI
+			fw = metal.UEFI
 		}
 
 		return err
 	})
 
-	return set, pxe, mode, err
+	return set, pxe, fw, err
 }
 
 // Protocol returns the protocol last chosen for t (empty when none yet or expired).

@@ -167,19 +167,13 @@ func (s *Service) ClearBootOverride(ctx context.Context, req *bmcpb.PowerRequest
 
 // SetPXEOnce implements bmcpb.BMCServer.
 func (s *Service) SetPXEOnce(ctx context.Context, req *bmcpb.SetPXEOnceRequest) (*bmcpb.PowerResponse, error) {
-	var mode BootMode
-
-	switch req.GetMode() {
-	case bmcpb.BootMode_BOOT_MODE_BIOS:
-		mode = BootModeBIOS
-	case bmcpb.BootMode_BOOT_MODE_UEFI:
-		mode = BootModeUEFI
-	case bmcpb.BootMode_BOOT_MODE_UNSPECIFIED:
+	fw, ok := req.GetMode().Firmware()
+	if !ok {
 		return nil, status.Error(codes.InvalidArgument, "set one-time pxe boot: boot mode is required")
 	}
 
 	t, c := fromProto(req.GetTarget())
-	if err := s.m.SetPXEOnce(ctx, t, c, mode); err != nil {
+	if err := s.m.SetPXEOnce(ctx, t, c, fw); err != nil {
 		return nil, s.statusError(req.GetTarget(), err)
 	}
 
@@ -190,15 +184,10 @@ func (s *Service) SetPXEOnce(ctx context.Context, req *bmcpb.SetPXEOnceRequest) 
 func (s *Service) GetBootOverride(ctx context.Context, req *bmcpb.PowerRequest) (*bmcpb.GetBootOverrideResponse, error) {
 	t, c := fromProto(req.GetTarget())
 
-	set, pxe, mode, err := s.m.BootOverride(ctx, t, c)
+	set, pxe, fw, err := s.m.BootOverride(ctx, t, c)
 	if err != nil {
 		return nil, s.statusError(req.GetTarget(), err)
 	}
 
-	resp := &bmcpb.GetBootOverrideResponse{Set: set, Pxe: pxe, Mode: bmcpb.BootMode_BOOT_MODE_BIOS}
-	if mode == BootModeUEFI {
-		resp.Mode = bmcpb.BootMode_BOOT_MODE_UEFI
-	}
-
-	return resp, nil
+	return &bmcpb.GetBootOverrideResponse{Set: set, Pxe: pxe, Mode: bmcpb.BootModeOf(fw)}, nil
 }

@@ -14,17 +14,10 @@ import (
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 )
 
-// Power states a Watcher reports.
-const (
-	PowerStateOn      = "on"
-	PowerStateOff     = "off"
-	PowerStateUnknown = "unknown"
-)
-
 // PowerSink is told about every change of a watched machine's power state (and its first), in order per
-// machine. It must not block (the edge's journal recorder).
+// machine; reason says why the state is unknown. It must not block (the edge's journal recorder).
 type PowerSink interface {
-	PowerChanged(machineID, state, reason string)
+	PowerChanged(machineID string, state bmcpb.PowerState, reason string)
 }
 
 // WatcherConfig tunes a Watcher.
@@ -68,7 +61,7 @@ type Watcher struct {
 type watched struct {
 	t    Target
 	c    Credentials
-	last string
+	last bmcpb.PowerState
 	next time.Time
 	busy bool
 }
@@ -115,21 +108,21 @@ func (w *Watcher) Serve(req *bmcpb.WatchRequest) (*bmcpb.WatchResponse, error) {
 	resp := &bmcpb.WatchResponse{Watching: uint32(w.Set(targets))} // bounded by MaxTargets
 
 	for id, state := range w.Known() {
-		resp.Known = append(resp.Known, &bmcpb.WatchedPower{MachineId: id, State: state})
+		resp.Known = append(resp.Known, bmcpb.NewWatchedPower(id, state))
 	}
 
 	return resp, nil
 }
 
 // Known returns the last state polled for each watched machine (machines not polled yet are left out).
-func (w *Watcher) Known() map[string]string {
+func (w *Watcher) Known() map[string]bmcpb.PowerState {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 
-	out := make(map[string]string, len(w.targets))
+	out := make(map[string]bmcpb.PowerState, len(w.targets))
 
 	for id, t := range w.targets {
-		if t.last != "" {
+		if t.last != bmcpb.PowerState_POWER_STATE_UNSPECIFIED {
 			out[id] = t.last
 		}
 	}
@@ -263,7 +256,7 @@ func (w *Watcher) poll(ctx context.Context, id string) {
 		return
 	}
 
-	state, reason := PowerStateOff, ""
+	state, reason := bmcpb.PowerState_POWER_STATE_OFF, ""
 
 	on, err := w.m.PowerStatus(ctx, target, creds)
 
@@ -273,12 +266,12 @@ func (w *Watcher) poll(ctx context.Context, id string) {
 
 		return
 	case err != nil:
-		state, reason = PowerStateUnknown, err.Error()
+		state, reason = bmcpb.PowerState_POWER_STATE_UNKNOWN, err.Error()
 	case on:
-		state = PowerStateOn
+		state = bmcpb.PowerState_POWER_STATE_ON
 	}
 
-	w.polls.WithLabelValues(state).Inc()
+	w.polls.WithLabelValues(state.Name()).Inc()
 
 	w.mu.Lock()
 	cur, still := w.targets[id]

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outpost-metal/outpost/edge/bmc"
 	"github.com/outpost-metal/outpost/edge/bmc/internal/fakebmc"
+	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 )
 
 type powerEvents struct {
@@ -20,11 +21,11 @@ type powerEvents struct {
 	log []string
 }
 
-func (p *powerEvents) PowerChanged(id, state, _ string) {
+func (p *powerEvents) PowerChanged(id string, state bmcpb.PowerState, _ string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 
-	p.log = append(p.log, id+" "+state)
+	p.log = append(p.log, id+" "+state.Name())
 }
 
 func (p *powerEvents) all() []string {

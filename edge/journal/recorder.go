@@ -7,6 +7,7 @@ import (
 	"github.com/outpost-metal/outpost/edge/dhcp"
 	"github.com/outpost-metal/outpost/edge/httpd"
 	"github.com/outpost-metal/outpost/edge/tftp"
+	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
@@ -118,12 +119,10 @@ const (
 const maxPowerReason = 256
 
 // PowerChanged records a watched BMC's new power state (it fits bmc.PowerSink).
-func (r *Recorder) PowerChanged(machineID, state, reason string) {
+func (r *Recorder) PowerChanged(machineID string, state bmcpb.PowerState, reason string) {
 	if len(reason) > maxPowerReason {
 		reason = reason[:maxPowerReason]
 	}
 
-	r.Record(&bootpb.Event{Kind: &bootpb.Event_PowerChanged{PowerChanged: &bootpb.PowerChanged{
-		MachineId: machineID, State: state, Error: reason,
-	}}})
+	r.Record(&bootpb.Event{Kind: &bootpb.Event_PowerChanged{PowerChanged: bootpb.NewPowerChanged(machineID, state, reason)}})
 }

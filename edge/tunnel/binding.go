@@ -10,6 +10,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
 // Binding is how much an agent's tunnel must prove before it speaks for a machine. The real metal agent sends
@@ -61,17 +63,17 @@ func newBinder(mode Binding, evidence Evidence) *binder {
 	return &binder{mode: mode, evidence: evidence, bound: map[string]binding{}}
 }
 
-// Refusal reasons (metric labels).
+// Refusal reasons, as the journal carries them; their names are the metric labels.
 const (
-	refuseDuplicate = "duplicate_machine_id"
-	refuseNoBoot    = "no_boot_evidence"
-	refuseElsewhere = "source_not_boot_address"
-	refuseContested = "contested_machine_id"
+	refuseDuplicate = bootpb.TunnelRefusal_TUNNEL_REFUSAL_DUPLICATE_MACHINE_ID
+	refuseNoBoot    = bootpb.TunnelRefusal_TUNNEL_REFUSAL_NO_BOOT_EVIDENCE
+	refuseElsewhere = bootpb.TunnelRefusal_TUNNEL_REFUSAL_SOURCE_NOT_BOOT_ADDRESS
+	refuseContested = bootpb.TunnelRefusal_TUNNEL_REFUSAL_CONTESTED_MACHINE_ID
 )
 
 // bindError is a refused binding: a status for the agent, a reason for the metrics and the log.
 type bindError struct {
-	reason string
+	reason bootpb.TunnelRefusal
 	err    error
 }
 
@@ -145,8 +147,8 @@ func (s *Server) admitBound(ctx context.Context, id string) (func(), error) {
 			reason = be.reason
 		}
 
-		s.rejected.WithLabelValues(reason).Inc()
-		s.refusals.Note(reason, zap.String("machine", id), zap.Stringer("remote", remoteAddr(ctx)), zap.Error(err))
+		s.rejected.WithLabelValues(reason.Name()).Inc()
+		s.refusals.Note(reason.Name(), zap.String("machine", id), zap.Stringer("remote", remoteAddr(ctx)), zap.Error(err))
 		s.reportRefusal(id, reason, remoteAddr(ctx))
 
 		return nil, err
@@ -164,14 +166,14 @@ const (
 
 // reportRefusal passes a refused tunnel of a machine that booted here to the sink, paced per machine and
 // reason. A machine the edge has no boot evidence of is not reported: made-up UUIDs are free to send.
-func (s *Server) reportRefusal(id, reason string, remote netip.AddrPort) {
+func (s *Server) reportRefusal(id string, reason bootpb.TunnelRefusal, remote netip.AddrPort) {
 	sink, ok := s.sink.(RefusalSink)
 	if !ok || reason == refuseNoBoot {
 		return
 	}
 
 	now := s.now()
-	key := id + " " + reason
+	key := id + " " + reason.Name()
 
 	s.reportMu.Lock()
 	last, seen := s.reported[key]

@@ -221,7 +221,7 @@ func (r *refusals) TunnelRefused(f tunnel.Refusal) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 
-	r.seen = append(r.seen, f.MachineID+" "+f.Reason+" "+f.RemoteAddr.Addr().String())
+	r.seen = append(r.seen, f.MachineID+" "+f.Reason.Name()+" "+f.RemoteAddr.Addr().String())
 }
 
 func (r *refusals) list() []string {

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/outpost-metal/outpost/edge/limits"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 	"github.com/outpost-metal/outpost/shared/metal"
 )
 
@@ -56,9 +57,9 @@ type EventSink interface {
 // Refusal is an agent tunnel refused for a machine that booted through this edge (see RefusalSink).
 type Refusal struct {
 	MachineID string
-	// Reason is the refusal's metric label: contested_machine_id, source_not_boot_address or
-	// duplicate_machine_id.
-	Reason     string
+	// Reason is contested machine ID, source not the boot address or duplicate machine ID (never no boot
+	// evidence: those are not reported).
+	Reason     bootpb.TunnelRefusal
 	RemoteAddr netip.AddrPort
 	Time       time.Time
 }

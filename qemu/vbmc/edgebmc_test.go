@@ -17,6 +17,7 @@ import (
 
 	"github.com/outpost-metal/outpost/edge/bmc"
 	"github.com/outpost-metal/outpost/qemu/vbmc"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // fakeClock is an injectable clock that only moves when told.
@@ -106,13 +107,13 @@ func TestManagerOperations(t *testing.T) {
 			}
 
 			// PXE once in BIOS mode, read back, then consumed by power on.
-			require.NoError(t, mgr.SetPXEOnce(ctx, tgt, creds, bmc.BootModeBIOS))
+			require.NoError(t, mgr.SetPXEOnce(ctx, tgt, creds, metal.BIOS))
 
 			set, pxe, mode, err := mgr.BootOverride(ctx, tgt, creds)
 			require.NoError(t, err)
 			require.True(t, set)
 			require.True(t, pxe)
-			require.Equal(t, bmc.BootModeBIOS, mode)
+			require.Equal(t, metal.BIOS, mode)
 
 			require.NoError(t, mgr.PowerOn(ctx, tgt, creds))
 
@@ -122,18 +123,18 @@ func TestManagerOperations(t *testing.T) {
 			require.Equal(t, vbmc.Override{Device: vbmc.BootPXE, Mode: vbmc.ModeBIOS}, mach.ch.Boots()[0])
 
 			// PXE once in UEFI mode, then a cycle boots it.
-			require.NoError(t, mgr.SetPXEOnce(ctx, tgt, creds, bmc.BootModeUEFI))
+			require.NoError(t, mgr.SetPXEOnce(ctx, tgt, creds, metal.UEFI))
 
 			_, _, mode, err = mgr.BootOverride(ctx, tgt, creds)
 			require.NoError(t, err)
-			require.Equal(t, bmc.BootModeUEFI, mode)
+			require.Equal(t, metal.UEFI, mode)
 
 			require.NoError(t, mgr.PowerCycle(ctx, tgt, creds))
 			require.Len(t, mach.ch.Boots(), 2)
 			require.Equal(t, vbmc.Override{Device: vbmc.BootPXE, Mode: vbmc.ModeUEFI}, mach.ch.Boots()[1])
 
 			// Clear an override.
-			require.NoError(t, mgr.SetPXEOnce(ctx, tgt, creds, bmc.BootModeUEFI))
+			require.NoError(t, mgr.SetPXEOnce(ctx, tgt, creds, metal.UEFI))
 			require.NoError(t, mgr.ClearOverride(ctx, tgt, creds))
 
 			set, _, _, err = mgr.BootOverride(ctx, tgt, creds)
@@ -190,7 +191,7 @@ func TestManagerSerializesCallsToOneBMC(t *testing.T) {
 				_, err := mgr.PowerStatus(t.Context(), tgt, creds)
 				errs <- err
 			} else {
-				errs <- mgr.SetPXEOnce(t.Context(), tgt, creds, bmc.BootModeUEFI)
+				errs <- mgr.SetPXEOnce(t.Context(), tgt, creds, metal.UEFI)
 			}
 		})
 	}
@@ -354,13 +355,13 @@ func TestManagerSendsBootModeOnlyWhenItChanges(t *testing.T) {
 	tgt := mach.target(bmc.ProtocolRedfish)
 
 	for _, step := range []struct {
-		mode  bmc.BootMode
+		mode  metal.Firmware
 		patch int
 	}{
-		{mode: bmc.BootModeBIOS, patch: 0}, // the system is in Legacy mode already
-		{mode: bmc.BootModeUEFI, patch: 1},
-		{mode: bmc.BootModeUEFI, patch: 1},
-		{mode: bmc.BootModeBIOS, patch: 2},
+		{mode: metal.BIOS, patch: 0}, // the system is in Legacy mode already
+		{mode: metal.UEFI, patch: 1},
+		{mode: metal.UEFI, patch: 1},
+		{mode: metal.BIOS, patch: 2},
 	} {
 		require.NoError(t, mgr.SetPXEOnce(t.Context(), tgt, creds, step.mode))
 		require.Equal(t, step.patch, mach.rf.ModePatches(), "mode %s", step.mode)
