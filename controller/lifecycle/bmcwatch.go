@@ -37,7 +37,7 @@ type WatchLists struct {
 
 // PowerReports takes the power states an edge knows when it is handed its list (Locations).
 type PowerReports interface {
-	PowerReported(site, machineID, state, reason string)
+	PowerReported(site, machineID string, state bmcpb.PowerState, reason string)
 }
 
 // NewWatchLists returns empty lists; protocol is how the edge reaches the BMCs unless a site's own policy
@@ -191,7 +191,7 @@ func (w *WatchLists) OnSession(ctx context.Context, site string, conn grpc.Clien
 
 		if w.power != nil {
 			for _, k := range resp.GetKnown() {
-				w.power.PowerReported(site, k.GetMachineId(), k.GetState(), "")
+				w.power.PowerReported(site, k.GetMachineId(), k.ReportedState(), "")
 			}
 		}
 

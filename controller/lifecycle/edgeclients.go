@@ -13,6 +13,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/resources/specs"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 	intentspb "github.com/outpost-metal/outpost/shared/api/intents"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // ErrNoIPMI means the machine's power management is not something the edge's BMC service can drive.
@@ -153,7 +154,7 @@ func (c *EdgeClients) SetPXEOnce(ctx context.Context, site, id string, bmc *spec
 
 	if c.Sites != nil {
 		if loc, ok := c.Sites.Locate(id); ok {
-			mode = bootMode(loc.Firmware)
+			mode = bmcpb.BootModeOf(metal.Firmware(loc.Firmware))
 		}
 	}
 
@@ -174,22 +175,11 @@ func (c *EdgeClients) bmcBootMode(ctx context.Context, b *machineaccess.BMC) bmc
 		return resp.GetMode()
 	}
 
-	if m := bootMode(c.DefaultBootMode); m != bmcpb.BootMode_BOOT_MODE_UNSPECIFIED {
+	if m := bmcpb.BootModeOf(metal.Firmware(c.DefaultBootMode)); m != bmcpb.BootMode_BOOT_MODE_UNSPECIFIED {
 		return m
 	}
 
 	return bmcpb.BootMode_BOOT_MODE_UEFI
-}
-
-func bootMode(firmware string) bmcpb.BootMode {
-	switch firmware {
-	case "uefi":
-		return bmcpb.BootMode_BOOT_MODE_UEFI
-	case "bios":
-		return bmcpb.BootMode_BOOT_MODE_BIOS
-	default:
-		return bmcpb.BootMode_BOOT_MODE_UNSPECIFIED
-	}
 }
 
 // Inventory implements InventoryClient.

@@ -75,11 +75,11 @@ func (l *Locations) HandleEvent(ctx context.Context, site string, e *bootpb.Even
 			at = ts.AsTime()
 		}
 
-		l.powerReported(site, metal.NormalizeID(k.PowerChanged.GetMachineId()), k.PowerChanged.GetState(), k.PowerChanged.GetError(), at)
+		l.powerReported(site, metal.NormalizeID(k.PowerChanged.GetMachineId()), k.PowerChanged.ReportedState(), k.PowerChanged.GetError(), at)
 	case *bootpb.Event_TunnelRefused:
 		id := metal.NormalizeID(k.TunnelRefused.GetMachineId())
 
-		alert, ok := alertOfRefusal[k.TunnelRefused.GetReason()]
+		alert, ok := alertOfRefusal[k.TunnelRefused.ReportedRefusal()]
 		if !ok {
 			l.reject(site, "unknown_refusal_reason", nil)
 
@@ -104,10 +104,10 @@ func (l *Locations) HandleEvent(ctx context.Context, site string, e *bootpb.Even
 }
 
 // alertOfRefusal is the alert each reason an edge refuses a known machine's tunnel for raises.
-var alertOfRefusal = map[string]string{
-	"contested_machine_id":    AlertTunnelContested,
-	"source_not_boot_address": AlertTunnelOtherSource,
-	"duplicate_machine_id":    AlertSecondTunnel,
+var alertOfRefusal = map[bootpb.TunnelRefusal]string{
+	bootpb.TunnelRefusal_TUNNEL_REFUSAL_CONTESTED_MACHINE_ID:    AlertTunnelContested,
+	bootpb.TunnelRefusal_TUNNEL_REFUSAL_SOURCE_NOT_BOOT_ADDRESS: AlertTunnelOtherSource,
+	bootpb.TunnelRefusal_TUNNEL_REFUSAL_DUPLICATE_MACHINE_ID:    AlertSecondTunnel,
 }
 
 func (l *Locations) reject(site, reason string, err error) {

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 	"github.com/outpost-metal/outpost/shared/metal"
 )
 
@@ -447,15 +448,15 @@ func (l *Locations) Forget(machineID string) {
 
 // PowerReported records the power state siteID's edge reported for machineID from watching its BMC; a
 // report from a site the machine is not at is ignored.
-func (l *Locations) PowerReported(siteID, machineID, state, reason string) {
-	l.powerReported(siteID, machineID, state, reason, time.Time{})
+func (l *Locations) PowerReported(siteID, machineID string, reported bmcpb.PowerState, reason string) {
+	l.powerReported(siteID, machineID, reported, reason, time.Time{})
 }
 
-// powerReported is PowerReported for a state the edge saw at (zero: now).
-func (l *Locations) powerReported(siteID, machineID, state, reason string, at time.Time) {
-	switch state {
-	case "on", "off", "unknown":
-	default:
+// powerReported is PowerReported for a state the edge saw at (zero: now). The state is kept by name ("on",
+// "off", "unknown"); an unspecified one is ignored.
+func (l *Locations) powerReported(siteID, machineID string, reported bmcpb.PowerState, reason string, at time.Time) {
+	state := reported.Name()
+	if state == "" {
 		return
 	}
 

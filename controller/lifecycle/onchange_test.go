@@ -7,6 +7,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outpost-metal/outpost/controller/lifecycle"
+	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 )
 
 // Locations tells the lifecycle of every change to what it knows of a machine (so it is observed at once), and
@@ -36,19 +37,19 @@ func TestLocationsTellChanges(t *testing.T) {
 	require.NoError(t, l.AgentConnected("site-a", id, true))
 	require.Equal(t, []string{id}, take(), "agent tunnel open")
 
-	l.PowerReported("site-a", id, "on", "")
+	l.PowerReported("site-a", id, bmcpb.PowerState_POWER_STATE_ON, "")
 	require.Equal(t, []string{id}, take(), "power reported")
 
-	l.PowerReported("site-a", id, "on", "")
+	l.PowerReported("site-a", id, bmcpb.PowerState_POWER_STATE_ON, "")
 	require.Empty(t, take(), "the same state again is no change")
 
-	l.PowerReported("site-a", id, "unknown", "bmc timeout")
+	l.PowerReported("site-a", id, bmcpb.PowerState_POWER_STATE_UNKNOWN, "bmc timeout")
 	require.Equal(t, []string{id}, take(), "unknown, with a reason")
 
-	l.PowerReported("site-a", id, "unknown", "bmc refused the password")
+	l.PowerReported("site-a", id, bmcpb.PowerState_POWER_STATE_UNKNOWN, "bmc refused the password")
 	require.Equal(t, []string{id}, take(), "another reason")
 
-	l.PowerReported("site-b", id, "off", "")
+	l.PowerReported("site-b", id, bmcpb.PowerState_POWER_STATE_OFF, "")
 	require.Empty(t, take(), "a report from a site the machine is not at")
 
 	l.SiteOffline("site-a")

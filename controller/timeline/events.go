@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 	"github.com/outpost-metal/outpost/shared/metal"
 	"github.com/outpost-metal/outpost/shared/printable"
@@ -123,11 +124,11 @@ func (b *Book) HandleEvent(_ context.Context, site string, e *bootpb.Event) erro
 	case *bootpb.Event_TunnelRefused:
 		r := k.TunnelRefused
 
-		why, ok := map[string]string{
-			"contested_machine_id":    "two machines with this UUID booted lately (a clone, or a forger)",
-			"source_not_boot_address": "it came from another address than the machine booted from",
-			"duplicate_machine_id":    "the machine already has one",
-		}[r.GetReason()]
+		why, ok := map[bootpb.TunnelRefusal]string{
+			bootpb.TunnelRefusal_TUNNEL_REFUSAL_CONTESTED_MACHINE_ID:    "two machines with this UUID booted lately (a clone, or a forger)",
+			bootpb.TunnelRefusal_TUNNEL_REFUSAL_SOURCE_NOT_BOOT_ADDRESS: "it came from another address than the machine booted from",
+			bootpb.TunnelRefusal_TUNNEL_REFUSAL_DUPLICATE_MACHINE_ID:    "the machine already has one",
+		}[r.ReportedRefusal()]
 		if !ok {
 			b.metrics.refused.WithLabelValues("bad_event").Inc()
 
@@ -141,11 +142,12 @@ func (b *Book) HandleEvent(_ context.Context, site string, e *bootpb.Event) erro
 	case *bootpb.Event_PowerChanged:
 		p := k.PowerChanged
 
-		entry := Entry{At: at, Kind: KindPower, Text: "BMC reports power " + p.GetState()}
+		state := p.ReportedState()
+		entry := Entry{At: at, Kind: KindPower, Text: "BMC reports power " + state.Name()}
 
-		switch p.GetState() {
-		case "on", "off":
-		case "unknown":
+		switch state {
+		case bmcpb.PowerState_POWER_STATE_ON, bmcpb.PowerState_POWER_STATE_OFF:
+		case bmcpb.PowerState_POWER_STATE_UNKNOWN:
 			entry.Text, entry.Error = "BMC not answering: "+orUnknown(p.GetError()), true
 		default:
 			b.metrics.refused.WithLabelValues("bad_event").Inc()
