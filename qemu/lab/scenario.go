@@ -16,6 +16,7 @@ import (
 
 	"github.com/outpost-metal/outpost/qemu/realomni"
 	"github.com/outpost-metal/outpost/qemu/vbmc"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // Env is a running lab: the core with Omni (a real one or the stand-in) and the controller, two sites with
@@ -973,12 +974,12 @@ func (e *Env) restartControllerFresh(ctx context.Context, installed *Machine) er
 }
 
 // bootModeOf is the chassis boot mode matching m's firmware.
-func bootModeOf(m *Machine) vbmc.BootMode {
+func bootModeOf(m *Machine) metal.Firmware {
 	if m.Spec.Firmware == UEFI {
-		return vbmc.ModeUEFI
+		return metal.UEFI
 	}
 
-	return vbmc.ModeBIOS
+	return metal.BIOS
 }
 
 // waitNetbootToDisk waits until m, booting network first, reached its installed OS: the VM started network

@@ -282,7 +282,7 @@ func TestBinariesLifecycleWithOmniStandIn(t *testing.T) {
 	after := chassis.Boots()[boots:]
 	t.Logf("boots after the restart: %+v", after)
 	require.NotEmpty(t, after)
-	require.Equal(t, vbmc.BootMode(operatorMode), after[0].Mode, "the power-on did not boot in the operator's mode")
+	require.Equal(t, metal.Firmware(operatorMode), after[0].Mode, "the power-on did not boot in the operator's mode")
 
 	// What Omni holds in the provider's namespace (readable by any Omni Reader) has the password sealed.
 	types := resources.NewTypes("bare-metal")

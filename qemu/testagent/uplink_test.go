@@ -275,7 +275,7 @@ func TestOverUplink(t *testing.T) {
 			}
 
 			require.NoError(t, b.PowerOn(ctx))
-			require.Equal(t, vbmc.Override{Device: vbmc.BootPXE, Mode: vbmc.ModeUEFI}, ch.Boots()[0])
+			require.Equal(t, vbmc.Override{Device: vbmc.BootPXE, Mode: metal.UEFI}, ch.Boots()[0])
 			require.NoError(t, b.PowerCycle(ctx))
 			require.Len(t, ch.Boots(), 2)
 			require.NoError(t, b.ClearBootOverride(ctx))

@@ -7,6 +7,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // BootDevice is a boot override target.
@@ -19,19 +21,10 @@ const (
 	BootDisk BootDevice = "disk"
 )
 
-// BootMode is the firmware mode of a boot override.
-type BootMode string
-
-// Boot modes.
-const (
-	ModeBIOS BootMode = "bios"
-	ModeUEFI BootMode = "uefi"
-)
-
-// Override is the boot override of a chassis.
+// Override is the boot override of a chassis; Mode is the firmware mode it boots in.
 type Override struct {
 	Device     BootDevice
-	Mode       BootMode
+	Mode       metal.Firmware
 	Persistent bool
 }
 
@@ -73,7 +66,7 @@ func WithLatency(d time.Duration) ChassisOption { return func(c *Chassis) { c.la
 
 // NewChassis returns a powered-off chassis without boot override.
 func NewChassis(opts ...ChassisOption) *Chassis {
-	c := &Chassis{override: Override{Mode: ModeBIOS}}
+	c := &Chassis{override: Override{Mode: metal.BIOS}}
 	for _, o := range opts {
 		o(c)
 	}

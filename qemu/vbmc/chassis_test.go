@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outpost-metal/outpost/qemu/vbmc"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 type hookCall struct {
@@ -32,7 +33,7 @@ func TestChassisHook(t *testing.T) {
 	ctx := t.Context()
 
 	// A failing hook (QEMU did not start) leaves the machine off and the override in place.
-	ch.SetOverride(vbmc.Override{Device: vbmc.BootPXE, Mode: vbmc.ModeUEFI})
+	ch.SetOverride(vbmc.Override{Device: vbmc.BootPXE, Mode: metal.UEFI})
 	fail = errors.New("qemu did not start")
 	require.Error(t, ch.SetPower(ctx, true))
 	require.False(t, ch.PowerState())
@@ -45,8 +46,8 @@ func TestChassisHook(t *testing.T) {
 	require.NoError(t, ch.SetPower(ctx, false))
 
 	require.Equal(t, []hookCall{
-		{vbmc.ActionPowerOn, vbmc.Override{Device: vbmc.BootPXE, Mode: vbmc.ModeUEFI}},
-		{vbmc.ActionPowerOn, vbmc.Override{Device: vbmc.BootPXE, Mode: vbmc.ModeUEFI}},
+		{vbmc.ActionPowerOn, vbmc.Override{Device: vbmc.BootPXE, Mode: metal.UEFI}},
+		{vbmc.ActionPowerOn, vbmc.Override{Device: vbmc.BootPXE, Mode: metal.UEFI}},
 		{vbmc.ActionReset, vbmc.Override{}}, // the one-time override was consumed
 		{vbmc.ActionPowerOff, vbmc.Override{}},
 	}, calls)

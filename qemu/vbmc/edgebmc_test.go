@@ -120,7 +120,7 @@ func TestManagerOperations(t *testing.T) {
 			on, err = mgr.PowerStatus(ctx, tgt, creds)
 			require.NoError(t, err)
 			require.True(t, on)
-			require.Equal(t, vbmc.Override{Device: vbmc.BootPXE, Mode: vbmc.ModeBIOS}, mach.ch.Boots()[0])
+			require.Equal(t, vbmc.Override{Device: vbmc.BootPXE, Mode: metal.BIOS}, mach.ch.Boots()[0])
 
 			// PXE once in UEFI mode, then a cycle boots it.
 			require.NoError(t, mgr.SetPXEOnce(ctx, tgt, creds, metal.UEFI))
@@ -131,7 +131,7 @@ func TestManagerOperations(t *testing.T) {
 
 			require.NoError(t, mgr.PowerCycle(ctx, tgt, creds))
 			require.Len(t, mach.ch.Boots(), 2)
-			require.Equal(t, vbmc.Override{Device: vbmc.BootPXE, Mode: vbmc.ModeUEFI}, mach.ch.Boots()[1])
+			require.Equal(t, vbmc.Override{Device: vbmc.BootPXE, Mode: metal.UEFI}, mach.ch.Boots()[1])
 
 			// Clear an override.
 			require.NoError(t, mgr.SetPXEOnce(ctx, tgt, creds, metal.UEFI))

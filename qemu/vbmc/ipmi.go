@@ -15,6 +15,8 @@ import (
 	"github.com/bougou/go-ipmi/pkg/server"
 	"github.com/bougou/go-ipmi/pkg/transport/udp"
 	"github.com/bougou/go-ipmi/pkg/types"
+
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // IPMI is the IPMI v2 (lanplus) front end of a Chassis.
@@ -136,9 +138,9 @@ func (c ipmiChassis) SetBootFlags(_ context.Context, f *types.BootOptionParam_Bo
 		return hal.ErrNotSupported
 	}
 
-	o := Override{Mode: ModeBIOS, Persistent: f.Persist}
+	o := Override{Mode: metal.BIOS, Persistent: f.Persist}
 	if f.BIOSBootType == types.BIOSBootTypeEFI {
-		o.Mode = ModeUEFI
+		o.Mode = metal.UEFI
 	}
 
 	if f.BootFlagsValid {
@@ -162,7 +164,7 @@ func (c ipmiChassis) GetBootFlags(context.Context) (*types.BootOptionParam_BootF
 	f := &types.BootOptionParam_BootFlags{
 		BootFlagsValid: o.Device != BootNone,
 		Persist:        o.Persistent,
-		BIOSBootType:   types.BIOSBootType(o.Mode == ModeUEFI),
+		BIOSBootType:   types.BIOSBootType(o.Mode == metal.UEFI),
 	}
 
 	switch o.Device {

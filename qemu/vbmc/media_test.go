@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outpost-metal/outpost/qemu/vbmc"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // mediaBMC is a Redfish vBMC with a virtual CD (no backend) on loopback.
@@ -67,12 +68,12 @@ s.get_system("/redfish/v1/Systems/1").set_system_boot_options(sushy.BootSource.C
 `
 	py, err := exec.CommandContext(t.Context(), "/usr/bin/python3", "-c", script, endpoint+"/redfish/v1", user, password).CombinedOutput()
 	require.NoError(t, err, "%s", py)
-	require.Equal(t, vbmc.Override{Device: vbmc.BootCD, Mode: vbmc.ModeUEFI}, ch.Override())
+	require.Equal(t, vbmc.Override{Device: vbmc.BootCD, Mode: metal.UEFI}, ch.Override())
 
 	out, err = sushycli(t, endpoint, "system", "power", "on")
 	require.NoError(t, err, out)
 	require.NoError(t, ch.Reset(t.Context()))
-	require.Equal(t, []vbmc.Override{{Device: vbmc.BootCD, Mode: vbmc.ModeUEFI}, {}}, ch.Boots(), "the CD booted once, then the firmware's own order")
+	require.Equal(t, []vbmc.Override{{Device: vbmc.BootCD, Mode: metal.UEFI}, {}}, ch.Boots(), "the CD booted once, then the firmware's own order")
 
 	out, err = sushycli(t, endpoint, "manager", "vmedia", "eject", "--device-id", "/redfish/v1/Managers/1/VirtualMedia/CD1")
 	require.NoError(t, err, out)

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // Redfish paths served by the emulator (DSP0266).
@@ -220,7 +222,7 @@ func (r *Redfish) bump() {
 
 var (
 	redfishTarget = map[BootDevice]string{BootNone: "None", BootPXE: "Pxe", BootDisk: "Hdd", BootCD: "Cd"}
-	redfishMode   = map[BootMode]string{ModeBIOS: "Legacy", ModeUEFI: "UEFI"}
+	redfishMode   = map[metal.Firmware]string{metal.BIOS: "Legacy", metal.UEFI: "UEFI"}
 )
 
 func (r *Redfish) getSystem(w http.ResponseWriter, settings bool) {
@@ -359,9 +361,9 @@ func (r *Redfish) patchBoot(w http.ResponseWriter, req *http.Request, pending bo
 
 		switch *b.BootSourceOverrideMode {
 		case "Legacy":
-			o.Mode = ModeBIOS
+			o.Mode = metal.BIOS
 		case "UEFI":
-			o.Mode = ModeUEFI
+			o.Mode = metal.UEFI
 		default:
 			writeError(w, http.StatusBadRequest, "Base.1.8.PropertyValueNotInList", "unsupported BootSourceOverrideMode")
 

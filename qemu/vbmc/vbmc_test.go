@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outpost-metal/outpost/qemu/vbmc"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 func TestMain(m *testing.M) {
@@ -84,7 +85,7 @@ func TestIPMIWithIpmitool(t *testing.T) {
 	require.Contains(t, ipmitool(t, port, "chassis", "power", "status"), "Chassis Power is off")
 
 	ipmitool(t, port, "chassis", "bootdev", "pxe", "options=efiboot")
-	require.Equal(t, vbmc.Override{Device: vbmc.BootPXE, Mode: vbmc.ModeUEFI}, ch.Override())
+	require.Equal(t, vbmc.Override{Device: vbmc.BootPXE, Mode: metal.UEFI}, ch.Override())
 
 	out := ipmitool(t, port, "chassis", "bootparam", "get", "5")
 	require.Contains(t, out, "Force PXE")
@@ -92,13 +93,13 @@ func TestIPMIWithIpmitool(t *testing.T) {
 
 	ipmitool(t, port, "chassis", "power", "on")
 	require.Contains(t, ipmitool(t, port, "chassis", "power", "status"), "Chassis Power is on")
-	require.Equal(t, []vbmc.Override{{Device: vbmc.BootPXE, Mode: vbmc.ModeUEFI}}, ch.Boots(), "power-on consumed the one-time PXE")
+	require.Equal(t, []vbmc.Override{{Device: vbmc.BootPXE, Mode: metal.UEFI}}, ch.Boots(), "power-on consumed the one-time PXE")
 	require.Equal(t, vbmc.BootNone, ch.Override().Device)
 
 	ipmitool(t, port, "chassis", "bootdev", "pxe")
 	ipmitool(t, port, "chassis", "power", "cycle")
 	require.Len(t, ch.Boots(), 2)
-	require.Equal(t, vbmc.Override{Device: vbmc.BootPXE, Mode: vbmc.ModeBIOS}, ch.Boots()[1])
+	require.Equal(t, vbmc.Override{Device: vbmc.BootPXE, Mode: metal.BIOS}, ch.Boots()[1])
 
 	ipmitool(t, port, "chassis", "power", "off")
 	require.False(t, ch.PowerState())
