@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/stmcginnis/gofish/schemas"
+
 	"github.com/outpost-metal/outpost/shared/metal"
 )
 
@@ -221,8 +223,12 @@ func (r *Redfish) bump() {
 }
 
 var (
-	redfishTarget = map[BootDevice]string{BootNone: "None", BootPXE: "Pxe", BootDisk: "Hdd", BootCD: "Cd"}
-	redfishMode   = map[metal.Firmware]string{metal.BIOS: "Legacy", metal.UEFI: "UEFI"}
+	redfishTarget = map[BootDevice]schemas.BootSource{
+		BootNone: schemas.NoneBootSource, BootPXE: schemas.PxeBootSource, BootDisk: schemas.HddBootSource, BootCD: schemas.CdBootSource,
+	}
+	redfishMode = map[metal.Firmware]schemas.BootSourceOverrideMode{
+		metal.BIOS: schemas.LegacyBootSourceOverrideMode, metal.UEFI: schemas.UEFIBootSourceOverrideMode,
+	}
 )
 
 func (r *Redfish) getSystem(w http.ResponseWriter, settings bool) {
@@ -236,17 +242,17 @@ func (r *Redfish) getSystem(w http.ResponseWriter, settings bool) {
 		r.mu.Unlock()
 	}
 
-	enabled := "Disabled"
+	enabled := schemas.DisabledBootSourceOverrideEnabled
 	if o.Device != BootNone {
-		enabled = "Once"
+		enabled = schemas.OnceBootSourceOverrideEnabled
 		if o.Persistent {
-			enabled = "Continuous"
+			enabled = schemas.ContinuousBootSourceOverrideEnabled
 		}
 	}
 
-	power := "Off"
+	power := schemas.OffPowerState
 	if r.ch.PowerState() {
-		power = "On"
+		power = schemas.OnPowerState
 	}
 
 	id := systemPath
@@ -254,9 +260,9 @@ func (r *Redfish) getSystem(w http.ResponseWriter, settings bool) {
 		id = settingsPath
 	}
 
-	targets := []string{"None", "Pxe", "Hdd"}
+	targets := []schemas.BootSource{schemas.NoneBootSource, schemas.PxeBootSource, schemas.HddBootSource}
 	if r.opts.Media != nil {
-		targets = append(targets, "Cd")
+		targets = append(targets, schemas.CdBootSource)
 	}
 
 	sys := map[string]any{
@@ -276,8 +282,9 @@ func (r *Redfish) getSystem(w http.ResponseWriter, settings bool) {
 		"Actions": map[string]any{
 			"#ComputerSystem.Reset": map[string]any{
 				"target": resetPath,
-				"ResetType@Redfish.AllowableValues": []string{
-					"On", "ForceOff", "GracefulShutdown", "ForceRestart", "GracefulRestart", "PowerCycle",
+				"ResetType@Redfish.AllowableValues": []schemas.ResetType{
+					schemas.OnResetType, schemas.ForceOffResetType, schemas.GracefulShutdownResetType,
+					schemas.ForceRestartResetType, schemas.GracefulRestartResetType, schemas.PowerCycleResetType,
 				},
 			},
 		},
@@ -309,9 +316,9 @@ func (r *Redfish) getSystem(w http.ResponseWriter, settings bool) {
 func (r *Redfish) patchBoot(w http.ResponseWriter, req *http.Request, pending bool) {
 	var body struct {
 		Boot *struct {
-			BootSourceOverrideEnabled *string
-			BootSourceOverrideTarget  *string
-			BootSourceOverrideMode    *string
+			BootSourceOverrideEnabled *schemas.BootSourceOverrideEnabled
+			BootSourceOverrideTarget  *schemas.BootSource
+			BootSourceOverrideMode    *schemas.BootSourceOverrideMode
 		}
 	}
 
@@ -333,13 +340,13 @@ func (r *Redfish) patchBoot(w http.ResponseWriter, req *http.Request, pending bo
 
 	if b.BootSourceOverrideTarget != nil {
 		switch *b.BootSourceOverrideTarget {
-		case "None":
+		case schemas.NoneBootSource:
 			o.Device = BootNone
-		case "Pxe":
+		case schemas.PxeBootSource:
 			o.Device = BootPXE
-		case "Hdd":
+		case schemas.HddBootSource:
 			o.Device = BootDisk
-		case "Cd":
+		case schemas.CdBootSource:
 			if r.opts.Media == nil {
 				writeError(w, http.StatusBadRequest, "Base.1.8.PropertyValueNotInList", "this bmc has no virtual media")
 
@@ -360,9 +367,9 @@ func (r *Redfish) patchBoot(w http.ResponseWriter, req *http.Request, pending bo
 		r.mu.Unlock()
 
 		switch *b.BootSourceOverrideMode {
-		case "Legacy":
+		case schemas.LegacyBootSourceOverrideMode:
 			o.Mode = metal.BIOS
-		case "UEFI":
+		case schemas.UEFIBootSourceOverrideMode:
 			o.Mode = metal.UEFI
 		default:
 			writeError(w, http.StatusBadRequest, "Base.1.8.PropertyValueNotInList", "unsupported BootSourceOverrideMode")
@@ -373,12 +380,12 @@ func (r *Redfish) patchBoot(w http.ResponseWriter, req *http.Request, pending bo
 
 	if b.BootSourceOverrideEnabled != nil {
 		switch *b.BootSourceOverrideEnabled {
-		case "Disabled":
+		case schemas.DisabledBootSourceOverrideEnabled:
 			o.Device = BootNone
 			o.Persistent = false
-		case "Once":
+		case schemas.OnceBootSourceOverrideEnabled:
 			o.Persistent = false
-		case "Continuous":
+		case schemas.ContinuousBootSourceOverrideEnabled:
 			o.Persistent = true
 		default:
 			writeError(w, http.StatusBadRequest, "Base.1.8.PropertyValueNotInList", "unsupported BootSourceOverrideEnabled")
@@ -408,7 +415,7 @@ func (r *Redfish) counted() {
 }
 
 func (r *Redfish) reset(w http.ResponseWriter, req *http.Request) {
-	var body struct{ ResetType string }
+	var body struct{ ResetType schemas.ResetType }
 
 	if err := json.NewDecoder(http.MaxBytesReader(w, req.Body, 1<<16)).Decode(&body); err != nil {
 		writeError(w, http.StatusBadRequest, "Base.1.8.MalformedJSON", "want a ResetType")
@@ -427,11 +434,11 @@ func (r *Redfish) reset(w http.ResponseWriter, req *http.Request) {
 	var err error
 
 	switch body.ResetType {
-	case "On":
+	case schemas.OnResetType:
 		err = r.ch.SetPower(req.Context(), true)
-	case "ForceOff", "GracefulShutdown":
+	case schemas.ForceOffResetType, schemas.GracefulShutdownResetType:
 		err = r.ch.SetPower(req.Context(), false)
-	case "ForceRestart", "GracefulRestart", "PowerCycle":
+	case schemas.ForceRestartResetType, schemas.GracefulRestartResetType, schemas.PowerCycleResetType:
 		err = r.ch.Reset(req.Context())
 	default:
 		writeError(w, http.StatusBadRequest, "Base.1.8.ActionParameterNotSupported", "unsupported ResetType")
