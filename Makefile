@@ -90,7 +90,9 @@ e2e: deps ## the end-to-end lab test: two emulated sites through the whole lifec
 
 .PHONY: demo
 demo: deps ## the lab against a real Omni (OMNI=standin: the stand-in): prints the status page's address, a live table (plain lines when not a terminal); from a terminal it stays up until Ctrl-C; logs under _out/demo/runs
-	OMNI='$(OMNI)' $(GO) run ./qemu/lab/cmd/demo
+# Built, then run: `go run` exits 1 on Ctrl-C even when the demo tears the lab down cleanly.
+	$(GO) build -o $(OUT)/bin/demo ./qemu/lab/cmd/demo
+	OMNI='$(OMNI)' $(OUT)/bin/demo
 
 .PHONY: fuzz
 fuzz: ## run every fuzz target for FUZZTIME (default 30s) each
