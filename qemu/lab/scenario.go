@@ -287,7 +287,7 @@ func (e *Env) Steps() []Step {
 			{Name: "allocate one machine per site (cluster template, Talos " + LabTalosVersion + "): the install plan PXE-booted, " +
 				"talos.config to its edge", Run: func(ctx context.Context) error { return e.allocate(ctx, bios1, uefi2) }},
 			e.statusPagesStep([]*Machine{bios1, uefi2}, []*Machine{uefi1, bios2}),
-			{Name: "install event counted, installed OS booted from disk as installed", Skip: "stand-in run: " + whyNoInstallEvent},
+			{Name: "install event counted, installed OS booted from disk as installed", Skip: "the lab's installed OS is not Talos: " + whyNoInstallEvent},
 			{Name: "cut site 1's WAN: the allocated machine boots what its install boot wrote to disk (Omni does not count it " +
 				"installed), the idle one (kept on) is reset into agent mode", Run: func(ctx context.Context) error {
 				return e.wanCut(ctx, e.Sites[0], bios1, uefi1)
