@@ -5,9 +5,10 @@ import (
 	"github.com/outpost-metal/outpost/shared/metal"
 )
 
-// The journal's boot events carry the firmware class and iPXE's architecture and platform as enums; edges
-// before those fields sent only their names, which every event still carries too. The methods below read the
-// enum, or the name when the enum is unset (an older edge's journal), and map both to the machine's vocabulary.
+// The journal's events carry the firmware class, iPXE's architecture and platform, a watched BMC's power state
+// and a tunnel refusal's reason as enums; edges before those fields sent only their names, which every event
+// still carries too. The methods below read the enum, or the name when the enum is unset (an older edge's
+// journal), and map both to the machine's vocabulary; the New functions fill in both.
 
 // firmwareClassNames are the ProxyDHCP's names for each class (its logs, the timeline, older journals).
 var firmwareClassNames = map[FirmwareClass]string{
