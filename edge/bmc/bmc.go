@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // Protocol is how a BMC is driven.
@@ -143,9 +145,9 @@ type PowerClient interface {
 	PowerOff(ctx context.Context) error
 	// PowerCycle cycles a running machine (Manager.PowerCycle powers on one that is off).
 	PowerCycle(ctx context.Context) error
-	SetPXEOnce(ctx context.Context, uefi bool) error
+	SetPXEOnce(ctx context.Context, fw metal.Firmware) error
 	ClearOverride(ctx context.Context) error
-	BootOverride(ctx context.Context) (set, pxe, uefi bool, err error)
+	BootOverride(ctx context.Context) (set, pxe bool, fw metal.Firmware, err error)
 	Close(ctx context.Context) error
 }
 

@@ -187,7 +187,7 @@ func (m *Manager) SetPXEOnce(ctx context.Context, t Target, c Credentials, fw me
 	}
 
 	return m.do(ctx, "set one-time pxe boot", t, c, func(pc PowerClient, ctx context.Context) error {
-		return pc.SetPXEOnce(ctx, fw == metal.UEFI)
+		return pc.SetPXEOnce(ctx, fw)
 	})
 }
 
@@ -199,14 +199,7 @@ func (m *Manager) ClearOverride(ctx context.Context, t Target, c Credentials) er
 // BootOverride reads the current boot override and the firmware mode it boots in.
 func (m *Manager) BootOverride(ctx context.Context, t Target, c Credentials) (set, pxe bool, fw metal.Firmware, err error) {
 	err = m.do(ctx, "read boot override", t, c, func(pc PowerClient, ctx context.Context) error {
-		var uefi bool
-
-		set, pxe, uefi, err = pc.BootOverride(ctx)
-		fw = metal.BIOS
-
-		if uefi {
-			fw = metal.UEFI
-		}
+		set, pxe, fw, err = pc.BootOverride(ctx)
 
 		return err
 	})

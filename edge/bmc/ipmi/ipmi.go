@@ -21,6 +21,7 @@ import (
 	"github.com/bougou/go-ipmi/pkg/types"
 
 	"github.com/outpost-metal/outpost/edge/bmc/internal/scrub"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // DefaultPort is the RMCP port (IPMI v2.0 §13.1).
@@ -192,13 +193,18 @@ func (c *Client) PowerCycle(ctx context.Context) error {
 	return c.control(ctx, chassis.ChassisControlPowerCycle)
 }
 
-// SetPXEOnce sets a one-time network boot in BIOS or UEFI mode and reads it back
+// SetPXEOnce sets a one-time network boot in the firmware mode fw (legacy unless UEFI) and reads it back
 // (Set/Get System Boot Options, boot flags parameter 5, §28.12-28.13); see ReadBackMatches for what is accepted.
-func (c *Client) SetPXEOnce(ctx context.Context, uefi bool) error {
+func (c *Client) SetPXEOnce(ctx context.Context, fw metal.Firmware) error {
+	bootType := types.BIOSBootTypeLegacy
+	if fw == metal.UEFI {
+		bootType = types.BIOSBootTypeEFI
+	}
+
 	want := types.BootOptionParam_BootFlags{
 		BootFlagsValid:     true,
 		Persist:            false,
-		BIOSBootType:       types.BIOSBootType(uefi),
+		BIOSBootType:       bootType,
 		BootDeviceSelector: types.BootDeviceSelectorForcePXE,
 	}
 
@@ -270,17 +276,22 @@ func (c *Client) ClearOverride(ctx context.Context) error {
 }
 
 // BootOverride returns the current override as the BMC reports it: whether one is set (the valid bit and a
-// device), whether it is PXE, and UEFI mode. A BMC that does not keep the valid bit (ipmi_sim) reports set false
+// device), whether it is PXE, and the firmware mode (UEFI when the EFI bit is set). A BMC that does not keep the valid bit (ipmi_sim) reports set false
 // with pxe true after a one-time PXE boot was set: unlike right after a set (SetPXEOnce), a clear valid bit read
 // at an arbitrary time cannot be told from an override that expired or was consumed.
-func (c *Client) BootOverride(ctx context.Context) (set, pxe, uefi bool, err error) {
+func (c *Client) BootOverride(ctx context.Context) (set, pxe bool, fw metal.Firmware, err error) {
 	f, _, err := c.bootFlags(ctx)
 	if err != nil {
-		return false, false, false, err
+		return false, false, "", err
+	}
+
+	fw = metal.BIOS
+	if f.BIOSBootType == types.BIOSBootTypeEFI {
+		fw = metal.UEFI
 	}
 
 	return f.BootFlagsValid && f.BootDeviceSelector != types.BootDeviceSelectorNoOverride,
-		f.BootDeviceSelector == types.BootDeviceSelectorForcePXE, bool(f.BIOSBootType), nil
+		f.BootDeviceSelector == types.BootDeviceSelectorForcePXE, fw, nil
 }
 
 // bootFlags reads parameter 5 and returns it with its data bytes.

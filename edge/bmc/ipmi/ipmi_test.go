@@ -14,6 +14,7 @@ import (
 
 	"github.com/outpost-metal/outpost/edge/bmc/internal/fakebmc"
 	"github.com/outpost-metal/outpost/edge/bmc/ipmi"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 func TestMain(m *testing.M) {
@@ -49,50 +50,50 @@ func dial(t *testing.T, port int, mutate func(*ipmi.Config)) (*ipmi.Client, erro
 	return c, err
 }
 
-func pxe(uefi bool) types.BootOptionParam_BootFlags {
+func pxe(fw metal.Firmware) types.BootOptionParam_BootFlags {
 	return types.BootOptionParam_BootFlags{
-		BootFlagsValid: true, BIOSBootType: types.BIOSBootType(uefi), BootDeviceSelector: types.BootDeviceSelectorForcePXE,
+		BootFlagsValid: true, BIOSBootType: types.BIOSBootType(fw == metal.UEFI), BootDeviceSelector: types.BootDeviceSelectorForcePXE,
 	}
 }
 
 // readBacks are what BMCs answer for parameter 5 after a one-time PXE boot was set, and whether that shows it in effect.
 var readBacks = []struct {
 	name string
-	uefi bool
+	fw   metal.Firmware
 	got  func(set types.BootOptionParam_BootFlags) types.BootOptionParam_BootFlags
 	ok   bool
 }{
-	{name: "echo legacy", got: echo, ok: true},
-	{name: "echo uefi", uefi: true, got: echo, ok: true},
-	{name: "ipmi_sim keeps only the device, legacy", got: deviceOnly, ok: true},
-	{name: "ipmi_sim keeps only the device, uefi", uefi: true, got: deviceOnly, ok: true},
-	{name: "efi bit not implemented", uefi: true, got: func(f types.BootOptionParam_BootFlags) types.BootOptionParam_BootFlags {
+	{name: "echo legacy", fw: metal.BIOS, got: echo, ok: true},
+	{name: "echo uefi", fw: metal.UEFI, got: echo, ok: true},
+	{name: "ipmi_sim keeps only the device, legacy", fw: metal.BIOS, got: deviceOnly, ok: true},
+	{name: "ipmi_sim keeps only the device, uefi", fw: metal.UEFI, got: deviceOnly, ok: true},
+	{name: "efi bit not implemented", fw: metal.UEFI, got: func(f types.BootOptionParam_BootFlags) types.BootOptionParam_BootFlags {
 		f.BIOSBootType = types.BIOSBootTypeLegacy
 
 		return f
 	}, ok: true},
-	{name: "another device", got: func(f types.BootOptionParam_BootFlags) types.BootOptionParam_BootFlags {
+	{name: "another device", fw: metal.BIOS, got: func(f types.BootOptionParam_BootFlags) types.BootOptionParam_BootFlags {
 		f.BootDeviceSelector = types.BootDeviceSelectorForceHardDrive
 
 		return f
 	}},
-	{name: "no override kept", uefi: true, got: func(types.BootOptionParam_BootFlags) types.BootOptionParam_BootFlags {
+	{name: "no override kept", fw: metal.UEFI, got: func(types.BootOptionParam_BootFlags) types.BootOptionParam_BootFlags {
 		return types.BootOptionParam_BootFlags{}
 	}},
-	{name: "no override but the mode", uefi: true, got: func(f types.BootOptionParam_BootFlags) types.BootOptionParam_BootFlags {
+	{name: "no override but the mode", fw: metal.UEFI, got: func(f types.BootOptionParam_BootFlags) types.BootOptionParam_BootFlags {
 		return types.BootOptionParam_BootFlags{BIOSBootType: f.BIOSBootType}
 	}},
-	{name: "persistent", got: func(f types.BootOptionParam_BootFlags) types.BootOptionParam_BootFlags {
+	{name: "persistent", fw: metal.BIOS, got: func(f types.BootOptionParam_BootFlags) types.BootOptionParam_BootFlags {
 		f.Persist = true
 
 		return f
 	}},
-	{name: "efi for a legacy boot", got: func(f types.BootOptionParam_BootFlags) types.BootOptionParam_BootFlags {
+	{name: "efi for a legacy boot", fw: metal.BIOS, got: func(f types.BootOptionParam_BootFlags) types.BootOptionParam_BootFlags {
 		f.BIOSBootType = types.BIOSBootTypeEFI
 
 		return f
 	}},
-	{name: "valid cleared by a bmc that keeps data 1", uefi: true, got: func(f types.BootOptionParam_BootFlags) types.BootOptionParam_BootFlags {
+	{name: "valid cleared by a bmc that keeps data 1", fw: metal.UEFI, got: func(f types.BootOptionParam_BootFlags) types.BootOptionParam_BootFlags {
 		f.BootFlagsValid = false
 
 		return f
@@ -113,7 +114,7 @@ func TestReadBackMatches(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 
-			want := pxe(tc.uefi)
+			want := pxe(tc.fw)
 			require.Equal(t, tc.ok, ipmi.ReadBackMatches(want, tc.got(want)))
 		})
 	}
@@ -131,8 +132,8 @@ func TestSetPXEOnceReadBack(t *testing.T) {
 			c, err := dial(t, b.Port, nil)
 			require.NoError(t, err)
 
-			err = c.SetPXEOnce(t.Context(), tc.uefi)
-			require.Equal(t, pxe(tc.uefi), b.BootFlags(), "what was sent")
+			err = c.SetPXEOnce(t.Context(), tc.fw)
+			require.Equal(t, pxe(tc.fw), b.BootFlags(), "what was sent")
 
 			if tc.ok {
 				require.NoError(t, err)
@@ -159,7 +160,7 @@ func TestCompletionCodes(t *testing.T) {
 		fakebmc.OpPowerState: func(ctx context.Context, c *ipmi.Client) error { _, err := c.PowerStatus(ctx); return err },
 		fakebmc.OpSetPower:   func(ctx context.Context, c *ipmi.Client) error { return c.PowerOn(ctx) },
 		fakebmc.OpSetBootFlags: func(ctx context.Context, c *ipmi.Client) error {
-			return c.SetPXEOnce(ctx, true)
+			return c.SetPXEOnce(ctx, metal.UEFI)
 		},
 		fakebmc.OpGetBootFlags: func(ctx context.Context, c *ipmi.Client) error { _, _, _, err := c.BootOverride(ctx); return err },
 	}

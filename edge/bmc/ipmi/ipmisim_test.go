@@ -13,6 +13,7 @@ import (
 
 	"github.com/outpost-metal/outpost/edge/bmc/internal/ipmisim"
 	"github.com/outpost-metal/outpost/edge/bmc/ipmi"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // These tests let OpenIPMI's ipmi_sim judge the client and Debian's ipmitool read back what it did: neither was
@@ -113,12 +114,12 @@ func TestIPMISimOneTimePXE(t *testing.T) {
 
 	for _, tc := range []struct {
 		name string
-		uefi bool
+		fw   metal.Firmware
 	}{
-		{name: "bios"},
-		{name: "uefi", uefi: true},
+		{name: "bios", fw: metal.BIOS},
+		{name: "uefi", fw: metal.UEFI},
 	} {
-		require.NoError(t, c.SetPXEOnce(t.Context(), tc.uefi), tc.name)
+		require.NoError(t, c.SetPXEOnce(t.Context(), tc.fw), tc.name)
 		require.Equal(t, "pxe", sim.BootDevice(), "%s: ipmi_sim handed the device to its chassis program", tc.name)
 
 		data, out := bootFlags(t, sim)
@@ -128,16 +129,16 @@ func TestIPMISimOneTimePXE(t *testing.T) {
 		require.Equal(t, byte(types.BootDeviceSelectorForcePXE)<<2, data[1]&0x3c, "%s: data 2 holds the device", tc.name)
 
 		sent := (&types.BootOptionParam_BootFlags{
-			BootFlagsValid: true, BIOSBootType: types.BIOSBootType(tc.uefi), BootDeviceSelector: types.BootDeviceSelectorForcePXE,
+			BootFlagsValid: true, BIOSBootType: types.BIOSBootType(tc.fw == metal.UEFI), BootDeviceSelector: types.BootDeviceSelectorForcePXE,
 		}).Pack()
 		require.Zero(t, data[0]&^sent[0], "%s: data 1 shows nothing that was not set (it may drop bits): % x", tc.name, data)
 
 		// What the client reports at any later time is what the BMC says: ipmi_sim keeps no valid bit.
-		set, isPXE, uefi, err := c.BootOverride(t.Context())
+		set, isPXE, fw, err := c.BootOverride(t.Context())
 		require.NoError(t, err)
 		require.True(t, isPXE, tc.name)
 		require.Equal(t, data[0]&0x80 != 0, set, tc.name)
-		require.Equal(t, data[0]&0x20 != 0, uefi, tc.name)
+		require.Equal(t, data[0]&0x20 != 0, fw == metal.UEFI, tc.name)
 	}
 
 	// Another tool's override is read as it is.
@@ -157,7 +158,7 @@ func TestIPMISimOneTimePXE(t *testing.T) {
 	// A BMC that acknowledges the set and keeps no device: the read-back shows no override, and that fails.
 	require.NoError(t, sim.IgnoreBootDevice(true))
 
-	err = c.SetPXEOnce(t.Context(), false)
+	err = c.SetPXEOnce(t.Context(), metal.BIOS)
 	require.ErrorIs(t, err, ipmi.ErrReadBack)
 	require.Contains(t, err.Error(), "No override")
 
@@ -183,7 +184,7 @@ func TestIPMISimRefusals(t *testing.T) {
 
 		for name, op := range map[string]func(context.Context) error{
 			"power on": c.PowerOn,
-			"pxe":      func(ctx context.Context) error { return c.SetPXEOnce(ctx, true) },
+			"pxe":      func(ctx context.Context) error { return c.SetPXEOnce(ctx, metal.UEFI) },
 		} {
 			err := op(t.Context())
 

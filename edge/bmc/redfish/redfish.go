@@ -23,6 +23,8 @@ import (
 
 	"github.com/stmcginnis/gofish"
 	"github.com/stmcginnis/gofish/schemas"
+
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // ErrReadBack is returned when the boot override read back differs from what was set.
@@ -217,16 +219,16 @@ func (c *Client) PowerCycle(ctx context.Context) error {
 	return c.reset(ctx, schemas.PowerCycleResetType, schemas.ForceRestartResetType)
 }
 
-// SetPXEOnce sets a one-time network boot in BIOS (Legacy) or UEFI mode and reads it back.
+// SetPXEOnce sets a one-time network boot in the firmware mode fw (Legacy unless UEFI) and reads it back.
 // The mode is only sent when it must change: some BMCs refuse a PATCH that names it.
-func (c *Client) SetPXEOnce(ctx context.Context, uefi bool) error {
+func (c *Client) SetPXEOnce(ctx context.Context, fw metal.Firmware) error {
 	sys, err := c.system(ctx)
 	if err != nil {
 		return err
 	}
 
 	mode := schemas.LegacyBootSourceOverrideMode
-	if uefi {
+	if fw == metal.UEFI {
 		mode = schemas.UEFIBootSourceOverrideMode
 	}
 
@@ -312,15 +314,20 @@ func (c *Client) ClearOverride(ctx context.Context) error {
 }
 
 // BootOverride returns the override the next boot uses (a pending one from the settings object
-// included): whether one is set, whether it is PXE, and UEFI mode.
-func (c *Client) BootOverride(ctx context.Context) (set, pxe, uefi bool, err error) {
+// included): whether one is set, whether it is PXE, and the firmware mode (BIOS unless UEFI).
+func (c *Client) BootOverride(ctx context.Context) (set, pxe bool, fw metal.Firmware, err error) {
 	b, err := c.effectiveBoot(ctx)
 	if err != nil {
-		return false, false, false, err
+		return false, false, "", err
+	}
+
+	fw = metal.BIOS
+	if b.BootSourceOverrideMode == schemas.UEFIBootSourceOverrideMode {
+		fw = metal.UEFI
 	}
 
 	return b.BootSourceOverrideEnabled != schemas.DisabledBootSourceOverrideEnabled && b.BootSourceOverrideEnabled != "",
-		b.BootSourceOverrideTarget == schemas.PxeBootSource, b.BootSourceOverrideMode == schemas.UEFIBootSourceOverrideMode, nil
+		b.BootSourceOverrideTarget == schemas.PxeBootSource, fw, nil
 }
 
 func (c *Client) fail(err error) error { return classify(err, c.secrets) }
