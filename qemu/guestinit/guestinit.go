@@ -14,10 +14,10 @@ import (
 	"strings"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"github.com/insomniacslk/dhcp/dhcpv4/nclient4"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // Boot is what Start found out about the guest.
@@ -88,9 +88,8 @@ func LoadModules(list string) error {
 	return sc.Err()
 }
 
-// sysFinitModule is finit_module(2) on linux/amd64 (the syscall package lacks the constant).
-const sysFinitModule = 313
-
+// finitModule loads the kernel module at path with finit_module(2) (x/sys names its number per architecture:
+// the lab's inits run on amd64 and arm64).
 func finitModule(path string) error {
 	f, err := os.Open(path)
 	if err != nil {
@@ -98,14 +97,7 @@ func finitModule(path string) error {
 	}
 	defer f.Close() //nolint:errcheck
 
-	params := []byte{0}
-
-	_, _, errno := syscall.Syscall(sysFinitModule, f.Fd(), uintptr(unsafe.Pointer(&params[0])), 0)
-	if errno != 0 {
-		return errno
-	}
-
-	return nil
+	return unix.FinitModule(int(f.Fd()), "", 0)
 }
 
 // Lease is the address a guest got.
