@@ -82,6 +82,10 @@ const (
 	// ReasonNoInstallKernel: an install plan without a kernel (the boot table refuses those; not rendered
 	// as a script that cannot boot).
 	ReasonNoInstallKernel = "no_install_kernel"
+	// ReasonNoArchAssets: agent mode for a machine whose kernel arch the site has no agent assets for, while
+	// it has those of another arch (the site's agent assets are here, this arch's are not among them: waiting
+	// would not end, and another arch's kernel must never be booted).
+	ReasonNoArchAssets = "no_agent_assets_for_arch"
 )
 
 // Answer is the decided answer to one boot.ipxe request.
@@ -126,6 +130,9 @@ func Decide(cfg Config, req Request) Answer {
 	args := e.KernelArgs
 	if len(args) == 0 {
 		args = cfg.KernelArgs
+		if a, ok := cfg.ArchKernelArgs[q.KernelArch()]; ok {
+			args = a
+		}
 	}
 
 	args = append(append([]string(nil), args...), e.ExtraArgs...)
@@ -156,9 +163,10 @@ func Decide(cfg Config, req Request) Answer {
 		k := e.Agent
 		if k.GetKernelUrl() == "" {
 			arch := q.KernelArch()
-			k = &bootpb.Kernel{
-				KernelUrl: strings.ReplaceAll(cfg.AgentKernel, "{arch}", arch),
-				InitrdUrl: strings.ReplaceAll(cfg.AgentInitrd, "{arch}", arch),
+			k = agentKernel(cfg, arch)
+
+			if len(missingAssets(req.Assets, k)) == 2 && otherArchAgent(cfg, req.Assets, arch) {
+				return Answer{Kind: KindRefuse, Reason: ReasonNoArchAssets, Status: http.StatusNotFound}
 			}
 		}
 
@@ -167,6 +175,27 @@ func Decide(cfg Config, req Request) Answer {
 
 		return kernelOrWait(cfg, req, base, "agent", "agent mode", k, all)
 	}
+}
+
+// agentKernel is the edge's default agent-mode kernel and initrd for a kernel arch.
+func agentKernel(cfg Config, arch string) *bootpb.Kernel {
+	return &bootpb.Kernel{
+		KernelUrl: strings.ReplaceAll(cfg.AgentKernel, "{arch}", arch),
+		InitrdUrl: strings.ReplaceAll(cfg.AgentInitrd, "{arch}", arch),
+	}
+}
+
+// otherArchAgent reports whether the edge serves the default agent kernel and initrd of a kernel arch other
+// than arch.
+func otherArchAgent(cfg Config, have AssetIndex, arch string) bool {
+	for _, other := range []bootpb.IPXEArch{bootpb.IPXEArch_IPXE_ARCH_X86_64, bootpb.IPXEArch_IPXE_ARCH_ARM64} {
+		name := other.Name()
+		if name != arch && len(missingAssets(have, agentKernel(cfg, name))) == 0 {
+			return true
+		}
+	}
+
+	return false
 }
 
 // kernelOrWait boots k with args, or waits when its edge-local kernel or initrd is not at the site yet.

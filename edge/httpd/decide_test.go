@@ -73,6 +73,36 @@ func TestDecide(t *testing.T) {
 			},
 		},
 		{
+			name: "an arm64 machine gets the arm64 kernel and the arm64 console", query: httpd.BootQuery{Arch: "arm64"}, plan: boot.Entry{},
+			assets: names{"agent/arm64/vmlinuz": true, "agent/arm64/initramfs.xz": true},
+			want: httpd.Answer{
+				Kind: httpd.KindKernel, Mode: "agent", Report: true, Comment: "agent mode", Retries: 5,
+				Kernel: &bootpb.Kernel{KernelUrl: base + "/assets/agent/arm64/vmlinuz", InitrdUrl: base + "/assets/agent/arm64/initramfs.xz"},
+				Args:   []string{"metal.provider.address=10.0.0.2:50042", "talos.config=" + base + "/config?u=${uuid}", "console=tty0", "console=ttyAMA0"},
+			},
+		},
+		{
+			name:  "an arm64 machine at a site with x86_64 agent assets only is refused, never given x86_64's",
+			query: httpd.BootQuery{Arch: "arm64"}, plan: boot.Entry{}, assets: agentAssets,
+			want: httpd.Answer{Kind: httpd.KindRefuse, Reason: httpd.ReasonNoArchAssets, Status: http.StatusNotFound},
+		},
+		{
+			name: "an x86_64 machine at a site with arm64 agent assets only is refused", plan: boot.Entry{},
+			assets: names{"agent/arm64/vmlinuz": true, "agent/arm64/initramfs.xz": true},
+			want:   httpd.Answer{Kind: httpd.KindRefuse, Reason: httpd.ReasonNoArchAssets, Status: http.StatusNotFound},
+		},
+		{
+			name:  "an arm64 machine whose table names its agent kernel boots it, whatever the edge holds",
+			query: httpd.BootQuery{Arch: "arm64"}, assets: agentAssets,
+			plan: boot.Entry{UUID: uuid, Known: true, Mode: bootpb.Mode_MODE_AGENT,
+				Agent: &bootpb.Kernel{KernelUrl: "https://factory.example/k", InitrdUrl: "https://factory.example/i"}},
+			want: httpd.Answer{
+				Kind: httpd.KindKernel, Mode: "agent", Report: true, Comment: "agent mode", Retries: 5,
+				Kernel: &bootpb.Kernel{KernelUrl: "https://factory.example/k", InitrdUrl: "https://factory.example/i"},
+				Args:   []string{"metal.provider.address=10.0.0.2:50042", "talos.config=" + base + "/config?u=${uuid}", "console=tty0", "console=ttyAMA0"},
+			},
+		},
+		{
 			name: "advertised host and agent address win over the Host header", host: "attacker.example",
 			cfg:  func(c *httpd.Config) { c.AdvertiseHost, c.AgentAddress = "edge.site:8080", "edge.site:9" },
 			plan: boot.Entry{}, assets: names{"agent/x86_64/vmlinuz": true, "agent/x86_64/initramfs.xz": true},

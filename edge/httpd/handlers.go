@@ -60,6 +60,11 @@ func (s *Server) serveBoot(w http.ResponseWriter, r *http.Request) {
 
 	switch {
 	case a.Mode == "":
+		if a.Reason == ReasonNoArchAssets {
+			s.log.Warn("boot refused: the site has no agent assets for the machine's arch", zap.String("uuid", q.UUID),
+				zap.Stringer("mac", q.MAC), zap.String("arch", q.KernelArch()), zap.String("reason", a.Reason))
+		}
+
 		s.reject(w, a.Reason, a.Status, nil)
 
 		return
