@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/siderolabs/talos/pkg/machinery/constants"
+
 	"github.com/outpost-metal/outpost/controller/assets"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 	"github.com/outpost-metal/outpost/shared/metal"
@@ -194,7 +196,7 @@ func (p *Planner) Plan(ctx context.Context, m Machine) (Plan, error) {
 	case ModeAgent, ModeInstall:
 		// The edge adds what machines reach it at (talos.config, metal.provider.address) when it renders the
 		// boot: only it knows the address a machine reached it by.
-		args := []string{"talos.platform=metal"}
+		args := []string{constants.KernelParamPlatform + "=" + constants.PlatformMetal}
 
 		if p.cfg.Console != "" {
 			args = append(args, "console="+p.cfg.Console)
