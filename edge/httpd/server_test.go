@@ -600,3 +600,28 @@ func TestRegistryMount(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, resp.StatusCode)
 	require.Empty(t, resp.Header.Get("Docker-Distribution-API-Version"))
 }
+
+// TestBootScriptNoArchAssets: an arm64 machine at an edge holding the x86_64 agent assets only is refused by
+// name (http_rejected{reason="no_agent_assets_for_arch"}), given no script, and no boot is reported for it.
+func TestBootScriptNoArchAssets(t *testing.T) {
+	t.Parallel()
+
+	e := newEnv(t)
+
+	e.cache.mu.Lock()
+	e.cache.names = map[string]bool{}
+	e.cache.mu.Unlock()
+
+	const uuid = "11111111-2222-3333-4444-0000000000a4"
+
+	resp, body := get(t, e.ts.URL+"/ipxe/boot.ipxe?uuid="+uuid+"&mac=52-54-00-12-34-a4&arch=arm64&platform=efi", nil)
+	require.Equal(t, http.StatusNotFound, resp.StatusCode)
+	require.NotContains(t, body, "kernel ")
+	require.InDelta(t, 1, testutil.ToFloat64(e.srv.RejectedCounter(httpd.ReasonNoArchAssets)), 0)
+	require.InDelta(t, 0, testutil.ToFloat64(e.srv.ServedCounter("agent")), 0)
+	require.Empty(t, e.obs.modes(uuid))
+
+	// The x86_64 machine beside it boots its own.
+	_, body = get(t, e.ts.URL+"/ipxe/boot.ipxe?uuid="+uuid+"&mac=52-54-00-12-34-a5&arch=x86_64&platform=efi", nil)
+	require.Contains(t, body, "kernel "+e.ts.URL+"/assets/agent/x86_64/vmlinuz initrd=initrd")
+}
