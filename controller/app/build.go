@@ -54,7 +54,8 @@ type builder struct {
 	// lifecycleDeps are handed to the lifecycle when Omni is configured; optional components may fill
 	// its optional collaborators (the journal) before the lifecycle step.
 	lifecycleDeps lifecycle.Deps
-	// timelines are loaded and kept in Omni by every Omni session (status.go; nil: none).
+	// timelines take the edges' events (edges.go) and the lifecycle's journal (status.go); every Omni session
+	// loads and keeps them.
 	timelines *timeline.Book
 	// httpAccess wraps the HTTP listener and handler (TLS, token: status.go; nil: served as they are).
 	httpAccess func(net.Listener) (net.Listener, http.Handler, error)
@@ -240,7 +241,7 @@ func (b *builder) newAdmin(context.Context) error {
 
 	adminpb.RegisterAdminServer(b.admin, sites.NewAdmin(b.registry, b.uplink, b.store, b.assets.needs, opts...))
 	adminpb.RegisterSiteMachinesServer(b.admin, machineaccess.NewImageBoots(b.edges.clients.Access, func(id, kind, text string, failed bool) {
-		if b.timelines != nil { // built by the status step, before anything is served
+		if b.timelines != nil { // built with the edge wiring, before anything is served
 			b.timelines.Record(id, kind, text, failed)
 		}
 	}))

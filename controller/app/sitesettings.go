@@ -10,7 +10,7 @@ import (
 
 	"github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/boottables"
-	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/sites"
 	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
 	assetspb "github.com/outpost-metal/outpost/shared/api/assets"
@@ -28,7 +28,7 @@ func (b *builder) checkSiteSettings(_ string, s sites.Settings) error {
 		errs = append(errs, err)
 	}
 
-	if err := (lifecycle.SitePolicy{BMCProtocol: s.BMCProtocol, WipeMethod: s.WipeMethod}).Validate(); err != nil {
+	if err := (machines.SitePolicy{BMCProtocol: s.BMCProtocol, WipeMethod: s.WipeMethod}).Validate(); err != nil {
 		errs = append(errs, err)
 	}
 
@@ -66,7 +66,7 @@ func (b *builder) applySiteSettings(siteID string, s sites.Settings) {
 		Discovery: discovery, RegisteredMACs: s.RegisteredMACs, ExtraConfig: s.ExtraConfig, DHCP: s.DHCP.Table(),
 	})
 
-	policy := lifecycle.SitePolicy{BMCProtocol: s.BMCProtocol, WipeMethod: s.WipeMethod, BootFromImage: s.DHCP.Mode == bootpb.DHCPMode_DHCP_MODE_OFF.Name()}
+	policy := machines.SitePolicy{BMCProtocol: s.BMCProtocol, WipeMethod: s.WipeMethod, BootFromImage: s.DHCP.Mode == bootpb.DHCPMode_DHCP_MODE_OFF.Name()}
 	if err := b.edges.policies.Set(siteID, policy); err != nil {
 		log.Warn("site policy refused", zap.Error(err)) // cannot happen after the check
 	}

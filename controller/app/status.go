@@ -12,13 +12,12 @@ import (
 	"github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/sites"
 	"github.com/outpost-metal/outpost/controller/status"
-	"github.com/outpost-metal/outpost/controller/timeline"
 	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 )
 
 // newStatus builds what an operator sees: every machine's timeline (fed by the edges' events through the
-// locations and by the lifecycle's journal, kept in Omni by the Omni session), the status pages on the HTTP
+// receiver and by the lifecycle's journal, kept in Omni by the Omni session), the status pages on the HTTP
 // listener, behind a token and TLS when it is off loopback, and the Machines admin API.
 func (b *builder) newStatus(context.Context) error {
 	access := status.Access{TokenFile: b.cfg.HTTPTokenFile, CertFile: b.cfg.HTTPCertFile, KeyFile: b.cfg.HTTPKeyFile}
@@ -34,10 +33,8 @@ func (b *builder) newStatus(context.Context) error {
 		return err
 	}
 
-	book := timeline.New(timeline.DefaultConfig(), time.Now)
-	b.edges.locations.JournalTo(book)
+	book := b.timelines // built with the edge wiring, whose receiver hands it the edges' events
 	b.lifecycleDeps.Journal = book
-	b.timelines = book
 
 	pages, err := status.NewPages(status.Options{
 		Sites:    registrySites{registry: b.registry, uplink: b.uplink, store: b.store, catalog: b.assets.catalog},

@@ -4,6 +4,7 @@ package bootevents
 
 import (
 	"context"
+	"errors"
 	"sync"
 
 	"go.uber.org/zap"
@@ -22,7 +23,7 @@ type Handler interface {
 	HandleEvent(ctx context.Context, site string, e *bootpb.Event) error
 }
 
-// InventoryHandler reconciles what a site's edge holds at the start of a session (lifecycle.Locations);
+// InventoryHandler reconciles what a site's edge holds at the start of a session (machines.Locations);
 // it returns how many of the edge's claims it refused.
 type InventoryHandler interface {
 	Inventory(site string, tunnels, table []string) (refused int)
@@ -34,14 +35,14 @@ const maxInventory = 1 << 16
 // SiteFunc returns the authenticated site of a call (sites.SiteFromContext).
 type SiteFunc func(ctx context.Context) (string, bool)
 
-// Receiver serves the Events service: it hands each new event to the Handler once, in order, and
-// acknowledges by sequence number. Events at or below the acknowledged sequence are duplicates (a resend
+// Receiver serves the Events service: it hands each new event once, in order, to every Handler given at
+// construction (the machines' locations, the timelines), and acknowledges by sequence number. Events at or below the acknowledged sequence are duplicates (a resend
 // after a lost acknowledgement) and are skipped.
 type Receiver struct {
 	bootpb.UnimplementedEventsServer
 
 	log       *zap.Logger
-	handler   Handler
+	handlers  []Handler
 	site      SiteFunc
 	inventory InventoryHandler
 
@@ -56,10 +57,10 @@ type streamState struct {
 	acked uint64
 }
 
-// NewReceiver returns a Receiver.
-func NewReceiver(logger *zap.Logger, handler Handler, site SiteFunc) *Receiver {
+// NewReceiver returns a Receiver that hands each event to handlers, in their order.
+func NewReceiver(logger *zap.Logger, site SiteFunc, handlers ...Handler) *Receiver {
 	return &Receiver{
-		log: logger.With(zap.String("component", "bootplans-events")), handler: handler, site: site,
+		log: logger.With(zap.String("component", "bootplans-events")), handlers: handlers, site: site,
 		streams: map[streamKey]*streamState{},
 	}
 }
@@ -126,6 +127,20 @@ func (r *Receiver) stream(site, journal string) *streamState {
 	return st
 }
 
+// handle hands e to every handler, even when one fails; the event is handled when none failed. (A failed
+// event is resent: the handlers that took it see it again.)
+func (r *Receiver) handle(ctx context.Context, site string, e *bootpb.Event) error {
+	var errs []error
+
+	for _, h := range r.handlers {
+		if err := h.HandleEvent(ctx, site, e); err != nil {
+			errs = append(errs, err)
+		}
+	}
+
+	return errors.Join(errs...)
+}
+
 // Publish handles a batch of events from the calling site's edge.
 func (r *Receiver) Publish(ctx context.Context, req *bootpb.PublishRequest) (*bootpb.PublishResponse, error) {
 	site, ok := r.site(ctx)
@@ -160,7 +175,7 @@ func (r *Receiver) Publish(ctx context.Context, req *bootpb.PublishRequest) (*bo
 				zap.String("site", site), zap.Uint64("after", st.acked), zap.Uint64("next", seq))
 		}
 
-		if err := r.handler.HandleEvent(ctx, site, e); err != nil {
+		if err := r.handle(ctx, site, e); err != nil {
 			// Acknowledge what was handled; the edge resends the rest.
 			r.log.Warn("handling edge event failed", zap.String("site", site), zap.Uint64("sequence", seq), zap.Error(err))
 

@@ -3,6 +3,7 @@ package bootevents_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 
@@ -46,7 +47,7 @@ func TestReceiverOnceInOrder(t *testing.T) {
 		failOn  uint64 = 5
 	)
 
-	r := bootevents.NewReceiver(zaptest.NewLogger(t), bootevents.HandlerFunc(func(_ context.Context, site string, e *bootpb.Event) error {
+	r := bootevents.NewReceiver(zaptest.NewLogger(t), siteFromCtx, bootevents.HandlerFunc(func(_ context.Context, site string, e *bootpb.Event) error {
 		mu.Lock()
 		defer mu.Unlock()
 
@@ -58,7 +59,7 @@ func TestReceiverOnceInOrder(t *testing.T) {
 		handled = append(handled, e.GetSequence())
 
 		return nil
-	}), siteFromCtx)
+	}))
 
 	ctx := context.WithValue(context.Background(), siteKey{}, "site-a")
 
@@ -101,6 +102,44 @@ func TestReceiverOnceInOrder(t *testing.T) {
 	require.Equal(t, codes.InvalidArgument, status.Code(err))
 }
 
+// Every handler given at construction takes every event, in their order, even after one of them failed; the
+// failed event is not acknowledged, and its resend reaches them all again.
+func TestReceiverFansOut(t *testing.T) {
+	t.Parallel()
+
+	var (
+		seen []string
+		fail = true
+	)
+
+	record := func(name string, failing bool) bootevents.HandlerFunc {
+		return func(_ context.Context, _ string, e *bootpb.Event) error {
+			seen = append(seen, fmt.Sprintf("%s:%d", name, e.GetSequence()))
+
+			if failing && fail && e.GetSequence() == 2 {
+				return errors.New("store unavailable")
+			}
+
+			return nil
+		}
+	}
+
+	r := bootevents.NewReceiver(zaptest.NewLogger(t), siteFromCtx, record("locations", false), record("timelines", true))
+	ctx := context.WithValue(context.Background(), siteKey{}, "site-a")
+
+	resp, err := r.Publish(ctx, &bootpb.PublishRequest{JournalId: "j1", Events: events(1, 2)})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, resp.GetAcked())
+	require.Equal(t, []string{"locations:1", "timelines:1", "locations:2", "timelines:2"}, seen)
+
+	fail, seen = false, nil
+
+	resp, err = r.Publish(ctx, &bootpb.PublishRequest{JournalId: "j1", Events: events(2)})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, resp.GetAcked())
+	require.Equal(t, []string{"locations:2", "timelines:2"}, seen)
+}
+
 // fakeEdge is a BootPlans server with the edge's semantics, recording what it was sent.
 type inventoryRecorder struct {
 	site           string
@@ -117,8 +156,7 @@ func TestReceiverInventory(t *testing.T) {
 	t.Parallel()
 
 	rec := &inventoryRecorder{}
-	r := bootevents.NewReceiver(zaptest.NewLogger(t), bootevents.HandlerFunc(func(context.Context, string, *bootpb.Event) error { return nil }),
-		siteFromCtx).WithInventory(rec)
+	r := bootevents.NewReceiver(zaptest.NewLogger(t), siteFromCtx).WithInventory(rec)
 
 	_, err := r.Inventory(t.Context(), &bootpb.InventoryRequest{})
 	require.Equal(t, codes.Unauthenticated, status.Code(err), "no site identity")

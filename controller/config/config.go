@@ -13,6 +13,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/labels"
 	"github.com/outpost-metal/outpost/controller/lease"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/omni"
 	"github.com/outpost-metal/outpost/controller/sites"
 	"github.com/outpost-metal/outpost/shared/logging"
@@ -171,7 +172,7 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("certificate validity %s is shorter than an hour", c.CertValidity))
 	}
 
-	if _, err := lifecycle.ParseBMCProtocol(c.BMCProtocol); err != nil {
+	if _, err := machines.ParseBMCProtocol(c.BMCProtocol); err != nil {
 		errs = append(errs, err)
 	}
 

@@ -2,7 +2,8 @@
 // machine observation (power via BMC, agent reachability), BMC configuration, wipe, power, reboot, boot plans,
 // hardware inventory (read from the BMC, published as labels), InfraMachineStatus and teardown, with the
 // semantics Omni expects from a static infra provider.
-// Edge access goes through the small interfaces of edge.go.
+// Edge access goes through the small interfaces of edge.go; what the edges tell of machines (their sites,
+// boot details, watched power) and the clients that reach them are package machines, which never imports this one.
 package lifecycle
 
 import (
@@ -14,6 +15,7 @@ import (
 	"github.com/cosi-project/runtime/pkg/controller"
 	"github.com/cosi-project/runtime/pkg/resource"
 
+	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/resources"
 )
 
@@ -59,7 +61,7 @@ func Default() Config {
 	return Config{
 		Cooldown:            5 * time.Minute,
 		PollInterval:        30 * time.Second,
-		WipeMethod:          WipeFast,
+		WipeMethod:          machines.WipeFast,
 		WipeTimeout:         time.Hour,
 		AgentReconnectGrace: 30 * time.Second,
 		ZeroesWipeTimeout:   24 * time.Hour,
@@ -70,30 +72,13 @@ func Default() Config {
 	}
 }
 
-// Wipe methods (Config.WipeMethod, SitePolicy.WipeMethod).
-const (
-	// WipeFast: the agent drops partition tables and signatures.
-	WipeFast = "fast"
-	// WipeZeroes: the agent writes zeroes over every disk.
-	WipeZeroes = "zeroes"
-)
-
-// checkWipeMethod refuses anything but a wipe method.
-func checkWipeMethod(m string) error {
-	if m != WipeFast && m != WipeZeroes {
-		return fmt.Errorf("wipe method %q: want %s or %s", m, WipeFast, WipeZeroes)
-	}
-
-	return nil
-}
-
 // Validate reports settings that cannot work.
 func (c Config) Validate() error {
 	switch {
 	case c.PollInterval <= 0:
 		return errors.New("poll interval must be positive")
-	case checkWipeMethod(c.WipeMethod) != nil:
-		return checkWipeMethod(c.WipeMethod)
+	case machines.CheckWipeMethod(c.WipeMethod) != nil:
+		return machines.CheckWipeMethod(c.WipeMethod)
 	case c.WipeTimeout <= 0 || c.ZeroesWipeTimeout <= 0 || c.CallTimeout <= 0:
 		return errors.New("timeouts must be positive")
 	case c.AgentReconnectGrace < 0:
@@ -130,9 +115,9 @@ type Deps struct {
 	// SiteLabels gives the labels an operator set on a site (optional).
 	SiteLabels SiteLabels
 	// SitePolicies are the sites' own BMC protocol and wipe method (optional: the controller's for all).
-	SitePolicies *SitePolicies
+	SitePolicies *machines.SitePolicies
 	// Watches tells each site's edge which BMCs to watch (optional: without it the controller asks the BMCs).
-	Watches *WatchLists
+	Watches *machines.WatchLists
 	// Journal records what happens to each machine for operators (optional).
 	Journal Journal
 	// Inventory reads machines' hardware inventories from their BMCs (optional: Power when it can, else no

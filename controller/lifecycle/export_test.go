@@ -49,11 +49,6 @@ func (s *dues) Woken() bool {
 	}
 }
 
-// Rejected returns how many events were dropped for reason ("machine_moved" counts moves).
-func (l *Locations) Rejected(reason string) float64 {
-	return testutil.ToFloat64(l.rejected.WithLabelValues(reason))
-}
-
 // Count returns the count of problems of reason.
 func (m *Metrics) Count(reason string) float64 {
 	return testutil.ToFloat64(m.problems.WithLabelValues(reason))

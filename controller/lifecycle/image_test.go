@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outpost-metal/outpost/controller/bootplans"
-	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/machines"
 )
 
 // TestImageSiteBootsFromVirtualMedia: at a site without DHCP every boot the edge serves (agent, install) is one
@@ -18,7 +18,7 @@ func TestImageSiteBootsFromVirtualMedia(t *testing.T) {
 	t.Parallel()
 
 	h := newHarness(t)
-	require.NoError(t, h.policies.Set("site-a", lifecycle.SitePolicy{BootFromImage: true}))
+	require.NoError(t, h.policies.Set("site-a", machines.SitePolicy{BootFromImage: true}))
 
 	h.ready("m1", "site-a")
 	h.omni("m1", func(s *omnispecs.InfraMachineSpec) { s.ClusterTalosVersion = "v1.11.0" })
@@ -45,7 +45,7 @@ func TestImageSiteOthersUnchanged(t *testing.T) {
 	t.Parallel()
 
 	h := newHarness(t)
-	require.NoError(t, h.policies.Set("site-a", lifecycle.SitePolicy{BootFromImage: true}))
+	require.NoError(t, h.policies.Set("site-a", machines.SitePolicy{BootFromImage: true}))
 
 	h.ready("m2", "site-b")
 	h.omni("m2", func(s *omnispecs.InfraMachineSpec) { s.PreferredPowerState = omnispecs.InfraMachineSpec_POWER_STATE_ON })

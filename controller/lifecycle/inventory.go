@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/outpost-metal/outpost/controller/labels"
+	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
@@ -94,7 +95,7 @@ func (s *machineInventory) reconcile(ctx context.Context, logger *zap.Logger, r 
 	var rec *specs.MachineInventorySpec
 
 	switch {
-	case errors.Is(err, ErrSiteOffline) || ctx.Err() != nil:
+	case errors.Is(err, machines.ErrSiteOffline) || ctx.Err() != nil:
 		return s.env.waitFor(logger, "site offline")
 	case err != nil:
 		logger.Info("hardware inventory not read", zap.String("site", loc.SiteID), zap.Error(err))

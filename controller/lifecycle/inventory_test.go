@@ -18,6 +18,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/labels"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/lifecycle/lifecycletest"
+	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
@@ -59,7 +60,7 @@ func newInventoryHarness(t *testing.T, inv lifecycle.InventoryClient, configure 
 
 	h := &harness{
 		t: t, st: state.WrapCore(namespaced.NewState(inmem.Build)), edge: lifecycletest.NewFakeEdge(t), clock: &fakeClock{},
-		types: resources.NewTypes(providerID), stats: lifecycle.NewMetrics(), policies: lifecycle.NewSitePolicies(),
+		types: resources.NewTypes(providerID), stats: lifecycle.NewMetrics(), policies: machines.NewSitePolicies(),
 		inventory: inv, configure: configure,
 	}
 

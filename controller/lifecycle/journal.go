@@ -1,7 +1,6 @@
 package lifecycle
 
 import (
-	"context"
 	"errors"
 	"strings"
 
@@ -9,7 +8,6 @@ import (
 	omnispecs "github.com/siderolabs/omni/client/api/omni/specs"
 
 	"github.com/outpost-metal/outpost/controller/resources/specs"
-	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
 // Journal records what happens to machines for operators (their timelines: package timeline). It is
@@ -19,11 +17,6 @@ type Journal interface {
 	Record(machineID, kind, text string, failed bool)
 	// Summarize gives the lifecycle's current view of a machine.
 	Summarize(machineID string, s MachineSummary)
-}
-
-// EdgeJournal also takes every edge event (Locations hands them on: JournalTo).
-type EdgeJournal interface {
-	HandleEvent(ctx context.Context, site string, e *bootpb.Event) error
 }
 
 // MachineSummary is the lifecycle's view of a machine for operators.
@@ -169,18 +162,3 @@ func stated(err error, cause string) error { return &statedError{cause: cause, e
 func (e *statedError) Error() string { return e.cause + ": " + e.err.Error() }
 
 func (e *statedError) Unwrap() error { return e.err }
-
-// JournalTo hands every edge event to j as well (after the locations took it).
-func (l *Locations) JournalTo(j EdgeJournal) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-
-	l.journal = j
-}
-
-func (l *Locations) edgeJournal() EdgeJournal {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-
-	return l.journal
-}

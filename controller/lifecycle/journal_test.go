@@ -5,16 +5,13 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/timeline"
-	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
 // kinds returns the kinds of a machine's timeline entries, and the texts of its phase entries.
@@ -117,40 +114,6 @@ func indexOf(list []string, s string) int {
 	}
 
 	return -1
-}
-
-// Every edge event the locations take reaches the journal too, valid or not (the journal bounds its own).
-func TestLocationsHandEventsToTheJournal(t *testing.T) {
-	t.Parallel()
-
-	const id = "4c4c4544-0042-3510-8052-b4c04f4e3232"
-
-	locations := lifecycle.NewLocations(zaptest.NewLogger(t))
-	book := timeline.New(timeline.DefaultConfig(), time.Now)
-	locations.JournalTo(book)
-
-	for _, e := range []*bootpb.Event{
-		{Kind: &bootpb.Event_BootServed{BootServed: &bootpb.BootServed{Uuid: id, Mode: "agent", Mac: "52:54:00:00:00:01"}}},
-		{Kind: &bootpb.Event_AgentTunnel{AgentTunnel: &bootpb.AgentTunnel{MachineId: id, Open: true}}},
-		{Kind: &bootpb.Event_BootServed{BootServed: &bootpb.BootServed{Uuid: "nonsense"}}},
-	} {
-		require.NoError(t, locations.HandleEvent(t.Context(), "site-a", e))
-	}
-
-	loc, ok := locations.Locate(id)
-	require.True(t, ok)
-	require.True(t, loc.AgentConnected)
-
-	rec, ok := book.Get(id)
-	require.True(t, ok)
-	require.Equal(t, []string{timeline.KindBootServed, timeline.KindAgentUp}, func() []string {
-		var k []string
-		for _, e := range rec.Entries {
-			k = append(k, e.Kind)
-		}
-
-		return k
-	}())
 }
 
 // TestErrorLine: a step's error reads cause first, the chain after it, so that a cut line still says why.

@@ -27,6 +27,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/labels"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/lifecycle/lifecycletest"
+	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/omni"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/seal"
@@ -74,7 +75,7 @@ type harness struct {
 	// journal gets the machines' timelines (nil: none).
 	journal lifecycle.Journal
 	// policies are the sites' own settings (none unless a test sets one).
-	policies *lifecycle.SitePolicies
+	policies *machines.SitePolicies
 	// inventory reads hardware inventories (nil: none are read).
 	inventory lifecycle.InventoryClient
 
@@ -97,7 +98,7 @@ func newHarness(t *testing.T, configure ...func(*lifecycle.Config)) *harness {
 		types: resources.NewTypes(providerID),
 		stats: lifecycle.NewMetrics(),
 
-		policies: lifecycle.NewSitePolicies(),
+		policies: machines.NewSitePolicies(),
 	}
 
 	h.configure = configure
@@ -724,8 +725,8 @@ func TestStatusLabels(t *testing.T) {
 	})
 
 	// An identity alert (another host asked for the machine's tunnel) is a label while it lasts.
-	h.edge.SetAlert("m1", lifecycle.AlertSecondTunnel)
-	h.eventually("the alert label", func() bool { return labelsOf()[labels.Alert] == lifecycle.AlertSecondTunnel })
+	h.edge.SetAlert("m1", machines.AlertSecondTunnel)
+	h.eventually("the alert label", func() bool { return labelsOf()[labels.Alert] == machines.AlertSecondTunnel })
 
 	h.edge.SetAlert("m1", "")
 	h.eventually("the alert label gone", func() bool {
@@ -769,7 +770,7 @@ func TestSiteWipeMethod(t *testing.T) {
 	t.Parallel()
 
 	h := newHarness(t)
-	require.NoError(t, h.policies.Set("site-a", lifecycle.SitePolicy{WipeMethod: "zeroes"}))
+	require.NoError(t, h.policies.Set("site-a", machines.SitePolicy{WipeMethod: "zeroes"}))
 
 	h.edge.Add("m1", "site-a")
 	h.edge.Add("m2", "site-b")
@@ -791,7 +792,7 @@ func TestContestedMachineHeldUntilCleared(t *testing.T) {
 
 	h := newHarness(t)
 	h.edge.Add("m1", "site-a")
-	h.edge.SetAlert("m1", lifecycle.AlertTunnelContested)
+	h.edge.SetAlert("m1", machines.AlertTunnelContested)
 	h.omni("m1", accepted)
 
 	h.never("no agent call while the UUID is contested", func() bool {

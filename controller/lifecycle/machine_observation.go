@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
 )
@@ -66,7 +67,7 @@ func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, 
 			s.env.Watches.Remove(v.id)
 		}
 
-		contested := loc.Alert == AlertTunnelContested
+		contested := loc.Alert == machines.AlertTunnelContested
 		if contested {
 			// Two machines answer to this UUID: whichever agent is reached may be the wrong one, so no agent
 			// call (wipe, BMC provisioning) until an operator has sorted the machines out.
@@ -114,7 +115,7 @@ func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, 
 
 // powerState is the machine's power state: what its site's edge reports from watching the BMC when the
 // machine is on the edge's watch list, else the BMC's answer to a call through the edge.
-func (s *machineObservation) powerState(ctx context.Context, logger *zap.Logger, loc Location, v *view, obs *specs.MachineObservationSpec) specs.MachineObservationSpec_PowerState {
+func (s *machineObservation) powerState(ctx context.Context, logger *zap.Logger, loc machines.Location, v *view, obs *specs.MachineObservationSpec) specs.MachineObservationSpec_PowerState {
 	site := loc.SiteID
 
 	if s.env.Watches != nil {
@@ -149,9 +150,9 @@ func (s *machineObservation) powerState(ctx context.Context, logger *zap.Logger,
 	}
 
 	switch ps {
-	case PowerOn:
+	case machines.PowerOn:
 		return specs.MachineObservationSpec_POWER_STATE_ON
-	case PowerOff:
+	case machines.PowerOff:
 		return specs.MachineObservationSpec_POWER_STATE_OFF
 	default:
 		return specs.MachineObservationSpec_POWER_STATE_UNKNOWN

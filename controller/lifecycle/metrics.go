@@ -8,6 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/outpost-metal/outpost/controller/machines"
 )
 
 // Reasons counted by Metrics.
@@ -98,7 +100,7 @@ func callOutcome(err error) string {
 	switch {
 	case err == nil:
 		return "ok"
-	case errors.Is(err, ErrSiteOffline):
+	case errors.Is(err, machines.ErrSiteOffline):
 		return "site_offline"
 	case status.Code(err) == codes.FailedPrecondition:
 		return "refused"

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
 )
@@ -132,7 +133,7 @@ func (s *power) act(ctx context.Context, logger *zap.Logger, r controller.QRunti
 
 	switch {
 	case newRequest:
-		if ps != PowerOff {
+		if ps != machines.PowerOff {
 			if err = s.env.Power.PowerOff(callCtx, site, v.id, v.bmc); err != nil {
 				return s.env.failed(fmt.Errorf("power off %s at site %s (user request): %w", v.id, site, err))
 			}
@@ -145,13 +146,13 @@ func (s *power) act(ctx context.Context, logger *zap.Logger, r controller.QRunti
 
 		logger.Info("power-off request honoured", zap.String("site", site), zap.String("request", req))
 		s.env.note(v.id, "power", "powered off on the user's request")
-	case wantOn && ps == PowerOff:
+	case wantOn && ps == machines.PowerOff:
 		if err = s.env.powerOnInto(ctx, logger, site, v); err != nil {
 			return err
 		}
 
 		op.LastPowerOn = timestamppb.New(s.env.Now())
-	case wantOff && ps == PowerOn:
+	case wantOff && ps == machines.PowerOn:
 		if left := s.env.cooldownLeft(v); left > 0 {
 			return controller.NewRequeueInterval(min(left, s.env.cfg.PollInterval))
 		}

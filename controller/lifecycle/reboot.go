@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
 	intentspb "github.com/outpost-metal/outpost/shared/api/intents"
@@ -294,7 +295,7 @@ func (s *reboot) recheck(ctx context.Context, r controller.QRuntime, v *view, si
 		return nil, false, s.env.failed(fmt.Errorf("power status of %s at site %s before a reboot: %w", v.id, site, err))
 	}
 
-	return fresh, ps == PowerOn, nil
+	return fresh, ps == machines.PowerOn, nil
 }
 
 // wrongMode: the machine should run the agent but its agent is not connected, or should install Talos but its

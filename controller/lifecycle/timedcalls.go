@@ -6,6 +6,7 @@ import (
 
 	agentpb "github.com/siderolabs/talos-metal-agent/api/agent"
 
+	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
 )
 
@@ -31,8 +32,8 @@ func timedValue[T any](m *Metrics, call string, fn func() (T, error)) (T, error)
 	return v, err
 }
 
-func (p timedPower) PowerStatus(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) (PowerState, error) {
-	return timedValue(p.m, "power_status", func() (PowerState, error) { return p.next.PowerStatus(ctx, site, id, bmc) })
+func (p timedPower) PowerStatus(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) (machines.PowerState, error) {
+	return timedValue(p.m, "power_status", func() (machines.PowerState, error) { return p.next.PowerStatus(ctx, site, id, bmc) })
 }
 
 func (p timedPower) PowerOn(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) error {

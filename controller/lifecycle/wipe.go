@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
 	intentspb "github.com/outpost-metal/outpost/shared/api/intents"
@@ -70,7 +71,7 @@ func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.Q
 
 	// The wipe runs apart from this reconcile: when the runtime is rebuilt meanwhile (Omni restarted), it goes
 	// on, and the next reconcile joins it rather than wiping again.
-	zeroes, timeout := in.GetReason() == WipeZeroes, s.env.cfg.WipeTimeout
+	zeroes, timeout := in.GetReason() == machines.WipeZeroes, s.env.cfg.WipeTimeout
 	if zeroes {
 		timeout = s.env.cfg.ZeroesWipeTimeout
 	}

@@ -20,7 +20,7 @@ import (
 // consoleInputFrame bounds one frame of typed bytes, as the edge does (edge/bmc.ConsoleInputFrame).
 const consoleInputFrame = 1 << 10
 
-// Targets tells a managed machine's site and BMC (lifecycle.WatchLists).
+// Targets tells a managed machine's site and BMC (machines.WatchLists).
 type Targets interface {
 	Target(machineID string) (site string, target *bmcpb.Target, ok bool)
 }

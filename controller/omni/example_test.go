@@ -13,6 +13,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/boottables"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/machineaccess"
+	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/omni"
 )
 
@@ -49,10 +50,10 @@ func Example() {
 		return
 	}
 
-	// fed by the edges' events: bootevents.NewReceiver(logger, locations, sites.SiteFromContext);
+	// fed by the edges' events: bootevents.NewReceiver(logger, sites.SiteFromContext, locations, timelines);
 	// call locations.SiteOffline(site) when a site's session ends
-	locations := lifecycle.NewLocations(logger)
-	edges := &lifecycle.EdgeClients{Access: access, Sites: locations} // PowerClient and AgentClient
+	locations := machines.NewLocations(logger)
+	edges := &machines.EdgeClients{Access: access, Sites: locations} // PowerClient and AgentClient
 
 	ctrls, err := lifecycle.New(lifecycle.Default(), lifecycle.Deps{
 		Types: conn.Types(), Power: edges, Agent: edges, Intents: edges, Sites: locations, Plans: tables, Planner: planner,

@@ -11,7 +11,7 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/timeline"
 	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
 	"github.com/outpost-metal/outpost/shared/metal"
@@ -167,9 +167,9 @@ func (a *API) change(ctx context.Context, what, machineID string, apply func(id 
 	id := metal.NormalizeID(machineID)
 
 	switch err := apply(id); {
-	case errors.Is(err, lifecycle.ErrBadFirmware):
+	case errors.Is(err, machines.ErrBadFirmware):
 		return grpcstatus.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, lifecycle.ErrNotLocated):
+	case errors.Is(err, machines.ErrNotLocated):
 		return grpcstatus.Errorf(codes.NotFound,
 			"machine %q was never seen at a site: it must boot through an edge once, or be in an edge's inventory, before its knowledge can be changed",
 			clipID(machineID))

@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
 
-	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/status"
 	"github.com/outpost-metal/outpost/controller/timeline"
 	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
@@ -33,7 +33,7 @@ func TestSetBootMode(t *testing.T) {
 
 	const id = "4c4c4544-0042-3510-8052-b4c04f384833"
 
-	locs := lifecycle.NewLocations(zaptest.NewLogger(t))
+	locs := machines.NewLocations(zaptest.NewLogger(t))
 	_, err := locs.Seen("site-a", id)
 	require.NoError(t, err)
 	locs.SetFirmware(id, "bios", "dhcp")
@@ -70,17 +70,17 @@ func TestSetBootMode(t *testing.T) {
 	require.Contains(t, msg, "never seen at a site")
 
 	// clearing an alert: refused on a standby; on the acting one it says what was cleared
-	locs.Raise(id, lifecycle.AlertTunnelContested, "test")
+	locs.Raise(id, machines.AlertTunnelContested, "test")
 
 	r.acting.Store(false)
 	_, err = api.ClearAlert(t.Context(), &adminpb.ClearAlertRequest{MachineId: id})
 	require.Equal(t, codes.FailedPrecondition, grpcstatus.Code(err))
-	require.Equal(t, lifecycle.AlertTunnelContested, must(locs.Locate(id)).Alert)
+	require.Equal(t, machines.AlertTunnelContested, must(locs.Locate(id)).Alert)
 
 	r.acting.Store(true)
 	resp2, err := api.ClearAlert(t.Context(), &adminpb.ClearAlertRequest{MachineId: id})
 	require.NoError(t, err)
-	require.Equal(t, lifecycle.AlertTunnelContested, resp2.GetCleared())
+	require.Equal(t, machines.AlertTunnelContested, resp2.GetCleared())
 	require.Empty(t, must(locs.Locate(id)).Alert)
 }
 

@@ -87,7 +87,7 @@ func TestBootWithUplinkDown(t *testing.T) {
 
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 	events := &eventLog{}
-	receiver := bootevents.NewReceiver(log, events, sites.SiteFromContext)
+	receiver := bootevents.NewReceiver(log, sites.SiteFromContext, events)
 	tables := boottables.New(log, nil)
 
 	ctrl := linklab.StartController(t, linklab.ControllerOptions{
@@ -152,7 +152,7 @@ func TestBootWithUplinkDown(t *testing.T) {
 
 	// The controller stops (as its process would), and comes back later on the same address with the same
 	// state and CA; its in-memory parts (event receiver, plan pusher) start afresh.
-	receiver2 := bootevents.NewReceiver(log, events, sites.SiteFromContext)
+	receiver2 := bootevents.NewReceiver(log, sites.SiteFromContext, events)
 	tables2 := boottables.New(log, nil)
 
 	ctrl = ctrl.Restart(t, linklab.ControllerOptions{

@@ -29,6 +29,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/lease"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/lifecycle/lifecycletest"
+	"github.com/outpost-metal/outpost/controller/machines"
 	controlleromni "github.com/outpost-metal/outpost/controller/omni"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/seal"
@@ -529,9 +530,9 @@ func scenario(t *testing.T, b fidelity.Backend) *transcript {
 
 	// an identity alert (another host asked for the machine's agent tunnel) reaches Omni as a label while it
 	// lasts, where an operator filters machines by it
-	alerted := func() []string { return labelled(labels.Alert, lifecycle.AlertSecondTunnel) }
+	alerted := func() []string { return labelled(labels.Alert, machines.AlertSecondTunnel) }
 
-	r.edge.SetAlert(m1, lifecycle.AlertSecondTunnel)
+	r.edge.SetAlert(m1, machines.AlertSecondTunnel)
 	r.eventually("the alert label reaches omni", func() bool { return slices.Equal(alerted(), []string{m1}) })
 	raised := strings.Join(alerted(), ",")
 

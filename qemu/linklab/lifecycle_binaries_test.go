@@ -36,7 +36,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/outpost-metal/outpost/controller/labels"
-	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/seal"
 	"github.com/outpost-metal/outpost/qemu/omni"
@@ -212,7 +212,7 @@ func TestBinariesLifecycleWithOmniStandIn(t *testing.T) {
 	require.Eventually(t, func() bool {
 		st, err := safe.StateGetByID[*infra.MachineStatus](ctx, stand.State(), machineID)
 
-		return err == nil && st.Metadata().Labels().Raw()[labels.Alert] == lifecycle.AlertTunnelOtherSource
+		return err == nil && st.Metadata().Labels().Raw()[labels.Alert] == machines.AlertTunnelOtherSource
 	}, time.Minute, 100*time.Millisecond, "the rogue tunnel raised no alert on the machine in Omni")
 	require.True(t, edge.hasLine("agent tunnel refused", "", ""), "the edge did not log the refusal")
 

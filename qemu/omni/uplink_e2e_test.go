@@ -25,6 +25,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/lifecycle/lifecycletest"
 	"github.com/outpost-metal/outpost/controller/machineaccess"
+	"github.com/outpost-metal/outpost/controller/machines"
 	controlleromni "github.com/outpost-metal/outpost/controller/omni"
 	"github.com/outpost-metal/outpost/controller/sites"
 	edgeuplink "github.com/outpost-metal/outpost/edge/uplink"
@@ -278,8 +279,8 @@ func TestLifecycleOverTheUplink(t *testing.T) {
 
 	// controller side of the uplink
 	tables := boottables.New(logger, nil)
-	locations := lifecycle.NewLocations(logger)
-	receiver := bootevents.NewReceiver(logger, locations, sites.SiteFromContext)
+	locations := machines.NewLocations(logger)
+	receiver := bootevents.NewReceiver(logger, sites.SiteFromContext, locations)
 
 	ctrl := linklab.StartController(t, linklab.ControllerOptions{
 		Register: []func(grpc.ServiceRegistrar){receiver.Register},
@@ -308,7 +309,7 @@ func TestLifecycleOverTheUplink(t *testing.T) {
 	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), lifecycletest.FakeResolver{})
 	require.NoError(t, err)
 
-	edges := &lifecycle.EdgeClients{Access: machineaccess.New(ctrl.Server.Conn, locations), Sites: locations}
+	edges := &machines.EdgeClients{Access: machineaccess.New(ctrl.Server.Conn, locations), Sites: locations}
 
 	cfg := lifecycle.Default()
 	cfg.Cooldown = 300 * time.Millisecond

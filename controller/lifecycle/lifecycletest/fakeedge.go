@@ -16,6 +16,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/bootplans"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
 )
 
@@ -34,6 +35,14 @@ type Machine struct {
 	AckedSeen bool
 	Alert     string // the machine's identity alert, as the locations would hold it
 }
+
+// FakeEdge is every edge-side collaborator of the lifecycle at once.
+var (
+	_ lifecycle.PowerClient = (*FakeEdge)(nil)
+	_ lifecycle.AgentClient = (*FakeEdge)(nil)
+	_ lifecycle.SiteLocator = (*FakeEdge)(nil)
+	_ lifecycle.PlanPusher  = (*FakeEdge)(nil)
+)
 
 // FakeEdge models the sites' edges: machines with power, PXE-once flag, agent and acknowledged plans.
 // It logs every call as "<machine> <Call> [detail]" so tests assert on order and counts.
@@ -235,7 +244,7 @@ func (f *FakeEdge) get(site, id string) (*Machine, error) {
 
 	switch {
 	case f.offline[site]:
-		return nil, fmt.Errorf("site %s: %w", site, lifecycle.ErrSiteOffline)
+		return nil, fmt.Errorf("site %s: %w", site, machines.ErrSiteOffline)
 	case !ok || m.Site != site:
 		return nil, fmt.Errorf("machine %s is not at site %s", id, site)
 	}
@@ -279,16 +288,16 @@ func (m *Machine) boot() {
 }
 
 // Locate implements lifecycle.SiteLocator.
-func (f *FakeEdge) Locate(id string) (lifecycle.Location, bool) {
+func (f *FakeEdge) Locate(id string) (machines.Location, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 
 	m, ok := f.machines[id]
 	if !ok {
-		return lifecycle.Location{}, false
+		return machines.Location{}, false
 	}
 
-	return lifecycle.Location{SiteID: m.Site, AgentConnected: m.Agent && m.Power, Alert: m.Alert}, true
+	return machines.Location{SiteID: m.Site, AgentConnected: m.Agent && m.Power, Alert: m.Alert}, true
 }
 
 // SetAlert sets the identity alert Locate reports for a machine ("" clears it).
@@ -319,7 +328,7 @@ func (f *FakeEdge) Push(ctx context.Context, site string, plan bootplans.Plan) (
 	if f.offline[site] {
 		f.mu.Unlock()
 
-		return 0, fmt.Errorf("push to %s: %w", site, lifecycle.ErrSiteOffline)
+		return 0, fmt.Errorf("push to %s: %w", site, machines.ErrSiteOffline)
 	}
 
 	f.record(plan.MachineID, "Push "+string(plan.Mode))
@@ -354,26 +363,26 @@ func (f *FakeEdge) Push(ctx context.Context, site string, plan bootplans.Plan) (
 }
 
 // PowerStatus implements lifecycle.PowerClient.
-func (f *FakeEdge) PowerStatus(_ context.Context, site, id string, _ *specs.BMCConfigurationSpec) (lifecycle.PowerState, error) {
+func (f *FakeEdge) PowerStatus(_ context.Context, site, id string, _ *specs.BMCConfigurationSpec) (machines.PowerState, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 
 	f.statusReads[id]++
 
 	if err := f.attempt(id, "PowerStatus"); err != nil {
-		return lifecycle.PowerUnknown, err
+		return machines.PowerUnknown, err
 	}
 
 	m, err := f.bmc(site, id)
 	if err != nil {
-		return lifecycle.PowerUnknown, err
+		return machines.PowerUnknown, err
 	}
 
 	if m.Power {
-		return lifecycle.PowerOn, nil
+		return machines.PowerOn, nil
 	}
 
-	return lifecycle.PowerOff, nil
+	return machines.PowerOff, nil
 }
 
 // PowerOn implements lifecycle.PowerClient: the machine boots (see boot).
@@ -514,7 +523,7 @@ func (f *FakeEdge) agentMachine(site, id string) (*Machine, error) {
 	}
 
 	if !m.Power || !m.Agent {
-		return nil, fmt.Errorf("agent of %s: %w", id, lifecycle.ErrSiteOffline)
+		return nil, fmt.Errorf("agent of %s: %w", id, machines.ErrSiteOffline)
 	}
 
 	return m, nil

@@ -1,4 +1,4 @@
-package lifecycle
+package machines
 
 import (
 	"fmt"
@@ -27,7 +27,7 @@ func (p SitePolicy) Validate() error {
 	}
 
 	if p.WipeMethod != "" {
-		if err := checkWipeMethod(p.WipeMethod); err != nil {
+		if err := CheckWipeMethod(p.WipeMethod); err != nil {
 			return err
 		}
 	}
@@ -156,4 +156,21 @@ func (p *SitePolicies) WipeMethod(site, fallback string) string {
 	}
 
 	return fallback
+}
+
+// Wipe methods (Config.WipeMethod, SitePolicy.WipeMethod).
+const (
+	// WipeFast: the agent drops partition tables and signatures.
+	WipeFast = "fast"
+	// WipeZeroes: the agent writes zeroes over every disk.
+	WipeZeroes = "zeroes"
+)
+
+// CheckWipeMethod refuses anything but a wipe method.
+func CheckWipeMethod(m string) error {
+	if m != WipeFast && m != WipeZeroes {
+		return fmt.Errorf("wipe method %q: want %s or %s", m, WipeFast, WipeZeroes)
+	}
+
+	return nil
 }

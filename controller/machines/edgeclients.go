@@ -1,4 +1,4 @@
-package lifecycle
+package machines
 
 import (
 	"context"
@@ -24,7 +24,7 @@ var ErrNoIPMI = errors.New("machine has no ipmi bmc configuration")
 type EdgeClients struct {
 	Access *machineaccess.Client
 	// Sites tells the firmware mode for one-time PXE boots (optional).
-	Sites SiteLocator
+	Sites *Locations
 	// DefaultBootMode is the firmware mode of a one-time PXE boot of a machine whose firmware nothing has
 	// reported (no boot through the edge yet, no BMC that says): "uefi" (the default when empty) or "bios".
 	DefaultBootMode string

@@ -1,11 +1,11 @@
-package lifecycle_test
+package machines_test
 
 import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/machines"
 )
 
 // A site's labels are kept in memory with its policy (the observation reads them for every machine at every
@@ -13,7 +13,7 @@ import (
 func TestSitePoliciesKeepLabels(t *testing.T) {
 	t.Parallel()
 
-	p := lifecycle.NewSitePolicies()
+	p := machines.NewSitePolicies()
 	set := map[string]string{"rack": "r7"}
 	p.SetLabels("site-a", set)
 	set["rack"] = "changed by the caller"
@@ -27,6 +27,6 @@ func TestSitePoliciesKeepLabels(t *testing.T) {
 	p.SetLabels("site-a", nil)
 	require.Nil(t, p.SiteLabels("site-a"))
 
-	var none *lifecycle.SitePolicies
+	var none *machines.SitePolicies
 	require.Nil(t, none.SiteLabels("site-a"))
 }

@@ -1,4 +1,4 @@
-package lifecycle_test
+package machines_test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
 
-	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 )
@@ -73,11 +73,11 @@ func TestWatchListsFollowTheSite(t *testing.T) {
 	edge := &watchingEdge{}
 	conn := serveEdge(t, func(srv *grpc.Server) { bmcpb.RegisterBMCServer(srv, edge) })
 
-	locs := lifecycle.NewLocations(zaptest.NewLogger(t))
+	locs := machines.NewLocations(zaptest.NewLogger(t))
 	_, err := locs.Seen("site-a", id1)
 	require.NoError(t, err)
 
-	lists := lifecycle.NewWatchLists(zaptest.NewLogger(t), bmcpb.Protocol_PROTOCOL_IPMI, nil, locs)
+	lists := machines.NewWatchLists(zaptest.NewLogger(t), bmcpb.Protocol_PROTOCOL_IPMI, nil, locs)
 
 	bmc := func(host string) *specs.BMCConfigurationSpec {
 		return &specs.BMCConfigurationSpec{Ipmi: &specs.BMCConfigurationSpec_IPMI{Address: host, Port: 623, Username: "u", Password: "p"}}
@@ -125,10 +125,10 @@ func TestWatchListsFollowTheSitesProtocol(t *testing.T) {
 	edge := &watchingEdge{}
 	conn := serveEdge(t, func(srv *grpc.Server) { bmcpb.RegisterBMCServer(srv, edge) })
 
-	policies := lifecycle.NewSitePolicies()
-	require.NoError(t, policies.Set("site-a", lifecycle.SitePolicy{BMCProtocol: "redfish"}))
+	policies := machines.NewSitePolicies()
+	require.NoError(t, policies.Set("site-a", machines.SitePolicy{BMCProtocol: "redfish"}))
 
-	lists := lifecycle.NewWatchLists(zaptest.NewLogger(t), bmcpb.Protocol_PROTOCOL_IPMI, policies, nil)
+	lists := machines.NewWatchLists(zaptest.NewLogger(t), bmcpb.Protocol_PROTOCOL_IPMI, policies, nil)
 
 	bmc := &specs.BMCConfigurationSpec{Ipmi: &specs.BMCConfigurationSpec_IPMI{Address: "10.0.0.1", Port: 623, Username: "u", Password: "p"}}
 	lists.Set("site-a", id1, bmc)
@@ -145,11 +145,11 @@ func TestWatchListsFollowTheSitesProtocol(t *testing.T) {
 	},
 		5*time.Second, 5*time.Millisecond, "the site's own protocol: %v", edge.lastProtocols())
 
-	require.NoError(t, policies.Set("site-a", lifecycle.SitePolicy{BMCProtocol: "auto"}))
+	require.NoError(t, policies.Set("site-a", machines.SitePolicy{BMCProtocol: "auto"}))
 	require.Eventually(t, func() bool { return slices.Equal(edge.lastProtocols(), []bmcpb.Protocol{bmcpb.Protocol_PROTOCOL_AUTO}) },
 		5*time.Second, 5*time.Millisecond, "the change is sent: %v", edge.lastProtocols())
 
-	require.NoError(t, policies.Set("site-b", lifecycle.SitePolicy{WipeMethod: "zeroes"}))
+	require.NoError(t, policies.Set("site-b", machines.SitePolicy{WipeMethod: "zeroes"}))
 	require.Equal(t, "zeroes", policies.WipeMethod("site-b", "fast"))
 	require.Equal(t, "fast", policies.WipeMethod("site-a", "fast"))
 	require.Equal(t, bmcpb.Protocol_PROTOCOL_IPMI, policies.BMCProtocol("site-b", bmcpb.Protocol_PROTOCOL_IPMI))

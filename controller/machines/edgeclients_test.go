@@ -1,4 +1,4 @@
-package lifecycle_test
+package machines_test
 
 import (
 	"context"
@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/machineaccess"
+	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 	"github.com/outpost-metal/outpost/shared/metal"
@@ -105,7 +105,7 @@ func TestEdgeClientsOverGRPC(t *testing.T) {
 
 	const id = "4c4c4544-0042-3510-8052-b4c04f384833"
 
-	locs := lifecycle.NewLocations(zaptest.NewLogger(t))
+	locs := machines.NewLocations(zaptest.NewLogger(t))
 	_, err := locs.Seen("site-a", id)
 	require.NoError(t, err)
 	locs.SetFirmware(id, "uefi", "ipxe")
@@ -118,13 +118,13 @@ func TestEdgeClientsOverGRPC(t *testing.T) {
 		return conn, nil
 	}, locs)
 
-	c := &lifecycle.EdgeClients{Access: access, Sites: locs}
+	c := &machines.EdgeClients{Access: access, Sites: locs}
 	ctx := t.Context()
 	bmc := &specs.BMCConfigurationSpec{Ipmi: &specs.BMCConfigurationSpec_IPMI{Address: "10.0.0.5", Port: 623, Username: "outpost", Password: "pw"}}
 
 	ps, err := c.PowerStatus(ctx, "site-a", id, bmc)
 	require.NoError(t, err)
-	require.Equal(t, lifecycle.PowerOff, ps)
+	require.Equal(t, machines.PowerOff, ps)
 	require.Equal(t, "10.0.0.5", edge.target.GetHost())
 	require.Equal(t, "outpost", edge.target.GetUsername())
 	require.Equal(t, bmcpb.Protocol_PROTOCOL_AUTO, edge.target.GetProtocol(), "by default the edge probes Redfish, then IPMI")
@@ -133,29 +133,29 @@ func TestEdgeClientsOverGRPC(t *testing.T) {
 		setting string
 		want    bmcpb.Protocol
 	}{{"ipmi", bmcpb.Protocol_PROTOCOL_IPMI}, {"redfish", bmcpb.Protocol_PROTOCOL_REDFISH}, {"auto", bmcpb.Protocol_PROTOCOL_AUTO}, {"", bmcpb.Protocol_PROTOCOL_AUTO}} {
-		proto, err := lifecycle.ParseBMCProtocol(tc.setting)
+		proto, err := machines.ParseBMCProtocol(tc.setting)
 		require.NoError(t, err)
 
-		pc := &lifecycle.EdgeClients{Access: access, Sites: locs, BMCProtocol: proto}
+		pc := &machines.EdgeClients{Access: access, Sites: locs, BMCProtocol: proto}
 		_, err = pc.PowerStatus(ctx, "site-a", id, bmc)
 		require.NoError(t, err)
 		require.Equal(t, tc.want, edge.target.GetProtocol(), tc.setting)
 	}
 
-	_, err = lifecycle.ParseBMCProtocol("smoke-signals")
+	_, err = machines.ParseBMCProtocol("smoke-signals")
 	require.ErrorContains(t, err, "want auto, ipmi or redfish")
 
 	// A site's own protocol comes before the controller's, and handing it back restores the controller's.
-	policies := lifecycle.NewSitePolicies()
-	require.NoError(t, policies.Set("site-a", lifecycle.SitePolicy{BMCProtocol: "redfish"}))
-	require.ErrorContains(t, policies.Set("site-a", lifecycle.SitePolicy{WipeMethod: "shred"}), `wipe method "shred"`)
+	policies := machines.NewSitePolicies()
+	require.NoError(t, policies.Set("site-a", machines.SitePolicy{BMCProtocol: "redfish"}))
+	require.ErrorContains(t, policies.Set("site-a", machines.SitePolicy{WipeMethod: "shred"}), `wipe method "shred"`)
 
-	pc := &lifecycle.EdgeClients{Access: access, Sites: locs, BMCProtocol: bmcpb.Protocol_PROTOCOL_IPMI, Policies: policies}
+	pc := &machines.EdgeClients{Access: access, Sites: locs, BMCProtocol: bmcpb.Protocol_PROTOCOL_IPMI, Policies: policies}
 	_, err = pc.PowerStatus(ctx, "site-a", id, bmc)
 	require.NoError(t, err)
 	require.Equal(t, bmcpb.Protocol_PROTOCOL_REDFISH, edge.target.GetProtocol(), "the site's own")
 
-	require.NoError(t, policies.Set("site-a", lifecycle.SitePolicy{}))
+	require.NoError(t, policies.Set("site-a", machines.SitePolicy{}))
 	_, err = pc.PowerStatus(ctx, "site-a", id, bmc)
 	require.NoError(t, err)
 	require.Equal(t, bmcpb.Protocol_PROTOCOL_IPMI, edge.target.GetProtocol(), "the controller's again")
@@ -166,7 +166,7 @@ func TestEdgeClientsOverGRPC(t *testing.T) {
 
 	ps, err = c.PowerStatus(ctx, "site-a", id, bmc)
 	require.NoError(t, err)
-	require.Equal(t, lifecycle.PowerOn, ps)
+	require.Equal(t, machines.PowerOn, ps)
 
 	require.NoError(t, c.Hello(ctx, "site-a", id))
 	require.Equal(t, []string{id}, edge.hellos)
@@ -179,7 +179,7 @@ func TestEdgeClientsOverGRPC(t *testing.T) {
 
 	_, err = c.PowerStatus(ctx, "site-a", id, bmc)
 	require.Error(t, err)
-	require.NotErrorIs(t, err, lifecycle.ErrSiteOffline)
+	require.NotErrorIs(t, err, machines.ErrSiteOffline)
 	require.Equal(t, codes.Unavailable, status.Code(err))
 	require.ErrorContains(t, err, "no answer from the bmc")
 
@@ -190,12 +190,12 @@ func TestEdgeClientsOverGRPC(t *testing.T) {
 	// the machine moves to site-b, which is offline: calls are refused or reported offline, never sent to site-a
 	_, err = locs.Seen("site-b", id)
 	require.NoError(t, err)
-	require.ErrorIs(t, c.PowerOn(ctx, "site-b", id, bmc), lifecycle.ErrSiteOffline)
+	require.ErrorIs(t, c.PowerOn(ctx, "site-b", id, bmc), machines.ErrSiteOffline)
 	require.Error(t, c.PowerOn(ctx, "site-a", id, bmc), "machine is no longer at site-a")
-	require.ErrorIs(t, c.Hello(ctx, "site-b", id), lifecycle.ErrSiteOffline)
+	require.ErrorIs(t, c.Hello(ctx, "site-b", id), machines.ErrSiteOffline)
 
 	_, err = c.PowerStatus(ctx, "site-a", id, &specs.BMCConfigurationSpec{ApiAddress: "agent"})
-	require.ErrorIs(t, err, lifecycle.ErrNoIPMI)
+	require.ErrorIs(t, err, machines.ErrNoIPMI)
 }
 
 // A machine that never booted through the edge (the site's DHCP hands out the boot file): its one-time PXE
@@ -208,7 +208,7 @@ func TestSetPXEOnceWithoutKnownFirmware(t *testing.T) {
 
 	const id = "4c4c4544-0042-3510-8052-b4c04f384835"
 
-	locs := lifecycle.NewLocations(zaptest.NewLogger(t))
+	locs := machines.NewLocations(zaptest.NewLogger(t))
 	require.NoError(t, locs.AgentConnected("site-a", id, true)) // joined without a boot through the edge
 
 	access := machineaccess.New(func(string) (grpc.ClientConnInterface, error) { return conn, nil }, locs)
@@ -233,7 +233,7 @@ func TestSetPXEOnceWithoutKnownFirmware(t *testing.T) {
 		edge.override, edge.pxeMode = tc.override, bmcpb.BootMode_BOOT_MODE_UNSPECIFIED
 		edge.mu.Unlock()
 
-		c := &lifecycle.EdgeClients{Access: access, Sites: locs, DefaultBootMode: tc.def}
+		c := &machines.EdgeClients{Access: access, Sites: locs, DefaultBootMode: tc.def}
 		require.NoError(t, c.SetPXEOnce(t.Context(), "site-a", id, bmc), tc.name)
 
 		edge.mu.Lock()
@@ -252,21 +252,21 @@ func TestSetPXEOnceOperatorBootMode(t *testing.T) {
 
 	const id = "4c4c4544-0042-3510-8052-b4c04f384836"
 
-	locs := lifecycle.NewLocations(zaptest.NewLogger(t))
+	locs := machines.NewLocations(zaptest.NewLogger(t))
 
 	_, _, err := locs.OverrideFirmware(id, "uefi")
-	require.ErrorIs(t, err, lifecycle.ErrNotLocated, "a machine never seen has nothing to attach a mode to")
+	require.ErrorIs(t, err, machines.ErrNotLocated, "a machine never seen has nothing to attach a mode to")
 
 	_, err = locs.Seen("site-a", id)
 	require.NoError(t, err)
 	locs.SetFirmware(id, "bios", "dhcp")
 
 	_, _, err = locs.OverrideFirmware(id, "efi")
-	require.ErrorIs(t, err, lifecycle.ErrBadFirmware)
+	require.ErrorIs(t, err, machines.ErrBadFirmware)
 
 	access := machineaccess.New(func(string) (grpc.ClientConnInterface, error) { return conn, nil }, locs)
 	bmc := &specs.BMCConfigurationSpec{Ipmi: &specs.BMCConfigurationSpec_IPMI{Address: "10.0.0.5", Port: 623, Username: "u", Password: "p"}}
-	c := &lifecycle.EdgeClients{Access: access, Sites: locs}
+	c := &machines.EdgeClients{Access: access, Sites: locs}
 
 	pxe := func(step string) bmcpb.BootMode {
 		edge.mu.Lock()

@@ -1,4 +1,4 @@
-package lifecycle
+package machines
 
 import (
 	"context"
@@ -18,11 +18,7 @@ import (
 // a DHCP request records the firmware of a machine already placed. Events naming no valid machine are logged,
 // counted and dropped: they never fail (which would make the edge resend them forever) and never act on
 // anything.
-func (l *Locations) HandleEvent(ctx context.Context, site string, e *bootpb.Event) error {
-	if j := l.edgeJournal(); j != nil {
-		defer j.HandleEvent(ctx, site, e) //nolint:errcheck // a journal never fails an event
-	}
-
+func (l *Locations) HandleEvent(_ context.Context, site string, e *bootpb.Event) error {
 	switch k := e.GetKind().(type) {
 	case *bootpb.Event_BootServed:
 		id := metal.NormalizeID(k.BootServed.GetUuid())

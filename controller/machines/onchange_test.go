@@ -1,4 +1,4 @@
-package lifecycle_test
+package machines_test
 
 import (
 	"testing"
@@ -6,7 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/machines"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 )
 
@@ -17,7 +17,7 @@ func TestLocationsTellChanges(t *testing.T) {
 
 	const id = "4c4c4544-0042-3510-8052-b4c04f384833"
 
-	l := lifecycle.NewLocations(zaptest.NewLogger(t))
+	l := machines.NewLocations(zaptest.NewLogger(t))
 
 	var told []string
 

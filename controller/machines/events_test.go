@@ -1,24 +1,27 @@
-package lifecycle_test
+package machines_test
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outpost-metal/outpost/controller/bootevents"
-	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/machines"
+	"github.com/outpost-metal/outpost/controller/timeline"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
-var _ bootevents.Handler = (*lifecycle.Locations)(nil)
+var _ bootevents.Handler = (*machines.Locations)(nil)
 
 func TestLocationsFromEdgeEvents(t *testing.T) {
 	t.Parallel()
 
 	const id = "4c4c4544-0042-3510-8052-b4c04f384833"
 
-	l := lifecycle.NewLocations(zaptest.NewLogger(t))
+	l := machines.NewLocations(zaptest.NewLogger(t))
 	ctx := t.Context()
 
 	for _, tc := range []struct {
@@ -66,7 +69,7 @@ func TestFirmwareFromDHCPBeforeTheMachineIsPlaced(t *testing.T) {
 
 	const id = "8f0e2d3c-1b5a-4c7e-9d2f-6a4b3c2d1e0f"
 
-	l := lifecycle.NewLocations(zaptest.NewLogger(t))
+	l := machines.NewLocations(zaptest.NewLogger(t))
 	ctx := t.Context()
 
 	// Firmware PXE asks first (its option 97 UUID is in the client's byte order: not the machine's ID) ...
@@ -89,7 +92,7 @@ type where struct {
 	AgentConnected                 bool
 }
 
-func whereOf(l lifecycle.Location) where {
+func whereOf(l machines.Location) where {
 	return where{SiteID: l.SiteID, Arch: l.Arch, Firmware: l.Firmware, Source: l.FirmwareSource, AgentConnected: l.AgentConnected}
 }
 
@@ -101,7 +104,7 @@ func TestIdentityAlertsFromEdgeEvents(t *testing.T) {
 
 	const id = "4c4c4544-0042-3510-8052-b4c04f384838"
 
-	l := lifecycle.NewLocations(zaptest.NewLogger(t))
+	l := machines.NewLocations(zaptest.NewLogger(t))
 	refused := func(site, machine, reason string) {
 		require.NoError(t, l.HandleEvent(t.Context(), site, &bootpb.Event{Kind: &bootpb.Event_TunnelRefused{
 			TunnelRefused: &bootpb.TunnelRefused{MachineId: machine, Reason: reason, RemoteIp: "10.0.0.66"},
@@ -133,8 +136,8 @@ func TestIdentityAlertsFromEdgeEvents(t *testing.T) {
 
 	// Each lesser alert replaces the last; a contested UUID (below) is never replaced by one.
 	for _, tc := range []struct{ reason, want string }{
-		{"source_not_boot_address", lifecycle.AlertTunnelOtherSource},
-		{"duplicate_machine_id", lifecycle.AlertSecondTunnel},
+		{"source_not_boot_address", machines.AlertTunnelOtherSource},
+		{"duplicate_machine_id", machines.AlertSecondTunnel},
 	} {
 		refused("site-a", id, tc.reason)
 		require.Equal(t, tc.want, alert(), tc.reason)
@@ -144,7 +147,7 @@ func TestIdentityAlertsFromEdgeEvents(t *testing.T) {
 	require.Empty(t, alert(), "cleared by the machine's own tunnel")
 
 	tunnel("site-b", true) // a claim from another site: refused, and raised
-	require.Equal(t, lifecycle.AlertClaimedElsewhere, alert())
+	require.Equal(t, machines.AlertClaimedElsewhere, alert())
 	loc, _ := l.Locate(id)
 	require.Equal(t, "site-a", loc.SiteID)
 	require.True(t, loc.AgentConnected, "the claim changed nothing of the machine's own tunnel")
@@ -153,18 +156,65 @@ func TestIdentityAlertsFromEdgeEvents(t *testing.T) {
 	// raised after it (a second tunnel) does not replace it: the own tunnel would then clear that one and lift
 	// the hold
 	refused("site-a", id, "contested_machine_id")
-	require.Equal(t, lifecycle.AlertTunnelContested, alert())
+	require.Equal(t, machines.AlertTunnelContested, alert())
 	refused("site-a", id, "duplicate_machine_id")
-	require.Equal(t, lifecycle.AlertTunnelContested, alert(), "a lesser alert does not replace a contested UUID")
+	require.Equal(t, machines.AlertTunnelContested, alert(), "a lesser alert does not replace a contested UUID")
 	tunnel("site-a", false)
 	tunnel("site-a", true)
-	require.Equal(t, lifecycle.AlertTunnelContested, alert())
+	require.Equal(t, machines.AlertTunnelContested, alert())
 
 	was, err := l.ClearAlert(id)
 	require.NoError(t, err)
-	require.Equal(t, lifecycle.AlertTunnelContested, was)
+	require.Equal(t, machines.AlertTunnelContested, was)
 	require.Empty(t, alert())
 
 	_, err = l.ClearAlert("4c4c4544-0042-3510-8052-b4c04f384899")
-	require.ErrorIs(t, err, lifecycle.ErrNotLocated)
+	require.ErrorIs(t, err, machines.ErrNotLocated)
+}
+
+type siteKey struct{}
+
+func siteOf(ctx context.Context) (string, bool) {
+	s, ok := ctx.Value(siteKey{}).(string)
+
+	return s, ok
+}
+
+// Every edge event reaches both the locations and the timelines, valid or not (the timeline bounds its own):
+// the receiver hands each to every handler it was built with.
+func TestEdgeEventsReachLocationsAndTimelines(t *testing.T) {
+	t.Parallel()
+
+	const id = "4c4c4544-0042-3510-8052-b4c04f4e3232"
+
+	locations := machines.NewLocations(zaptest.NewLogger(t))
+	book := timeline.New(timeline.DefaultConfig(), time.Now)
+	receiver := bootevents.NewReceiver(zaptest.NewLogger(t), siteOf, locations, book)
+
+	events := []*bootpb.Event{
+		{Kind: &bootpb.Event_BootServed{BootServed: &bootpb.BootServed{Uuid: id, Mode: "agent", Mac: "52:54:00:00:00:01"}}},
+		{Kind: &bootpb.Event_AgentTunnel{AgentTunnel: &bootpb.AgentTunnel{MachineId: id, Open: true}}},
+		{Kind: &bootpb.Event_BootServed{BootServed: &bootpb.BootServed{Uuid: "nonsense"}}},
+	}
+	for i, e := range events {
+		e.Sequence = uint64(i + 1)
+	}
+
+	resp, err := receiver.Publish(context.WithValue(t.Context(), siteKey{}, "site-a"), &bootpb.PublishRequest{JournalId: "j1", Events: events})
+	require.NoError(t, err)
+	require.EqualValues(t, 3, resp.GetAcked())
+
+	loc, ok := locations.Locate(id)
+	require.True(t, ok)
+	require.True(t, loc.AgentConnected)
+
+	rec, ok := book.Get(id)
+	require.True(t, ok)
+
+	var kinds []string
+	for _, e := range rec.Entries {
+		kinds = append(kinds, e.Kind)
+	}
+
+	require.Equal(t, []string{timeline.KindBootServed, timeline.KindAgentUp}, kinds)
 }

@@ -1,4 +1,4 @@
-package lifecycle_test
+package machines_test
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
 	"github.com/outpost-metal/outpost/shared/metal"
@@ -25,7 +25,7 @@ func TestLocations(t *testing.T) {
 
 	const id = "4c4c4544-0042-3510-8052-b4c04f384833"
 
-	l := lifecycle.NewLocations(zaptest.NewLogger(t))
+	l := machines.NewLocations(zaptest.NewLogger(t))
 
 	_, ok := l.Locate(id)
 	require.False(t, ok)
@@ -35,34 +35,34 @@ func TestLocations(t *testing.T) {
 	require.False(t, moved)
 
 	require.NoError(t, l.AgentConnected("site-a", id, true))
-	require.Equal(t, lifecycle.Location{SiteID: "site-a", AgentConnected: true}, must(l.Locate(id)))
+	require.Equal(t, machines.Location{SiteID: "site-a", AgentConnected: true}, must(l.Locate(id)))
 
 	// the machine turns up at site-b: it moves there, its old tunnel state does not follow
 	moved, err = l.Seen("site-b", id)
 	require.NoError(t, err)
 	require.True(t, moved)
-	require.Equal(t, lifecycle.Location{SiteID: "site-b"}, must(l.Locate(id)))
+	require.Equal(t, machines.Location{SiteID: "site-b"}, must(l.Locate(id)))
 
 	// a stale close from the old site changes nothing; the new site's tunnel counts
 	require.NoError(t, l.AgentConnected("site-a", id, false))
 	require.NoError(t, l.AgentConnected("site-b", id, true))
-	require.Equal(t, lifecycle.Location{SiteID: "site-b", AgentConnected: true}, must(l.Locate(id)))
+	require.Equal(t, machines.Location{SiteID: "site-b", AgentConnected: true}, must(l.Locate(id)))
 
 	l.SiteOffline("site-b")
-	require.Equal(t, lifecycle.Location{SiteID: "site-b"}, must(l.Locate(id)))
+	require.Equal(t, machines.Location{SiteID: "site-b"}, must(l.Locate(id)))
 
 	l.SetArch(id, metal.ARM64)
 	require.Equal(t, "arm64", must(l.Locate(id)).Arch)
 
 	for _, bad := range []string{"", "../../etc", "m1", "4c4c4544-0042-3510-8052-b4c04f38483"} {
 		_, err = l.Seen("site-a", bad)
-		require.ErrorIs(t, err, lifecycle.ErrBadMachineID, bad)
-		require.ErrorIs(t, l.AgentConnected("site-a", bad, false), lifecycle.ErrBadMachineID, bad)
+		require.ErrorIs(t, err, machines.ErrBadMachineID, bad)
+		require.ErrorIs(t, l.AgentConnected("site-a", bad, false), machines.ErrBadMachineID, bad)
 	}
 }
 
 // must returns a located machine's Location without the time it was last seen (compared separately).
-func must(loc lifecycle.Location, ok bool) lifecycle.Location {
+func must(loc machines.Location, ok bool) machines.Location {
 	if !ok {
 		panic("not located")
 	}
@@ -89,7 +89,7 @@ func TestLocationsPersistAndLoad(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 
-	first := lifecycle.NewLocations(zaptest.NewLogger(t))
+	first := machines.NewLocations(zaptest.NewLogger(t))
 	done := make(chan error, 1)
 
 	go func() { done <- first.Persist(ctx, st, types) }()
@@ -120,13 +120,13 @@ func TestLocationsPersistAndLoad(t *testing.T) {
 	require.NoError(t, <-done)
 
 	// the restarted controller: site-b's edge has already said b's tunnel is closed
-	second := lifecycle.NewLocations(zaptest.NewLogger(t))
+	second := machines.NewLocations(zaptest.NewLogger(t))
 	require.NoError(t, second.AgentConnected("site-b", b, true))
 	require.NoError(t, second.AgentConnected("site-b", b, false))
 
 	// a third one, whose edge placed a (its boot table) and saw a DHCP request before the records were read:
 	// the record's stronger firmware source and what the edge did not say are merged in
-	third := lifecycle.NewLocations(zaptest.NewLogger(t))
+	third := machines.NewLocations(zaptest.NewLogger(t))
 	_, err = third.Seen("site-a", a)
 	require.NoError(t, err)
 	third.SetFirmware(a, "bios", "dhcp")
@@ -144,9 +144,9 @@ func TestLocationsPersistAndLoad(t *testing.T) {
 		t.Fatal("Loaded not closed after Load")
 	}
 
-	require.Equal(t, lifecycle.Location{SiteID: "site-a", Arch: "amd64", Firmware: "uefi", FirmwareSource: "ipxe", MACs: []string{"52:54:00:aa:00:01"}},
+	require.Equal(t, machines.Location{SiteID: "site-a", Arch: "amd64", Firmware: "uefi", FirmwareSource: "ipxe", MACs: []string{"52:54:00:aa:00:01"}},
 		must(second.Locate(a)))
-	require.Equal(t, lifecycle.Location{SiteID: "site-b"}, must(second.Locate(b)), "what the edge said since the start wins")
+	require.Equal(t, machines.Location{SiteID: "site-b"}, must(second.Locate(b)), "what the edge said since the start wins")
 
 	_, ok := second.Locate("4c4c4544-0042-3510-8052-b4c04f384899")
 	require.False(t, ok, "a newer controller's record is not used")
@@ -165,7 +165,7 @@ func TestLocationsInventory(t *testing.T) {
 		elsewere = "4c4c4544-0042-3510-8052-b4c04f384844"
 	)
 
-	l := lifecycle.NewLocations(zaptest.NewLogger(t))
+	l := machines.NewLocations(zaptest.NewLogger(t))
 
 	for _, id := range []string{here, gone} {
 		_, err := l.Seen("site-a", id)
@@ -182,12 +182,12 @@ func TestLocationsInventory(t *testing.T) {
 	require.True(t, must(l.Locate(here)).AgentConnected)
 	require.False(t, must(l.Locate(gone)).AgentConnected, "a tunnel the edge no longer holds is closed")
 	require.Equal(t, "site-a", must(l.Locate(table)).SiteID, "a machine in the edge's table is placed there")
-	require.Equal(t, lifecycle.Location{SiteID: "site-b"}, must(l.Locate(elsewere)), "a claim does not move a machine")
+	require.Equal(t, machines.Location{SiteID: "site-b"}, must(l.Locate(elsewere)), "a claim does not move a machine")
 	require.Equal(t, 1.0, l.Rejected("inventory_claim"))
 }
 
 func FuzzLocationsSeen(f *testing.F) {
-	l := lifecycle.NewLocations(zap.NewNop())
+	l := machines.NewLocations(zap.NewNop())
 
 	f.Add("site-a", "4c4c4544-0042-3510-8052-b4c04f384833")
 	f.Add("", "{4c4c4544-0042-3510-8052-b4c04f384833}")
@@ -212,7 +212,7 @@ func TestLocationsWaitWritten(t *testing.T) {
 	types := resources.NewTypes("bare-metal")
 	require.NoError(t, types.Register())
 
-	locs := lifecycle.NewLocations(zaptest.NewLogger(t))
+	locs := machines.NewLocations(zaptest.NewLogger(t))
 	_, err := locs.Seen("site-a", id)
 	require.NoError(t, err)
 	require.NoError(t, locs.WaitWritten(t.Context(), id), "nothing persists yet: nothing to wait for")
@@ -255,9 +255,9 @@ func TestLocationsLoadKeepsAlerts(t *testing.T) {
 	types := resources.NewTypes("bare-metal")
 	require.NoError(t, types.Register())
 
-	first := lifecycle.NewLocations(zaptest.NewLogger(t))
+	first := machines.NewLocations(zaptest.NewLogger(t))
 
-	for id, alert := range map[string]string{contested: lifecycle.AlertTunnelContested, rogue: lifecycle.AlertSecondTunnel} {
+	for id, alert := range map[string]string{contested: machines.AlertTunnelContested, rogue: machines.AlertSecondTunnel} {
 		_, err := first.Seen("site-a", id)
 		require.NoError(t, err)
 		first.Raise(id, alert, "test")
@@ -277,11 +277,11 @@ func TestLocationsLoadKeepsAlerts(t *testing.T) {
 	cancel()
 	require.NoError(t, <-done)
 
-	second := lifecycle.NewLocations(zaptest.NewLogger(t))
+	second := machines.NewLocations(zaptest.NewLogger(t))
 	require.NoError(t, second.AgentConnected("site-a", contested, true))
 	require.NoError(t, second.AgentConnected("site-a", rogue, true))
 	require.NoError(t, second.Load(t.Context(), st, types))
 
-	require.Equal(t, lifecycle.AlertTunnelContested, must(second.Locate(contested)).Alert)
+	require.Equal(t, machines.AlertTunnelContested, must(second.Locate(contested)).Alert)
 	require.Empty(t, must(second.Locate(rogue)).Alert, "the machine's own tunnel opened since")
 }

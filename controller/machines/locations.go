@@ -1,4 +1,4 @@
-package lifecycle
+package machines
 
 import (
 	"errors"
@@ -47,8 +47,6 @@ type Locations struct {
 	// loaded is closed once Load has merged the records kept in Omni.
 	loaded     chan struct{}
 	loadedOnce sync.Once
-	// journal also gets every edge event (JournalTo; nil: none).
-	journal EdgeJournal
 	// onChange are told, with l.mu held, of every machine whose location changed (OnChange).
 	onChange []func(machineID string)
 }
