@@ -1,12 +1,16 @@
 package bootlab_test
 
 import (
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/diskfs/go-diskfs/backend/file"
+	"github.com/diskfs/go-diskfs/filesystem/fat16"
+	"github.com/diskfs/go-diskfs/partition/gpt"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outpost-metal/outpost/qemu/bootlab"
@@ -115,6 +119,59 @@ func bootSector(t *testing.T, marker string) []byte {
 	disk[510], disk[511] = 0x55, 0xaa
 
 	return disk
+}
+
+// writeESPImage writes a GPT disk image to out (whole, replacing it) with one EFI system partition (FAT16)
+// holding loader as the removable-media boot file, EFI/BOOT/BOOTX64.EFI, which UEFI firmware boots from a disk
+// with no boot entry of its own.
+func writeESPImage(t *testing.T, out, loader string) {
+	t.Helper()
+
+	const (
+		mib    = 1 << 20
+		sector = 512
+	)
+
+	src, err := os.Open(loader)
+	require.NoError(t, err)
+
+	defer src.Close() //nolint:errcheck
+
+	st, err := src.Stat()
+	require.NoError(t, err)
+
+	// At least 8 MiB, so that FAT16 holds enough clusters; the loader with 1 MiB to spare; 1 MiB before the
+	// partition and after it for the GPT and its backup.
+	esp := max(8*mib, (st.Size()+2*mib-1)/mib*mib)
+	size := esp + 2*mib
+
+	f, err := os.OpenFile(out, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	require.NoError(t, err)
+
+	defer f.Close() //nolint:errcheck
+
+	require.NoError(t, f.Truncate(size))
+
+	backend := file.New(f, false)
+	table := &gpt.Table{
+		LogicalSectorSize: sector, PhysicalSectorSize: sector, ProtectiveMBR: true,
+		Partitions: []*gpt.Partition{{
+			Index: 1, Start: mib / sector, End: uint64(mib+esp)/sector - 1, Type: gpt.EFISystemPartition, Name: "EFI system partition",
+		}},
+	}
+	require.NoError(t, table.Write(f, size))
+
+	fat, err := fat16.Create(backend, esp, mib, sector, "OUTPOSTESP", true)
+	require.NoError(t, err)
+	require.NoError(t, fat.Mkdir("/EFI/BOOT"))
+
+	dst, err := fat.OpenFile("/EFI/BOOT/BOOTX64.EFI", os.O_CREATE|os.O_RDWR)
+	require.NoError(t, err)
+
+	_, err = io.Copy(dst, src)
+	require.NoError(t, err)
+	require.NoError(t, dst.Close())
+	require.NoError(t, f.Close())
 }
 
 // TestBootThroughRelay boots a BIOS machine one DHCP relay away from its edge: the machine's network is routed

@@ -99,6 +99,8 @@ type Site struct {
 	DHCPNS string
 	Dir    string
 	taps   int
+	// exited closes, per started process, once it has exited.
+	exited map[*exec.Cmd]chan struct{}
 	// relayNS holds the machines' bridge when they are one DHCP relay away ("" otherwise).
 	relayNS string
 }
@@ -136,7 +138,7 @@ func NewSite(t *testing.T, opts SiteOptions) *Site {
 	t.Helper()
 
 	sfx := randomSuffix()
-	s := &Site{NS: "ob-site-" + sfx, DHCPNS: "ob-dhcp-" + sfx, Dir: t.TempDir()}
+	s := &Site{NS: "ob-site-" + sfx, DHCPNS: "ob-dhcp-" + sfx, Dir: t.TempDir(), exited: map[*exec.Cmd]chan struct{}{}}
 
 	Run(t, "ip", "netns", "add", s.NS)
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", s.NS).Run() }) //nolint:errcheck
@@ -282,9 +284,17 @@ func (s *Site) Start(t *testing.T, name string, lines chan<- string, cmd string,
 		t.Fatalf("start %s: %v", name, err)
 	}
 
+	exited := make(chan struct{})
+	s.exited[c] = exited
+
+	go func() {
+		_ = c.Wait() //nolint:errcheck // the exit is what Exited reports
+		close(exited)
+	}()
+
 	t.Cleanup(func() {
 		_ = c.Process.Kill() //nolint:errcheck
-		_ = c.Wait()         //nolint:errcheck
+		<-exited
 
 		if pw != nil {
 			pw.Close() //nolint:errcheck // ends the line reader
@@ -301,6 +311,9 @@ func (s *Site) Start(t *testing.T, name string, lines chan<- string, cmd string,
 
 	return c
 }
+
+// Exited returns a channel closed once c, started by Start, has exited (a machine powered off).
+func (s *Site) Exited(c *exec.Cmd) <-chan struct{} { return s.exited[c] }
 
 func tail(b []byte, n int) []byte {
 	if len(b) > n {

@@ -2,23 +2,43 @@ package bootlab_test
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/outpost-metal/outpost/qemu/bootlab"
 )
 
-// TestFirmwareMatrix boots one machine per firmware through the edge to agent mode (cells named
-// <firmware>/<step>) and logs each cell's power-on to agent time, beside the bare-dnsmasq peer's (the same
-// machine, kernel and initramfs booted by dnsmasq + static files, no edge) where that peer can boot the
-// firmware:
-//   - SeaBIOS: the NIC's iPXE ROM, ProxyDHCP, the script;
-//   - OVMF-PXE: OVMF's PXE, ipxe.efi over TFTP, then as above;
+// TestFirmwareMatrix runs one machine per firmware through its life, one subtest per cell (<firmware>/<step>),
+// on one site and edge per firmware, the machine keeping its disk and OVMF variables from step to step:
+//   - agent: the machine is unknown, boots through the edge to agent mode and calls back;
+//   - install: its plan turns to install (applied through the edge's boot-plan service, as the controller
+//     does), it boots through the edge again, the install kernel's /init (the lab's installer) fetches the
+//     lab's disk image from the edge, writes it to the disk and powers off;
+//   - disk: its plan turns to disk (the controller's default hand-off, http-404), it boots through the edge,
+//     which hands it off, and the firmware boots the disk the install step wrote (its marker on the serial
+//     console).
+//
+// A step runs only when the one before it passed (otherwise it is skipped, saying so). Each cell's power-on to
+// step time is logged beside the bare-dnsmasq peer's (the same machine, kernel and initramfs booted by dnsmasq
+// + static files, no edge) where that peer can boot the firmware. The peer boots agent mode only: static files
+// hold no plan per machine, so it has no install or disk step to compare (a site run that way rewrites its
+// files for each machine's step, which is what the edge's plans replace).
+//
+// The firmware:
+//   - SeaBIOS: the NIC's iPXE ROM, ProxyDHCP, the script; its disk image is a raw disk whose boot sector prints
+//     the marker;
+//   - OVMF-PXE: OVMF's PXE, ipxe.efi over TFTP, then as above; its disk image is a GPT disk whose EFI system
+//     partition (FAT) holds the lab's UKI (the kernel, the lab's /init, printing the marker);
 //   - OVMF-HTTPBoot: OVMF's UEFI HTTP boot only (its PXE knobs off) at a site whose edge serves no TFTP: the edge
 //     answers vendor class HTTPClient with http://<edge>/tftp/ipxe.efi, every fetch is HTTP from the edge;
-//   - OVMF-SecureBoot: secureBootCase (a signed UKI only; the firmware refuses an unsigned one).
+//   - OVMF-SecureBoot: secureBootCase (a signed UKI only; the firmware refuses an unsigned one); its disk image's
+//     UKI is signed with the snakeoil key.
 func TestFirmwareMatrix(t *testing.T) {
 	var (
 		mu    sync.Mutex
@@ -27,11 +47,12 @@ func TestFirmwareMatrix(t *testing.T) {
 
 	t.Cleanup(func() {
 		if len(table) > 0 {
-			t.Logf("power-on to agent (TCG):\n%s", strings.Join(table, "\n"))
+			t.Logf("power-on to each step's end (agent: callback; install: image written; disk: disk's marker), TCG:\n%s",
+				strings.Join(table, "\n"))
 		}
 	})
 
-	for _, cell := range []struct {
+	for _, row := range []struct {
 		firmware string
 		bc       func(t *testing.T) bootCase
 		bare     bool
@@ -41,21 +62,129 @@ func TestFirmwareMatrix(t *testing.T) {
 		{"OVMF-HTTPBoot", func(*testing.T) bootCase { return httpBootCase() }, true},
 		{"OVMF-SecureBoot", secureBootCase, false},
 	} {
-		t.Run(cell.firmware+"/agent", func(t *testing.T) {
-			edge := netboot(t, cell.bc(t))
-			line := fmt.Sprintf("%-16s agent  edge %6s", cell.firmware, edge)
+		t.Run(row.firmware, func(t *testing.T) {
+			agent := row.bc(t)
+			l := newLabSite(t, agent)
+			m := l.newMachine(t, agent.firmware, 64<<20)
 
-			if cell.bare && !t.Failed() {
-				bc := cell.bc(t)
-				bc.bare = true
-				line += fmt.Sprintf("  bare dnsmasq %6s", netboot(t, bc))
+			image := labDiskImage(t, l, agent)
+
+			if agent.firmware == "ovmf-secboot" {
+				// The disk the machine comes with holds the unsigned UKI the firmware must refuse.
+				writeESPImage(t, m.disk, filepath.Join(agent.disk, "EFI", "BOOT", "BOOTX64.EFI"))
 			}
 
-			mu.Lock()
-			table = append(table, line)
-			mu.Unlock()
+			logCell := func(step string, took time.Duration, more string) {
+				mu.Lock()
+				defer mu.Unlock()
+
+				table = append(table, fmt.Sprintf("%-16s %-8s edge %6s%s", row.firmware, step, took, more))
+			}
+
+			var failed string
+
+			for _, step := range []struct {
+				name string
+				run  func(t *testing.T)
+			}{
+				{"agent", func(t *testing.T) {
+					took := l.boot(t, agent, m)
+
+					more := ""
+					if row.bare && !t.Failed() {
+						bc := row.bc(t)
+						bc.bare = true
+						more = fmt.Sprintf("  bare dnsmasq %6s", netboot(t, bc))
+					}
+
+					logCell("agent", took, more)
+				}},
+				{"install", func(t *testing.T) {
+					l.setPlan(t, m.uuid+" install "+image)
+
+					bc := stepCase(agent, "install")
+					bc.serial, bc.powerOff = "OUTPOST-INSTALL-DONE", true
+					logCell("install", l.boot(t, bc, m), "")
+				}},
+				{"disk", func(t *testing.T) {
+					l.setPlan(t, m.uuid+" disk http-404")
+
+					bc := stepCase(agent, "disk")
+					bc.serial = diskMarker
+
+					if agent.firmware == "ovmf-secboot" {
+						// Through the edge: the NIC first, the signed UKI hands the machine to its disk (BootNext,
+						// then a reboot), whose signed UKI the firmware boots.
+						bc.diskFirst, bc.reboot = false, true
+					}
+					logCell("disk", l.boot(t, bc, m), "")
+				}},
+			} {
+				ok := t.Run(step.name, func(t *testing.T) {
+					if failed != "" {
+						t.Skipf("not run: step %s of this machine's life failed", failed)
+					}
+
+					step.run(t)
+				})
+				if !ok && failed == "" {
+					failed = step.name
+				}
+			}
 		})
 	}
+}
+
+// stepCase is a later step of the machine booted by agent: the same firmware, site flags and time limit, the
+// default chain for the step's mode.
+func stepCase(agent bootCase, step string) bootCase {
+	return bootCase{
+		firmware: agent.firmware, timeout: agent.timeout, noTFTP: agent.noTFTP, logHas: agent.logHas, diskFirst: agent.diskFirst, step: step,
+	}
+}
+
+// labDiskImage writes the lab's disk image for the firmware into the edge's assets and returns its asset name:
+// for SeaBIOS a raw disk whose boot sector prints diskMarker; for OVMF a GPT disk whose EFI system partition
+// holds the lab's UKI (the lab's kernel, the agent's initramfs, whose /init prints diskMarker when the command
+// line says outpost.lab.disk=1), signed with the snakeoil key for Secure Boot.
+func labDiskImage(t *testing.T, l *labSite, bc bootCase) string {
+	t.Helper()
+
+	name := "lab/disk-" + bc.firmware + ".img"
+	out := filepath.Join(l.dir, "assets", filepath.FromSlash(name))
+	require.NoError(t, os.MkdirAll(filepath.Dir(out), 0o755))
+
+	if bc.firmware == "seabios" {
+		require.NoError(t, os.WriteFile(out, bootSector(t, diskMarker), 0o644))
+
+		return name
+	}
+
+	uki := filepath.Join(l.dir, "disk-uki.efi")
+	buildUKI(t, uki, filepath.Join(l.dir, "assets", "agent", "x86_64", "initramfs.xz"), "console=ttyS0 outpost.lab.disk=1")
+
+	if bc.firmware == "ovmf-secboot" {
+		signed := filepath.Join(l.dir, "disk-uki-signed.efi")
+		sign(t, l.dir, uki, signed)
+		uki = signed
+	}
+
+	writeESPImage(t, out, uki)
+
+	return name
+}
+
+// sign signs the EFI binary in with the snakeoil key into out (the key decrypted into dir first: sbsign cannot
+// take a passphrase).
+func sign(t *testing.T, dir, in, out string) {
+	t.Helper()
+
+	key := filepath.Join(dir, "snakeoil.key")
+	if _, err := os.Stat(key); err != nil {
+		bootlab.Run(t, "openssl", "pkey", "-in", snakeoilKey, "-passin", "pass:snakeoil", "-out", key)
+	}
+
+	bootlab.Run(t, "sbsign", "--key", key, "--cert", snakeoilCert, "--output", out, in)
 }
 
 // httpBootCase boots a UEFI machine by UEFI HTTP boot at a site whose edge serves no TFTP: OVMF's PXE is off

@@ -1,13 +1,16 @@
 package bootlab_test
 
 import (
+	"cmp"
 	"crypto/rand"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -111,6 +114,14 @@ type bootCase struct {
 	// serial, when set, is what the machine's serial console must print instead of the edge's CALLBACK
 	// line (the machine boots something other than the agent).
 	serial string
+	// step names a step of a machine's life (the firmware matrix's install and disk): the boot mode the edge
+	// must have served (default chain) and the serial log's name; empty: agent.
+	step string
+	// powerOff waits, after the step's marker, for the machine to power off (QEMU exits).
+	powerOff bool
+	// reboot lets the machine reboot (QEMU without -no-reboot): a UKI hands a Secure Boot machine to its disk by
+	// setting BootNext and rebooting.
+	reboot bool
 }
 
 func randomUUID(t *testing.T) string {
@@ -129,6 +140,30 @@ func randomUUID(t *testing.T) string {
 // netboot boots a machine as bc says through the edge and returns its power-on to callback (or serial
 // marker) time.
 func netboot(t *testing.T, bc bootCase) time.Duration {
+	return newLabSite(t, bc).boot(t, bc, nil)
+}
+
+// labSite is a site and its edge (or its bare-dnsmasq peer) with the lab's boot files, for one boot or for a
+// machine's boots one after the other (the firmware matrix's steps).
+type labSite struct {
+	dir   string
+	site  *bootlab.Site
+	lines chan string
+	// edge is the edge's process (nil for the bare peer); planFile its -plan-file (see setPlan).
+	edge     *exec.Cmd
+	planFile string
+}
+
+// machine is one lab machine kept across boots: its SMBIOS UUID, its tap, its disk (a raw image, written by
+// its install step) and its OVMF variables.
+type machine struct {
+	uuid, tap, disk, vars string
+}
+
+// newLabSite builds the lab's binaries and the agent's kernel and initramfs, and starts the site and its edge
+// (bc's site, edgeArgs, prepare, bare and stranger). The install kernel and initramfs (/assets/install/x86_64)
+// are the agent's: the lab's /init is the installer when its command line says so.
+func newLabSite(t *testing.T, bc bootCase) *labSite {
 	bootlab.SkipUnlessLab(t, "qemu-system-x86_64", "dpkg-deb")
 
 	for _, f := range []string{"/usr/lib/ipxe/undionly.kpxe", "/usr/lib/ipxe/ipxe.efi", "/usr/share/OVMF/OVMF_CODE_4M.fd"} {
@@ -163,8 +198,21 @@ func netboot(t *testing.T, bc bootCase) time.Duration {
 
 	initrd, err := os.Create(filepath.Join(agentDir, "initramfs.xz"))
 	require.NoError(t, err)
-	require.NoError(t, bootlab.BuildInitramfs(initrd, initData, kernel.ModulesDir, []string{"virtio_pci", "virtio_net", "virtio_rng"}))
+	modules := []string{"virtio_pci", "virtio_net", "virtio_rng", "virtio_blk"}
+	if bc.firmware != "seabios" {
+		// The UKI's /init sets BootNext through efivarfs (secureBootCase); the module fails to load without EFI.
+		modules = append(modules, "efivarfs")
+	}
+
+	require.NoError(t, bootlab.BuildInitramfs(initrd, initData, kernel.ModulesDir, modules))
 	require.NoError(t, initrd.Close())
+
+	installDir := filepath.Join(dir, "assets", "install", "x86_64")
+	require.NoError(t, os.MkdirAll(installDir, 0o755))
+
+	for _, name := range []string{"vmlinuz", "initramfs.xz"} {
+		require.NoError(t, os.Link(filepath.Join(agentDir, name), filepath.Join(installDir, name)))
+	}
 
 	edgeArgs := bc.edgeArgs
 	if bc.prepare != nil {
@@ -176,42 +224,125 @@ func netboot(t *testing.T, bc bootCase) time.Duration {
 		siteOpts.Bare = bareFiles(t, dir, agentDir)
 	}
 
-	site := bootlab.NewSite(t, siteOpts)
-	firmware, timeout := bc.firmware, bc.timeout
+	l := &labSite{dir: dir, site: bootlab.NewSite(t, siteOpts), lines: make(chan string, 64), planFile: filepath.Join(dir, "plans")}
+	if bc.bare {
+		return l
+	}
 
-	lines := make(chan string, 64)
-	if !bc.bare {
-		site.Start(t, "edge", lines, "ip", append([]string{"netns", "exec", site.NS, edgeBin,
-			"-iface", "br0", "-ip", bootlab.EdgeIP, "-state", filepath.Join(dir, "state"), "-assets", filepath.Join(dir, "assets"),
-			"-log-level", "debug"}, edgeArgs...)...)
+	require.NoError(t, os.WriteFile(l.planFile, nil, 0o644))
 
-		waitLine(t, lines, "READY", 30*time.Second)
+	l.edge = l.site.Start(t, "edge", l.lines, "ip", append([]string{"netns", "exec", l.site.NS, edgeBin,
+		"-iface", "br0", "-ip", bootlab.EdgeIP, "-state", filepath.Join(dir, "state"), "-assets", filepath.Join(dir, "assets"),
+		"-log-level", "debug", "-plan-file", l.planFile}, edgeArgs...)...)
 
-		if bc.stranger {
-			strangerTap := site.AddTap(t)
-			site.Start(t, "qemu-stranger", nil, "ip", "netns", "exec", site.NS, "qemu-system-x86_64",
-				"-m", "256", "-smp", "1", "-nodefaults", "-display", "none", "-no-reboot", "-machine", "pc,accel=tcg", "-boot", "n",
-				"-netdev", "tap,id=n0,ifname="+strangerTap+",script=no,downscript=no",
-				"-device", "virtio-net-pci,netdev=n0,mac="+strangerMAC+",bootindex=1")
+	waitLine(t, l.lines, "READY", 30*time.Second)
+
+	if bc.stranger {
+		strangerTap := l.site.AddTap(t)
+		l.site.Start(t, "qemu-stranger", nil, "ip", "netns", "exec", l.site.NS, "qemu-system-x86_64",
+			"-m", "256", "-smp", "1", "-nodefaults", "-display", "none", "-no-reboot", "-machine", "pc,accel=tcg", "-boot", "n",
+			"-netdev", "tap,id=n0,ifname="+strangerTap+",script=no,downscript=no",
+			"-device", "virtio-net-pci,netdev=n0,mac="+strangerMAC+",bootindex=1")
+	}
+
+	return l
+}
+
+// setPlan changes the site's table as the controller does (labedge -plan-file, re-read at SIGHUP, applied
+// through the edge's boot-plan service): plan is the file's new content ("<uuid> install <image>", "<uuid>
+// disk <method>").
+func (l *labSite) setPlan(t *testing.T, plan string) {
+	t.Helper()
+
+	require.NoError(t, os.WriteFile(l.planFile, []byte(plan+"\n"), 0o644))
+	require.NoError(t, l.edge.Process.Signal(syscall.SIGHUP))
+	waitLine(t, l.lines, "APPLIED ", 30*time.Second)
+}
+
+// newMachine returns a machine of the firmware with a fresh UUID, its own tap on the site, an empty raw disk
+// of size bytes (none when 0) and, for OVMF, its own copy of the firmware's variables.
+func (l *labSite) newMachine(t *testing.T, firmware string, size int64) *machine {
+	t.Helper()
+
+	m := &machine{uuid: randomUUID(t), tap: l.site.AddTap(t)}
+
+	if size > 0 {
+		m.disk = filepath.Join(l.dir, "disk-"+firmware+".raw")
+		f, err := os.Create(m.disk)
+		require.NoError(t, err)
+		require.NoError(t, f.Truncate(size))
+		require.NoError(t, f.Close())
+	}
+
+	if firmware != "seabios" {
+		m.vars = filepath.Join(l.dir, "OVMF_VARS-"+firmware+".fd")
+
+		varsTemplate := "/usr/share/OVMF/OVMF_VARS_4M.fd"
+		if firmware == "ovmf-secboot" {
+			varsTemplate = "/usr/share/OVMF/OVMF_VARS_4M.snakeoil.fd"
+		}
+
+		b, err := os.ReadFile(varsTemplate)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(m.vars, b, 0o644))
+	}
+
+	return m
+}
+
+// boot powers the machine on (a new one as bc says when m is nil), waits for what bc's step ends with (the
+// callback, or bc.serial on the serial console; with bc.powerOff, the machine powering off too) and returns
+// the time from power-on to it.
+func (l *labSite) boot(t *testing.T, bc bootCase, m *machine) time.Duration {
+	site, lines := l.site, l.lines
+
+	if m == nil {
+		m = l.newMachine(t, bc.firmware, 0)
+		if bc.uuid != "" {
+			m.uuid = bc.uuid
 		}
 	}
 
-	tap := site.AddTap(t)
-
-	uuid := bc.uuid
-	if uuid == "" {
-		uuid = randomUUID(t)
+	// What the edge printed for an earlier boot of the site is not this boot's.
+	for drained := false; !drained; {
+		select {
+		case <-lines:
+		default:
+			drained = true
+		}
 	}
+
+	uuid, firmware, timeout := m.uuid, bc.firmware, bc.timeout
+
 	serial := filepath.Join(site.Dir, "serial-"+firmware+".log")
+	if bc.step != "" {
+		serial = filepath.Join(site.Dir, "serial-"+firmware+"-"+bc.step+".log")
+	}
 
 	args := []string{
 		"netns", "exec", site.MachineNS(), "qemu-system-x86_64",
-		"-m", "512", "-smp", "1", "-nodefaults", "-display", "none", "-no-reboot",
+		"-m", "512", "-smp", "1", "-nodefaults", "-display", "none",
 		"-serial", "file:" + serial,
 		"-smbios", "type=1,uuid=" + uuid,
-		"-netdev", "tap,id=n0,ifname=" + tap + ",script=no,downscript=no",
+		"-netdev", "tap,id=n0,ifname=" + m.tap + ",script=no,downscript=no",
 		// Entropy for the guest: without it getrandom blocks and the /init cannot even pick a DHCP xid.
 		"-device", "virtio-rng-pci",
+	}
+	if !bc.reboot {
+		args = append(args, "-no-reboot")
+	}
+
+	// The machine's disk: its own raw image (written by its install step), or bc.disk's files read only.
+	var drive string
+
+	switch {
+	case m.disk != "":
+		drive = "format=raw,file=" + m.disk
+	case bc.disk != "" && firmware == "seabios":
+		drive = "format=raw,readonly=on,file=" + filepath.Join(bc.disk, "disk.raw")
+	case bc.disk != "":
+		// QEMU's vvfat: the directory as a FAT disk, read only.
+		drive = "format=raw,readonly=on,file=fat:" + bc.disk
 	}
 
 	switch firmware {
@@ -221,37 +352,29 @@ func netboot(t *testing.T, bc bootCase) time.Duration {
 		args = append(args, "-machine", "pc,accel=tcg", "-boot", "n",
 			"-device", "virtio-net-pci,netdev=n0,mac=52:54:00:77:00:01,bootindex=1")
 
-		if bc.disk != "" {
-			args = append(args, "-drive", "if=none,id=d0,format=raw,readonly=on,file="+filepath.Join(bc.disk, "disk.raw"),
-				"-device", "virtio-blk-pci,drive=d0,bootindex=2")
+		if drive != "" {
+			args = append(args, "-drive", "if=none,id=d0,"+drive, "-device", "virtio-blk-pci,drive=d0,bootindex=2")
 		}
 	case "ovmf", "ovmf-http", "ovmf-secboot":
-		code, varsTemplate, machine := "/usr/share/OVMF/OVMF_CODE_4M.fd", "/usr/share/OVMF/OVMF_VARS_4M.fd", "q35,accel=tcg"
+		code, machineType := "/usr/share/OVMF/OVMF_CODE_4M.fd", "q35,accel=tcg"
 		if firmware == "ovmf-secboot" {
 			// Secure Boot enforcing with the snakeoil key enrolled; the Secure Boot build needs SMM.
-			code, varsTemplate, machine = "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd", "/usr/share/OVMF/OVMF_VARS_4M.snakeoil.fd", "q35,smm=on,accel=tcg"
+			code, machineType = "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd", "q35,smm=on,accel=tcg"
 			args = append(args, "-global", "driver=cfi.pflash01,property=secure,value=on")
 		}
 
-		vars := filepath.Join(dir, "OVMF_VARS.fd")
-		b, err := os.ReadFile(varsTemplate)
-		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(vars, b, 0o644))
-
-		args = append(args, "-machine", machine,
+		args = append(args, "-machine", machineType,
 			"-drive", "if=pflash,format=raw,readonly=on,file="+code,
-			"-drive", "if=pflash,format=raw,file="+vars,
+			"-drive", "if=pflash,format=raw,file="+m.vars,
 			"-device", "virtio-net-pci,netdev=n0,mac=52:54:00:77:00:02,romfile=,bootindex=1")
 
-		if bc.disk != "" {
+		if drive != "" {
 			index := "2"
 			if bc.diskFirst {
 				index = "0"
 			}
 
-			// QEMU's vvfat: the directory as a FAT disk, read only.
-			args = append(args, "-drive", "if=none,id=d0,format=raw,readonly=on,file=fat:"+bc.disk,
-				"-device", "virtio-blk-pci,drive=d0,bootindex="+index)
+			args = append(args, "-drive", "if=none,id=d0,"+drive, "-device", "virtio-blk-pci,drive=d0,bootindex="+index)
 		}
 
 		if firmware == "ovmf-http" {
@@ -264,7 +387,7 @@ func netboot(t *testing.T, bc bootCase) time.Duration {
 
 	start := time.Now()
 
-	site.Start(t, "qemu-"+firmware, nil, "ip", args...)
+	qemu := site.Start(t, "qemu-"+firmware+bc.step, nil, "ip", args...)
 
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -283,18 +406,30 @@ func netboot(t *testing.T, bc bootCase) time.Duration {
 		return took
 	}
 
-	if bc.serial != "" {
-		seen := waitSerial(t, lines, serial, bc.serial, timeout)
-		took := time.Since(start).Round(100 * time.Millisecond)
-		t.Logf("%s: power-on to %q on the serial console in %s", firmware, bc.serial, took)
-		checkEdge(t, bc, uuid, seen, site)
+	var seen []string
 
-		return took
+	if bc.serial != "" {
+		seen = waitSerial(t, lines, serial, bc.serial, timeout)
+	} else {
+		seen = waitLine(t, lines, "CALLBACK u="+uuid, timeout)
 	}
 
-	seen := waitLine(t, lines, "CALLBACK u="+uuid, timeout)
 	took := time.Since(start).Round(100 * time.Millisecond)
-	t.Logf("%s: power-on to callback in %s", firmware, took)
+
+	if bc.serial != "" {
+		t.Logf("%s: power-on to %q on the serial console in %s", firmware, bc.serial, took)
+	} else {
+		t.Logf("%s: power-on to callback in %s", firmware, took)
+	}
+
+	if bc.powerOff {
+		select {
+		case <-site.Exited(qemu):
+		case <-time.After(time.Minute):
+			t.Fatalf("the machine did not power off within a minute of %s", took)
+		}
+	}
+
 	checkEdge(t, bc, uuid, seen, site)
 
 	return took
@@ -307,16 +442,26 @@ func checkEdge(t *testing.T, bc bootCase, uuid string, seen []string, site *boot
 	firmware := bc.firmware
 
 	// The chain went the way the firmware class says it must.
-	want := []string{"DHCP 52:54:00:77:00:01 bios ipxe=true", "BOOT %s agent platform=pcbios"}
+	mode := cmp.Or(bc.step, "agent")
+
+	want := []string{"DHCP 52:54:00:77:00:01 bios ipxe=true", "BOOT %s " + mode + " platform=pcbios"}
 	switch firmware {
 	case "ovmf":
-		want = []string{"DHCP 52:54:00:77:00:02 uefi-x86 ipxe=false", "TFTP ipxe.efi", "DHCP 52:54:00:77:00:02 uefi-x86 ipxe=true", "BOOT %s agent platform=efi"}
+		want = []string{"DHCP 52:54:00:77:00:02 uefi-x86 ipxe=false", "TFTP ipxe.efi", "DHCP 52:54:00:77:00:02 uefi-x86 ipxe=true", "BOOT %s " + mode + " platform=efi"}
 	case "ovmf-http":
-		want = []string{"DHCP 52:54:00:77:00:02 http-x86 ipxe=false", "DHCP 52:54:00:77:00:02 uefi-x86 ipxe=true", "BOOT %s agent platform=efi"}
+		want = []string{"DHCP 52:54:00:77:00:02 http-x86 ipxe=false", "DHCP 52:54:00:77:00:02 uefi-x86 ipxe=true", "BOOT %s " + mode + " platform=efi"}
+	case "ovmf-secboot":
+		// No iPXE: the signed UKI's /init asks for the machine's boot script itself.
+		want = []string{"DHCP 52:54:00:77:00:02 uefi-x86 ipxe=false", "TFTP " + signedFile, "BOOT %s " + mode + " platform=efi"}
+	}
+
+	if bc.step != "" {
+		// The edge reports a machine's DHCP requests once, at its first boot (the agent step).
+		want = slices.DeleteFunc(want, func(w string) bool { return strings.HasPrefix(w, "DHCP ") })
 	}
 
 	if bc.want != nil {
-		want = bc.want
+		want = append([]string(nil), bc.want...)
 	}
 
 	for i, w := range want {

@@ -3,7 +3,8 @@
 // boot lab plays none: the services the controller would reach listen, unused, on loopback) and serves the
 // lab's boot images from -assets. It prints "READY" once built and "CALLBACK u=<uuid> remote=<addr>" for
 // every /config request, and "DHCP <mac> <firmware> ipxe=<bool>", "TFTP <file>" and "BOOT <uuid> <mode>"
-// for what it serves, so the lab test can follow the boot chain. It is test tooling.
+// for what it serves, so the lab test can follow the boot chain; "APPLIED <version>" once a -plan-file change
+// (at SIGHUP) is applied. It is test tooling.
 package main
 
 import (
@@ -56,6 +57,9 @@ func main() {
 		"applied as the controller applies a site's table, through the edge's boot-plan service")
 	flag.StringVar(&lab.disk, "disk", "", "<uuid>=<method>: the machine's plan is disk, handed off by that method "+
 		"(ipxe-exit, http-404 or ipxe-sanboot), applied through the edge's boot-plan service as the controller does")
+	flag.StringVar(&lab.planFile, "plan-file", "", "a file of plans, one \"<uuid> install <image>\" or \"<uuid> disk <method>\" a line: "+
+		"applied at start and again at every SIGHUP (a new table version, \"APPLIED <version>\" printed), as the controller "+
+		"changes a machine's plan; install boots /assets/install/<arch>/ with outpost.lab.image=<the edge's URL of /assets/<image>>")
 	flag.StringVar(&lab.failFirst, "fail-first", "", "<path prefix>=<n>: the first n GETs under that prefix answer 503 (a flaky download)")
 	flag.StringVar(&cfg.DHCP.Files.UEFIx86Signed, "signed-file", "", "the signed UKI in -ipxe-dir that machines enforcing Secure Boot get")
 	flag.Func("secure-boot", "comma-separated MACs (or *) of the machines that enforce Secure Boot", func(v string) error {
@@ -79,7 +83,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 
-	lab.registered = registered
+	lab.registered, lab.edgeIP = registered, cfg.DHCP.ServerIP
 
 	if err := run(ctx, log, cfg, assets, lab); err != nil {
 		log.Error("labedge failed", zap.Error(err))
@@ -89,7 +93,9 @@ func main() {
 
 // labFlags are the lab's changes to the site's table and to the edge's HTTP answers.
 type labFlags struct {
-	registered, disk, failFirst string
+	registered, disk, failFirst, planFile string
+	// edgeIP is the edge's address, for the install image's URL.
+	edgeIP string
 }
 
 func run(ctx context.Context, log *zap.Logger, cfg config.Config, assets string, lab labFlags) error {
@@ -106,6 +112,10 @@ func run(ctx context.Context, log *zap.Logger, cfg config.Config, assets string,
 		return err
 	}
 
+	// SIGHUP is caught before the edge is up: a plan change must never kill the edge.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+
 	controllerAPI, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return fmt.Errorf("controller API listener: %w", err)
@@ -121,25 +131,100 @@ func run(ctx context.Context, log *zap.Logger, cfg config.Config, assets string,
 		return err
 	}
 
-	if tbl == nil {
-		fmt.Println("READY")
-
-		return edge.Run(ctx)
-	}
-
 	eg, ctx := errgroup.WithContext(ctx)
 	eg.Go(func() error { return edge.Run(ctx) })
 	eg.Go(func() error {
-		if err := applyTable(ctx, controllerAPI.Addr().String(), tbl); err != nil {
-			return err
+		if tbl != nil {
+			if err := applyTable(ctx, controllerAPI.Addr().String(), tbl); err != nil {
+				return err
+			}
 		}
 
 		fmt.Println("READY")
 
-		return nil
+		if lab.planFile == "" {
+			return nil
+		}
+
+		version := uint64(1)
+		if tbl != nil {
+			version = tbl.GetVersion()
+		}
+
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-hup:
+			}
+
+			version++
+
+			plans, err := readPlanFile(lab.planFile, lab.edgeIP)
+			if err == nil {
+				err = applyTable(ctx, controllerAPI.Addr().String(), &bootpb.Table{Version: version, Plans: plans})
+			}
+
+			if err != nil {
+				log.Error("plan file not applied", zap.String("file", lab.planFile), zap.Error(err))
+				fmt.Printf("APPLY-FAILED %d %v\n", version, err)
+
+				continue
+			}
+
+			fmt.Printf("APPLIED %d\n", version)
+		}
 	})
 
 	return eg.Wait()
+}
+
+// diskMethods are the -disk and -plan-file names of the disk hand-off methods.
+var diskMethods = map[string]bootpb.DiskMethod{
+	"ipxe-exit": bootpb.DiskMethod_DISK_METHOD_IPXE_EXIT, "http-404": bootpb.DiskMethod_DISK_METHOD_HTTP_404,
+	"ipxe-sanboot": bootpb.DiskMethod_DISK_METHOD_IPXE_SANBOOT,
+}
+
+// readPlanFile reads the -plan-file's plans: "<uuid> install <image>" boots the lab's install kernel and
+// initramfs (/assets/install/x86_64/), told to write /assets/<image> to the machine's disk; "<uuid> disk
+// <method>" hands the machine off to its disk.
+func readPlanFile(name, edgeIP string) ([]*bootpb.Plan, error) {
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return nil, fmt.Errorf("read plan file: %w", err)
+	}
+
+	var plans []*bootpb.Plan
+
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+
+		if len(f) != 3 {
+			return nil, fmt.Errorf("plan %q: want <uuid> install <image> or <uuid> disk <method>", line)
+		}
+
+		switch f[1] {
+		case "install":
+			plans = append(plans, &bootpb.Plan{Uuid: f[0], Mode: bootpb.Mode_MODE_INSTALL, Install: &bootpb.Kernel{
+				KernelUrl: "/assets/install/x86_64/vmlinuz", InitrdUrl: "/assets/install/x86_64/initramfs.xz",
+				Args: []string{"outpost.lab.image=http://" + edgeIP + "/assets/" + f[2]},
+			}})
+		case "disk":
+			m, ok := diskMethods[f[2]]
+			if !ok {
+				return nil, fmt.Errorf("plan %q: unknown disk method", line)
+			}
+
+			plans = append(plans, &bootpb.Plan{Uuid: f[0], Mode: bootpb.Mode_MODE_DISK, DiskMethod: m})
+		default:
+			return nil, fmt.Errorf("plan %q: unknown mode %q", line, f[1])
+		}
+	}
+
+	return plans, nil
 }
 
 // siteTable is the table a controller would send for the lab's flags (nil when they change nothing): with
@@ -158,10 +243,7 @@ func siteTable(lab labFlags) (*bootpb.Table, error) {
 	if lab.disk != "" {
 		uuid, method, ok := strings.Cut(lab.disk, "=")
 
-		m, known := map[string]bootpb.DiskMethod{
-			"ipxe-exit": bootpb.DiskMethod_DISK_METHOD_IPXE_EXIT, "http-404": bootpb.DiskMethod_DISK_METHOD_HTTP_404,
-			"ipxe-sanboot": bootpb.DiskMethod_DISK_METHOD_IPXE_SANBOOT,
-		}[method]
+		m, known := diskMethods[method]
 		if !ok || !known {
 			return nil, fmt.Errorf("-disk %q: want <uuid>=ipxe-exit|http-404|ipxe-sanboot", lab.disk)
 		}

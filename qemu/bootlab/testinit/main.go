@@ -1,14 +1,25 @@
-// Command testinit is the /init of the boot lab's initramfs: it loads the virtio network modules listed in
+// Command testinit is the /init of the boot lab's initramfs: it loads the virtio modules listed in
 // /modules.order, takes a DHCP lease, reads the machine's SMBIOS UUID and calls back to the edge that booted
 // it (the host of talos.config= on the kernel command line) with GET /config?u=<uuid>, then powers off.
-// It is test tooling, built statically by the lab tests.
+// Booted as the lab's installer (outpost.lab.image=<url> on the command line), it first writes the image at
+// that URL to the machine's disk, as Talos's installer writes the disk. Booted from the lab's disk
+// (outpost.lab.disk=1), it prints "OUTPOST-DISK-BOOTED" and powers off. It is test tooling, built statically by
+// the lab tests.
 package main
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -38,6 +49,14 @@ func run() error {
 
 	fmt.Printf("OUTPOST-INIT uuid=%s cmdline=%s\n", g.UUID, g.Cmdline)
 
+	args := strings.Fields(g.Cmdline)
+	if slices.Contains(args, "outpost.lab.disk=1") {
+		// The lab's installed system: the marker the lab test waits for on the serial console.
+		fmt.Println("OUTPOST-DISK-BOOTED uuid=" + g.UUID)
+
+		return nil
+	}
+
 	edge, err := edgeFromCmdline(g.Cmdline)
 	if err != nil {
 		return err
@@ -49,6 +68,37 @@ func run() error {
 	}
 
 	fmt.Println("OUTPOST-INIT address", lease.Address)
+
+	if slices.Contains(args, "outpost.lab.plan=1") {
+		// A signed UKI (Secure Boot) runs no iPXE: it reads the machine's plan from the edge's boot script, as
+		// iPXE would, and follows an install plan itself.
+		plan, toDisk, err := planArgs(edge, g.UUID, lease.Interface)
+		if err != nil {
+			return err
+		}
+
+		if toDisk {
+			// What iPXE's exit does, for a kernel already running: the firmware's disk entry boots next.
+			if err := bootDiskNext(); err != nil {
+				return err
+			}
+
+			fmt.Println("OUTPOST-DISK-NEXT rebooting")
+			syscall.Sync()
+
+			return syscall.Reboot(syscall.LINUX_REBOOT_CMD_RESTART)
+		}
+
+		args = append(args, plan...)
+	}
+
+	for _, a := range args {
+		if image, ok := strings.CutPrefix(a, "outpost.lab.image="); ok {
+			if err := install(image, "/dev/vda"); err != nil {
+				return err
+			}
+		}
+	}
 
 	cb := "http://" + edge + "/config?u=" + url.QueryEscape(g.UUID)
 
@@ -70,6 +120,160 @@ func run() error {
 	}
 
 	return fmt.Errorf("callback %s: %w", cb, last)
+}
+
+// planArgs asks the edge for the machine's boot script as iPXE asks for it (an EFI x86_64 machine) and returns
+// the kernel arguments of the script's kernel line, or toDisk when the edge hands the machine to its disk (no
+// script, or a script that exits to the firmware).
+func planArgs(edge, uuid, ifname string) (args []string, toDisk bool, err error) {
+	iface, err := net.InterfaceByName(ifname)
+	if err != nil {
+		return nil, false, fmt.Errorf("plan: %w", err)
+	}
+
+	q := url.Values{"uuid": {uuid}, "mac": {strings.ReplaceAll(iface.HardwareAddr.String(), ":", "-")}, "arch": {"x86_64"}, "platform": {"efi"}}
+
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + edge + "/ipxe/boot.ipxe?" + q.Encode())
+	if err != nil {
+		return nil, false, fmt.Errorf("plan: %w", err)
+	}
+	defer resp.Body.Close() //nolint:errcheck
+
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	if err != nil {
+		return nil, false, fmt.Errorf("plan: %w", err)
+	}
+
+	fmt.Printf("OUTPOST-PLAN status=%d\n", resp.StatusCode)
+
+	if resp.StatusCode != http.StatusOK {
+		return nil, resp.StatusCode == http.StatusNotFound, nil
+	}
+
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+
+		switch {
+		case len(f) > 2 && f[0] == "kernel":
+			return f[2:], false, nil
+		case len(f) > 0 && f[0] == "exit":
+			return nil, true, nil
+		}
+	}
+
+	return nil, false, nil
+}
+
+// efiGlobal is the EFI global variable GUID (BootNext, Boot####) as efivarfs names it.
+const efiGlobal = "8be4df61-93ca-11d2-aa0d-00e098032b8c"
+
+// bootDiskNext sets the firmware's BootNext to its boot entry for the disk (OVMF names a virtio disk's entry
+// "UEFI Misc Device"), through efivarfs.
+func bootDiskNext() error {
+	const vars = "/sys/firmware/efi/efivars"
+
+	if err := syscall.Mount("efivarfs", vars, "efivarfs", 0, ""); err != nil && !errors.Is(err, syscall.EBUSY) {
+		return fmt.Errorf("mount efivarfs: %w", err)
+	}
+
+	entries, err := os.ReadDir(vars)
+	if err != nil {
+		return fmt.Errorf("efi variables: %w", err)
+	}
+
+	for _, e := range entries {
+		num, ok := strings.CutSuffix(e.Name(), "-"+efiGlobal)
+		if !ok || len(num) != 8 || !strings.HasPrefix(num, "Boot") {
+			continue
+		}
+
+		n, err := strconv.ParseUint(num[4:], 16, 16)
+		if err != nil {
+			continue
+		}
+
+		b, err := os.ReadFile(filepath.Join(vars, e.Name()))
+		// efivarfs: 4 bytes of attributes, then EFI_LOAD_OPTION: attributes (4), file path list length (2),
+		// the description (UCS-2, NUL-terminated), the device path.
+		if err != nil || len(b) < 10 {
+			continue
+		}
+
+		var desc []rune
+
+		for i := 10; i+1 < len(b); i += 2 {
+			c := rune(binary.LittleEndian.Uint16(b[i:]))
+			if c == 0 {
+				break
+			}
+
+			desc = append(desc, c)
+		}
+
+		if !strings.Contains(string(desc), "Misc Device") {
+			continue
+		}
+
+		// Non-volatile, boot service and runtime access; the entry's number.
+		v := binary.LittleEndian.AppendUint32(nil, 7)
+		v = binary.LittleEndian.AppendUint16(v, uint16(n))
+
+		if err := os.WriteFile(filepath.Join(vars, "BootNext-"+efiGlobal), v, 0o644); err != nil {
+			return fmt.Errorf("set BootNext: %w", err)
+		}
+
+		fmt.Printf("OUTPOST-BOOTNEXT %s %q\n", num, string(desc))
+
+		return nil
+	}
+
+	return fmt.Errorf("no disk boot entry among the firmware's variables")
+}
+
+// install writes the image at src to the disk device dev, whole, and syncs it.
+func install(src, dev string) error {
+	// The disk's node appears once virtio_blk has probed it.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := os.Stat(dev); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			return fmt.Errorf("install: %w", err)
+		}
+
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	resp, err := (&http.Client{Timeout: 2 * time.Minute}).Get(src)
+	if err != nil {
+		return fmt.Errorf("install: fetch image: %w", err)
+	}
+	defer resp.Body.Close() //nolint:errcheck
+
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("install: fetch image %s: %s", src, resp.Status)
+	}
+
+	disk, err := os.OpenFile(dev, os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("install: %w", err)
+	}
+	defer disk.Close() //nolint:errcheck
+
+	sum := sha256.New()
+
+	n, err := io.Copy(io.MultiWriter(disk, sum), resp.Body)
+	if err != nil {
+		return fmt.Errorf("install: write %s: %w", dev, err)
+	}
+
+	if err := disk.Sync(); err != nil {
+		return fmt.Errorf("install: sync %s: %w", dev, err)
+	}
+
+	fmt.Printf("OUTPOST-INSTALL-DONE dev=%s bytes=%d sha256=%x\n", dev, n, sum.Sum(nil))
+
+	return nil
 }
 
 func edgeFromCmdline(cmdline string) (string, error) {
