@@ -1,6 +1,8 @@
 package bootlab_test
 
 import (
+	"cmp"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -71,19 +73,19 @@ func TestNetbootArm64NoArm64Assets(t *testing.T) {
 		require.NoError(t, os.WriteFile(filepath.Join(x86, name), []byte("an x86_64 "+name+" an arm64 machine must never get"), 0o644))
 	}
 
-	site := bootlab.NewSite(t, bootlab.SiteOptions{})
-	lines := a.startEdge(t, site, nil)
-	uuid := randomUUID(t)
-	serial, start := a.startMachine(t, site, "aavmf", uuid), time.Now()
+	l := a.startLabSite(t, bootlab.NewSite(t, bootlab.SiteOptions{}), nil)
+	m := a.newMachine(t, l)
+	start := time.Now()
+	serial, _ := a.startMachine(t, l.site, "aavmf", m, "")
 
 	t.Cleanup(func() { logSerialOnFailure(t, serial) })
 
-	seen := waitLine(t, lines, "TFTP snp-arm64.efi", 10*time.Minute)
+	seen := waitLine(t, l.lines, "TFTP snp-arm64.efi", 10*time.Minute)
 	require.Contains(t, seen, "DHCP "+arm64MAC+" uefi-arm64 ipxe=false", "the firmware's DHCP was not classified UEFI arm64")
 
-	edgeLog := filepath.Join(site.Dir, "edge.log")
+	edgeLog := filepath.Join(l.site.Dir, "edge.log")
 	require.Eventually(t, func() bool {
-		return logHasLine(edgeLog, `"reason":"no_agent_assets_for_arch"`, `"arch":"arm64"`, `"uuid":"`+uuid+`"`)
+		return logHasLine(edgeLog, `"reason":"no_agent_assets_for_arch"`, `"arch":"arm64"`, `"uuid":"`+m.uuid+`"`)
 	}, 10*time.Minute, time.Second, "the edge never refused the arm64 machine by name (%s)", edgeLog)
 
 	t.Logf("aavmf-pxe without arm64 assets: power-on to the named refusal in %s", time.Since(start).Round(100*time.Millisecond))
@@ -91,7 +93,7 @@ func TestNetbootArm64NoArm64Assets(t *testing.T) {
 	b, err := os.ReadFile(edgeLog)
 	require.NoError(t, err)
 	require.NotContains(t, string(b), `"uri":"/assets/`, "the edge served an asset to the refused machine")
-	require.NotContains(t, drain(lines), "BOOT "+uuid+" agent platform=efi", "the edge served a boot to the refused machine")
+	require.NotContains(t, drain(l.lines), "BOOT "+m.uuid+" agent platform=efi", "the edge served a boot to the refused machine")
 }
 
 // arm64Lab is what an arm64 boot needs: the lab edge, the arm64 iPXE and the test's directory.
@@ -130,9 +132,9 @@ func newArm64Lab(t *testing.T) arm64Lab {
 	return a
 }
 
-// agentAssets puts the arm64 agent kernel (Debian's arm64 cloud kernel, hack/kernel-arm64.sh) and an initramfs
-// of the lab's init cross-compiled for arm64 with the kernel's virtio modules under assets/agent/arm64.
-func (a arm64Lab) agentAssets(t *testing.T) {
+// kernelFiles returns Debian's arm64 cloud kernel, its modules directory and the arm64 UKI stub
+// (hack/kernel-arm64.sh), or skips the test where they cannot be had.
+func (a arm64Lab) kernelFiles(t *testing.T) (vmlinuz, modules, stub string) {
 	t.Helper()
 
 	out, err := exec.Command(filepath.Join(a.root, "hack", "kernel-arm64.sh")).Output()
@@ -141,15 +143,26 @@ func (a arm64Lab) agentAssets(t *testing.T) {
 	}
 
 	kroot := strings.TrimSpace(string(out))
-	vmlinuz, _ := filepath.Glob(filepath.Join(kroot, "boot", "vmlinuz-*-cloud-arm64"))
+	k, _ := filepath.Glob(filepath.Join(kroot, "boot", "vmlinuz-*-cloud-arm64"))
 	mods, _ := filepath.Glob(filepath.Join(kroot, "lib", "modules", "*-cloud-arm64"))
-	require.NotEmpty(t, vmlinuz, "no arm64 kernel under %s", kroot)
+	require.NotEmpty(t, k, "no arm64 kernel under %s", kroot)
 	require.NotEmpty(t, mods, "no arm64 modules under %s", kroot)
+
+	return k[len(k)-1], mods[len(mods)-1], filepath.Join(kroot, "usr", "lib", "systemd", "boot", "efi", "linuxaa64.efi.stub")
+}
+
+// agentAssets puts the arm64 agent kernel (Debian's arm64 cloud kernel) and an initramfs of the lab's init
+// cross-compiled for arm64 with the kernel's virtio modules under assets/agent/arm64, and the same two under
+// assets/install/arm64 (the lab's /init is the installer when its command line says so).
+func (a arm64Lab) agentAssets(t *testing.T) {
+	t.Helper()
+
+	vmlinuz, modules, _ := a.kernelFiles(t)
 
 	agentDir := filepath.Join(a.dir, "assets", "agent", "arm64")
 	require.NoError(t, os.MkdirAll(agentDir, 0o755))
 
-	b, err := os.ReadFile(vmlinuz[len(vmlinuz)-1])
+	b, err := os.ReadFile(vmlinuz)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(agentDir, "vmlinuz"), b, 0o644))
 
@@ -167,48 +180,62 @@ func (a arm64Lab) agentAssets(t *testing.T) {
 
 	initrd, err := os.Create(filepath.Join(agentDir, "initramfs.xz"))
 	require.NoError(t, err)
-	require.NoError(t, bootlab.BuildInitramfs(initrd, initData, mods[len(mods)-1], []string{"virtio_pci", "virtio_net", "virtio_rng"}))
+	require.NoError(t, bootlab.BuildInitramfs(initrd, initData, modules, []string{"virtio_pci", "virtio_net", "virtio_rng", "virtio_blk"}))
 	require.NoError(t, initrd.Close())
+
+	installDir := filepath.Join(a.dir, "assets", "install", "arm64")
+	require.NoError(t, os.MkdirAll(installDir, 0o755))
+
+	for _, name := range []string{"vmlinuz", "initramfs.xz"} {
+		require.NoError(t, os.Link(filepath.Join(agentDir, name), filepath.Join(installDir, name)))
+	}
 }
 
-// startEdge starts the lab edge on the site with the arm64 iPXE and returns its lines once it is ready.
-func (a arm64Lab) startEdge(t *testing.T, site *bootlab.Site, args []string) <-chan string {
+// newMachine returns an arm64 machine with a fresh UUID, its own tap on the site and its own copy of AAVMF's
+// variables, without a disk.
+func (a arm64Lab) newMachine(t *testing.T, l *labSite) *machine {
 	t.Helper()
 
-	lines := make(chan string, 64)
-	site.Start(t, "edge", lines, "ip", append([]string{"netns", "exec", site.NS, a.edgeBin,
-		"-iface", "br0", "-ip", bootlab.EdgeIP, "-state", filepath.Join(a.dir, "state"), "-assets", filepath.Join(a.dir, "assets"),
-		"-log-level", "debug", "-ipxe-dir", a.ipxeDir}, args...)...)
-	waitLine(t, lines, "READY", 30*time.Second)
+	m := &machine{uuid: randomUUID(t), tap: l.site.AddTap(t), vars: filepath.Join(a.dir, "AAVMF_VARS.fd")}
+	aavmfVarsTo(t, m.vars)
 
-	return lines
+	return m
 }
 
-// startMachine powers on the arm64 machine (firmware aavmf: PXE; aavmf-http: UEFI HTTP boot only) and returns
-// its serial console's file.
-func (a arm64Lab) startMachine(t *testing.T, site *bootlab.Site, firmware, uuid string) string {
+// aavmfVarsTo writes a fresh copy of AAVMF's variable store (the firmware writes it) to path.
+func aavmfVarsTo(t *testing.T, path string) {
 	t.Helper()
 
-	// AAVMF's variable store is written by the firmware: each machine gets its own copy.
-	vars := filepath.Join(a.dir, "AAVMF_VARS.fd")
 	b, err := os.ReadFile(aavmfVars)
 	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(vars, b, 0o644))
+	require.NoError(t, os.WriteFile(path, b, 0o644))
+}
 
-	tap := site.AddTap(t)
+// startMachine powers on the arm64 machine (firmware aavmf: PXE; aavmf-http: UEFI HTTP boot only; the NIC
+// first, then its disk when it has one) and returns its serial console's file and its QEMU.
+func (a arm64Lab) startMachine(t *testing.T, site *bootlab.Site, firmware string, m *machine, step string) (string, *exec.Cmd) {
+	t.Helper()
+
 	serial := filepath.Join(site.Dir, "serial-"+firmware+".log")
+	if step != "" {
+		serial = filepath.Join(site.Dir, "serial-"+firmware+"-"+step+".log")
+	}
 
 	args := []string{"netns", "exec", site.MachineNS(), "qemu-system-aarch64",
 		"-machine", "virt,accel=tcg", "-cpu", "cortex-a57", "-m", "512", "-smp", "1",
 		"-nodefaults", "-display", "none", "-no-reboot",
 		"-serial", "file:" + serial,
-		"-smbios", "type=1,uuid=" + uuid,
+		"-smbios", "type=1,uuid=" + m.uuid,
 		"-drive", "if=pflash,format=raw,readonly=on,file=" + aavmfCode,
-		"-drive", "if=pflash,format=raw,file=" + vars,
-		"-netdev", "tap,id=n0,ifname=" + tap + ",script=no,downscript=no",
+		"-drive", "if=pflash,format=raw,file=" + m.vars,
+		"-netdev", "tap,id=n0,ifname=" + m.tap + ",script=no,downscript=no",
 		"-device", "virtio-net-pci,netdev=n0,mac=" + arm64MAC + ",romfile=,bootindex=0",
 		// Entropy for the guest: without it getrandom blocks and the /init cannot even pick a DHCP xid.
 		"-device", "virtio-rng-pci"}
+
+	if m.disk != "" {
+		args = append(args, "-drive", "if=none,id=d0,format=raw,file="+m.disk, "-device", "virtio-blk-pci,drive=d0,bootindex=1")
+	}
 
 	if firmware == "aavmf-http" {
 		// As OVMF's: the fw_cfg knobs turn the firmware's PXE off, so it boots the NIC by HTTP boot (IPv4) only.
@@ -216,46 +243,72 @@ func (a arm64Lab) startMachine(t *testing.T, site *bootlab.Site, firmware, uuid 
 			"-fw_cfg", "name=opt/org.tianocore/IPv6PXESupport,string=n")
 	}
 
-	site.Start(t, "qemu-"+firmware, nil, "ip", args...)
-
-	return serial
+	return serial, site.Start(t, "qemu-"+firmware+step, nil, "ip", args...)
 }
 
-// netbootArm64 is netboot for an arm64 machine (bc.firmware aavmf or aavmf-http): it boots the machine through
-// the edge to agent mode and returns its power-on to callback time.
+// boot powers the arm64 machine on through the edge, waits for what bc's step ends with (the callback, or
+// bc.serial on the serial console; with bc.powerOff, the machine powering off too), checks the edge's chain
+// for the firmware and step, and returns the time from power-on to the step's end.
+func (a arm64Lab) boot(t *testing.T, l *labSite, bc bootCase, m *machine) time.Duration {
+	t.Helper()
+
+	drain(l.lines) // what the edge printed for an earlier boot is not this one's
+
+	start := time.Now()
+	serial, qemu := a.startMachine(t, l.site, bc.firmware, m, bc.step)
+
+	t.Cleanup(func() { logSerialOnFailure(t, serial) })
+
+	var seen []string
+	if bc.serial != "" {
+		seen = waitSerial(t, l.lines, serial, bc.serial, bc.timeout)
+	} else {
+		seen = waitLine(t, l.lines, "CALLBACK u="+m.uuid, bc.timeout)
+	}
+
+	took := time.Since(start).Round(100 * time.Millisecond)
+	t.Logf("%s %s: power-on to the step's end in %s", bc.firmware, cmp.Or(bc.step, "agent"), took)
+
+	if bc.powerOff {
+		select {
+		case <-l.site.Exited(qemu):
+		case <-time.After(time.Minute):
+			t.Fatalf("the machine did not power off within a minute of %s", took)
+		}
+	}
+
+	if bc.want == nil {
+		// The edge reports a machine's DHCP requests once, at its first boot (the agent step).
+		first := bc.step == ""
+
+		switch {
+		case bc.firmware == "aavmf-http" && first:
+			bc.want = []string{"DHCP " + arm64MAC + " http-arm64 ipxe=false", "DHCP " + arm64MAC + " uefi-arm64 ipxe=true"}
+		case first:
+			bc.want = []string{"DHCP " + arm64MAC + " uefi-arm64 ipxe=false", "TFTP snp-arm64.efi", "DHCP " + arm64MAC + " uefi-arm64 ipxe=true"}
+		case bc.firmware == "aavmf":
+			bc.want = []string{"TFTP snp-arm64.efi"}
+		}
+
+		bc.want = append(bc.want, "BOOT %s "+cmp.Or(bc.step, "agent")+" platform=efi")
+	}
+
+	checkEdge(t, bc, m.uuid, seen, l.site)
+
+	return took
+}
+
+// netbootArm64 is netboot for an arm64 machine (bc.firmware aavmf or aavmf-http): it boots a new machine
+// through the edge to agent mode and returns its power-on to callback time.
 func netbootArm64(t *testing.T, bc bootCase) time.Duration {
 	a := newArm64Lab(t)
 	a.agentAssets(t)
 
-	site := bootlab.NewSite(t, bc.site)
-	lines := a.startEdge(t, site, bc.edgeArgs)
+	l := a.startLabSite(t, bootlab.NewSite(t, bc.site), bc.edgeArgs)
+	m := a.newMachine(t, l)
+	took := a.boot(t, l, bc, m)
 
-	uuid := bc.uuid
-	if uuid == "" {
-		uuid = randomUUID(t)
-	}
-
-	start := time.Now()
-	serial := a.startMachine(t, site, bc.firmware, uuid)
-
-	t.Cleanup(func() { logSerialOnFailure(t, serial) })
-
-	seen := waitLine(t, lines, "CALLBACK u="+uuid, bc.timeout)
-	took := time.Since(start).Round(100 * time.Millisecond)
-	t.Logf("%s: power-on to callback in %s", bc.firmware, took)
-
-	if bc.want == nil {
-		bc.want = []string{"DHCP " + arm64MAC + " uefi-arm64 ipxe=false", "TFTP snp-arm64.efi"}
-		if bc.firmware == "aavmf-http" {
-			bc.want = []string{"DHCP " + arm64MAC + " http-arm64 ipxe=false"}
-		}
-
-		bc.want = append(bc.want, "DHCP "+arm64MAC+" uefi-arm64 ipxe=true", "BOOT %s agent platform=efi")
-	}
-
-	checkEdge(t, bc, uuid, seen, site)
-
-	b, err := os.ReadFile(serial)
+	b, err := os.ReadFile(filepath.Join(l.site.Dir, "serial-"+bc.firmware+".log"))
 	require.NoError(t, err)
 	require.Contains(t, string(b), "console=ttyAMA0", "the arm64 kernel was not given its serial console")
 
@@ -291,4 +344,113 @@ func drain(lines <-chan string) []string {
 			return out
 		}
 	}
+}
+
+// arm64Matrix runs the firmware matrix's arm64 rows (AAVMF-PXE, AAVMF-HTTPBoot) as TestFirmwareMatrix runs the
+// x86 ones: one site and edge per row, one machine kept across its steps (agent, install, disk), each step run
+// only when the one before it passed; logCell logs each cell's line. The bare-dnsmasq peer boots no arm64
+// machine (its dnsmasq offers arm64 PXE clients no arm64 boot file), so the rows have no peer time.
+func arm64Matrix(t *testing.T, logCell func(line string)) {
+	for _, row := range []struct {
+		firmware string
+		bc       func() bootCase
+	}{
+		{"AAVMF-PXE", aavmfPXECase},
+		{"AAVMF-HTTPBoot", aavmfHTTPBootCase},
+	} {
+		t.Run(row.firmware, func(t *testing.T) {
+			agent := row.bc()
+			a := newArm64Lab(t)
+			a.agentAssets(t)
+			image := a.diskImage(t)
+
+			site := bootlab.NewSite(t, agent.site)
+			l := a.startLabSite(t, site, agent.edgeArgs)
+			m := l.newMachine(t, agent.firmware, 64<<20)
+			aavmfVarsTo(t, m.vars) // newMachine copies OVMF's
+
+			var failed string
+
+			for _, step := range []struct {
+				name string
+				run  func(t *testing.T) time.Duration
+			}{
+				{"agent", func(t *testing.T) time.Duration { return a.boot(t, l, agent, m) }},
+				{"install", func(t *testing.T) time.Duration {
+					l.setPlan(t, m.uuid+" install "+image+" arm64")
+
+					bc := stepCase(agent, "install")
+					bc.serial, bc.powerOff = "OUTPOST-INSTALL-DONE", true
+
+					return a.boot(t, l, bc, m)
+				}},
+				{"disk", func(t *testing.T) time.Duration {
+					l.setPlan(t, m.uuid+" disk http-404")
+
+					bc := stepCase(agent, "disk")
+					bc.serial = diskMarker
+
+					return a.boot(t, l, bc, m)
+				}},
+			} {
+				ok := t.Run(step.name, func(t *testing.T) {
+					if failed != "" {
+						t.Skipf("not run: step %s of this machine's life failed", failed)
+					}
+
+					logCell(fmt.Sprintf("%-16s %-8s edge %6s", row.firmware, step.name, step.run(t)))
+				})
+				if !ok && failed == "" {
+					failed = step.name
+				}
+			}
+		})
+	}
+}
+
+// diskImage writes the arm64 machine's disk image into the edge's assets and returns its asset name: a GPT disk
+// whose EFI system partition holds, as EFI/BOOT/BOOTAA64.EFI, an arm64 UKI (systemd-boot-efi:arm64's stub,
+// the arm64 kernel, the agent's initramfs, whose /init prints diskMarker for outpost.lab.disk=1).
+func (a arm64Lab) diskImage(t *testing.T) string {
+	t.Helper()
+
+	const name = "lab/disk-arm64.img"
+
+	kernel, _, stub := a.kernelFiles(t)
+
+	dir := t.TempDir()
+	osrel, cmdline, uki := filepath.Join(dir, "os-release"), filepath.Join(dir, "cmdline"), filepath.Join(dir, "uki.efi")
+	require.NoError(t, os.WriteFile(osrel, []byte("NAME=\"Outpost lab\"\nID=outpost-lab\n"), 0o644))
+	require.NoError(t, os.WriteFile(cmdline, []byte("console=ttyAMA0 outpost.lab.disk=1\x00"), 0o644))
+
+	// As buildUKI, with the aarch64 objcopy (the host's cannot write an arm64 PE); the arm64 kernel is an
+	// uncompressed Image (27 MiB), so the initrd lies past 64 MiB.
+	bootlab.Run(t, "aarch64-linux-gnu-objcopy",
+		"--add-section", ".osrel="+osrel, "--change-section-vma", ".osrel=0x20000",
+		"--add-section", ".cmdline="+cmdline, "--change-section-vma", ".cmdline=0x30000",
+		"--add-section", ".linux="+kernel, "--change-section-vma", ".linux=0x2000000",
+		"--add-section", ".initrd="+filepath.Join(a.dir, "assets", "agent", "arm64", "initramfs.xz"), "--change-section-vma", ".initrd=0x4000000",
+		stub, uki)
+
+	out := filepath.Join(a.dir, "assets", filepath.FromSlash(name))
+	require.NoError(t, os.MkdirAll(filepath.Dir(out), 0o755))
+	writeESPImage(t, out, uki)
+
+	return name
+}
+
+// startLabSite starts the edge with a plan file (labedge -plan-file) and returns the site as the matrix's
+// steps use it (labSite.setPlan, newMachine).
+func (a arm64Lab) startLabSite(t *testing.T, site *bootlab.Site, args []string) *labSite {
+	t.Helper()
+
+	l := &labSite{dir: a.dir, site: site, lines: make(chan string, 64), planFile: filepath.Join(a.dir, "plans")}
+	require.NoError(t, os.WriteFile(l.planFile, nil, 0o644))
+
+	l.edge = site.Start(t, "edge", l.lines, "ip", append([]string{"netns", "exec", site.NS, a.edgeBin,
+		"-iface", "br0", "-ip", bootlab.EdgeIP, "-state", filepath.Join(a.dir, "state"), "-assets", filepath.Join(a.dir, "assets"),
+		"-log-level", "debug", "-ipxe-dir", a.ipxeDir, "-plan-file", l.planFile}, args...)...)
+	waitLine(t, l.lines, "READY", 30*time.Second)
+
+	return l
 }

@@ -1,6 +1,7 @@
 package bootlab_test
 
 import (
+	"debug/pe"
 	"io"
 	"os"
 	"path/filepath"
@@ -122,8 +123,8 @@ func bootSector(t *testing.T, marker string) []byte {
 }
 
 // writeESPImage writes a GPT disk image to out (whole, replacing it) with one EFI system partition (FAT16)
-// holding loader as the removable-media boot file, EFI/BOOT/BOOTX64.EFI, which UEFI firmware boots from a disk
-// with no boot entry of its own.
+// holding loader as the removable-media boot file, EFI/BOOT/BOOTX64.EFI (BOOTAA64.EFI for an arm64 loader),
+// which UEFI firmware boots from a disk with no boot entry of its own.
 func writeESPImage(t *testing.T, out, loader string) {
 	t.Helper()
 
@@ -165,7 +166,16 @@ func writeESPImage(t *testing.T, out, loader string) {
 	require.NoError(t, err)
 	require.NoError(t, fat.Mkdir("/EFI/BOOT"))
 
-	dst, err := fat.OpenFile("/EFI/BOOT/BOOTX64.EFI", os.O_CREATE|os.O_RDWR)
+	bootFile := "/EFI/BOOT/BOOTX64.EFI"
+	if pf, err := pe.Open(loader); err == nil {
+		if pf.Machine == pe.IMAGE_FILE_MACHINE_ARM64 {
+			bootFile = "/EFI/BOOT/BOOTAA64.EFI"
+		}
+
+		pf.Close() //nolint:errcheck
+	}
+
+	dst, err := fat.OpenFile(bootFile, os.O_CREATE|os.O_RDWR)
 	require.NoError(t, err)
 
 	_, err = io.Copy(dst, src)

@@ -38,7 +38,9 @@ import (
 //   - OVMF-HTTPBoot: OVMF's UEFI HTTP boot only (its PXE knobs off) at a site whose edge serves no TFTP: the edge
 //     answers vendor class HTTPClient with http://<edge>/tftp/ipxe.efi, every fetch is HTTP from the edge;
 //   - OVMF-SecureBoot: secureBootCase (a signed UKI only; the firmware refuses an unsigned one); its disk image's
-//     UKI is signed with the snakeoil key.
+//     UKI is signed with the snakeoil key;
+//   - AAVMF-PXE and AAVMF-HTTPBoot: an arm64 machine (arm64Matrix), by PXE and by UEFI HTTP boot only; its disk
+//     image's UKI is an arm64 one.
 func TestFirmwareMatrix(t *testing.T) {
 	var (
 		mu    sync.Mutex
@@ -133,6 +135,14 @@ func TestFirmwareMatrix(t *testing.T) {
 			}
 		})
 	}
+
+	// The arm64 rows, AAVMF-PXE and AAVMF-HTTPBoot (arm64_test.go).
+	arm64Matrix(t, func(line string) {
+		mu.Lock()
+		defer mu.Unlock()
+
+		table = append(table, line)
+	})
 }
 
 // stepCase is a later step of the machine booted by agent: the same firmware, site flags and time limit, the

@@ -186,7 +186,8 @@ var diskMethods = map[string]bootpb.DiskMethod{
 }
 
 // readPlanFile reads the -plan-file's plans: "<uuid> install <image>" boots the lab's install kernel and
-// initramfs (/assets/install/x86_64/), told to write /assets/<image> to the machine's disk; "<uuid> disk
+// initramfs (/assets/install/x86_64/, or /assets/install/<arch>/ for "<uuid> install <image> <arch>"), told
+// to write /assets/<image> to the machine's disk; "<uuid> disk
 // <method>" hands the machine off to its disk.
 func readPlanFile(name, edgeIP string) ([]*bootpb.Plan, error) {
 	b, err := os.ReadFile(name)
@@ -202,6 +203,11 @@ func readPlanFile(name, edgeIP string) ([]*bootpb.Plan, error) {
 			continue
 		}
 
+		arch := "x86_64"
+		if len(f) == 4 && f[1] == "install" {
+			arch, f = f[3], f[:3]
+		}
+
 		if len(f) != 3 {
 			return nil, fmt.Errorf("plan %q: want <uuid> install <image> or <uuid> disk <method>", line)
 		}
@@ -209,7 +215,7 @@ func readPlanFile(name, edgeIP string) ([]*bootpb.Plan, error) {
 		switch f[1] {
 		case "install":
 			plans = append(plans, &bootpb.Plan{Uuid: f[0], Mode: bootpb.Mode_MODE_INSTALL, Install: &bootpb.Kernel{
-				KernelUrl: "/assets/install/x86_64/vmlinuz", InitrdUrl: "/assets/install/x86_64/initramfs.xz",
+				KernelUrl: "/assets/install/" + arch + "/vmlinuz", InitrdUrl: "/assets/install/" + arch + "/initramfs.xz",
 				Args: []string{"outpost.lab.image=http://" + edgeIP + "/assets/" + f[2]},
 			}})
 		case "disk":
