@@ -21,6 +21,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
+	"github.com/outpost-metal/outpost/controller/timeline"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 )
 
@@ -85,6 +86,11 @@ func TestInventoryLabelsPublished(t *testing.T) {
 		BiosVersion: "2.19.1", BmcFirmware: "\x1b[31m7.00 (build 171)",
 	}}
 	h := newInventoryHarness(t, inv, func(c *lifecycle.Config) { c.InventoryInterval = interval })
+	h.stop()
+
+	book := timeline.New(timeline.DefaultConfig(), h.clock.Now)
+	h.journal = book
+	h.start()
 
 	h.edge.Add("m1", "site-a")
 	h.omni("m1", accepted)
@@ -110,6 +116,13 @@ func TestInventoryLabelsPublished(t *testing.T) {
 	require.Equal(t, "redfish", rec.TypedSpec().Value.GetProtocol())
 	require.Equal(t, "outpost@10.0.0.1:623", rec.TypedSpec().Value.GetBmc())
 
+	// The status pages name the machine by its hardware and say which protocol the edge settled on.
+	h.eventually("hardware in the machine's summary", func() bool {
+		rec, _ := book.Get("m1")
+
+		return rec.Hardware == "Dell Inc. PowerEdge R640, 2 CPUs, 384 GiB" && rec.DrivenOver == "redfish"
+	})
+
 	require.Never(t, func() bool { return inv.calls() > 1 }, interval/3, tick, "read again within the refresh interval (polls every 20ms)")
 
 	// the refresh interval passes: read again; this time the BMC fails, the labels of the last read stay
@@ -129,5 +142,10 @@ func TestInventoryLabelsPublished(t *testing.T) {
 		_, model := l[labels.Model]
 
 		return l[labels.Vendor] == "Supermicro" && l[labels.InventorySource] == "ipmi" && l[labels.Serial] == "S1" && !model
+	})
+	h.eventually("the new read in the machine's summary", func() bool {
+		rec, _ := book.Get("m1")
+
+		return rec.Hardware == "Supermicro" && rec.DrivenOver == "ipmi"
 	})
 }

@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 
 	"github.com/cosi-project/runtime/pkg/controller"
@@ -31,6 +32,11 @@ type MachineSummary struct {
 	Installed   bool
 	// Waiting is why the lifecycle cannot go on with the machine ("" when nothing holds it).
 	Waiting string
+	// Hardware names the machine as its BMC's inventory does (vendor, model, CPUs, memory), "" before a read.
+	Hardware string
+	// DrivenOver is the protocol the edge read the BMC's inventory over ("redfish" or "ipmi"): what the edge
+	// settled on for the BMC, under the auto setting too. "" before a read.
+	DrivenOver string
 }
 
 // Phases of a machine, as operators see them.
@@ -93,7 +99,31 @@ func (v *view) summary() MachineSummary {
 		s.BMCAddress, s.BMCProtocol = b.GetApiAddress(), "api"
 	}
 
+	if v.inv.GetProtocol() != "" {
+		s.Hardware, s.DrivenOver = hardwareLine(v.inv), v.inv.GetProtocol()
+	}
+
 	return s
+}
+
+// hardwareLine names a machine by its inventory in a few words: "Dell Inc. PowerEdge R650, 2 CPUs, 256 GiB"
+// (what the inventory has of those).
+func hardwareLine(inv *specs.MachineInventorySpec) string {
+	var parts []string
+
+	if name := strings.TrimSpace(strings.Join(strings.Fields(inv.GetManufacturer()+" "+inv.GetModel()), " ")); name != "" {
+		parts = append(parts, name)
+	}
+
+	if n := inv.GetCpuCount(); n > 0 {
+		parts = append(parts, fmt.Sprintf("%d CPUs", n))
+	}
+
+	if g := inv.GetMemoryGib(); g > 0 {
+		parts = append(parts, fmt.Sprintf("%d GiB", g))
+	}
+
+	return strings.Join(parts, ", ")
 }
 
 // note records an entry in the machine's timeline, when there is a journal.

@@ -9,7 +9,7 @@ import (
 // bmcLine says how a machine's BMC is reached: its address and the protocol the edge drives it over. The
 // lifecycle knows the BMC by its IPMI credentials, which serve Redfish too; the protocol is the site's setting
 // (Options.BMCProtocol), and under auto, where the edge picks Redfish when the BMC answers it, what the
-// machine's own BMC errors name, if any.
+// machine's own newest BMC error names, else the protocol the edge read the BMC's inventory over.
 func (p *Pages) bmcLine(rec timeline.Record) string {
 	if rec.BMCAddress == "" && rec.BMCProtocol == "" {
 		return "not configured"
@@ -34,6 +34,13 @@ func (p *Pages) bmcLine(rec timeline.Record) string {
 		return "Redfish at " + addr + " (auto; its BMC's errors name Redfish)"
 	case "ipmi":
 		return "IPMI at " + addr + " (auto: its BMC did not answer Redfish)"
+	}
+
+	switch rec.DrivenOver {
+	case "redfish":
+		return "Redfish at " + addr + " (auto: the edge read its inventory over Redfish)"
+	case "ipmi":
+		return "IPMI at " + addr + " (auto: the edge read its inventory over IPMI; it did not answer Redfish)"
 	}
 
 	return addr + ": Redfish where the BMC answers it, else IPMI (auto)"

@@ -311,3 +311,36 @@ func TestEventsEndWithRun(t *testing.T) {
 	require.NoError(t, err, "the stream ended from the server's side, before the client's deadline")
 	require.NoError(t, ctx.Err())
 }
+
+// A machine whose inventory was read is named by its hardware beside its UUID, and under the auto protocol its
+// page says which protocol the edge settled on; the BMC's words are escaped (terminal codes shown, HTML inert).
+func TestPagesNameHardwareAndProtocol(t *testing.T) {
+	t.Parallel()
+
+	const m2 = "4c4c4544-0042-3510-8052-b4c04f4e3233"
+
+	book := timeline.New(timeline.DefaultConfig(), time.Now)
+	book.Summarize(m1, lifecycle.MachineSummary{
+		Site: "branch-7", Phase: lifecycle.PhaseReady, Power: "on", BMCAddress: "10.0.0.9:623", BMCProtocol: "ipmi",
+		Hardware: "Dell Inc. PowerEdge R640, 2 CPUs, 384 GiB", DrivenOver: "ipmi",
+	})
+	book.Summarize(m2, lifecycle.MachineSummary{
+		Site: "branch-7", Phase: lifecycle.PhaseReady, Power: "on", BMCAddress: "10.0.0.10:623", BMCProtocol: "ipmi",
+		Hardware: "\x1b[2J" + hostile, DrivenOver: "redfish",
+	})
+
+	srv := newServer(t, siteList{{ID: "branch-7", State: "connected", LastSeen: time.Now()}}, book, nil)
+
+	_, list := get(t, srv.URL+"/status/machines")
+	require.Contains(t, list, " · Dell Inc. PowerEdge R640, 2 CPUs, 384 GiB</span>")
+	require.Contains(t, list, `\x1b[2J&lt;script&gt;`, "the BMC's terminal codes are shown, never sent")
+	require.NotContains(t, list, "\x1b")
+
+	_, page := get(t, srv.URL+"/status/machines/"+m1)
+	require.Contains(t, page, "<th>Hardware</th><td>Dell Inc. PowerEdge R640, 2 CPUs, 384 GiB</td>")
+	require.Contains(t, page, "IPMI at 10.0.0.9:623 (auto: the edge read its inventory over IPMI; it did not answer Redfish)")
+
+	_, page = get(t, srv.URL+"/status/machines/"+m2)
+	require.Contains(t, page, "Redfish at 10.0.0.10:623 (auto: the edge read its inventory over Redfish)")
+	require.NotContains(t, page, "<script>alert")
+}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/shared/metal"
+	"github.com/outpost-metal/outpost/shared/printable"
 )
 
 // Entry kinds.
@@ -75,10 +76,14 @@ type Machine struct {
 	Waiting        string `json:"waiting,omitempty"`
 	Installed      bool   `json:"installed"`
 	// MACs, Arch and Firmware are how the machine was seen booting (boot scripts served, DHCP requests).
-	MACs     []string  `json:"macs,omitempty"`
-	Arch     string    `json:"arch,omitempty"`
-	Firmware string    `json:"firmware,omitempty"`
-	Updated  time.Time `json:"updated"`
+	MACs     []string `json:"macs,omitempty"`
+	Arch     string   `json:"arch,omitempty"`
+	Firmware string   `json:"firmware,omitempty"`
+	// Hardware and DrivenOver are the lifecycle's, from the BMC's inventory (MachineSummary); kept in memory
+	// only, as the lifecycle gives them again after a restart.
+	Hardware   string    `json:"hardware,omitempty"`
+	DrivenOver string    `json:"driven_over,omitempty"`
+	Updated    time.Time `json:"updated"`
 	// Last is the newest timeline entry (zero when none).
 	Last Entry `json:"last"`
 }
@@ -112,6 +117,9 @@ type Config struct {
 	// retry was 58 Omni updates a second.
 	RepeatWriteInterval time.Duration
 }
+
+// maxHardware bounds a machine's hardware line (runes): a vendor, a model, CPUs and memory.
+const maxHardware = 96
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
@@ -349,11 +357,16 @@ func (b *Book) Summarize(machineID string, s lifecycle.MachineSummary) {
 		b.appendLocked(m, Entry{At: now, Kind: KindInstalled, Text: "Omni reported the install"})
 	}
 
+	// The inventory's words are the BMC's: shown escaped and bounded, as every peer-supplied string.
+	hardware, drivenOver := printable.String(s.Hardware, maxHardware), printable.String(s.DrivenOver, 16)
+
 	changed := m.Installed != s.Installed || m.Power != s.Power || m.BMCAddress != s.BMCAddress ||
-		m.BMCProtocol != s.BMCProtocol || m.Waiting != clip(s.Waiting, b.cfg.MaxText) || (s.Site != "" && m.Site != s.Site)
+		m.BMCProtocol != s.BMCProtocol || m.Waiting != clip(s.Waiting, b.cfg.MaxText) || (s.Site != "" && m.Site != s.Site) ||
+		m.Hardware != hardware || m.DrivenOver != drivenOver
 
 	m.Installed, m.Power, m.BMCAddress, m.BMCProtocol = s.Installed, s.Power, s.BMCAddress, s.BMCProtocol
 	m.Waiting = clip(s.Waiting, b.cfg.MaxText)
+	m.Hardware, m.DrivenOver = hardware, drivenOver
 
 	if s.Site != "" {
 		m.Site = s.Site
