@@ -128,8 +128,8 @@ type SiteOptions struct {
 	Relay bool
 	// Bare makes the site's dnsmasq do the whole network boot itself, with no edge, as the classic dnsmasq +
 	// static files setup does: DHCP with boot files (UEFI HTTP boot included), TFTP for iPXE from this
-	// directory, and busybox's httpd serving the directory (boot.ipxe, the kernel, the initramfs, ipxe.efi) on
-	// DHCPIP. It is the peer the edge's boot times are compared with.
+	// directory, and busybox's httpd serving the directory (boot.ipxe, the kernel, the initramfs, ipxe.efi, and
+	// snp-arm64.efi for arm64 machines) on DHCPIP. It is the peer the edge's boot times are compared with.
 	Bare string
 }
 
@@ -194,10 +194,15 @@ func NewSite(t *testing.T, opts SiteOptions) *Site {
 			// UEFI HTTP boot (UEFI specification, "HTTP Boot"): the client wants vendor class HTTPClient back
 			// and an http:// boot file.
 			"--dhcp-vendorclass=set:http,HTTPClient:Arch:00016", "--dhcp-option-force=tag:http,60,HTTPClient",
+			// arm64 UEFI (option 93 = 11) and its HTTP boot (19): the arm64 iPXE the directory holds.
+			"--dhcp-vendorclass=set:arm64,PXEClient:Arch:00011",
+			"--dhcp-vendorclass=set:httparm64,HTTPClient:Arch:00019", "--dhcp-option-force=tag:httparm64,60,HTTPClient",
 			"--dhcp-boot=tag:ipxe,http://"+DHCPIP+"/boot.ipxe",
 			"--dhcp-boot=tag:!ipxe,tag:http,http://"+DHCPIP+"/ipxe.efi",
+			"--dhcp-boot=tag:!ipxe,tag:httparm64,http://"+DHCPIP+"/snp-arm64.efi",
 			"--dhcp-boot=tag:!ipxe,tag:efi,ipxe.efi",
-			"--dhcp-boot=tag:!ipxe,tag:!efi,tag:!http,undionly.kpxe")
+			"--dhcp-boot=tag:!ipxe,tag:arm64,snp-arm64.efi",
+			"--dhcp-boot=tag:!ipxe,tag:!efi,tag:!http,tag:!arm64,tag:!httparm64,undionly.kpxe")
 		s.Start(t, "httpd", nil, "ip", "netns", "exec", s.DHCPNS, "busybox", "httpd", "-f", "-p", DHCPIP+":80", "-h", opts.Bare)
 	}
 
