@@ -18,6 +18,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/admincli"
 	"github.com/outpost-metal/outpost/controller/app"
 	"github.com/outpost-metal/outpost/controller/config"
+	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/shared/envflag"
 	"github.com/outpost-metal/outpost/shared/logging"
 	"github.com/outpost-metal/outpost/shared/version"
@@ -101,7 +102,7 @@ func rootCommand(lookup func(string) (string, bool)) (*cobra.Command, *envflag.B
 	f.BoolVar(&cfg.Omni.InsecureSkipVerify, "omni-insecure-skip-verify", cfg.Omni.InsecureSkipVerify, "skip TLS verification of Omni (labs only)")
 	f.StringVar(&cfg.Omni.ProviderID, "provider-id", cfg.Omni.ProviderID, "infra provider ID the service account was created for")
 	f.DurationVar(&cfg.Lifecycle.Cooldown, "power-cooldown", cfg.Lifecycle.Cooldown, "minimum time between a power-on or reboot and the next power-off or reboot")
-	f.StringVar(&cfg.Lifecycle.WipeMethod, "wipe-method", cfg.Lifecycle.WipeMethod, "how disks are wiped on accept and release: fast or zeroes")
+	f.Var(&cfg.Lifecycle.WipeMethod, "wipe-method", "how disks are wiped on accept and release: fast or zeroes")
 	f.DurationVar(&cfg.Lifecycle.AgentReconnectGrace, "agent-reconnect-grace", cfg.Lifecycle.AgentReconnectGrace, "how long a machine whose agent went away may take to see it back before it is rebooted into agent mode")
 	f.DurationVar(&cfg.Lifecycle.WipeTimeout, "wipe-timeout", cfg.Lifecycle.WipeTimeout, "how long a fast wipe may take")
 	f.DurationVar(&cfg.Lifecycle.ZeroesWipeTimeout, "zeroes-wipe-timeout", cfg.Lifecycle.ZeroesWipeTimeout, "how long a zeroes wipe may take (size it to the largest disks)")
@@ -119,7 +120,7 @@ func rootCommand(lookup func(string) (string, bool)) (*cobra.Command, *envflag.B
 	f.DurationVar(&cfg.LeaseDuration, "lease-duration", cfg.LeaseDuration, "with Omni: a standby controller takes over after the active one has not renewed its lease this long")
 
 	f.StringSliceVar(&cfg.MachineLabels, "machine-labels", cfg.MachineLabels, "key=value labels published on every machine in Omni, besides its site label (comma separated)")
-	f.StringVar(&cfg.BMCProtocol, "bmc-protocol", cfg.BMCProtocol, "how edges talk to BMCs: auto (Redfish when it answers, else IPMI), ipmi or redfish")
+	f.Var(machines.BMCProtocolFlag(&cfg.BMCProtocol), "bmc-protocol", "how edges talk to BMCs: auto (Redfish when it answers, else IPMI), ipmi or redfish")
 	f.StringVar(&cfg.DefaultBootMode, "default-boot-mode", cfg.DefaultBootMode, "firmware mode (uefi or bios) for a PXE boot of a machine whose firmware is not known yet")
 
 	// The service-account key is a secret: it comes from the environment only, never from a flag (visible in ps).

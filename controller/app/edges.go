@@ -43,16 +43,10 @@ func (b *builder) newEdgeWiring(context.Context) error {
 	// newStatus); the Omni session loads and keeps it
 	b.timelines = timeline.New(timeline.DefaultConfig(), time.Now)
 
-	// The controller's BMC protocol, parsed once (the configuration was checked).
-	protocol, err := machines.ParseBMCProtocol(b.cfg.BMCProtocol)
-	if err != nil {
-		return err
-	}
-
 	b.edges = &edgeWiring{
-		bmcProtocol: protocol,
+		bmcProtocol: b.cfg.BMCProtocol,
 		locations:   locations,
-		watches:     machines.NewWatchLists(b.log, protocol, policies, locations),
+		watches:     machines.NewWatchLists(b.log, b.cfg.BMCProtocol, policies, locations),
 		receiver:    bootevents.NewReceiver(b.log, sites.SiteFromContext, locations, b.timelines).WithInventory(locations),
 		tables:      boottables.New(b.log, nil),
 		policies:    policies,

@@ -28,7 +28,7 @@ func (b *builder) checkSiteSettings(_ string, s sites.Settings) error {
 		errs = append(errs, err)
 	}
 
-	if err := (machines.SitePolicy{BMCProtocol: s.BMCProtocol, WipeMethod: s.WipeMethod}).Validate(); err != nil {
+	if _, err := machines.ParseSitePolicy(s.BMCProtocol, s.WipeMethod, false); err != nil {
 		errs = append(errs, err)
 	}
 
@@ -66,7 +66,7 @@ func (b *builder) applySiteSettings(siteID string, s sites.Settings) {
 		Discovery: discovery, RegisteredMACs: s.RegisteredMACs, ExtraConfig: s.ExtraConfig, DHCP: s.DHCP.Table(),
 	})
 
-	policy := machines.SitePolicy{BMCProtocol: s.BMCProtocol, WipeMethod: s.WipeMethod, BootFromImage: s.DHCP.Mode == bootpb.DHCPMode_DHCP_MODE_OFF.Name()}
+	policy, _ := machines.ParseSitePolicy(s.BMCProtocol, s.WipeMethod, s.DHCP.Mode == bootpb.DHCPMode_DHCP_MODE_OFF.Name()) // checked above
 	if err := b.edges.policies.Set(siteID, policy); err != nil {
 		log.Warn("site policy refused", zap.Error(err)) // cannot happen after the check
 	}

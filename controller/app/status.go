@@ -10,10 +10,10 @@ import (
 	"github.com/cosi-project/runtime/pkg/state"
 
 	"github.com/outpost-metal/outpost/controller/assets"
+	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/sites"
 	"github.com/outpost-metal/outpost/controller/status"
 	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
-	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 )
 
 // newStatus builds what an operator sees: every machine's timeline (fed by the edges' events through the
@@ -41,14 +41,7 @@ func (b *builder) newStatus(context.Context) error {
 		Machines: book,
 		Now:      time.Now,
 		BMCProtocol: func(site string) string {
-			switch b.edges.policies.BMCProtocol(site, b.edges.bmcProtocol) {
-			case bmcpb.Protocol_PROTOCOL_IPMI:
-				return "ipmi"
-			case bmcpb.Protocol_PROTOCOL_REDFISH:
-				return "redfish"
-			default:
-				return "auto"
-			}
+			return machines.BMCProtocolName(b.edges.policies.BMCProtocol(site, b.edges.bmcProtocol))
 		},
 	})
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/omni"
 	"github.com/outpost-metal/outpost/controller/sites"
+	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 	"github.com/outpost-metal/outpost/shared/logging"
 )
 
@@ -72,8 +73,9 @@ type Config struct {
 	// ExtraMachineConfigFile holds Talos multi-documents added to the join config machines in agent mode get
 	// (see omni.ExtraDocuments).
 	ExtraMachineConfigFile string
-	// BMCProtocol is how edges talk to BMCs: auto (Redfish when it answers, else IPMI), ipmi or redfish.
-	BMCProtocol string
+	// BMCProtocol is how edges talk to BMCs: auto (Redfish when it answers, else IPMI), ipmi or redfish
+	// (parsed where it is given: machines.BMCProtocolFlag).
+	BMCProtocol bmcpb.Protocol
 	// MachineLabels are key=value labels published on every machine in Omni (besides its site label).
 	MachineLabels []string
 	// DefaultBootMode is the firmware mode ("uefi" or "bios") of a one-time PXE boot of a machine whose
@@ -101,7 +103,7 @@ func Default() Config {
 		Planner:            bootplans.DefaultPlannerConfig(),
 		InstallAssetsURL:   "/assets/install",
 		DefaultBootMode:    "uefi",
-		BMCProtocol:        "auto",
+		BMCProtocol:        bmcpb.Protocol_PROTOCOL_AUTO,
 	}
 }
 
@@ -172,8 +174,8 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("certificate validity %s is shorter than an hour", c.CertValidity))
 	}
 
-	if _, err := machines.ParseBMCProtocol(c.BMCProtocol); err != nil {
-		errs = append(errs, err)
+	if machines.BMCProtocolName(c.BMCProtocol) == "" {
+		errs = append(errs, fmt.Errorf("bmc protocol %d: want auto, ipmi or redfish", c.BMCProtocol))
 	}
 
 	if _, err := labels.Parse(c.MachineLabels); err != nil {

@@ -28,7 +28,7 @@ type Config struct {
 	PollInterval time.Duration
 	// WipeMethod is how disks are wiped: "fast" (the agent drops partition tables and signatures) or "zeroes"
 	// (every byte overwritten: bounded by WipeTimeout, which must fit the largest disks).
-	WipeMethod string
+	WipeMethod machines.WipeMethod
 	// AgentReconnectGrace is how long a machine whose agent went away is left to see it back (Talos restarts an
 	// agent that exited) before it is rebooted into agent mode.
 	AgentReconnectGrace time.Duration
@@ -77,8 +77,10 @@ func (c Config) Validate() error {
 	switch {
 	case c.PollInterval <= 0:
 		return errors.New("poll interval must be positive")
-	case machines.CheckWipeMethod(c.WipeMethod) != nil:
-		return machines.CheckWipeMethod(c.WipeMethod)
+	case c.WipeMethod != machines.WipeFast && c.WipeMethod != machines.WipeZeroes:
+		_, err := machines.ParseWipeMethod(string(c.WipeMethod))
+
+		return err
 	case c.WipeTimeout <= 0 || c.ZeroesWipeTimeout <= 0 || c.CallTimeout <= 0:
 		return errors.New("timeouts must be positive")
 	case c.AgentReconnectGrace < 0:

@@ -71,7 +71,7 @@ func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.Q
 
 	// The wipe runs apart from this reconcile: when the runtime is rebuilt meanwhile (Omni restarted), it goes
 	// on, and the next reconcile joins it rather than wiping again.
-	zeroes, timeout := in.GetReason() == machines.WipeZeroes, s.env.cfg.WipeTimeout
+	zeroes, timeout := in.GetReason() == string(machines.WipeZeroes), s.env.cfg.WipeTimeout
 	if zeroes {
 		timeout = s.env.cfg.ZeroesWipeTimeout
 	}
@@ -157,7 +157,7 @@ func (s *wipe) resume(ctx context.Context, logger *zap.Logger, r controller.QRun
 
 // intend writes a new wipe intent to the record, before anything is sent.
 func (s *wipe) intend(ctx context.Context, r controller.QRuntime, v *view, site string) (*specs.IntentSpec, error) {
-	in, err := s.env.newIntent(intentWipe, site, v.machine.GetWipeId(), s.env.SitePolicies.WipeMethod(site, s.env.cfg.WipeMethod))
+	in, err := s.env.newIntent(intentWipe, site, v.machine.GetWipeId(), string(s.env.SitePolicies.WipeMethod(site, s.env.cfg.WipeMethod)))
 	if err != nil {
 		return nil, err
 	}

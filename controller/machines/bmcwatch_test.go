@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/siderolabs/gen/optional"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
@@ -126,7 +127,7 @@ func TestWatchListsFollowTheSitesProtocol(t *testing.T) {
 	conn := serveEdge(t, func(srv *grpc.Server) { bmcpb.RegisterBMCServer(srv, edge) })
 
 	policies := machines.NewSitePolicies()
-	require.NoError(t, policies.Set("site-a", machines.SitePolicy{BMCProtocol: "redfish"}))
+	require.NoError(t, policies.Set("site-a", machines.SitePolicy{BMCProtocol: optional.Some(bmcpb.Protocol_PROTOCOL_REDFISH)}))
 
 	lists := machines.NewWatchLists(zaptest.NewLogger(t), bmcpb.Protocol_PROTOCOL_IPMI, policies, nil)
 
@@ -145,12 +146,12 @@ func TestWatchListsFollowTheSitesProtocol(t *testing.T) {
 	},
 		5*time.Second, 5*time.Millisecond, "the site's own protocol: %v", edge.lastProtocols())
 
-	require.NoError(t, policies.Set("site-a", machines.SitePolicy{BMCProtocol: "auto"}))
+	require.NoError(t, policies.Set("site-a", machines.SitePolicy{BMCProtocol: optional.Some(bmcpb.Protocol_PROTOCOL_AUTO)}))
 	require.Eventually(t, func() bool { return slices.Equal(edge.lastProtocols(), []bmcpb.Protocol{bmcpb.Protocol_PROTOCOL_AUTO}) },
 		5*time.Second, 5*time.Millisecond, "the change is sent: %v", edge.lastProtocols())
 
 	require.NoError(t, policies.Set("site-b", machines.SitePolicy{WipeMethod: "zeroes"}))
-	require.Equal(t, "zeroes", policies.WipeMethod("site-b", "fast"))
-	require.Equal(t, "fast", policies.WipeMethod("site-a", "fast"))
+	require.Equal(t, machines.WipeZeroes, policies.WipeMethod("site-b", machines.WipeFast))
+	require.Equal(t, machines.WipeFast, policies.WipeMethod("site-a", machines.WipeFast))
 	require.Equal(t, bmcpb.Protocol_PROTOCOL_IPMI, policies.BMCProtocol("site-b", bmcpb.Protocol_PROTOCOL_IPMI))
 }

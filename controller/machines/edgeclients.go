@@ -28,25 +28,11 @@ type EdgeClients struct {
 	// DefaultBootMode is the firmware mode of a one-time PXE boot of a machine whose firmware nothing has
 	// reported (no boot through the edge yet, no BMC that says): "uefi" (the default when empty) or "bios".
 	DefaultBootMode string
-	// BMCProtocol is how the edge talks to BMCs (ParseBMCProtocol of the controller's setting; the zero value
+	// BMCProtocol is how the edge talks to BMCs (the controller's setting; the zero value
 	// is auto: Redfish when it answers, else IPMI); a site's own (Policies) comes first.
 	BMCProtocol bmcpb.Protocol
 	// Policies are the sites' own settings (optional).
 	Policies *SitePolicies
-}
-
-// ParseBMCProtocol checks a BMC protocol setting: auto, ipmi or redfish.
-func ParseBMCProtocol(s string) (bmcpb.Protocol, error) {
-	switch s {
-	case "", "auto":
-		return bmcpb.Protocol_PROTOCOL_AUTO, nil
-	case "ipmi":
-		return bmcpb.Protocol_PROTOCOL_IPMI, nil
-	case "redfish":
-		return bmcpb.Protocol_PROTOCOL_REDFISH, nil
-	default:
-		return 0, fmt.Errorf("bmc protocol %q: want auto, ipmi or redfish", s)
-	}
 }
 
 // classify marks a failed call as ErrSiteOffline when it failed because the site has no live session.

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/siderolabs/gen/optional"
 	agentpb "github.com/siderolabs/talos-metal-agent/api/agent"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
@@ -147,7 +148,7 @@ func TestEdgeClientsOverGRPC(t *testing.T) {
 
 	// A site's own protocol comes before the controller's, and handing it back restores the controller's.
 	policies := machines.NewSitePolicies()
-	require.NoError(t, policies.Set("site-a", machines.SitePolicy{BMCProtocol: "redfish"}))
+	require.NoError(t, policies.Set("site-a", machines.SitePolicy{BMCProtocol: optional.Some(bmcpb.Protocol_PROTOCOL_REDFISH)}))
 	require.ErrorContains(t, policies.Set("site-a", machines.SitePolicy{WipeMethod: "shred"}), `wipe method "shred"`)
 
 	pc := &machines.EdgeClients{Access: access, Sites: locs, BMCProtocol: bmcpb.Protocol_PROTOCOL_IPMI, Policies: policies}

@@ -1,33 +1,64 @@
 package machines
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"sync"
 
+	"github.com/siderolabs/gen/optional"
+
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 )
 
-// SitePolicy is what an operator set for one site (controller site set) that the lifecycle applies; an empty
-// field means the controller's own setting.
+// SitePolicy is what an operator set for one site (controller site set) that the lifecycle applies, parsed
+// (ParseSitePolicy); an empty field means the controller's own setting.
 type SitePolicy struct {
-	// BMCProtocol is how the site's edge reaches its BMCs: auto, ipmi or redfish.
-	BMCProtocol string
-	// WipeMethod is how the site's machines are wiped: fast or zeroes.
-	WipeMethod string
+	// BMCProtocol is how the site's edge reaches its BMCs (none: the controller's).
+	BMCProtocol optional.Optional[bmcpb.Protocol]
+	// WipeMethod is how the site's machines are wiped ("": the controller's).
+	WipeMethod WipeMethod
 	// BootFromImage is set for a site without DHCP (controller site set --dhcp off): its machines boot from
 	// virtual media their BMCs mount, never from the network.
 	BootFromImage bool
 }
 
+// ParseSitePolicy reads a site's settings as an operator gave them: a BMC protocol (auto, ipmi or redfish)
+// and a wipe method (fast or zeroes), each "" for the controller's own.
+func ParseSitePolicy(bmcProtocol, wipeMethod string, bootFromImage bool) (SitePolicy, error) {
+	sp := SitePolicy{BootFromImage: bootFromImage}
+
+	var errs []error
+
+	if bmcProtocol != "" {
+		p, err := ParseBMCProtocol(bmcProtocol)
+		if err != nil {
+			errs = append(errs, err)
+		}
+
+		sp.BMCProtocol = optional.Some(p)
+	}
+
+	if wipeMethod != "" {
+		m, err := ParseWipeMethod(wipeMethod)
+		if err != nil {
+			errs = append(errs, err)
+		}
+
+		sp.WipeMethod = m
+	}
+
+	return sp, errors.Join(errs...)
+}
+
 // Validate checks the policy's values.
 func (p SitePolicy) Validate() error {
-	if _, err := ParseBMCProtocol(p.BMCProtocol); err != nil {
-		return err
+	if proto, ok := p.BMCProtocol.Get(); ok && BMCProtocolName(proto) == "" {
+		return fmt.Errorf("bmc protocol %d: want auto, ipmi or redfish", proto)
 	}
 
 	if p.WipeMethod != "" {
-		if err := CheckWipeMethod(p.WipeMethod); err != nil {
+		if _, err := ParseWipeMethod(string(p.WipeMethod)); err != nil {
 			return err
 		}
 	}
@@ -42,14 +73,13 @@ func (p SitePolicy) Validate() error {
 type SitePolicies struct {
 	mu       sync.RWMutex
 	sites    map[string]SitePolicy
-	protos   map[string]bmcpb.Protocol // the sites' BMC protocols, parsed when set
 	labels   map[string]map[string]string
 	onChange []func(site string)
 }
 
 // NewSitePolicies returns policies holding no site's.
 func NewSitePolicies() *SitePolicies {
-	return &SitePolicies{sites: map[string]SitePolicy{}, protos: map[string]bmcpb.Protocol{}, labels: map[string]map[string]string{}}
+	return &SitePolicies{sites: map[string]SitePolicy{}, labels: map[string]map[string]string{}}
 }
 
 // SetLabels replaces the labels published on site's machines (none: no labels).
@@ -82,8 +112,6 @@ func (p *SitePolicies) Set(site string, sp SitePolicy) error {
 		return fmt.Errorf("site %s: %w", site, err)
 	}
 
-	proto, _ := ParseBMCProtocol(sp.BMCProtocol) // valid: checked above
-
 	p.mu.Lock()
 	old := p.sites[site]
 
@@ -91,12 +119,6 @@ func (p *SitePolicies) Set(site string, sp SitePolicy) error {
 		delete(p.sites, site)
 	} else {
 		p.sites[site] = sp
-	}
-
-	if sp.BMCProtocol == "" {
-		delete(p.protos, site)
-	} else {
-		p.protos[site] = proto
 	}
 
 	hooks := p.onChange
@@ -139,18 +161,14 @@ func (p *SitePolicies) BMCProtocol(site string, fallback bmcpb.Protocol) bmcpb.P
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 
-	if proto, ok := p.protos[site]; ok {
-		return proto
-	}
-
-	return fallback
+	return p.sites[site].BMCProtocol.ValueOr(fallback)
 }
 
 // BootsFromImage reports whether site's machines boot from virtual media (a site without DHCP).
 func (p *SitePolicies) BootsFromImage(site string) bool { return p.get(site).BootFromImage }
 
 // WipeMethod is site's wipe method, fallback (the controller's) when it has none of its own.
-func (p *SitePolicies) WipeMethod(site, fallback string) string {
+func (p *SitePolicies) WipeMethod(site string, fallback WipeMethod) WipeMethod {
 	if s := p.get(site).WipeMethod; s != "" {
 		return s
 	}
@@ -158,19 +176,41 @@ func (p *SitePolicies) WipeMethod(site, fallback string) string {
 	return fallback
 }
 
-// Wipe methods (Config.WipeMethod, SitePolicy.WipeMethod).
+// WipeMethod is how a machine's disks are wiped (lifecycle Config.WipeMethod, SitePolicy.WipeMethod). A
+// *WipeMethod is a flag value (pflag.Value) that takes fast or zeroes.
+type WipeMethod string
+
+// Wipe methods.
 const (
 	// WipeFast: the agent drops partition tables and signatures.
-	WipeFast = "fast"
+	WipeFast WipeMethod = "fast"
 	// WipeZeroes: the agent writes zeroes over every disk.
-	WipeZeroes = "zeroes"
+	WipeZeroes WipeMethod = "zeroes"
 )
 
-// CheckWipeMethod refuses anything but a wipe method.
-func CheckWipeMethod(m string) error {
-	if m != WipeFast && m != WipeZeroes {
-		return fmt.Errorf("wipe method %q: want %s or %s", m, WipeFast, WipeZeroes)
+// ParseWipeMethod refuses anything but a wipe method.
+func ParseWipeMethod(s string) (WipeMethod, error) {
+	if m := WipeMethod(s); m == WipeFast || m == WipeZeroes {
+		return m, nil
 	}
+
+	return "", fmt.Errorf("wipe method %q: want %s or %s", s, WipeFast, WipeZeroes)
+}
+
+// String implements pflag.Value.
+func (m *WipeMethod) String() string { return string(*m) }
+
+// Set implements pflag.Value.
+func (m *WipeMethod) Set(s string) error {
+	v, err := ParseWipeMethod(s)
+	if err != nil {
+		return err
+	}
+
+	*m = v
 
 	return nil
 }
+
+// Type implements pflag.Value.
+func (*WipeMethod) Type() string { return "method" }

@@ -3,9 +3,11 @@ package machines_test
 import (
 	"testing"
 
+	"github.com/siderolabs/gen/optional"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outpost-metal/outpost/controller/machines"
+	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 )
 
 // A site's labels are kept in memory with its policy (the observation reads them for every machine at every
@@ -29,4 +31,59 @@ func TestSitePoliciesKeepLabels(t *testing.T) {
 
 	var none *machines.SitePolicies
 	require.Nil(t, none.SiteLabels("site-a"))
+}
+
+// An operator's site settings are parsed once, into the typed policy; "" leaves a setting to the controller,
+// anything else unknown is refused with what is wanted.
+func TestParseSitePolicy(t *testing.T) {
+	t.Parallel()
+
+	for _, tc := range []struct {
+		name, proto, wipe string
+		want              machines.SitePolicy
+		wantErr           string
+	}{
+		{name: "nothing set", want: machines.SitePolicy{}},
+		{name: "auto is a setting of its own", proto: "auto", want: machines.SitePolicy{BMCProtocol: optional.Some(bmcpb.Protocol_PROTOCOL_AUTO)}},
+		{
+			name: "redfish and zeroes", proto: "redfish", wipe: "zeroes",
+			want: machines.SitePolicy{BMCProtocol: optional.Some(bmcpb.Protocol_PROTOCOL_REDFISH), WipeMethod: machines.WipeZeroes},
+		},
+		{name: "unknown protocol", proto: "smoke", wantErr: `bmc protocol "smoke": want auto, ipmi or redfish`},
+		{name: "unknown wipe", wipe: "shred", wantErr: `wipe method "shred": want fast or zeroes`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+
+			got, err := machines.ParseSitePolicy(tc.proto, tc.wipe, false)
+			if tc.wantErr != "" {
+				require.EqualError(t, err, tc.wantErr)
+
+				return
+			}
+
+			require.NoError(t, err)
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
+
+// The flag values take the settings' words and nothing else.
+func TestSettingFlags(t *testing.T) {
+	t.Parallel()
+
+	var proto bmcpb.Protocol
+
+	f := machines.BMCProtocolFlag(&proto)
+	require.NoError(t, f.Set("ipmi"))
+	require.Equal(t, bmcpb.Protocol_PROTOCOL_IPMI, proto)
+	require.Equal(t, "ipmi", f.String())
+	require.EqualError(t, f.Set("smoke"), `bmc protocol "smoke": want auto, ipmi or redfish`)
+	require.Equal(t, bmcpb.Protocol_PROTOCOL_IPMI, proto, "a refused value changes nothing")
+
+	wipe := machines.WipeFast
+	require.NoError(t, wipe.Set("zeroes"))
+	require.Equal(t, machines.WipeZeroes, wipe)
+	require.EqualError(t, wipe.Set("shred"), `wipe method "shred": want fast or zeroes`)
+	require.Equal(t, machines.WipeZeroes, wipe)
 }
