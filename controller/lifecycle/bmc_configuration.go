@@ -133,7 +133,7 @@ func (s *bmcConfiguration) write(ctx context.Context, r controller.QRuntime, id 
 		return err
 	}
 
-	if err := writeOwn(ctx, s.env, r, s.env.Types.NewBMCConfiguration(id), nil, stored, func(b *resources.BMCConfiguration) {
+	if err := writeOwn(ctx, s.env.written, r, s.env.Types.NewBMCConfiguration(id), nil, stored, func(b *resources.BMCConfiguration) {
 		b.TypedSpec().Value = stored
 	}); err != nil {
 		return fmt.Errorf("write bmc configuration: %w", err)

@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/cosi-project/runtime/pkg/controller"
 	"github.com/cosi-project/runtime/pkg/resource"
@@ -26,12 +27,18 @@ var mirroredLabels = []string{omnires.LabelCluster, omnires.LabelMachineSet, omn
 type infraMachineStatus struct {
 	noTeardown
 
-	env *env
+	providerID   string
+	staticLabels map[string]string
+	// journal is told each machine's summary (optional: nil).
+	journal      Journal
+	pollInterval time.Duration
 }
 
 func newInfraMachineStatusController(e *env) *machineController {
+	s := &infraMachineStatus{providerID: e.Types.ProviderID, staticLabels: e.cfg.StaticLabels, journal: e.Journal, pollInterval: e.cfg.PollInterval}
+
 	return newMachineController(e, "lifecycle.InfraMachineStatusController", infra.InfraMachineStatusType,
-		omniresources.InfraProviderNamespace, ownRecords|inventoryRecord, &infraMachineStatus{env: e})
+		omniresources.InfraProviderNamespace, ownRecords|inventoryRecord, s)
 }
 
 func (s *infraMachineStatus) reconcile(ctx context.Context, _ *zap.Logger, r controller.QRuntime, v *view) error {
@@ -39,13 +46,13 @@ func (s *infraMachineStatus) reconcile(ctx context.Context, _ *zap.Logger, r con
 		return err
 	}
 
-	if s.env.Journal != nil {
-		s.env.Journal.Summarize(v.id, v.summary())
+	if s.journal != nil {
+		s.journal.Summarize(v.id, v.summary())
 	}
 
 	// Driven by its inputs; looked at again after two poll intervals anyway, so a status written from a read
 	// the cache had not caught up with yet never stays wrong.
-	return controller.NewRequeueInterval(2 * s.env.cfg.PollInterval)
+	return controller.NewRequeueInterval(2 * s.pollInterval)
 }
 
 // write brings the machine's InfraMachineStatus to what v says. The status as the cache has it is compared
@@ -116,14 +123,14 @@ func (s *infraMachineStatus) apply(v *view, st *infra.MachineStatus) {
 			}
 		}
 
-		st.Metadata().Labels().Set(omnires.LabelInfraProviderID, s.env.Types.ProviderID)
+		st.Metadata().Labels().Set(omnires.LabelInfraProviderID, s.providerID)
 
 		// the inventory, site and operator labels, which Omni shows as omni.sidero.dev/infra-provider/<id>/<key>
 		// (the observation carries the site's labels, so a change of them reaches this controller)
 		site, _ := v.site()
 
 		labels.Apply(st.Metadata().Labels().Raw(),
-			labels.Machine(inventoryLabels(v.inv), s.env.cfg.StaticLabels, v.obs.GetSiteLabels(), site, v.obs.GetAlert()),
+			labels.Machine(inventoryLabels(v.inv), s.staticLabels, v.obs.GetSiteLabels(), site, v.obs.GetAlert()),
 			st.Metadata().Labels().Set, st.Metadata().Labels().Delete)
 	}
 }

@@ -40,20 +40,27 @@ const maxInventoryError = 256
 type machineInventory struct {
 	noTeardown
 
-	env *env
+	types     resources.Types
+	written   *written
+	sites     SiteLocator
+	inventory InventoryClient
+	now       func() time.Time
+	// interval is how long an inventory is kept; callTimeout bounds the read; pollInterval is the wait for a
+	// machine not located or a site offline.
+	interval, callTimeout, pollInterval time.Duration
 }
 
 func newMachineInventoryController(e *env) *machineController {
-	return callsEdge(newMachineController(e, "lifecycle.MachineInventoryController", e.Types.MachineInventory, e.Types.Namespace,
-		bmcRecord|inventoryRecord, &machineInventory{env: e}))
-}
-
-func (s *machineInventory) interval() time.Duration {
-	if s.env.cfg.InventoryInterval > 0 {
-		return s.env.cfg.InventoryInterval
+	s := &machineInventory{
+		types: e.Types, written: e.written, sites: e.Sites, inventory: e.Inventory, now: e.Now,
+		interval: defaultInventoryInterval, callTimeout: e.cfg.CallTimeout, pollInterval: e.cfg.PollInterval,
+	}
+	if e.cfg.InventoryInterval > 0 {
+		s.interval = e.cfg.InventoryInterval
 	}
 
-	return defaultInventoryInterval
+	return callsEdge(newMachineController(e, "lifecycle.MachineInventoryController", e.Types.MachineInventory, e.Types.Namespace,
+		bmcRecord|inventoryRecord, s))
 }
 
 // bmcKey names the BMC and user an inventory was read from.
@@ -68,16 +75,16 @@ func (s *machineInventory) reconcile(ctx context.Context, logger *zap.Logger, r 
 		return nil // a BMC configuration appearing wakes the step
 	}
 
-	loc, ok := s.env.Sites.Locate(v.id)
+	loc, ok := s.sites.Locate(v.id)
 	if !ok {
-		return s.env.waitFor(logger, "machine not located")
+		return waitFor(logger, "machine not located", s.pollInterval)
 	}
 
 	key := bmcKey(v.bmc)
-	now := s.env.Now()
+	now := s.now()
 
 	if v.inv != nil && v.inv.GetBmc() == key && v.inv.GetReadAt() != nil {
-		wait := s.interval()
+		wait := s.interval
 		if v.inv.GetError() != "" {
 			wait /= 24
 		}
@@ -87,8 +94,8 @@ func (s *machineInventory) reconcile(ctx context.Context, logger *zap.Logger, r 
 		}
 	}
 
-	callCtx, cancel := context.WithTimeout(ctx, s.env.cfg.CallTimeout)
-	resp, err := s.env.Inventory.Inventory(callCtx, loc.SiteID, v.id, v.bmc)
+	callCtx, cancel := context.WithTimeout(ctx, s.callTimeout)
+	resp, err := s.inventory.Inventory(callCtx, loc.SiteID, v.id, v.bmc)
 
 	cancel()
 
@@ -96,7 +103,7 @@ func (s *machineInventory) reconcile(ctx context.Context, logger *zap.Logger, r 
 
 	switch {
 	case errors.Is(err, machines.ErrSiteOffline) || ctx.Err() != nil:
-		return s.env.waitFor(logger, "site offline")
+		return waitFor(logger, "site offline", s.pollInterval)
 	case err != nil:
 		logger.Info("hardware inventory not read", zap.String("site", loc.SiteID), zap.Error(err))
 
@@ -118,17 +125,17 @@ func (s *machineInventory) reconcile(ctx context.Context, logger *zap.Logger, r 
 
 	rec.Bmc, rec.ReadAt = key, timestamppb.New(now)
 
-	if err := writeOwn(ctx, s.env, r, s.env.Types.NewMachineInventory(v.id), v.inv, rec, func(o *resources.MachineInventory) {
+	if err := writeOwn(ctx, s.written, r, s.types.NewMachineInventory(v.id), v.inv, rec, func(o *resources.MachineInventory) {
 		o.TypedSpec().Value = rec
 	}); err != nil {
 		return fmt.Errorf("write machine inventory: %w", err)
 	}
 
 	if rec.GetError() != "" {
-		return controller.NewRequeueInterval(s.interval() / 24)
+		return controller.NewRequeueInterval(s.interval / 24)
 	}
 
-	return controller.NewRequeueInterval(s.interval())
+	return controller.NewRequeueInterval(s.interval)
 }
 
 // fromInventory copies the facts of a record (not its error).

@@ -282,9 +282,14 @@ func (e *env) ours(m *infra.Machine) bool {
 
 // waitFor is a requeue for things outside the controller's hands (agent not connected, site offline).
 func (e *env) waitFor(logger *zap.Logger, reason string) error {
+	return waitFor(logger, reason, e.cfg.PollInterval)
+}
+
+// waitFor is env.waitFor for a step that holds its poll interval.
+func waitFor(logger *zap.Logger, reason string, poll time.Duration) error {
 	logger.Debug("waiting", zap.String("reason", reason))
 
-	return controller.NewRequeueInterval(e.cfg.PollInterval)
+	return controller.NewRequeueInterval(poll)
 }
 
 // failed is a requeue for an edge call that failed: logged, retried with backoff, never acted on elsewhere.

@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/cosi-project/runtime/pkg/controller"
 	"go.uber.org/zap"
@@ -21,7 +22,18 @@ import (
 type machineObservation struct {
 	noTeardown
 
-	env *env
+	types   resources.Types
+	written *written
+	sites   SiteLocator
+	power   PowerClient
+	agent   AgentClient
+	metrics *Metrics
+	now     func() time.Time
+	// watches and siteLabels are optional (nil: none).
+	watches    *machines.WatchLists
+	siteLabels SiteLabels
+	// callTimeout bounds each edge call; pollInterval is when the machine is looked at again.
+	callTimeout, pollInterval time.Duration
 }
 
 const observationName = "lifecycle.MachineObservationController"
@@ -40,31 +52,36 @@ func callsEdge(c *machineController) *machineController {
 }
 
 func newMachineObservationController(e *env) *machineController {
-	return callsEdge(newMachineController(e, observationName, e.Types.MachineObservation, e.Types.Namespace, bmcRecord|observationRecord, &machineObservation{env: e}))
+	s := &machineObservation{
+		types: e.Types, written: e.written, sites: e.Sites, power: e.Power, agent: e.Agent, metrics: e.Metrics, now: e.Now,
+		watches: e.Watches, siteLabels: e.SiteLabels, callTimeout: e.cfg.CallTimeout, pollInterval: e.cfg.PollInterval,
+	}
+
+	return callsEdge(newMachineController(e, observationName, e.Types.MachineObservation, e.Types.Namespace, bmcRecord|observationRecord, s))
 }
 
 func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view) error {
 	obs := &specs.MachineObservationSpec{}
 
-	loc, known := s.env.Sites.Locate(v.id)
+	loc, known := s.sites.Locate(v.id)
 
 	switch {
 	case !known:
 		obs.WaitingReason = "no edge has reported this machine yet"
 
-		s.env.Metrics.inc(ReasonMachineNotLocated)
+		s.metrics.inc(ReasonMachineNotLocated)
 	default:
 		obs.SiteId = loc.SiteID
 		obs.Alert = loc.Alert
 
-		if s.env.SiteLabels != nil {
-			obs.SiteLabels = s.env.SiteLabels.SiteLabels(loc.SiteID)
+		if s.siteLabels != nil {
+			obs.SiteLabels = s.siteLabels.SiteLabels(loc.SiteID)
 		}
 
 		if v.managed() && v.bmc != nil {
 			obs.PowerState = s.powerState(ctx, logger, loc, v, obs)
-		} else if s.env.Watches != nil {
-			s.env.Watches.Remove(v.id)
+		} else if s.watches != nil {
+			s.watches.Remove(v.id)
 		}
 
 		contested := loc.Alert == machines.AlertTunnelContested
@@ -76,8 +93,8 @@ func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, 
 		}
 
 		if loc.AgentConnected && !v.machine.GetCordoned() && !contested {
-			callCtx, cancel := context.WithTimeout(ctx, s.env.cfg.CallTimeout)
-			err := s.env.Agent.Hello(callCtx, loc.SiteID, v.id)
+			callCtx, cancel := context.WithTimeout(ctx, s.callTimeout)
+			err := s.agent.Hello(callCtx, loc.SiteID, v.id)
 
 			cancel()
 
@@ -92,7 +109,7 @@ func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, 
 	switch {
 	case obs.AgentConnected:
 	case v.obs.GetAgentConnected():
-		obs.AgentLostAt = timestamppb.New(s.env.Now())
+		obs.AgentLostAt = timestamppb.New(s.now())
 	default:
 		obs.AgentLostAt = v.obs.GetAgentLostAt()
 	}
@@ -101,16 +118,16 @@ func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, 
 	// record (and its observed_at) as it is, so a steady fleet writes nothing
 	obs.ObservedAt = v.obs.GetObservedAt()
 	if v.obs == nil || !proto.Equal(v.obs, obs) {
-		obs.ObservedAt = timestamppb.New(s.env.Now())
+		obs.ObservedAt = timestamppb.New(s.now())
 	}
 
-	if err := writeOwn(ctx, s.env, r, s.env.Types.NewMachineObservation(v.id), v.obs, obs, func(o *resources.MachineObservation) {
+	if err := writeOwn(ctx, s.written, r, s.types.NewMachineObservation(v.id), v.obs, obs, func(o *resources.MachineObservation) {
 		o.TypedSpec().Value = obs
 	}); err != nil {
 		return fmt.Errorf("write machine observation: %w", err)
 	}
 
-	return controller.NewRequeueInterval(s.env.cfg.PollInterval)
+	return controller.NewRequeueInterval(s.pollInterval)
 }
 
 // powerState is the machine's power state: what its site's edge reports from watching the BMC when the
@@ -118,10 +135,10 @@ func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, 
 func (s *machineObservation) powerState(ctx context.Context, logger *zap.Logger, loc machines.Location, v *view, obs *specs.MachineObservationSpec) specs.MachineObservationSpec_PowerState {
 	site := loc.SiteID
 
-	if s.env.Watches != nil {
-		s.env.Watches.Set(site, v.id, v.bmc)
+	if s.watches != nil {
+		s.watches.Set(site, v.id, v.bmc)
 
-		if s.env.Watches.Watching(site, v.id) && loc.Power != "" {
+		if s.watches.Watching(site, v.id) && loc.Power != "" {
 			switch loc.Power {
 			case "on":
 				return specs.MachineObservationSpec_POWER_STATE_ON
@@ -138,10 +155,10 @@ func (s *machineObservation) powerState(ctx context.Context, logger *zap.Logger,
 		}
 	}
 
-	callCtx, cancel := context.WithTimeout(ctx, s.env.cfg.CallTimeout)
+	callCtx, cancel := context.WithTimeout(ctx, s.callTimeout)
 	defer cancel()
 
-	ps, err := s.env.Power.PowerStatus(callCtx, site, v.id, v.bmc)
+	ps, err := s.power.PowerStatus(callCtx, site, v.id, v.bmc)
 	if err != nil {
 		logger.Info("power state unknown", zap.String("site", site), zap.Error(err))
 		obs.WaitingReason = "power state unknown: " + err.Error()

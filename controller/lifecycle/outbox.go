@@ -184,16 +184,16 @@ func (w *written) forget(typ resource.Type, machineID string) {
 // cur is the record as the step last knew it (its view: the cache, or this process's own newer write): when
 // rec equals it nothing is written, so an unchanged record costs no round trip to Omni (a modify reads the
 // resource from Omni before it writes).
-func writeOwn[R resource.Resource](ctx context.Context, e *env, r controller.QRuntime, res R, cur, rec proto.Message, set func(R)) error {
+func writeOwn[R resource.Resource](ctx context.Context, w *written, r controller.QRuntime, res R, cur, rec proto.Message, set func(R)) error {
 	if cur != nil && proto.Equal(cur, rec) {
 		return nil
 	}
 
 	md := res.Metadata()
-	prev := e.written.swap(md.Type(), md.ID(), rec)
+	prev := w.swap(md.Type(), md.ID(), rec)
 
 	if err := safe.WriterModify(ctx, r, res, func(x R) error { set(x); return nil }); err != nil {
-		e.written.restore(md.Type(), md.ID(), prev)
+		w.restore(md.Type(), md.ID(), prev)
 
 		return err
 	}

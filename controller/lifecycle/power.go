@@ -169,7 +169,7 @@ func (s *power) act(ctx context.Context, logger *zap.Logger, r controller.QRunti
 		return nil
 	}
 
-	if err = writeOwn(ctx, s.env, r, s.env.Types.NewPowerOperation(v.id), v.power, op, func(p *resources.PowerOperation) {
+	if err = writeOwn(ctx, s.env.written, r, s.env.Types.NewPowerOperation(v.id), v.power, op, func(p *resources.PowerOperation) {
 		p.TypedSpec().Value = op
 	}); err != nil {
 		return fmt.Errorf("record power operation: %w", err)

@@ -215,7 +215,7 @@ func (s *reboot) failedIntent(ctx context.Context, r controller.QRuntime, v *vie
 
 // write writes the reboot record rs (not kept in the outbox: it records no action) and updates the view.
 func (s *reboot) write(ctx context.Context, r controller.QRuntime, v *view, rs *specs.RebootStatusSpec) error {
-	err := writeOwn(ctx, s.env, r, s.env.Types.NewRebootStatus(v.id), v.reboot, rs, func(res *resources.RebootStatus) {
+	err := writeOwn(ctx, s.env.written, r, s.env.Types.NewRebootStatus(v.id), v.reboot, rs, func(res *resources.RebootStatus) {
 		res.TypedSpec().Value = rs
 	})
 	if err == nil {
@@ -227,7 +227,7 @@ func (s *reboot) write(ctx context.Context, r controller.QRuntime, v *view, rs *
 
 // record writes the reboot status and drops it from the outbox.
 func (s *reboot) record(ctx context.Context, r controller.QRuntime, id, key string, rs *specs.RebootStatusSpec) error {
-	if err := writeOwn(ctx, s.env, r, s.env.Types.NewRebootStatus(id), nil, rs, func(res *resources.RebootStatus) {
+	if err := writeOwn(ctx, s.env.written, r, s.env.Types.NewRebootStatus(id), nil, rs, func(res *resources.RebootStatus) {
 		res.TypedSpec().Value = rs
 	}); err != nil {
 		return fmt.Errorf("record reboot: %w", err)

@@ -180,7 +180,7 @@ func (s *wipe) writeIntent(ctx context.Context, r controller.QRuntime, v *view, 
 
 	rec.OpenIntent = open
 
-	err := writeOwn(ctx, s.env, r, s.env.Types.NewWipeStatus(v.id), v.wipe, rec, func(res *resources.WipeStatus) {
+	err := writeOwn(ctx, s.env.written, r, s.env.Types.NewWipeStatus(v.id), v.wipe, rec, func(res *resources.WipeStatus) {
 		res.TypedSpec().Value = rec
 	})
 	if err == nil {
@@ -220,7 +220,7 @@ func wipeDone(in *specs.IntentSpec, now time.Time) *specs.WipeStatusSpec {
 
 // record writes a finished wipe to WipeStatus and drops it from the outbox.
 func (s *wipe) record(ctx context.Context, logger *zap.Logger, r controller.QRuntime, id string, w *specs.WipeStatusSpec, msg string) error {
-	if err := writeOwn(ctx, s.env, r, s.env.Types.NewWipeStatus(id), nil, w, func(res *resources.WipeStatus) {
+	if err := writeOwn(ctx, s.env.written, r, s.env.Types.NewWipeStatus(id), nil, w, func(res *resources.WipeStatus) {
 		res.TypedSpec().Value = w
 	}); err != nil {
 		return fmt.Errorf("record wipe: %w", err)
