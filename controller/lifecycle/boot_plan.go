@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"time"
 
 	"github.com/cosi-project/runtime/pkg/controller"
 	"go.uber.org/zap"
@@ -13,11 +14,16 @@ import (
 type bootPlan struct {
 	noTeardown
 
-	env *env
+	gate    *planGate
+	metrics *Metrics
+	// pollInterval is the wait for a machine not located, and the retry after a failed push.
+	pollInterval time.Duration
 }
 
 func newBootPlanController(e *env) *machineController {
-	return newMachineController(e, "lifecycle.BootPlanController", "", "", bmcRecord|wipeRecord|observationRecord, &bootPlan{env: e})
+	s := &bootPlan{gate: e.gate, metrics: e.Metrics, pollInterval: e.cfg.PollInterval}
+
+	return newMachineController(e, "lifecycle.BootPlanController", "", "", bmcRecord|wipeRecord|observationRecord, s)
 }
 
 func (s *bootPlan) reconcile(ctx context.Context, logger *zap.Logger, _ controller.QRuntime, v *view) error {
@@ -27,17 +33,17 @@ func (s *bootPlan) reconcile(ctx context.Context, logger *zap.Logger, _ controll
 
 	site, ok := v.site()
 	if !ok {
-		return s.env.waitFor(logger, "machine not seen at any site")
+		return waitFor(logger, "machine not seen at any site", s.pollInterval)
 	}
 
 	{
-		plan, err := s.env.plan(ctx, site, v, false)
+		plan, err := s.gate.plan(ctx, site, v, false)
 		if err != nil {
-			return s.env.failed(err)
+			return failedCall(s.metrics, s.pollInterval, err)
 		}
 
-		if err = s.env.gate.ensure(ctx, site, plan); err != nil {
-			return s.env.failed(err)
+		if err = s.gate.ensure(ctx, site, plan); err != nil {
+			return failedCall(s.metrics, s.pollInterval, err)
 		}
 	}
 

@@ -166,7 +166,7 @@ func New(cfg Config, deps Deps) ([]controller.QController, error) {
 	deps.Agent = timedAgent{next: deps.Agent, m: deps.Metrics}
 
 	env := &env{
-		cfg: cfg, Deps: deps, gate: newPlanGate(deps.Plans, cfg.CallTimeout), outbox: newOutbox(), jobs: newJobs(), written: newWritten(),
+		cfg: cfg, Deps: deps, gate: newPlanGate(deps.Sites, deps.Planner, deps.Plans, cfg.CallTimeout), outbox: newOutbox(), jobs: newJobs(), written: newWritten(),
 		due: newDues(time.Now), failing: newFailingSet(time.Now),
 	}
 

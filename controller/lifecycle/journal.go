@@ -127,9 +127,12 @@ func hardwareLine(inv *specs.MachineInventorySpec) string {
 }
 
 // note records an entry in the machine's timeline, when there is a journal.
-func (e *env) note(machineID, kind, text string) {
-	if e.Journal != nil {
-		e.Journal.Record(machineID, kind, text, false)
+func (e *env) note(machineID, kind, text string) { note(e.Journal, machineID, kind, text) }
+
+// note records an entry in the machine's timeline in j (optional: nil).
+func note(j Journal, machineID, kind, text string) {
+	if j != nil {
+		j.Record(machineID, kind, text, false)
 	}
 }
 

@@ -3,7 +3,6 @@ package lifecycle
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/cosi-project/runtime/pkg/controller"
@@ -211,26 +210,9 @@ func (v *view) planInput(deleting bool) bootplans.Machine {
 	}
 }
 
-// plan computes the machine's plan at site, for the architecture its network boot reported.
+// plan computes the machine's plan at site (planGate.plan).
 func (e *env) plan(ctx context.Context, site string, v *view, deleting bool) (bootplans.Plan, error) {
-	in := v.planInput(deleting)
-
-	var macs []string
-
-	if loc, ok := e.Sites.Locate(v.id); ok {
-		in.Arch = loc.Arch
-		macs = loc.MACs
-	}
-
-	plan, err := e.Planner.Plan(ctx, in)
-	if err != nil {
-		return plan, err
-	}
-
-	// the machine's interfaces go with its plan: the edge knows it by MAC before its UUID (DHCP)
-	plan.MACs = slices.Clone(macs)
-
-	return plan, nil
+	return e.gate.plan(ctx, site, v, deleting)
 }
 
 // lastKick is the last time the controller powered the machine on, rebooted or wiped it (the cooldown's start).
@@ -294,14 +276,19 @@ func waitFor(logger *zap.Logger, reason string, poll time.Duration) error {
 
 // failed is a requeue for an edge call that failed: logged, retried with backoff, never acted on elsewhere.
 func (e *env) failed(err error) error {
-	e.Metrics.edgeFailure(err)
+	return failedCall(e.Metrics, e.cfg.PollInterval, err)
+}
+
+// failedCall is env.failed for a step that holds its metrics and poll interval.
+func failedCall(m *Metrics, poll time.Duration, err error) error {
+	m.edgeFailure(err)
 
 	// A BMC's permanent refusal (wrong credentials, a command it does not support: the edge says
 	// FailedPrecondition) is not retried at the poll interval: that locks BMC accounts and floods logs. It
 	// waits ten intervals, for an operator to fix it.
 	if status.Code(err) == codes.FailedPrecondition {
-		return controller.NewRequeueError(fmt.Errorf("permanent, retried slowly: %w", err), 10*e.cfg.PollInterval)
+		return controller.NewRequeueError(fmt.Errorf("permanent, retried slowly: %w", err), 10*poll)
 	}
 
-	return controller.NewRequeueError(err, e.cfg.PollInterval)
+	return controller.NewRequeueError(err, poll)
 }

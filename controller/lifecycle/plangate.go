@@ -3,22 +3,25 @@ package lifecycle
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/outpost-metal/outpost/controller/bootplans"
 )
 
-// planGate makes sure a machine's edge holds its plan before an operation that depends on it (power-on,
-// reboot) runs. What each edge acknowledged is the pusher's to know (the sites' boot tables); the gate keeps
-// nothing of its own.
+// planGate computes a machine's plan and makes sure its edge holds it before an operation that depends on it
+// (power-on, reboot) runs. What each edge acknowledged is the pusher's to know (the sites' boot tables); the
+// gate keeps nothing of its own.
 type planGate struct {
-	pusher PlanPusher
+	sites   SiteLocator
+	planner Planner
+	pusher  PlanPusher
 	// timeout bounds the wait for an acknowledgement (an offline site is retried later, not waited for).
 	timeout time.Duration
 }
 
-func newPlanGate(p PlanPusher, timeout time.Duration) *planGate {
-	return &planGate{pusher: p, timeout: timeout}
+func newPlanGate(sites SiteLocator, planner Planner, p PlanPusher, timeout time.Duration) *planGate {
+	return &planGate{sites: sites, planner: planner, pusher: p, timeout: timeout}
 }
 
 // ensure returns once site's edge acknowledged plan for its machine (at once when it already had).
@@ -35,4 +38,26 @@ func (g *planGate) ensure(ctx context.Context, site string, plan bootplans.Plan)
 	}
 
 	return nil
+}
+
+// plan computes the machine's plan at site, for the architecture its network boot reported.
+func (g *planGate) plan(ctx context.Context, site string, v *view, deleting bool) (bootplans.Plan, error) {
+	in := v.planInput(deleting)
+
+	var macs []string
+
+	if loc, ok := g.sites.Locate(v.id); ok {
+		in.Arch = loc.Arch
+		macs = loc.MACs
+	}
+
+	plan, err := g.planner.Plan(ctx, in)
+	if err != nil {
+		return plan, err
+	}
+
+	// the machine's interfaces go with its plan: the edge knows it by MAC before its UUID (DHCP)
+	plan.MACs = slices.Clone(macs)
+
+	return plan, nil
 }

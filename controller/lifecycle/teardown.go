@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/cosi-project/runtime/pkg/controller"
 	"go.uber.org/zap"
+
+	"github.com/outpost-metal/outpost/controller/machines"
 )
 
 // teardown handles an InfraMachine's deletion: once the other lifecycle controllers have destroyed their own
@@ -16,11 +19,19 @@ import (
 const teardownName = "lifecycle.TeardownController"
 
 type teardown struct {
-	env *env
+	gate  *planGate
+	sites SiteLocator
+	// watches and journal are optional (nil: none).
+	watches *machines.WatchLists
+	journal Journal
+	// callTimeout bounds the plan's push; pollInterval is the wait for the other controllers' teardowns.
+	callTimeout, pollInterval time.Duration
 }
 
 func newTeardownController(e *env) *machineController {
-	return newMachineController(e, teardownName, "", "", 0, &teardown{env: e})
+	s := &teardown{gate: e.gate, sites: e.Sites, watches: e.Watches, journal: e.Journal, callTimeout: e.cfg.CallTimeout, pollInterval: e.cfg.PollInterval}
+
+	return newMachineController(e, teardownName, "", "", 0, s)
 }
 
 func (s *teardown) reconcile(context.Context, *zap.Logger, controller.QRuntime, *view) error {
@@ -30,35 +41,35 @@ func (s *teardown) reconcile(context.Context, *zap.Logger, controller.QRuntime, 
 func (s *teardown) teardown(ctx context.Context, logger *zap.Logger, _ controller.QRuntime, v *view) error {
 	for _, f := range v.finalizers {
 		if f != teardownName && strings.HasPrefix(f, "lifecycle.") {
-			return controller.NewRequeueInterval(s.env.cfg.PollInterval)
+			return controller.NewRequeueInterval(s.pollInterval)
 		}
 	}
 
-	if s.env.Watches != nil {
-		s.env.Watches.Remove(v.id)
+	if s.watches != nil {
+		s.watches.Remove(v.id)
 	}
 
-	loc, ok := s.env.Sites.Locate(v.id) // the observation record is gone by now
+	loc, ok := s.sites.Locate(v.id) // the observation record is gone by now
 	if !ok {
 		return nil
 	}
 
 	site := loc.SiteID
 
-	callCtx, cancel := context.WithTimeout(ctx, s.env.cfg.CallTimeout)
+	callCtx, cancel := context.WithTimeout(ctx, s.callTimeout)
 	defer cancel()
 
-	plan, err := s.env.plan(callCtx, site, v, true)
+	plan, err := s.gate.plan(callCtx, site, v, true)
 	if err != nil {
 		return fmt.Errorf("agent plan of deleted %s: %w", v.id, err)
 	}
 
-	if err = s.env.gate.ensure(callCtx, site, plan); err != nil {
+	if err = s.gate.ensure(callCtx, site, plan); err != nil {
 		return err
 	}
 
 	logger.Info("machine deleted from omni; left in agent mode", zap.String("site", site))
-	s.env.note(v.id, "lifecycle", "deleted from Omni; left in agent mode")
+	note(s.journal, v.id, "lifecycle", "deleted from Omni; left in agent mode")
 
 	return nil
 }
