@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/cosi-project/runtime/pkg/controller"
 	omnispecs "github.com/siderolabs/omni/client/api/omni/specs"
@@ -26,13 +27,29 @@ var ErrInvalidBMCConfig = errors.New("invalid bmc config")
 type bmcConfiguration struct {
 	noTeardown
 
-	env *env
+	types   resources.Types
+	written *written
+	agent   AgentClient
+	metrics *Metrics
+	// rand is the source of generated passwords; secrets seals them (optional: stored in the clear).
+	rand    io.Reader
+	secrets Secrets
+	// journal is optional (nil: none).
+	journal Journal
+	// ipmiUsername is the user created through the agent; callTimeout bounds each agent call; pollInterval
+	// is the wait for what is outside the controller's hands.
+	ipmiUsername              string
+	callTimeout, pollInterval time.Duration
 }
 
 func newBMCConfigurationController(e *env) *machineController {
+	s := &bmcConfiguration{
+		types: e.Types, written: e.written, agent: e.Agent, metrics: e.Metrics, rand: e.Rand, secrets: e.Secrets, journal: e.Journal,
+		ipmiUsername: e.cfg.IPMIUsername, callTimeout: e.cfg.CallTimeout, pollInterval: e.cfg.PollInterval,
+	}
+
 	return callsEdge(newMachineController(e, "lifecycle.BMCConfigurationController", e.Types.BMCConfiguration, e.Types.Namespace,
-		omniBMCRecord|bmcRecord|observationRecord,
-		&bmcConfiguration{env: e}))
+		omniBMCRecord|bmcRecord|observationRecord, s))
 }
 
 func (s *bmcConfiguration) reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view) error {
@@ -44,9 +61,9 @@ func (s *bmcConfiguration) reconcile(ctx context.Context, logger *zap.Logger, r 
 		cfg, err := fromOmni(v.omniBMC)
 		if err != nil {
 			// an operator error: say so, and retry slowly in case it gets fixed
-			s.env.Metrics.inc(ReasonInvalidBMCConfig)
+			s.metrics.inc(ReasonInvalidBMCConfig)
 
-			return controller.NewRequeueError(fmt.Errorf("bmc config of %s from omni: %w", v.id, err), 10*s.env.cfg.PollInterval)
+			return controller.NewRequeueError(fmt.Errorf("bmc config of %s from omni: %w", v.id, err), 10*s.pollInterval)
 		}
 
 		if proto.Equal(v.bmc, cfg) && !v.clearBMC {
@@ -74,37 +91,37 @@ func (s *bmcConfiguration) reconcile(ctx context.Context, logger *zap.Logger, r 
 
 	site, ok := v.site()
 	if !ok {
-		return s.env.waitFor(logger, "machine not seen at any site")
+		return waitFor(logger, "machine not seen at any site", s.pollInterval)
 	}
 
 	if !v.agentConnected() {
-		return s.env.waitFor(logger, "agent not connected")
+		return waitFor(logger, "agent not connected", s.pollInterval)
 	}
 
-	callCtx, cancel := context.WithTimeout(ctx, s.env.cfg.CallTimeout)
+	callCtx, cancel := context.WithTimeout(ctx, s.callTimeout)
 	defer cancel()
 
-	pm, err := s.env.Agent.GetPowerManagement(callCtx, site, v.id, &agentpb.GetPowerManagementRequest{
-		Ipmi: &agentpb.GetPowerManagementRequest_IPMI{CheckUsername: s.env.cfg.IPMIUsername},
+	pm, err := s.agent.GetPowerManagement(callCtx, site, v.id, &agentpb.GetPowerManagementRequest{
+		Ipmi: &agentpb.GetPowerManagementRequest_IPMI{CheckUsername: s.ipmiUsername},
 		Api:  &agentpb.GetPowerManagementRequest_API{},
 	})
 	if err != nil {
-		return s.env.failed(fmt.Errorf("get power management of %s at site %s: %w", v.id, site, err))
+		return failedCall(s.metrics, s.pollInterval, fmt.Errorf("get power management of %s at site %s: %w", v.id, site, err))
 	}
 
 	var cfg *specs.BMCConfigurationSpec
 
 	switch {
 	case pm.GetIpmi() != nil:
-		password, err := randomPassword(s.env.Rand, 16)
+		password, err := randomPassword(s.rand, 16)
 		if err != nil {
 			return err
 		}
 
-		if err = s.env.Agent.SetPowerManagement(callCtx, site, v.id, &agentpb.SetPowerManagementRequest{
-			Ipmi: &agentpb.SetPowerManagementRequest_IPMI{Username: s.env.cfg.IPMIUsername, Password: password},
+		if err = s.agent.SetPowerManagement(callCtx, site, v.id, &agentpb.SetPowerManagementRequest{
+			Ipmi: &agentpb.SetPowerManagementRequest_IPMI{Username: s.ipmiUsername, Password: password},
 		}); err != nil {
-			return s.env.failed(fmt.Errorf("set power management of %s at site %s: %w", v.id, site, err))
+			return failedCall(s.metrics, s.pollInterval, fmt.Errorf("set power management of %s at site %s: %w", v.id, site, err))
 		}
 
 		port := pm.GetIpmi().GetPort()
@@ -113,27 +130,27 @@ func (s *bmcConfiguration) reconcile(ctx context.Context, logger *zap.Logger, r 
 		}
 
 		cfg = &specs.BMCConfigurationSpec{Source: "agent", Ipmi: &specs.BMCConfigurationSpec_IPMI{
-			Address: pm.GetIpmi().GetAddress(), Port: port, Username: s.env.cfg.IPMIUsername, Password: password,
+			Address: pm.GetIpmi().GetAddress(), Port: port, Username: s.ipmiUsername, Password: password,
 		}}
 	case pm.GetApi() != nil:
 		cfg = &specs.BMCConfigurationSpec{Source: "agent", ApiAddress: "agent"}
 	default:
-		return s.env.failed(fmt.Errorf("agent of %s reports no power management", v.id))
+		return failedCall(s.metrics, s.pollInterval, fmt.Errorf("agent of %s reports no power management", v.id))
 	}
 
 	logger.Info("bmc provisioned through the agent", zap.String("site", site), zap.String("bmc_address", cfg.GetIpmi().GetAddress()))
-	s.env.note(v.id, "bmc", "BMC access provisioned through the agent")
+	note(s.journal, v.id, "bmc", "BMC access provisioned through the agent")
 
 	return s.write(ctx, r, v.id, cfg)
 }
 
 func (s *bmcConfiguration) write(ctx context.Context, r controller.QRuntime, id string, cfg *specs.BMCConfigurationSpec) error {
-	stored, err := s.env.sealBMC(cfg)
+	stored, err := sealBMC(s.secrets, cfg)
 	if err != nil {
 		return err
 	}
 
-	if err := writeOwn(ctx, s.env.written, r, s.env.Types.NewBMCConfiguration(id), nil, stored, func(b *resources.BMCConfiguration) {
+	if err := writeOwn(ctx, s.written, r, s.types.NewBMCConfiguration(id), nil, stored, func(b *resources.BMCConfiguration) {
 		b.TypedSpec().Value = stored
 	}); err != nil {
 		return fmt.Errorf("write bmc configuration: %w", err)

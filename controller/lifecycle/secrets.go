@@ -50,15 +50,15 @@ func (e *env) loadView(ctx context.Context, r controller.Reader, m *infra.Machin
 	return v, nil
 }
 
-// sealBMC returns cfg as it is stored: its password sealed.
-func (e *env) sealBMC(cfg *specs.BMCConfigurationSpec) (*specs.BMCConfigurationSpec, error) {
-	if e.Secrets == nil || cfg.GetIpmi().GetPassword() == "" {
+// sealBMC returns cfg as it is stored: its password sealed by secrets (nil: stored in the clear).
+func sealBMC(secrets Secrets, cfg *specs.BMCConfigurationSpec) (*specs.BMCConfigurationSpec, error) {
+	if secrets == nil || cfg.GetIpmi().GetPassword() == "" {
 		return cfg, nil
 	}
 
 	out := proto.Clone(cfg).(*specs.BMCConfigurationSpec)
 
-	sealed, err := e.Secrets.Seal(out.GetIpmi().GetPassword())
+	sealed, err := secrets.Seal(out.GetIpmi().GetPassword())
 	if err != nil {
 		return nil, fmt.Errorf("seal bmc password: %w", err)
 	}
