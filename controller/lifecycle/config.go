@@ -170,6 +170,11 @@ func New(cfg Config, deps Deps) ([]controller.QController, error) {
 		due: newDues(time.Now), failing: newFailingSet(time.Now),
 	}
 
+	env.boot = &booter{
+		gate: env.gate, power: deps.Power, policies: deps.SitePolicies, journal: deps.Journal, metrics: deps.Metrics,
+		callTimeout: cfg.CallTimeout, pollInterval: cfg.PollInterval,
+	}
+
 	// a machine whose location, agent tunnel or watched power changes is observed again at once
 	if n, ok := deps.Sites.(changeNotifier); ok {
 		n.OnChange(func(machineID string) { env.due.after(observationName, machineID, 0) })
@@ -208,6 +213,8 @@ type env struct {
 
 	cfg  Config
 	gate *planGate
+	// boot boots machines into their plans (the power and reboot steps).
+	boot *booter
 	// outbox and jobs outlive a runtime rebuilt on a new Omni connection: see outbox.go.
 	outbox  *outbox
 	jobs    *jobs

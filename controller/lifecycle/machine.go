@@ -235,13 +235,16 @@ func (v *view) lastKick() time.Time {
 }
 
 // cooldownLeft is how long the machine must still be left alone after the last power-on or reboot.
-func (e *env) cooldownLeft(v *view) time.Duration {
+func (e *env) cooldownLeft(v *view) time.Duration { return cooldownLeft(v, e.cfg.Cooldown, e.Now) }
+
+// cooldownLeft is env.cooldownLeft for a step that holds the cooldown and the clock.
+func cooldownLeft(v *view, cooldown time.Duration, now func() time.Time) time.Duration {
 	last := v.lastKick()
 	if last.IsZero() {
 		return 0
 	}
 
-	return max(0, last.Add(e.cfg.Cooldown).Sub(e.Now()))
+	return max(0, last.Add(cooldown).Sub(now()))
 }
 
 // agentGraceLeft is how much of the agent reconnect grace is left for a machine whose agent went lately and is

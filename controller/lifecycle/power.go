@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/cosi-project/runtime/pkg/controller"
 	"go.uber.org/zap"
@@ -28,7 +29,17 @@ import (
 // machine that must now work) gets one try at once; the BMC answering its watch again (the observation
 // changes) wakes this controller to try again.
 type power struct {
-	env *env
+	boot    *booter
+	power   PowerClient
+	types   resources.Types
+	written *written
+	metrics *Metrics
+	now     func() time.Time
+	// journal is optional (nil: none).
+	journal Journal
+	// cooldown is the least time between a power-on and a power-off; callTimeout bounds each BMC call;
+	// pollInterval is the wait for what is outside the controller's hands.
+	cooldown, callTimeout, pollInterval time.Duration
 
 	// unanswered is, per machine, the wish whose BMC call failed last (powerWish).
 	mu         sync.Mutex
@@ -36,8 +47,12 @@ type power struct {
 }
 
 func newPowerController(e *env) *machineController {
-	return callsEdge(newMachineController(e, "lifecycle.PowerController", e.Types.PowerOperation, e.Types.Namespace, ownRecords,
-		&power{env: e, unanswered: map[string]string{}}))
+	s := &power{
+		boot: e.boot, power: e.Power, types: e.Types, written: e.written, metrics: e.Metrics, now: e.Now, journal: e.Journal,
+		cooldown: e.cfg.Cooldown, callTimeout: e.cfg.CallTimeout, pollInterval: e.cfg.PollInterval, unanswered: map[string]string{},
+	}
+
+	return callsEdge(newMachineController(e, "lifecycle.PowerController", e.Types.PowerOperation, e.Types.Namespace, ownRecords, s))
 }
 
 // powerWish names what the power step wants of a machine's BMC, to tell a new wish from one already tried.
@@ -59,7 +74,7 @@ func (s *power) reconcile(ctx context.Context, logger *zap.Logger, r controller.
 
 	site, ok := v.site()
 	if !ok {
-		return s.env.waitFor(logger, "machine not seen at any site")
+		return waitFor(logger, "machine not seen at any site", s.pollInterval)
 	}
 
 	req := v.machine.GetPowerOffRequestId()
@@ -81,9 +96,9 @@ func (s *power) reconcile(ctx context.Context, logger *zap.Logger, r controller.
 	s.mu.Unlock()
 
 	if unanswered && v.powerState() == specs.MachineObservationSpec_POWER_STATE_UNKNOWN {
-		s.env.Metrics.inc(ReasonBMCNotAnswering)
+		s.metrics.inc(ReasonBMCNotAnswering)
 
-		return s.env.waitFor(logger, "bmc did not answer, nor its edge's watch since")
+		return waitFor(logger, "bmc did not answer, nor its edge's watch since", s.pollInterval)
 	}
 
 	err := s.act(ctx, logger, r, v, site, newRequest, wantOn, wantOff)
@@ -123,53 +138,53 @@ func (s *power) act(ctx context.Context, logger *zap.Logger, r controller.QRunti
 	req := v.machine.GetPowerOffRequestId()
 
 	// decide on the BMC's current word, not on the last observation
-	callCtx, cancel := context.WithTimeout(ctx, s.env.cfg.CallTimeout)
+	callCtx, cancel := context.WithTimeout(ctx, s.callTimeout)
 	defer cancel()
 
-	ps, err := s.env.Power.PowerStatus(callCtx, site, v.id, v.bmc)
+	ps, err := s.power.PowerStatus(callCtx, site, v.id, v.bmc)
 	if err != nil {
-		return s.env.failed(fmt.Errorf("power status of %s at site %s: %w", v.id, site, err))
+		return failedCall(s.metrics, s.pollInterval, fmt.Errorf("power status of %s at site %s: %w", v.id, site, err))
 	}
 
 	switch {
 	case newRequest:
 		if ps != machines.PowerOff {
-			if err = s.env.Power.PowerOff(callCtx, site, v.id, v.bmc); err != nil {
-				return s.env.failed(fmt.Errorf("power off %s at site %s (user request): %w", v.id, site, err))
+			if err = s.power.PowerOff(callCtx, site, v.id, v.bmc); err != nil {
+				return failedCall(s.metrics, s.pollInterval, fmt.Errorf("power off %s at site %s (user request): %w", v.id, site, err))
 			}
 
-			op.LastPowerOff = timestamppb.New(s.env.Now())
+			op.LastPowerOff = timestamppb.New(s.now())
 		}
 
 		op.PowerOffRequestId = req
 		op.PowerOffWipeId = v.machine.GetWipeId()
 
 		logger.Info("power-off request honoured", zap.String("site", site), zap.String("request", req))
-		s.env.note(v.id, "power", "powered off on the user's request")
+		note(s.journal, v.id, "power", "powered off on the user's request")
 	case wantOn && ps == machines.PowerOff:
-		if err = s.env.powerOnInto(ctx, logger, site, v); err != nil {
+		if err = s.boot.powerOnInto(ctx, logger, site, v); err != nil {
 			return err
 		}
 
-		op.LastPowerOn = timestamppb.New(s.env.Now())
+		op.LastPowerOn = timestamppb.New(s.now())
 	case wantOff && ps == machines.PowerOn:
-		if left := s.env.cooldownLeft(v); left > 0 {
-			return controller.NewRequeueInterval(min(left, s.env.cfg.PollInterval))
+		if left := cooldownLeft(v, s.cooldown, s.now); left > 0 {
+			return controller.NewRequeueInterval(min(left, s.pollInterval))
 		}
 
-		if err = s.env.Power.PowerOff(callCtx, site, v.id, v.bmc); err != nil {
-			return s.env.failed(fmt.Errorf("power off idle %s at site %s: %w", v.id, site, err))
+		if err = s.power.PowerOff(callCtx, site, v.id, v.bmc); err != nil {
+			return failedCall(s.metrics, s.pollInterval, fmt.Errorf("power off idle %s at site %s: %w", v.id, site, err))
 		}
 
-		op.LastPowerOff = timestamppb.New(s.env.Now())
+		op.LastPowerOff = timestamppb.New(s.now())
 
 		logger.Info("powered off idle machine", zap.String("site", site))
-		s.env.note(v.id, "power", "powered off (idle)")
+		note(s.journal, v.id, "power", "powered off (idle)")
 	default:
 		return nil
 	}
 
-	if err = writeOwn(ctx, s.env.written, r, s.env.Types.NewPowerOperation(v.id), v.power, op, func(p *resources.PowerOperation) {
+	if err = writeOwn(ctx, s.written, r, s.types.NewPowerOperation(v.id), v.power, op, func(p *resources.PowerOperation) {
 		p.TypedSpec().Value = op
 	}); err != nil {
 		return fmt.Errorf("record power operation: %w", err)
@@ -178,32 +193,45 @@ func (s *power) act(ctx context.Context, logger *zap.Logger, r controller.QRunti
 	return nil
 }
 
+// booter boots a machine into its plan: it has the plan pushed, readies the next boot (a one-time network
+// boot, virtual media, an ejected image) and powers the machine on. The power and reboot steps share it.
+type booter struct {
+	gate  *planGate
+	power PowerClient
+	// policies say which sites boot from virtual media (optional: none); journal is optional too.
+	policies *machines.SitePolicies
+	journal  Journal
+	metrics  *Metrics
+	// callTimeout bounds the calls of one boot; pollInterval is the retry after a failed one.
+	callTimeout, pollInterval time.Duration
+}
+
 // powerOnInto pushes the machine's plan, waits for the edge's acknowledgement, prepares the boot
 // (prepareBoot) and powers the machine on.
-func (e *env) powerOnInto(ctx context.Context, logger *zap.Logger, site string, v *view) error {
-	plan, err := e.plan(ctx, site, v, false)
+func (b *booter) powerOnInto(ctx context.Context, logger *zap.Logger, site string, v *view) error {
+	plan, err := b.gate.plan(ctx, site, v, false)
 	if err != nil {
-		return e.failed(fmt.Errorf("plan of %s: %w", v.id, err))
+		return failedCall(b.metrics, b.pollInterval, fmt.Errorf("plan of %s: %w", v.id, err))
 	}
 
-	if err = e.gate.ensure(ctx, site, plan); err != nil {
-		return e.failed(err)
+	if err = b.gate.ensure(ctx, site, plan); err != nil {
+		return failedCall(b.metrics, b.pollInterval, err)
 	}
 
-	callCtx, cancel := context.WithTimeout(ctx, e.cfg.CallTimeout)
+	callCtx, cancel := context.WithTimeout(ctx, b.callTimeout)
 	defer cancel()
 
-	how, err := e.prepareBoot(callCtx, site, v.id, v.bmc, plan.Mode)
+	how, err := b.prepareBoot(callCtx, site, v.id, v.bmc, plan.Mode)
 	if err != nil {
-		return e.failed(err)
+		return failedCall(b.metrics, b.pollInterval, err)
 	}
 
-	if err = e.Power.PowerOn(callCtx, site, v.id, v.bmc); err != nil {
-		return e.failed(fmt.Errorf("power on %s at site %s: %w", v.id, site, err))
+	if err = b.power.PowerOn(callCtx, site, v.id, v.bmc); err != nil {
+		return failedCall(b.metrics, b.pollInterval, fmt.Errorf("power on %s at site %s: %w", v.id, site, err))
 	}
 
 	logger.Info("powered on", zap.String("site", site), zap.String("mode", string(plan.Mode)), zap.String("how", how))
-	e.note(v.id, "power", "powered on into "+string(plan.Mode)+" mode"+how)
+	note(b.journal, v.id, "power", "powered on into "+string(plan.Mode)+" mode"+how)
 
 	return nil
 }
@@ -212,25 +240,25 @@ func (e *env) powerOnInto(ctx context.Context, logger *zap.Logger, site string, 
 // serves (agent, install) is booted by a one-time network boot, or at a site without DHCP from the image of the
 // plan its BMC mounts; the disk at such a site needs the image ejected (a firmware that prefers removable media
 // would boot it again). It returns how the machine boots, for the timeline.
-func (e *env) prepareBoot(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec, mode bootplans.Mode) (string, error) {
-	image := e.SitePolicies.BootsFromImage(site)
+func (b *booter) prepareBoot(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec, mode bootplans.Mode) (string, error) {
+	image := b.policies.BootsFromImage(site)
 
 	switch {
 	case mode.PXE() && image:
-		addr, err := e.Power.BootFromImage(ctx, site, id, bmc)
+		addr, err := b.power.BootFromImage(ctx, site, id, bmc)
 		if err != nil {
 			return "", fmt.Errorf("boot %s at site %s from virtual media: %w", id, site, err)
 		}
 
 		return " from virtual media (static address " + addr + ")", nil
 	case mode.PXE():
-		if err := e.Power.SetPXEOnce(ctx, site, id, bmc); err != nil {
+		if err := b.power.SetPXEOnce(ctx, site, id, bmc); err != nil {
 			return "", fmt.Errorf("set one-time pxe boot of %s at site %s: %w", id, site, err)
 		}
 
 		return " by network boot", nil
 	case image:
-		if err := e.Power.EjectImage(ctx, site, id, bmc); err != nil {
+		if err := b.power.EjectImage(ctx, site, id, bmc); err != nil {
 			return "", fmt.Errorf("eject the virtual media of %s at site %s: %w", id, site, err)
 		}
 	}

@@ -96,7 +96,7 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 		callCtx, cancel := context.WithTimeout(ctx, s.env.cfg.CallTimeout)
 		defer cancel()
 
-		how, err := s.env.prepareBoot(callCtx, site, v.id, fresh.bmc, plan.Mode)
+		how, err := s.env.boot.prepareBoot(callCtx, site, v.id, fresh.bmc, plan.Mode)
 		if err != nil {
 			return s.env.failed(err)
 		}
