@@ -23,22 +23,11 @@ const (
 	arm64MAC  = "52:54:00:77:00:0a"
 )
 
-// TestNetbootArm64 PXE-boots an arm64 machine (QEMU virt, Cortex-A57 with 512 MiB under TCG, Debian's AAVMF)
-// through the edge to agent mode: the firmware DHCPs as UEFI arm64 (option 93 = 11), fetches the edge's arm64
-// iPXE (hack/ipxe-arm64.sh) over TFTP, that iPXE fetches the boot script, and the script boots the arm64 agent
-// kernel and initramfs (Debian's arm64 cloud kernel, hack/kernel-arm64.sh; the lab's init cross-compiled) from
-// /assets/agent/arm64 with the arm64 console, whose /init calls back.
-func TestNetbootArm64(t *testing.T) {
-	netbootArm64(t, aavmfPXECase())
-}
-
-// TestNetbootArm64HTTPBoot boots the arm64 machine by UEFI HTTP boot at a site whose edge serves no TFTP
-// (aavmfHTTPBootCase).
-func TestNetbootArm64HTTPBoot(t *testing.T) {
-	netbootArm64(t, aavmfHTTPBootCase())
-}
-
-// aavmfPXECase is the AAVMF PXE boot to agent mode.
+// aavmfPXECase is the AAVMF PXE boot (the firmware matrix's AAVMF-PXE row, arm64Matrix): an arm64 machine
+// (QEMU virt, Cortex-A57 with 512 MiB under TCG, Debian's AAVMF) DHCPs as UEFI arm64 (option 93 = 11), fetches
+// the edge's arm64 iPXE (hack/ipxe-arm64.sh) over TFTP, that iPXE fetches the boot script, and the script boots
+// the arm64 agent kernel and initramfs (Debian's arm64 cloud kernel, hack/kernel-arm64.sh; the lab's init
+// cross-compiled) from /assets/agent/arm64 with the arm64 console.
 func aavmfPXECase() bootCase {
 	return bootCase{firmware: "aavmf", timeout: 10 * time.Minute}
 }
@@ -295,22 +284,49 @@ func (a arm64Lab) boot(t *testing.T, l *labSite, bc bootCase, m *machine) time.D
 
 	checkEdge(t, bc, m.uuid, seen, l.site)
 
+	if bc.step == "" {
+		b, err := os.ReadFile(serial)
+		require.NoError(t, err)
+		require.Contains(t, string(b), "console=ttyAMA0", "the arm64 kernel was not given its serial console")
+	}
+
 	return took
 }
 
-// netbootArm64 is netboot for an arm64 machine (bc.firmware aavmf or aavmf-http): it boots a new machine
-// through the edge to agent mode and returns its power-on to callback time.
-func netbootArm64(t *testing.T, bc bootCase) time.Duration {
-	a := newArm64Lab(t)
-	a.agentAssets(t)
+// bareBoot boots a new arm64 machine from the bare-dnsmasq peer (SiteOptions.Bare: dnsmasq + static files, no
+// edge) with the same iPXE, kernel and initramfs, and returns its power-on to callback time.
+func (a arm64Lab) bareBoot(t *testing.T, firmware string) time.Duration {
+	t.Helper()
 
-	l := a.startLabSite(t, bootlab.NewSite(t, bc.site), bc.edgeArgs)
-	m := a.newMachine(t, l)
-	took := a.boot(t, l, bc, m)
+	root := filepath.Join(a.dir, "bare-"+firmware)
+	require.NoError(t, os.MkdirAll(root, 0o755))
 
-	b, err := os.ReadFile(filepath.Join(l.site.Dir, "serial-"+bc.firmware+".log"))
-	require.NoError(t, err)
-	require.Contains(t, string(b), "console=ttyAMA0", "the arm64 kernel was not given its serial console")
+	for src, name := range map[string]string{
+		filepath.Join(a.ipxeDir, "snp-arm64.efi"):                        "snp-arm64.efi",
+		filepath.Join(a.dir, "assets", "agent", "arm64", "vmlinuz"):      "vmlinuz",
+		filepath.Join(a.dir, "assets", "agent", "arm64", "initramfs.xz"): "initramfs.xz",
+	} {
+		require.NoError(t, os.Link(src, filepath.Join(root, name)))
+	}
+
+	script := "#!ipxe\nkernel http://" + bootlab.DHCPIP + "/vmlinuz initrd=initrd console=ttyAMA0 talos.config=http://" + bootlab.DHCPIP +
+		"/config?u=${uuid}\ninitrd --name initrd http://" + bootlab.DHCPIP + "/initramfs.xz\nboot\n"
+	require.NoError(t, os.WriteFile(filepath.Join(root, "boot.ipxe"), []byte(script), 0o644))
+
+	site := bootlab.NewSite(t, bootlab.SiteOptions{Bare: root})
+	m := &machine{uuid: randomUUID(t), tap: site.AddTap(t), vars: filepath.Join(a.dir, "AAVMF_VARS-bare-"+firmware+".fd")}
+	aavmfVarsTo(t, m.vars)
+
+	start := time.Now()
+	serial, _ := a.startMachine(t, site, firmware, m, "")
+
+	t.Cleanup(func() { logSerialOnFailure(t, serial) })
+
+	// The bare peer prints nothing: the machine's /init says on its console that it called back.
+	waitSerial(t, make(chan string), serial, "OUTPOST-CALLBACK-DONE", 10*time.Minute)
+
+	took := time.Since(start).Round(100 * time.Millisecond)
+	t.Logf("%s (bare dnsmasq): power-on to callback in %s", firmware, took)
 
 	return took
 }
@@ -348,8 +364,8 @@ func drain(lines <-chan string) []string {
 
 // arm64Matrix runs the firmware matrix's arm64 rows (AAVMF-PXE, AAVMF-HTTPBoot) as TestFirmwareMatrix runs the
 // x86 ones: one site and edge per row, one machine kept across its steps (agent, install, disk), each step run
-// only when the one before it passed; logCell logs each cell's line. The bare-dnsmasq peer boots no arm64
-// machine (its dnsmasq offers arm64 PXE clients no arm64 boot file), so the rows have no peer time.
+// only when the one before it passed; logCell logs each cell's line, the agent cell's beside the bare-dnsmasq
+// peer's time (bareBoot).
 func arm64Matrix(t *testing.T, logCell func(line string)) {
 	for _, row := range []struct {
 		firmware string
@@ -398,7 +414,12 @@ func arm64Matrix(t *testing.T, logCell func(line string)) {
 						t.Skipf("not run: step %s of this machine's life failed", failed)
 					}
 
-					logCell(fmt.Sprintf("%-16s %-8s edge %6s", row.firmware, step.name, step.run(t)))
+					line := fmt.Sprintf("%-16s %-8s edge %6s", row.firmware, step.name, step.run(t))
+					if step.name == "agent" && !t.Failed() {
+						line += fmt.Sprintf("  bare dnsmasq %6s", a.bareBoot(t, agent.firmware))
+					}
+
+					logCell(line)
 				})
 				if !ok && failed == "" {
 					failed = step.name
