@@ -99,7 +99,7 @@ func rootCommand(lookup func(string) (string, bool)) (*cobra.Command, *envflag.B
 	f.StringSliceVar(&cfg.DHCP.Files.SecureBoot, "secure-boot", cfg.DHCP.Files.SecureBoot, "MACs of the machines that enforce Secure Boot, or * for every UEFI machine: they get only --secure-boot-file, never iPXE")
 	f.Int64Var(&cfg.Assets.MaxBytes, "assets-max-bytes", cfg.Assets.MaxBytes, "size cap of the boot-asset cache")
 	f.StringVar(&cfg.AssetsPreseedDir, "assets-preseed-dir", cfg.AssetsPreseedDir, "asset bundle to import at start (baked-in assets)")
-	f.StringSliceVar(&cfg.HTTP.KernelArgs, "kernel-args", cfg.HTTP.KernelArgs, "kernel arguments for every PXE boot unless the controller sets them (consoles)")
+	f.StringSliceVar(&cfg.HTTP.KernelArgs, "kernel-args", cfg.HTTP.KernelArgs, "kernel arguments for every PXE boot of an x86 machine unless the controller sets them (consoles); arm64 machines get console=tty0 console=ttyAMA0")
 
 	// What the site network may make the edge hold (see each component's Config for how the defaults are sized).
 	f.IntVar(&cfg.TFTP.MaxTransfers, "tftp-max-transfers", cfg.TFTP.MaxTransfers, "TFTP transfers in progress at once")
