@@ -170,6 +170,7 @@ func New(cfg Config, deps Deps) ([]controller.QController, error) {
 		due: newDues(time.Now), failing: newFailingSet(time.Now),
 	}
 
+	env.intents = &intentBook{client: deps.Intents, rand: deps.Rand, now: deps.Now, callTimeout: cfg.CallTimeout, journal: deps.Journal}
 	env.boot = &booter{
 		gate: env.gate, power: deps.Power, policies: deps.SitePolicies, journal: deps.Journal, metrics: deps.Metrics,
 		callTimeout: cfg.CallTimeout, pollInterval: cfg.PollInterval,
@@ -213,6 +214,8 @@ type env struct {
 
 	cfg  Config
 	gate *planGate
+	// intents opens intents and settles them with the edges (the wipe and reboot steps).
+	intents *intentBook
 	// boot boots machines into their plans (the power and reboot steps).
 	boot *booter
 	// outbox and jobs outlive a runtime rebuilt on a new Omni connection: see outbox.go.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -35,16 +36,35 @@ const (
 	intentIDRandBytes = 12
 )
 
+// intentBook opens intents and asks the edges what became of them (the wipe and reboot steps share it).
+type intentBook struct {
+	client IntentClient
+	// rand is the source of intent IDs; now stamps them; callTimeout bounds each question to an edge.
+	rand        io.Reader
+	now         func() time.Time
+	callTimeout time.Duration
+	// journal is told what is unknown about an intent (optional: nil).
+	journal Journal
+}
+
 // newIntent returns an open intent for op at site, serving cause (a wipe ID, a reboot request ID).
-func (e *env) newIntent(op, site, cause, reason string) (*specs.IntentSpec, error) {
-	var b [intentIDRandBytes]byte
-	if _, err := io.ReadFull(e.Rand, b[:]); err != nil {
+func (b *intentBook) newIntent(op, site, cause, reason string) (*specs.IntentSpec, error) {
+	var id [intentIDRandBytes]byte
+	if _, err := io.ReadFull(b.rand, id[:]); err != nil {
 		return nil, fmt.Errorf("intent id: %w", err)
 	}
 
 	return &specs.IntentSpec{
-		Id: op + "-" + hex.EncodeToString(b[:]), Op: op, SiteId: site, CreatedAt: timestamppb.New(e.Now()), Cause: cause, Reason: reason,
+		Id: op + "-" + hex.EncodeToString(id[:]), Op: op, SiteId: site, CreatedAt: timestamppb.New(b.now()), Cause: cause, Reason: reason,
 	}, nil
+}
+
+// alert records, as an alert in the machine's timeline, what is unknown about an intent and what the
+// lifecycle does about it.
+func (b *intentBook) alert(machineID, text string) {
+	if b.journal != nil {
+		b.journal.Record(machineID, "intent", text, true)
+	}
 }
 
 // intentClosed is a call whose intent the edge says ended without the effect asked for (failed) or with an
@@ -71,11 +91,11 @@ var errIntentOpen = errors.New("intent still open at the edge")
 
 // outcome asks the edge what became of intent in. done means it was carried out; a non-nil error is an
 // *intentClosed (clear it), errIntentOpen, or the failure to ask (keep it open).
-func (e *env) outcome(ctx context.Context, machineID string, in *specs.IntentSpec) (done bool, err error) {
-	callCtx, cancel := context.WithTimeout(ctx, e.cfg.CallTimeout)
+func (b *intentBook) outcome(ctx context.Context, machineID string, in *specs.IntentSpec) (done bool, err error) {
+	callCtx, cancel := context.WithTimeout(ctx, b.callTimeout)
 	defer cancel()
 
-	state, err := e.Intents.IntentOutcome(callCtx, in.GetSiteId(), machineID, in.GetId())
+	state, err := b.client.IntentOutcome(callCtx, in.GetSiteId(), machineID, in.GetId())
 	if status.Code(err) == codes.Unimplemented {
 		// An edge of the release before intents: it cannot say, and carries out a repeat again (at least once).
 		return false, fmt.Errorf("intent %s: %w: the edge keeps no intents (its release is older)", in.GetId(), errIntentOpen)
@@ -98,12 +118,12 @@ func (e *env) outcome(ctx context.Context, machineID string, in *specs.IntentSpe
 // settle tells what a call sent under intent in that ended with callErr means: nil when the edge carried it
 // out (only the answer was lost), an *intentClosed when the edge says it failed (with the call's own error) or
 // was interrupted, and callErr itself while the intent is open.
-func (e *env) settle(ctx context.Context, machineID string, in *specs.IntentSpec, callErr error) error {
+func (b *intentBook) settle(ctx context.Context, machineID string, in *specs.IntentSpec, callErr error) error {
 	if callErr == nil {
 		return nil
 	}
 
-	done, err := e.outcome(context.WithoutCancel(ctx), machineID, in)
+	done, err := b.outcome(context.WithoutCancel(ctx), machineID, in)
 
 	var closed *intentClosed
 

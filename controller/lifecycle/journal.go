@@ -136,14 +136,6 @@ func note(j Journal, machineID, kind, text string) {
 	}
 }
 
-// alertIntent records, as an alert in the machine's timeline, what is unknown about an intent and what the
-// lifecycle does about it.
-func (e *env) alertIntent(machineID, text string) {
-	if e.Journal != nil {
-		e.Journal.Record(machineID, "intent", text, true)
-	}
-}
-
 // noteError records a step's error (not a plain requeue) in the machine's timeline.
 func (e *env) noteError(machineID, step string, err error) {
 	if e.Journal == nil || err == nil {

@@ -265,12 +265,8 @@ func (e *env) ours(m *infra.Machine) bool {
 	return id == e.Types.ProviderID
 }
 
-// waitFor is a requeue for things outside the controller's hands (agent not connected, site offline).
-func (e *env) waitFor(logger *zap.Logger, reason string) error {
-	return waitFor(logger, reason, e.cfg.PollInterval)
-}
-
-// waitFor is env.waitFor for a step that holds its poll interval.
+// waitFor is a requeue after poll for things outside the controller's hands (agent not connected, site
+// offline).
 func waitFor(logger *zap.Logger, reason string, poll time.Duration) error {
 	logger.Debug("waiting", zap.String("reason", reason))
 

@@ -109,7 +109,7 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 		}
 
 		err = s.env.Power.PowerCycle(intentspb.NewOutgoingContext(callCtx, in.GetId()), site, v.id, fresh.bmc)
-		if err = s.env.settle(ctx, v.id, in, err); err != nil {
+		if err = s.env.intents.settle(ctx, v.id, in, err); err != nil {
 			return s.failedIntent(ctx, r, v, key, in, err)
 		}
 
@@ -134,7 +134,7 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 // received at the edge, or running there: sent again under the same ID, which the edge carries out at most
 // once).
 func (s *reboot) resume(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view, key string, in *specs.IntentSpec) (bool, error) {
-	done, err := s.env.outcome(ctx, v.id, in)
+	done, err := s.env.intents.outcome(ctx, v.id, in)
 
 	var closed *intentClosed
 
@@ -167,7 +167,7 @@ func (s *reboot) resume(ctx context.Context, logger *zap.Logger, r controller.QR
 // intend writes a new power-cycle intent into the reboot record (rs as it will be once done), before the
 // call is sent.
 func (s *reboot) intend(ctx context.Context, r controller.QRuntime, v *view, rs *specs.RebootStatusSpec, site string) (*specs.IntentSpec, error) {
-	in, err := s.env.newIntent(intentPowerCycle, site, rs.GetLastRebootId(), rs.GetReason())
+	in, err := s.env.intents.newIntent(intentPowerCycle, site, rs.GetLastRebootId(), rs.GetReason())
 	if err != nil {
 		return nil, err
 	}
@@ -202,7 +202,7 @@ func (s *reboot) failedIntent(ctx context.Context, r controller.QRuntime, v *vie
 				rs.LastRebootId = in.GetCause()
 			}
 
-			s.env.alertIntent(v.id, "the edge restarted during a power cycle (intent "+in.GetId()+"): whether the machine was cycled is unknown; not cycled again for it")
+			s.env.intents.alert(v.id, "the edge restarted during a power cycle (intent "+in.GetId()+"): whether the machine was cycled is unknown; not cycled again for it")
 		}
 
 		if werr := s.record(ctx, r, v.id, key, rs); werr != nil {

@@ -24,20 +24,43 @@ import (
 type wipe struct {
 	noTeardown
 
-	env *env
+	types   resources.Types
+	written *written
+	agent   AgentClient
+	intents *intentBook
+	// outbox keeps wipes done while their record could not be written; jobs are the wipes running; due
+	// schedules the next look once one ends. All three outlive a rebuilt runtime.
+	outbox *outbox
+	jobs   *jobs
+	due    *dues
+	// policies are the sites' own wipe methods (optional: the controller's for all); journal is optional too.
+	policies *machines.SitePolicies
+	journal  Journal
+	metrics  *Metrics
+	now      func() time.Time
+	// method is the controller's wipe method; the timeouts bound a fast and a zeroes wipe; pollInterval is the
+	// wait for what is outside the controller's hands.
+	method                               machines.WipeMethod
+	timeout, zeroesTimeout, pollInterval time.Duration
 }
 
 const wipeName = "lifecycle.WipeController"
 
 func newWipeController(e *env) *machineController {
-	return callsEdge(newMachineController(e, wipeName, e.Types.WipeStatus, e.Types.Namespace, bmcRecord|wipeRecord|observationRecord, &wipe{env: e}))
+	s := &wipe{
+		types: e.Types, written: e.written, agent: e.Agent, intents: e.intents, outbox: e.outbox, jobs: e.jobs, due: e.due,
+		policies: e.SitePolicies, journal: e.Journal, metrics: e.Metrics, now: e.Now, method: e.cfg.WipeMethod,
+		timeout: e.cfg.WipeTimeout, zeroesTimeout: e.cfg.ZeroesWipeTimeout, pollInterval: e.cfg.PollInterval,
+	}
+
+	return callsEdge(newMachineController(e, wipeName, e.Types.WipeStatus, e.Types.Namespace, bmcRecord|wipeRecord|observationRecord, s))
 }
 
 func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view) error {
 	key := outboxKey("wipe", v.id)
 
 	// A wipe that finished while its record could not be written (Omni went away) is recorded, not repeated.
-	if rec, ok := s.env.outbox.get(key); ok {
+	if rec, ok := s.outbox.get(key); ok {
 		if w := rec.(*specs.WipeStatusSpec); w.GetLastWipeId() == v.machine.GetWipeId() { // only wipes are kept here
 			return s.record(ctx, logger, r, v.id, w, "recorded a wipe done before the omni connection broke")
 		}
@@ -49,7 +72,7 @@ func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.Q
 
 	site, ok := v.site()
 	if !ok {
-		return s.env.waitFor(logger, "machine not seen at any site")
+		return waitFor(logger, "machine not seen at any site", s.pollInterval)
 	}
 
 	// An intent left open (a crash, a cut) is settled with the edge first, agent or not: a wipe it carried out
@@ -60,7 +83,7 @@ func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.Q
 	}
 
 	if !v.agentConnected() {
-		return s.env.waitFor(logger, "wipe waits for the agent") // the reboot controller brings it to agent mode
+		return waitFor(logger, "wipe waits for the agent", s.pollInterval) // the reboot controller brings it to agent mode
 	}
 
 	if in == nil {
@@ -71,31 +94,31 @@ func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.Q
 
 	// The wipe runs apart from this reconcile: when the runtime is rebuilt meanwhile (Omni restarted), it goes
 	// on, and the next reconcile joins it rather than wiping again.
-	zeroes, timeout := in.GetReason() == string(machines.WipeZeroes), s.env.cfg.WipeTimeout
+	zeroes, timeout := in.GetReason() == string(machines.WipeZeroes), s.timeout
 	if zeroes {
-		timeout = s.env.cfg.ZeroesWipeTimeout
+		timeout = s.zeroesTimeout
 	}
 
-	jb := s.env.jobs.start(ctx, key, in.GetId(), timeout, func(ctx context.Context) error {
+	jb := s.jobs.start(ctx, key, in.GetId(), timeout, func(ctx context.Context) error {
 		logger.Info("wiping disks", zap.String("site", site), zap.String("wipe_id", in.GetCause()), zap.String("intent", in.GetId()), zap.Bool("zeroes", zeroes))
-		s.env.note(v.id, "wipe-started", "wiping disks ("+in.GetReason()+")")
+		note(s.journal, v.id, "wipe-started", "wiping disks ("+in.GetReason()+")")
 
-		err := s.env.Agent.WipeDisks(intentspb.NewOutgoingContext(ctx, in.GetId()), site, v.id, zeroes)
+		err := s.agent.WipeDisks(intentspb.NewOutgoingContext(ctx, in.GetId()), site, v.id, zeroes)
 		// The far end's deadline (the call's own, propagated) may end it a moment before this one's.
 		if err != nil && (errors.Is(ctx.Err(), context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded) {
 			err = stated(err, fmt.Sprintf("no answer within %s, the %s wipe's timeout", timeout, in.GetReason()))
 		}
 
-		if err = s.env.settle(ctx, v.id, in, err); err != nil {
+		if err = s.intents.settle(ctx, v.id, in, err); err != nil {
 			return err
 		}
 
-		s.env.outbox.put(key, wipeDone(in, s.env.Now()))
+		s.outbox.put(key, wipeDone(in, s.now()))
 
 		return nil
 	}, func(err error) {
 		if err == nil {
-			s.env.due.after(wipeName, v.id, 0)
+			s.due.after(wipeName, v.id, 0)
 		}
 	})
 
@@ -111,13 +134,13 @@ func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.Q
 		return ctx.Err()
 	}
 
-	s.env.jobs.collect(jb)
+	s.jobs.collect(jb)
 
 	if jb.err != nil {
 		return s.failedIntent(ctx, r, v, in, jb.err)
 	}
 
-	rec, ok := s.env.outbox.get(key)
+	rec, ok := s.outbox.get(key)
 	if !ok {
 		return controller.NewRequeueInterval(time.Second) // recorded by a concurrent reconcile meanwhile
 	}
@@ -135,29 +158,29 @@ func (s *wipe) resume(ctx context.Context, logger *zap.Logger, r controller.QRun
 		return nil, false, nil // none, or for a wipe Omni no longer asks for: a new intent replaces it
 	}
 
-	if s.env.jobs.has(outboxKey("wipe", v.id), in.GetId()) {
+	if s.jobs.has(outboxKey("wipe", v.id), in.GetId()) {
 		return in, false, nil // this process sent it: join it
 	}
 
-	done, err := s.env.outcome(ctx, v.id, in)
+	done, err := s.intents.outcome(ctx, v.id, in)
 
 	var closed *intentClosed
 
 	switch {
 	case done:
-		return nil, true, s.record(ctx, logger, r, v.id, wipeDone(in, s.env.Now()), "recorded a wipe the edge carried out before its answer was lost")
+		return nil, true, s.record(ctx, logger, r, v.id, wipeDone(in, s.now()), "recorded a wipe the edge carried out before its answer was lost")
 	case errors.As(err, &closed):
 		return nil, true, s.failedIntent(ctx, r, v, in, closed)
 	case errors.Is(err, errIntentOpen):
 		return in, false, nil
 	default:
-		return nil, true, s.env.failed(fmt.Errorf("wipe %s at site %s: what became of wipe intent %s is not known yet: %w", v.id, site, in.GetId(), err))
+		return nil, true, failedCall(s.metrics, s.pollInterval, fmt.Errorf("wipe %s at site %s: what became of wipe intent %s is not known yet: %w", v.id, site, in.GetId(), err))
 	}
 }
 
 // intend writes a new wipe intent to the record, before anything is sent.
 func (s *wipe) intend(ctx context.Context, r controller.QRuntime, v *view, site string) (*specs.IntentSpec, error) {
-	in, err := s.env.newIntent(intentWipe, site, v.machine.GetWipeId(), string(s.env.SitePolicies.WipeMethod(site, s.env.cfg.WipeMethod)))
+	in, err := s.intents.newIntent(intentWipe, site, v.machine.GetWipeId(), string(s.policies.WipeMethod(site, s.method)))
 	if err != nil {
 		return nil, err
 	}
@@ -165,7 +188,7 @@ func (s *wipe) intend(ctx context.Context, r controller.QRuntime, v *view, site 
 	in.InstallEventId, in.NodeUniqueToken = v.machine.GetInstallEventId(), v.machine.GetNodeUniqueToken()
 
 	if err = s.writeIntent(ctx, r, v, in); err != nil {
-		return nil, s.env.failed(fmt.Errorf("record the wipe intent of %s: %w", v.id, err))
+		return nil, failedCall(s.metrics, s.pollInterval, fmt.Errorf("record the wipe intent of %s: %w", v.id, err))
 	}
 
 	return in, nil
@@ -180,7 +203,7 @@ func (s *wipe) writeIntent(ctx context.Context, r controller.QRuntime, v *view, 
 
 	rec.OpenIntent = open
 
-	err := writeOwn(ctx, s.env.written, r, s.env.Types.NewWipeStatus(v.id), v.wipe, rec, func(res *resources.WipeStatus) {
+	err := writeOwn(ctx, s.written, r, s.types.NewWipeStatus(v.id), v.wipe, rec, func(res *resources.WipeStatus) {
 		res.TypedSpec().Value = rec
 	})
 	if err == nil {
@@ -197,15 +220,15 @@ func (s *wipe) failedIntent(ctx context.Context, r controller.QRuntime, v *view,
 	var closed *intentClosed
 	if errors.As(err, &closed) {
 		if closed.state == intentspb.State_STATE_INTERRUPTED {
-			s.env.alertIntent(v.id, "the edge restarted while wiping (intent "+in.GetId()+"): whether the disks were wiped is unknown; wiping again")
+			s.intents.alert(v.id, "the edge restarted while wiping (intent "+in.GetId()+"): whether the disks were wiped is unknown; wiping again")
 		}
 
 		if werr := s.writeIntent(ctx, r, v, nil); werr != nil {
-			return s.env.failed(fmt.Errorf("clear the wipe intent of %s: %w", v.id, werr))
+			return failedCall(s.metrics, s.pollInterval, fmt.Errorf("clear the wipe intent of %s: %w", v.id, werr))
 		}
 	}
 
-	return s.env.failed(fmt.Errorf("wipe %s at site %s: %w", v.id, in.GetSiteId(), err))
+	return failedCall(s.metrics, s.pollInterval, fmt.Errorf("wipe %s at site %s: %w", v.id, in.GetSiteId(), err))
 }
 
 // wipeDone is the record of a wipe carried out under intent in.
@@ -220,15 +243,15 @@ func wipeDone(in *specs.IntentSpec, now time.Time) *specs.WipeStatusSpec {
 
 // record writes a finished wipe to WipeStatus and drops it from the outbox.
 func (s *wipe) record(ctx context.Context, logger *zap.Logger, r controller.QRuntime, id string, w *specs.WipeStatusSpec, msg string) error {
-	if err := writeOwn(ctx, s.env.written, r, s.env.Types.NewWipeStatus(id), nil, w, func(res *resources.WipeStatus) {
+	if err := writeOwn(ctx, s.written, r, s.types.NewWipeStatus(id), nil, w, func(res *resources.WipeStatus) {
 		res.TypedSpec().Value = w
 	}); err != nil {
 		return fmt.Errorf("record wipe: %w", err)
 	}
 
-	s.env.outbox.done(outboxKey("wipe", id), w)
+	s.outbox.done(outboxKey("wipe", id), w)
 	logger.Info(msg, zap.String("wipe_id", w.GetLastWipeId()))
-	s.env.note(id, "wipe-finished", msg)
+	note(s.journal, id, "wipe-finished", msg)
 
 	return nil
 }
