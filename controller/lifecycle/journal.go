@@ -126,10 +126,7 @@ func hardwareLine(inv *specs.MachineInventorySpec) string {
 	return strings.Join(parts, ", ")
 }
 
-// note records an entry in the machine's timeline, when there is a journal.
-func (e *env) note(machineID, kind, text string) { note(e.Journal, machineID, kind, text) }
-
-// note records an entry in the machine's timeline in j (optional: nil).
+// note records an entry in the machine's timeline in j, when there is a journal (j not nil).
 func note(j Journal, machineID, kind, text string) {
 	if j != nil {
 		j.Record(machineID, kind, text, false)

@@ -210,11 +210,6 @@ func (v *view) planInput(deleting bool) bootplans.Machine {
 	}
 }
 
-// plan computes the machine's plan at site (planGate.plan).
-func (e *env) plan(ctx context.Context, site string, v *view, deleting bool) (bootplans.Plan, error) {
-	return e.gate.plan(ctx, site, v, deleting)
-}
-
 // lastKick is the last time the controller powered the machine on, rebooted or wiped it (the cooldown's start).
 func (v *view) lastKick() time.Time {
 	var t time.Time
@@ -235,9 +230,6 @@ func (v *view) lastKick() time.Time {
 }
 
 // cooldownLeft is how long the machine must still be left alone after the last power-on or reboot.
-func (e *env) cooldownLeft(v *view) time.Duration { return cooldownLeft(v, e.cfg.Cooldown, e.Now) }
-
-// cooldownLeft is env.cooldownLeft for a step that holds the cooldown and the clock.
 func cooldownLeft(v *view, cooldown time.Duration, now func() time.Time) time.Duration {
 	last := v.lastKick()
 	if last.IsZero() {
@@ -249,13 +241,13 @@ func cooldownLeft(v *view, cooldown time.Duration, now func() time.Time) time.Du
 
 // agentGraceLeft is how much of the agent reconnect grace is left for a machine whose agent went lately and is
 // to be in agent mode (0 for any other).
-func (e *env) agentGraceLeft(v *view) time.Duration {
+func agentGraceLeft(v *view, grace time.Duration, now func() time.Time) time.Duration {
 	lost := v.obs.GetAgentLostAt()
 	if v.mode() != bootplans.ModeAgent || v.agentConnected() || !lost.IsValid() {
 		return 0
 	}
 
-	return max(0, lost.AsTime().Add(e.cfg.AgentReconnectGrace).Sub(e.Now()))
+	return max(0, lost.AsTime().Add(grace).Sub(now()))
 }
 
 // ours reports whether an InfraMachine belongs to this provider.
@@ -273,12 +265,7 @@ func waitFor(logger *zap.Logger, reason string, poll time.Duration) error {
 	return controller.NewRequeueInterval(poll)
 }
 
-// failed is a requeue for an edge call that failed: logged, retried with backoff, never acted on elsewhere.
-func (e *env) failed(err error) error {
-	return failedCall(e.Metrics, e.cfg.PollInterval, err)
-}
-
-// failedCall is env.failed for a step that holds its metrics and poll interval.
+// failedCall is a requeue for an edge call that failed (counted in m, retried after poll): logged, retried with backoff, never acted on elsewhere.
 func failedCall(m *Metrics, poll time.Duration, err error) error {
 	m.edgeFailure(err)
 

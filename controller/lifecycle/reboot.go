@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/cosi-project/runtime/pkg/controller"
 	"github.com/cosi-project/runtime/pkg/safe"
@@ -26,11 +27,33 @@ import (
 type reboot struct {
 	noTeardown
 
-	env *env
+	types   resources.Types
+	written *written
+	// load reads a machine's view again (its records, its BMC password opened) before the cycle.
+	load    func(ctx context.Context, r controller.Reader, m *infra.Machine, reads records) (*view, error)
+	gate    *planGate
+	boot    *booter
+	power   PowerClient
+	intents *intentBook
+	// outbox keeps power cycles done while their record could not be written (it outlives a rebuilt runtime).
+	outbox *outbox
+	// journal is optional (nil: none).
+	journal Journal
+	metrics *Metrics
+	now     func() time.Time
+	// cooldown and grace hold a machine in the wrong mode back (after a kick; while its agent may return);
+	// callTimeout bounds each BMC call; pollInterval is the wait for what is outside the controller's hands.
+	cooldown, grace, callTimeout, pollInterval time.Duration
 }
 
 func newRebootController(e *env) *machineController {
-	return newMachineController(e, "lifecycle.RebootController", e.Types.RebootStatus, e.Types.Namespace, ownRecords, &reboot{env: e})
+	s := &reboot{
+		types: e.Types, written: e.written, load: e.loadView, gate: e.gate, boot: e.boot, power: e.Power, intents: e.intents,
+		outbox: e.outbox, journal: e.Journal, metrics: e.Metrics, now: e.Now, cooldown: e.cfg.Cooldown, grace: e.cfg.AgentReconnectGrace,
+		callTimeout: e.cfg.CallTimeout, pollInterval: e.cfg.PollInterval,
+	}
+
+	return newMachineController(e, "lifecycle.RebootController", e.Types.RebootStatus, e.Types.Namespace, ownRecords, s)
 }
 
 func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view) error {
@@ -38,7 +61,7 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 
 	// A reboot carried out while its record could not be written (Omni went away) is recorded first, so the
 	// same request or the cooldown it started is not lost and the machine is not power-cycled again.
-	if rec, ok := s.env.outbox.get(key); ok {
+	if rec, ok := s.outbox.get(key); ok {
 		rs := rec.(*specs.RebootStatusSpec) // only reboots are kept here
 		if err := s.record(ctx, r, v.id, key, rs); err != nil {
 			return err
@@ -71,13 +94,13 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 		rs.LastRebootId = v.machine.GetRequestedRebootId()
 	}
 
-	plan, err := s.env.plan(ctx, site, v, false)
+	plan, err := s.gate.plan(ctx, site, v, false)
 	if err != nil {
-		return s.env.failed(fmt.Errorf("plan of %s: %w", v.id, err))
+		return failedCall(s.metrics, s.pollInterval, fmt.Errorf("plan of %s: %w", v.id, err))
 	}
 
-	if err = s.env.gate.ensure(ctx, site, plan); err != nil {
-		return s.env.failed(err)
+	if err = s.gate.ensure(ctx, site, plan); err != nil {
+		return failedCall(s.metrics, s.pollInterval, err)
 	}
 
 	// The gate may have waited long (for the site to come back, for the edge's acknowledgement): what was
@@ -93,12 +116,12 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 
 	switch {
 	case on:
-		callCtx, cancel := context.WithTimeout(ctx, s.env.cfg.CallTimeout)
+		callCtx, cancel := context.WithTimeout(ctx, s.callTimeout)
 		defer cancel()
 
-		how, err := s.env.boot.prepareBoot(callCtx, site, v.id, fresh.bmc, plan.Mode)
+		how, err := s.boot.prepareBoot(callCtx, site, v.id, fresh.bmc, plan.Mode)
 		if err != nil {
-			return s.env.failed(err)
+			return failedCall(s.metrics, s.pollInterval, err)
 		}
 
 		in := v.reboot.GetOpenIntent()
@@ -108,16 +131,16 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 			}
 		}
 
-		err = s.env.Power.PowerCycle(intentspb.NewOutgoingContext(callCtx, in.GetId()), site, v.id, fresh.bmc)
-		if err = s.env.intents.settle(ctx, v.id, in, err); err != nil {
+		err = s.power.PowerCycle(intentspb.NewOutgoingContext(callCtx, in.GetId()), site, v.id, fresh.bmc)
+		if err = s.intents.settle(ctx, v.id, in, err); err != nil {
 			return s.failedIntent(ctx, r, v, key, in, err)
 		}
 
-		rs.LastReboot, rs.OpenIntent = timestamppb.New(s.env.Now()), nil
-		s.env.outbox.put(key, rs)
+		rs.LastReboot, rs.OpenIntent = timestamppb.New(s.now()), nil
+		s.outbox.put(key, rs)
 
 		logger.Info("rebooted", zap.String("site", site), zap.String("reason", rs.Reason), zap.String("mode", string(plan.Mode)))
-		s.env.note(v.id, "power", "rebooted into "+string(plan.Mode)+" mode"+how+": "+rs.Reason)
+		note(s.journal, v.id, "power", "rebooted into "+string(plan.Mode)+" mode"+how+": "+rs.Reason)
 	case reason == reasonRequested:
 		// Off after all: its next start is the fresh boot the user asked for; recorded so it is not repeated.
 		logger.Info("reboot requested of a machine that is off: nothing to reboot", zap.String("site", site))
@@ -134,21 +157,21 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 // received at the edge, or running there: sent again under the same ID, which the edge carries out at most
 // once).
 func (s *reboot) resume(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view, key string, in *specs.IntentSpec) (bool, error) {
-	done, err := s.env.intents.outcome(ctx, v.id, in)
+	done, err := s.intents.outcome(ctx, v.id, in)
 
 	var closed *intentClosed
 
 	switch {
 	case done:
 		rs := proto.Clone(v.reboot).(*specs.RebootStatusSpec)
-		rs.LastReboot, rs.OpenIntent = timestamppb.New(s.env.Now()), nil
+		rs.LastReboot, rs.OpenIntent = timestamppb.New(s.now()), nil
 
 		if err = s.record(ctx, r, v.id, key, rs); err != nil {
 			return true, err
 		}
 
 		logger.Info("recorded a reboot the edge carried out before its answer was lost", zap.String("intent", in.GetId()))
-		s.env.note(v.id, "power", "rebooted ("+in.GetReason()+"): recorded after the answer was lost")
+		note(s.journal, v.id, "power", "rebooted ("+in.GetReason()+"): recorded after the answer was lost")
 
 		// Decided afresh on the record (its cooldown starts now): nothing else wakes this step if the machine
 		// still runs the wrong thing after the reboot.
@@ -160,14 +183,14 @@ func (s *reboot) resume(ctx context.Context, logger *zap.Logger, r controller.QR
 	case errors.Is(err, errIntentOpen):
 		return false, nil
 	default:
-		return true, s.env.failed(fmt.Errorf("reboot %s: what became of power-cycle intent %s is not known yet: %w", v.id, in.GetId(), err))
+		return true, failedCall(s.metrics, s.pollInterval, fmt.Errorf("reboot %s: what became of power-cycle intent %s is not known yet: %w", v.id, in.GetId(), err))
 	}
 }
 
 // intend writes a new power-cycle intent into the reboot record (rs as it will be once done), before the
 // call is sent.
 func (s *reboot) intend(ctx context.Context, r controller.QRuntime, v *view, rs *specs.RebootStatusSpec, site string) (*specs.IntentSpec, error) {
-	in, err := s.env.intents.newIntent(intentPowerCycle, site, rs.GetLastRebootId(), rs.GetReason())
+	in, err := s.intents.newIntent(intentPowerCycle, site, rs.GetLastRebootId(), rs.GetReason())
 	if err != nil {
 		return nil, err
 	}
@@ -180,7 +203,7 @@ func (s *reboot) intend(ctx context.Context, r controller.QRuntime, v *view, rs 
 	open.OpenIntent = in
 
 	if err = s.write(ctx, r, v, open); err != nil {
-		return nil, s.env.failed(fmt.Errorf("record the power-cycle intent of %s: %w", v.id, err))
+		return nil, failedCall(s.metrics, s.pollInterval, fmt.Errorf("record the power-cycle intent of %s: %w", v.id, err))
 	}
 
 	return in, nil
@@ -197,25 +220,25 @@ func (s *reboot) failedIntent(ctx context.Context, r controller.QRuntime, v *vie
 
 		if closed.state == intentspb.State_STATE_INTERRUPTED {
 			// Counted as done: the cooldown starts and a requested reboot is not repeated.
-			rs.LastReboot = timestamppb.New(s.env.Now())
+			rs.LastReboot = timestamppb.New(s.now())
 			if in.GetCause() != "" {
 				rs.LastRebootId = in.GetCause()
 			}
 
-			s.env.intents.alert(v.id, "the edge restarted during a power cycle (intent "+in.GetId()+"): whether the machine was cycled is unknown; not cycled again for it")
+			s.intents.alert(v.id, "the edge restarted during a power cycle (intent "+in.GetId()+"): whether the machine was cycled is unknown; not cycled again for it")
 		}
 
 		if werr := s.record(ctx, r, v.id, key, rs); werr != nil {
-			return s.env.failed(fmt.Errorf("clear the power-cycle intent of %s: %w", v.id, werr))
+			return failedCall(s.metrics, s.pollInterval, fmt.Errorf("clear the power-cycle intent of %s: %w", v.id, werr))
 		}
 	}
 
-	return s.env.failed(fmt.Errorf("reboot %s at site %s: %w", v.id, in.GetSiteId(), err))
+	return failedCall(s.metrics, s.pollInterval, fmt.Errorf("reboot %s at site %s: %w", v.id, in.GetSiteId(), err))
 }
 
 // write writes the reboot record rs (not kept in the outbox: it records no action) and updates the view.
 func (s *reboot) write(ctx context.Context, r controller.QRuntime, v *view, rs *specs.RebootStatusSpec) error {
-	err := writeOwn(ctx, s.env.written, r, s.env.Types.NewRebootStatus(v.id), v.reboot, rs, func(res *resources.RebootStatus) {
+	err := writeOwn(ctx, s.written, r, s.types.NewRebootStatus(v.id), v.reboot, rs, func(res *resources.RebootStatus) {
 		res.TypedSpec().Value = rs
 	})
 	if err == nil {
@@ -227,13 +250,13 @@ func (s *reboot) write(ctx context.Context, r controller.QRuntime, v *view, rs *
 
 // record writes the reboot status and drops it from the outbox.
 func (s *reboot) record(ctx context.Context, r controller.QRuntime, id, key string, rs *specs.RebootStatusSpec) error {
-	if err := writeOwn(ctx, s.env.written, r, s.env.Types.NewRebootStatus(id), nil, rs, func(res *resources.RebootStatus) {
+	if err := writeOwn(ctx, s.written, r, s.types.NewRebootStatus(id), nil, rs, func(res *resources.RebootStatus) {
 		res.TypedSpec().Value = rs
 	}); err != nil {
 		return fmt.Errorf("record reboot: %w", err)
 	}
 
-	s.env.outbox.done(key, rs)
+	s.outbox.done(key, rs)
 
 	return nil
 }
@@ -260,8 +283,8 @@ func (s *reboot) decide(v *view) (site, reason string, wait error) {
 	case req != "" && req != v.reboot.GetLastRebootId():
 		return site, reasonRequested, nil
 	case v.requiresPowerOn() && wrongMode(v):
-		if left := max(s.env.cooldownLeft(v), s.env.agentGraceLeft(v)); left > 0 {
-			return "", "", controller.NewRequeueInterval(min(left, s.env.cfg.PollInterval))
+		if left := max(cooldownLeft(v, s.cooldown, s.now), agentGraceLeft(v, s.grace, s.now)); left > 0 {
+			return "", "", controller.NewRequeueInterval(min(left, s.pollInterval))
 		}
 
 		return site, reasonWrongMode, nil
@@ -278,21 +301,21 @@ func (s *reboot) recheck(ctx context.Context, r controller.QRuntime, v *view, si
 		return nil, false, fmt.Errorf("read infra machine again: %w", err)
 	}
 
-	fresh, err = s.env.loadView(ctx, r, m, ownRecords)
+	fresh, err = s.load(ctx, r, m, ownRecords)
 	if err != nil {
 		return nil, false, err
 	}
 
 	if freshSite, freshReason, _ := s.decide(fresh); freshSite != site || freshReason != reason {
-		return nil, false, controller.NewRequeueInterval(s.env.cfg.PollInterval)
+		return nil, false, controller.NewRequeueInterval(s.pollInterval)
 	}
 
-	callCtx, cancel := context.WithTimeout(ctx, s.env.cfg.CallTimeout)
+	callCtx, cancel := context.WithTimeout(ctx, s.callTimeout)
 	defer cancel()
 
-	ps, err := s.env.Power.PowerStatus(callCtx, site, v.id, fresh.bmc)
+	ps, err := s.power.PowerStatus(callCtx, site, v.id, fresh.bmc)
 	if err != nil {
-		return nil, false, s.env.failed(fmt.Errorf("power status of %s at site %s before a reboot: %w", v.id, site, err))
+		return nil, false, failedCall(s.metrics, s.pollInterval, fmt.Errorf("power status of %s at site %s before a reboot: %w", v.id, site, err))
 	}
 
 	return fresh, ps == machines.PowerOn, nil
