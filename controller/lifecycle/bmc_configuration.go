@@ -42,13 +42,13 @@ type bmcConfiguration struct {
 	callTimeout, pollInterval time.Duration
 }
 
-func newBMCConfigurationController(e *env) *machineController {
+func newBMCConfigurationController(e *env, d Deps) *machineController {
 	s := &bmcConfiguration{
-		types: e.Types, written: e.written, agent: e.Agent, metrics: e.Metrics, rand: e.Rand, secrets: e.Secrets, journal: e.Journal,
+		types: d.Types, written: e.written, agent: d.Agent, metrics: d.Metrics, rand: d.Rand, secrets: d.Secrets, journal: d.Journal,
 		ipmiUsername: e.cfg.IPMIUsername, callTimeout: e.cfg.CallTimeout, pollInterval: e.cfg.PollInterval,
 	}
 
-	return callsEdge(newMachineController(e, "lifecycle.BMCConfigurationController", e.Types.BMCConfiguration, e.Types.Namespace,
+	return callsEdge(newMachineController(e, "lifecycle.BMCConfigurationController", d.Types.BMCConfiguration, d.Types.Namespace,
 		omniBMCRecord|bmcRecord|observationRecord, s))
 }
 

@@ -20,8 +20,8 @@ type bootPlan struct {
 	pollInterval time.Duration
 }
 
-func newBootPlanController(e *env) *machineController {
-	s := &bootPlan{gate: e.gate, metrics: e.Metrics, pollInterval: e.cfg.PollInterval}
+func newBootPlanController(e *env, d Deps) *machineController {
+	s := &bootPlan{gate: e.gate, metrics: d.Metrics, pollInterval: e.cfg.PollInterval}
 
 	return newMachineController(e, "lifecycle.BootPlanController", "", "", bmcRecord|wipeRecord|observationRecord, s)
 }

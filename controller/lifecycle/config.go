@@ -166,7 +166,7 @@ func New(cfg Config, deps Deps) ([]controller.QController, error) {
 	deps.Agent = timedAgent{next: deps.Agent, m: deps.Metrics}
 
 	env := &env{
-		cfg: cfg, Deps: deps, gate: newPlanGate(deps.Sites, deps.Planner, deps.Plans, cfg.CallTimeout), outbox: newOutbox(), jobs: newJobs(), written: newWritten(),
+		cfg: cfg, types: deps.Types, metrics: deps.Metrics, journal: deps.Journal, secrets: deps.Secrets, gate: newPlanGate(deps.Sites, deps.Planner, deps.Plans, cfg.CallTimeout), outbox: newOutbox(), jobs: newJobs(), written: newWritten(),
 		due: newDues(time.Now), failing: newFailingSet(time.Now),
 	}
 
@@ -182,18 +182,18 @@ func New(cfg Config, deps Deps) ([]controller.QController, error) {
 	}
 
 	qcs := []controller.QController{
-		newMachineObservationController(env),
-		newBMCConfigurationController(env),
-		newWipeController(env),
-		newBootPlanController(env),
-		newPowerController(env),
-		newRebootController(env),
-		newInfraMachineStatusController(env),
-		newTeardownController(env),
+		newMachineObservationController(env, deps),
+		newBMCConfigurationController(env, deps),
+		newWipeController(env, deps),
+		newBootPlanController(env, deps),
+		newPowerController(env, deps),
+		newRebootController(env, deps),
+		newInfraMachineStatusController(env, deps),
+		newTeardownController(env, deps),
 	}
 
 	if deps.Inventory != nil {
-		qcs = append(qcs, newMachineInventoryController(env))
+		qcs = append(qcs, newMachineInventoryController(env, deps))
 	}
 
 	for _, qc := range qcs {
@@ -208,9 +208,14 @@ type changeNotifier interface {
 	OnChange(fn func(machineID string))
 }
 
-// env is what every lifecycle controller shares.
+// env is what every lifecycle controller shares: the records and the schedule. A step holds the collaborators
+// it uses itself (given at construction from Deps), never env.
 type env struct {
-	Deps
+	types   resources.Types
+	metrics *Metrics
+	// journal is told each step's errors (optional: nil); secrets opens the stored BMC passwords (optional).
+	journal Journal
+	secrets Secrets
 
 	cfg  Config
 	gate *planGate

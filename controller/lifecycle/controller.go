@@ -89,7 +89,7 @@ func (c *machineController) Name() string { return c.name }
 
 // Settings implements controller.QController.
 func (c *machineController) Settings() controller.QSettings {
-	t := c.env.Types
+	t := c.env.types
 
 	inputs := []controller.Input{
 		{Namespace: omniresources.InfraProviderNamespace, Type: infra.InfraMachineType, Kind: controller.InputQPrimary},
@@ -154,7 +154,7 @@ func (c *machineController) Reconcile(ctx context.Context, logger *zap.Logger, r
 
 	start := time.Now()
 	err := c.reconcile(ctx, logger, r, ptr, &wish)
-	c.env.Metrics.reconciled(c.name, time.Since(start))
+	c.env.metrics.reconciled(c.name, time.Since(start))
 
 	return c.env.requeue(logger, c.name, ptr.ID(), wish, err)
 }

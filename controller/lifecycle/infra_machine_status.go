@@ -34,8 +34,8 @@ type infraMachineStatus struct {
 	pollInterval time.Duration
 }
 
-func newInfraMachineStatusController(e *env) *machineController {
-	s := &infraMachineStatus{providerID: e.Types.ProviderID, staticLabels: e.cfg.StaticLabels, journal: e.Journal, pollInterval: e.cfg.PollInterval}
+func newInfraMachineStatusController(e *env, d Deps) *machineController {
+	s := &infraMachineStatus{providerID: d.Types.ProviderID, staticLabels: e.cfg.StaticLabels, journal: d.Journal, pollInterval: e.cfg.PollInterval}
 
 	return newMachineController(e, "lifecycle.InfraMachineStatusController", infra.InfraMachineStatusType,
 		omniresources.InfraProviderNamespace, ownRecords|inventoryRecord, s)

@@ -50,16 +50,16 @@ type machineInventory struct {
 	interval, callTimeout, pollInterval time.Duration
 }
 
-func newMachineInventoryController(e *env) *machineController {
+func newMachineInventoryController(e *env, d Deps) *machineController {
 	s := &machineInventory{
-		types: e.Types, written: e.written, sites: e.Sites, inventory: e.Inventory, now: e.Now,
+		types: d.Types, written: e.written, sites: d.Sites, inventory: d.Inventory, now: d.Now,
 		interval: defaultInventoryInterval, callTimeout: e.cfg.CallTimeout, pollInterval: e.cfg.PollInterval,
 	}
 	if e.cfg.InventoryInterval > 0 {
 		s.interval = e.cfg.InventoryInterval
 	}
 
-	return callsEdge(newMachineController(e, "lifecycle.MachineInventoryController", e.Types.MachineInventory, e.Types.Namespace,
+	return callsEdge(newMachineController(e, "lifecycle.MachineInventoryController", d.Types.MachineInventory, d.Types.Namespace,
 		bmcRecord|inventoryRecord, s))
 }
 

@@ -135,7 +135,7 @@ func note(j Journal, machineID, kind, text string) {
 
 // noteError records a step's error (not a plain requeue) in the machine's timeline.
 func (e *env) noteError(machineID, step string, err error) {
-	if e.Journal == nil || err == nil {
+	if e.journal == nil || err == nil {
 		return
 	}
 
@@ -144,7 +144,7 @@ func (e *env) noteError(machineID, step string, err error) {
 		return
 	}
 
-	e.Journal.Record(machineID, "error", errorLine(step, err), true)
+	e.journal.Record(machineID, "error", errorLine(step, err), true)
 }
 
 // errorLine is a step's error as a timeline reads it: the step, then the cause (what the far end said last,

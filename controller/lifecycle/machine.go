@@ -254,7 +254,7 @@ func agentGraceLeft(v *view, grace time.Duration, now func() time.Time) time.Dur
 func (e *env) ours(m *infra.Machine) bool {
 	id, _ := m.Metadata().Labels().Get(omnires.LabelInfraProviderID)
 
-	return id == e.Types.ProviderID
+	return id == e.types.ProviderID
 }
 
 // waitFor is a requeue after poll for things outside the controller's hands (agent not connected, site

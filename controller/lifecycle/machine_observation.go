@@ -51,13 +51,13 @@ func callsEdge(c *machineController) *machineController {
 	return c
 }
 
-func newMachineObservationController(e *env) *machineController {
+func newMachineObservationController(e *env, d Deps) *machineController {
 	s := &machineObservation{
-		types: e.Types, written: e.written, sites: e.Sites, power: e.Power, agent: e.Agent, metrics: e.Metrics, now: e.Now,
-		watches: e.Watches, siteLabels: e.SiteLabels, callTimeout: e.cfg.CallTimeout, pollInterval: e.cfg.PollInterval,
+		types: d.Types, written: e.written, sites: d.Sites, power: d.Power, agent: d.Agent, metrics: d.Metrics, now: d.Now,
+		watches: d.Watches, siteLabels: d.SiteLabels, callTimeout: e.cfg.CallTimeout, pollInterval: e.cfg.PollInterval,
 	}
 
-	return callsEdge(newMachineController(e, observationName, e.Types.MachineObservation, e.Types.Namespace, bmcRecord|observationRecord, s))
+	return callsEdge(newMachineController(e, observationName, d.Types.MachineObservation, d.Types.Namespace, bmcRecord|observationRecord, s))
 }
 
 func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view) error {

@@ -46,13 +46,13 @@ type power struct {
 	unanswered map[string]string
 }
 
-func newPowerController(e *env) *machineController {
+func newPowerController(e *env, d Deps) *machineController {
 	s := &power{
-		boot: e.boot, power: e.Power, types: e.Types, written: e.written, metrics: e.Metrics, now: e.Now, journal: e.Journal,
+		boot: e.boot, power: d.Power, types: d.Types, written: e.written, metrics: d.Metrics, now: d.Now, journal: d.Journal,
 		cooldown: e.cfg.Cooldown, callTimeout: e.cfg.CallTimeout, pollInterval: e.cfg.PollInterval, unanswered: map[string]string{},
 	}
 
-	return callsEdge(newMachineController(e, "lifecycle.PowerController", e.Types.PowerOperation, e.Types.Namespace, ownRecords, s))
+	return callsEdge(newMachineController(e, "lifecycle.PowerController", d.Types.PowerOperation, d.Types.Namespace, ownRecords, s))
 }
 
 // powerWish names what the power step wants of a machine's BMC, to tell a new wish from one already tried.

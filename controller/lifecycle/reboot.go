@@ -46,14 +46,14 @@ type reboot struct {
 	cooldown, grace, callTimeout, pollInterval time.Duration
 }
 
-func newRebootController(e *env) *machineController {
+func newRebootController(e *env, d Deps) *machineController {
 	s := &reboot{
-		types: e.Types, written: e.written, load: e.loadView, gate: e.gate, boot: e.boot, power: e.Power, intents: e.intents,
-		outbox: e.outbox, journal: e.Journal, metrics: e.Metrics, now: e.Now, cooldown: e.cfg.Cooldown, grace: e.cfg.AgentReconnectGrace,
+		types: d.Types, written: e.written, load: e.loadView, gate: e.gate, boot: e.boot, power: d.Power, intents: e.intents,
+		outbox: e.outbox, journal: d.Journal, metrics: d.Metrics, now: d.Now, cooldown: e.cfg.Cooldown, grace: e.cfg.AgentReconnectGrace,
 		callTimeout: e.cfg.CallTimeout, pollInterval: e.cfg.PollInterval,
 	}
 
-	return newMachineController(e, "lifecycle.RebootController", e.Types.RebootStatus, e.Types.Namespace, ownRecords, s)
+	return newMachineController(e, "lifecycle.RebootController", d.Types.RebootStatus, d.Types.Namespace, ownRecords, s)
 }
 
 func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view) error {

@@ -22,20 +22,20 @@ type Secrets interface {
 // password that cannot be opened (sealed with another provider key) leaves the machine without a usable BMC
 // configuration, which the BMC configuration step then provisions again.
 func (e *env) loadView(ctx context.Context, r controller.Reader, m *infra.Machine, reads records) (*view, error) {
-	v, err := loadView(ctx, r, e.Types, m, reads)
+	v, err := loadView(ctx, r, e.types, m, reads)
 	if err != nil {
 		return nil, err
 	}
 
 	e.overlayOwnWrites(v, reads)
 
-	if e.Secrets == nil || v.bmc.GetIpmi().GetPassword() == "" {
+	if e.secrets == nil || v.bmc.GetIpmi().GetPassword() == "" {
 		return v, nil
 	}
 
 	bmc := proto.Clone(v.bmc).(*specs.BMCConfigurationSpec)
 
-	password, err := e.Secrets.Open(bmc.GetIpmi().GetPassword())
+	password, err := e.secrets.Open(bmc.GetIpmi().GetPassword())
 	if err != nil {
 		v.sealedBMC, v.bmc = v.bmc, nil
 		v.secretsErr = fmt.Errorf("bmc password of %s: %w", v.id, err)
@@ -70,27 +70,27 @@ func sealBMC(secrets Secrets, cfg *specs.BMCConfigurationSpec) (*specs.BMCConfig
 
 // overlayOwnWrites replaces what was read from the cache with what this process wrote last.
 func (e *env) overlayOwnWrites(v *view, reads records) {
-	if rec, ok := e.written.get(e.Types.BMCConfiguration, v.id); ok && reads.has(bmcRecord) {
+	if rec, ok := e.written.get(e.types.BMCConfiguration, v.id); ok && reads.has(bmcRecord) {
 		v.bmc = rec.(*specs.BMCConfigurationSpec)
 	}
 
-	if rec, ok := e.written.get(e.Types.WipeStatus, v.id); ok && reads.has(wipeRecord) {
+	if rec, ok := e.written.get(e.types.WipeStatus, v.id); ok && reads.has(wipeRecord) {
 		v.wipe = rec.(*specs.WipeStatusSpec)
 	}
 
-	if rec, ok := e.written.get(e.Types.PowerOperation, v.id); ok && reads.has(powerRecord) {
+	if rec, ok := e.written.get(e.types.PowerOperation, v.id); ok && reads.has(powerRecord) {
 		v.power = rec.(*specs.PowerOperationSpec)
 	}
 
-	if rec, ok := e.written.get(e.Types.RebootStatus, v.id); ok && reads.has(rebootRecord) {
+	if rec, ok := e.written.get(e.types.RebootStatus, v.id); ok && reads.has(rebootRecord) {
 		v.reboot = rec.(*specs.RebootStatusSpec)
 	}
 
-	if rec, ok := e.written.get(e.Types.MachineObservation, v.id); ok && reads.has(observationRecord) {
+	if rec, ok := e.written.get(e.types.MachineObservation, v.id); ok && reads.has(observationRecord) {
 		v.obs = rec.(*specs.MachineObservationSpec)
 	}
 
-	if rec, ok := e.written.get(e.Types.MachineInventory, v.id); ok && reads.has(inventoryRecord) {
+	if rec, ok := e.written.get(e.types.MachineInventory, v.id); ok && reads.has(inventoryRecord) {
 		v.inv = rec.(*specs.MachineInventorySpec)
 	}
 }

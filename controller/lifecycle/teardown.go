@@ -28,8 +28,8 @@ type teardown struct {
 	callTimeout, pollInterval time.Duration
 }
 
-func newTeardownController(e *env) *machineController {
-	s := &teardown{gate: e.gate, sites: e.Sites, watches: e.Watches, journal: e.Journal, callTimeout: e.cfg.CallTimeout, pollInterval: e.cfg.PollInterval}
+func newTeardownController(e *env, d Deps) *machineController {
+	s := &teardown{gate: e.gate, sites: d.Sites, watches: d.Watches, journal: d.Journal, callTimeout: e.cfg.CallTimeout, pollInterval: e.cfg.PollInterval}
 
 	return newMachineController(e, teardownName, "", "", 0, s)
 }

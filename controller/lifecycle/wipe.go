@@ -46,14 +46,14 @@ type wipe struct {
 
 const wipeName = "lifecycle.WipeController"
 
-func newWipeController(e *env) *machineController {
+func newWipeController(e *env, d Deps) *machineController {
 	s := &wipe{
-		types: e.Types, written: e.written, agent: e.Agent, intents: e.intents, outbox: e.outbox, jobs: e.jobs, due: e.due,
-		policies: e.SitePolicies, journal: e.Journal, metrics: e.Metrics, now: e.Now, method: e.cfg.WipeMethod,
+		types: d.Types, written: e.written, agent: d.Agent, intents: e.intents, outbox: e.outbox, jobs: e.jobs, due: e.due,
+		policies: d.SitePolicies, journal: d.Journal, metrics: d.Metrics, now: d.Now, method: e.cfg.WipeMethod,
 		timeout: e.cfg.WipeTimeout, zeroesTimeout: e.cfg.ZeroesWipeTimeout, pollInterval: e.cfg.PollInterval,
 	}
 
-	return callsEdge(newMachineController(e, wipeName, e.Types.WipeStatus, e.Types.Namespace, bmcRecord|wipeRecord|observationRecord, s))
+	return callsEdge(newMachineController(e, wipeName, d.Types.WipeStatus, d.Types.Namespace, bmcRecord|wipeRecord|observationRecord, s))
 }
 
 func (s *wipe) reconcile(ctx context.Context, logger *zap.Logger, r controller.QRuntime, v *view) error {
