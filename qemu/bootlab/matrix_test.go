@@ -73,7 +73,9 @@ func TestFirmwareMatrix(t *testing.T) {
 
 			if agent.firmware == "ovmf-secboot" {
 				// The disk the machine comes with holds the unsigned UKI the firmware must refuse.
-				writeESPImage(t, m.disk, filepath.Join(agent.disk, "EFI", "BOOT", "BOOTX64.EFI"))
+				unsigned := filepath.Join(l.dir, "disk-unsigned.img")
+				writeESPImage(t, unsigned, filepath.Join(agent.disk, "EFI", "BOOT", "BOOTX64.EFI"))
+				copyInto(t, m.disk, unsigned)
 			}
 
 			logCell := func(step string, took time.Duration, more string) {
@@ -195,6 +197,21 @@ func labDiskImage(t *testing.T, l *labSite, bc bootCase) string {
 	writeESPImage(t, out, uki)
 
 	return name
+}
+
+// copyInto writes the image at the start of the disk file, keeping the disk's size.
+func copyInto(t *testing.T, disk, image string) {
+	t.Helper()
+
+	b, err := os.ReadFile(image)
+	require.NoError(t, err)
+
+	f, err := os.OpenFile(disk, os.O_WRONLY, 0)
+	require.NoError(t, err)
+
+	_, err = f.WriteAt(b, 0)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
 }
 
 // sign signs the EFI binary in with the snakeoil key into out (the key decrypted into dir first: sbsign cannot
