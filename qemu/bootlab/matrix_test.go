@@ -22,7 +22,9 @@ import (
 //     lab's disk image from the edge, writes it to the disk and powers off;
 //   - disk: its plan turns to disk (the controller's default hand-off, http-404), it boots through the edge,
 //     which hands it off, and the firmware boots the disk the install step wrote (its marker on the serial
-//     console).
+//     console). The Secure Boot machine runs no iPXE: its signed UKI reads the plan from the edge's boot script
+//     and hands the machine to its disk itself (BootNext, then a reboot). OVMF-PXE and OVMF-HTTPBoot skip this
+//     step (ovmfIPXEExitHang).
 //
 // A step runs only when the one before it passed (otherwise it is skipped, saying so). Each cell's power-on to
 // step time is logged beside the bare-dnsmasq peer's (the same machine, kernel and initramfs booted by dnsmasq
