@@ -42,11 +42,15 @@ func (s readCountingState) Get(ctx context.Context, ptr resource.Pointer, opts .
 }
 
 func (s readCountingState) Update(ctx context.Context, res resource.Resource, opts ...state.UpdateOption) error {
-	if res.Metadata().Type() == infra.InfraMachineType {
+	err := s.State.Update(ctx, res, opts...)
+
+	// Counted when written: an update refused for a stale version (two controllers adding the finalizers at
+	// once, the second then finds them there) writes nothing and wakes nobody.
+	if err == nil && res.Metadata().Type() == infra.InfraMachineType {
 		s.reads.machineWrites.Add(1)
 	}
 
-	return s.State.Update(ctx, res, opts...)
+	return err
 }
 
 func (s readCountingState) List(ctx context.Context, kind resource.Kind, opts ...state.ListOption) (resource.List, error) {
