@@ -152,6 +152,10 @@ type Book struct {
 
 type machine struct {
 	Record
+
+	// rawHardware is the lifecycle's hardware line as given, so it is made printable only when it changes
+	// (Summarize runs at every status poll of every machine).
+	rawHardware string
 }
 
 // held is an entry for an address no machine is tied to yet, and what it tells of the machine.
@@ -357,16 +361,20 @@ func (b *Book) Summarize(machineID string, s lifecycle.MachineSummary) {
 		b.appendLocked(m, Entry{At: now, Kind: KindInstalled, Text: "Omni reported the install"})
 	}
 
-	// The inventory's words are the BMC's: shown escaped and bounded, as every peer-supplied string.
-	hardware, drivenOver := printable.String(s.Hardware, maxHardware), printable.String(s.DrivenOver, 16)
+	// The inventory's words are the BMC's: shown escaped and bounded, as every peer-supplied string. The
+	// protocol is the lifecycle's own word ("redfish" or "ipmi").
+	hardware := m.Hardware
+	if s.Hardware != m.rawHardware {
+		hardware = printable.String(s.Hardware, maxHardware)
+	}
 
 	changed := m.Installed != s.Installed || m.Power != s.Power || m.BMCAddress != s.BMCAddress ||
 		m.BMCProtocol != s.BMCProtocol || m.Waiting != clip(s.Waiting, b.cfg.MaxText) || (s.Site != "" && m.Site != s.Site) ||
-		m.Hardware != hardware || m.DrivenOver != drivenOver
+		m.Hardware != hardware || m.DrivenOver != s.DrivenOver
 
 	m.Installed, m.Power, m.BMCAddress, m.BMCProtocol = s.Installed, s.Power, s.BMCAddress, s.BMCProtocol
 	m.Waiting = clip(s.Waiting, b.cfg.MaxText)
-	m.Hardware, m.DrivenOver = hardware, drivenOver
+	m.Hardware, m.rawHardware, m.DrivenOver = hardware, s.Hardware, s.DrivenOver
 
 	if s.Site != "" {
 		m.Site = s.Site
