@@ -5,10 +5,7 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -19,20 +16,13 @@ import (
 	"github.com/outpost-metal/outpost/controller/app"
 	"github.com/outpost-metal/outpost/controller/config"
 	"github.com/outpost-metal/outpost/controller/machines"
+	"github.com/outpost-metal/outpost/shared/cli"
 	"github.com/outpost-metal/outpost/shared/envflag"
-	"github.com/outpost-metal/outpost/shared/logging"
-	"github.com/outpost-metal/outpost/shared/version"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-
 	root, _ := rootCommand(os.LookupEnv)
-	if err := root.ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "controller:", err)
-		os.Exit(1)
-	}
+	cli.Main(root)
 }
 
 // rootCommand returns the controller's command tree, whose flags fall back to the variables lookup finds, and
@@ -42,32 +32,15 @@ func rootCommand(lookup func(string) (string, bool)) (*cobra.Command, *envflag.B
 
 	var env *envflag.Binding
 
-	root := &cobra.Command{
-		Use:           "controller",
-		Short:         "Outpost controller: Omni infra provider and the uplink every site's edge dials",
-		Version:       version.String(),
-		SilenceUsage:  true,
-		SilenceErrors: true,
-		Args:          cobra.NoArgs,
-		PersistentPreRunE: func(*cobra.Command, []string) error {
+	root := cli.Root("controller", "Outpost controller: Omni infra provider and the uplink every site's edge dials", &cfg.LogLevel,
+		func() error {
 			if err := env.Apply(lookup); err != nil {
 				return err
 			}
 
 			return cfg.AbsolutePaths()
 		},
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := logging.New(os.Stderr, cfg.LogLevel)
-			if err != nil {
-				return err
-			}
-			defer log.Sync() //nolint:errcheck
-
-			log.Info("outpost controller", zap.String("version", version.String()))
-
-			return app.Run(cmd.Context(), cfg, log)
-		},
-	}
+		func(ctx context.Context, log *zap.Logger) error { return app.Run(ctx, cfg, log) })
 
 	f := root.PersistentFlags()
 	f.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory for the CA, the site store and the admin socket")

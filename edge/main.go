@@ -6,8 +6,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -18,20 +16,14 @@ import (
 	"github.com/outpost-metal/outpost/edge/assetscli"
 	"github.com/outpost-metal/outpost/edge/config"
 	"github.com/outpost-metal/outpost/edge/uplink"
+	"github.com/outpost-metal/outpost/shared/cli"
 	"github.com/outpost-metal/outpost/shared/envflag"
 	"github.com/outpost-metal/outpost/shared/logging"
-	"github.com/outpost-metal/outpost/shared/version"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-
 	root, _ := rootCommand(os.LookupEnv)
-	if err := root.ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "edge:", err)
-		os.Exit(1)
-	}
+	cli.Main(root)
 }
 
 // rootCommand returns the edge's command tree, whose flags fall back to the variables lookup finds, and the
@@ -41,14 +33,8 @@ func rootCommand(lookup func(string) (string, bool)) (*cobra.Command, *envflag.B
 
 	var env *envflag.Binding
 
-	root := &cobra.Command{
-		Use:           "edge",
-		Short:         "Outpost edge: a site's boot services, BMC access and agent tunnels, connected to the controller",
-		Version:       version.String(),
-		SilenceUsage:  true,
-		SilenceErrors: true,
-		Args:          cobra.NoArgs,
-		PersistentPreRunE: func(*cobra.Command, []string) error {
+	root := cli.Root("edge", "Outpost edge: a site's boot services, BMC access and agent tunnels, connected to the controller", &cfg.LogLevel,
+		func() error {
 			if err := env.Apply(lookup); err != nil {
 				return err
 			}
@@ -59,18 +45,7 @@ func rootCommand(lookup func(string) (string, bool)) (*cobra.Command, *envflag.B
 
 			return cfg.LoadJoinToken()
 		},
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := logging.New(os.Stderr, cfg.LogLevel)
-			if err != nil {
-				return err
-			}
-			defer log.Sync() //nolint:errcheck
-
-			log.Info("outpost edge", zap.String("version", version.String()))
-
-			return app.Run(cmd.Context(), cfg, log)
-		},
-	}
+		func(ctx context.Context, log *zap.Logger) error { return app.Run(ctx, cfg, log) })
 
 	f := root.PersistentFlags()
 	f.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory for the edge's identity, boot table, journal and assets")
