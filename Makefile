@@ -37,15 +37,15 @@ version: ## print the version a build of this tree reports (VERSION overrides it
 .PHONY: image
 image: build ## the edge appliance (Talos extension, OCI image, patch) and the controller (OCI image, systemd unit, Kubernetes manifest) under _out/image (MKIMAGE_* env)
 	$(GO) run ./image/cmd/mkimage -edge $(OUT)/bin/edge -controller-binary $(OUT)/bin/controller -out $(OUT)/image -version $(VERSION) \
-		-vmedia-loader "$$(hack/vmedia-loader.sh)"
+		-ipxe-dir "$$(hack/ipxe.sh)" -vmedia-loader "$$(hack/vmedia-loader.sh)"
 
 .PHONY: deps
 deps: ## install the Debian packages the tests and the lab need (root; skipped with a reason otherwise)
 	hack/deps.sh
 
-.PHONY: ipxe-arm64
-ipxe-arm64: ## arm64 iPXE from Debian's ipxe package, cached under _out/ipxe-arm64/<debian version> (never committed)
-	hack/ipxe-arm64.sh
+.PHONY: ipxe
+ipxe: ## Debian's iPXE for every firmware the edge serves (BIOS, x86 and arm64 UEFI), cached under _out/ipxe/<suite> (never committed)
+	hack/ipxe.sh
 
 $(TOOLS)/.stamp: hack/tools/go.mod hack/tools/go.sum
 	cd hack/tools && $(GO) build -o $(TOOLS)/ tool

@@ -3,10 +3,10 @@
 # Needs root; without root it says what is missing and lets the tests skip what needs them.
 set -euo pipefail
 
-packages=(protobuf-compiler libprotobuf-dev iproute2 qemu-system-x86 ipxe ipxe-qemu ovmf dnsmasq-base busybox-static
+packages=(protobuf-compiler libprotobuf-dev iproute2 qemu-system-x86 ipxe-qemu ovmf dnsmasq-base busybox-static
 	ipmitool openipmi redfishtool nginx-light tftp-hpa cpio chromium skopeo
 	binutils sbsigntool openssl systemd-boot-efi isc-dhcp-relay python3-sushy-cli qemu-block-extra xorriso mtools grub-efi-amd64-bin grub-common iptables
-	gcc-aarch64-linux-gnu qemu-efi-aarch64 qemu-system-arm liblzma-dev perl make dpkg-dev)
+	binutils-aarch64-linux-gnu qemu-efi-aarch64 qemu-system-arm make)
 
 missing=()
 for p in "${packages[@]}"; do

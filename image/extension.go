@@ -44,12 +44,16 @@ const (
 	EdgeBinary = "/outpost-edge"
 )
 
-// DefaultIPXEFiles are the iPXE binaries the edge serves (Debian's ipxe package, /usr/lib/ipxe).
-var DefaultIPXEFiles = []string{"undionly.kpxe", "ipxe.pxe", "ipxe.efi", "snponly.efi"}
+// IPXEFiles are the iPXE binaries the edge serves, as hack/ipxe.sh lays out Debian's ipxe package: BIOS
+// (undionly.kpxe, ipxe.pxe), x86 UEFI (ipxe.efi, snponly.efi) and arm64 UEFI (snp-arm64.efi, handed to
+// option 93 = 11 clients, and 19 over HTTP boot). An appliance of either architecture serves machines of both.
+var IPXEFiles = []string{"undionly.kpxe", "ipxe.pxe", "ipxe.efi", "snponly.efi", "snp-arm64.efi"}
 
-// ARM64IPXEFile is the name the arm64 iPXE binary has in IPXEDir: the file the edge hands UEFI arm64 clients
-// (option 93 = 11, and 19 over HTTP boot).
-const ARM64IPXEFile = "snp-arm64.efi"
+// ipxeEFIMachines are the EFI files among IPXEFiles and the PE machine each must be built for, so that a file
+// of the wrong architecture is never shipped under a name the edge hands another firmware.
+var ipxeEFIMachines = map[string]uint16{
+	"ipxe.efi": pe.IMAGE_FILE_MACHINE_AMD64, "snponly.efi": pe.IMAGE_FILE_MACHINE_AMD64, "snp-arm64.efi": pe.IMAGE_FILE_MACHINE_ARM64,
+}
 
 // VMediaLoaderFile is the name the virtual-media boot loader has in IPXEDir, where the edge looks for it
 // (edge/config.VMediaLoaderName).
@@ -63,13 +67,8 @@ type Config struct {
 	Arch string
 	// EdgeBinary is the path of the static edge binary to ship.
 	EdgeBinary string
-	// IPXEDir is where to take the iPXE binaries from (Debian's /usr/lib/ipxe).
+	// IPXEDir is where to take IPXEFiles from (hack/ipxe.sh prints it).
 	IPXEDir string
-	// IPXEFiles are the file names to take from IPXEDir.
-	IPXEFiles []string
-	// ARM64IPXE is the arm64 iPXE binary (hack/ipxe-arm64.sh builds it from Debian's ipxe package, which ships
-	// x86 binaries only), shipped as ARM64IPXEFile; empty ships none, and the edge refuses arm64 clients.
-	ARM64IPXE string
 	// VMediaLoader is the boot loader of the edge's virtual-media images (hack/vmedia-loader.sh builds it from
 	// Debian's grub-efi-amd64-bin), shipped as VMediaLoaderFile; empty ships none, and the edge refuses to boot
 	// machines from images.
@@ -86,8 +85,6 @@ func Default() Config {
 		Version:      "dev",
 		Arch:         "amd64",
 		EdgeBinary:   "_out/bin/edge",
-		IPXEDir:      "/usr/lib/ipxe",
-		IPXEFiles:    DefaultIPXEFiles,
 		TalosVersion: ">= v1.9.0",
 	}
 }
@@ -108,15 +105,18 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("edge binary %q: not a regular file (run make build)", c.EdgeBinary))
 	}
 
-	for _, f := range c.IPXEFiles {
-		if _, err := os.Stat(filepath.Join(c.IPXEDir, f)); err != nil {
-			errs = append(errs, fmt.Errorf("ipxe file: %w (install Debian's ipxe package)", err))
-		}
-	}
-
-	if c.ARM64IPXE != "" {
-		if err := checkPEMachine(c.ARM64IPXE, pe.IMAGE_FILE_MACHINE_ARM64); err != nil {
-			errs = append(errs, fmt.Errorf("arm64 ipxe file: %w (run hack/ipxe-arm64.sh)", err))
+	if c.IPXEDir == "" {
+		errs = append(errs, errors.New("ipxe dir is empty (hack/ipxe.sh fetches Debian's iPXE and prints its directory)"))
+	} else {
+		for _, f := range IPXEFiles {
+			path := filepath.Join(c.IPXEDir, f)
+			if _, err := os.Stat(path); err != nil {
+				errs = append(errs, fmt.Errorf("ipxe file: %w (hack/ipxe.sh fetches Debian's iPXE)", err))
+			} else if machine, ok := ipxeEFIMachines[f]; ok {
+				if err := checkPEMachine(path, machine); err != nil {
+					errs = append(errs, fmt.Errorf("ipxe file: %w", err))
+				}
+			}
 		}
 	}
 
@@ -242,14 +242,8 @@ func WriteExtension(c Config, dir string) error {
 		return err
 	}
 
-	for _, f := range c.IPXEFiles {
+	for _, f := range IPXEFiles {
 		if err := copyFile(filepath.Join(c.IPXEDir, f), filepath.Join(ctr, IPXEDir, f), 0o644); err != nil {
-			return err
-		}
-	}
-
-	if c.ARM64IPXE != "" {
-		if err := copyFile(c.ARM64IPXE, filepath.Join(ctr, IPXEDir, ARM64IPXEFile), 0o644); err != nil {
 			return err
 		}
 	}

@@ -48,16 +48,16 @@ func edgeBinary(t *testing.T) (string, string) {
 	return out, "stand-in"
 }
 
+// ipxeDir is Debian's iPXE as hack/ipxe.sh lays it out (fetched once, then cached under _out/ipxe).
 func ipxeDir(t *testing.T) string {
 	t.Helper()
 
-	for _, f := range image.DefaultIPXEFiles {
-		if _, err := os.Stat(filepath.Join("/usr/lib/ipxe", f)); err != nil {
-			t.Skipf("Debian's ipxe package is not installed (%v)", err)
-		}
+	out, err := exec.Command("../hack/ipxe.sh").Output()
+	if err != nil {
+		t.Skipf("hack/ipxe.sh: %v (Debian's ipxe package from the machine's Debian mirrors)", err)
 	}
 
-	return "/usr/lib/ipxe"
+	return strings.TrimSpace(string(out))
 }
 
 func fileSum(t *testing.T, path string) string {
@@ -149,8 +149,8 @@ func TestBuildImageReadBack(t *testing.T) {
 	ctr := "rootfs/usr/local/lib/containers/outpost-edge"
 	require.Equal(t, fileSum(t, bin), files[ctr+"/outpost-edge"], "edge binary missing or different in the image")
 
-	for _, f := range image.DefaultIPXEFiles {
-		require.Equal(t, fileSum(t, filepath.Join("/usr/lib/ipxe", f)), files[ctr+"/usr/lib/ipxe/"+f], "iPXE file %s", f)
+	for _, f := range image.IPXEFiles {
+		require.Equal(t, fileSum(t, filepath.Join(cfg.IPXEDir, f)), files[ctr+"/usr/lib/ipxe/"+f], "iPXE file %s", f)
 	}
 
 	require.Contains(t, files, "manifest.yaml")
@@ -246,32 +246,53 @@ func TestServiceSpec(t *testing.T) {
 	require.False(t, strings.Contains(string(data), "PRESEED"))
 }
 
-// An arm64 iPXE built by hack/ipxe-arm64.sh ships as the file the edge hands arm64 clients; an x86 binary under
-// that name is refused.
-func TestARM64IPXE(t *testing.T) {
+// The appliance ships iPXE for every firmware; an iPXE directory whose arm64 file is an x86 build, or not an EFI
+// binary at all, is refused before anything is written, and a directory without it names the missing file.
+func TestIPXEFilesChecked(t *testing.T) {
 	bin, _ := edgeBinary(t)
 	dir := ipxeDir(t)
 
-	x86 := image.Default()
-	x86.EdgeBinary, x86.IPXEDir, x86.ARM64IPXE = bin, dir, filepath.Join(dir, "ipxe.efi")
-	err := x86.Validate()
-	require.ErrorContains(t, err, "PE machine 0x8664, want 0xaa64")
+	cfg := image.Default()
+	cfg.EdgeBinary, cfg.IPXEDir = bin, dir
+	require.NoError(t, cfg.Validate())
 
-	notPE := image.Default()
-	notPE.EdgeBinary, notPE.IPXEDir, notPE.ARM64IPXE = bin, dir, bin
-	require.ErrorContains(t, notPE.Validate(), "not an EFI binary")
+	broken := func(replace func(dir string)) image.Config {
+		c := image.Default()
+		c.EdgeBinary, c.IPXEDir = bin, t.TempDir()
 
-	built, _ := filepath.Glob("../_out/ipxe-arm64/*/snp.efi")
-	if len(built) == 0 {
-		t.Skip("no arm64 iPXE under _out/ipxe-arm64 (make ipxe-arm64 builds it)")
+		for _, f := range image.IPXEFiles {
+			b, err := os.ReadFile(filepath.Join(dir, f))
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(filepath.Join(c.IPXEDir, f), b, 0o644))
+		}
+
+		replace(c.IPXEDir)
+
+		return c
 	}
 
-	cfg := image.Default()
-	cfg.EdgeBinary, cfg.IPXEDir, cfg.ARM64IPXE = bin, dir, built[0]
+	x86 := broken(func(d string) {
+		b, err := os.ReadFile(filepath.Join(d, "ipxe.efi"))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(d, "snp-arm64.efi"), b, 0o644))
+	})
+	require.ErrorContains(t, x86.Validate(), "PE machine 0x8664, want 0xaa64")
+
+	notPE := broken(func(d string) {
+		require.NoError(t, os.WriteFile(filepath.Join(d, "snponly.efi"), []byte("MZ nothing"), 0o644))
+	})
+	require.ErrorContains(t, notPE.Validate(), "not an EFI binary")
+
+	missing := broken(func(d string) { require.NoError(t, os.Remove(filepath.Join(d, "snp-arm64.efi"))) })
+	require.ErrorContains(t, missing.Validate(), "snp-arm64.efi")
+
+	none := image.Default()
+	none.EdgeBinary = bin
+	require.ErrorContains(t, none.Validate(), "hack/ipxe.sh")
 
 	out := t.TempDir()
 	require.NoError(t, image.WriteExtension(cfg, out))
-	require.Equal(t, fileSum(t, built[0]), fileSum(t, filepath.Join(out, "rootfs/usr/local/lib/containers/outpost-edge/usr/lib/ipxe", image.ARM64IPXEFile)))
+	require.Equal(t, fileSum(t, filepath.Join(dir, "snp-arm64.efi")), fileSum(t, filepath.Join(out, "rootfs/usr/local/lib/containers/outpost-edge/usr/lib/ipxe/snp-arm64.efi")))
 }
 
 // The virtual-media boot loader built by hack/vmedia-loader.sh ships where the edge looks for it; a file that is

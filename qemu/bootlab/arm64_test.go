@@ -2,6 +2,7 @@ package bootlab_test
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -25,7 +26,7 @@ const (
 
 // aavmfPXECase is the AAVMF PXE boot (the firmware matrix's AAVMF-PXE row, arm64Matrix): an arm64 machine
 // (QEMU virt, Cortex-A57 with 512 MiB under TCG, Debian's AAVMF) DHCPs as UEFI arm64 (option 93 = 11), fetches
-// the edge's arm64 iPXE (hack/ipxe-arm64.sh) over TFTP, that iPXE fetches the boot script, and the script boots
+// the edge's arm64 iPXE (Debian's, hack/ipxe.sh) over TFTP, that iPXE fetches the boot script, and the script boots
 // the arm64 agent kernel and initramfs (Debian's arm64 cloud kernel, hack/kernel-arm64.sh; the lab's init
 // cross-compiled) from /assets/agent/arm64 with the arm64 console.
 func aavmfPXECase() bootCase {
@@ -104,19 +105,8 @@ func newArm64Lab(t *testing.T) arm64Lab {
 
 	a := arm64Lab{root: bootlab.RepoRoot(t), dir: t.TempDir()}
 
-	out, err := exec.Command(filepath.Join(a.root, "hack", "ipxe-arm64.sh")).Output()
-	if err != nil {
-		t.Skipf("lab test: no arm64 iPXE (hack/ipxe-arm64.sh: %v)", err)
-	}
-
+	a.ipxeDir = bootlab.IPXEFor(t)
 	a.edgeBin = bootlab.GoBuild(t, a.root, "./qemu/bootlab/labedge", filepath.Join(a.dir, "labedge"))
-
-	a.ipxeDir = filepath.Join(a.dir, "bootfiles")
-	require.NoError(t, os.MkdirAll(a.ipxeDir, 0o755))
-
-	b, err := os.ReadFile(filepath.Join(strings.TrimSpace(string(out)), "snp.efi"))
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join(a.ipxeDir, "snp-arm64.efi"), b, 0o644))
 
 	return a
 }
@@ -126,12 +116,11 @@ func newArm64Lab(t *testing.T) arm64Lab {
 func (a arm64Lab) kernelFiles(t *testing.T) (vmlinuz, modules, stub string) {
 	t.Helper()
 
-	out, err := exec.Command(filepath.Join(a.root, "hack", "kernel-arm64.sh")).Output()
+	kroot, err := bootlab.Hack(context.Background(), a.root, "kernel-arm64.sh")
 	if err != nil {
-		t.Skipf("lab test: no arm64 kernel (hack/kernel-arm64.sh: %v)", err)
+		t.Skipf("lab test: no arm64 kernel (%v)", err)
 	}
 
-	kroot := strings.TrimSpace(string(out))
 	k, _ := filepath.Glob(filepath.Join(kroot, "boot", "vmlinuz-*-cloud-arm64"))
 	mods, _ := filepath.Glob(filepath.Join(kroot, "lib", "modules", "*-cloud-arm64"))
 	require.NotEmpty(t, k, "no arm64 kernel under %s", kroot)

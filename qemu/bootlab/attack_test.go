@@ -443,13 +443,14 @@ func processFiles(pid int) int {
 func TestNetbootOVMFUnderAttack(t *testing.T) {
 	bootlab.SkipUnlessLab(t, "qemu-system-x86_64", "dpkg-deb")
 
-	for _, f := range []string{"/usr/lib/ipxe/ipxe.efi", "/usr/share/OVMF/OVMF_CODE_4M.fd", "/usr/share/OVMF/OVMF_VARS_4M.fd"} {
+	for _, f := range []string{"/usr/share/OVMF/OVMF_CODE_4M.fd", "/usr/share/OVMF/OVMF_VARS_4M.fd"} {
 		if _, err := os.Stat(f); err != nil {
-			t.Skipf("lab test: %s missing (Debian ipxe, ovmf)", f)
+			t.Skipf("lab test: %s missing (Debian ovmf)", f)
 		}
 	}
 
 	root := bootlab.RepoRoot(t)
+	ipxeDir := bootlab.IPXEFor(t)
 
 	kernel, err := bootlab.EnsureKernel(filepath.Join(root, "_out", "bootlab"))
 	if errors.Is(err, bootlab.ErrNoKernel) {
@@ -483,7 +484,7 @@ func TestNetbootOVMFUnderAttack(t *testing.T) {
 	lines := make(chan string, 64)
 	edge := site.Start(t, "edge", lines, "ip", "netns", "exec", site.NS, edgeBin,
 		"-iface", "br0", "-ip", bootlab.EdgeIP, "-state", filepath.Join(dir, "state"), "-assets", filepath.Join(dir, "assets"),
-		"-http-max-conns", "1000")
+		"-ipxe-dir", ipxeDir, "-http-max-conns", "1000")
 
 	waitLine(t, lines, "READY", 30*time.Second)
 

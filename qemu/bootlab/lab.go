@@ -51,23 +51,68 @@ func SkipUnlessLab(t *testing.T, tools ...string) {
 func RepoRoot(t testing.TB) string {
 	t.Helper()
 
-	dir, err := os.Getwd()
+	root, err := FindRepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
 
+	return root
+}
+
+// FindRepoRoot returns the module root (where go.mod is) above the working directory.
+func FindRepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+
 	for {
 		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
+			return dir, nil
 		}
 
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			t.Fatal("go.mod not found above the test directory")
+			return "", errors.New("go.mod not found above the working directory")
 		}
 
 		dir = parent
 	}
+}
+
+// IPXE returns the directory of the iPXE binaries every lab edge and bare peer serves, Debian's iPXE for BIOS,
+// x86 UEFI and arm64 UEFI as hack/ipxe.sh lays it out under the repository root (fetched once, then cached
+// under _out/ipxe). The appliance ships the same files.
+func IPXE(root string) (string, error) {
+	return Hack(context.Background(), root, "ipxe.sh")
+}
+
+// Hack runs the repository's hack/<script>, one that fetches or builds what the lab needs and caches it under
+// _out, and returns what it printed (a path), trimmed; its error carries what the script said on stderr.
+func Hack(ctx context.Context, root, script string) (string, error) {
+	out, err := exec.CommandContext(ctx, filepath.Join(root, "hack", script)).Output()
+	if err != nil {
+		var stderr string
+		if ee, ok := err.(*exec.ExitError); ok { //nolint:errorlint // the process's own error carries its stderr
+			stderr = strings.TrimSpace(string(ee.Stderr))
+		}
+
+		return "", fmt.Errorf("hack/%s: %w: %s", script, err, stderr)
+	}
+
+	return strings.TrimSpace(string(out)), nil
+}
+
+// IPXEFor is IPXE for a test: it skips the test, saying why, where Debian's iPXE cannot be had.
+func IPXEFor(t testing.TB) string {
+	t.Helper()
+
+	dir, err := IPXE(RepoRoot(t))
+	if err != nil {
+		t.Skipf("lab test: no iPXE (%v)", err)
+	}
+
+	return dir
 }
 
 // Run runs a command and fails the test with its output on error.

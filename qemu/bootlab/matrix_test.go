@@ -23,8 +23,7 @@ import (
 //   - disk: its plan turns to disk (the controller's default hand-off, http-404), it boots through the edge,
 //     which hands it off, and the firmware boots the disk the install step wrote (its marker on the serial
 //     console). The Secure Boot machine runs no iPXE: its signed UKI reads the plan from the edge's boot script
-//     and hands the machine to its disk itself (BootNext, then a reboot). OVMF-PXE and OVMF-HTTPBoot skip this
-//     step (ovmfIPXEExitHang).
+//     and hands the machine to its disk itself (BootNext, then a reboot).
 //
 // A step runs only when the one before it passed (otherwise it is skipped, saying so). Each cell's power-on to
 // step time is logged beside the bare-dnsmasq peer's (the same machine, kernel and initramfs booted by dnsmasq
@@ -113,10 +112,6 @@ func TestFirmwareMatrix(t *testing.T) {
 					logCell("install", l.boot(t, bc, m), "")
 				}},
 				{"disk", func(t *testing.T) {
-					if agent.firmware == "ovmf" || agent.firmware == "ovmf-http" {
-						t.Skip(ovmfIPXEExitHang)
-					}
-
 					l.setPlan(t, m.uuid+" disk http-404")
 
 					bc := stepCase(agent, "disk")
@@ -152,17 +147,6 @@ func TestFirmwareMatrix(t *testing.T) {
 		table = append(table, line)
 	})
 }
-
-// ovmfIPXEExitHang is why the OVMF-PXE and OVMF-HTTPBoot disk cells are not run. Every disk hand-off through
-// iPXE ends in iPXE returning to the firmware (http-404 and ipxe-exit exit; ipxe-sanboot finds no SAN drive on
-// EFI and exits), and Debian's ipxe.efi (1.0.0+git-20190125) never returns under OVMF: measured here, the
-// script's "leaving it to the firmware", "No more network devices", "Press Ctrl-B ...", then nothing for five
-// minutes (OVMF never says its boot option failed, so it never tries the disk). The Secure Boot machine runs no
-// iPXE, and its disk cell runs. Debian trixie's ipxe.efi (1.21.1+git20250501) does return: with it in place of
-// bookworm's, the OVMF-PXE row passed all three cells, the disk's marker 24.5 s after power-on (measured once,
-// under TCG), so the remedy is a newer iPXE for x86 UEFI in the appliance and the lab.
-const ovmfIPXEExitHang = "not run: Debian's ipxe.efi (1.0.0+git-20190125) hangs returning to OVMF, so no disk hand-off " +
-	"through iPXE reaches the firmware's disk entry (measured: 'No more network devices', 'Press Ctrl-B', then nothing)"
 
 // stepCase is a later step of the machine booted by agent: the same firmware, site flags and time limit, the
 // default chain for the step's mode.

@@ -166,13 +166,12 @@ type machine struct {
 func newLabSite(t *testing.T, bc bootCase) *labSite {
 	bootlab.SkipUnlessLab(t, "qemu-system-x86_64", "dpkg-deb")
 
-	for _, f := range []string{"/usr/lib/ipxe/undionly.kpxe", "/usr/lib/ipxe/ipxe.efi", "/usr/share/OVMF/OVMF_CODE_4M.fd"} {
-		if _, err := os.Stat(f); err != nil {
-			t.Skipf("lab test: %s missing (Debian ipxe, ovmf)", f)
-		}
+	if _, err := os.Stat("/usr/share/OVMF/OVMF_CODE_4M.fd"); err != nil {
+		t.Skipf("lab test: OVMF missing (Debian ovmf): %v", err)
 	}
 
 	root := bootlab.RepoRoot(t)
+	ipxeDir := bootlab.IPXEFor(t)
 
 	kernel, err := bootlab.EnsureKernel(filepath.Join(root, "_out", "bootlab"))
 	if errors.Is(err, bootlab.ErrNoKernel) {
@@ -221,7 +220,7 @@ func newLabSite(t *testing.T, bc bootCase) *labSite {
 
 	siteOpts := bc.site
 	if bc.bare {
-		siteOpts.Bare = bareFiles(t, dir, agentDir)
+		siteOpts.Bare = bareFiles(t, dir, ipxeDir, agentDir)
 	}
 
 	l := &labSite{dir: dir, site: bootlab.NewSite(t, siteOpts), lines: make(chan string, 64), planFile: filepath.Join(dir, "plans")}
@@ -233,7 +232,7 @@ func newLabSite(t *testing.T, bc bootCase) *labSite {
 
 	l.edge = l.site.Start(t, "edge", l.lines, "ip", append([]string{"netns", "exec", l.site.NS, edgeBin,
 		"-iface", "br0", "-ip", bootlab.EdgeIP, "-state", filepath.Join(dir, "state"), "-assets", filepath.Join(dir, "assets"),
-		"-log-level", "debug", "-plan-file", l.planFile}, edgeArgs...)...)
+		"-log-level", "debug", "-plan-file", l.planFile, "-ipxe-dir", ipxeDir}, edgeArgs...)...)
 
 	waitLine(t, l.lines, "READY", 30*time.Second)
 
@@ -566,16 +565,16 @@ func waitSerial(t *testing.T, lines <-chan string, serial, marker string, timeou
 	}
 }
 
-// bareFiles lays out the bare-dnsmasq peer's directory (SiteOptions.Bare) under dir: Debian's iPXE, the agent's
-// kernel and initramfs, and a boot.ipxe booting them with the same callback.
-func bareFiles(t *testing.T, dir, agentDir string) string {
+// bareFiles lays out the bare-dnsmasq peer's directory (SiteOptions.Bare) under dir: Debian's iPXE (the edge's,
+// from ipxeDir), the agent's kernel and initramfs, and a boot.ipxe booting them with the same callback.
+func bareFiles(t *testing.T, dir, ipxeDir, agentDir string) string {
 	t.Helper()
 
 	root := filepath.Join(dir, "bare")
 	require.NoError(t, os.MkdirAll(root, 0o755))
 
 	for src, name := range map[string]string{
-		"/usr/lib/ipxe/undionly.kpxe": "undionly.kpxe", "/usr/lib/ipxe/ipxe.efi": "ipxe.efi",
+		filepath.Join(ipxeDir, "undionly.kpxe"): "undionly.kpxe", filepath.Join(ipxeDir, "ipxe.efi"): "ipxe.efi",
 		filepath.Join(agentDir, "vmlinuz"): "vmlinuz", filepath.Join(agentDir, "initramfs.xz"): "initramfs.xz",
 	} {
 		b, err := os.ReadFile(src)

@@ -55,7 +55,7 @@ func secureBootCase(t *testing.T) bootCase {
 			require.NoError(t, os.MkdirAll(ipxeDir, 0o755))
 
 			for _, name := range []string{"undionly.kpxe", "ipxe.efi", "snponly.efi"} {
-				b, err := os.ReadFile(filepath.Join("/usr/lib/ipxe", name))
+				b, err := os.ReadFile(filepath.Join(bootlab.IPXEFor(t), name))
 				require.NoError(t, err)
 				require.NoError(t, os.WriteFile(filepath.Join(ipxeDir, name), b, 0o644))
 			}

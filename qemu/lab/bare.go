@@ -21,8 +21,13 @@ func (l *Lab) AddBareSite(ctx context.Context, index int, images Images) (*Site,
 		return nil, err
 	}
 
+	ipxeDir, err := IPXEDir()
+	if err != nil {
+		return nil, err
+	}
+
 	for _, f := range []string{"undionly.kpxe", "ipxe.efi"} {
-		if err := copyFile(filepath.Join(IPXEDir, f), filepath.Join(root, f)); err != nil {
+		if err := copyFile(filepath.Join(ipxeDir, f), filepath.Join(root, f)); err != nil {
 			return nil, err
 		}
 	}

@@ -168,12 +168,17 @@ const EdgeAPIPort = 50042
 // --join-token, --interface, --server-ip, --http-listen, --tftp-listen, --api-listen, --ipxe-dir,
 // --kernel-args, --assets-preseed-dir.
 func (s *Site) StartEdge(ctx context.Context, bin string, opts EdgeOptions) (*Proc, error) {
+	ipxeDir, err := IPXEDir()
+	if err != nil {
+		return nil, err
+	}
+
 	args := []string{
 		"--state-dir", filepath.Join(s.Dir, "edge-state"),
 		"--controller", fmt.Sprintf("%s:%d", CoreAddr, ControllerPort), "--join-token", opts.Token,
 		"--interface", "br0", "--server-ip", s.EdgeIP(), "--http-listen", s.EdgeIP() + ":80",
 		"--tftp-listen", s.EdgeIP() + ":69", "--api-listen", fmt.Sprintf("%s:%d", s.EdgeIP(), EdgeAPIPort),
-		"--ipxe-dir", IPXEDir, "--kernel-args", "console=ttyS0", "--log-level", "debug",
+		"--ipxe-dir", ipxeDir, "--kernel-args", "console=ttyS0", "--log-level", "debug",
 	}
 
 	if opts.PreseedDir != "" {

@@ -264,9 +264,14 @@ const SiteEdgeControllerAPIPort = 50001
 // StartSiteEdge runs qemu/lab/cmd/siteedge (binary bin: the edge without an uplink, the test playing the
 // controller) on the site, serving assetsDir.
 func (s *Site) StartSiteEdge(ctx context.Context, bin, assetsDir string) (*Edge, error) {
+	ipxeDir, err := IPXEDir()
+	if err != nil {
+		return nil, err
+	}
+
 	p, err := s.lab.Start(ProcSpec{Name: s.Name + "/edge", NS: s.NS, Cmd: bin, Args: []string{
 		"-iface", "br0", "-ip", s.EdgeIP(), "-state", filepath.Join(s.Dir, "edge-state"), "-assets", assetsDir,
-		"-proxy-listen", fmt.Sprintf(":%d", SiteEdgeControllerAPIPort), "-ipxe-dir", IPXEDir, "-log-level", "debug",
+		"-proxy-listen", fmt.Sprintf(":%d", SiteEdgeControllerAPIPort), "-ipxe-dir", ipxeDir, "-log-level", "debug",
 	}})
 	if err != nil {
 		return nil, err

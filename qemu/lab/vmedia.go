@@ -2,11 +2,9 @@ package lab
 
 import (
 	"context"
-	"fmt"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"time"
+
+	"github.com/outpost-metal/outpost/qemu/bootlab"
 )
 
 // VMediaLoader builds (or finds cached) the boot loader of the edge's virtual-media images with
@@ -15,17 +13,7 @@ func VMediaLoader(ctx context.Context, root string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 
-	out, err := exec.CommandContext(ctx, filepath.Join(root, "hack", "vmedia-loader.sh")).Output()
-	if err != nil {
-		var stderr string
-		if ee, ok := err.(*exec.ExitError); ok { //nolint:errorlint // the process's own error carries its stderr
-			stderr = strings.TrimSpace(string(ee.Stderr))
-		}
-
-		return "", fmt.Errorf("vmedia loader: %w: %s", err, stderr)
-	}
-
-	return strings.TrimSpace(string(out)), nil
+	return bootlab.Hack(ctx, root, "vmedia-loader.sh")
 }
 
 // AcceptAndSettle accepts a pending machine in Omni and waits until it is ready (BMC user provisioned through

@@ -48,7 +48,7 @@ func main() {
 	flag.StringVar(&cfg.DHCP.ServerIP, "ip", "", "the edge's address on that interface")
 	flag.StringVar(&cfg.StateDir, "state", "", "state directory")
 	flag.StringVar(&assets, "assets", "", "directory of the boot images served under /assets/")
-	flag.StringVar(&cfg.IPXEDir, "ipxe-dir", bootfiles.DefaultDir, "iPXE binaries")
+	flag.StringVar(&cfg.IPXEDir, "ipxe-dir", "", "iPXE binaries for every firmware (hack/ipxe.sh prints their directory)")
 	flag.StringVar(&cfg.LogLevel, "log-level", "info", "log level")
 	flag.IntVar(&cfg.HTTP.MaxConns, "http-max-conns", cfg.HTTP.MaxConns, "HTTP connections open at once (the edge's --http-max-conns)")
 	flag.StringVar((*string)(&cfg.DHCP.Discovery), "discovery", string(cfg.DHCP.Discovery), "whom the ProxyDHCP answers: all, known or off (the edge's --discovery)")

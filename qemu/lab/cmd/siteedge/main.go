@@ -19,7 +19,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outpost-metal/outpost/edge/app"
-	"github.com/outpost-metal/outpost/edge/bootfiles"
 	"github.com/outpost-metal/outpost/edge/config"
 	"github.com/outpost-metal/outpost/edge/tunnel"
 	"github.com/outpost-metal/outpost/shared/logging"
@@ -37,7 +36,7 @@ func main() {
 	flag.StringVar(&cfg.DHCP.ServerIP, "ip", "", "the edge's address on that interface")
 	flag.StringVar(&cfg.StateDir, "state", "", "state directory")
 	flag.StringVar(&assets, "assets", "", "directory of the boot images served under /assets/")
-	flag.StringVar(&cfg.IPXEDir, "ipxe-dir", bootfiles.DefaultDir, "iPXE binaries")
+	flag.StringVar(&cfg.IPXEDir, "ipxe-dir", "", "iPXE binaries for every firmware (hack/ipxe.sh prints their directory)")
 	flag.IntVar(&tunnelPort, "tunnel-port", 50000, "agent tunnel port")
 	flag.StringVar(&proxyListen, "proxy-listen", ":50001", "what the controller would reach over the uplink (h2c gRPC)")
 	flag.StringVar(&cfg.LogLevel, "log-level", "info", "log level")
