@@ -34,6 +34,16 @@ if have; then
 	exit 0
 fi
 
+# Test packages run in parallel, and several may ask at once on a fresh machine: one fetches, the others wait
+# for it and find the files.
+mkdir -p "$out"
+exec 9>"$out/.lock"
+flock 9
+if have; then
+	echo "$dir"
+	exit 0
+fi
+
 # shellcheck source=hack/debian-apt.sh
 . "$root/hack/debian-apt.sh"
 # The release suites (not -updates or -security) of the archives apt uses here, renamed to $suite.
