@@ -55,31 +55,45 @@ func readFile(t *testing.T, name string) string {
 	return string(b)
 }
 
-// TestDiskHandOffs boots a machine whose plan is disk, once per hand-off method: the edge hands it off
-// (ipxe-exit: a script that exits to the firmware; http-404: no script, init.ipxe exits; ipxe-sanboot: iPXE
-// boots the first disk itself) and the machine boots its disk, whose boot sector prints diskMarker on the
-// serial console.
-//
-// SeaBIOS only: on OVMF, Debian's ipxe.efi (1.0.0+git-20190125) hangs once its script exits ("No more network
-// devices", "Press Ctrl-B ...", then nothing for minutes), so the firmware never reaches the disk by any of the
-// three methods.
+// TestDiskHandOffs boots a machine whose plan is disk, once per hand-off method and firmware: the edge hands it
+// off (ipxe-exit: a script that exits to the firmware; http-404: no script, init.ipxe exits; ipxe-sanboot: iPXE
+// boots the first disk itself, or, on UEFI where no SAN drive is attached, exits) and the firmware boots the
+// machine's disk, which prints diskMarker on the serial console: on SeaBIOS a raw disk's boot sector, on OVMF
+// the lab's UKI in the disk's EFI system partition (its /init prints the marker when its command line says
+// outpost.lab.disk=1).
 func TestDiskHandOffs(t *testing.T) {
 	bootlab.SkipUnlessLab(t, "qemu-system-x86_64", "dpkg-deb")
 
 	for _, fw := range []struct{ name, firmware, dhcp, platform string }{
 		{"SeaBIOS", "seabios", "DHCP 52:54:00:77:00:01 bios ipxe=true", "pcbios"},
+		{"OVMF", "ovmf", "DHCP 52:54:00:77:00:02 uefi-x86 ipxe=true", "efi"},
 	} {
 		t.Run(fw.name, func(t *testing.T) {
 			disk := t.TempDir()
-			require.NoError(t, os.WriteFile(filepath.Join(disk, "disk.raw"), bootSector(t, diskMarker), 0o644))
+
+			var prepare func(t *testing.T, dir string) []string
+			if fw.firmware == "seabios" {
+				require.NoError(t, os.WriteFile(filepath.Join(disk, "disk.raw"), bootSector(t, diskMarker), 0o644))
+			} else {
+				// The UKI needs the agent's initramfs (the lab's /init), built with the site.
+				prepare = func(t *testing.T, dir string) []string {
+					t.Helper()
+
+					require.NoError(t, os.MkdirAll(filepath.Join(disk, "EFI", "BOOT"), 0o755))
+					buildUKI(t, filepath.Join(disk, "EFI", "BOOT", "BOOTX64.EFI"),
+						filepath.Join(dir, "assets", "agent", "x86_64", "initramfs.xz"), "console=ttyS0 outpost.lab.disk=1")
+
+					return nil
+				}
+			}
 
 			for _, method := range []string{"http-404", "ipxe-exit", "ipxe-sanboot"} {
 				t.Run(method, func(t *testing.T) {
 					uuid := randomUUID(t)
 					netboot(t, bootCase{
 						firmware: fw.firmware, uuid: uuid, disk: disk, serial: diskMarker, timeout: 4 * time.Minute,
-						edgeArgs: []string{"-disk", uuid + "=" + method},
-						want:     []string{fw.dhcp, "BOOT %s disk platform=" + fw.platform},
+						edgeArgs: []string{"-disk", uuid + "=" + method}, prepare: prepare,
+						want: []string{fw.dhcp, "BOOT %s disk platform=" + fw.platform},
 						check: func(t *testing.T, seen []string, _ string) {
 							for _, l := range seen {
 								require.False(t, strings.HasPrefix(l, "BOOT "+uuid+" agent"), "the machine was booted into agent mode: %q", l)
