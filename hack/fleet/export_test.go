@@ -37,3 +37,6 @@ var ProcCPU = procCPU
 func (s *BMCService) WatchPoll(ctx context.Context, t bmc.Target, c bmc.Credentials) (bool, error) {
 	return watchPoller{s}.PowerStatus(ctx, t, c)
 }
+
+// WriteSeriesRates is writeSeriesRates.
+var WriteSeriesRates = writeSeriesRates

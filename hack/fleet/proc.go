@@ -144,3 +144,76 @@ func distOf(values []float64) Dist {
 
 	return Dist{N: len(v), P50: rank(0.5), P90: rank(0.9), P99: rank(0.99), Max: v[len(v)-1]}
 }
+
+// scrapeAll returns every sample of a Prometheus text endpoint by series (name and labels as served).
+func scrapeAll(ctx context.Context, url string) (map[string]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close() //nolint:errcheck
+
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+
+	out := map[string]float64{}
+
+	for line := range strings.SplitSeq(string(body), "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			out[line[:i]] = v
+		}
+	}
+
+	return out, nil
+}
+
+// writeSeriesRates writes, for every series that changed between two scrapes wall seconds apart, its change per
+// second and both values, the fastest-changing first: what the controller did over the window (reconciles per
+// controller, edge calls, Omni requests, bytes allocated).
+func writeSeriesRates(w io.Writer, a, b map[string]float64, wall float64) error {
+	type row struct {
+		series         string
+		rate, from, to float64
+	}
+
+	var rows []row
+
+	for k, to := range b {
+		if from := a[k]; to != from && wall > 0 {
+			rows = append(rows, row{series: k, rate: (to - from) / wall, from: from, to: to})
+		}
+	}
+
+	sort.Slice(rows, func(i, j int) bool {
+		if math.Abs(rows[i].rate) != math.Abs(rows[j].rate) {
+			return math.Abs(rows[i].rate) > math.Abs(rows[j].rate)
+		}
+
+		return rows[i].series < rows[j].series
+	})
+
+	bw := bufio.NewWriter(w)
+	fmt.Fprintf(bw, "# per second over %.1f s, then the values at the window's start and end\n", wall) //nolint:errcheck // flushed below
+
+	for _, r := range rows {
+		fmt.Fprintf(bw, "%14.4f  %s  (%g -> %g)\n", r.rate, r.series, r.from, r.to) //nolint:errcheck // flushed below
+	}
+
+	return bw.Flush()
+}

@@ -556,6 +556,9 @@ func (f *fleet) steadyWindow(ctx context.Context, r *Result, ctl *controllerProc
 		return err
 	}
 
+	// the controller's own counters, read outside the CPU samples (metrics-window.txt)
+	seriesA, seriesErr := scrapeAll(ctx, metricsURL)
+
 	ctlA, err := sampleCPU(ctl.pid())
 	if err != nil {
 		return err
@@ -596,6 +599,8 @@ func (f *fleet) steadyWindow(ctx context.Context, r *Result, ctl *controllerProc
 
 	simB, _ := sampleCPU(os.Getpid())
 	omniB, _ := sampleCPU(oc.pid())
+
+	f.writeWindowSeries(ctx, metricsURL, seriesA, seriesErr, ctlB.at.Sub(ctlA.at).Seconds())
 
 	callsAfter, err := oc.calls(ctx)
 	if err != nil {
@@ -690,6 +695,26 @@ func (f *fleet) steadyWindow(ctx context.Context, r *Result, ctl *controllerProc
 		zap.Float64("omni_reads_per_s", st.OmniReadsPerS), zap.Float64("power_age_p99_s", st.PowerAge.P99))
 
 	return nil
+}
+
+// writeWindowSeries writes metrics-window.txt: how each of the controller's series changed over the window
+// (from seriesA, scraped at its start; a failed scrape is logged, never fails the run).
+func (f *fleet) writeWindowSeries(ctx context.Context, metricsURL string, seriesA map[string]float64, errA error, wall float64) {
+	seriesB, err := scrapeAll(ctx, metricsURL)
+	if err = errors.Join(errA, err); err != nil {
+		f.log.Warn("controller metrics not read: no metrics-window.txt", zap.Error(err))
+
+		return
+	}
+
+	out, err := os.Create(filepath.Join(f.cfg.OutDir, "metrics-window.txt"))
+	if err == nil {
+		err = errors.Join(writeSeriesRates(out, seriesA, seriesB, wall), out.Close())
+	}
+
+	if err != nil {
+		f.log.Warn("metrics-window.txt not written", zap.Error(err))
+	}
 }
 
 // observedAtSet counts the controller's MachineObservation records in Omni with observed_at set.
