@@ -11,6 +11,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // ErrNotAvailable means the assets for a profile cannot be had (not in the local directory, factory refused).
@@ -40,7 +42,7 @@ func (p Profile) Normalize() Profile {
 	p.KernelArgs = slices.Clone(p.KernelArgs)
 
 	if p.Arch == "" {
-		p.Arch = "amd64"
+		p.Arch = string(metal.AMD64)
 	}
 
 	return p
@@ -77,7 +79,9 @@ type Resolver interface {
 }
 
 func validArch(arch string) bool {
-	return arch == "amd64" || arch == "arm64"
+	_, err := metal.ParseArch(arch)
+
+	return err == nil
 }
 
 // talosVersion is a Talos release version: major.minor.patch with an optional pre-release (1.14.0-alpha.2),

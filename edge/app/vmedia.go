@@ -14,10 +14,16 @@ import (
 	"github.com/outpost-metal/outpost/edge/httpd"
 	"github.com/outpost-metal/outpost/edge/tunnel"
 	"github.com/outpost-metal/outpost/edge/vmedia"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
-// imageArch is the only architecture images are built for (the loader is x86_64 UEFI GRUB).
-const imageArch = "x86_64"
+// imageArch is the only architecture images are built for (the loader is x86_64 UEFI GRUB), and imageBuild
+// the iPXE build that would boot such a machine.
+const (
+	imageArch  = metal.AMD64
+	imageBuild = bootpb.IPXEArch_IPXE_ARCH_X86_64
+)
 
 // imagePlanner decides what a machine's virtual-media image boots exactly as its boot script would be decided
 // (httpd.Decide over the same plan, assets and policy), then reads the kernel and initramfs names off the
@@ -33,7 +39,7 @@ type imagePlanner struct {
 // Boot implements vmedia.Planner.
 func (p imagePlanner) Boot(uuid string, mac net.HardwareAddr) (vmedia.Boot, error) {
 	ans := httpd.Decide(p.cfg, httpd.Request{
-		Query:    httpd.BootQuery{UUID: uuid, MAC: mac, Arch: imageArch, Platform: "efi"},
+		Query:    httpd.BootQuery{UUID: uuid, MAC: mac, Build: imageBuild, Platform: bootpb.IPXEPlatform_IPXE_PLATFORM_EFI},
 		Host:     p.host,
 		Plan:     p.table.Lookup(uuid, mac, imageArch),
 		Assets:   p.assets,

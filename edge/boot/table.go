@@ -385,10 +385,11 @@ type Entry struct {
 	Version   uint64
 }
 
-// Lookup resolves a machine by UUID, then by MAC. The returned messages must not be modified.
-func (t *Table) Lookup(uuid string, mac net.HardwareAddr, arch string) Entry {
+// Lookup resolves a machine by UUID, then by MAC; Agent is the table's agent kernel for arch. The returned
+// messages must not be modified.
+func (t *Table) Lookup(uuid string, mac net.HardwareAddr, arch metal.Arch) Entry {
 	s := t.cur.Load()
-	e := Entry{UUID: metal.NormalizeID(uuid), Version: s.table.GetVersion(), Agent: s.table.GetAgent()[arch]}
+	e := Entry{UUID: metal.NormalizeID(uuid), Version: s.table.GetVersion(), Agent: s.table.GetAgent()[arch.IPXE()]}
 
 	p := s.find(e.UUID, mac)
 	if p != nil {

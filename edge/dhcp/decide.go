@@ -10,6 +10,8 @@ import (
 
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/insomniacslk/dhcp/iana"
+
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // Role says which ProxyDHCP port a request arrived on.
@@ -409,7 +411,7 @@ func chooseBootFile(p Params, req *dhcpv4.DHCPv4, d *Decision) bool {
 		// Secure Boot: only the signed image, over TFTP or HTTP boot; never iPXE, and never the script (an
 		// iPXE asking is not this firmware's).
 		name := p.Files.UEFIx86Signed
-		if d.IPXE || d.Firmware.Arch() != "x86_64" || name == "" || (p.Bootable != nil && !p.Bootable(name)) {
+		if d.IPXE || d.Firmware.Arch() != metal.AMD64 || name == "" || (p.Bootable != nil && !p.Bootable(name)) {
 			d.Drop = DropNoSignedFile
 
 			return false

@@ -9,6 +9,7 @@ import (
 	"github.com/insomniacslk/dhcp/iana"
 
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // Firmware is the class of boot firmware a client runs, derived from DHCP option 93
@@ -71,15 +72,14 @@ func (f Firmware) UEFI() bool {
 	return f != FirmwareUnknown && f != FirmwareBIOS
 }
 
-// Arch returns the iPXE build architecture name for the class ("i386", "x86_64", "arm64").
-func (f Firmware) Arch() string {
+// Arch returns the architecture of the machines the class boots (BIOS and x86 UEFI: amd64; "" for
+// FirmwareUnknown).
+func (f Firmware) Arch() metal.Arch {
 	switch f {
-	case FirmwareBIOS:
-		return "i386"
-	case FirmwareUEFIx86, FirmwareHTTPx86:
-		return "x86_64"
+	case FirmwareBIOS, FirmwareUEFIx86, FirmwareHTTPx86:
+		return metal.AMD64
 	case FirmwareUEFIARM64, FirmwareHTTPARM64:
-		return "arm64"
+		return metal.ARM64
 	default:
 		return ""
 	}

@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"regexp"
 	"time"
+
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // Config configures the HTTP server.
@@ -22,9 +24,9 @@ type Config struct {
 	AgentPort int
 	// KernelArgs are used when the boot table has no table-wide args (consoles).
 	KernelArgs []string
-	// ArchKernelArgs replace KernelArgs for a machine of that kernel arch (x86_64, arm64): an arm64
-	// machine's serial console is ttyAMA0, not ttyS0.
-	ArchKernelArgs map[string][]string
+	// ArchKernelArgs replace KernelArgs for a machine of that arch: an arm64 machine's serial console is
+	// ttyAMA0, not ttyS0.
+	ArchKernelArgs map[metal.Arch][]string
 	// AgentKernel and AgentInitrd are the default agent-mode paths; "{arch}" is replaced (x86_64, arm64).
 	AgentKernel string
 	AgentInitrd string
@@ -54,7 +56,7 @@ func Default() Config {
 		Listen:            ":80",
 		AgentPort:         50042,
 		KernelArgs:        []string{"console=tty0", "console=ttyS0"},
-		ArchKernelArgs:    map[string][]string{"arm64": {"console=tty0", "console=ttyAMA0"}},
+		ArchKernelArgs:    map[metal.Arch][]string{metal.ARM64: {"console=tty0", "console=ttyAMA0"}},
 		AgentKernel:       "/assets/agent/{arch}/vmlinuz",
 		AgentInitrd:       "/assets/agent/{arch}/initramfs.xz",
 		Retries:           5,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outpost-metal/outpost/edge/boot"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // Request is everything a boot.ipxe answer depends on. The handler gathers it (the query parsed, the
@@ -130,7 +131,7 @@ func Decide(cfg Config, req Request) Answer {
 	args := e.KernelArgs
 	if len(args) == 0 {
 		args = cfg.KernelArgs
-		if a, ok := cfg.ArchKernelArgs[q.KernelArch()]; ok {
+		if a, ok := cfg.ArchKernelArgs[q.Arch()]; ok {
 			args = a
 		}
 	}
@@ -162,7 +163,7 @@ func Decide(cfg Config, req Request) Answer {
 	default:
 		k := e.Agent
 		if k.GetKernelUrl() == "" {
-			arch := q.KernelArch()
+			arch := q.Arch()
 			k = agentKernel(cfg, arch)
 
 			if len(missingAssets(req.Assets, k)) == 2 && otherArchAgent(cfg, req.Assets, arch) {
@@ -177,20 +178,20 @@ func Decide(cfg Config, req Request) Answer {
 	}
 }
 
-// agentKernel is the edge's default agent-mode kernel and initrd for a kernel arch.
-func agentKernel(cfg Config, arch string) *bootpb.Kernel {
+// agentKernel is the edge's default agent-mode kernel and initrd for a machine's arch ("{arch}" is iPXE's name
+// for it: x86_64, arm64).
+func agentKernel(cfg Config, arch metal.Arch) *bootpb.Kernel {
 	return &bootpb.Kernel{
-		KernelUrl: strings.ReplaceAll(cfg.AgentKernel, "{arch}", arch),
-		InitrdUrl: strings.ReplaceAll(cfg.AgentInitrd, "{arch}", arch),
+		KernelUrl: strings.ReplaceAll(cfg.AgentKernel, "{arch}", arch.IPXE()),
+		InitrdUrl: strings.ReplaceAll(cfg.AgentInitrd, "{arch}", arch.IPXE()),
 	}
 }
 
-// otherArchAgent reports whether the edge serves the default agent kernel and initrd of a kernel arch other
-// than arch.
-func otherArchAgent(cfg Config, have AssetIndex, arch string) bool {
-	for _, other := range []bootpb.IPXEArch{bootpb.IPXEArch_IPXE_ARCH_X86_64, bootpb.IPXEArch_IPXE_ARCH_ARM64} {
-		name := other.Name()
-		if name != arch && len(missingAssets(have, agentKernel(cfg, name))) == 0 {
+// otherArchAgent reports whether the edge serves the default agent kernel and initrd of an arch other than
+// arch.
+func otherArchAgent(cfg Config, have AssetIndex, arch metal.Arch) bool {
+	for _, other := range []metal.Arch{metal.AMD64, metal.ARM64} {
+		if other != arch && len(missingAssets(have, agentKernel(cfg, other))) == 0 {
 			return true
 		}
 	}

@@ -30,7 +30,7 @@ func TestDecide(t *testing.T) {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	agentAssets := names{"agent/x86_64/vmlinuz": true, "agent/x86_64/initramfs.xz": true}
 	install := &bootpb.Kernel{KernelUrl: "/assets/talos/vmlinuz", InitrdUrl: "https://factory.example/initramfs.xz", Args: []string{"talos.platform=metal"}}
-	query := httpd.BootQuery{UUID: uuid, Arch: "x86_64", Platform: "efi"}
+	query := httpd.BootQuery{UUID: uuid, Build: bootpb.IPXEArch_IPXE_ARCH_X86_64, Platform: bootpb.IPXEPlatform_IPXE_PLATFORM_EFI}
 
 	cfg := httpd.Default()
 
@@ -65,7 +65,7 @@ func TestDecide(t *testing.T) {
 			},
 		},
 		{
-			name: "a BIOS machine's i386 iPXE gets the x86_64 kernel", query: httpd.BootQuery{Arch: "i386"}, plan: boot.Entry{}, assets: agentAssets,
+			name: "a BIOS machine's i386 iPXE gets the x86_64 kernel", query: httpd.BootQuery{Build: bootpb.IPXEArch_IPXE_ARCH_I386}, plan: boot.Entry{}, assets: agentAssets,
 			want: httpd.Answer{
 				Kind: httpd.KindKernel, Mode: "agent", Report: true, Comment: "agent mode", Retries: 5,
 				Kernel: &bootpb.Kernel{KernelUrl: base + "/assets/agent/x86_64/vmlinuz", InitrdUrl: base + "/assets/agent/x86_64/initramfs.xz"},
@@ -73,7 +73,7 @@ func TestDecide(t *testing.T) {
 			},
 		},
 		{
-			name: "an arm64 machine gets the arm64 kernel and the arm64 console", query: httpd.BootQuery{Arch: "arm64"}, plan: boot.Entry{},
+			name: "an arm64 machine gets the arm64 kernel and the arm64 console", query: httpd.BootQuery{Build: bootpb.IPXEArch_IPXE_ARCH_ARM64}, plan: boot.Entry{},
 			assets: names{"agent/arm64/vmlinuz": true, "agent/arm64/initramfs.xz": true},
 			want: httpd.Answer{
 				Kind: httpd.KindKernel, Mode: "agent", Report: true, Comment: "agent mode", Retries: 5,
@@ -83,7 +83,7 @@ func TestDecide(t *testing.T) {
 		},
 		{
 			name:  "an arm64 machine at a site with x86_64 agent assets only is refused, never given x86_64's",
-			query: httpd.BootQuery{Arch: "arm64"}, plan: boot.Entry{}, assets: agentAssets,
+			query: httpd.BootQuery{Build: bootpb.IPXEArch_IPXE_ARCH_ARM64}, plan: boot.Entry{}, assets: agentAssets,
 			want: httpd.Answer{Kind: httpd.KindRefuse, Reason: httpd.ReasonNoArchAssets, Status: http.StatusNotFound},
 		},
 		{
@@ -93,7 +93,7 @@ func TestDecide(t *testing.T) {
 		},
 		{
 			name:  "an arm64 machine whose table names its agent kernel boots it, whatever the edge holds",
-			query: httpd.BootQuery{Arch: "arm64"}, assets: agentAssets,
+			query: httpd.BootQuery{Build: bootpb.IPXEArch_IPXE_ARCH_ARM64}, assets: agentAssets,
 			plan: boot.Entry{UUID: uuid, Known: true, Mode: bootpb.Mode_MODE_AGENT,
 				Agent: &bootpb.Kernel{KernelUrl: "https://factory.example/k", InitrdUrl: "https://factory.example/i"}},
 			want: httpd.Answer{
@@ -193,7 +193,7 @@ func TestDecide(t *testing.T) {
 			}
 
 			req := httpd.Request{Query: tc.query, Host: tc.host, Plan: tc.plan, Assets: tc.assets, LastReported: tc.last, Now: now}
-			if req.Query.Arch == "" {
+			if req.Query.Build == bootpb.IPXEArch_IPXE_ARCH_UNSPECIFIED {
 				req.Query = query
 			}
 

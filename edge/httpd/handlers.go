@@ -42,7 +42,7 @@ func (s *Server) serveBoot(w http.ResponseWriter, r *http.Request) {
 
 	now := s.deps.Now()
 	waitKey := q.UUID + "|" + q.MAC.String()
-	e := s.deps.Table.Lookup(q.UUID, q.MAC, q.KernelArch())
+	e := s.deps.Table.Lookup(q.UUID, q.MAC, q.Arch())
 
 	a := Decide(s.cfg, Request{
 		Query: q, Host: r.Host, Plan: e, Assets: s.deps.Assets, Upstream: s.upstream(),
@@ -53,7 +53,7 @@ func (s *Server) serveBoot(w http.ResponseWriter, r *http.Request) {
 	// the served boot is the evidence its tunnel is bound to.
 	if s.deps.Observer != nil && a.Mode != "" && a.Report {
 		s.deps.Observer.BootServed(BootServed{
-			UUID: q.UUID, MAC: q.MAC, Arch: q.Arch, Platform: q.Platform, Mode: a.Mode, Remote: remoteAddr(r), TableVersion: e.Version,
+			UUID: q.UUID, MAC: q.MAC, Build: q.Build, Platform: q.Platform, Mode: a.Mode, Remote: remoteAddr(r), TableVersion: e.Version,
 			Missing: a.Missing, WaitingFor: a.Waiting,
 		})
 	}
@@ -62,7 +62,7 @@ func (s *Server) serveBoot(w http.ResponseWriter, r *http.Request) {
 	case a.Mode == "":
 		if a.Reason == ReasonNoArchAssets {
 			s.log.Warn("boot refused: the site has no agent assets for the machine's arch", zap.String("uuid", q.UUID),
-				zap.Stringer("mac", q.MAC), zap.String("arch", q.KernelArch()), zap.String("reason", a.Reason))
+				zap.Stringer("mac", q.MAC), zap.String("arch", string(q.Arch())), zap.String("reason", a.Reason))
 		}
 
 		s.reject(w, a.Reason, a.Status, nil)

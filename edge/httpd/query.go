@@ -1,6 +1,7 @@
 package httpd
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -23,10 +24,11 @@ type BootQuery struct {
 	UUID string
 	// MAC is the booting interface's address; nil when absent.
 	MAC net.HardwareAddr
-	// Arch is iPXE's ${buildarch}: i386, x86_64 or arm64.
-	Arch string
-	// Platform is iPXE's ${platform}: pcbios or efi, the firmware the machine booted with; empty when not sent.
-	Platform string
+	// Build is iPXE's ${buildarch}: i386 (the BIOS build), x86_64 or arm64; x86_64 when not sent.
+	Build bootpb.IPXEArch
+	// Platform is iPXE's ${platform}: pcbios or efi, the firmware the machine booted with; unspecified when
+	// not sent.
+	Platform bootpb.IPXEPlatform
 }
 
 // ParseBootQuery validates a raw boot.ipxe query string. Each parameter may appear at most once.
@@ -66,35 +68,36 @@ func ParseBootQuery(raw string) (BootQuery, error) {
 		q.MAC = hw
 	}
 
-	q.Arch = vals.Get("arch")
-	if q.Arch == "" {
-		q.Arch = "x86_64"
+	q.Build = bootpb.IPXEArch_IPXE_ARCH_X86_64
+	if a := vals.Get("arch"); a != "" {
+		if q.Build = bootpb.IPXEArchNamed(a); q.Build == bootpb.IPXEArch_IPXE_ARCH_UNSPECIFIED {
+			return q, fmt.Errorf("arch %q: %w", truncate(a), ErrBadQuery)
+		}
 	}
 
-	if bootpb.IPXEArchNamed(q.Arch) == bootpb.IPXEArch_IPXE_ARCH_UNSPECIFIED {
-		return q, fmt.Errorf("arch %q: %w", truncate(q.Arch), ErrBadQuery)
-	}
-
-	if q.Platform = vals.Get("platform"); q.Platform != "" && bootpb.IPXEPlatformNamed(q.Platform) == bootpb.IPXEPlatform_IPXE_PLATFORM_UNSPECIFIED {
-		return q, fmt.Errorf("platform %q: %w", truncate(q.Platform), ErrBadQuery)
+	if p := vals.Get("platform"); p != "" {
+		if q.Platform = bootpb.IPXEPlatformNamed(p); q.Platform == bootpb.IPXEPlatform_IPXE_PLATFORM_UNSPECIFIED {
+			return q, fmt.Errorf("platform %q: %w", truncate(p), ErrBadQuery)
+		}
 	}
 
 	return q, nil
 }
 
-// KernelArch maps iPXE's build arch to the machine's kernel arch: a BIOS machine runs the i386 build of
-// iPXE (undionly.kpxe) but boots an x86_64 kernel.
-func (q BootQuery) KernelArch() string {
-	if q.Arch == "i386" {
-		return "x86_64"
+// Arch is the architecture of the machine the build runs on, the one its kernel is built for: a BIOS machine
+// runs the i386 build of iPXE (undionly.kpxe) but boots an amd64 kernel. A query without a build is amd64, as
+// ParseBootQuery reads one without arch.
+func (q BootQuery) Arch() metal.Arch {
+	if a, ok := q.Build.MachineArch(); ok {
+		return a
 	}
 
-	return q.Arch
+	return metal.AMD64
 }
 
 // Encode returns the query in the form ParseBootQuery reads (the MAC hyphenated, as init.ipxe sends it).
 func (q BootQuery) Encode() string {
-	v := url.Values{"arch": {q.Arch}}
+	v := url.Values{"arch": {cmp.Or(q.Build.Name(), bootpb.IPXEArch_IPXE_ARCH_X86_64.Name())}}
 
 	if q.UUID != "" {
 		v.Set("uuid", q.UUID)
@@ -104,8 +107,8 @@ func (q BootQuery) Encode() string {
 		v.Set("mac", strings.ReplaceAll(q.MAC.String(), ":", "-"))
 	}
 
-	if q.Platform != "" {
-		v.Set("platform", q.Platform)
+	if q.Platform != bootpb.IPXEPlatform_IPXE_PLATFORM_UNSPECIFIED {
+		v.Set("platform", q.Platform.Name())
 	}
 
 	return v.Encode()

@@ -23,11 +23,13 @@ import (
 	"github.com/outpost-metal/outpost/edge/boot"
 	"github.com/outpost-metal/outpost/edge/bootfiles"
 	"github.com/outpost-metal/outpost/edge/limits"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // Table is the boot table as the server reads it (edge/boot.Table).
 type Table interface {
-	Lookup(uuid string, mac net.HardwareAddr, arch string) boot.Entry
+	Lookup(uuid string, mac net.HardwareAddr, arch metal.Arch) boot.Entry
 	MachineConfig(uuid string) []byte
 }
 
@@ -35,8 +37,8 @@ type Table interface {
 type BootServed struct {
 	UUID         string
 	MAC          net.HardwareAddr
-	Arch         string
-	Platform     string
+	Build        bootpb.IPXEArch
+	Platform     bootpb.IPXEPlatform
 	Mode         string
 	Remote       netip.Addr
 	TableVersion uint64

@@ -500,7 +500,7 @@ func FuzzParseBootQuery(f *testing.F) {
 			t.Fatalf("mac %v accepted", q.MAC)
 		}
 
-		for _, s := range []string{q.UUID, q.Arch} {
+		for _, s := range []string{q.UUID, q.Build.Name(), q.Platform.Name()} {
 			if strings.ContainsAny(s, "\n\r &${}") || bytes.ContainsRune([]byte(s), 0) {
 				t.Fatalf("unsafe value %q accepted", s)
 			}
@@ -513,7 +513,7 @@ func FuzzParseBootQuery(f *testing.F) {
 		}
 
 		back, err := httpd.ParseBootQuery(enc)
-		if err != nil || back.UUID != q.UUID || back.MAC.String() != q.MAC.String() || back.Arch != q.Arch {
+		if err != nil || back.UUID != q.UUID || back.MAC.String() != q.MAC.String() || back.Build != q.Build || back.Platform != q.Platform {
 			t.Fatalf("%q -> %q -> %+v, %v; want %+v", raw, enc, back, err, q)
 		}
 	})

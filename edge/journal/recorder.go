@@ -89,8 +89,8 @@ func (r *Recorder) AssetFetch(f httpd.AssetFetch) {
 // BootServed records a boot.ipxe answer.
 func (r *Recorder) BootServed(b httpd.BootServed) {
 	ev := &bootpb.BootServed{
-		Uuid: b.UUID, Arch: b.Arch, Platform: b.Platform, Mode: b.Mode, TableVersion: b.TableVersion,
-		IpxeArch: bootpb.IPXEArchNamed(b.Arch), IpxePlatform: bootpb.IPXEPlatformNamed(b.Platform),
+		Uuid: b.UUID, Arch: b.Build.Name(), Platform: b.Platform.Name(), Mode: b.Mode, TableVersion: b.TableVersion,
+		IpxeArch: b.Build, IpxePlatform: b.Platform,
 		WaitingFor: b.WaitingFor,
 	}
 

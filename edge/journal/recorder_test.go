@@ -23,7 +23,7 @@ func TestRecorderJournalsEnumsAndNames(t *testing.T) {
 	mac := net.HardwareAddr{0x52, 0x54, 0, 0x12, 0x34, 0x56}
 
 	rec.DHCPSeen(dhcp.Seen{MAC: mac, Firmware: dhcp.FirmwareUEFIx86})
-	rec.BootServed(httpd.BootServed{UUID: "4c4c4544-0042-3510-8052-b4c04f384833", MAC: mac, Arch: "i386", Platform: "pcbios", Mode: "agent"})
+	rec.BootServed(httpd.BootServed{UUID: "4c4c4544-0042-3510-8052-b4c04f384833", MAC: mac, Build: bootpb.IPXEArch_IPXE_ARCH_I386, Platform: bootpb.IPXEPlatform_IPXE_PLATFORM_PCBIOS, Mode: "agent"})
 
 	evs, err := j.Pending(10)
 	require.NoError(t, err)

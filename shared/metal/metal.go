@@ -62,6 +62,19 @@ const (
 	ARM64 Arch = "arm64"
 )
 
+// ErrUnknownArch is returned for an architecture name that is neither amd64 nor arm64.
+var ErrUnknownArch = errors.New("unknown architecture")
+
+// ParseArch parses an architecture as Talos, the asset catalog and operators name it (amd64, arm64).
+func ParseArch(s string) (Arch, error) {
+	switch a := Arch(s); a {
+	case AMD64, ARM64:
+		return a, nil
+	default:
+		return "", fmt.Errorf("%w %q: want amd64 or arm64", ErrUnknownArch, s)
+	}
+}
+
 // IPXE is iPXE's name for the architecture's 64-bit build (x86_64, arm64), under which the boot table keys
 // its agent-mode kernels.
 func (a Arch) IPXE() string {
@@ -80,3 +93,17 @@ const (
 	BIOS Firmware = "bios"
 	UEFI Firmware = "uefi"
 )
+
+// ErrUnknownFirmware is returned for a firmware class name that is neither bios nor uefi.
+var ErrUnknownFirmware = errors.New("unknown firmware")
+
+// ParseFirmware parses a firmware class as operators and the BMC boot override name it (bios, uefi; any
+// case).
+func ParseFirmware(s string) (Firmware, error) {
+	switch f := Firmware(strings.ToLower(s)); f {
+	case BIOS, UEFI:
+		return f, nil
+	default:
+		return "", fmt.Errorf("%w %q: want bios or uefi", ErrUnknownFirmware, s)
+	}
+}

@@ -31,6 +31,36 @@ func TestArchIPXEName(t *testing.T) {
 	require.Equal(t, "arm64", metal.ARM64.IPXE())
 }
 
+func TestParseArch(t *testing.T) {
+	t.Parallel()
+
+	for in, want := range map[string]metal.Arch{"amd64": metal.AMD64, "arm64": metal.ARM64} {
+		got, err := metal.ParseArch(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+
+	for _, bad := range []string{"", "x86_64", "aarch64", "i386", "amd64 ", "ARM64"} {
+		_, err := metal.ParseArch(bad)
+		require.ErrorIs(t, err, metal.ErrUnknownArch, "%q", bad)
+	}
+}
+
+func TestParseFirmware(t *testing.T) {
+	t.Parallel()
+
+	for in, want := range map[string]metal.Firmware{"bios": metal.BIOS, "uefi": metal.UEFI, "UEFI": metal.UEFI} {
+		got, err := metal.ParseFirmware(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+
+	for _, bad := range []string{"", "efi", "pcbios", "legacy"} {
+		_, err := metal.ParseFirmware(bad)
+		require.ErrorIs(t, err, metal.ErrUnknownFirmware, "%q", bad)
+	}
+}
+
 func FuzzParseID(f *testing.F) {
 	f.Add("4c4c4544-0042-3510-8052-b4c04f384833")
 	f.Add("")

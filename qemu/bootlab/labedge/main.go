@@ -344,5 +344,5 @@ func (printer) TFTPFetch(f bootfiles.Fetch) {
 }
 
 func (printer) BootServed(b httpd.BootServed) {
-	fmt.Printf("BOOT %s %s platform=%s\n", b.UUID, b.Mode, b.Platform)
+	fmt.Printf("BOOT %s %s platform=%s\n", b.UUID, b.Mode, b.Platform.Name())
 }

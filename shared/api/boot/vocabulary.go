@@ -118,8 +118,17 @@ func (b *BootServed) ReportedPlatform() IPXEPlatform {
 
 // MachineArch is the machine's architecture (BIOS iPXE's i386 build runs on x86-64 machines); false when the
 // event tells none.
-func (b *BootServed) MachineArch() (metal.Arch, bool) {
-	switch b.ReportedArch() {
+func (b *BootServed) MachineArch() (metal.Arch, bool) { return b.ReportedArch().MachineArch() }
+
+// MachineFirmware is the machine's firmware (pcbios: BIOS, efi: UEFI); false when the event tells none.
+func (b *BootServed) MachineFirmware() (metal.Firmware, bool) {
+	return b.ReportedPlatform().MachineFirmware()
+}
+
+// MachineArch is the architecture of the machines the build runs on (i386 and x86_64: amd64, arm64: arm64);
+// false when unspecified. It is the one mapping from what iPXE reports to the machine's architecture.
+func (a IPXEArch) MachineArch() (metal.Arch, bool) {
+	switch a {
 	case IPXEArch_IPXE_ARCH_I386, IPXEArch_IPXE_ARCH_X86_64:
 		return metal.AMD64, true
 	case IPXEArch_IPXE_ARCH_ARM64:
@@ -129,9 +138,10 @@ func (b *BootServed) MachineArch() (metal.Arch, bool) {
 	}
 }
 
-// MachineFirmware is the machine's firmware (pcbios: BIOS, efi: UEFI); false when the event tells none.
-func (b *BootServed) MachineFirmware() (metal.Firmware, bool) {
-	switch b.ReportedPlatform() {
+// MachineFirmware is the firmware of the machines the platform runs on (pcbios: BIOS, efi: UEFI); false when
+// unspecified.
+func (p IPXEPlatform) MachineFirmware() (metal.Firmware, bool) {
+	switch p {
 	case IPXEPlatform_IPXE_PLATFORM_PCBIOS:
 		return metal.BIOS, true
 	case IPXEPlatform_IPXE_PLATFORM_EFI:
