@@ -291,7 +291,7 @@ func TestSetPXEOnceOperatorBootMode(t *testing.T) {
 	locs.SetFirmware(id, "bios", "ipxe") // the machine's own report does not undo the operator's word
 	require.Equal(t, bmcpb.BootMode_BOOT_MODE_UEFI, pxe("operator's mode"))
 
-	fw, source, err = locs.OverrideFirmware(id, "auto")
+	fw, source, err = locs.OverrideFirmware(id, "") // auto
 	require.NoError(t, err)
 	require.Equal(t, []string{"uefi", ""}, []string{fw, source})
 	require.Equal(t, bmcpb.BootMode_BOOT_MODE_UEFI, pxe("handed back, nothing reported since"))

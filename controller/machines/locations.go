@@ -291,13 +291,13 @@ var ErrNotLocated = errors.New("machine not seen at any site")
 // ErrBadFirmware means a boot mode other than bios, uefi or auto.
 var ErrBadFirmware = errors.New(`boot mode must be "bios", "uefi" or "auto"`)
 
-// OverrideFirmware sets an operator's boot mode for machineID ("bios" or "uefi"), above anything the machine
-// reports, or with "auto" hands it back to the machine's own reports: the firmware known now stays until the
-// machine reports one (so a reboot still knows its mode), and any report replaces it. It returns what is
-// assumed now and its source.
-func (l *Locations) OverrideFirmware(machineID, firmware string) (string, string, error) {
-	if firmware != "bios" && firmware != "uefi" && firmware != "auto" {
-		return "", "", fmt.Errorf("%w: %q", ErrBadFirmware, firmware)
+// OverrideFirmware sets an operator's boot mode for machineID (metal.BIOS or metal.UEFI), above anything the
+// machine reports, or with "" (the operator's "auto") hands it back to the machine's own reports: the firmware
+// known now stays until the machine reports one (so a reboot still knows its mode), and any report replaces
+// it. It returns what is assumed now and its source.
+func (l *Locations) OverrideFirmware(machineID string, fw metal.Firmware) (string, string, error) {
+	if fw != metal.BIOS && fw != metal.UEFI && fw != "" {
+		return "", "", fmt.Errorf("%w: %q", ErrBadFirmware, fw)
 	}
 
 	l.mu.Lock()
@@ -308,16 +308,16 @@ func (l *Locations) OverrideFirmware(machineID, firmware string) (string, string
 		return "", "", fmt.Errorf("%s: %w", machineID, ErrNotLocated)
 	}
 
-	fw, source := firmware, "operator"
-	if firmware == "auto" {
-		fw, source = cur.Firmware, cur.FirmwareSource
+	firmware, source := string(fw), "operator"
+	if fw == "" {
+		firmware, source = cur.Firmware, cur.FirmwareSource
 		if source == "operator" {
 			source = "" // the weakest: the machine's next report wins
 		}
 	}
 
-	if cur.Firmware != fw || cur.FirmwareSource != source {
-		cur.Firmware, cur.FirmwareSource = fw, source
+	if cur.Firmware != firmware || cur.FirmwareSource != source {
+		cur.Firmware, cur.FirmwareSource = firmware, source
 		l.markLocked(machineID)
 	}
 

@@ -234,7 +234,7 @@ func TestLocationsWaitWritten(t *testing.T) {
 	}, 5*time.Second, 5*time.Millisecond, "Persist runs")
 
 	for _, fw := range []string{"bios", "uefi", "bios"} {
-		_, _, err := locs.OverrideFirmware(id, fw)
+		_, _, err := locs.OverrideFirmware(id, metal.Firmware(fw))
 		require.NoError(t, err)
 		require.NoError(t, locs.WaitWritten(t.Context(), id))
 

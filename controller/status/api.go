@@ -3,6 +3,7 @@ package status
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"time"
@@ -32,7 +33,9 @@ type API struct {
 // Locations is what an operator may change in the controller's machine knowledge (the lifecycle's
 // locations, kept in Omni).
 type Locations interface {
-	OverrideFirmware(machineID, firmware string) (now, source string, err error)
+	// OverrideFirmware sets the operator's firmware for the machine ("": hand it back to the machine's
+	// reports) and returns what is assumed now and its source.
+	OverrideFirmware(machineID string, fw metal.Firmware) (now, source string, err error)
 	// ClearAlert clears the machine's identity alert and returns the one that was set.
 	ClearAlert(machineID string) (string, error)
 	// WaitWritten waits until what is known of the machine is kept in Omni.
@@ -123,7 +126,12 @@ func (a *API) SetBootMode(ctx context.Context, req *adminpb.SetBootModeRequest) 
 	out := &adminpb.SetBootModeResponse{}
 
 	err := a.change(ctx, "set the boot mode", req.GetMachineId(), func(id string) (err error) {
-		out.Firmware, out.Source, err = a.locations.OverrideFirmware(id, strings.ToLower(req.GetFirmware()))
+		fw, err := parseBootMode(req.GetFirmware())
+		if err != nil {
+			return err
+		}
+
+		out.Firmware, out.Source, err = a.locations.OverrideFirmware(id, fw)
 
 		return err
 	})
@@ -132,6 +140,21 @@ func (a *API) SetBootMode(ctx context.Context, req *adminpb.SetBootModeRequest) 
 	}
 
 	return out, nil
+}
+
+// parseBootMode parses an operator's boot mode: bios or uefi (any case), or auto, which is "" (the machine's
+// own reports decide).
+func parseBootMode(s string) (metal.Firmware, error) {
+	if strings.EqualFold(s, "auto") {
+		return "", nil
+	}
+
+	fw, err := metal.ParseFirmware(s)
+	if err != nil {
+		return "", fmt.Errorf("%w: %q", machines.ErrBadFirmware, s)
+	}
+
+	return fw, nil
 }
 
 // ClearAlert implements adminpb.MachinesServer.

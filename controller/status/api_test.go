@@ -65,6 +65,10 @@ func TestSetBootMode(t *testing.T) {
 	require.Equal(t, codes.InvalidArgument, code)
 	require.Contains(t, msg, `"bios", "uefi" or "auto"`)
 
+	resp, code, _ = set(id, "Auto")
+	require.Equal(t, codes.OK, code)
+	require.Equal(t, []string{"uefi", ""}, []string{resp.GetFirmware(), resp.GetSource()}, "handed back: kept until the machine reports")
+
 	_, code, msg = set("4c4c4544-0042-3510-8052-b4c04f384899", "bios")
 	require.Equal(t, codes.NotFound, code)
 	require.Contains(t, msg, "never seen at a site")
