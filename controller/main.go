@@ -14,6 +14,7 @@ import (
 
 	"github.com/outpost-metal/outpost/controller/admincli"
 	"github.com/outpost-metal/outpost/controller/app"
+	"github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/config"
 	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/shared/cli"
@@ -69,7 +70,7 @@ func rootCommand(lookup func(string) (string, bool)) (*cobra.Command, *envflag.B
 
 	f.StringVar(&cfg.AssetsDir, "assets-dir", cfg.AssetsDir, "boot-asset files (named by SHA-256) to relay to edges (default <state-dir>/assets)")
 	f.StringVar(&cfg.AgentAssetsDir, "agent-assets-dir", cfg.AgentAssetsDir, "agent-mode images (<arch>/vmlinuz, <arch>/initramfs.xz) every site is asked to cache")
-	f.StringVar(&cfg.DefaultAssetPolicy, "default-asset-policy", cfg.DefaultAssetPolicy, "asset policy of sites without their own: passthrough, cache or offline")
+	f.Var(assets.PolicyFlag(&cfg.DefaultAssetPolicy), "default-asset-policy", "asset policy of sites without their own: passthrough, cache or offline")
 
 	f.StringVar(&cfg.Omni.Endpoint, "omni-endpoint", cfg.Omni.Endpoint, "Omni API URL; empty runs sites and edges only, without the lifecycle")
 	f.BoolVar(&cfg.Omni.InsecureSkipVerify, "omni-insecure-skip-verify", cfg.Omni.InsecureSkipVerify, "skip TLS verification of Omni (labs only)")

@@ -337,17 +337,12 @@ type siteAssets struct {
 // newSiteAssets builds the catalog with each site's stored policy, the relay over the controller's asset
 // directory and the needs of every known site.
 func (b *builder) newSiteAssets(ctx context.Context) error {
-	defaultPolicy, err := assets.ParsePolicy(b.cfg.DefaultAssetPolicy)
-	if err != nil {
-		return err
-	}
-
 	metrics := assets.NewMetrics()
 	if err := registerAll(b.metrics, metrics); err != nil {
 		return err
 	}
 
-	catalog := assets.NewCatalog(defaultPolicy, time.Now).CountInto(metrics)
+	catalog := assets.NewCatalog(b.cfg.DefaultAssetPolicy, time.Now).CountInto(metrics)
 
 	list, err := b.registry.List(ctx) // each site's own policy comes with its settings (newSiteSettings)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 
 	assetsapi "github.com/outpost-metal/outpost/shared/api/assets"
@@ -35,6 +36,37 @@ func ParsePolicy(s string) (assetsapi.Policy, error) {
 func PolicyName(p assetsapi.Policy) string {
 	return strings.ToLower(strings.TrimPrefix(p.String(), "POLICY_"))
 }
+
+// ValidPolicy reports whether p is one of the policies: passthrough, cache or offline.
+func ValidPolicy(p assetsapi.Policy) bool {
+	switch p {
+	case assetsapi.Policy_POLICY_PASSTHROUGH, assetsapi.Policy_POLICY_CACHE, assetsapi.Policy_POLICY_OFFLINE:
+		return true
+	default:
+		return false
+	}
+}
+
+// PolicyFlag is p as a flag value (pflag.Value): it takes passthrough, cache or offline, so that a
+// configuration holds the policy parsed.
+func PolicyFlag(p *assetsapi.Policy) pflag.Value { return (*policyFlag)(p) }
+
+type policyFlag assetsapi.Policy
+
+func (f *policyFlag) String() string { return PolicyName(assetsapi.Policy(*f)) }
+
+func (f *policyFlag) Set(s string) error {
+	p, err := ParsePolicy(s)
+	if err != nil {
+		return err
+	}
+
+	*f = policyFlag(p)
+
+	return nil
+}
+
+func (*policyFlag) Type() string { return "policy" }
 
 // SiteAssets is one site's asset state as `controller site` shows it.
 type SiteAssets struct {

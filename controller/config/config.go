@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/bootplans"
 	"github.com/outpost-metal/outpost/controller/labels"
 	"github.com/outpost-metal/outpost/controller/lease"
@@ -16,6 +17,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/omni"
 	"github.com/outpost-metal/outpost/controller/sites"
+	assetsapi "github.com/outpost-metal/outpost/shared/api/assets"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 	"github.com/outpost-metal/outpost/shared/logging"
 )
@@ -47,8 +49,9 @@ type Config struct {
 	// AgentAssetsDir holds the agent-mode image per iPXE architecture (<arch>/vmlinuz, <arch>/initramfs.xz);
 	// every site is asked to hold it, by relay where it cannot fetch it (air-gapped sites).
 	AgentAssetsDir string
-	// DefaultAssetPolicy applies to sites without their own: passthrough, cache or offline.
-	DefaultAssetPolicy string
+	// DefaultAssetPolicy applies to sites without their own: passthrough, cache or offline (parsed where it is
+	// given: assets.PolicyFlag).
+	DefaultAssetPolicy assetsapi.Policy
 
 	// Omni is the Omni connection; the lifecycle runs only when its endpoint is set.
 	Omni omni.Config
@@ -96,7 +99,7 @@ func Default() Config {
 		CertValidity: 30 * 24 * time.Hour,
 		UplinkLimits: sites.DefaultLimits(),
 		// Caching is what a site wants unless told otherwise: it keeps booting when the WAN is down.
-		DefaultAssetPolicy: "cache",
+		DefaultAssetPolicy: assetsapi.Policy_POLICY_CACHE,
 		Omni:               omni.Default(),
 		Lease:              lease.Default(),
 		Lifecycle:          lifecycle.Default(),
@@ -190,10 +193,8 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("default boot mode %q is not uefi or bios", c.DefaultBootMode))
 	}
 
-	switch c.DefaultAssetPolicy {
-	case "passthrough", "cache", "offline":
-	default:
-		errs = append(errs, fmt.Errorf("default asset policy %q is not passthrough, cache or offline", c.DefaultAssetPolicy))
+	if !assets.ValidPolicy(c.DefaultAssetPolicy) {
+		errs = append(errs, fmt.Errorf("default asset policy %d is not passthrough, cache or offline", c.DefaultAssetPolicy))
 	}
 
 	if c.OmniEnabled() {
