@@ -95,7 +95,7 @@ func rootCommand(lookup func(string) (string, bool)) (*cobra.Command, *envflag.B
 
 	f.StringSliceVar(&cfg.MachineLabels, "machine-labels", cfg.MachineLabels, "key=value labels published on every machine in Omni, besides its site label (comma separated)")
 	f.Var(machines.BMCProtocolFlag(&cfg.BMCProtocol), "bmc-protocol", "how edges talk to BMCs: auto (Redfish when it answers, else IPMI), ipmi or redfish")
-	f.StringVar(&cfg.DefaultBootMode, "default-boot-mode", cfg.DefaultBootMode, "firmware mode (uefi or bios) for a PXE boot of a machine whose firmware is not known yet")
+	f.Var(&cfg.DefaultBootMode, "default-boot-mode", "firmware mode (uefi or bios) for a PXE boot of a machine whose firmware is not known yet")
 
 	// The service-account key is a secret: it comes from the environment only, never from a flag (visible in ps).
 	cfg.Omni.ServiceAccountKey, _ = lookup("OMNI_SERVICE_ACCOUNT_KEY")

@@ -20,6 +20,7 @@ import (
 	assetsapi "github.com/outpost-metal/outpost/shared/api/assets"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 	"github.com/outpost-metal/outpost/shared/logging"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // Config is everything the controller process needs.
@@ -83,7 +84,7 @@ type Config struct {
 	MachineLabels []string
 	// DefaultBootMode is the firmware mode ("uefi" or "bios") of a one-time PXE boot of a machine whose
 	// firmware neither its boots through the edge nor its BMC have told.
-	DefaultBootMode string
+	DefaultBootMode metal.Firmware
 }
 
 // OmniEnabled reports whether the controller connects to Omni and runs the lifecycle.
@@ -105,7 +106,7 @@ func Default() Config {
 		Lifecycle:          lifecycle.Default(),
 		Planner:            bootplans.DefaultPlannerConfig(),
 		InstallAssetsURL:   "/assets/install",
-		DefaultBootMode:    "uefi",
+		DefaultBootMode:    metal.UEFI,
 		BMCProtocol:        bmcpb.Protocol_PROTOCOL_AUTO,
 	}
 }
@@ -189,7 +190,7 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 
-	if c.DefaultBootMode != "uefi" && c.DefaultBootMode != "bios" {
+	if c.DefaultBootMode != metal.UEFI && c.DefaultBootMode != metal.BIOS {
 		errs = append(errs, fmt.Errorf("default boot mode %q is not uefi or bios", c.DefaultBootMode))
 	}
 

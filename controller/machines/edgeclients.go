@@ -27,7 +27,7 @@ type EdgeClients struct {
 	Sites *Locations
 	// DefaultBootMode is the firmware mode of a one-time PXE boot of a machine whose firmware nothing has
 	// reported (no boot through the edge yet, no BMC that says): "uefi" (the default when empty) or "bios".
-	DefaultBootMode string
+	DefaultBootMode metal.Firmware
 	// BMCProtocol is how the edge talks to BMCs (the controller's setting; the zero value
 	// is auto: Redfish when it answers, else IPMI); a site's own (Policies) comes first.
 	BMCProtocol bmcpb.Protocol
@@ -161,7 +161,7 @@ func (c *EdgeClients) bmcBootMode(ctx context.Context, b *machineaccess.BMC) bmc
 		return resp.GetMode()
 	}
 
-	if m := bmcpb.BootModeOf(metal.Firmware(c.DefaultBootMode)); m != bmcpb.BootMode_BOOT_MODE_UNSPECIFIED {
+	if m := bmcpb.BootModeOf(c.DefaultBootMode); m != bmcpb.BootMode_BOOT_MODE_UNSPECIFIED {
 		return m
 	}
 

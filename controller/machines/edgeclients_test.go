@@ -217,7 +217,7 @@ func TestSetPXEOnceWithoutKnownFirmware(t *testing.T) {
 
 	for _, tc := range []struct {
 		name     string
-		def      string
+		def      metal.Firmware
 		override *bmcpb.GetBootOverrideResponse
 		want     bmcpb.BootMode
 	}{

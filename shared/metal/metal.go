@@ -107,3 +107,21 @@ func ParseFirmware(s string) (Firmware, error) {
 		return "", fmt.Errorf("%w %q: want bios or uefi", ErrUnknownFirmware, s)
 	}
 }
+
+// String is the class's name (pflag.Value).
+func (f Firmware) String() string { return string(f) }
+
+// Set parses s with ParseFirmware into f, so that a flag's value is held parsed (pflag.Value).
+func (f *Firmware) Set(s string) error {
+	parsed, err := ParseFirmware(s)
+	if err != nil {
+		return err
+	}
+
+	*f = parsed
+
+	return nil
+}
+
+// Type names the flag's kind in help text (pflag.Value).
+func (*Firmware) Type() string { return "firmware" }

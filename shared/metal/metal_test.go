@@ -61,6 +61,19 @@ func TestParseFirmware(t *testing.T) {
 	}
 }
 
+// A flag of type Firmware holds the parsed class and refuses anything else, keeping its value.
+func TestFirmwareFlag(t *testing.T) {
+	t.Parallel()
+
+	fw := metal.UEFI
+	require.NoError(t, fw.Set("BIOS"))
+	require.Equal(t, metal.BIOS, fw)
+	require.Equal(t, "bios", fw.String())
+	require.ErrorIs(t, fw.Set("efi"), metal.ErrUnknownFirmware)
+	require.Equal(t, metal.BIOS, fw)
+	require.Equal(t, "firmware", fw.Type())
+}
+
 func FuzzParseID(f *testing.F) {
 	f.Add("4c4c4544-0042-3510-8052-b4c04f384833")
 	f.Add("")
