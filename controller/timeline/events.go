@@ -378,7 +378,7 @@ func normalIP(s string) (string, bool) {
 func validID(id string) bool {
 	parsed, err := metal.ParseID(id)
 
-	return err == nil && parsed == id
+	return err == nil && string(parsed) == id
 }
 
 func orUnknown(s string) string {

@@ -38,10 +38,11 @@ type imagePlanner struct {
 
 // Boot implements vmedia.Planner.
 func (p imagePlanner) Boot(uuid string, mac net.HardwareAddr) (vmedia.Boot, error) {
+	id := metal.ID(metal.NormalizeID(uuid))
 	ans := httpd.Decide(p.cfg, httpd.Request{
-		Query:    httpd.BootQuery{UUID: uuid, MAC: mac, Build: imageBuild, Platform: bootpb.IPXEPlatform_IPXE_PLATFORM_EFI},
+		Query:    httpd.BootQuery{UUID: id, MAC: mac, Build: imageBuild, Platform: bootpb.IPXEPlatform_IPXE_PLATFORM_EFI},
 		Host:     p.host,
-		Plan:     p.table.Lookup(uuid, mac, imageArch),
+		Plan:     p.table.Lookup(id, mac, imageArch),
 		Assets:   p.assets,
 		Upstream: p.upstream(),
 		Now:      time.Now(),

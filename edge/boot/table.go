@@ -60,7 +60,7 @@ type Table struct {
 
 type snapshot struct {
 	table      *bootpb.Table
-	byUUID     map[string]*bootpb.Plan
+	byUUID     map[metal.ID]*bootpb.Plan
 	byMAC      map[string]*bootpb.Plan
 	registered map[string]bool // MACs an operator registered (Table.registered_macs)
 }
@@ -335,14 +335,14 @@ func normalizeTable(tbl *bootpb.Table) {
 }
 
 func index(tbl *bootpb.Table) *snapshot {
-	s := &snapshot{table: tbl, byUUID: map[string]*bootpb.Plan{}, byMAC: map[string]*bootpb.Plan{}, registered: map[string]bool{}}
+	s := &snapshot{table: tbl, byUUID: map[metal.ID]*bootpb.Plan{}, byMAC: map[string]*bootpb.Plan{}, registered: map[string]bool{}}
 
 	for _, m := range tbl.GetRegisteredMacs() {
 		s.registered[m] = true
 	}
 
 	for _, p := range tbl.GetPlans() {
-		s.byUUID[p.GetUuid()] = p
+		s.byUUID[metal.ID(p.GetUuid())] = p // normalized by normalizeTable
 
 		for _, m := range p.GetMacs() {
 			s.byMAC[m] = p
@@ -371,7 +371,7 @@ func (t *Table) persist(tbl *bootpb.Table) error {
 type Entry struct {
 	// Known is false for a machine the table does not name (it gets agent mode).
 	Known      bool
-	UUID       string
+	UUID       metal.ID
 	Mode       bootpb.Mode
 	DiskMethod bootpb.DiskMethod
 	// Install is set in install mode.
@@ -385,11 +385,14 @@ type Entry struct {
 	Version   uint64
 }
 
+// idOf is the table's key for a machine ID as a peer wrote it (a DHCP client's option 97, a query).
+func idOf(uuid string) metal.ID { return metal.ID(metal.NormalizeID(uuid)) }
+
 // Lookup resolves a machine by UUID, then by MAC; Agent is the table's agent kernel for arch. The returned
 // messages must not be modified.
-func (t *Table) Lookup(uuid string, mac net.HardwareAddr, arch metal.Arch) Entry {
+func (t *Table) Lookup(uuid metal.ID, mac net.HardwareAddr, arch metal.Arch) Entry {
 	s := t.cur.Load()
-	e := Entry{UUID: metal.NormalizeID(uuid), Version: s.table.GetVersion(), Agent: s.table.GetAgent()[arch.IPXE()]}
+	e := Entry{UUID: idOf(uuid.String()), Version: s.table.GetVersion(), Agent: s.table.GetAgent()[arch.IPXE()]}
 
 	p := s.find(e.UUID, mac)
 	if p != nil {
@@ -405,7 +408,7 @@ func (t *Table) Lookup(uuid string, mac net.HardwareAddr, arch metal.Arch) Entry
 	return e
 }
 
-func (s *snapshot) find(uuid string, mac net.HardwareAddr) *bootpb.Plan {
+func (s *snapshot) find(uuid metal.ID, mac net.HardwareAddr) *bootpb.Plan {
 	if uuid != "" {
 		if p, ok := s.byUUID[uuid]; ok {
 			return p
@@ -421,7 +424,7 @@ func (s *snapshot) find(uuid string, mac net.HardwareAddr) *bootpb.Plan {
 
 // SNPOnly reports whether the machine must get the SNP-only UEFI binary (dhcp.Preferences).
 func (t *Table) SNPOnly(mac net.HardwareAddr, uuid string) bool {
-	return t.cur.Load().find(metal.NormalizeID(uuid), mac).GetSnpOnly()
+	return t.cur.Load().find(idOf(uuid), mac).GetSnpOnly()
 }
 
 // Known reports whether the table holds the machine: a plan for it (by UUID, or by one of the MACs a plan
@@ -429,7 +432,7 @@ func (t *Table) SNPOnly(mac net.HardwareAddr, uuid string) bool {
 func (t *Table) Known(mac net.HardwareAddr, uuid string) bool {
 	s := t.cur.Load()
 
-	return s.find(metal.NormalizeID(uuid), mac) != nil || (len(mac) > 0 && s.registered[mac.String()])
+	return s.find(idOf(uuid), mac) != nil || (len(mac) > 0 && s.registered[mac.String()])
 }
 
 // Discovery is the site's discovery policy as the controller set it: all, known or off; "" when it set none
@@ -448,7 +451,7 @@ func (t *Table) DHCP() *bootpb.DHCP {
 // nil when the controller has sent none.
 func (t *Table) MachineConfig(uuid string) []byte {
 	s := t.cur.Load()
-	if p := s.find(metal.NormalizeID(uuid), nil); len(p.GetConfig()) > 0 {
+	if p := s.find(idOf(uuid), nil); len(p.GetConfig()) > 0 {
 		return p.GetConfig()
 	}
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/outpost-metal/outpost/edge/boot"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 const (
@@ -82,7 +83,7 @@ func TestLookup(t *testing.T) {
 
 	for _, tc := range []struct {
 		name  string
-		uuid  string
+		uuid  metal.ID
 		mac   net.HardwareAddr
 		known bool
 		mode  bootpb.Mode

@@ -159,7 +159,7 @@ func Decide(cfg Config, req Request) Answer {
 		all := withDefaultArgs(append(append([]string(nil), e.Install.GetArgs()...), args...),
 			constants.KernelParamConfig+"="+base+"/config?u=${uuid}")
 
-		return kernelOrWait(cfg, req, base, "install", "install "+e.UUID, e.Install, all)
+		return kernelOrWait(cfg, req, base, "install", "install "+e.UUID.String(), e.Install, all)
 	default:
 		k := e.Agent
 		if k.GetKernelUrl() == "" {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outpost-metal/outpost/edge/bootfiles"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 func (s *Server) serveInit(w http.ResponseWriter, r *http.Request) {
@@ -41,7 +42,7 @@ func (s *Server) serveBoot(w http.ResponseWriter, r *http.Request) {
 	}
 
 	now := s.deps.Now()
-	waitKey := q.UUID + "|" + q.MAC.String()
+	waitKey := q.UUID.String() + "|" + q.MAC.String()
 	e := s.deps.Table.Lookup(q.UUID, q.MAC, q.Arch())
 
 	a := Decide(s.cfg, Request{
@@ -61,7 +62,7 @@ func (s *Server) serveBoot(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case a.Mode == "":
 		if a.Reason == ReasonNoArchAssets {
-			s.log.Warn("boot refused: the site has no agent assets for the machine's arch", zap.String("uuid", q.UUID),
+			s.log.Warn("boot refused: the site has no agent assets for the machine's arch", zap.Stringer("uuid", q.UUID),
 				zap.Stringer("mac", q.MAC), zap.String("arch", string(q.Arch())), zap.String("reason", a.Reason))
 		}
 
@@ -71,7 +72,7 @@ func (s *Server) serveBoot(w http.ResponseWriter, r *http.Request) {
 	case a.Kind == KindRefuse:
 		if a.Reason != ReasonDenied && a.Reason != ReasonDiskByHTTP404 {
 			s.metrics.rejected.WithLabelValues(a.Reason).Inc()
-			s.log.Warn("boot plan not rendered", zap.String("uuid", e.UUID), zap.String("reason", a.Reason))
+			s.log.Warn("boot plan not rendered", zap.Stringer("uuid", e.UUID), zap.String("reason", a.Reason))
 		}
 
 		// The chain fails and the firmware moves on.
@@ -84,7 +85,7 @@ func (s *Server) serveBoot(w http.ResponseWriter, r *http.Request) {
 
 	if a.Kind == KindWait && a.Report {
 		s.waits.note(waitKey, now)
-		s.log.Warn("boot waits for assets the site does not hold", zap.String("mode", a.Waiting), zap.String("uuid", e.UUID),
+		s.log.Warn("boot waits for assets the site does not hold", zap.String("mode", a.Waiting), zap.Stringer("uuid", e.UUID),
 			zap.Strings("missing", a.Missing))
 	}
 }
@@ -163,7 +164,7 @@ func (s *Server) installerMirror(uuid, host string) []byte {
 		return nil
 	}
 
-	e := s.deps.Table.Lookup(uuid, nil, "")
+	e := s.deps.Table.Lookup(metal.ID(metal.NormalizeID(uuid)), nil, "")
 	if e.Mode != bootpb.Mode_MODE_INSTALL || e.Install.GetInstaller() == "" {
 		return nil
 	}

@@ -20,8 +20,8 @@ var ErrBadQuery = errors.New("bad boot query")
 
 // BootQuery is what init.ipxe sends to boot.ipxe.
 type BootQuery struct {
-	// UUID is iPXE's ${uuid} (SMBIOS UUID), lower case; empty when the machine has none.
-	UUID string
+	// UUID is iPXE's ${uuid} (SMBIOS UUID), parsed; empty when the machine has none.
+	UUID metal.ID
 	// MAC is the booting interface's address; nil when absent.
 	MAC net.HardwareAddr
 	// Build is iPXE's ${buildarch}: i386 (the BIOS build), x86_64 or arm64; x86_64 when not sent.
@@ -100,7 +100,7 @@ func (q BootQuery) Encode() string {
 	v := url.Values{"arch": {cmp.Or(q.Build.Name(), bootpb.IPXEArch_IPXE_ARCH_X86_64.Name())}}
 
 	if q.UUID != "" {
-		v.Set("uuid", q.UUID)
+		v.Set("uuid", q.UUID.String())
 	}
 
 	if q.MAC != nil {

@@ -29,13 +29,13 @@ import (
 
 // Table is the boot table as the server reads it (edge/boot.Table).
 type Table interface {
-	Lookup(uuid string, mac net.HardwareAddr, arch metal.Arch) boot.Entry
+	Lookup(uuid metal.ID, mac net.HardwareAddr, arch metal.Arch) boot.Entry
 	MachineConfig(uuid string) []byte
 }
 
 // BootServed describes an answered boot.ipxe, for the event journal.
 type BootServed struct {
-	UUID         string
+	UUID         metal.ID
 	MAC          net.HardwareAddr
 	Build        bootpb.IPXEArch
 	Platform     bootpb.IPXEPlatform

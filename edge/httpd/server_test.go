@@ -75,7 +75,7 @@ func (r *recorder) modes(uuid string) []string {
 	var out []string
 
 	for _, b := range r.served {
-		if b.UUID == uuid {
+		if b.UUID.String() == uuid {
 			out = append(out, b.Mode)
 		}
 	}
@@ -326,7 +326,7 @@ func TestBootWaitsForAssetsTheSiteLacks(t *testing.T) {
 	again := body[strings.Index(body, "boot.ipxe?")+len("boot.ipxe?") : strings.Index(body, " ||")]
 	q, err := httpd.ParseBootQuery(again)
 	require.NoError(t, err)
-	require.Equal(t, uuid, q.UUID)
+	require.EqualValues(t, uuid, q.UUID)
 	require.Equal(t, "52:54:00:12:34:0a", q.MAC.String())
 
 	e.cache.add("install/abc/v1.11.0/kernel-amd64")
@@ -376,7 +376,7 @@ func TestBootServedEvent(t *testing.T) {
 	defer e.obs.mu.Unlock()
 
 	require.Len(t, e.obs.served, 1)
-	require.Equal(t, uuidDisk, e.obs.served[0].UUID)
+	require.EqualValues(t, uuidDisk, e.obs.served[0].UUID)
 	require.Equal(t, "disk", e.obs.served[0].Mode)
 	require.EqualValues(t, 3, e.obs.served[0].TableVersion)
 	require.Equal(t, "52:54:00:12:34:56", e.obs.served[0].MAC.String())
@@ -500,7 +500,7 @@ func FuzzParseBootQuery(f *testing.F) {
 			t.Fatalf("mac %v accepted", q.MAC)
 		}
 
-		for _, s := range []string{q.UUID, q.Build.Name(), q.Platform.Name()} {
+		for _, s := range []string{q.UUID.String(), q.Build.Name(), q.Platform.Name()} {
 			if strings.ContainsAny(s, "\n\r &${}") || bytes.ContainsRune([]byte(s), 0) {
 				t.Fatalf("unsafe value %q accepted", s)
 			}

@@ -385,7 +385,9 @@ func MachineIDFromMetadata(md metadata.MD) (string, error) {
 		return "", fmt.Errorf("%w: want exactly one %s value, got %d", metal.ErrMalformedID, metal.MetadataKey, len(vals))
 	}
 
-	return metal.ParseID(vals[0])
+	id, err := metal.ParseID(vals[0])
+
+	return string(id), err
 }
 
 func affinityKey(ch grpctunnel.TunnelChannel) any {

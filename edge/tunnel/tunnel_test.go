@@ -423,7 +423,7 @@ func TestParseMachineID(t *testing.T) {
 			}
 
 			require.NoError(t, err)
-			require.Equal(t, tc.want, got)
+			require.EqualValues(t, tc.want, got)
 		})
 	}
 }
@@ -436,7 +436,7 @@ func FuzzParseMachineID(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		id, err := metal.ParseID(s)
 		if err == nil {
-			again, err := metal.ParseID(id)
+			again, err := metal.ParseID(id.String())
 			require.NoError(t, err)
 			require.Equal(t, id, again)
 		}

@@ -248,7 +248,9 @@ func siderolinkAPI(doc []byte) (*url.URL, error) {
 // bootTap tells the simulated machine what the edge served it (the edge journals it).
 type bootTap struct{ s *site }
 
-func (t bootTap) BootServed(b httpd.BootServed) { t.s.modes.Store(metal.NormalizeID(b.UUID), b.Mode) }
+func (t bootTap) BootServed(b httpd.BootServed) {
+	t.s.modes.Store(metal.NormalizeID(b.UUID.String()), b.Mode)
+}
 
 func (bootTap) DHCPSeen(dhcp.Seen) {}
 

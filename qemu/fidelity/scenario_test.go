@@ -38,6 +38,7 @@ import (
 	"github.com/outpost-metal/outpost/edge/httpd"
 	"github.com/outpost-metal/outpost/qemu/fidelity"
 	"github.com/outpost-metal/outpost/qemu/omni"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // Machine IDs of the scenario (SMBIOS UUIDs, as Talos reports them).
@@ -702,7 +703,7 @@ func installURLs(t *testing.T, plan bootplans.Plan) []string {
 	pb, err := bootplans.ToProto(plan)
 	require.NoError(t, err)
 
-	entry := boot.Entry{Known: true, UUID: pb.GetUuid(), Mode: pb.GetMode(), Install: pb.GetInstall()}
+	entry := boot.Entry{Known: true, UUID: metal.ID(pb.GetUuid()), Mode: pb.GetMode(), Install: pb.GetInstall()}
 	require.True(t, strings.HasPrefix(pb.GetInstall().GetKernelUrl(), "/assets/talos/"), "edge-local kernel: %s", pb.GetInstall().GetKernelUrl())
 
 	var out []string

@@ -16,9 +16,16 @@ const MetadataKey = "machine-id"
 // ErrMalformedID is returned for a machine ID that is not an SMBIOS UUID.
 var ErrMalformedID = errors.New("malformed machine-id")
 
+// ID is a machine's ID in the form every table and record keys machines by: its SMBIOS UUID in lower case
+// (ParseID), or what a peer wrote made lenient (NormalizeID).
+type ID string
+
+// String is the ID as written on the wire.
+func (id ID) String() string { return string(id) }
+
 // ParseID checks that id is an SMBIOS UUID (8-4-4-4-12 hex digits) and returns it in lower case, the form
 // every table and record keys machines by.
-func ParseID(id string) (string, error) {
+func ParseID(id string) (ID, error) {
 	const uuidLen = 36
 
 	if len(id) != uuidLen {
@@ -40,7 +47,7 @@ func ParseID(id string) (string, error) {
 		}
 	}
 
-	return strings.ToLower(id), nil
+	return ID(strings.ToLower(id)), nil
 }
 
 func isHex(c byte) bool {

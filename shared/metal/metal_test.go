@@ -13,7 +13,7 @@ func TestParseID(t *testing.T) {
 
 	id, err := metal.ParseID("4C4C4544-0042-3510-8052-B4C04F384833")
 	require.NoError(t, err)
-	require.Equal(t, "4c4c4544-0042-3510-8052-b4c04f384833", id)
+	require.Equal(t, metal.ID("4c4c4544-0042-3510-8052-b4c04f384833"), id)
 
 	for _, bad := range []string{"", "4c4c4544", "4c4c4544-0042-3510-8052-b4c04f38483g", "4c4c4544_0042-3510-8052-b4c04f384833",
 		"{4c4c4544-0042-3510-8052-b4c04f3848}", "4c4c4544-0042-3510-8052-b4c04f384833\n"} {
@@ -83,7 +83,7 @@ func FuzzParseID(f *testing.F) {
 			return
 		}
 
-		again, err := metal.ParseID(id)
+		again, err := metal.ParseID(string(id))
 		require.NoError(t, err)
 		require.Equal(t, id, again, "parsing is idempotent")
 	})
