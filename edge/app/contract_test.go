@@ -219,3 +219,5 @@ func (p snpPrefs) SNPOnly(mac net.HardwareAddr, _ string) bool { return p[mac.St
 func (p snpPrefs) Known(mac net.HardwareAddr, _ string) bool { _, ok := p[mac.String()]; return ok }
 
 func (snpPrefs) Discovery() string { return "" }
+
+func (snpPrefs) DiskPlan(net.HardwareAddr, string) bool { return false }

@@ -427,6 +427,11 @@ func (t *Table) SNPOnly(mac net.HardwareAddr, uuid string) bool {
 	return t.cur.Load().find(idOf(uuid), mac).GetSnpOnly()
 }
 
+// DiskPlan reports whether the machine's plan is to boot its disk (dhcp.Preferences).
+func (t *Table) DiskPlan(mac net.HardwareAddr, uuid string) bool {
+	return t.cur.Load().find(idOf(uuid), mac).GetMode() == bootpb.Mode_MODE_DISK
+}
+
 // Known reports whether the table holds the machine: a plan for it (by UUID, or by one of the MACs a plan
 // names), or its MAC among those an operator registered before it booted.
 func (t *Table) Known(mac net.HardwareAddr, uuid string) bool {

@@ -109,6 +109,10 @@ func TestLookup(t *testing.T) {
 
 	require.True(t, tbl.SNPOnly(mac1, ""))
 	require.False(t, tbl.SNPOnly(net.HardwareAddr{1, 2, 3, 4, 5, 6}, uuidInstall))
+	require.True(t, tbl.DiskPlan(mac1, ""), "the disk plan by MAC")
+	require.True(t, tbl.DiskPlan(nil, "{AAAAAAAA-0000-0000-0000-000000000001}"), "the disk plan by UUID")
+	require.False(t, tbl.DiskPlan(nil, uuidInstall), "an install plan")
+	require.False(t, tbl.DiskPlan(net.HardwareAddr{1, 2, 3, 4, 5, 6}, ""), "an unknown machine")
 	require.Equal(t, []byte("own"), tbl.MachineConfig(uuidInstall))
 	require.Equal(t, []byte("join-config"), tbl.MachineConfig(uuidDisk))
 }

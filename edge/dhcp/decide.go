@@ -63,6 +63,10 @@ const (
 	// DropNoSignedFile is a machine that enforces Secure Boot at a site with no signed boot file for its
 	// firmware: it is never handed an unsigned one.
 	DropNoSignedFile DropReason = "no_signed_boot_file"
+	// DropSecureBootDisk is a machine that enforces Secure Boot whose plan is its disk: no signed image can hand
+	// it to its disk as iPXE does for the others, so it is offered nothing and its firmware goes on to its next
+	// boot option, the disk.
+	DropSecureBootDisk DropReason = "secure_boot_disk_plan"
 )
 
 // BootFiles names the iPXE binaries served over TFTP (and over HTTP under /tftp/).
@@ -146,6 +150,8 @@ type Preferences interface {
 	Known(mac net.HardwareAddr, uuid string) bool
 	// Discovery is the policy the controller set for the site ("" when it set none: Params.Discovery holds).
 	Discovery() string
+	// DiskPlan reports whether the machine's plan is to boot its disk. uuid may be empty.
+	DiskPlan(mac net.HardwareAddr, uuid string) bool
 }
 
 // Discovery is which PXE clients the ProxyDHCP answers.
@@ -413,6 +419,12 @@ func chooseBootFile(p Params, req *dhcpv4.DHCPv4, d *Decision) bool {
 		name := p.Files.UEFIx86Signed
 		if d.IPXE || d.Firmware.Arch() != metal.AMD64 || name == "" || (p.Bootable != nil && !p.Bootable(name)) {
 			d.Drop = DropNoSignedFile
+
+			return false
+		}
+
+		if p.Prefs != nil && p.Prefs.DiskPlan(req.ClientHWAddr, d.UUID) {
+			d.Drop = DropSecureBootDisk
 
 			return false
 		}

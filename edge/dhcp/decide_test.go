@@ -28,6 +28,8 @@ func (p snpPrefs) Known(mac net.HardwareAddr, _ string) bool { _, ok := p[mac.St
 
 func (snpPrefs) Discovery() string { return "" }
 
+func (snpPrefs) DiskPlan(net.HardwareAddr, string) bool { return false }
+
 // sitePolicy is a boot table whose controller set the site's discovery policy.
 type sitePolicy struct {
 	snpPrefs

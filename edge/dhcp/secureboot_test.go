@@ -1,6 +1,7 @@
 package dhcp_test
 
 import (
+	"net"
 	"net/netip"
 	"testing"
 
@@ -10,8 +11,20 @@ import (
 	"github.com/outpost-metal/outpost/edge/dhcp"
 )
 
+// diskPlans is a boot table in which the machines of these MACs are planned to boot their disks.
+type diskPlans map[string]bool
+
+func (diskPlans) SNPOnly(net.HardwareAddr, string) bool { return false }
+
+func (p diskPlans) Known(mac net.HardwareAddr, _ string) bool { return p[mac.String()] }
+
+func (diskPlans) Discovery() string { return "" }
+
+func (p diskPlans) DiskPlan(mac net.HardwareAddr, _ string) bool { return p[mac.String()] }
+
 // A machine that enforces Secure Boot gets the signed image and nothing else: never iPXE, never the script,
-// never a BIOS file; without a signed image it is refused by name.
+// never a BIOS file; without a signed image it is refused by name, and when its plan is its disk it is offered
+// nothing (no signed image can hand it to the disk), so its firmware goes on to the disk.
 func TestDecideSecureBoot(t *testing.T) {
 	t.Parallel()
 
@@ -33,6 +46,15 @@ func TestDecideSecureBoot(t *testing.T) {
 
 	http := "http://" + testServer.String() + ":8080/tftp/outpost-agent-x86_64.efi"
 
+	disk := signed
+	disk.Prefs = diskPlans{testMAC.String(): true}
+
+	otherDisk := signed
+	otherDisk.Prefs = diskPlans{"02:00:00:00:00:99": true}
+
+	diskNoSB := params()
+	diskNoSB.Prefs = diskPlans{testMAC.String(): true}
+
 	for _, tc := range []struct {
 		name string
 		p    dhcp.Params
@@ -49,6 +71,10 @@ func TestDecideSecureBoot(t *testing.T) {
 		{name: "arm64 has no signed file", p: signed, mods: []dhcpv4.Modifier{arch(11), pxeClass("PXEClient:Arch:00011")}, drop: dhcp.DropNoSignedFile},
 		{name: "no signed file", p: none, mods: []dhcpv4.Modifier{arch(7), pxeClass("PXEClient:Arch:00007")}, drop: dhcp.DropNoSignedFile},
 		{name: "signed file not served", p: missing, mods: []dhcpv4.Modifier{arch(16), pxeClass("HTTPClient:Arch:00016")}, drop: dhcp.DropNoSignedFile},
+		{name: "disk plan", p: disk, mods: []dhcpv4.Modifier{arch(7), pxeClass("PXEClient:Arch:00007")}, drop: dhcp.DropSecureBootDisk},
+		{name: "disk plan over http boot", p: disk, mods: []dhcpv4.Modifier{arch(16), pxeClass("HTTPClient:Arch:00016")}, drop: dhcp.DropSecureBootDisk},
+		{name: "another machine's disk plan", p: otherDisk, mods: []dhcpv4.Modifier{arch(7), pxeClass("PXEClient:Arch:00007")}, file: "outpost-agent-x86_64.efi"},
+		{name: "disk plan without secure boot gets ipxe", p: diskNoSB, mods: []dhcpv4.Modifier{arch(7), pxeClass("PXEClient:Arch:00007")}, file: "ipxe.efi"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -119,9 +119,6 @@ type bootCase struct {
 	step string
 	// powerOff waits, after the step's marker, for the machine to power off (QEMU exits).
 	powerOff bool
-	// reboot lets the machine reboot (QEMU without -no-reboot): a UKI hands a Secure Boot machine to its disk by
-	// setting BootNext and rebooting.
-	reboot bool
 }
 
 func randomUUID(t *testing.T) string {
@@ -197,13 +194,7 @@ func newLabSite(t *testing.T, bc bootCase) *labSite {
 
 	initrd, err := os.Create(filepath.Join(agentDir, "initramfs.xz"))
 	require.NoError(t, err)
-	modules := []string{"virtio_pci", "virtio_net", "virtio_rng", "virtio_blk"}
-	if bc.firmware != "seabios" {
-		// The UKI's /init sets BootNext through efivarfs (secureBootCase); the module fails to load without EFI.
-		modules = append(modules, "efivarfs")
-	}
-
-	require.NoError(t, bootlab.BuildInitramfs(initrd, initData, kernel.ModulesDir, modules))
+	require.NoError(t, bootlab.BuildInitramfs(initrd, initData, kernel.ModulesDir, []string{"virtio_pci", "virtio_net", "virtio_rng", "virtio_blk"}))
 	require.NoError(t, initrd.Close())
 
 	installDir := filepath.Join(dir, "assets", "install", "x86_64")
@@ -325,10 +316,7 @@ func (l *labSite) boot(t *testing.T, bc bootCase, m *machine) time.Duration {
 		"-smbios", "type=1,uuid=" + uuid,
 		"-netdev", "tap,id=n0,ifname=" + m.tap + ",script=no,downscript=no",
 		// Entropy for the guest: without it getrandom blocks and the /init cannot even pick a DHCP xid.
-		"-device", "virtio-rng-pci",
-	}
-	if !bc.reboot {
-		args = append(args, "-no-reboot")
+		"-device", "virtio-rng-pci", "-no-reboot",
 	}
 
 	// The machine's disk: its own raw image (written by its install step), or bc.disk's files read only.

@@ -24,8 +24,8 @@ const (
 // it (the serial console says so). Its NIC comes next: the edge, told the machine enforces Secure Boot, offers
 // only the lab's signed UKI (the agent's kernel, initramfs and command line, signed at test time with the
 // snakeoil key), never iPXE, and the UKI reaches agent mode. Running no iPXE, the UKI's /init reads the
-// machine's plan from the edge's boot script itself (outpost.lab.plan=1): it follows an install plan (writes
-// the disk), and a disk plan by setting the firmware's BootNext to the disk's entry and rebooting.
+// machine's plan from the edge's boot script itself (outpost.lab.plan=1) and follows an install plan (writes
+// the disk). A disk plan never reaches it: the edge offers the machine nothing, so its firmware boots the disk.
 func secureBootCase(t *testing.T) bootCase {
 	t.Helper()
 	bootlab.SkipUnlessLab(t, "objcopy", "sbsign", "openssl")

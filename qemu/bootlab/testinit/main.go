@@ -9,7 +9,6 @@ package main
 
 import (
 	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -17,9 +16,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -78,15 +75,9 @@ func run() error {
 		}
 
 		if toDisk {
-			// What iPXE's exit does, for a kernel already running: the firmware's disk entry boots next.
-			if err := bootDiskNext(); err != nil {
-				return err
-			}
-
-			fmt.Println("OUTPOST-DISK-NEXT rebooting")
-			syscall.Sync()
-
-			return syscall.Reboot(syscall.LINUX_REBOOT_CMD_RESTART)
+			// The edge offers a Secure Boot machine whose plan is its disk nothing, so that its firmware boots the
+			// disk: this image booting with that plan means the edge offered it anyway.
+			return errors.New("the edge booted this Secure Boot machine from the network, though its plan is its disk")
 		}
 
 		args = append(args, plan...)
@@ -162,72 +153,6 @@ func planArgs(edge, uuid, ifname string) (args []string, toDisk bool, err error)
 	}
 
 	return nil, false, nil
-}
-
-// efiGlobal is the EFI global variable GUID (BootNext, Boot####) as efivarfs names it.
-const efiGlobal = "8be4df61-93ca-11d2-aa0d-00e098032b8c"
-
-// bootDiskNext sets the firmware's BootNext to its boot entry for the disk (OVMF names a virtio disk's entry
-// "UEFI Misc Device"), through efivarfs.
-func bootDiskNext() error {
-	const vars = "/sys/firmware/efi/efivars"
-
-	if err := syscall.Mount("efivarfs", vars, "efivarfs", 0, ""); err != nil && !errors.Is(err, syscall.EBUSY) {
-		return fmt.Errorf("mount efivarfs: %w", err)
-	}
-
-	entries, err := os.ReadDir(vars)
-	if err != nil {
-		return fmt.Errorf("efi variables: %w", err)
-	}
-
-	for _, e := range entries {
-		num, ok := strings.CutSuffix(e.Name(), "-"+efiGlobal)
-		if !ok || len(num) != 8 || !strings.HasPrefix(num, "Boot") {
-			continue
-		}
-
-		n, err := strconv.ParseUint(num[4:], 16, 16)
-		if err != nil {
-			continue
-		}
-
-		b, err := os.ReadFile(filepath.Join(vars, e.Name()))
-		// efivarfs: 4 bytes of attributes, then EFI_LOAD_OPTION: attributes (4), file path list length (2),
-		// the description (UCS-2, NUL-terminated), the device path.
-		if err != nil || len(b) < 10 {
-			continue
-		}
-
-		var desc []rune
-
-		for i := 10; i+1 < len(b); i += 2 {
-			c := rune(binary.LittleEndian.Uint16(b[i:]))
-			if c == 0 {
-				break
-			}
-
-			desc = append(desc, c)
-		}
-
-		if !strings.Contains(string(desc), "Misc Device") {
-			continue
-		}
-
-		// Non-volatile, boot service and runtime access; the entry's number.
-		v := binary.LittleEndian.AppendUint32(nil, 7)
-		v = binary.LittleEndian.AppendUint16(v, uint16(n))
-
-		if err := os.WriteFile(filepath.Join(vars, "BootNext-"+efiGlobal), v, 0o644); err != nil {
-			return fmt.Errorf("set BootNext: %w", err)
-		}
-
-		fmt.Printf("OUTPOST-BOOTNEXT %s %q\n", num, string(desc))
-
-		return nil
-	}
-
-	return fmt.Errorf("no disk boot entry among the firmware's variables")
 }
 
 // install writes the image at src to the disk device dev, whole, and syncs it.
