@@ -16,6 +16,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/app"
 	"github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/config"
+	"github.com/outpost-metal/outpost/controller/labels"
 	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/shared/cli"
 	"github.com/outpost-metal/outpost/shared/envflag"
@@ -93,7 +94,7 @@ func rootCommand(lookup func(string) (string, bool)) (*cobra.Command, *envflag.B
 	f.StringVar(&cfg.ExtraMachineConfigFile, "extra-machine-config-file", cfg.ExtraMachineConfigFile, "Talos multi-documents (network, resolvers, time servers, ...) served with the join config to machines in agent mode")
 	f.DurationVar(&cfg.LeaseDuration, "lease-duration", cfg.LeaseDuration, "with Omni: a standby controller takes over after the active one has not renewed its lease this long")
 
-	f.StringSliceVar(&cfg.MachineLabels, "machine-labels", cfg.MachineLabels, "key=value labels published on every machine in Omni, besides its site label (comma separated)")
+	f.Var(labels.Flag(&cfg.MachineLabels), "machine-labels", "key=value labels published on every machine in Omni, besides its site label (comma separated)")
 	f.Var(machines.BMCProtocolFlag(&cfg.BMCProtocol), "bmc-protocol", "how edges talk to BMCs: auto (Redfish when it answers, else IPMI), ipmi or redfish")
 	f.Var(&cfg.DefaultBootMode, "default-boot-mode", "firmware mode (uefi or bios) for a PXE boot of a machine whose firmware is not known yet")
 

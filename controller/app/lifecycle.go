@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -15,7 +16,6 @@ import (
 	"github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/bootplans"
 	"github.com/outpost-metal/outpost/controller/config"
-	"github.com/outpost-metal/outpost/controller/labels"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/omni"
 	"github.com/outpost-metal/outpost/controller/resources"
@@ -70,9 +70,7 @@ func (b *builder) newLifecycle(context.Context) error {
 	}
 
 	lifecycleCfg := cfg.Lifecycle
-	if lifecycleCfg.StaticLabels, err = labels.Parse(cfg.MachineLabels); err != nil {
-		return err
-	}
+	lifecycleCfg.StaticLabels = maps.Clone(cfg.MachineLabels)
 
 	deps := b.lifecycleDeps
 	deps.Types = types

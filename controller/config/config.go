@@ -80,8 +80,9 @@ type Config struct {
 	// BMCProtocol is how edges talk to BMCs: auto (Redfish when it answers, else IPMI), ipmi or redfish
 	// (parsed where it is given: machines.BMCProtocolFlag).
 	BMCProtocol bmcpb.Protocol
-	// MachineLabels are key=value labels published on every machine in Omni (besides its site label).
-	MachineLabels []string
+	// MachineLabels are labels published on every machine in Omni, besides its site label (parsed where they
+	// are given: labels.Flag).
+	MachineLabels map[string]string
 	// DefaultBootMode is the firmware mode ("uefi" or "bios") of a one-time PXE boot of a machine whose
 	// firmware neither its boots through the edge nor its BMC have told.
 	DefaultBootMode metal.Firmware
@@ -182,7 +183,7 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("bmc protocol %d: want auto, ipmi or redfish", c.BMCProtocol))
 	}
 
-	if _, err := labels.Parse(c.MachineLabels); err != nil {
+	if _, err := labels.Parse(labels.Pairs(c.MachineLabels)); err != nil {
 		errs = append(errs, fmt.Errorf("machine labels: %w", err))
 	}
 

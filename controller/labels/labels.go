@@ -11,6 +11,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/spf13/pflag"
 )
 
 // Site is the key of the label naming the machine's site.
@@ -90,6 +92,50 @@ func Parse(pairs []string) (map[string]string, error) {
 
 	return out, nil
 }
+
+// Pairs is labels as "k=v" pairs sorted by key, the form Parse reads.
+func Pairs(labels map[string]string) []string {
+	out := make([]string, 0, len(labels))
+
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		out = append(out, k+"="+labels[k])
+	}
+
+	return out
+}
+
+// Flag is m as a flag value (pflag.Value) taking comma-separated key=value pairs, each checked as Parse checks
+// them, so that a configuration holds the labels parsed. The first use replaces the default; later uses add.
+func Flag(m *map[string]string) pflag.Value { return &labelsFlag{m: m} }
+
+type labelsFlag struct {
+	m   *map[string]string
+	set bool
+}
+
+func (f *labelsFlag) String() string { return strings.Join(Pairs(*f.m), ",") }
+
+func (f *labelsFlag) Set(s string) error {
+	var pairs []string
+	if s != "" {
+		pairs = strings.Split(s, ",")
+	}
+
+	parsed, err := Parse(pairs)
+	if err != nil {
+		return err
+	}
+
+	if !f.set {
+		*f.m, f.set = map[string]string{}, true
+	}
+
+	maps.Copy(*f.m, parsed)
+
+	return nil
+}
+
+func (*labelsFlag) Type() string { return "labels" }
 
 // Machine returns the labels of a machine at site: its inventory labels, then the static labels and the site's
 // own (an operator's word wins over the BMC's, the site's over the provider's), then the site label (which

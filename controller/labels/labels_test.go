@@ -3,6 +3,7 @@ package labels_test
 import (
 	"testing"
 
+	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outpost-metal/outpost/controller/labels"
@@ -80,4 +81,23 @@ func FuzzParse(f *testing.F) {
 			require.NoError(t, labels.ValidateValue(v))
 		}
 	})
+}
+
+// The labels flag holds the parsed labels: the first use replaces the default, later uses add, and a bad pair
+// is refused, changing nothing.
+func TestFlag(t *testing.T) {
+	t.Parallel()
+
+	m := map[string]string{"default": "yes"}
+	f := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	f.Var(labels.Flag(&m), "labels", "")
+
+	require.Equal(t, "default=yes", f.Lookup("labels").DefValue)
+	require.NoError(t, f.Parse([]string{"--labels", "rack=r1, row=2", "--labels", "zone=a"}))
+	require.Equal(t, map[string]string{"rack": "r1", "row": "2", "zone": "a"}, m)
+	require.Equal(t, "rack=r1,row=2,zone=a", f.Lookup("labels").Value.String())
+
+	require.ErrorContains(t, f.Parse([]string{"--labels", "zone=b,site=x"}), "set by the controller")
+	require.Equal(t, "a", m["zone"], "a refused value changes nothing")
+	require.Error(t, f.Parse([]string{"--labels", "nopair"}))
 }
