@@ -10,6 +10,7 @@ import (
 
 	"github.com/outpost-metal/outpost/controller/admincli"
 	"github.com/outpost-metal/outpost/controller/config"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // assetsCommand is `controller assets`: install profiles staged at sites ahead of need, and what sites hold.
@@ -17,10 +18,11 @@ func assetsCommand(cfg *config.Config) *cobra.Command {
 	cmd := &cobra.Command{Use: "assets", Short: "Boot assets of sites: stage install profiles ahead of need, list what a site holds"}
 
 	var (
-		site, output, schematic, version, arch string
-		extensions                             []string
-		noWait                                 bool
-		timeout                                time.Duration
+		site, output, schematic, version string
+		arch                             = metal.AMD64
+		extensions                       []string
+		noWait                           bool
+		timeout                          time.Duration
 	)
 
 	cmd.PersistentFlags().StringVar(&site, "site", "", "the site")
@@ -30,7 +32,7 @@ func assetsCommand(cfg *config.Config) *cobra.Command {
 		c.Flags().StringVar(&schematic, "schematic", "", "image factory schematic ID of the profile")
 		c.Flags().StringSliceVar(&extensions, "extensions", nil, "official extensions of the profile (instead of --schematic)")
 		c.Flags().StringVar(&version, "talos-version", "", "Talos version of the profile")
-		c.Flags().StringVar(&arch, "arch", "amd64", "amd64 or arm64")
+		c.Flags().Var(&arch, "arch", "amd64 or arm64")
 	}
 
 	profile := func() (admincli.Profile, error) {

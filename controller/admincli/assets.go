@@ -11,6 +11,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/assets"
 	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
 	assetspb "github.com/outpost-metal/outpost/shared/api/assets"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // Profile is a Talos install profile at a site, as an operator names it: a schematic, or extensions.
@@ -19,12 +20,12 @@ type Profile struct {
 	SchematicID  string
 	Extensions   []string
 	TalosVersion string
-	Arch         string
+	Arch         metal.Arch
 }
 
 func (p Profile) request() *adminpb.StageAssetsRequest {
 	return &adminpb.StageAssetsRequest{
-		SiteId: p.Site, SchematicId: p.SchematicID, Extensions: p.Extensions, TalosVersion: p.TalosVersion, Arch: p.Arch,
+		SiteId: p.Site, SchematicId: p.SchematicID, Extensions: p.Extensions, TalosVersion: p.TalosVersion, Arch: p.Arch.String(),
 	}
 }
 

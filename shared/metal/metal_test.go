@@ -61,6 +61,19 @@ func TestParseFirmware(t *testing.T) {
 	}
 }
 
+// A flag of type Arch holds the parsed architecture and refuses anything else, keeping its value.
+func TestArchFlag(t *testing.T) {
+	t.Parallel()
+
+	a := metal.AMD64
+	require.NoError(t, a.Set("arm64"))
+	require.Equal(t, metal.ARM64, a)
+	require.Equal(t, "arm64", a.String())
+	require.ErrorIs(t, a.Set("x86_64"), metal.ErrUnknownArch)
+	require.Equal(t, metal.ARM64, a)
+	require.Equal(t, "arch", a.Type())
+}
+
 // A flag of type Firmware holds the parsed class and refuses anything else, keeping its value.
 func TestFirmwareFlag(t *testing.T) {
 	t.Parallel()
