@@ -10,6 +10,7 @@ import (
 
 	"github.com/outpost-metal/outpost/controller/admincli"
 	"github.com/outpost-metal/outpost/controller/config"
+	"github.com/outpost-metal/outpost/shared/envflag"
 	"github.com/outpost-metal/outpost/shared/metal"
 )
 
@@ -32,7 +33,7 @@ func assetsCommand(cfg *config.Config) *cobra.Command {
 		c.Flags().StringVar(&schematic, "schematic", "", "image factory schematic ID of the profile")
 		c.Flags().StringSliceVar(&extensions, "extensions", nil, "official extensions of the profile (instead of --schematic)")
 		c.Flags().StringVar(&version, "talos-version", "", "Talos version of the profile")
-		c.Flags().Var(&arch, "arch", "amd64 or arm64")
+		c.Flags().Var(envflag.Parsed(&arch, "arch", metal.ParseArch, metal.Arch.String), "arch", "amd64 or arm64")
 	}
 
 	profile := func() (admincli.Profile, error) {

@@ -20,6 +20,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/shared/cli"
 	"github.com/outpost-metal/outpost/shared/envflag"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 func main() {
@@ -77,7 +78,7 @@ func rootCommand(lookup func(string) (string, bool)) (*cobra.Command, *envflag.B
 	f.BoolVar(&cfg.Omni.InsecureSkipVerify, "omni-insecure-skip-verify", cfg.Omni.InsecureSkipVerify, "skip TLS verification of Omni (labs only)")
 	f.StringVar(&cfg.Omni.ProviderID, "provider-id", cfg.Omni.ProviderID, "infra provider ID the service account was created for")
 	f.DurationVar(&cfg.Lifecycle.Cooldown, "power-cooldown", cfg.Lifecycle.Cooldown, "minimum time between a power-on or reboot and the next power-off or reboot")
-	f.Var(&cfg.Lifecycle.WipeMethod, "wipe-method", "how disks are wiped on accept and release: fast or zeroes")
+	f.Var(machines.WipeMethodFlag(&cfg.Lifecycle.WipeMethod), "wipe-method", "how disks are wiped on accept and release: fast or zeroes")
 	f.DurationVar(&cfg.Lifecycle.AgentReconnectGrace, "agent-reconnect-grace", cfg.Lifecycle.AgentReconnectGrace, "how long a machine whose agent went away may take to see it back before it is rebooted into agent mode")
 	f.DurationVar(&cfg.Lifecycle.WipeTimeout, "wipe-timeout", cfg.Lifecycle.WipeTimeout, "how long a fast wipe may take")
 	f.DurationVar(&cfg.Lifecycle.ZeroesWipeTimeout, "zeroes-wipe-timeout", cfg.Lifecycle.ZeroesWipeTimeout, "how long a zeroes wipe may take (size it to the largest disks)")
@@ -96,7 +97,7 @@ func rootCommand(lookup func(string) (string, bool)) (*cobra.Command, *envflag.B
 
 	f.Var(labels.Flag(&cfg.MachineLabels), "machine-labels", "key=value labels published on every machine in Omni, besides its site label (comma separated)")
 	f.Var(machines.BMCProtocolFlag(&cfg.BMCProtocol), "bmc-protocol", "how edges talk to BMCs: auto (Redfish when it answers, else IPMI), ipmi or redfish")
-	f.Var(&cfg.DefaultBootMode, "default-boot-mode", "firmware mode (uefi or bios) for a PXE boot of a machine whose firmware is not known yet")
+	f.Var(envflag.Parsed(&cfg.DefaultBootMode, "firmware", metal.ParseFirmware, metal.Firmware.String), "default-boot-mode", "firmware mode (uefi or bios) for a PXE boot of a machine whose firmware is not known yet")
 
 	// The service-account key is a secret: it comes from the environment only, never from a flag (visible in ps).
 	cfg.Omni.ServiceAccountKey, _ = lookup("OMNI_SERVICE_ACCOUNT_KEY")

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 
 	assetsapi "github.com/outpost-metal/outpost/shared/api/assets"
+	"github.com/outpost-metal/outpost/shared/envflag"
 )
 
 // ParsePolicy parses a policy name as operators type it: passthrough, cache or offline.
@@ -49,24 +50,9 @@ func ValidPolicy(p assetsapi.Policy) bool {
 
 // PolicyFlag is p as a flag value (pflag.Value): it takes passthrough, cache or offline, so that a
 // configuration holds the policy parsed.
-func PolicyFlag(p *assetsapi.Policy) pflag.Value { return (*policyFlag)(p) }
-
-type policyFlag assetsapi.Policy
-
-func (f *policyFlag) String() string { return PolicyName(assetsapi.Policy(*f)) }
-
-func (f *policyFlag) Set(s string) error {
-	p, err := ParsePolicy(s)
-	if err != nil {
-		return err
-	}
-
-	*f = policyFlag(p)
-
-	return nil
+func PolicyFlag(p *assetsapi.Policy) pflag.Value {
+	return envflag.Parsed(p, "policy", ParsePolicy, PolicyName)
 }
-
-func (*policyFlag) Type() string { return "policy" }
 
 // SiteAssets is one site's asset state as `controller site` shows it.
 type SiteAssets struct {

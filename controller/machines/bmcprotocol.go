@@ -6,6 +6,7 @@ import (
 	"github.com/spf13/pflag"
 
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+	"github.com/outpost-metal/outpost/shared/envflag"
 )
 
 // ParseBMCProtocol checks a BMC protocol setting: auto, ipmi or redfish.
@@ -38,21 +39,6 @@ func BMCProtocolName(p bmcpb.Protocol) string {
 
 // BMCProtocolFlag is p as a flag value (pflag.Value): it takes auto, ipmi or redfish, so that a configuration
 // holds the protocol parsed.
-func BMCProtocolFlag(p *bmcpb.Protocol) pflag.Value { return (*protocolFlag)(p) }
-
-type protocolFlag bmcpb.Protocol
-
-func (f *protocolFlag) String() string { return BMCProtocolName(bmcpb.Protocol(*f)) }
-
-func (f *protocolFlag) Set(s string) error {
-	p, err := ParseBMCProtocol(s)
-	if err != nil {
-		return err
-	}
-
-	*f = protocolFlag(p)
-
-	return nil
+func BMCProtocolFlag(p *bmcpb.Protocol) pflag.Value {
+	return envflag.Parsed(p, "protocol", ParseBMCProtocol, BMCProtocolName)
 }
-
-func (*protocolFlag) Type() string { return "protocol" }

@@ -7,8 +7,10 @@ import (
 	"sync"
 
 	"github.com/siderolabs/gen/optional"
+	"github.com/spf13/pflag"
 
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+	"github.com/outpost-metal/outpost/shared/envflag"
 )
 
 // SitePolicy is what an operator set for one site (controller site set) that the lifecycle applies, parsed
@@ -197,20 +199,8 @@ func ParseWipeMethod(s string) (WipeMethod, error) {
 	return "", fmt.Errorf("wipe method %q: want %s or %s", s, WipeFast, WipeZeroes)
 }
 
-// String implements pflag.Value.
-func (m *WipeMethod) String() string { return string(*m) }
-
-// Set implements pflag.Value.
-func (m *WipeMethod) Set(s string) error {
-	v, err := ParseWipeMethod(s)
-	if err != nil {
-		return err
-	}
-
-	*m = v
-
-	return nil
+// WipeMethodFlag is m as a flag value (pflag.Value): it takes fast or zeroes, so that a configuration holds
+// the method parsed.
+func WipeMethodFlag(m *WipeMethod) pflag.Value {
+	return envflag.Parsed(m, "method", ParseWipeMethod, func(m WipeMethod) string { return string(m) })
 }
-
-// Type implements pflag.Value.
-func (*WipeMethod) Type() string { return "method" }

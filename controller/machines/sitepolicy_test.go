@@ -82,8 +82,11 @@ func TestSettingFlags(t *testing.T) {
 	require.Equal(t, bmcpb.Protocol_PROTOCOL_IPMI, proto, "a refused value changes nothing")
 
 	wipe := machines.WipeFast
-	require.NoError(t, wipe.Set("zeroes"))
+	w := machines.WipeMethodFlag(&wipe)
+	require.NoError(t, w.Set("zeroes"))
 	require.Equal(t, machines.WipeZeroes, wipe)
-	require.EqualError(t, wipe.Set("shred"), `wipe method "shred": want fast or zeroes`)
+	require.Equal(t, "zeroes", w.String())
+	require.EqualError(t, w.Set("shred"), `wipe method "shred": want fast or zeroes`)
 	require.Equal(t, machines.WipeZeroes, wipe)
+	require.Equal(t, "method", w.Type())
 }

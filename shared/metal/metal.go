@@ -82,23 +82,8 @@ func ParseArch(s string) (Arch, error) {
 	}
 }
 
-// String is the architecture's name (pflag.Value).
+// String is the architecture's name.
 func (a Arch) String() string { return string(a) }
-
-// Set parses s with ParseArch into a, so that a flag's value is held parsed (pflag.Value).
-func (a *Arch) Set(s string) error {
-	parsed, err := ParseArch(s)
-	if err != nil {
-		return err
-	}
-
-	*a = parsed
-
-	return nil
-}
-
-// Type names the flag's kind in help text (pflag.Value).
-func (*Arch) Type() string { return "arch" }
 
 // IPXE is iPXE's name for the architecture's 64-bit build (x86_64, arm64), under which the boot table keys
 // its agent-mode kernels.
@@ -133,20 +118,5 @@ func ParseFirmware(s string) (Firmware, error) {
 	}
 }
 
-// String is the class's name (pflag.Value).
+// String is the class's name.
 func (f Firmware) String() string { return string(f) }
-
-// Set parses s with ParseFirmware into f, so that a flag's value is held parsed (pflag.Value).
-func (f *Firmware) Set(s string) error {
-	parsed, err := ParseFirmware(s)
-	if err != nil {
-		return err
-	}
-
-	*f = parsed
-
-	return nil
-}
-
-// Type names the flag's kind in help text (pflag.Value).
-func (*Firmware) Type() string { return "firmware" }

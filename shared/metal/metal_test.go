@@ -61,32 +61,6 @@ func TestParseFirmware(t *testing.T) {
 	}
 }
 
-// A flag of type Arch holds the parsed architecture and refuses anything else, keeping its value.
-func TestArchFlag(t *testing.T) {
-	t.Parallel()
-
-	a := metal.AMD64
-	require.NoError(t, a.Set("arm64"))
-	require.Equal(t, metal.ARM64, a)
-	require.Equal(t, "arm64", a.String())
-	require.ErrorIs(t, a.Set("x86_64"), metal.ErrUnknownArch)
-	require.Equal(t, metal.ARM64, a)
-	require.Equal(t, "arch", a.Type())
-}
-
-// A flag of type Firmware holds the parsed class and refuses anything else, keeping its value.
-func TestFirmwareFlag(t *testing.T) {
-	t.Parallel()
-
-	fw := metal.UEFI
-	require.NoError(t, fw.Set("BIOS"))
-	require.Equal(t, metal.BIOS, fw)
-	require.Equal(t, "bios", fw.String())
-	require.ErrorIs(t, fw.Set("efi"), metal.ErrUnknownFirmware)
-	require.Equal(t, metal.BIOS, fw)
-	require.Equal(t, "firmware", fw.Type())
-}
-
 func FuzzParseID(f *testing.F) {
 	f.Add("4c4c4544-0042-3510-8052-b4c04f384833")
 	f.Add("")
