@@ -274,6 +274,7 @@ func (b *builder) newHTTP(context.Context) error {
 		Catalog:    b.catalog,
 		Observer:   b.events,
 		Assets:     served,
+		Coming:     b.fetcher,
 		Registry:   oci,
 		Upstream:   upstream,
 		Registerer: b.metrics,

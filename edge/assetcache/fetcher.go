@@ -279,6 +279,21 @@ func (f *Fetcher) Statuses() []Status {
 	return out
 }
 
+// Coming reports whether /assets/<name> is on its way: asked for by the controller and being fetched now (a
+// boot that needs it can wait for it, where one that needs an asset nobody is fetching cannot).
+func (f *Fetcher) Coming(name string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	for digest, names := range f.names {
+		if _, ok := names[name]; ok && f.states[digest] != nil && f.states[digest].State == StateFetching {
+			return true
+		}
+	}
+
+	return false
+}
+
 // Changed is signalled (coalesced) whenever an asset's state changes.
 func (f *Fetcher) Changed() <-chan struct{} { return f.changed }
 

@@ -179,3 +179,45 @@ func TestOneContentUnderTwoNames(t *testing.T) {
 		require.Equal(t, sum, e.SHA256)
 	}
 }
+
+// An asset is coming while it is being fetched, and no longer once it is here; one the fetcher cannot fetch
+// (offline, no relay) or was never asked for is not coming.
+func TestComing(t *testing.T) {
+	t.Parallel()
+
+	data, sum := blob(t, 4096)
+	release := make(chan struct{})
+
+	factory := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+
+		http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(data))
+	}))
+	t.Cleanup(factory.Close)
+
+	s := newStore(t, t.TempDir(), 1<<30)
+	f := startFetcher(t, s, assetcache.PolicyCache, factory.Client())
+	name := assetcache.AgentName("arm64", assetcache.KindKernel)
+
+	require.False(t, f.Coming(name), "not asked for yet")
+
+	_, err := f.Ensure(assetcache.PolicyCache, []assetcache.Ref{{Name: name, SHA256: sum, Size: int64(len(data)), URLs: []string{factory.URL}}})
+	require.NoError(t, err)
+	require.True(t, f.Coming(name), "being fetched")
+	require.False(t, f.Coming(assetcache.AgentName("amd64", assetcache.KindKernel)), "another name")
+
+	close(release)
+	waitState(t, f, sum, assetcache.StatePresent)
+	require.False(t, f.Coming(name), "here, no longer coming")
+
+	offline := startFetcher(t, newStore(t, t.TempDir(), 1<<30), assetcache.PolicyOffline, nil)
+	_, other := blob(t, 10)
+	sts, err := offline.Ensure(assetcache.PolicyOffline, []assetcache.Ref{{Name: name, SHA256: other, Size: 10}})
+	require.NoError(t, err)
+	require.Equal(t, assetcache.StateMissing, sts[0].State)
+	require.False(t, offline.Coming(name), "missing with no source to fetch it from")
+}

@@ -29,6 +29,8 @@ type Request struct {
 	Plan boot.Entry
 	// Assets tells which /assets/ names the edge serves now (its cache or its files directory); nil: none.
 	Assets AssetIndex
+	// Coming tells which /assets/ names the edge is fetching now; nil: none.
+	Coming ComingIndex
 	// Upstream is how the site's machines may reach upstream install assets (the site's asset policy).
 	Upstream UpstreamRule
 	// LastReported is when this machine's wait for assets was last reported; zero if never.
@@ -84,8 +86,9 @@ const (
 	// as a script that cannot boot).
 	ReasonNoInstallKernel = "no_install_kernel"
 	// ReasonNoArchAssets: agent mode for a machine whose kernel arch the site has no agent assets for, while
-	// it has those of another arch (the site's agent assets are here, this arch's are not among them: waiting
-	// would not end, and another arch's kernel must never be booted).
+	// it has those of another arch and is not fetching this arch's (the site's agent assets are here, this
+	// arch's are neither among them nor on their way: waiting would not end, and another arch's kernel must
+	// never be booted). While they are on their way, the machine waits for them.
 	ReasonNoArchAssets = "no_agent_assets_for_arch"
 )
 
@@ -166,7 +169,7 @@ func Decide(cfg Config, req Request) Answer {
 			arch := q.Arch()
 			k = agentKernel(cfg, arch)
 
-			if len(missingAssets(req.Assets, k)) == 2 && otherArchAgent(cfg, req.Assets, arch) {
+			if len(missingAssets(req.Assets, k)) == 2 && !coming(req.Coming, k) && otherArchAgent(cfg, req.Assets, arch) {
 				return Answer{Kind: KindRefuse, Reason: ReasonNoArchAssets, Status: http.StatusNotFound}
 			}
 		}
@@ -185,6 +188,21 @@ func agentKernel(cfg Config, arch metal.Arch) *bootpb.Kernel {
 		KernelUrl: strings.ReplaceAll(cfg.AgentKernel, "{arch}", arch.IPXE()),
 		InitrdUrl: strings.ReplaceAll(cfg.AgentInitrd, "{arch}", arch.IPXE()),
 	}
+}
+
+// coming reports whether the edge is fetching k's edge-local kernel or initrd now.
+func coming(c ComingIndex, k *bootpb.Kernel) bool {
+	if c == nil {
+		return false
+	}
+
+	for _, u := range []string{k.GetKernelUrl(), k.GetInitrdUrl()} {
+		if name, ok := strings.CutPrefix(u, "/assets/"); ok && c.Coming(name) {
+			return true
+		}
+	}
+
+	return false
 }
 
 // otherArchAgent reports whether the edge serves the default agent kernel and initrd of an arch other than

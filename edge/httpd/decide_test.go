@@ -18,6 +18,11 @@ type names map[string]bool
 
 func (n names) Has(name string) bool { return n[name] }
 
+// fetching is an edge fetching these asset names now.
+type fetching map[string]bool
+
+func (f fetching) Coming(name string) bool { return f[name] }
+
 func TestDecide(t *testing.T) {
 	t.Parallel()
 
@@ -41,6 +46,7 @@ func TestDecide(t *testing.T) {
 		host   string
 		plan   boot.Entry
 		assets httpd.AssetIndex
+		coming httpd.ComingIndex
 		last   time.Time
 		want   httpd.Answer
 	}{
@@ -85,6 +91,21 @@ func TestDecide(t *testing.T) {
 			name:  "an arm64 machine at a site with x86_64 agent assets only is refused, never given x86_64's",
 			query: httpd.BootQuery{Build: bootpb.IPXEArch_IPXE_ARCH_ARM64}, plan: boot.Entry{}, assets: agentAssets,
 			want: httpd.Answer{Kind: httpd.KindRefuse, Reason: httpd.ReasonNoArchAssets, Status: http.StatusNotFound},
+		},
+		{
+			name:  "an arm64 machine at a site with x86_64 agent assets waits while its own are on their way",
+			query: httpd.BootQuery{Build: bootpb.IPXEArch_IPXE_ARCH_ARM64}, plan: boot.Entry{}, assets: agentAssets,
+			coming: fetching{"agent/arm64/initramfs.xz": true},
+			want: httpd.Answer{
+				Kind: httpd.KindWait, Mode: "wait", Report: true, Waiting: "agent", Missing: []string{"agent/arm64/vmlinuz", "agent/arm64/initramfs.xz"},
+				Again: base + "/ipxe/boot.ipxe?" + httpd.BootQuery{Build: bootpb.IPXEArch_IPXE_ARCH_ARM64}.Encode(), WaitSeconds: 30,
+			},
+		},
+		{
+			name:  "an arm64 machine is refused when only another arch's assets are on their way",
+			query: httpd.BootQuery{Build: bootpb.IPXEArch_IPXE_ARCH_ARM64}, plan: boot.Entry{}, assets: agentAssets,
+			coming: fetching{"talos/vmlinuz": true, "agent/x86_64/vmlinuz": true},
+			want:   httpd.Answer{Kind: httpd.KindRefuse, Reason: httpd.ReasonNoArchAssets, Status: http.StatusNotFound},
 		},
 		{
 			name: "an x86_64 machine at a site with arm64 agent assets only is refused", plan: boot.Entry{},
@@ -192,7 +213,7 @@ func TestDecide(t *testing.T) {
 				tc.cfg(&c)
 			}
 
-			req := httpd.Request{Query: tc.query, Host: tc.host, Plan: tc.plan, Assets: tc.assets, LastReported: tc.last, Now: now}
+			req := httpd.Request{Query: tc.query, Host: tc.host, Plan: tc.plan, Assets: tc.assets, Coming: tc.coming, LastReported: tc.last, Now: now}
 			if req.Query.Build == bootpb.IPXEArch_IPXE_ARCH_UNSPECIFIED {
 				req.Query = query
 			}

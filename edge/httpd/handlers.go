@@ -46,7 +46,7 @@ func (s *Server) serveBoot(w http.ResponseWriter, r *http.Request) {
 	e := s.deps.Table.Lookup(q.UUID, q.MAC, q.Arch())
 
 	a := Decide(s.cfg, Request{
-		Query: q, Host: r.Host, Plan: e, Assets: s.deps.Assets, Upstream: s.upstream(),
+		Query: q, Host: r.Host, Plan: e, Assets: s.deps.Assets, Coming: s.deps.Coming, Upstream: s.upstream(),
 		LastReported: s.waits.last(waitKey), Now: now,
 	})
 

@@ -59,6 +59,12 @@ type AssetIndex interface {
 	Has(name string) bool
 }
 
+// ComingIndex says which /assets/ names the edge is fetching now (edge/assetcache.Fetcher).
+type ComingIndex interface {
+	// Coming reports whether /assets/<name> is being fetched, so that a boot needing it can wait for it.
+	Coming(name string) bool
+}
+
 // Assets owns /assets/: it says which names it serves and serves them (the asset cache and the operator's
 // files directory, edge/assetcache.Handler).
 type Assets interface {
@@ -73,6 +79,9 @@ type Deps struct {
 	// Assets serves /assets/ (optional: without it nothing is served there). A boot whose edge-local kernel
 	// or initrd it does not have gets a script that waits for them.
 	Assets Assets
+	// Coming says which assets are on their way (optional: without it none is). An arm64 machine at a site
+	// holding only x86 agent assets waits while the arm64 ones are coming, and is refused by name otherwise.
+	Coming ComingIndex
 	// Upstream tells how the site's machines may reach upstream install assets, from the site's asset policy
 	// now (nil: UpstreamAllowed, as on an edge without a cache).
 	Upstream func() UpstreamRule
