@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outpost-metal/outpost/edge/assetcache"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 func TestMain(m *testing.M) {
@@ -201,14 +202,14 @@ func TestComing(t *testing.T) {
 
 	s := newStore(t, t.TempDir(), 1<<30)
 	f := startFetcher(t, s, assetcache.PolicyCache, factory.Client())
-	name := assetcache.AgentName("arm64", assetcache.KindKernel)
+	name := assetcache.AgentName(metal.ARM64, "vmlinuz")
 
 	require.False(t, f.Coming(name), "not asked for yet")
 
 	_, err := f.Ensure(assetcache.PolicyCache, []assetcache.Ref{{Name: name, SHA256: sum, Size: int64(len(data)), URLs: []string{factory.URL}}})
 	require.NoError(t, err)
 	require.True(t, f.Coming(name), "being fetched")
-	require.False(t, f.Coming(assetcache.AgentName("amd64", assetcache.KindKernel)), "another name")
+	require.False(t, f.Coming(assetcache.AgentName(metal.AMD64, "vmlinuz")), "another name")
 
 	close(release)
 	waitState(t, f, sum, assetcache.StatePresent)

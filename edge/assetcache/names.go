@@ -9,6 +9,7 @@ import (
 	"fmt"
 
 	"github.com/outpost-metal/outpost/shared/assetbundle"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // Asset kinds: a boot profile's kernel and initramfs (its command line is in the boot plan, not an asset).
@@ -29,9 +30,10 @@ func ValidateName(name string) error { return assetbundle.ValidateName(name) }
 // ValidateDigest checks a lower-case hex SHA-256 digest.
 func ValidateDigest(digest string) error { return assetbundle.ValidateDigest(digest) }
 
-// AgentName is the logical name of an agent-mode boot asset for an architecture ("amd64", "arm64").
-func AgentName(arch, kind string) string {
-	return "agent/" + arch + "/" + kind
+// AgentName is the logical name of the agent-mode boot file (vmlinuz, initramfs.xz) for an architecture, as
+// the edge's boot scripts ask for it: under iPXE's name for the architecture (agent/x86_64/vmlinuz).
+func AgentName(arch metal.Arch, file string) string {
+	return "agent/" + arch.IPXE() + "/" + file
 }
 
 // Ref identifies one asset: its logical name, digest and size, and where it may be fetched from.

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outpost-metal/outpost/edge/assetcache"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 func blob(t testing.TB, n int) ([]byte, string) {
@@ -143,7 +144,7 @@ func TestInterruptedDownloadLeavesNoVisibleAsset(t *testing.T) {
 	dir := t.TempDir()
 	s := newStore(t, dir, 1<<30)
 	data, sum := blob(t, 1<<20)
-	ref := assetcache.Ref{Name: assetcache.AgentName("amd64", assetcache.KindKernel), SHA256: sum, Size: int64(len(data))}
+	ref := assetcache.Ref{Name: assetcache.AgentName(metal.AMD64, "vmlinuz"), SHA256: sum, Size: int64(len(data))}
 
 	ctx, cancel := context.WithCancel(t.Context())
 	src := &blockingSource{data: data, started: make(chan struct{})}

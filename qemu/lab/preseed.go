@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/outpost-metal/outpost/edge/assetcache"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // PreseedBundle writes an edge asset bundle (outpost-assets.json and the files) for --assets-preseed-dir with
@@ -14,11 +15,9 @@ import (
 func PreseedBundle(images Images, localDir, dir string) error {
 	var files []assetcache.BundleFile
 
-	for _, arch := range []string{"x86_64", "amd64"} {
-		files = append(files,
-			assetcache.BundleFile{Name: assetcache.AgentName(arch, "vmlinuz"), Source: images.Kernel},
-			assetcache.BundleFile{Name: assetcache.AgentName(arch, "initramfs.xz"), Source: images.Initramfs})
-	}
+	files = append(files,
+		assetcache.BundleFile{Name: assetcache.AgentName(metal.AMD64, "vmlinuz"), Source: images.Kernel},
+		assetcache.BundleFile{Name: assetcache.AgentName(metal.AMD64, "initramfs.xz"), Source: images.Initramfs})
 
 	if localDir != "" {
 		tree, err := assetcache.TreeFiles("install", localDir)

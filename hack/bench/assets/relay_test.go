@@ -15,6 +15,7 @@ import (
 	ctlassets "github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/edge/assetcache"
 	assetsapi "github.com/outpost-metal/outpost/shared/api/assets"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // offsetRecorder records the offsets edges ask the relay for.
@@ -88,7 +89,7 @@ func TestRelayResumesAfterCut(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 
-	ref := assetcache.Ref{Name: assetcache.AgentName("amd64", assetcache.KindInitramfs), SHA256: digest, Size: size}
+	ref := assetcache.Ref{Name: assetcache.AgentName(metal.AMD64, "initramfs.xz"), SHA256: digest, Size: size}
 	require.NoError(t, store.Put(ctx, ref, assetcache.RelaySource{Client: assetsapi.NewAssetRelayClient(conn)}))
 
 	require.Equal(t, int32(1), ln.cuts.Load(), "the connection was never cut")

@@ -17,6 +17,7 @@ import (
 	edgeuplink "github.com/outpost-metal/outpost/edge/uplink"
 	"github.com/outpost-metal/outpost/qemu/linklab"
 	assetsapi "github.com/outpost-metal/outpost/shared/api/assets"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // TestRelayOverUplinkResumesAfterCut fills an offline site's cache by relay over the real uplink (TLS, yamux,
@@ -31,7 +32,7 @@ func TestRelayOverUplinkResumesAfterCut(t *testing.T) {
 
 	ctlDir := t.TempDir()
 	digest := writeRandomFile(t, ctlDir, size)
-	ref := &assetsapi.AssetRef{Name: assetcache.AgentName("amd64", assetcache.KindInitramfs), Sha256: digest, Size: size}
+	ref := &assetsapi.AssetRef{Name: assetcache.AgentName(metal.AMD64, "initramfs.xz"), Sha256: digest, Size: size}
 
 	catalog := ctlassets.NewCatalog(assetsapi.Policy_POLICY_OFFLINE, nil)
 	catalog.SetNeeded("site-a", []*assetsapi.AssetRef{ref})

@@ -28,6 +28,7 @@ import (
 	wanbench "github.com/outpost-metal/outpost/hack/bench/wan"
 	"github.com/outpost-metal/outpost/qemu/linklab"
 	assetsapi "github.com/outpost-metal/outpost/shared/api/assets"
+	"github.com/outpost-metal/outpost/shared/metal"
 	"github.com/outpost-metal/outpost/shared/uplink"
 )
 
@@ -107,7 +108,7 @@ func writeAsset(t *testing.T, dir string, size int64) assetcache.Ref {
 	digest := hex.EncodeToString(h.Sum(nil))
 	require.NoError(t, os.Rename(tmp, filepath.Join(dir, digest)))
 
-	return assetcache.Ref{Name: assetcache.AgentName("amd64", assetcache.KindInitramfs), SHA256: digest, Size: size}
+	return assetcache.Ref{Name: assetcache.AgentName(metal.AMD64, "initramfs.xz"), SHA256: digest, Size: size}
 }
 
 // fetchCalls records the relay's Fetch calls on the controller: the offset each asked for and when each returned.
