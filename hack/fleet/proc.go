@@ -93,29 +93,17 @@ func cores(a, b cpuSample) float64 {
 
 // scrapeMetric returns the value of an unlabelled metric from a Prometheus text endpoint.
 func scrapeMetric(ctx context.Context, url, name string) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	series, err := scrapeAll(ctx, url)
 	if err != nil {
 		return 0, err
 	}
 
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close() //nolint:errcheck
-
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, err
+	v, ok := series[name]
+	if !ok {
+		return 0, fmt.Errorf("metric %s not served", name)
 	}
 
-	for line := range strings.SplitSeq(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			return strconv.ParseFloat(strings.TrimSpace(v), 64)
-		}
-	}
-
-	return 0, fmt.Errorf("metric %s not served", name)
+	return v, nil
 }
 
 // Dist summarises a sample: its size and percentiles.
