@@ -99,13 +99,16 @@ type Plan struct {
 	Arch string
 	// MACs are the machine's interfaces (the edge matches DHCP requests by them).
 	MACs []string
+	// SecureBoot is whether the machine's firmware enforces Secure Boot, so the edge offers it only the signed
+	// image (unspecified: nobody said, and the edge's own setting decides).
+	SecureBoot bootpb.SecureBoot
 }
 
 // Equal reports whether two plans are the same.
 func (p Plan) Equal(o Plan) bool {
 	return p.MachineID == o.MachineID && p.Mode == o.Mode && p.KernelURL == o.KernelURL && p.InitrdURL == o.InitrdURL &&
 		p.UpstreamKernelURL == o.UpstreamKernelURL && p.UpstreamInitrdURL == o.UpstreamInitrdURL && p.Installer == o.Installer && slices.Equal(p.KernelArgs, o.KernelArgs) && p.DiskMethod == o.DiskMethod && p.Arch == o.Arch &&
-		slices.Equal(p.MACs, o.MACs)
+		slices.Equal(p.MACs, o.MACs) && p.SecureBoot == o.SecureBoot
 }
 
 // Machine is the per-machine input of a plan.
@@ -116,6 +119,8 @@ type Machine struct {
 	Extensions      []string
 	ExtraKernelArgs string
 	Arch            string
+	// SecureBoot is whether its firmware enforces Secure Boot, as the controller knows it.
+	SecureBoot bootpb.SecureBoot
 }
 
 // PlannerConfig configures a Planner.
@@ -180,7 +185,7 @@ func NewPlanner(cfg PlannerConfig, resolver assets.Resolver) (*Planner, error) {
 // Plan computes machine m's plan.
 func (p *Planner) Plan(ctx context.Context, m Machine) (Plan, error) {
 	mode := Decide(m.Situation)
-	plan := Plan{MachineID: m.ID, Mode: mode}
+	plan := Plan{MachineID: m.ID, Mode: mode, SecureBoot: m.SecureBoot}
 
 	extra := strings.Fields(m.ExtraKernelArgs)
 
@@ -236,7 +241,7 @@ func (p *Planner) Plan(ctx context.Context, m Machine) (Plan, error) {
 
 // ToProto converts a plan to the boot table's form.
 func ToProto(p Plan) (*bootpb.Plan, error) {
-	out := &bootpb.Plan{Uuid: metal.NormalizeID(p.MachineID), Macs: slices.Clone(p.MACs)}
+	out := &bootpb.Plan{Uuid: metal.NormalizeID(p.MachineID), Macs: slices.Clone(p.MACs), SecureBoot: p.SecureBoot}
 
 	switch p.Mode {
 	case ModeAgent:

@@ -8,6 +8,7 @@ import (
 
 	"github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/bootplans"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
 func TestDecide(t *testing.T) {
@@ -73,10 +74,17 @@ func TestPlanner(t *testing.T) {
 	require.Equal(t, []string{"talos.platform=metal", "console=ttyS0,115200", "foo=bar"}, install.KernelArgs,
 		"the planner adds nothing the edge knows better (talos.config, the agent address)")
 
-	disk, err := p.Plan(ctx, bootplans.Machine{ID: "m1",
+	disk, err := p.Plan(ctx, bootplans.Machine{ID: "m1", SecureBoot: bootpb.SecureBoot_SECURE_BOOT_ON,
 		Situation: bootplans.Situation{Acceptance: bootplans.Accepted, Allocated: true, BMCConfigured: true, Installed: true}})
 	require.NoError(t, err)
-	require.Equal(t, bootplans.Plan{MachineID: "m1", Mode: bootplans.ModeDisk, DiskMethod: bootplans.DiskHTTP404}, disk)
+	require.Equal(t, bootplans.Plan{MachineID: "m1", Mode: bootplans.ModeDisk, DiskMethod: bootplans.DiskHTTP404,
+		SecureBoot: bootpb.SecureBoot_SECURE_BOOT_ON}, disk, "the machine's Secure Boot goes with every plan")
+
+	wire, err := bootplans.ToProto(disk)
+	require.NoError(t, err)
+	require.Equal(t, bootpb.SecureBoot_SECURE_BOOT_ON, wire.GetSecureBoot(), "and to its edge")
+	require.False(t, disk.Equal(bootplans.Plan{MachineID: "m1", Mode: bootplans.ModeDisk, DiskMethod: bootplans.DiskHTTP404}),
+		"a plan whose Secure Boot changed is pushed again")
 
 	deny, err := p.Plan(ctx, bootplans.Machine{ID: "m1", Situation: bootplans.Situation{Acceptance: bootplans.Rejected}})
 	require.NoError(t, err)

@@ -221,3 +221,5 @@ func (p snpPrefs) Known(mac net.HardwareAddr, _ string) bool { _, ok := p[mac.St
 func (snpPrefs) Discovery() string { return "" }
 
 func (snpPrefs) DiskPlan(net.HardwareAddr, string) bool { return false }
+
+func (snpPrefs) SecureBoot(net.HardwareAddr, string) (bool, bool) { return false, false }

@@ -432,6 +432,19 @@ func (t *Table) DiskPlan(mac net.HardwareAddr, uuid string) bool {
 	return t.cur.Load().find(idOf(uuid), mac).GetMode() == bootpb.Mode_MODE_DISK
 }
 
+// SecureBoot reports whether the machine's plan says its firmware enforces Secure Boot; said is false when the
+// table has no plan for it, or its plan does not say (dhcp.Preferences).
+func (t *Table) SecureBoot(mac net.HardwareAddr, uuid string) (enforces, said bool) {
+	switch t.cur.Load().find(idOf(uuid), mac).GetSecureBoot() {
+	case bootpb.SecureBoot_SECURE_BOOT_ON:
+		return true, true
+	case bootpb.SecureBoot_SECURE_BOOT_OFF:
+		return false, true
+	default:
+		return false, false
+	}
+}
+
 // Known reports whether the table holds the machine: a plan for it (by UUID, or by one of the MACs a plan
 // names), or its MAC among those an operator registered before it booted.
 func (t *Table) Known(mac net.HardwareAddr, uuid string) bool {

@@ -40,8 +40,8 @@ func snapshot() *bootpb.ApplyRequest {
 	return &bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Snapshot{Snapshot: &bootpb.Table{
 		Version: 5,
 		Plans: []*bootpb.Plan{
-			{Uuid: "AAAAAAAA-0000-0000-0000-000000000001", Macs: []string{"52:54:00:00:00:01"}, Mode: bootpb.Mode_MODE_DISK, DiskMethod: bootpb.DiskMethod_DISK_METHOD_IPXE_SANBOOT, SnpOnly: true},
-			{Uuid: uuidInstall, Mode: bootpb.Mode_MODE_INSTALL, Install: &bootpb.Kernel{KernelUrl: "/assets/talos/vmlinuz"}, ExtraArgs: []string{"talos.platform=metal"}, Config: []byte("own")},
+			{Uuid: "AAAAAAAA-0000-0000-0000-000000000001", Macs: []string{"52:54:00:00:00:01"}, Mode: bootpb.Mode_MODE_DISK, DiskMethod: bootpb.DiskMethod_DISK_METHOD_IPXE_SANBOOT, SnpOnly: true, SecureBoot: bootpb.SecureBoot_SECURE_BOOT_OFF},
+			{Uuid: uuidInstall, SecureBoot: bootpb.SecureBoot_SECURE_BOOT_ON, Mode: bootpb.Mode_MODE_INSTALL, Install: &bootpb.Kernel{KernelUrl: "/assets/talos/vmlinuz"}, ExtraArgs: []string{"talos.platform=metal"}, Config: []byte("own")},
 		},
 		KernelArgs: []string{"console=ttyS0"},
 		Config:     []byte("join-config"),
@@ -115,6 +115,21 @@ func TestLookup(t *testing.T) {
 	require.False(t, tbl.DiskPlan(net.HardwareAddr{1, 2, 3, 4, 5, 6}, ""), "an unknown machine")
 	require.Equal(t, []byte("own"), tbl.MachineConfig(uuidInstall))
 	require.Equal(t, []byte("join-config"), tbl.MachineConfig(uuidDisk))
+
+	for _, tc := range []struct {
+		name     string
+		uuid     string
+		mac      net.HardwareAddr
+		on, said bool
+	}{
+		{name: "secure boot off, by mac", mac: mac1, said: true},
+		{name: "secure boot on, by uuid", uuid: uuidInstall, on: true, said: true},
+		{name: "unknown machine: unsaid", mac: net.HardwareAddr{1, 2, 3, 4, 5, 6}},
+	} {
+		on, said := tbl.SecureBoot(tc.mac, tc.uuid)
+		require.Equal(t, tc.on, on, tc.name)
+		require.Equal(t, tc.said, said, tc.name)
+	}
 }
 
 func TestDeltas(t *testing.T) {

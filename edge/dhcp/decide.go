@@ -84,11 +84,24 @@ type BootFiles struct {
 	UEFIx86Signed string
 	// SecureBoot names the machines that enforce Secure Boot: MACs, or "*" for every UEFI machine at the site.
 	// Their firmware's DHCP requests do not say so (OVMF's are the same with Secure Boot on or off), so the
-	// site says it.
+	// site says it; a machine's plan, when it says (the controller learned it from the machine's BMC, or an
+	// operator set it), comes first.
 	SecureBoot []string
 }
 
-// secureBoot reports whether the machine with this MAC enforces Secure Boot.
+// enforcesSecureBoot reports whether the machine enforces Secure Boot: as its plan says, else as the edge's
+// own setting says.
+func enforcesSecureBoot(p Params, mac net.HardwareAddr, uuid string) bool {
+	if p.Prefs != nil {
+		if on, said := p.Prefs.SecureBoot(mac, uuid); said {
+			return on
+		}
+	}
+
+	return p.Files.secureBoot(mac)
+}
+
+// secureBoot reports whether the edge's own setting names the machine with this MAC as enforcing Secure Boot.
 func (b BootFiles) secureBoot(mac net.HardwareAddr) bool {
 	for _, m := range b.SecureBoot {
 		if m == "*" {
@@ -152,6 +165,9 @@ type Preferences interface {
 	Discovery() string
 	// DiskPlan reports whether the machine's plan is to boot its disk. uuid may be empty.
 	DiskPlan(mac net.HardwareAddr, uuid string) bool
+	// SecureBoot reports whether the machine's plan says its firmware enforces Secure Boot (said false: the
+	// plan does not say, and BootFiles.SecureBoot decides). uuid may be empty.
+	SecureBoot(mac net.HardwareAddr, uuid string) (enforces, said bool)
 }
 
 // Discovery is which PXE clients the ProxyDHCP answers.
@@ -413,7 +429,7 @@ func chooseBootFile(p Params, req *dhcpv4.DHCPv4, d *Decision) bool {
 	snp := p.Prefs != nil && p.Prefs.SNPOnly(req.ClientHWAddr, d.UUID)
 
 	switch {
-	case d.Firmware.UEFI() && p.Files.secureBoot(req.ClientHWAddr):
+	case d.Firmware.UEFI() && enforcesSecureBoot(p, req.ClientHWAddr, d.UUID):
 		// Secure Boot: only the signed image, over TFTP or HTTP boot; never iPXE, and never the script (an
 		// iPXE asking is not this firmware's).
 		name := p.Files.UEFIx86Signed

@@ -30,6 +30,8 @@ func (snpPrefs) Discovery() string { return "" }
 
 func (snpPrefs) DiskPlan(net.HardwareAddr, string) bool { return false }
 
+func (snpPrefs) SecureBoot(net.HardwareAddr, string) (bool, bool) { return false, false }
+
 // sitePolicy is a boot table whose controller set the site's discovery policy.
 type sitePolicy struct {
 	snpPrefs

@@ -11,20 +11,37 @@ import (
 	"github.com/outpost-metal/outpost/edge/dhcp"
 )
 
-// diskPlans is a boot table in which the machines of these MACs are planned to boot their disks.
-type diskPlans map[string]bool
+// plan is what a boot table's plan says of a machine: its disk, and its Secure Boot ("on", "off", "": unsaid).
+type plan struct {
+	disk       bool
+	secureBoot string
+}
 
-func (diskPlans) SNPOnly(net.HardwareAddr, string) bool { return false }
+// plans is a boot table by MAC.
+type plans map[string]plan
 
-func (p diskPlans) Known(mac net.HardwareAddr, _ string) bool { return p[mac.String()] }
+func (plans) SNPOnly(net.HardwareAddr, string) bool { return false }
 
-func (diskPlans) Discovery() string { return "" }
+func (p plans) Known(mac net.HardwareAddr, _ string) bool {
+	_, ok := p[mac.String()]
 
-func (p diskPlans) DiskPlan(mac net.HardwareAddr, _ string) bool { return p[mac.String()] }
+	return ok
+}
+
+func (plans) Discovery() string { return "" }
+
+func (p plans) DiskPlan(mac net.HardwareAddr, _ string) bool { return p[mac.String()].disk }
+
+func (p plans) SecureBoot(mac net.HardwareAddr, _ string) (bool, bool) {
+	sb := p[mac.String()].secureBoot
+
+	return sb == "on", sb != ""
+}
 
 // A machine that enforces Secure Boot gets the signed image and nothing else: never iPXE, never the script,
 // never a BIOS file; without a signed image it is refused by name, and when its plan is its disk it is offered
-// nothing (no signed image can hand it to the disk), so its firmware goes on to the disk.
+// nothing (no signed image can hand it to the disk), so its firmware goes on to the disk. Its plan, when it
+// says, comes before the edge's own --secure-boot setting, either way.
 func TestDecideSecureBoot(t *testing.T) {
 	t.Parallel()
 
@@ -47,13 +64,27 @@ func TestDecideSecureBoot(t *testing.T) {
 	http := "http://" + testServer.String() + ":8080/tftp/outpost-agent-x86_64.efi"
 
 	disk := signed
-	disk.Prefs = diskPlans{testMAC.String(): true}
+	disk.Prefs = plans{testMAC.String(): {disk: true}}
 
 	otherDisk := signed
-	otherDisk.Prefs = diskPlans{"02:00:00:00:00:99": true}
+	otherDisk.Prefs = plans{"02:00:00:00:00:99": {disk: true}}
 
 	diskNoSB := params()
-	diskNoSB.Prefs = diskPlans{testMAC.String(): true}
+	diskNoSB.Prefs = plans{testMAC.String(): {disk: true}}
+
+	// The plan says, the edge's own setting does not (or says the other thing).
+	planOn := none
+	planOn.Files.UEFIx86Signed, planOn.Files.SecureBoot = signed.Files.UEFIx86Signed, nil
+	planOn.Prefs = plans{testMAC.String(): {secureBoot: "on"}}
+
+	planOff := site
+	planOff.Prefs = plans{testMAC.String(): {secureBoot: "off"}}
+
+	planUnsaid := site
+	planUnsaid.Prefs = plans{testMAC.String(): {}}
+
+	planOnDisk := planOn
+	planOnDisk.Prefs = plans{testMAC.String(): {disk: true, secureBoot: "on"}}
 
 	for _, tc := range []struct {
 		name string
@@ -75,6 +106,11 @@ func TestDecideSecureBoot(t *testing.T) {
 		{name: "disk plan over http boot", p: disk, mods: []dhcpv4.Modifier{arch(16), pxeClass("HTTPClient:Arch:00016")}, drop: dhcp.DropSecureBootDisk},
 		{name: "another machine's disk plan", p: otherDisk, mods: []dhcpv4.Modifier{arch(7), pxeClass("PXEClient:Arch:00007")}, file: "outpost-agent-x86_64.efi"},
 		{name: "disk plan without secure boot gets ipxe", p: diskNoSB, mods: []dhcpv4.Modifier{arch(7), pxeClass("PXEClient:Arch:00007")}, file: "ipxe.efi"},
+		{name: "plan says on", p: planOn, mods: []dhcpv4.Modifier{arch(7), pxeClass("PXEClient:Arch:00007")}, file: "outpost-agent-x86_64.efi"},
+		{name: "plan says on over http boot", p: planOn, mods: []dhcpv4.Modifier{arch(16), pxeClass("HTTPClient:Arch:00016")}, file: http},
+		{name: "plan says off at a secure boot site", p: planOff, mods: []dhcpv4.Modifier{arch(7), pxeClass("PXEClient:Arch:00007")}, file: "ipxe.efi"},
+		{name: "plan unsaid: the site's setting", p: planUnsaid, mods: []dhcpv4.Modifier{arch(7), pxeClass("PXEClient:Arch:00007")}, file: "outpost-agent-x86_64.efi"},
+		{name: "plan says on, disk plan", p: planOnDisk, mods: []dhcpv4.Modifier{arch(7), pxeClass("PXEClient:Arch:00007")}, drop: dhcp.DropSecureBootDisk},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

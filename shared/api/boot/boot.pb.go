@@ -193,6 +193,60 @@ func (Discovery) EnumDescriptor() ([]byte, []int) {
 	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{2}
 }
 
+// SecureBoot is whether a machine's firmware enforces Secure Boot, as the controller learned it (the machine's
+// BMC) or an operator set it (for the machine, or for its site).
+type SecureBoot int32
+
+const (
+	// SECURE_BOOT_UNSPECIFIED: nobody said; the edge's own setting (--secure-boot) decides.
+	SecureBoot_SECURE_BOOT_UNSPECIFIED SecureBoot = 0
+	// SECURE_BOOT_OFF: the firmware boots unsigned images; the machine gets iPXE.
+	SecureBoot_SECURE_BOOT_OFF SecureBoot = 1
+	// SECURE_BOOT_ON: the firmware boots signed images only; the machine gets the site's signed image, never iPXE.
+	SecureBoot_SECURE_BOOT_ON SecureBoot = 2
+)
+
+// Enum value maps for SecureBoot.
+var (
+	SecureBoot_name = map[int32]string{
+		0: "SECURE_BOOT_UNSPECIFIED",
+		1: "SECURE_BOOT_OFF",
+		2: "SECURE_BOOT_ON",
+	}
+	SecureBoot_value = map[string]int32{
+		"SECURE_BOOT_UNSPECIFIED": 0,
+		"SECURE_BOOT_OFF":         1,
+		"SECURE_BOOT_ON":          2,
+	}
+)
+
+func (x SecureBoot) Enum() *SecureBoot {
+	p := new(SecureBoot)
+	*p = x
+	return p
+}
+
+func (x SecureBoot) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (SecureBoot) Descriptor() protoreflect.EnumDescriptor {
+	return file_shared_api_boot_boot_proto_enumTypes[3].Descriptor()
+}
+
+func (SecureBoot) Type() protoreflect.EnumType {
+	return &file_shared_api_boot_boot_proto_enumTypes[3]
+}
+
+func (x SecureBoot) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use SecureBoot.Descriptor instead.
+func (SecureBoot) EnumDescriptor() ([]byte, []int) {
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{3}
+}
+
 // DHCPMode is which DHCP service a site's edge gives.
 type DHCPMode int32
 
@@ -234,11 +288,11 @@ func (x DHCPMode) String() string {
 }
 
 func (DHCPMode) Descriptor() protoreflect.EnumDescriptor {
-	return file_shared_api_boot_boot_proto_enumTypes[3].Descriptor()
+	return file_shared_api_boot_boot_proto_enumTypes[4].Descriptor()
 }
 
 func (DHCPMode) Type() protoreflect.EnumType {
-	return &file_shared_api_boot_boot_proto_enumTypes[3]
+	return &file_shared_api_boot_boot_proto_enumTypes[4]
 }
 
 func (x DHCPMode) Number() protoreflect.EnumNumber {
@@ -247,7 +301,7 @@ func (x DHCPMode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use DHCPMode.Descriptor instead.
 func (DHCPMode) EnumDescriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{3}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{4}
 }
 
 // FirmwareClass is how a PXE client boots, as the ProxyDHCP reads it from DHCP option 93.
@@ -295,11 +349,11 @@ func (x FirmwareClass) String() string {
 }
 
 func (FirmwareClass) Descriptor() protoreflect.EnumDescriptor {
-	return file_shared_api_boot_boot_proto_enumTypes[4].Descriptor()
+	return file_shared_api_boot_boot_proto_enumTypes[5].Descriptor()
 }
 
 func (FirmwareClass) Type() protoreflect.EnumType {
-	return &file_shared_api_boot_boot_proto_enumTypes[4]
+	return &file_shared_api_boot_boot_proto_enumTypes[5]
 }
 
 func (x FirmwareClass) Number() protoreflect.EnumNumber {
@@ -308,7 +362,7 @@ func (x FirmwareClass) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FirmwareClass.Descriptor instead.
 func (FirmwareClass) EnumDescriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{4}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{5}
 }
 
 // IPXEArch is the build of the iPXE that asked for its boot script (iPXE's ${buildarch}).
@@ -349,11 +403,11 @@ func (x IPXEArch) String() string {
 }
 
 func (IPXEArch) Descriptor() protoreflect.EnumDescriptor {
-	return file_shared_api_boot_boot_proto_enumTypes[5].Descriptor()
+	return file_shared_api_boot_boot_proto_enumTypes[6].Descriptor()
 }
 
 func (IPXEArch) Type() protoreflect.EnumType {
-	return &file_shared_api_boot_boot_proto_enumTypes[5]
+	return &file_shared_api_boot_boot_proto_enumTypes[6]
 }
 
 func (x IPXEArch) Number() protoreflect.EnumNumber {
@@ -362,7 +416,7 @@ func (x IPXEArch) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use IPXEArch.Descriptor instead.
 func (IPXEArch) EnumDescriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{5}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{6}
 }
 
 // IPXEPlatform is the firmware iPXE runs on (iPXE's ${platform}).
@@ -399,11 +453,11 @@ func (x IPXEPlatform) String() string {
 }
 
 func (IPXEPlatform) Descriptor() protoreflect.EnumDescriptor {
-	return file_shared_api_boot_boot_proto_enumTypes[6].Descriptor()
+	return file_shared_api_boot_boot_proto_enumTypes[7].Descriptor()
 }
 
 func (IPXEPlatform) Type() protoreflect.EnumType {
-	return &file_shared_api_boot_boot_proto_enumTypes[6]
+	return &file_shared_api_boot_boot_proto_enumTypes[7]
 }
 
 func (x IPXEPlatform) Number() protoreflect.EnumNumber {
@@ -412,7 +466,7 @@ func (x IPXEPlatform) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use IPXEPlatform.Descriptor instead.
 func (IPXEPlatform) EnumDescriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{6}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{7}
 }
 
 // TunnelRefusal is why an edge refused an agent tunnel.
@@ -460,11 +514,11 @@ func (x TunnelRefusal) String() string {
 }
 
 func (TunnelRefusal) Descriptor() protoreflect.EnumDescriptor {
-	return file_shared_api_boot_boot_proto_enumTypes[7].Descriptor()
+	return file_shared_api_boot_boot_proto_enumTypes[8].Descriptor()
 }
 
 func (TunnelRefusal) Type() protoreflect.EnumType {
-	return &file_shared_api_boot_boot_proto_enumTypes[7]
+	return &file_shared_api_boot_boot_proto_enumTypes[8]
 }
 
 func (x TunnelRefusal) Number() protoreflect.EnumNumber {
@@ -473,7 +527,7 @@ func (x TunnelRefusal) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TunnelRefusal.Descriptor instead.
 func (TunnelRefusal) EnumDescriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{7}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{8}
 }
 
 type StateRequest struct {
@@ -663,7 +717,9 @@ type Plan struct {
 	// snp_only picks snponly.efi instead of ipxe.efi for UEFI x86 (NICs that only work with the firmware's driver).
 	SnpOnly bool `protobuf:"varint,7,opt,name=snp_only,json=snpOnly,proto3" json:"snp_only,omitempty"`
 	// config overrides Table.config for this machine's /config.
-	Config        []byte `protobuf:"bytes,8,opt,name=config,proto3" json:"config,omitempty"`
+	Config []byte `protobuf:"bytes,8,opt,name=config,proto3" json:"config,omitempty"`
+	// secure_boot says whether the machine's firmware enforces Secure Boot (unspecified: the edge's setting).
+	SecureBoot    SecureBoot `protobuf:"varint,9,opt,name=secure_boot,json=secureBoot,proto3,enum=outpost.boot.SecureBoot" json:"secure_boot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -752,6 +808,13 @@ func (x *Plan) GetConfig() []byte {
 		return x.Config
 	}
 	return nil
+}
+
+func (x *Plan) GetSecureBoot() SecureBoot {
+	if x != nil {
+		return x.SecureBoot
+	}
+	return SecureBoot_SECURE_BOOT_UNSPECIFIED
 }
 
 // Table is the full boot table of a site.
@@ -2464,7 +2527,7 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\x04args\x18\x03 \x03(\tR\x04args\x12.\n" +
 	"\x13upstream_kernel_url\x18\x04 \x01(\tR\x11upstreamKernelUrl\x12.\n" +
 	"\x13upstream_initrd_url\x18\x05 \x01(\tR\x11upstreamInitrdUrl\x12\x1c\n" +
-	"\tinstaller\x18\x06 \x01(\tR\tinstaller\"\x93\x02\n" +
+	"\tinstaller\x18\x06 \x01(\tR\tinstaller\"\xce\x02\n" +
 	"\x04Plan\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x12\n" +
 	"\x04macs\x18\x02 \x03(\tR\x04macs\x12&\n" +
@@ -2475,7 +2538,9 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\n" +
 	"extra_args\x18\x06 \x03(\tR\textraArgs\x12\x19\n" +
 	"\bsnp_only\x18\a \x01(\bR\asnpOnly\x12\x16\n" +
-	"\x06config\x18\b \x01(\fR\x06config\"\xac\x03\n" +
+	"\x06config\x18\b \x01(\fR\x06config\x129\n" +
+	"\vsecure_boot\x18\t \x01(\x0e2\x18.outpost.boot.SecureBootR\n" +
+	"secureBoot\"\xac\x03\n" +
 	"\x05Table\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12(\n" +
 	"\x05plans\x18\x02 \x03(\v2\x12.outpost.boot.PlanR\x05plans\x124\n" +
@@ -2641,7 +2706,12 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\x15DISCOVERY_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rDISCOVERY_ALL\x10\x01\x12\x13\n" +
 	"\x0fDISCOVERY_KNOWN\x10\x02\x12\x11\n" +
-	"\rDISCOVERY_OFF\x10\x03*a\n" +
+	"\rDISCOVERY_OFF\x10\x03*R\n" +
+	"\n" +
+	"SecureBoot\x12\x1b\n" +
+	"\x17SECURE_BOOT_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fSECURE_BOOT_OFF\x10\x01\x12\x12\n" +
+	"\x0eSECURE_BOOT_ON\x10\x02*a\n" +
 	"\bDHCPMode\x12\x19\n" +
 	"\x15DHCP_MODE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fDHCP_MODE_PROXY\x10\x01\x12\x12\n" +
@@ -2688,91 +2758,93 @@ func file_shared_api_boot_boot_proto_rawDescGZIP() []byte {
 	return file_shared_api_boot_boot_proto_rawDescData
 }
 
-var file_shared_api_boot_boot_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
+var file_shared_api_boot_boot_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
 var file_shared_api_boot_boot_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_shared_api_boot_boot_proto_goTypes = []any{
 	(Mode)(0),                     // 0: outpost.boot.Mode
 	(DiskMethod)(0),               // 1: outpost.boot.DiskMethod
 	(Discovery)(0),                // 2: outpost.boot.Discovery
-	(DHCPMode)(0),                 // 3: outpost.boot.DHCPMode
-	(FirmwareClass)(0),            // 4: outpost.boot.FirmwareClass
-	(IPXEArch)(0),                 // 5: outpost.boot.IPXEArch
-	(IPXEPlatform)(0),             // 6: outpost.boot.IPXEPlatform
-	(TunnelRefusal)(0),            // 7: outpost.boot.TunnelRefusal
-	(*StateRequest)(nil),          // 8: outpost.boot.StateRequest
-	(*StateResponse)(nil),         // 9: outpost.boot.StateResponse
-	(*Kernel)(nil),                // 10: outpost.boot.Kernel
-	(*Plan)(nil),                  // 11: outpost.boot.Plan
-	(*Table)(nil),                 // 12: outpost.boot.Table
-	(*DHCP)(nil),                  // 13: outpost.boot.DHCP
-	(*DHCPReservation)(nil),       // 14: outpost.boot.DHCPReservation
-	(*Delta)(nil),                 // 15: outpost.boot.Delta
-	(*ApplyRequest)(nil),          // 16: outpost.boot.ApplyRequest
-	(*ApplyResponse)(nil),         // 17: outpost.boot.ApplyResponse
-	(*InventoryRequest)(nil),      // 18: outpost.boot.InventoryRequest
-	(*InventoryResponse)(nil),     // 19: outpost.boot.InventoryResponse
-	(*PublishRequest)(nil),        // 20: outpost.boot.PublishRequest
-	(*PublishResponse)(nil),       // 21: outpost.boot.PublishResponse
-	(*Event)(nil),                 // 22: outpost.boot.Event
-	(*ConsoleSession)(nil),        // 23: outpost.boot.ConsoleSession
-	(*PowerChanged)(nil),          // 24: outpost.boot.PowerChanged
-	(*DHCPSeen)(nil),              // 25: outpost.boot.DHCPSeen
-	(*PXESeen)(nil),               // 26: outpost.boot.PXESeen
-	(*AssetFetch)(nil),            // 27: outpost.boot.AssetFetch
-	(*BootServed)(nil),            // 28: outpost.boot.BootServed
-	(*TunnelRefused)(nil),         // 29: outpost.boot.TunnelRefused
-	(*AgentTunnel)(nil),           // 30: outpost.boot.AgentTunnel
-	nil,                           // 31: outpost.boot.Table.AgentEntry
-	nil,                           // 32: outpost.boot.Delta.AgentEntry
-	(*timestamppb.Timestamp)(nil), // 33: google.protobuf.Timestamp
-	(bmc.PowerState)(0),           // 34: outpost.bmc.PowerState
+	(SecureBoot)(0),               // 3: outpost.boot.SecureBoot
+	(DHCPMode)(0),                 // 4: outpost.boot.DHCPMode
+	(FirmwareClass)(0),            // 5: outpost.boot.FirmwareClass
+	(IPXEArch)(0),                 // 6: outpost.boot.IPXEArch
+	(IPXEPlatform)(0),             // 7: outpost.boot.IPXEPlatform
+	(TunnelRefusal)(0),            // 8: outpost.boot.TunnelRefusal
+	(*StateRequest)(nil),          // 9: outpost.boot.StateRequest
+	(*StateResponse)(nil),         // 10: outpost.boot.StateResponse
+	(*Kernel)(nil),                // 11: outpost.boot.Kernel
+	(*Plan)(nil),                  // 12: outpost.boot.Plan
+	(*Table)(nil),                 // 13: outpost.boot.Table
+	(*DHCP)(nil),                  // 14: outpost.boot.DHCP
+	(*DHCPReservation)(nil),       // 15: outpost.boot.DHCPReservation
+	(*Delta)(nil),                 // 16: outpost.boot.Delta
+	(*ApplyRequest)(nil),          // 17: outpost.boot.ApplyRequest
+	(*ApplyResponse)(nil),         // 18: outpost.boot.ApplyResponse
+	(*InventoryRequest)(nil),      // 19: outpost.boot.InventoryRequest
+	(*InventoryResponse)(nil),     // 20: outpost.boot.InventoryResponse
+	(*PublishRequest)(nil),        // 21: outpost.boot.PublishRequest
+	(*PublishResponse)(nil),       // 22: outpost.boot.PublishResponse
+	(*Event)(nil),                 // 23: outpost.boot.Event
+	(*ConsoleSession)(nil),        // 24: outpost.boot.ConsoleSession
+	(*PowerChanged)(nil),          // 25: outpost.boot.PowerChanged
+	(*DHCPSeen)(nil),              // 26: outpost.boot.DHCPSeen
+	(*PXESeen)(nil),               // 27: outpost.boot.PXESeen
+	(*AssetFetch)(nil),            // 28: outpost.boot.AssetFetch
+	(*BootServed)(nil),            // 29: outpost.boot.BootServed
+	(*TunnelRefused)(nil),         // 30: outpost.boot.TunnelRefused
+	(*AgentTunnel)(nil),           // 31: outpost.boot.AgentTunnel
+	nil,                           // 32: outpost.boot.Table.AgentEntry
+	nil,                           // 33: outpost.boot.Delta.AgentEntry
+	(*timestamppb.Timestamp)(nil), // 34: google.protobuf.Timestamp
+	(bmc.PowerState)(0),           // 35: outpost.bmc.PowerState
 }
 var file_shared_api_boot_boot_proto_depIdxs = []int32{
 	0,  // 0: outpost.boot.Plan.mode:type_name -> outpost.boot.Mode
 	1,  // 1: outpost.boot.Plan.disk_method:type_name -> outpost.boot.DiskMethod
-	10, // 2: outpost.boot.Plan.install:type_name -> outpost.boot.Kernel
-	11, // 3: outpost.boot.Table.plans:type_name -> outpost.boot.Plan
-	31, // 4: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
-	2,  // 5: outpost.boot.Table.discovery:type_name -> outpost.boot.Discovery
-	13, // 6: outpost.boot.Table.dhcp:type_name -> outpost.boot.DHCP
-	3,  // 7: outpost.boot.DHCP.mode:type_name -> outpost.boot.DHCPMode
-	14, // 8: outpost.boot.DHCP.reservations:type_name -> outpost.boot.DHCPReservation
-	11, // 9: outpost.boot.Delta.upsert:type_name -> outpost.boot.Plan
-	32, // 10: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
-	2,  // 11: outpost.boot.Delta.discovery:type_name -> outpost.boot.Discovery
-	13, // 12: outpost.boot.Delta.dhcp:type_name -> outpost.boot.DHCP
-	12, // 13: outpost.boot.ApplyRequest.snapshot:type_name -> outpost.boot.Table
-	15, // 14: outpost.boot.ApplyRequest.delta:type_name -> outpost.boot.Delta
-	22, // 15: outpost.boot.PublishRequest.events:type_name -> outpost.boot.Event
-	33, // 16: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
-	25, // 17: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
-	26, // 18: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
-	28, // 19: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
-	27, // 20: outpost.boot.Event.asset_fetch:type_name -> outpost.boot.AssetFetch
-	30, // 21: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
-	29, // 22: outpost.boot.Event.tunnel_refused:type_name -> outpost.boot.TunnelRefused
-	24, // 23: outpost.boot.Event.power_changed:type_name -> outpost.boot.PowerChanged
-	23, // 24: outpost.boot.Event.console_session:type_name -> outpost.boot.ConsoleSession
-	34, // 25: outpost.boot.PowerChanged.power_state:type_name -> outpost.bmc.PowerState
-	4,  // 26: outpost.boot.DHCPSeen.firmware_class:type_name -> outpost.boot.FirmwareClass
-	5,  // 27: outpost.boot.BootServed.ipxe_arch:type_name -> outpost.boot.IPXEArch
-	6,  // 28: outpost.boot.BootServed.ipxe_platform:type_name -> outpost.boot.IPXEPlatform
-	7,  // 29: outpost.boot.TunnelRefused.refusal:type_name -> outpost.boot.TunnelRefusal
-	10, // 30: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
-	10, // 31: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
-	8,  // 32: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
-	16, // 33: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
-	20, // 34: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
-	18, // 35: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
-	9,  // 36: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
-	17, // 37: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
-	21, // 38: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
-	19, // 39: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
-	36, // [36:40] is the sub-list for method output_type
-	32, // [32:36] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	11, // 2: outpost.boot.Plan.install:type_name -> outpost.boot.Kernel
+	3,  // 3: outpost.boot.Plan.secure_boot:type_name -> outpost.boot.SecureBoot
+	12, // 4: outpost.boot.Table.plans:type_name -> outpost.boot.Plan
+	32, // 5: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
+	2,  // 6: outpost.boot.Table.discovery:type_name -> outpost.boot.Discovery
+	14, // 7: outpost.boot.Table.dhcp:type_name -> outpost.boot.DHCP
+	4,  // 8: outpost.boot.DHCP.mode:type_name -> outpost.boot.DHCPMode
+	15, // 9: outpost.boot.DHCP.reservations:type_name -> outpost.boot.DHCPReservation
+	12, // 10: outpost.boot.Delta.upsert:type_name -> outpost.boot.Plan
+	33, // 11: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
+	2,  // 12: outpost.boot.Delta.discovery:type_name -> outpost.boot.Discovery
+	14, // 13: outpost.boot.Delta.dhcp:type_name -> outpost.boot.DHCP
+	13, // 14: outpost.boot.ApplyRequest.snapshot:type_name -> outpost.boot.Table
+	16, // 15: outpost.boot.ApplyRequest.delta:type_name -> outpost.boot.Delta
+	23, // 16: outpost.boot.PublishRequest.events:type_name -> outpost.boot.Event
+	34, // 17: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
+	26, // 18: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
+	27, // 19: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
+	29, // 20: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
+	28, // 21: outpost.boot.Event.asset_fetch:type_name -> outpost.boot.AssetFetch
+	31, // 22: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
+	30, // 23: outpost.boot.Event.tunnel_refused:type_name -> outpost.boot.TunnelRefused
+	25, // 24: outpost.boot.Event.power_changed:type_name -> outpost.boot.PowerChanged
+	24, // 25: outpost.boot.Event.console_session:type_name -> outpost.boot.ConsoleSession
+	35, // 26: outpost.boot.PowerChanged.power_state:type_name -> outpost.bmc.PowerState
+	5,  // 27: outpost.boot.DHCPSeen.firmware_class:type_name -> outpost.boot.FirmwareClass
+	6,  // 28: outpost.boot.BootServed.ipxe_arch:type_name -> outpost.boot.IPXEArch
+	7,  // 29: outpost.boot.BootServed.ipxe_platform:type_name -> outpost.boot.IPXEPlatform
+	8,  // 30: outpost.boot.TunnelRefused.refusal:type_name -> outpost.boot.TunnelRefusal
+	11, // 31: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
+	11, // 32: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
+	9,  // 33: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
+	17, // 34: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
+	21, // 35: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
+	19, // 36: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
+	10, // 37: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
+	18, // 38: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
+	22, // 39: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
+	20, // 40: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
+	37, // [37:41] is the sub-list for method output_type
+	33, // [33:37] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_boot_boot_proto_init() }
@@ -2799,7 +2871,7 @@ func file_shared_api_boot_boot_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_boot_boot_proto_rawDesc), len(file_shared_api_boot_boot_proto_rawDesc)),
-			NumEnums:      8,
+			NumEnums:      9,
 			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   2,
