@@ -40,6 +40,9 @@ type Inventory struct {
 	BIOSVersion   string
 	BMCFirmware   string
 	Firmware      []FirmwareVersion
+	// SecureBoot is whether the machine's firmware enforces Secure Boot from its next boot on (nil: the BMC
+	// does not say; IPMI never does).
+	SecureBoot *bool
 }
 
 // FirmwareVersion is one entry of a firmware inventory.
@@ -78,7 +81,7 @@ func fromRedfish(rf redfish.Inventory) Inventory {
 		Protocol: ProtocolRedfish, Manufacturer: clean(rf.Manufacturer), Model: clean(rf.Model), SerialNumber: clean(rf.SerialNumber),
 		CPUCount: rf.CPUCount, CPUModel: clean(rf.CPUModel), MemoryGiB: rf.MemoryGiB, DiskCount: rf.DiskCount,
 		DiskBytes: capped(rf.DiskBytes), NICSpeedsMbps: capped(rf.NICSpeedsMbps),
-		BIOSVersion: clean(rf.BIOSVersion), BMCFirmware: clean(rf.BMCFirmware),
+		BIOSVersion: clean(rf.BIOSVersion), BMCFirmware: clean(rf.BMCFirmware), SecureBoot: rf.SecureBoot,
 	}
 
 	for _, f := range capped(rf.Firmware) {
@@ -159,7 +162,7 @@ func (s *Service) Inventory(ctx context.Context, req *bmcpb.PowerRequest) (*bmcp
 	resp := &bmcpb.InventoryResponse{
 		Protocol: bmcpb.Protocol_PROTOCOL_IPMI, Manufacturer: inv.Manufacturer, Model: inv.Model, SerialNumber: inv.SerialNumber,
 		CpuCount: inv.CPUCount, CpuModel: inv.CPUModel, MemoryGib: inv.MemoryGiB, DiskCount: inv.DiskCount, DiskBytes: inv.DiskBytes,
-		NicSpeedsMbps: inv.NICSpeedsMbps, BiosVersion: inv.BIOSVersion, BmcFirmware: inv.BMCFirmware,
+		NicSpeedsMbps: inv.NICSpeedsMbps, BiosVersion: inv.BIOSVersion, BmcFirmware: inv.BMCFirmware, SecureBoot: inv.SecureBoot,
 	}
 
 	if inv.Protocol == ProtocolRedfish {

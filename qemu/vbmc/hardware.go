@@ -9,7 +9,8 @@ import (
 )
 
 // Hardware is what a virtual BMC reports of its machine: the Redfish service's system, processors, memory, one
-// drive, one Ethernet interface, manager and firmware inventory, and the IPMI FRU data's board and product areas.
+// drive, one Ethernet interface, manager and firmware inventory and Secure Boot state, and the IPMI FRU data's
+// board and product areas.
 type Hardware struct {
 	Manufacturer, Model, SerialNumber string
 	CPUs                              int
@@ -19,6 +20,9 @@ type Hardware struct {
 	NICSpeedMbps                      int
 	BIOSVersion                       string
 	BMCFirmware                       string
+	// SecureBoot is whether the machine's firmware enforces Secure Boot (its keys are enrolled either way, as
+	// OVMF's Secure Boot build with the snakeoil key has them).
+	SecureBoot bool
 }
 
 // Redfish paths of the inventory (DSP0268: ComputerSystem, Storage, Drive, EthernetInterface, Manager,
@@ -33,6 +37,7 @@ const (
 	firmwaresPath    = updatePath + "/FirmwareInventory"
 	biosFirmwarePath = firmwaresPath + "/BIOS"
 	bmcFirmwarePath  = firmwaresPath + "/BMC"
+	secureBootPath   = systemPath + "/SecureBoot"
 )
 
 // hardwareRoot adds the inventory's links to the service root.
@@ -57,6 +62,7 @@ func (r *Redfish) hardwareSystem(sys map[string]any) {
 	sys["MemorySummary"] = map[string]any{"TotalSystemMemoryGiB": h.MemoryGiB}
 	sys["Storage"] = map[string]string{"@odata.id": storagesPath}
 	sys["EthernetInterfaces"] = map[string]string{"@odata.id": nicsPath}
+	sys["SecureBoot"] = map[string]string{"@odata.id": secureBootPath}
 }
 
 func collection(path, typ string, members ...string) map[string]any {
@@ -113,6 +119,16 @@ func (r *Redfish) serveHardware(w http.ResponseWriter, req *http.Request, path s
 		writeJSON(w, http.StatusOK, map[string]any{
 			"@odata.id": updatePath, "@odata.type": "#UpdateService.v1_8_0.UpdateService", "Id": "UpdateService",
 			"Name": "Update Service", "FirmwareInventory": map[string]string{"@odata.id": firmwaresPath},
+		})
+	case secureBootPath:
+		state := "Disabled"
+		if h.SecureBoot {
+			state = "Enabled"
+		}
+
+		writeJSON(w, http.StatusOK, map[string]any{
+			"@odata.id": secureBootPath, "@odata.type": "#SecureBoot.v1_1_0.SecureBoot", "Id": "SecureBoot", "Name": "UEFI Secure Boot",
+			"SecureBootEnable": h.SecureBoot, "SecureBootCurrentBoot": state, "SecureBootMode": "UserMode",
 		})
 	case firmwaresPath:
 		writeJSON(w, http.StatusOK, collection(firmwaresPath, "SoftwareInventoryCollection", biosFirmwarePath, bmcFirmwarePath))

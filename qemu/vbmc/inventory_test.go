@@ -4,6 +4,8 @@ import (
 	"context"
 	"net"
 	"net/http/httptest"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 var hardware = vbmc.Hardware{
 	Manufacturer: "Outpost Lab", Model: "VM-2000", SerialNumber: "SN-0042", CPUs: 2, CPUModel: "QEMU Virtual CPU",
 	MemoryGiB: 4, DiskBytes: 20 << 30, NICSpeedMbps: 1000, BIOSVersion: "1.16.3", BMCFirmware: "vbmc-1.0",
+	SecureBoot: true,
 }
 
 // serveIPMI serves an IPMI BMC for ch on loopback until the test ends.
@@ -58,8 +61,19 @@ func TestInventory(t *testing.T) {
 		Protocol: bmc.ProtocolRedfish, Manufacturer: "Outpost Lab", Model: "VM-2000", SerialNumber: "SN-0042",
 		CPUCount: 2, CPUModel: "QEMU Virtual CPU", MemoryGiB: 4, DiskCount: 1, DiskBytes: []uint64{20 << 30},
 		NICSpeedsMbps: []uint32{1000}, BIOSVersion: "1.16.3", BMCFirmware: "vbmc-1.0",
-		Firmware: []bmc.FirmwareVersion{{Name: "BIOS", Version: "1.16.3"}, {Name: "BMC", Version: "vbmc-1.0"}},
+		Firmware:   []bmc.FirmwareVersion{{Name: "BIOS", Version: "1.16.3"}, {Name: "BMC", Version: "vbmc-1.0"}},
+		SecureBoot: new(true),
 	}, inv)
+
+	// a machine whose firmware does not enforce Secure Boot says so too
+	off := hardware
+	off.SecureBoot = false
+	offSrv := httptest.NewServer(vbmc.NewRedfish(vbmc.NewChassis(), vbmc.RedfishOptions{User: user, Password: password, Hardware: &off}))
+	t.Cleanup(offSrv.Close)
+
+	inv, err = mgr.Inventory(t.Context(), bmc.Target{Host: "127.0.0.1", RedfishEndpoint: offSrv.URL, Protocol: bmc.ProtocolRedfish}, creds)
+	require.NoError(t, err)
+	require.Equal(t, new(false), inv.SecureBoot)
 
 	inv, err = mgr.Inventory(t.Context(), bmc.Target{Host: "127.0.0.1", IPMIPort: port, Protocol: bmc.ProtocolIPMI}, creds)
 	require.NoError(t, err)
@@ -131,5 +145,41 @@ func TestInventoryHostileFRU(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, tc.want, inv)
 		})
+	}
+}
+
+// TestSecureBootWithSushy: Debian's Redfish library (OpenStack's sushy, which Ironic drives BMCs with) reads the
+// virtual BMC's SecureBoot resource as it reads a server's: enabled, in effect for the current boot, user mode;
+// and a machine whose firmware does not enforce it reads as disabled.
+func TestSecureBootWithSushy(t *testing.T) {
+	t.Parallel()
+
+	if _, err := exec.LookPath("sushycli"); err != nil {
+		t.Skip("sushy not installed (Debian package python3-sushy-cli)")
+	}
+
+	script := `import sys, sushy
+s = sushy.Sushy(sys.argv[1], username=sys.argv[2], password=sys.argv[3])
+sb = s.get_system("/redfish/v1/Systems/1").secure_boot
+print(sb.enabled, sb.current_boot, sb.mode)
+`
+
+	for _, on := range []bool{true, false} {
+		hw := hardware
+		hw.SecureBoot = on
+
+		srv := httptest.NewServer(vbmc.NewRedfish(vbmc.NewChassis(), vbmc.RedfishOptions{User: user, Password: password, Hardware: &hw}))
+		t.Cleanup(srv.Close)
+
+		out, err := exec.CommandContext(t.Context(), "/usr/bin/python3", "-c", script, srv.URL+"/redfish/v1", user, password).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+
+		// sushy maps the values onto its enums (None for a value the schema does not have)
+		want := "True SecureBootCurrentBoot.ENABLED SecureBootMode.USER"
+		if !on {
+			want = "False SecureBootCurrentBoot.DISABLED SecureBootMode.USER"
+		}
+
+		require.Equal(t, want, strings.TrimSpace(string(out)), "sushy reads the SecureBoot resource")
 	}
 }

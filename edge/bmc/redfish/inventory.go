@@ -39,6 +39,9 @@ type Inventory struct {
 	BIOSVersion                       string
 	BMCFirmware                       string
 	Firmware                          []Firmware
+	// SecureBoot is whether the firmware enforces Secure Boot from its next boot on (nil: the service has no
+	// SecureBoot resource).
+	SecureBoot *bool
 }
 
 // Firmware is one entry of the UpdateService's firmware inventory.
@@ -108,7 +111,22 @@ func (c *Client) Inventory(ctx context.Context) (Inventory, error) {
 		return Inventory{}, fmt.Errorf("read firmware: %w", c.fail(err))
 	}
 
+	if sb, err := sys.SecureBoot(); err != nil {
+		if err := optional(err); err != nil {
+			return Inventory{}, fmt.Errorf("read secure boot: %w", c.fail(err))
+		}
+	} else if sb != nil {
+		inv.SecureBoot = new(enforcesSecureBoot(sb))
+	}
+
 	return inv, nil
+}
+
+// enforcesSecureBoot reads a SecureBoot resource for the boot a network boot would be: the next one.
+// SecureBootEnable says whether Secure Boot takes effect then; a firmware in setup mode (no platform key
+// enrolled) verifies nothing even when enabled.
+func enforcesSecureBoot(sb *schemas.SecureBoot) bool {
+	return sb.SecureBootEnable && sb.SecureBootMode != schemas.SetupModeSecureBootModeType
 }
 
 // drives fills the disk count and sizes from Storage, or SimpleStorage where the service has no Storage.

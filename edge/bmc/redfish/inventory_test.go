@@ -17,9 +17,10 @@ import (
 // hostile is a Redfish service whose inventory answers are what a broken or hostile BMC may send; it counts the
 // requests it gets.
 type hostile struct {
-	system   map[string]any
-	storage  func(w http.ResponseWriter, r *http.Request)
-	requests atomic.Int64
+	system     map[string]any
+	storage    func(w http.ResponseWriter, r *http.Request)
+	secureBoot func(w http.ResponseWriter, r *http.Request)
+	requests   atomic.Int64
 }
 
 func (h *hostile) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -45,6 +46,8 @@ func (h *hostile) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		write(h.system)
 	case strings.HasPrefix(path, "/redfish/v1/Systems/1/Storage") && h.storage != nil:
 		h.storage(w, r)
+	case path == "/redfish/v1/Systems/1/SecureBoot" && h.secureBoot != nil:
+		h.secureBoot(w, r)
 	default:
 		w.WriteHeader(http.StatusNotFound)
 	}
@@ -74,13 +77,35 @@ func TestInventoryBounded(t *testing.T) {
 		fmt.Fprintf(w, `{"Members":[{"@odata.id":"/x"}],"Name":"%s"}`, strings.Repeat("A", 3<<20))
 	}
 
+	secureBoot := func(body string) func(w http.ResponseWriter, r *http.Request) {
+		return func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, body)
+		}
+	}
+	refused := func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusInternalServerError) }
+	withSecureBoot := system(map[string]any{"SecureBoot": map[string]string{"@odata.id": "/redfish/v1/Systems/1/SecureBoot"}})
+
 	for _, tc := range []struct {
-		name    string
-		system  map[string]any
-		storage func(w http.ResponseWriter, r *http.Request)
-		wantErr string
-		want    redfish.Inventory
+		name       string
+		system     map[string]any
+		storage    func(w http.ResponseWriter, r *http.Request)
+		secureBoot func(w http.ResponseWriter, r *http.Request)
+		wantErr    string
+		want       redfish.Inventory
 	}{
+		{
+			name: "secure boot enabled in deployed mode", system: withSecureBoot,
+			secureBoot: secureBoot(`{"@odata.id":"/redfish/v1/Systems/1/SecureBoot","SecureBootEnable":true,"SecureBootMode":"DeployedMode"}`),
+			want:       redfish.Inventory{Manufacturer: "Acme", SecureBoot: new(true)},
+		},
+		{
+			name: "secure boot enabled in setup mode verifies nothing", system: withSecureBoot,
+			secureBoot: secureBoot(`{"@odata.id":"/redfish/v1/Systems/1/SecureBoot","SecureBootEnable":true,"SecureBootMode":"SetupMode"}`),
+			want:       redfish.Inventory{Manufacturer: "Acme", SecureBoot: new(false)},
+		},
+		{name: "secure boot refused: not known", system: withSecureBoot, secureBoot: refused, want: redfish.Inventory{Manufacturer: "Acme"}},
+		{name: "secure boot answer too big", system: withSecureBoot, secureBoot: huge, wantErr: "more than 1048576 bytes"},
 		{
 			name:   "long and odd strings pass through for the caller to bound",
 			system: system(map[string]any{"Model": strings.Repeat("\x1b[31mX", 1000), "ProcessorSummary": map[string]any{"Count": 4}}),
@@ -98,7 +123,7 @@ func TestInventoryBounded(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 
-			h := &hostile{system: tc.system, storage: tc.storage}
+			h := &hostile{system: tc.system, storage: tc.storage, secureBoot: tc.secureBoot}
 			srv := httptest.NewServer(h)
 			t.Cleanup(srv.Close)
 

@@ -712,7 +712,11 @@ type InventoryResponse struct {
 	// bmc_firmware is the BMC's own firmware version.
 	BmcFirmware string `protobuf:"bytes,12,opt,name=bmc_firmware,json=bmcFirmware,proto3" json:"bmc_firmware,omitempty"`
 	// firmware is the firmware inventory (UpdateService), at most 64 entries.
-	Firmware      []*FirmwareVersion `protobuf:"bytes,13,rep,name=firmware,proto3" json:"firmware,omitempty"`
+	Firmware []*FirmwareVersion `protobuf:"bytes,13,rep,name=firmware,proto3" json:"firmware,omitempty"`
+	// secure_boot is whether the machine's firmware enforces Secure Boot from its next boot on (Redfish's
+	// SecureBoot resource: enabled, with the platform key enrolled); unset when the BMC does not say (IPMI never
+	// does).
+	SecureBoot    *bool `protobuf:"varint,14,opt,name=secure_boot,json=secureBoot,proto3,oneof" json:"secure_boot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -836,6 +840,13 @@ func (x *InventoryResponse) GetFirmware() []*FirmwareVersion {
 		return x.Firmware
 	}
 	return nil
+}
+
+func (x *InventoryResponse) GetSecureBoot() bool {
+	if x != nil && x.SecureBoot != nil {
+		return *x.SecureBoot
+	}
+	return false
 }
 
 // FirmwareVersion is one entry of a firmware inventory.
@@ -1064,7 +1075,7 @@ const file_shared_api_bmc_bmc_proto_rawDesc = "" +
 	"\x17GetBootOverrideResponse\x12\x10\n" +
 	"\x03set\x18\x01 \x01(\bR\x03set\x12\x10\n" +
 	"\x03pxe\x18\x02 \x01(\bR\x03pxe\x12)\n" +
-	"\x04mode\x18\x03 \x01(\x0e2\x15.outpost.bmc.BootModeR\x04mode\"\xe4\x03\n" +
+	"\x04mode\x18\x03 \x01(\x0e2\x15.outpost.bmc.BootModeR\x04mode\"\x9a\x04\n" +
 	"\x11InventoryResponse\x121\n" +
 	"\bprotocol\x18\x01 \x01(\x0e2\x15.outpost.bmc.ProtocolR\bprotocol\x12\"\n" +
 	"\fmanufacturer\x18\x02 \x01(\tR\fmanufacturer\x12\x14\n" +
@@ -1082,7 +1093,10 @@ const file_shared_api_bmc_bmc_proto_rawDesc = "" +
 	" \x03(\rR\rnicSpeedsMbps\x12!\n" +
 	"\fbios_version\x18\v \x01(\tR\vbiosVersion\x12!\n" +
 	"\fbmc_firmware\x18\f \x01(\tR\vbmcFirmware\x128\n" +
-	"\bfirmware\x18\r \x03(\v2\x1c.outpost.bmc.FirmwareVersionR\bfirmware\"?\n" +
+	"\bfirmware\x18\r \x03(\v2\x1c.outpost.bmc.FirmwareVersionR\bfirmware\x12$\n" +
+	"\vsecure_boot\x18\x0e \x01(\bH\x00R\n" +
+	"secureBoot\x88\x01\x01B\x0e\n" +
+	"\f_secure_boot\"?\n" +
 	"\x0fFirmwareVersion\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\"U\n" +
@@ -1204,6 +1218,7 @@ func file_shared_api_bmc_bmc_proto_init() {
 	if File_shared_api_bmc_bmc_proto != nil {
 		return
 	}
+	file_shared_api_bmc_bmc_proto_msgTypes[9].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
