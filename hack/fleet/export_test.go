@@ -40,3 +40,6 @@ func (s *BMCService) WatchPoll(ctx context.Context, t bmc.Target, c bmc.Credenti
 
 // WriteSeriesRates is writeSeriesRates.
 var WriteSeriesRates = writeSeriesRates
+
+// ParseSeries is parseSeries.
+var ParseSeries = parseSeries

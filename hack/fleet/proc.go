@@ -6,13 +6,18 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat (100 on every Linux this runs on).
@@ -133,7 +138,9 @@ func distOf(values []float64) Dist {
 	return Dist{N: len(v), P50: rank(0.5), P90: rank(0.9), P99: rank(0.99), Max: v[len(v)-1]}
 }
 
-// scrapeAll returns every sample of a Prometheus text endpoint by series (name and labels as served).
+// scrapeAll returns every sample of a Prometheus text endpoint by series: the name, then the labels in braces
+// sorted by name (`name` or `name{a="x",b="y"}`), as in the exposition; histograms and summaries give their
+// _bucket, _sum and _count (or quantile) series.
 func scrapeAll(ctx context.Context, url string) (map[string]float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
@@ -146,29 +153,55 @@ func scrapeAll(ctx context.Context, url string) (map[string]float64, error) {
 	}
 	defer resp.Body.Close() //nolint:errcheck
 
-	body, err := io.ReadAll(resp.Body)
+	return parseSeries(resp.Body)
+}
+
+// parseSeries reads the Prometheus text exposition format into samples by series (see scrapeAll).
+func parseSeries(r io.Reader) (map[string]float64, error) {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+
+	families, err := parser.TextToMetricFamilies(r)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("parse metrics: %w", err)
 	}
 
-	out := map[string]float64{}
+	samples, err := expfmt.ExtractSamples(&expfmt.DecodeOptions{}, slices.Collect(maps.Values(families))...)
+	if err != nil {
+		return nil, fmt.Errorf("read metric samples: %w", err)
+	}
 
-	for line := range strings.SplitSeq(string(body), "\n") {
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
+	out := make(map[string]float64, len(samples))
 
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-
-		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
-			out[line[:i]] = v
-		}
+	for _, s := range samples {
+		out[seriesKey(s.Metric)] = float64(s.Value)
 	}
 
 	return out, nil
+}
+
+// seriesKey is a series' name, then its other labels sorted by name in braces, values quoted (`name{a="x"}`).
+func seriesKey(m model.Metric) string {
+	names := make([]string, 0, len(m))
+
+	for name := range m {
+		if name != model.MetricNameLabel {
+			names = append(names, string(name))
+		}
+	}
+
+	key := string(m[model.MetricNameLabel])
+	if len(names) == 0 {
+		return key
+	}
+
+	sort.Strings(names)
+
+	labels := make([]string, len(names))
+	for i, name := range names {
+		labels[i] = name + "=" + strconv.Quote(string(m[model.LabelName(name)]))
+	}
+
+	return key + "{" + strings.Join(labels, ",") + "}"
 }
 
 // writeSeriesRates writes, for every series that changed between two scrapes wall seconds apart, its change per

@@ -5,13 +5,14 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -21,6 +22,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -121,7 +124,7 @@ func TestAttackFloodLocksNoEdgeOut(t *testing.T) {
 	runPhase := func(name string) phaseFigures {
 		fig := phaseFigures{rssStart: rss(t, pid)}
 		fig.rssPeak = fig.rssStart
-		cpuStart, testCPUStart := scrape(t, httpAddr)["process_cpu_seconds_total"], selfCPU(t)
+		cpuStart, testCPUStart := value(scrape(t, httpAddr), "process_cpu_seconds_total"), selfCPU(t)
 		logStart := len(ctl.log.String())
 		sessionsStart := steadySessions.Load()
 		fresh := createSite("fresh-" + name)
@@ -161,8 +164,8 @@ func TestAttackFloodLocksNoEdgeOut(t *testing.T) {
 
 			fig.rssPeak = max(fig.rssPeak, rss(t, pid))
 			m := scrape(t, httpAddr)
-			fig.handshakesPeak = max(fig.handshakesPeak, m["outpost_uplink_handshakes_in_progress"])
-			fig.enrollPeak = max(fig.enrollPeak, m["outpost_uplink_enroll_sessions"])
+			fig.handshakesPeak = max(fig.handshakesPeak, value(m, "outpost_uplink_handshakes_in_progress"))
+			fig.enrollPeak = max(fig.enrollPeak, value(m, "outpost_uplink_enroll_sessions"))
 		}
 
 		select {
@@ -176,7 +179,7 @@ func TestAttackFloodLocksNoEdgeOut(t *testing.T) {
 		fig.steadySessions = steadySessions.Load() - sessionsStart
 		m := scrape(t, httpAddr)
 		fig.rejected = rejectedByReason(m)
-		fig.cpu = m["process_cpu_seconds_total"] - cpuStart
+		fig.cpu = value(m, "process_cpu_seconds_total") - cpuStart
 		fig.testCPU = selfCPU(t) - testCPUStart
 
 		return fig
@@ -223,7 +226,7 @@ func TestAttackFloodLocksNoEdgeOut(t *testing.T) {
 	require.Eventually(t, func() bool {
 		m := scrape(t, httpAddr)
 
-		return m["outpost_uplink_handshakes_in_progress"] == 0 && m["outpost_uplink_enroll_sessions"] == 0
+		return value(m, "outpost_uplink_handshakes_in_progress") == 0 && value(m, "outpost_uplink_enroll_sessions") == 0
 	}, 30*time.Second, 100*time.Millisecond, "the controller still holds attack connections after the attack")
 
 	after := rss(t, pid)
@@ -392,8 +395,9 @@ func rss(t *testing.T, pid int) int64 {
 	return 0
 }
 
-// scrape returns the controller's metrics as "name" or `name{labels}` -> value.
-func scrape(t *testing.T, addr string) map[string]float64 {
+// scrape returns the controller's metrics, one sample a series (histograms and summaries give their _bucket, _sum
+// and _count series).
+func scrape(t *testing.T, addr string) model.Vector {
 	t.Helper()
 
 	resp, err := http.Get("http://" + addr + "/metrics")
@@ -401,35 +405,34 @@ func scrape(t *testing.T, addr string) map[string]float64 {
 
 	defer resp.Body.Close() //nolint:errcheck
 
-	body, err := io.ReadAll(resp.Body)
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
 	require.NoError(t, err)
 
-	out := map[string]float64{}
+	samples, err := expfmt.ExtractSamples(&expfmt.DecodeOptions{}, slices.Collect(maps.Values(families))...)
+	require.NoError(t, err)
 
-	for _, line := range strings.Split(string(body), "\n") {
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
+	return samples
+}
 
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-
-		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
-			out[line[:i]] = v
+// value is the value of the unlabelled series name in samples (0 when it is not served).
+func value(samples model.Vector, name string) float64 {
+	for _, s := range samples {
+		if s.Metric[model.MetricNameLabel] == model.LabelValue(name) && len(s.Metric) == 1 {
+			return float64(s.Value)
 		}
 	}
 
-	return out
+	return 0
 }
 
-func rejectedByReason(m map[string]float64) map[string]float64 {
+// rejectedByReason is the controller's count of refused uplink connections by reason.
+func rejectedByReason(samples model.Vector) map[string]float64 {
 	out := map[string]float64{}
 
-	for k, v := range m {
-		if reason, ok := strings.CutPrefix(k, `outpost_uplink_rejected_total{reason="`); ok {
-			out[strings.TrimSuffix(reason, `"}`)] = v
+	for _, s := range samples {
+		if s.Metric[model.MetricNameLabel] == "outpost_uplink_rejected_total" {
+			out[string(s.Metric["reason"])] = float64(s.Value)
 		}
 	}
 
