@@ -58,7 +58,7 @@ func (b *builder) newEdgeWiring(context.Context) error {
 // newMachineAccess builds the BMC and agent clients over the uplink server's site sessions.
 func (b *builder) newMachineAccess(context.Context) error {
 	b.edges.clients = &machines.EdgeClients{
-		Access:          machineaccess.New(b.uplink.Conn, b.edges.locations),
+		Access:          machineaccess.New(b.uplink.Conn, b.edges.locations.ByResourceID()),
 		Sites:           b.edges.locations,
 		DefaultBootMode: b.cfg.DefaultBootMode,
 		BMCProtocol:     b.edges.bmcProtocol,

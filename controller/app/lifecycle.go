@@ -77,7 +77,7 @@ func (b *builder) newLifecycle(context.Context) error {
 	deps.Power = b.edges.clients
 	deps.Agent = b.edges.clients
 	deps.Intents = b.edges.clients
-	deps.Sites = b.edges.locations
+	deps.Sites = b.edges.locations.ByResourceID()
 	deps.Plans = &assetAwarePusher{next: b.edges.tables, needs: b.assets.needs, install: b.assets.install}
 	deps.Planner = planner
 	deps.Now = time.Now

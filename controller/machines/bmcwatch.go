@@ -16,6 +16,7 @@ import (
 
 	"github.com/outpost-metal/outpost/controller/resources/specs"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // WatchLists tells each site's edge which BMCs to watch: every managed machine of the site with a BMC
@@ -37,7 +38,7 @@ type WatchLists struct {
 
 // PowerReports takes the power states an edge knows when it is handed its list (Locations).
 type PowerReports interface {
-	PowerReported(site, machineID string, state bmcpb.PowerState, reason string)
+	PowerReported(site string, machineID metal.ID, state bmcpb.PowerState, reason string)
 }
 
 // NewWatchLists returns empty lists; protocol is how the edge reaches the BMCs unless a site's own policy
@@ -191,7 +192,9 @@ func (w *WatchLists) OnSession(ctx context.Context, site string, conn grpc.Clien
 
 		if w.power != nil {
 			for _, k := range resp.GetKnown() {
-				w.power.PowerReported(site, k.GetMachineId(), k.ReportedState(), "")
+				if id, err := metal.ParsePeerID(k.GetMachineId()); err == nil {
+					w.power.PowerReported(site, id, k.ReportedState(), "")
+				}
 			}
 		}
 

@@ -117,7 +117,7 @@ func TestEdgeClientsOverGRPC(t *testing.T) {
 		}
 
 		return conn, nil
-	}, locs)
+	}, locs.ByResourceID())
 
 	c := &machines.EdgeClients{Access: access, Sites: locs}
 	ctx := t.Context()
@@ -212,7 +212,7 @@ func TestSetPXEOnceWithoutKnownFirmware(t *testing.T) {
 	locs := machines.NewLocations(zaptest.NewLogger(t))
 	require.NoError(t, locs.AgentConnected("site-a", id, true)) // joined without a boot through the edge
 
-	access := machineaccess.New(func(string) (grpc.ClientConnInterface, error) { return conn, nil }, locs)
+	access := machineaccess.New(func(string) (grpc.ClientConnInterface, error) { return conn, nil }, locs.ByResourceID())
 	bmc := &specs.BMCConfigurationSpec{Ipmi: &specs.BMCConfigurationSpec_IPMI{Address: "10.0.0.5", Port: 623, Username: "u", Password: "p"}}
 
 	for _, tc := range []struct {
@@ -265,7 +265,7 @@ func TestSetPXEOnceOperatorBootMode(t *testing.T) {
 	_, _, err = locs.OverrideFirmware(id, "efi")
 	require.ErrorIs(t, err, machines.ErrBadFirmware)
 
-	access := machineaccess.New(func(string) (grpc.ClientConnInterface, error) { return conn, nil }, locs)
+	access := machineaccess.New(func(string) (grpc.ClientConnInterface, error) { return conn, nil }, locs.ByResourceID())
 	bmc := &specs.BMCConfigurationSpec{Ipmi: &specs.BMCConfigurationSpec_IPMI{Address: "10.0.0.5", Port: 623, Username: "u", Password: "p"}}
 	c := &machines.EdgeClients{Access: access, Sites: locs}
 

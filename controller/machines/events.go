@@ -21,7 +21,12 @@ import (
 func (l *Locations) HandleEvent(_ context.Context, site string, e *bootpb.Event) error {
 	switch k := e.GetKind().(type) {
 	case *bootpb.Event_BootServed:
-		id := metal.NormalizeID(k.BootServed.GetUuid())
+		id, err := metal.ParsePeerID(k.BootServed.GetUuid())
+		if err != nil {
+			l.reject(site, "bad_machine_id", err)
+
+			return nil
+		}
 
 		moved, err := l.Seen(site, id)
 		if err != nil {
@@ -48,9 +53,12 @@ func (l *Locations) HandleEvent(_ context.Context, site string, e *bootpb.Event)
 			l.SetFirmware(id, fw, "dhcp")
 		}
 	case *bootpb.Event_AgentTunnel:
-		id := metal.NormalizeID(k.AgentTunnel.GetMachineId())
+		id, err := metal.ParsePeerID(k.AgentTunnel.GetMachineId())
+		if err == nil {
+			err = l.AgentConnected(site, id, k.AgentTunnel.GetOpen())
+		}
 
-		switch err := l.AgentConnected(site, id, k.AgentTunnel.GetOpen()); {
+		switch {
 		case errors.Is(err, ErrClaimRefused):
 			l.reject(site, "claim_from_other_site", err)
 			l.Raise(id, AlertClaimedElsewhere, "agent tunnel at site "+site+" from "+printable.String(k.AgentTunnel.GetRemoteIp(), 64))
@@ -64,20 +72,31 @@ func (l *Locations) HandleEvent(_ context.Context, site string, e *bootpb.Event)
 		}
 
 		l.SetFirmwareByMAC(k.DhcpSeen.GetMac(), string(fw))
-		l.SetFirmware(metal.NormalizeID(k.DhcpSeen.GetUuid()), string(fw), "dhcp")
+
+		if id, err := metal.ParsePeerID(k.DhcpSeen.GetUuid()); err == nil {
+			l.SetFirmware(id, string(fw), "dhcp")
+		}
 	case *bootpb.Event_PowerChanged:
 		var at time.Time
 		if ts := e.GetTime(); ts.IsValid() {
 			at = ts.AsTime()
 		}
 
-		l.powerReported(site, metal.NormalizeID(k.PowerChanged.GetMachineId()), k.PowerChanged.ReportedState(), k.PowerChanged.GetError(), at)
+		if id, err := metal.ParsePeerID(k.PowerChanged.GetMachineId()); err == nil {
+			l.powerReported(site, id, k.PowerChanged.ReportedState(), k.PowerChanged.GetError(), at)
+		}
 	case *bootpb.Event_TunnelRefused:
-		id := metal.NormalizeID(k.TunnelRefused.GetMachineId())
-
 		alert, ok := alertOfRefusal[k.TunnelRefused.ReportedRefusal()]
 		if !ok {
 			l.reject(site, "unknown_refusal_reason", nil)
+
+			return nil
+		}
+
+		id, err := metal.ParsePeerID(k.TunnelRefused.GetMachineId())
+		if err != nil {
+			// A malformed ID names no machine located anywhere, so no machine of this site either.
+			l.rejected.WithLabelValues("refusal_from_other_site").Inc()
 
 			return nil
 		}

@@ -32,23 +32,23 @@ type Locations struct {
 	now      func() time.Time
 
 	mu       sync.Mutex
-	machines map[string]*Location
+	machines map[metal.ID]*Location
 	// firmwareByMAC is the firmware each MAC's DHCP requests announced; a machine's first boot script ties its
 	// UUID to its MAC. (DHCP's own UUID, option 97, is in the client's byte order and cannot be trusted.)
 	firmwareByMAC map[string]string
 	// dirty are the machines whose record must be written to Omni; changed wakes Persist.
-	dirty   map[string]bool
+	dirty   map[metal.ID]bool
 	changed chan struct{}
 	// writing are the machines of the pass Persist is writing now; passed is closed (and replaced) at the
 	// end of each pass. persisting says Persist runs. WaitWritten waits on them.
-	writing    map[string]bool
+	writing    map[metal.ID]bool
 	passed     chan struct{}
 	persisting bool
 	// loaded is closed once Load has merged the records kept in Omni.
 	loaded     chan struct{}
 	loadedOnce sync.Once
 	// onChange are told, with l.mu held, of every machine whose location changed (OnChange).
-	onChange []func(machineID string)
+	onChange []func(machineID metal.ID)
 }
 
 // maxTrackedMACs bounds firmwareByMAC; a flood of made-up MACs resets it.
@@ -61,11 +61,11 @@ const maxMACsPerMachine = 8
 func NewLocations(logger *zap.Logger) *Locations {
 	return &Locations{
 		logger:        logger.With(zap.String("component", "machine_locations")),
-		machines:      map[string]*Location{},
+		machines:      map[metal.ID]*Location{},
 		firmwareByMAC: map[string]string{},
-		dirty:         map[string]bool{},
+		dirty:         map[metal.ID]bool{},
 		changed:       make(chan struct{}, 1),
-		writing:       map[string]bool{},
+		writing:       map[metal.ID]bool{},
 		passed:        make(chan struct{}),
 		loaded:        make(chan struct{}),
 		now:           time.Now,
@@ -83,21 +83,21 @@ func NewLocations(logger *zap.Logger) *Locations {
 // OnChange has fn told of every machine whose location, agent tunnel, boot details or watched power state
 // changed, so the lifecycle observes it again at once instead of at its next poll. fn is called with the
 // locations locked: it must not block or call back.
-func (l *Locations) OnChange(fn func(machineID string)) {
+func (l *Locations) OnChange(fn func(machineID metal.ID)) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 
 	l.onChange = append(l.onChange, fn)
 }
 
-func (l *Locations) changedLocked(machineID string) {
+func (l *Locations) changedLocked(machineID metal.ID) {
 	for _, fn := range l.onChange {
 		fn(machineID)
 	}
 }
 
 // markLocked records that machineID's record must be written; l.mu is held.
-func (l *Locations) markLocked(machineID string) {
+func (l *Locations) markLocked(machineID metal.ID) {
 	l.dirty[machineID] = true
 	l.changedLocked(machineID)
 
@@ -107,9 +107,10 @@ func (l *Locations) markLocked(machineID string) {
 	}
 }
 
-// checkID accepts the canonical SMBIOS UUID form (8-4-4-4-12 hex digits), as iPXE's ${uuid} and the agent send it.
-func checkID(machineID string) error {
-	if _, err := metal.ParseID(machineID); err != nil {
+// checkID accepts the canonical SMBIOS UUID form (8-4-4-4-12 hex digits, lower case), as metal.ParseID
+// returns it; an ID converted from anything else is refused.
+func checkID(machineID metal.ID) error {
+	if id, err := metal.ParseID(machineID.String()); err != nil || id != machineID {
 		return fmt.Errorf("%w: %q", ErrBadMachineID, machineID)
 	}
 
@@ -118,7 +119,7 @@ func checkID(machineID string) error {
 
 // Seen records that siteID's edge served machineID its boot script: boot evidence, which places the machine
 // at that site (moving it from another site, with a warning). It reports whether the machine moved.
-func (l *Locations) Seen(siteID, machineID string) (moved bool, err error) {
+func (l *Locations) Seen(siteID string, machineID metal.ID) (moved bool, err error) {
 	if err = checkID(machineID); err != nil {
 		return false, err
 	}
@@ -135,7 +136,7 @@ func (l *Locations) Seen(siteID, machineID string) (moved bool, err error) {
 	}
 
 	if ok {
-		l.logger.Warn("machine moved to another site on boot evidence", zap.String("machine", machineID),
+		l.logger.Warn("machine moved to another site on boot evidence", zap.Stringer("machine", machineID),
 			zap.String("from_site", cur.SiteID), zap.String("to_site", siteID))
 	}
 
@@ -156,7 +157,7 @@ var ErrClaimRefused = errors.New("machine is located at another site")
 // AgentConnected records an agent tunnel opening or closing at siteID. An open tunnel places a machine not
 // located anywhere yet at that site; a tunnel at a site other than the machine's is a claim, refused
 // (ErrClaimRefused), and a close reported by a site the machine has left is stale and ignored.
-func (l *Locations) AgentConnected(siteID, machineID string, connected bool) error {
+func (l *Locations) AgentConnected(siteID string, machineID metal.ID, connected bool) error {
 	if err := checkID(machineID); err != nil {
 		return err
 	}
@@ -182,7 +183,7 @@ func (l *Locations) AgentConnected(siteID, machineID string, connected bool) err
 		cur.LastSeen = l.now()
 
 		if cur.Alert != "" && cur.Alert != AlertTunnelContested {
-			l.logger.Info("machine alert cleared: its own agent tunnel is open", zap.String("machine", machineID),
+			l.logger.Info("machine alert cleared: its own agent tunnel is open", zap.Stringer("machine", machineID),
 				zap.String("alert", cur.Alert))
 			cur.Alert, cur.AlertAt = "", time.Time{}
 		}
@@ -198,7 +199,7 @@ func (l *Locations) AgentConnected(siteID, machineID string, connected bool) err
 
 // ClearAlert clears a machine's alert, as an operator does once a cloned UUID is fixed (a contested UUID is
 // never cleared otherwise). It returns the alert that was set ("" when none was).
-func (l *Locations) ClearAlert(machineID string) (string, error) {
+func (l *Locations) ClearAlert(machineID metal.ID) (string, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 
@@ -209,7 +210,7 @@ func (l *Locations) ClearAlert(machineID string) (string, error) {
 
 	was := cur.Alert
 	if was != "" {
-		l.logger.Info("machine alert cleared by an operator", zap.String("machine", machineID), zap.String("alert", was))
+		l.logger.Info("machine alert cleared by an operator", zap.Stringer("machine", machineID), zap.String("alert", was))
 		cur.Alert, cur.AlertAt = "", time.Time{}
 		l.markLocked(machineID)
 	}
@@ -221,7 +222,7 @@ func (l *Locations) ClearAlert(machineID string) (string, error) {
 // the machine in Omni until the machine's own agent tunnel opens again, or, for a contested UUID (two
 // machines booting as one), until an operator clears it (ClearAlert); meanwhile no agent call is made. A machine not known is ignored: a
 // made-up UUID raises nothing.
-func (l *Locations) Raise(machineID, alert, detail string) {
+func (l *Locations) Raise(machineID metal.ID, alert, detail string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 
@@ -230,7 +231,7 @@ func (l *Locations) Raise(machineID, alert, detail string) {
 		return
 	}
 
-	l.logger.Warn("machine alert: its identity is contested", zap.String("machine", machineID), zap.String("site", cur.SiteID),
+	l.logger.Warn("machine alert: its identity is contested", zap.Stringer("machine", machineID), zap.String("site", cur.SiteID),
 		zap.String("alert", alert), zap.String("detail", detail))
 
 	l.alerts.WithLabelValues(alert).Inc()
@@ -246,7 +247,7 @@ func (l *Locations) Raise(machineID, alert, detail string) {
 }
 
 // SetArch records the architecture a machine's network boot reported.
-func (l *Locations) SetArch(machineID string, a metal.Arch) {
+func (l *Locations) SetArch(machineID metal.ID, a metal.Arch) {
 	arch := string(a)
 
 	l.mu.Lock()
@@ -265,7 +266,7 @@ var firmwareRank = map[string]int{"dhcp": 1, "ipxe": 2, "operator": 3}
 // SetFirmware records the firmware ("bios" or "uefi"; others are ignored) a source reported: "ipxe" (iPXE's
 // ${platform} in the boot request), "dhcp" (option 93) or "operator". A weaker source never overrides a
 // stronger one.
-func (l *Locations) SetFirmware(machineID, firmware, source string) {
+func (l *Locations) SetFirmware(machineID metal.ID, firmware, source string) {
 	if (firmware != "bios" && firmware != "uefi") || firmwareRank[source] == 0 {
 		return
 	}
@@ -295,7 +296,7 @@ var ErrBadFirmware = errors.New(`boot mode must be "bios", "uefi" or "auto"`)
 // machine reports, or with "" (the operator's "auto") hands it back to the machine's own reports: the firmware
 // known now stays until the machine reports one (so a reboot still knows its mode), and any report replaces
 // it. It returns what is assumed now and its source.
-func (l *Locations) OverrideFirmware(machineID string, fw metal.Firmware) (string, string, error) {
+func (l *Locations) OverrideFirmware(machineID metal.ID, fw metal.Firmware) (string, string, error) {
 	if fw != metal.BIOS && fw != metal.UEFI && fw != "" {
 		return "", "", fmt.Errorf("%w: %q", ErrBadFirmware, fw)
 	}
@@ -325,7 +326,7 @@ func (l *Locations) OverrideFirmware(machineID string, fw metal.Firmware) (strin
 }
 
 // AddMAC records an interface machineID was seen booting from (bounded per machine).
-func (l *Locations) AddMAC(machineID, mac string) {
+func (l *Locations) AddMAC(machineID metal.ID, mac string) {
 	hw, err := net.ParseMAC(mac)
 	if err != nil || len(hw) != 6 {
 		return
@@ -394,11 +395,15 @@ func (l *Locations) SiteOffline(siteID string) {
 // controller does not know are placed there (the table came from a controller that knew them). Claims on
 // machines located at another site are refused and counted. It returns how many claims were refused.
 func (l *Locations) Inventory(siteID string, tunnels, table []string) (refused int) {
-	open := map[string]bool{}
+	open := map[metal.ID]bool{}
 
-	for _, id := range tunnels {
-		id = metal.NormalizeID(id)
-		if err := l.AgentConnected(siteID, id, true); err != nil {
+	for _, raw := range tunnels {
+		id, err := metal.ParsePeerID(raw)
+		if err == nil {
+			err = l.AgentConnected(siteID, id, true)
+		}
+
+		if err != nil {
 			l.reject(siteID, "inventory_claim", err)
 			refused++
 
@@ -418,9 +423,9 @@ func (l *Locations) Inventory(siteID string, tunnels, table []string) (refused i
 		}
 	}
 
-	for _, id := range table {
-		id = metal.NormalizeID(id)
-		if checkID(id) != nil {
+	for _, raw := range table {
+		id, err := metal.ParsePeerID(raw)
+		if err != nil {
 			continue
 		}
 
@@ -434,7 +439,7 @@ func (l *Locations) Inventory(siteID string, tunnels, table []string) (refused i
 }
 
 // Forget drops a machine removed from Omni; its record is deleted by Persist.
-func (l *Locations) Forget(machineID string) {
+func (l *Locations) Forget(machineID metal.ID) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 
@@ -446,13 +451,13 @@ func (l *Locations) Forget(machineID string) {
 
 // PowerReported records the power state siteID's edge reported for machineID from watching its BMC; a
 // report from a site the machine is not at is ignored.
-func (l *Locations) PowerReported(siteID, machineID string, reported bmcpb.PowerState, reason string) {
+func (l *Locations) PowerReported(siteID string, machineID metal.ID, reported bmcpb.PowerState, reason string) {
 	l.powerReported(siteID, machineID, reported, reason, time.Time{})
 }
 
 // powerReported is PowerReported for a state the edge saw at (zero: now). The state is kept by name ("on",
 // "off", "unknown"); an unspecified one is ignored.
-func (l *Locations) powerReported(siteID, machineID string, reported bmcpb.PowerState, reason string, at time.Time) {
+func (l *Locations) powerReported(siteID string, machineID metal.ID, reported bmcpb.PowerState, reason string, at time.Time) {
 	state := reported.Name()
 	if state == "" {
 		return
@@ -487,7 +492,7 @@ func (l *Locations) powerReported(siteID, machineID string, reported bmcpb.Power
 func (l *Locations) Loaded() <-chan struct{} { return l.loaded }
 
 // Locate implements SiteLocator.
-func (l *Locations) Locate(machineID string) (Location, bool) {
+func (l *Locations) Locate(machineID metal.ID) (Location, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 
@@ -503,11 +508,11 @@ func (l *Locations) Locate(machineID string) (Location, bool) {
 }
 
 // AtSite returns the machines located at siteID.
-func (l *Locations) AtSite(siteID string) []string {
+func (l *Locations) AtSite(siteID string) []metal.ID {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 
-	var out []string
+	var out []metal.ID
 
 	for id, loc := range l.machines {
 		if loc.SiteID == siteID {
@@ -521,8 +526,27 @@ func (l *Locations) AtSite(siteID string) []string {
 }
 
 // SiteOf returns the site machineID was last seen at (the machineaccess.Locator shape).
-func (l *Locations) SiteOf(machineID string) (string, bool) {
+func (l *Locations) SiteOf(machineID metal.ID) (string, bool) {
 	loc, ok := l.Locate(machineID)
 
 	return loc.SiteID, ok
+}
+
+// ResourceIDs are the locations as the lifecycle and the machine clients ask them: by a machine's Omni
+// resource ID, the one string-keyed seam. Omni's machines are named by the IDs their agents reported, in the
+// form metal.ParseID returns, so the resource ID is the machine's ID as it stands.
+type ResourceIDs struct{ l *Locations }
+
+// ByResourceID returns the locations as looked up by Omni resource IDs.
+func (l *Locations) ByResourceID() ResourceIDs { return ResourceIDs{l: l} }
+
+// Locate is Locations.Locate for the machine named id in Omni (lifecycle.SiteLocator).
+func (r ResourceIDs) Locate(id string) (Location, bool) { return r.l.Locate(metal.ID(id)) }
+
+// SiteOf is Locations.SiteOf for the machine named id in Omni (machineaccess.Locator).
+func (r ResourceIDs) SiteOf(id string) (string, bool) { return r.l.SiteOf(metal.ID(id)) }
+
+// OnChange is Locations.OnChange telling fn the Omni resource ID of each machine that changed.
+func (r ResourceIDs) OnChange(fn func(id string)) {
+	r.l.OnChange(func(id metal.ID) { fn(id.String()) })
 }

@@ -54,10 +54,10 @@ func TestLocations(t *testing.T) {
 	l.SetArch(id, metal.ARM64)
 	require.Equal(t, "arm64", must(l.Locate(id)).Arch)
 
-	for _, bad := range []string{"", "../../etc", "m1", "4c4c4544-0042-3510-8052-b4c04f38483"} {
+	for _, bad := range []metal.ID{"", "../../etc", "m1", "4c4c4544-0042-3510-8052-b4c04f38483", "4C4C4544-0042-3510-8052-B4C04F384833"} {
 		_, err = l.Seen("site-a", bad)
-		require.ErrorIs(t, err, machines.ErrBadMachineID, bad)
-		require.ErrorIs(t, l.AgentConnected("site-a", bad, false), machines.ErrBadMachineID, bad)
+		require.ErrorIs(t, err, machines.ErrBadMachineID, string(bad))
+		require.ErrorIs(t, l.AgentConnected("site-a", bad, false), machines.ErrBadMachineID, string(bad))
 	}
 }
 
@@ -150,7 +150,7 @@ func TestLocationsPersistAndLoad(t *testing.T) {
 
 	_, ok := second.Locate("4c4c4544-0042-3510-8052-b4c04f384899")
 	require.False(t, ok, "a newer controller's record is not used")
-	require.Equal(t, []string{a}, second.AtSite("site-a"))
+	require.Equal(t, []metal.ID{a}, second.AtSite("site-a"))
 }
 
 // An edge's inventory at session start sets agent presence for its site and places machines its boot table
@@ -167,7 +167,7 @@ func TestLocationsInventory(t *testing.T) {
 
 	l := machines.NewLocations(zaptest.NewLogger(t))
 
-	for _, id := range []string{here, gone} {
+	for _, id := range []metal.ID{here, gone} {
 		_, err := l.Seen("site-a", id)
 		require.NoError(t, err)
 		require.NoError(t, l.AgentConnected("site-a", id, true))
@@ -193,8 +193,8 @@ func FuzzLocationsSeen(f *testing.F) {
 	f.Add("", "{4c4c4544-0042-3510-8052-b4c04f384833}")
 
 	f.Fuzz(func(t *testing.T, site, id string) {
-		if _, err := l.Seen(site, id); err == nil {
-			loc, ok := l.Locate(id)
+		if _, err := l.Seen(site, metal.ID(id)); err == nil {
+			loc, ok := l.Locate(metal.ID(id))
 			require.True(t, ok)
 			require.Equal(t, site, loc.SiteID)
 		}
@@ -257,7 +257,7 @@ func TestLocationsLoadKeepsAlerts(t *testing.T) {
 
 	first := machines.NewLocations(zaptest.NewLogger(t))
 
-	for id, alert := range map[string]string{contested: machines.AlertTunnelContested, rogue: machines.AlertSecondTunnel} {
+	for id, alert := range map[metal.ID]string{contested: machines.AlertTunnelContested, rogue: machines.AlertSecondTunnel} {
 		_, err := first.Seen("site-a", id)
 		require.NoError(t, err)
 		first.Raise(id, alert, "test")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // Load merges the MachineLocation records kept in Omni into the locations: a machine the edges have not
@@ -30,15 +31,16 @@ func (l *Locations) Load(ctx context.Context, st state.State, t resources.Types)
 	l.mu.Lock()
 
 	for rec := range list.All() {
-		id, spec := rec.Metadata().ID(), rec.TypedSpec().Value
+		spec := rec.TypedSpec().Value
+		id, err := metal.ParseID(rec.Metadata().ID())
 
 		switch {
-		case checkID(id) != nil || spec.GetSiteId() == "":
-			l.logger.Warn("machine location record ignored: no valid machine or site", zap.String("record", id))
+		case err != nil || spec.GetSiteId() == "":
+			l.logger.Warn("machine location record ignored: no valid machine or site", zap.String("record", rec.Metadata().ID()))
 
 			continue
 		case spec.GetSchema() > resources.MachineLocationSchema:
-			l.logger.Warn("machine location record from a newer controller left alone", zap.String("machine", id),
+			l.logger.Warn("machine location record from a newer controller left alone", zap.Stringer("machine", id),
 				zap.Uint32("schema", spec.GetSchema()))
 
 			continue
@@ -156,7 +158,7 @@ func (l *Locations) Persist(ctx context.Context, st state.State, t resources.Typ
 
 		l.mu.Lock()
 		batch := l.dirty
-		l.dirty = map[string]bool{}
+		l.dirty = map[metal.ID]bool{}
 		l.writing = batch
 		l.mu.Unlock()
 
@@ -202,7 +204,7 @@ func (l *Locations) Persist(ctx context.Context, st state.State, t resources.Typ
 
 // endPassLocked ends a pass of Persist: its machines are written or dirty again.
 func (l *Locations) endPassLocked() {
-	l.writing = map[string]bool{}
+	l.writing = map[metal.ID]bool{}
 	close(l.passed)
 	l.passed = make(chan struct{})
 }
@@ -210,7 +212,7 @@ func (l *Locations) endPassLocked() {
 // WaitWritten waits until what is known of machineID now is written to Omni (at once when nothing is
 // pending, or when nothing persists the locations: without Omni they live in memory only). An error means
 // ctx ended first: the change is kept and written when Omni answers.
-func (l *Locations) WaitWritten(ctx context.Context, machineID string) error {
+func (l *Locations) WaitWritten(ctx context.Context, machineID metal.ID) error {
 	for {
 		l.mu.Lock()
 		pending := l.persisting && (l.dirty[machineID] || l.writing[machineID])
@@ -230,17 +232,17 @@ func (l *Locations) WaitWritten(ctx context.Context, machineID string) error {
 }
 
 // write writes (or, for a forgotten machine, deletes) machineID's record.
-func (l *Locations) write(ctx context.Context, st state.State, t resources.Types, machineID string) error {
+func (l *Locations) write(ctx context.Context, st state.State, t resources.Types, machineID metal.ID) error {
 	loc, ok := l.Locate(machineID)
 	if !ok {
-		if err := st.Destroy(ctx, t.NewMachineLocation(machineID).Metadata()); err != nil && !state.IsNotFoundError(err) {
+		if err := st.Destroy(ctx, t.NewMachineLocation(machineID.String()).Metadata()); err != nil && !state.IsNotFoundError(err) {
 			return fmt.Errorf("delete location of %s: %w", machineID, err)
 		}
 
 		return nil
 	}
 
-	if err := safe.StateModify(ctx, st, t.NewMachineLocation(machineID), func(r *resources.MachineLocation) error {
+	if err := safe.StateModify(ctx, st, t.NewMachineLocation(machineID.String()), func(r *resources.MachineLocation) error {
 		r.TypedSpec().Value = &specs.MachineLocationSpec{
 			SiteId: loc.SiteID, Arch: loc.Arch, Firmware: loc.Firmware, FirmwareSource: loc.FirmwareSource,
 			Macs: loc.MACs, AgentConnected: loc.AgentConnected, Schema: resources.MachineLocationSchema,

@@ -7,6 +7,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outpost-metal/outpost/controller/machines"
+	"github.com/outpost-metal/outpost/shared/metal"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 )
 
@@ -21,7 +22,7 @@ func TestLocationsTellChanges(t *testing.T) {
 
 	var told []string
 
-	l.OnChange(func(machineID string) { told = append(told, machineID) })
+	l.OnChange(func(machineID metal.ID) { told = append(told, machineID.String()) })
 
 	take := func() []string {
 		out := told

@@ -35,11 +35,11 @@ type API struct {
 type Locations interface {
 	// OverrideFirmware sets the operator's firmware for the machine ("": hand it back to the machine's
 	// reports) and returns what is assumed now and its source.
-	OverrideFirmware(machineID string, fw metal.Firmware) (now, source string, err error)
+	OverrideFirmware(machineID metal.ID, fw metal.Firmware) (now, source string, err error)
 	// ClearAlert clears the machine's identity alert and returns the one that was set.
-	ClearAlert(machineID string) (string, error)
+	ClearAlert(machineID metal.ID) (string, error)
 	// WaitWritten waits until what is known of the machine is kept in Omni.
-	WaitWritten(ctx context.Context, machineID string) error
+	WaitWritten(ctx context.Context, machineID metal.ID) error
 }
 
 // writeTimeout bounds how long a change waits to be kept in Omni.
@@ -125,7 +125,7 @@ func (a *API) ShowMachine(_ context.Context, req *adminpb.ShowMachineRequest) (*
 func (a *API) SetBootMode(ctx context.Context, req *adminpb.SetBootModeRequest) (*adminpb.SetBootModeResponse, error) {
 	out := &adminpb.SetBootModeResponse{}
 
-	err := a.change(ctx, "set the boot mode", req.GetMachineId(), func(id string) (err error) {
+	err := a.change(ctx, "set the boot mode", req.GetMachineId(), func(id metal.ID) (err error) {
 		fw, err := parseBootMode(req.GetFirmware())
 		if err != nil {
 			return err
@@ -161,7 +161,7 @@ func parseBootMode(s string) (metal.Firmware, error) {
 func (a *API) ClearAlert(ctx context.Context, req *adminpb.ClearAlertRequest) (*adminpb.ClearAlertResponse, error) {
 	out := &adminpb.ClearAlertResponse{}
 
-	err := a.change(ctx, "clear the alert", req.GetMachineId(), func(id string) (err error) {
+	err := a.change(ctx, "clear the alert", req.GetMachineId(), func(id metal.ID) (err error) {
 		out.Cleared, err = a.locations.ClearAlert(id)
 
 		return err
@@ -176,7 +176,7 @@ func (a *API) ClearAlert(ctx context.Context, req *adminpb.ClearAlertRequest) (*
 // change makes an operator's change (what) to a machine's knowledge on the acting controller and returns once
 // Omni keeps it: refused on a standby (naming the acting one), for a machine never seen at a site, or for bad
 // input; Unavailable when Omni does not store it in time (the change is kept and stored when Omni answers).
-func (a *API) change(ctx context.Context, what, machineID string, apply func(id string) error) error {
+func (a *API) change(ctx context.Context, what, machineID string, apply func(id metal.ID) error) error {
 	if a.locations == nil {
 		return grpcstatus.Error(codes.Unimplemented, "this controller keeps no machine locations")
 	}
@@ -187,9 +187,15 @@ func (a *API) change(ctx context.Context, what, machineID string, apply func(id 
 		}
 	}
 
-	id := metal.NormalizeID(machineID)
+	// A malformed ID names no machine seen at a site.
+	id, err := metal.ParsePeerID(machineID)
+	if err == nil {
+		err = apply(id)
+	} else {
+		err = machines.ErrNotLocated
+	}
 
-	switch err := apply(id); {
+	switch {
 	case errors.Is(err, machines.ErrBadFirmware):
 		return grpcstatus.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, machines.ErrNotLocated):

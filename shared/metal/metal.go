@@ -17,7 +17,7 @@ const MetadataKey = "machine-id"
 var ErrMalformedID = errors.New("malformed machine-id")
 
 // ID is a machine's ID in the form every table and record keys machines by: its SMBIOS UUID in lower case
-// (ParseID), or what a peer wrote made lenient (NormalizeID).
+// (ParseID, or ParsePeerID for what a peer wrote).
 type ID string
 
 // String is the ID as written on the wire.
@@ -52,6 +52,12 @@ func ParseID(id string) (ID, error) {
 
 func isHex(c byte) bool {
 	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+// ParsePeerID is ParseID for an ID as a peer may write it (surrounding spaces or braces, upper case): the
+// lenient form (NormalizeID), checked.
+func ParsePeerID(id string) (ID, error) {
+	return ParseID(NormalizeID(id))
 }
 
 // NormalizeID is the lenient form of an ID as peers write it (braces, spaces, upper case): trimmed and lower

@@ -22,6 +22,13 @@ func TestParseID(t *testing.T) {
 	}
 
 	require.Equal(t, "4c4c4544-0042-3510-8052-b4c04f384833", metal.NormalizeID(" {4C4C4544-0042-3510-8052-B4C04F384833} "))
+
+	id, err = metal.ParsePeerID(" {4C4C4544-0042-3510-8052-B4C04F384833} ")
+	require.NoError(t, err)
+	require.Equal(t, metal.ID("4c4c4544-0042-3510-8052-b4c04f384833"), id)
+
+	_, err = metal.ParsePeerID("{4c4c4544-0042-3510-8052-b4c04f3848}")
+	require.ErrorIs(t, err, metal.ErrMalformedID)
 }
 
 func TestArchIPXEName(t *testing.T) {
