@@ -309,7 +309,7 @@ func TestLifecycleOverTheUplink(t *testing.T) {
 	planner, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), lifecycletest.FakeResolver{})
 	require.NoError(t, err)
 
-	edges := &machines.EdgeClients{Access: machineaccess.New(ctrl.Server.Conn, locations), Sites: locations}
+	edges := &machines.EdgeClients{Access: machineaccess.New(ctrl.Server.Conn, locations.ByResourceID()), Sites: locations}
 
 	cfg := lifecycle.Default()
 	cfg.Cooldown = 300 * time.Millisecond
@@ -317,7 +317,7 @@ func TestLifecycleOverTheUplink(t *testing.T) {
 	cfg.CallTimeout = 5 * time.Second
 
 	ctrls, err := lifecycle.New(cfg, lifecycle.Deps{
-		Types: conn.Types(), Power: edges, Agent: edges, Intents: edges, Sites: locations, Plans: tables,
+		Types: conn.Types(), Power: edges, Agent: edges, Intents: edges, Sites: locations.ByResourceID(), Plans: tables,
 		Planner: planner, Now: time.Now, Rand: rand.Reader,
 	})
 	require.NoError(t, err)
