@@ -54,7 +54,7 @@ func (s siteEvents) AssetFetch(f httpd.AssetFetch) { s.rec.AssetFetch(f) }
 // evidence its agent's tunnel is bound to. A config fetch is none: it carries no MAC and is answered to any
 // host, so a host asking for a switched-off machine's config could take its tunnel.
 func (s siteEvents) BootServed(b httpd.BootServed) {
-	s.book.Note(b.UUID.String(), b.Remote, b.MAC)
+	s.book.Note(b.UUID, b.Remote, b.MAC)
 	s.rec.BootServed(b)
 
 	if s.tap != nil {

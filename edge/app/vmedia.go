@@ -93,7 +93,9 @@ func (i images) Remember(uuid string, img bmc.BootImage) error {
 		return err
 	}
 
-	i.book.Note(uuid, img.Address.Addr(), img.MAC)
+	if id, err := metal.ParsePeerID(uuid); err == nil {
+		i.book.Note(id, img.Address.Addr(), img.MAC)
+	}
 
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // Binding is how much an agent's tunnel must prove before it speaks for a machine. The real metal agent sends
@@ -35,9 +36,9 @@ const (
 // and whether two machines claimed its ID lately.
 type Evidence interface {
 	// BootAddr returns the address the edge last served machineID's boot script to.
-	BootAddr(machineID string) (netip.Addr, bool)
+	BootAddr(machineID metal.ID) (netip.Addr, bool)
 	// Contested reports whether two machines (two MACs) asked for machineID's boot script lately.
-	Contested(machineID string) bool
+	Contested(machineID metal.ID) bool
 }
 
 // binder keeps one live tunnel per machine ID, bound to the evidence of the machine's boot.
@@ -46,7 +47,7 @@ type binder struct {
 	evidence Evidence
 
 	mu    sync.Mutex
-	bound map[string]binding // machine ID -> its one live tunnel
+	bound map[metal.ID]binding // machine ID -> its one live tunnel
 }
 
 // binding is a machine's live tunnel: where it came from, and when it was bound.
@@ -60,7 +61,7 @@ func newBinder(mode Binding, evidence Evidence) *binder {
 		mode = BindAddress
 	}
 
-	return &binder{mode: mode, evidence: evidence, bound: map[string]binding{}}
+	return &binder{mode: mode, evidence: evidence, bound: map[metal.ID]binding{}}
 }
 
 // Refusal reasons, as the journal carries them; their names are the metric labels.
@@ -83,7 +84,7 @@ func (e *bindError) GRPCStatus() *status.Status { return status.Convert(e.err) }
 
 // bind admits a tunnel for id from remote at now, or says why not; release ends the binding when the tunnel
 // goes.
-func (b *binder) bind(id string, remote netip.AddrPort, now time.Time) (release func(), err error) {
+func (b *binder) bind(id metal.ID, remote netip.AddrPort, now time.Time) (release func(), err error) {
 	src := remote.Addr().Unmap()
 
 	if b.mode != BindOff {
@@ -126,7 +127,7 @@ func (b *binder) bind(id string, remote netip.AddrPort, now time.Time) (release 
 }
 
 // boundBefore returns the source of id's live tunnel if it was bound before t.
-func (b *binder) boundBefore(id string, t time.Time) (netip.AddrPort, bool) {
+func (b *binder) boundBefore(id metal.ID, t time.Time) (netip.AddrPort, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 
@@ -139,7 +140,7 @@ func (b *binder) boundBefore(id string, t time.Time) (netip.AddrPort, bool) {
 }
 
 // admitBound binds the tunnel of stream's context to id, counting and logging a refusal.
-func (s *Server) admitBound(ctx context.Context, id string) (func(), error) {
+func (s *Server) admitBound(ctx context.Context, id metal.ID) (func(), error) {
 	release, err := s.binder.bind(id, remoteAddr(ctx), s.now())
 	if err != nil {
 		reason := refuseNoBoot
@@ -148,7 +149,7 @@ func (s *Server) admitBound(ctx context.Context, id string) (func(), error) {
 		}
 
 		s.rejected.WithLabelValues(reason.Name()).Inc()
-		s.refusals.Note(reason.Name(), zap.String("machine", id), zap.Stringer("remote", remoteAddr(ctx)), zap.Error(err))
+		s.refusals.Note(reason.Name(), zap.Stringer("machine", id), zap.Stringer("remote", remoteAddr(ctx)), zap.Error(err))
 		s.reportRefusal(id, reason, remoteAddr(ctx))
 
 		return nil, err
@@ -166,14 +167,14 @@ const (
 
 // reportRefusal passes a refused tunnel of a machine that booted here to the sink, paced per machine and
 // reason. A machine the edge has no boot evidence of is not reported: made-up UUIDs are free to send.
-func (s *Server) reportRefusal(id string, reason bootpb.TunnelRefusal, remote netip.AddrPort) {
+func (s *Server) reportRefusal(id metal.ID, reason bootpb.TunnelRefusal, remote netip.AddrPort) {
 	sink, ok := s.sink.(RefusalSink)
 	if !ok || reason == refuseNoBoot {
 		return
 	}
 
 	now := s.now()
-	key := id + " " + reason.Name()
+	key := id.String() + " " + reason.Name()
 
 	s.reportMu.Lock()
 	last, seen := s.reported[key]
@@ -191,5 +192,5 @@ func (s *Server) reportRefusal(id string, reason bootpb.TunnelRefusal, remote ne
 	s.reported[key] = now
 	s.reportMu.Unlock()
 
-	sink.TunnelRefused(Refusal{MachineID: id, Reason: reason, RemoteAddr: remote, Time: now})
+	sink.TunnelRefused(Refusal{MachineID: id.String(), Reason: reason, RemoteAddr: remote, Time: now})
 }

@@ -26,11 +26,11 @@ import (
 // contested.
 type evidence struct {
 	mu        sync.Mutex
-	addr      map[string]netip.Addr
-	contested map[string]bool
+	addr      map[metal.ID]netip.Addr
+	contested map[metal.ID]bool
 }
 
-func (e *evidence) BootAddr(id string) (netip.Addr, bool) {
+func (e *evidence) BootAddr(id metal.ID) (netip.Addr, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 
@@ -39,14 +39,14 @@ func (e *evidence) BootAddr(id string) (netip.Addr, bool) {
 	return a, ok
 }
 
-func (e *evidence) Contested(id string) bool {
+func (e *evidence) Contested(id metal.ID) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 
 	return e.contested[id]
 }
 
-func (e *evidence) set(id, addr string) {
+func (e *evidence) set(id metal.ID, addr string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 
@@ -103,7 +103,7 @@ func TestTunnelBindingRefusesRogues(t *testing.T) {
 
 	const victim, clone = "4c4c4544-0042-3510-8052-b4c04f4e4e41", "4c4c4544-0042-3510-8052-b4c04f4e4e42"
 
-	ev := &evidence{addr: map[string]netip.Addr{}, contested: map[string]bool{clone: true}}
+	ev := &evidence{addr: map[metal.ID]netip.Addr{}, contested: map[metal.ID]bool{clone: true}}
 	ev.set(victim, "127.0.0.10")
 	ev.set(clone, "127.0.0.30")
 

@@ -32,9 +32,9 @@ type BootBook struct {
 	now func() time.Time
 
 	mu   sync.Mutex
-	seen map[string]netip.Addr
-	macs map[string]map[string]time.Time // uuid -> mac -> last asked
-	dhcp map[string]time.Time            // mac -> when the edge last answered its DHCP or PXE request
+	seen map[metal.ID]netip.Addr
+	macs map[metal.ID]map[string]time.Time // uuid -> mac -> last asked
+	dhcp map[string]time.Time              // mac -> when the edge last answered its DHCP or PXE request
 
 	// path is the file seen is kept in (LoadBootBook; "" for none); dirty says seen changed since it was saved.
 	path  string
@@ -47,7 +47,7 @@ func NewBootBook(now func() time.Time) *BootBook {
 		now = time.Now
 	}
 
-	return &BootBook{now: now, seen: map[string]netip.Addr{}, macs: map[string]map[string]time.Time{}, dhcp: map[string]time.Time{}}
+	return &BootBook{now: now, seen: map[metal.ID]netip.Addr{}, macs: map[metal.ID]map[string]time.Time{}, dhcp: map[string]time.Time{}}
 }
 
 // DHCPAnswered records that the edge answered a DHCP or PXE request from mac (a machine starting to boot).
@@ -69,18 +69,16 @@ func (b *BootBook) DHCPAnswered(mac net.HardwareAddr) {
 // Note records that the edge served the machine's boot script, asked for with mac, to addr: the evidence
 // its tunnel is bound to, unless the edge answers mac's DHCP and did not within BootWindow before (see
 // BootBook). A request with no MAC (nil) is no evidence and changes nothing.
-func (b *BootBook) Note(uuid string, addr netip.Addr, mac net.HardwareAddr) {
+func (b *BootBook) Note(uuid metal.ID, addr netip.Addr, mac net.HardwareAddr) {
 	if uuid == "" || !addr.IsValid() || len(mac) == 0 {
 		return
 	}
-
-	uuid = metal.NormalizeID(uuid)
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
 
 	if len(b.seen) > maxBooks || len(b.macs) > maxBooks {
-		b.seen, b.macs = map[string]netip.Addr{}, map[string]map[string]time.Time{}
+		b.seen, b.macs = map[metal.ID]netip.Addr{}, map[metal.ID]map[string]time.Time{}
 		b.dirty = true
 	}
 
@@ -107,26 +105,26 @@ func (b *BootBook) Note(uuid string, addr netip.Addr, mac net.HardwareAddr) {
 }
 
 // SeenAddr implements AddressBook.
-func (b *BootBook) SeenAddr(machineID string) (netip.Addr, bool) {
+func (b *BootBook) SeenAddr(machineID metal.ID) (netip.Addr, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 
-	a, ok := b.seen[metal.NormalizeID(machineID)]
+	a, ok := b.seen[machineID]
 
 	return a, ok
 }
 
 // BootAddr implements Evidence.
-func (b *BootBook) BootAddr(machineID string) (netip.Addr, bool) { return b.SeenAddr(machineID) }
+func (b *BootBook) BootAddr(machineID metal.ID) (netip.Addr, bool) { return b.SeenAddr(machineID) }
 
 // Contested implements Evidence: two MACs asked for the machine's boot script within ContestWindow.
-func (b *BootBook) Contested(machineID string) bool {
+func (b *BootBook) Contested(machineID metal.ID) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 
 	n, now := 0, b.now()
 
-	for _, at := range b.macs[metal.NormalizeID(machineID)] {
+	for _, at := range b.macs[machineID] {
 		if now.Sub(at) <= ContestWindow {
 			n++
 		}

@@ -66,7 +66,7 @@ func LoadBootBook(dir string, now func() time.Time, log *zap.Logger) (*BootBook,
 }
 
 // decodeEvidence reads the file's JSON object of machine ID to address; entries that are not one are dropped.
-func decodeEvidence(data []byte) (map[string]netip.Addr, error) {
+func decodeEvidence(data []byte) (map[metal.ID]netip.Addr, error) {
 	if len(data) > maxBootBookFile {
 		return nil, fmt.Errorf("over %d bytes", maxBootBookFile)
 	}
@@ -80,15 +80,20 @@ func decodeEvidence(data []byte) (map[string]netip.Addr, error) {
 		return nil, fmt.Errorf("%d machines, at most %d", len(raw), maxBooks)
 	}
 
-	seen := make(map[string]netip.Addr, len(raw))
+	seen := make(map[metal.ID]netip.Addr, len(raw))
 
-	for id, a := range raw {
+	for raw, a := range raw {
 		addr, err := netip.ParseAddr(a)
-		if err != nil || id == "" || len(id) > 128 {
+		if err != nil {
 			continue
 		}
 
-		seen[metal.NormalizeID(id)] = addr
+		id, err := metal.ParsePeerID(raw)
+		if err != nil {
+			continue
+		}
+
+		seen[id] = addr
 	}
 
 	return seen, nil
@@ -129,7 +134,7 @@ func (b *BootBook) save() error {
 
 	raw := make(map[string]string, len(b.seen))
 	for id, a := range b.seen {
-		raw[id] = a.String()
+		raw[id.String()] = a.String()
 	}
 
 	b.dirty = false

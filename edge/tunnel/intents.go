@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	intentspb "github.com/outpost-metal/outpost/shared/api/intents"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // IntentRunner carries out a call at most once per intent ID (edge/intents.Store): fn runs apart from ctx's
@@ -34,7 +35,7 @@ func (s *Server) intentOf(md metadata.MD) (string, error) {
 // proxyIntent forwards a unary agent call that carries an intent ID through the IntentRunner: its one request
 // is read first, the call to the agent runs on even when the caller goes away (an uplink cut), and a repeat
 // of the same intent is answered without reaching the agent again.
-func (s *Server) proxyIntent(ss grpc.ServerStream, method, machineID, intentID string, md metadata.MD) error {
+func (s *Server) proxyIntent(ss grpc.ServerStream, method string, machineID metal.ID, intentID string, md metadata.MD) error {
 	req := &emptypb.Empty{}
 	if err := ss.RecvMsg(req); err != nil {
 		return status.Errorf(codes.InvalidArgument, "forward %s: read the request: %v", method, err)
@@ -45,7 +46,7 @@ func (s *Server) proxyIntent(ss grpc.ServerStream, method, machineID, intentID s
 		return status.Errorf(codes.InvalidArgument, "forward %s with intent %s: want exactly one request message", method, intentID)
 	}
 
-	resp, err := s.intents.Do(ss.Context(), intentID, machineID, method, func(ctx context.Context) ([]byte, error) {
+	resp, err := s.intents.Do(ss.Context(), intentID, machineID.String(), method, func(ctx context.Context) ([]byte, error) {
 		return s.forwardUnary(ctx, machineID, method, md, req)
 	})
 	if err != nil {
@@ -61,7 +62,7 @@ func (s *Server) proxyIntent(ss grpc.ServerStream, method, machineID, intentID s
 }
 
 // forwardUnary makes one unary call to the machine's agent and returns its encoded response.
-func (s *Server) forwardUnary(ctx context.Context, machineID, method string, md metadata.MD, req *emptypb.Empty) ([]byte, error) {
+func (s *Server) forwardUnary(ctx context.Context, machineID metal.ID, method string, md metadata.MD, req *emptypb.Empty) ([]byte, error) {
 	ch := s.handler.KeyAsChannel(machineID)
 	if !ch.Ready() {
 		s.failures.WithLabelValues("no_tunnel").Inc()

@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
+
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // AgentServicePrefix is the method prefix the proxy forwards; everything else is Unimplemented.
@@ -147,7 +149,7 @@ func (s *Server) proxy(_ any, ss grpc.ServerStream) error {
 // callError maps a failure of the forwarded call to what the caller should see: an agent that
 // vanished mid-call surfaces from grpctunnel as Canceled and becomes Unavailable unless the
 // caller itself cancelled.
-func (s *Server) callError(callerCtx context.Context, id, method string, err error) error {
+func (s *Server) callError(callerCtx context.Context, id metal.ID, method string, err error) error {
 	st, _ := status.FromError(err)
 
 	switch {
@@ -155,7 +157,7 @@ func (s *Server) callError(callerCtx context.Context, id, method string, err err
 		return status.FromContextError(callerCtx.Err()).Err()
 	case st.Code() == codes.Canceled:
 		s.failures.WithLabelValues("tunnel_closed").Inc()
-		s.log.Debug("agent tunnel closed during a call", zap.String("machine_id", id), zap.String("method", method))
+		s.log.Debug("agent tunnel closed during a call", zap.Stringer("machine_id", id), zap.String("method", method))
 
 		return status.Errorf(codes.Unavailable, "agent tunnel closed during the call (forward %s of machine %s)", method, id)
 	default:

@@ -74,7 +74,7 @@ type RefusalSink interface {
 // AddressBook tells which address DHCP or PXE last saw for a machine.
 type AddressBook interface {
 	// SeenAddr returns the address last seen for the machine, if any.
-	SeenAddr(machineID string) (netip.Addr, bool)
+	SeenAddr(machineID metal.ID) (netip.Addr, bool)
 }
 
 // Options configures a Server.
@@ -279,19 +279,30 @@ func (s *Server) serve(ctx context.Context, ln net.Listener, opts ...grpc.Server
 // Channel returns the direct channel to a machine's agent (a call on it goes through the tunnel
 // without the proxy). Calls fail with Unavailable when the machine has no tunnel.
 func (s *Server) Channel(machineID string) grpc.ClientConnInterface {
-	return s.handler.KeyAsChannel(metal.NormalizeID(machineID))
+	return s.handler.KeyAsChannel(keyOf(machineID))
+}
+
+// keyOf is the tunnel key of the machine a caller names (leniently, as peers write IDs): its metal.ID, as
+// affinityKey keys tunnels; a malformed ID keys no tunnel.
+func keyOf(machineID string) metal.ID {
+	id, err := metal.ParsePeerID(machineID)
+	if err != nil {
+		return ""
+	}
+
+	return id
 }
 
 // Open returns the machine IDs with an agent tunnel open now, sorted.
 func (s *Server) Open() []string {
-	seen := map[string]bool{}
+	seen := map[metal.ID]bool{}
 
 	var out []string
 
 	for _, ch := range s.handler.AllReverseTunnels() {
-		if id, ok := affinityKey(ch).(string); ok && !seen[id] && !closed(ch) {
+		if id, ok := affinityKey(ch).(metal.ID); ok && !seen[id] && !closed(ch) {
 			seen[id] = true
-			out = append(out, id)
+			out = append(out, id.String())
 		}
 	}
 
@@ -315,7 +326,7 @@ func closed(ch grpctunnel.TunnelChannel) bool {
 // the controller would believe the agent runs (and send it calls that hang), and the next boot's agent would
 // be refused as a duplicate. A tunnel opened at or after t (the next boot's) is left alone.
 func (s *Server) EndBoot(machineID string, t time.Time) {
-	id := metal.NormalizeID(machineID)
+	id := keyOf(machineID)
 
 	remote, ok := s.binder.boundBefore(id, t)
 	if !ok {
@@ -324,7 +335,7 @@ func (s *Server) EndBoot(machineID string, t time.Time) {
 
 	for _, ch := range s.handler.AllReverseTunnels() {
 		if affinityKey(ch) == id && remoteAddr(ch.Context()) == remote {
-			s.log.Info("agent tunnel ended: the edge powered its machine off or reset it", zap.String("machine_id", id), zap.Stringer("remote", remote))
+			s.log.Info("agent tunnel ended: the edge powered its machine off or reset it", zap.Stringer("machine_id", id), zap.Stringer("remote", remote))
 			ch.Close()
 		}
 	}
@@ -332,7 +343,7 @@ func (s *Server) EndBoot(machineID string, t time.Time) {
 
 // Connected reports whether the machine's agent has a tunnel open.
 func (s *Server) Connected(machineID string) bool {
-	return s.handler.KeyAsChannel(metal.NormalizeID(machineID)).Ready()
+	return s.handler.KeyAsChannel(keyOf(machineID)).Ready()
 }
 
 // guardedService refuses forward tunnels and reverse tunnels without a valid machine-id before
@@ -378,16 +389,14 @@ func (g guardedService) OpenReverseTunnel(stream tunnelpb.TunnelService_OpenReve
 	return g.inner.OpenReverseTunnel(stream)
 }
 
-// MachineIDFromMetadata returns the normalized machine-id from md, or metal.ErrMalformedID.
-func MachineIDFromMetadata(md metadata.MD) (string, error) {
+// MachineIDFromMetadata returns the machine-id from md, parsed (metal.ParseID), or metal.ErrMalformedID.
+func MachineIDFromMetadata(md metadata.MD) (metal.ID, error) {
 	vals := md.Get(metal.MetadataKey)
 	if len(vals) != 1 {
 		return "", fmt.Errorf("%w: want exactly one %s value, got %d", metal.ErrMalformedID, metal.MetadataKey, len(vals))
 	}
 
-	id, err := metal.ParseID(vals[0])
-
-	return string(id), err
+	return metal.ParseID(vals[0])
 }
 
 func affinityKey(ch grpctunnel.TunnelChannel) any {
@@ -403,9 +412,9 @@ func affinityKey(ch grpctunnel.TunnelChannel) any {
 }
 
 func (s *Server) event(ch grpctunnel.TunnelChannel) Event {
-	id, _ := affinityKey(ch).(string)
+	id, _ := affinityKey(ch).(metal.ID)
 
-	ev := Event{MachineID: id, RemoteAddr: remoteAddr(ch.Context()), Time: s.now()}
+	ev := Event{MachineID: id.String(), RemoteAddr: remoteAddr(ch.Context()), Time: s.now()}
 
 	if s.book != nil {
 		if seen, ok := s.book.SeenAddr(id); ok {

@@ -116,9 +116,9 @@ func (e *events) counts() (int, int) {
 	return len(e.opened), len(e.closed)
 }
 
-type book map[string]netip.Addr
+type book map[metal.ID]netip.Addr
 
-func (b book) SeenAddr(id string) (netip.Addr, bool) { a, ok := b[id]; return a, ok }
+func (b book) SeenAddr(id metal.ID) (netip.Addr, bool) { a, ok := b[id]; return a, ok }
 
 type harness struct {
 	srv        *tunnel.Server
