@@ -6,6 +6,7 @@ import (
 	agentpb "github.com/siderolabs/talos-metal-agent/api/agent"
 
 	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/machineaccess"
 	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
 )
@@ -13,9 +14,8 @@ import (
 // PowerClient reaches a machine's BMC through its site's edge. Credentials travel with every call.
 type PowerClient interface {
 	PowerStatus(ctx context.Context, siteID, machineID string, bmc *specs.BMCConfigurationSpec) (machines.PowerState, error)
-	PowerOn(ctx context.Context, siteID, machineID string, bmc *specs.BMCConfigurationSpec) error
-	PowerOff(ctx context.Context, siteID, machineID string, bmc *specs.BMCConfigurationSpec) error
-	PowerCycle(ctx context.Context, siteID, machineID string, bmc *specs.BMCConfigurationSpec) error
+	// Power has the BMC power the machine on, off, or cycle it (a machine that is off: on).
+	Power(ctx context.Context, siteID, machineID string, bmc *specs.BMCConfigurationSpec, a machineaccess.PowerAction) error
 	// SetPXEOnce makes the next boot a network boot.
 	SetPXEOnce(ctx context.Context, siteID, machineID string, bmc *specs.BMCConfigurationSpec) error
 	// BootFromImage makes the next boot one from the virtual-media image of the machine's plan (a site without

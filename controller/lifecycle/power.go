@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/machineaccess"
 	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
@@ -149,7 +150,7 @@ func (s *power) act(ctx context.Context, logger *zap.Logger, r controller.QRunti
 	switch {
 	case newRequest:
 		if ps != machines.PowerOff {
-			if err = s.power.PowerOff(callCtx, site, v.id, v.bmc); err != nil {
+			if err = s.power.Power(callCtx, site, v.id, v.bmc, machineaccess.PowerOff); err != nil {
 				return failedCall(s.metrics, s.pollInterval, fmt.Errorf("power off %s at site %s (user request): %w", v.id, site, err))
 			}
 
@@ -172,7 +173,7 @@ func (s *power) act(ctx context.Context, logger *zap.Logger, r controller.QRunti
 			return controller.NewRequeueInterval(min(left, s.pollInterval))
 		}
 
-		if err = s.power.PowerOff(callCtx, site, v.id, v.bmc); err != nil {
+		if err = s.power.Power(callCtx, site, v.id, v.bmc, machineaccess.PowerOff); err != nil {
 			return failedCall(s.metrics, s.pollInterval, fmt.Errorf("power off idle %s at site %s: %w", v.id, site, err))
 		}
 
@@ -226,7 +227,7 @@ func (b *booter) powerOnInto(ctx context.Context, logger *zap.Logger, site strin
 		return failedCall(b.metrics, b.pollInterval, err)
 	}
 
-	if err = b.power.PowerOn(callCtx, site, v.id, v.bmc); err != nil {
+	if err = b.power.Power(callCtx, site, v.id, v.bmc, machineaccess.PowerOn); err != nil {
 		return failedCall(b.metrics, b.pollInterval, fmt.Errorf("power on %s at site %s: %w", v.id, site, err))
 	}
 

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/machineaccess"
 	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
@@ -131,7 +132,7 @@ func (s *reboot) reconcile(ctx context.Context, logger *zap.Logger, r controller
 			}
 		}
 
-		err = s.power.PowerCycle(intentspb.NewOutgoingContext(callCtx, in.GetId()), site, v.id, fresh.bmc)
+		err = s.power.Power(intentspb.NewOutgoingContext(callCtx, in.GetId()), site, v.id, fresh.bmc, machineaccess.PowerCycle)
 		if err = s.intents.settle(ctx, v.id, in, err); err != nil {
 			return s.failedIntent(ctx, r, v, key, in, err)
 		}

@@ -6,6 +6,7 @@ import (
 
 	agentpb "github.com/siderolabs/talos-metal-agent/api/agent"
 
+	"github.com/outpost-metal/outpost/controller/machineaccess"
 	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
 )
@@ -36,16 +37,8 @@ func (p timedPower) PowerStatus(ctx context.Context, site, id string, bmc *specs
 	return timedValue(p.m, "power_status", func() (machines.PowerState, error) { return p.next.PowerStatus(ctx, site, id, bmc) })
 }
 
-func (p timedPower) PowerOn(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) error {
-	return timed(p.m, "power_on", func() error { return p.next.PowerOn(ctx, site, id, bmc) })
-}
-
-func (p timedPower) PowerOff(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) error {
-	return timed(p.m, "power_off", func() error { return p.next.PowerOff(ctx, site, id, bmc) })
-}
-
-func (p timedPower) PowerCycle(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) error {
-	return timed(p.m, "power_cycle", func() error { return p.next.PowerCycle(ctx, site, id, bmc) })
+func (p timedPower) Power(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec, a machineaccess.PowerAction) error {
+	return timed(p.m, a.String(), func() error { return p.next.Power(ctx, site, id, bmc, a) })
 }
 
 func (p timedPower) SetPXEOnce(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) error {

@@ -50,15 +50,6 @@ func (b *BMC) client() (bmcpb.BMCClient, error) {
 
 func (b *BMC) req() *bmcpb.PowerRequest { return &bmcpb.PowerRequest{Target: b.target} }
 
-// powerReq is the request of a power action: it carries the intent ID in ctx (intents.NewOutgoingContext),
-// which the edge carries out at most once.
-func (b *BMC) powerReq(ctx context.Context) *bmcpb.PowerRequest {
-	r := b.req()
-	r.IntentId = intentspb.FromOutgoingContext(ctx)
-
-	return r
-}
-
 // PowerStatus reports whether the machine is on.
 func (b *BMC) PowerStatus(ctx context.Context) (bool, error) {
 	cl, err := b.client()
@@ -83,31 +74,56 @@ func (b *BMC) call(ctx context.Context, op func(bmcpb.BMCClient, context.Context
 	return op(cl, ctx, b.req())
 }
 
-// PowerOn powers the machine on.
-func (b *BMC) PowerOn(ctx context.Context) error {
-	return b.call(ctx, func(cl bmcpb.BMCClient, ctx context.Context, _ *bmcpb.PowerRequest) error {
-		_, err := cl.PowerOn(ctx, b.powerReq(ctx))
+// PowerAction is what a power call has the machine's BMC do.
+type PowerAction int
 
-		return err
-	})
+// The power actions, each one call of the edge's BMC service.
+const (
+	// PowerOn powers the machine on.
+	PowerOn PowerAction = iota + 1
+	// PowerOff powers the machine off (hard).
+	PowerOff
+	// PowerCycle power-cycles the machine, or powers it on when it is off (the edge keeps that rule).
+	PowerCycle
+)
+
+// String is the action's word in metric labels: "power_on", "power_off", "power_cycle".
+func (a PowerAction) String() string {
+	switch a {
+	case PowerOn:
+		return "power_on"
+	case PowerOff:
+		return "power_off"
+	case PowerCycle:
+		return "power_cycle"
+	default:
+		return fmt.Sprintf("power_action_%d", int(a))
+	}
 }
 
-// PowerOff powers the machine off.
-func (b *BMC) PowerOff(ctx context.Context) error {
-	return b.call(ctx, func(cl bmcpb.BMCClient, ctx context.Context, _ *bmcpb.PowerRequest) error {
-		_, err := cl.PowerOff(ctx, b.powerReq(ctx))
-
+// Power has the BMC carry out a. The request carries the intent ID in ctx (intents.NewOutgoingContext), which
+// the edge carries out at most once.
+func (b *BMC) Power(ctx context.Context, a PowerAction) error {
+	cl, err := b.client()
+	if err != nil {
 		return err
-	})
-}
+	}
 
-// PowerCycle power-cycles the machine (or powers it on when off).
-func (b *BMC) PowerCycle(ctx context.Context) error {
-	return b.call(ctx, func(cl bmcpb.BMCClient, ctx context.Context, _ *bmcpb.PowerRequest) error {
-		_, err := cl.PowerCycle(ctx, b.powerReq(ctx))
+	r := b.req()
+	r.IntentId = intentspb.FromOutgoingContext(ctx)
 
-		return err
-	})
+	switch a {
+	case PowerOn:
+		_, err = cl.PowerOn(ctx, r)
+	case PowerOff:
+		_, err = cl.PowerOff(ctx, r)
+	case PowerCycle:
+		_, err = cl.PowerCycle(ctx, r)
+	default:
+		return fmt.Errorf("unknown power action %d", int(a))
+	}
+
+	return err
 }
 
 // ClearBootOverride removes any boot override.

@@ -66,7 +66,7 @@ func (s *ImageBoots) BootFromImage(ctx context.Context, req *adminpb.BootFromIma
 	}
 
 	// On, or cycled when it runs: the one-time CD boot takes effect either way.
-	if err := b.PowerCycle(ctx); err != nil {
+	if err := b.Power(ctx, PowerCycle); err != nil {
 		return nil, err
 	}
 

@@ -21,11 +21,13 @@ import (
 type recorder struct {
 	methods []string
 	ids     []string
+	reqs    []any
 }
 
-func (r *recorder) Invoke(ctx context.Context, method string, _, _ any, _ ...grpc.CallOption) error {
+func (r *recorder) Invoke(ctx context.Context, method string, req, _ any, _ ...grpc.CallOption) error {
 	md, _ := metadata.FromOutgoingContext(ctx)
 	r.methods = append(r.methods, method)
+	r.reqs = append(r.reqs, req)
 	r.ids = append(r.ids, md.Get(metal.MetadataKey)...)
 
 	return nil

@@ -98,19 +98,9 @@ func (c *EdgeClients) do(ctx context.Context, site, id string, bmc *specs.BMCCon
 	return c.classify(site, op(b, ctx))
 }
 
-// PowerOn implements PowerClient.
-func (c *EdgeClients) PowerOn(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) error {
-	return c.do(ctx, site, id, bmc, (*machineaccess.BMC).PowerOn)
-}
-
-// PowerOff implements PowerClient.
-func (c *EdgeClients) PowerOff(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) error {
-	return c.do(ctx, site, id, bmc, (*machineaccess.BMC).PowerOff)
-}
-
-// PowerCycle implements PowerClient.
-func (c *EdgeClients) PowerCycle(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec) error {
-	return c.do(ctx, site, id, bmc, (*machineaccess.BMC).PowerCycle)
+// Power implements PowerClient.
+func (c *EdgeClients) Power(ctx context.Context, site, id string, bmc *specs.BMCConfigurationSpec, a machineaccess.PowerAction) error {
+	return c.do(ctx, site, id, bmc, func(b *machineaccess.BMC, ctx context.Context) error { return b.Power(ctx, a) })
 }
 
 // BootFromImage implements PowerClient.
@@ -139,7 +129,7 @@ func (c *EdgeClients) SetPXEOnce(ctx context.Context, site, id string, bmc *spec
 	mode := bmcpb.BootMode_BOOT_MODE_UNSPECIFIED
 
 	if c.Sites != nil {
-		if loc, ok := c.Sites.Locate(id); ok {
+		if loc, ok := c.Sites.ByResourceID().Locate(id); ok {
 			mode = bmcpb.BootModeOf(metal.Firmware(loc.Firmware))
 		}
 	}

@@ -163,7 +163,7 @@ func TestEdgeClientsOverGRPC(t *testing.T) {
 
 	require.NoError(t, c.SetPXEOnce(ctx, "site-a", id, bmc))
 	require.Equal(t, bmcpb.BootMode_BOOT_MODE_UEFI, edge.pxeMode)
-	require.NoError(t, c.PowerOn(ctx, "site-a", id, bmc))
+	require.NoError(t, c.Power(ctx, "site-a", id, bmc, machineaccess.PowerOn))
 
 	ps, err = c.PowerStatus(ctx, "site-a", id, bmc)
 	require.NoError(t, err)
@@ -191,8 +191,8 @@ func TestEdgeClientsOverGRPC(t *testing.T) {
 	// the machine moves to site-b, which is offline: calls are refused or reported offline, never sent to site-a
 	_, err = locs.Seen("site-b", id)
 	require.NoError(t, err)
-	require.ErrorIs(t, c.PowerOn(ctx, "site-b", id, bmc), machines.ErrSiteOffline)
-	require.Error(t, c.PowerOn(ctx, "site-a", id, bmc), "machine is no longer at site-a")
+	require.ErrorIs(t, c.Power(ctx, "site-b", id, bmc, machineaccess.PowerOn), machines.ErrSiteOffline)
+	require.Error(t, c.Power(ctx, "site-a", id, bmc, machineaccess.PowerCycle), "machine is no longer at site-a")
 	require.ErrorIs(t, c.Hello(ctx, "site-b", id), machines.ErrSiteOffline)
 
 	_, err = c.PowerStatus(ctx, "site-a", id, &specs.BMCConfigurationSpec{ApiAddress: "agent"})

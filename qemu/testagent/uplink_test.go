@@ -274,12 +274,12 @@ func TestOverUplink(t *testing.T) {
 				require.Equal(t, mode, got.GetMode())
 			}
 
-			require.NoError(t, b.PowerOn(ctx))
+			require.NoError(t, b.Power(ctx, machineaccess.PowerOn))
 			require.Equal(t, vbmc.Override{Device: vbmc.BootPXE, Mode: metal.UEFI}, ch.Boots()[0])
-			require.NoError(t, b.PowerCycle(ctx))
+			require.NoError(t, b.Power(ctx, machineaccess.PowerCycle))
 			require.Len(t, ch.Boots(), 2)
 			require.NoError(t, b.ClearBootOverride(ctx))
-			require.NoError(t, b.PowerOff(ctx))
+			require.NoError(t, b.Power(ctx, machineaccess.PowerOff))
 			require.False(t, ch.PowerState())
 
 			// Wrong password: a clear error that does not echo it.

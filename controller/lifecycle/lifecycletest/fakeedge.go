@@ -16,8 +16,10 @@ import (
 	"github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/bootplans"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
+	"github.com/outpost-metal/outpost/controller/machineaccess"
 	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
+	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
 )
 
 // Machine is a machine as the fake edge models it.
@@ -385,58 +387,26 @@ func (f *FakeEdge) PowerStatus(_ context.Context, site, id string, _ *specs.BMCC
 	return machines.PowerOff, nil
 }
 
-// PowerOn implements lifecycle.PowerClient: the machine boots (see boot).
-func (f *FakeEdge) PowerOn(_ context.Context, site, id string, _ *specs.BMCConfigurationSpec) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-
-	if err := f.attempt(id, "PowerOn"); err != nil {
-		return err
-	}
-
-	m, err := f.bmc(site, id)
+// Power implements lifecycle.PowerClient: on or cycled, the machine boots (see boot); off, it stops. Every call
+// is logged and failed (FailCalls) under the edge's method name ("PowerOn", "PowerOff", "PowerCycle"), and one
+// that carries an intent ID goes through the intent store (UseIntents) as at the edge.
+func (f *FakeEdge) Power(ctx context.Context, site, id string, _ *specs.BMCConfigurationSpec, a machineaccess.PowerAction) error {
+	method, err := powerMethod(a)
 	if err != nil {
 		return err
 	}
 
-	f.record(id, fmt.Sprintf("PowerOn acked=%s pxe=%v", m.Acked.Mode, m.PXEOnce))
-	m.boot()
+	call := method[strings.LastIndexByte(method, '/')+1:]
 
-	return nil
-}
-
-// PowerOff implements lifecycle.PowerClient.
-func (f *FakeEdge) PowerOff(_ context.Context, site, id string, _ *specs.BMCConfigurationSpec) error {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-
-	if err := f.attempt(id, "PowerOff"); err != nil {
-		return err
-	}
-
-	m, err := f.bmc(site, id)
-	if err != nil {
-		return err
-	}
-
-	f.record(id, "PowerOff")
-	m.Power, m.Agent, m.Booted = false, false, ""
-
-	return nil
-}
-
-// PowerCycle implements lifecycle.PowerClient. A call that carries an intent ID goes through the intent
-// store (UseIntents) as at the edge.
-func (f *FakeEdge) PowerCycle(ctx context.Context, site, id string, _ *specs.BMCConfigurationSpec) error {
-	f.mu.Lock()
-	err := f.attempt(id, "PowerCycle")
+	err = f.attempt(id, call)
 	f.mu.Unlock()
 
 	if err != nil {
 		return err
 	}
 
-	return f.once(ctx, id, "PowerCycle", "/outpost.bmc.BMC/PowerCycle", func(context.Context) error {
+	return f.once(ctx, id, call, method, func(context.Context) error {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 
@@ -445,11 +415,32 @@ func (f *FakeEdge) PowerCycle(ctx context.Context, site, id string, _ *specs.BMC
 			return err
 		}
 
-		f.record(id, fmt.Sprintf("PowerCycle acked=%s pxe=%v", m.Acked.Mode, m.PXEOnce))
+		if a == machineaccess.PowerOff {
+			f.record(id, call)
+			m.Power, m.Agent, m.Booted = false, false, ""
+
+			return nil
+		}
+
+		f.record(id, fmt.Sprintf("%s acked=%s pxe=%v", call, m.Acked.Mode, m.PXEOnce))
 		m.boot()
 
 		return nil
 	})
+}
+
+// powerMethod is the edge's BMC method that carries out a.
+func powerMethod(a machineaccess.PowerAction) (string, error) {
+	switch a {
+	case machineaccess.PowerOn:
+		return bmcpb.BMC_PowerOn_FullMethodName, nil
+	case machineaccess.PowerOff:
+		return bmcpb.BMC_PowerOff_FullMethodName, nil
+	case machineaccess.PowerCycle:
+		return bmcpb.BMC_PowerCycle_FullMethodName, nil
+	default:
+		return "", fmt.Errorf("unknown power action %d", int(a))
+	}
 }
 
 // BootFromImage implements lifecycle.PowerClient: the image holds the acknowledged plan.
