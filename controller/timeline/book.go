@@ -133,15 +133,15 @@ type Book struct {
 	metrics *metrics
 
 	mu       sync.RWMutex
-	machines map[string]*machine
+	machines map[metal.ID]*machine
 	// byMAC and byIP tie the addresses a machine booted from to its ID (learned from boot scripts served).
-	byMAC, byIP map[string]string
+	byMAC, byIP map[string]metal.ID
 	// pending holds entries for addresses not tied to a machine yet, keyed "<site>/mac/..." or "<site>/ip/...".
 	pending map[string][]held
-	dirty   map[string]bool
+	dirty   map[metal.ID]bool
 	// repeated are the machines whose only change since their last write is a repeat (RepeatWriteInterval);
 	// repeatsWritten is when those were last written.
-	repeated       map[string]bool
+	repeated       map[metal.ID]bool
 	repeatsWritten time.Time
 	// changed is closed and replaced at every change (Changed).
 	changed chan struct{}
@@ -152,6 +152,9 @@ type Book struct {
 
 type machine struct {
 	Record
+
+	// key is the machine's ID, as the book keys it (Record.ID is its string form).
+	key metal.ID
 
 	// rawHardware is the lifecycle's hardware line as given, so it is made printable only when it changes
 	// (Summarize runs at every status poll of every machine).
@@ -195,8 +198,8 @@ func New(cfg Config, now func() time.Time) *Book {
 
 	return &Book{
 		cfg: cfg, now: now, metrics: newMetrics(),
-		machines: map[string]*machine{}, byMAC: map[string]string{}, byIP: map[string]string{},
-		pending: map[string][]held{}, dirty: map[string]bool{}, repeated: map[string]bool{}, changed: make(chan struct{}),
+		machines: map[metal.ID]*machine{}, byMAC: map[string]metal.ID{}, byIP: map[string]metal.ID{},
+		pending: map[string][]held{}, dirty: map[metal.ID]bool{}, repeated: map[metal.ID]bool{}, changed: make(chan struct{}),
 		repeatsWritten: now(),
 	}
 }
@@ -220,16 +223,16 @@ func (b *Book) Version() uint64 {
 // touchLocked marks a machine changed; b.mu is held.
 func (b *Book) touchLocked(m *machine) {
 	b.changedLocked(m)
-	b.dirty[m.ID] = true
-	delete(b.repeated, m.ID)
+	b.dirty[m.key] = true
+	delete(b.repeated, m.key)
 }
 
 // repeatLocked marks m changed by a repeat of its last entry only: watchers see it at once, Omni later.
 func (b *Book) repeatLocked(m *machine) {
 	b.changedLocked(m)
 
-	if !b.dirty[m.ID] {
-		b.repeated[m.ID] = true
+	if !b.dirty[m.key] {
+		b.repeated[m.key] = true
 	}
 }
 
@@ -242,7 +245,7 @@ func (b *Book) changedLocked(m *machine) {
 }
 
 // getLocked returns machine id, creating it when create is set and there is room; b.mu is held.
-func (b *Book) getLocked(id string, create, always bool) *machine {
+func (b *Book) getLocked(id metal.ID, create, always bool) *machine {
 	if m, ok := b.machines[id]; ok {
 		return m
 	}
@@ -257,7 +260,7 @@ func (b *Book) getLocked(id string, create, always bool) *machine {
 		return nil
 	}
 
-	m := &machine{Record: Record{Machine: Machine{ID: id}}}
+	m := &machine{Record: Record{Machine: Machine{ID: id.String()}}, key: id}
 	b.machines[id] = m
 	b.metrics.machines.Set(float64(len(b.machines)))
 
@@ -324,9 +327,14 @@ func (b *Book) observeLocked(m *machine, e Entry) {
 	}
 }
 
+// resourceID is the book's key for a machine the lifecycle or an operator names by its Omni resource ID: the ID
+// in the lenient form (metal.NormalizeID), not checked, so every machine the lifecycle drives is journaled
+// whatever Omni names it.
+func resourceID(machineID string) metal.ID { return metal.ID(metal.NormalizeID(machineID)) }
+
 // Record adds an entry to a machine's timeline (it implements lifecycle.Journal).
 func (b *Book) Record(machineID, kind, text string, failed bool) {
-	id := metal.NormalizeID(machineID)
+	id := resourceID(machineID)
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -339,7 +347,7 @@ func (b *Book) Record(machineID, kind, text string, failed bool) {
 // Summarize takes the lifecycle's summary of a machine (it implements lifecycle.Journal): a change of phase
 // and a first install are timeline entries of their own.
 func (b *Book) Summarize(machineID string, s lifecycle.MachineSummary) {
-	id := metal.NormalizeID(machineID)
+	id := resourceID(machineID)
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -385,12 +393,15 @@ func (b *Book) Summarize(machineID string, s lifecycle.MachineSummary) {
 	}
 }
 
-// Get returns a machine with its timeline.
-func (b *Book) Get(machineID string) (Record, bool) {
+// Get returns a machine with its timeline, named by its Omni resource ID (as the lifecycle names it).
+func (b *Book) Get(machineID string) (Record, bool) { return b.get(resourceID(machineID)) }
+
+// get returns machine id with its timeline.
+func (b *Book) get(id metal.ID) (Record, bool) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 
-	m, ok := b.machines[metal.NormalizeID(machineID)]
+	m, ok := b.machines[id]
 	if !ok {
 		return Record{}, false
 	}
@@ -416,7 +427,7 @@ func (b *Book) GetByMAC(mac string) (Record, bool) {
 	var (
 		held    []Entry
 		site    string
-		tiedTo  string
+		tiedTo  metal.ID
 		lastAt  time.Time
 		heldFor = "/mac/" + mac
 	)
@@ -444,7 +455,7 @@ func (b *Book) GetByMAC(mac string) (Record, bool) {
 	b.mu.RUnlock()
 
 	if tiedTo != "" {
-		return b.Get(tiedTo)
+		return b.get(tiedTo)
 	}
 
 	if site == "" {

@@ -57,8 +57,8 @@ func (b *Book) HandleEvent(_ context.Context, site string, e *bootpb.Event) erro
 
 		// A request that names its machine (option 97) and comes from a MAC no boot script has tied yet starts
 		// that machine's timeline: a machine whose boot stops before its boot script is still found by its UUID.
-		if id := metal.NormalizeID(d.GetUuid()); validID(id) && !b.tied(site, mac) {
-			b.machineEvent(site, id, entry, func(m *machine) {
+		if id, err := metal.ParsePeerID(d.GetUuid()); err == nil && !b.tied(site, mac) {
+			b.addEvent(site, id, entry, func(m *machine) {
 				firmware(m)
 				b.identify(m, mac, nil)
 				b.tieLocked(site, m, "mac/"+mac, b.byMAC, site+"/"+mac)
@@ -221,7 +221,7 @@ func (b *Book) bootServed(site string, at time.Time, s *bootpb.BootServed) {
 		for _, key := range []struct {
 			ok   bool
 			key  string
-			ties map[string]string
+			ties map[string]metal.ID
 			addr string
 		}{{macOK, "mac/" + mac, b.byMAC, site + "/" + mac}, {ipOK, "ip/" + ip, b.byIP, site + "/" + ip}} {
 			if key.ok {
@@ -233,12 +233,12 @@ func (b *Book) bootServed(site string, at time.Time, s *bootpb.BootServed) {
 
 // tieLocked makes an address at site m's (key "mac/..." or "ip/...", addr "<site>/<address>" in ties): what
 // was held for it joins m's timeline. b.mu is held.
-func (b *Book) tieLocked(site string, m *machine, key string, ties map[string]string, addr string) {
+func (b *Book) tieLocked(site string, m *machine, key string, ties map[string]metal.ID, addr string) {
 	if len(ties) >= b.cfg.MaxPending*4 {
 		clear(ties)
 	}
 
-	ties[addr] = m.ID
+	ties[addr] = m.key
 
 	for _, h := range b.pending[site+"/"+key] {
 		if h.apply != nil {
@@ -261,15 +261,21 @@ func (b *Book) tied(site, mac string) bool {
 	return ok
 }
 
-// machineEvent adds an entry to a machine named by an edge event (and applies fn), placing it at the site.
+// machineEvent adds an entry to a machine named by an edge event (and applies fn), placing it at the site; an
+// ID that is not one is refused and counted.
 func (b *Book) machineEvent(site, machineID string, entry Entry, fn func(*machine)) {
-	id := metal.NormalizeID(machineID)
-	if !validID(id) {
+	id, err := metal.ParsePeerID(machineID)
+	if err != nil {
 		b.metrics.refused.WithLabelValues("bad_machine_id").Inc()
 
 		return
 	}
 
+	b.addEvent(site, id, entry, fn)
+}
+
+// addEvent adds an entry to machine id (and applies fn), placing it at the site.
+func (b *Book) addEvent(site string, id metal.ID, entry Entry, fn func(*machine)) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 
@@ -372,13 +378,6 @@ func normalIP(s string) (string, bool) {
 	}
 
 	return ip.String(), true
-}
-
-// validID accepts the canonical SMBIOS UUID form (8-4-4-4-12 hex digits, lower case).
-func validID(id string) bool {
-	parsed, err := metal.ParseID(id)
-
-	return err == nil && string(parsed) == id
 }
 
 func orUnknown(s string) string {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // component names the book in logs.
@@ -40,13 +41,14 @@ func (b *Book) Load(ctx context.Context, st state.State, t resources.Types, log 
 	loaded := 0
 
 	for rec := range list.All() {
-		id := rec.Metadata().ID()
+		raw := rec.Metadata().ID()
+		id, err := metal.ParseID(raw)
 
 		switch spec := rec.TypedSpec().Value; {
-		case !validID(id):
-			log.Warn("machine timeline record ignored: no valid machine", zap.String("record", id))
+		case err != nil || id.String() != raw: // the canonical form only, as the book writes it
+			log.Warn("machine timeline record ignored: no valid machine", zap.String("record", raw))
 		case spec.GetSchema() > resources.MachineTimelineSchema:
-			log.Warn("machine timeline record from a newer controller left alone", zap.String("machine", id),
+			log.Warn("machine timeline record from a newer controller left alone", zap.Stringer("machine", id),
 				zap.Uint32("schema", spec.GetSchema()))
 		default:
 			b.merge(id, FromSpec(spec, b.cfg.MaxText))
@@ -61,7 +63,7 @@ func (b *Book) Load(ctx context.Context, st state.State, t resources.Types, log 
 }
 
 // merge puts a stored record under what this process recorded.
-func (b *Book) merge(id string, stored Record) {
+func (b *Book) merge(id metal.ID, stored Record) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 
@@ -69,7 +71,7 @@ func (b *Book) merge(id string, stored Record) {
 	if !known {
 		m = b.getLocked(id, true, true)
 		m.Machine = stored.Machine
-		m.ID = id
+		m.ID = id.String()
 	} else {
 		// what the edges said since start stays; what only the lifecycle says comes from the record until
 		// the lifecycle says it again
@@ -203,14 +205,14 @@ const flushWriters = 8
 func (b *Book) Flush(ctx context.Context, st state.State, t resources.Types) (failed int) {
 	b.mu.Lock()
 	batch := b.dirty
-	b.dirty = map[string]bool{}
+	b.dirty = map[metal.ID]bool{}
 
 	if now := b.now(); now.Sub(b.repeatsWritten) >= b.cfg.RepeatWriteInterval {
 		for id := range b.repeated {
 			batch[id] = true
 		}
 
-		b.repeated = map[string]bool{}
+		b.repeated = map[metal.ID]bool{}
 		b.repeatsWritten = now
 	}
 	b.mu.Unlock()
@@ -223,13 +225,13 @@ func (b *Book) Flush(ctx context.Context, st state.State, t resources.Types) (fa
 	eg.SetLimit(flushWriters)
 
 	for id := range batch {
-		rec, ok := b.Get(id)
+		rec, ok := b.get(id)
 		if !ok {
 			continue
 		}
 
 		eg.Go(func() error {
-			err := safe.StateModify(ctx, st, t.NewMachineTimeline(id), func(r *resources.MachineTimeline) error {
+			err := safe.StateModify(ctx, st, t.NewMachineTimeline(id.String()), func(r *resources.MachineTimeline) error {
 				r.TypedSpec().Value = ToSpec(rec)
 
 				return nil
