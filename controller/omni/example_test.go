@@ -24,7 +24,7 @@ func Example() {
 	logger := zap.NewNop()
 
 	var (
-		access *machineaccess.Client       // machineaccess.New(sitesServer.Conn, locations)
+		access *machineaccess.Client       // machineaccess.New(sitesServer.Conn, locations.ByResourceID())
 		tables *boottables.Tables          // the sites' boot tables (its OnSession goes into sites.Options.OnSession)
 		health func(context.Context) error // e.g. "no site connected"
 	)
@@ -56,7 +56,7 @@ func Example() {
 	edges := &machines.EdgeClients{Access: access, Sites: locations} // PowerClient and AgentClient
 
 	ctrls, err := lifecycle.New(lifecycle.Default(), lifecycle.Deps{
-		Types: conn.Types(), Power: edges, Agent: edges, Intents: edges, Sites: locations, Plans: tables, Planner: planner,
+		Types: conn.Types(), Power: edges, Agent: edges, Intents: edges, Sites: locations.ByResourceID(), Plans: tables, Planner: planner,
 		Now: time.Now, Rand: rand.Reader, Metrics: lifecycle.NewMetrics(), // register Metrics with prometheus
 	})
 	if err != nil {
