@@ -37,7 +37,7 @@ func (p *assetAwarePusher) Push(ctx context.Context, siteID string, plan bootpla
 		wants = assets.Boot{
 			KernelURL: plan.KernelURL, InitrdURL: plan.InitrdURL, Installer: plan.Installer,
 			UpstreamKernelURL: plan.UpstreamKernelURL, UpstreamInitrdURL: plan.UpstreamInitrdURL,
-		}.Wants(plan.Arch)
+		}.Wants(plan.Arch.String())
 	}
 
 	p.needs.SetMachine(siteID, plan.MachineID, refs, wants...)

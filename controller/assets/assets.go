@@ -24,8 +24,8 @@ type Profile struct {
 	Extensions   []string
 	// KernelArgs are baked into the schematic (factory) or appended (local).
 	KernelArgs []string
-	// Arch is amd64 or arm64.
-	Arch string
+	// Arch is amd64 or arm64 ("": Normalize makes it amd64).
+	Arch metal.Arch
 }
 
 // Normalize returns the profile with its Talos version in canonical form (with the leading v), sorted and
@@ -42,7 +42,7 @@ func (p Profile) Normalize() Profile {
 	p.KernelArgs = slices.Clone(p.KernelArgs)
 
 	if p.Arch == "" {
-		p.Arch = string(metal.AMD64)
+		p.Arch = metal.AMD64
 	}
 
 	return p

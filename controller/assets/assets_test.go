@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outpost-metal/outpost/controller/assets"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // fakeFactory is an in-process image factory: it stores schematics by their real ID and counts creations.
@@ -214,7 +215,7 @@ func FuzzProfileResolve(f *testing.F) {
 	f.Add("../../etc", "arm64", "")
 
 	f.Fuzz(func(t *testing.T, version, arch, ext string) {
-		_, err := r.Resolve(context.Background(), assets.Profile{TalosVersion: version, Arch: arch, Extensions: []string{ext}})
+		_, err := r.Resolve(context.Background(), assets.Profile{TalosVersion: version, Arch: metal.Arch(arch), Extensions: []string{ext}})
 		require.Error(t, err) // the directory is empty: nothing resolves, nothing panics
 	})
 }

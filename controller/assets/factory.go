@@ -63,7 +63,7 @@ func NewFactoryResolverWith(factory SchematicCreator, pxeBaseURL, factoryURL str
 func (r *FactoryResolver) Resolve(ctx context.Context, p Profile) (Boot, error) {
 	p = p.Normalize()
 
-	if !validVersion(p.TalosVersion) || !validArch(p.Arch) {
+	if !validVersion(p.TalosVersion) || !validArch(p.Arch.String()) {
 		return Boot{}, fmt.Errorf("%w: talos version %q, arch %q", ErrNotAvailable, p.TalosVersion, p.Arch)
 	}
 
@@ -72,7 +72,7 @@ func (r *FactoryResolver) Resolve(ctx context.Context, p Profile) (Boot, error) 
 		return Boot{}, fmt.Errorf("create schematic for talos %s with %v: %w", p.TalosVersion, p.Extensions, err)
 	}
 
-	b := r.BootOf(Staged{Version: p.TalosVersion, SchematicID: id, Arch: p.Arch})
+	b := r.BootOf(Staged{Version: p.TalosVersion, SchematicID: id, Arch: p.Arch.String()})
 	b.KernelArgs = p.KernelArgs
 
 	return b, nil

@@ -60,7 +60,7 @@ func (r *LocalResolver) Schematic(_ context.Context, extensions []string) (strin
 func (r *LocalResolver) Resolve(_ context.Context, p Profile) (Boot, error) {
 	p = p.Normalize()
 
-	if !validVersion(p.TalosVersion) || !validArch(p.Arch) {
+	if !validVersion(p.TalosVersion) || !validArch(p.Arch.String()) {
 		return Boot{}, fmt.Errorf("%w: talos version %q, arch %q", ErrNotAvailable, p.TalosVersion, p.Arch)
 	}
 
@@ -69,7 +69,7 @@ func (r *LocalResolver) Resolve(_ context.Context, p Profile) (Boot, error) {
 		return Boot{}, err
 	}
 
-	b := r.BootOf(Staged{Version: p.TalosVersion, SchematicID: id, Arch: p.Arch})
+	b := r.BootOf(Staged{Version: p.TalosVersion, SchematicID: id, Arch: p.Arch.String()})
 	b.KernelArgs = p.KernelArgs
 
 	for _, u := range []string{b.KernelURL, b.InitrdURL} {

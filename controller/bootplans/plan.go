@@ -95,8 +95,8 @@ type Plan struct {
 	KernelArgs []string
 	// DiskMethod is set for ModeDisk.
 	DiskMethod DiskMethod
-	// Arch is the architecture the assets are for (amd64, arm64).
-	Arch string
+	// Arch is the architecture the assets are for.
+	Arch metal.Arch
 	// MACs are the machine's interfaces (the edge matches DHCP requests by them).
 	MACs []string
 	// SecureBoot is whether the machine's firmware enforces Secure Boot, so the edge offers it only the signed
@@ -210,12 +210,12 @@ func (p *Planner) Plan(ctx context.Context, m Machine) (Plan, error) {
 		args = append(args, extra...)
 
 		if mode == ModeInstall {
-			profile = assets.Profile{TalosVersion: m.TalosVersion, Extensions: m.Extensions, KernelArgs: args, Arch: m.Arch}
+			profile = assets.Profile{TalosVersion: m.TalosVersion, Extensions: m.Extensions, KernelArgs: args, Arch: metal.Arch(m.Arch)}
 
 			break
 		}
 
-		profile = assets.Profile{TalosVersion: p.cfg.AgentTalosVersion, Extensions: p.cfg.AgentExtensions, KernelArgs: args, Arch: m.Arch}
+		profile = assets.Profile{TalosVersion: p.cfg.AgentTalosVersion, Extensions: p.cfg.AgentExtensions, KernelArgs: args, Arch: metal.Arch(m.Arch)}
 
 		if p.cfg.EdgeAgentImage {
 			profile = profile.Normalize()

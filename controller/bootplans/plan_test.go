@@ -9,6 +9,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/bootplans"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 func TestDecide(t *testing.T) {
@@ -62,7 +63,7 @@ func TestPlanner(t *testing.T) {
 	require.Equal(t, bootplans.ModeAgent, agent.Mode)
 	require.Equal(t, []string{"talos.platform=metal", "console=ttyS0,115200", "foo=bar", "baz"}, agent.KernelArgs)
 	require.Equal(t, []string{"siderolabs/metal-agent"}, res.last.Extensions)
-	require.Equal(t, "amd64", res.last.Arch)
+	require.Equal(t, metal.AMD64, res.last.Arch)
 
 	// Omni writes the cluster's Talos version without the v
 	install, err := p.Plan(ctx, bootplans.Machine{ID: "m1", TalosVersion: "1.11.0", Extensions: []string{"b", "a", "a"},
@@ -110,7 +111,7 @@ func TestPlannerEdgeAgentImage(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, bootplans.ModeAgent, agent.Mode)
 	require.Empty(t, agent.KernelURL+agent.InitrdURL+agent.UpstreamKernelURL)
-	require.Equal(t, "amd64", agent.Arch)
+	require.Equal(t, metal.AMD64, agent.Arch)
 	require.Equal(t, []string{"talos.platform=metal", "console=ttyS0,115200", "foo=bar"}, agent.KernelArgs)
 	require.Empty(t, res.last.TalosVersion, "nothing resolved for agent mode")
 

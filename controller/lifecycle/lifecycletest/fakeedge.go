@@ -653,7 +653,7 @@ type FakeResolver struct{}
 
 // Resolve implements assets.Resolver.
 func (FakeResolver) Resolve(_ context.Context, p assets.Profile) (assets.Boot, error) {
-	base := "http://assets/" + p.TalosVersion + "/" + p.Arch
+	base := "http://assets/" + p.TalosVersion + "/" + p.Arch.String()
 
 	return assets.Boot{KernelURL: base + "/vmlinuz", InitrdURL: base + "/initramfs.xz", KernelArgs: p.KernelArgs}, nil
 }
