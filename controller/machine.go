@@ -112,6 +112,21 @@ func machineCommand(cfg *config.Config) *cobra.Command {
 		},
 	}
 
+	secureBoot := &cobra.Command{
+		Use:   "secure-boot MACHINE on|off|auto",
+		Short: "Say whether a machine's firmware enforces Secure Boot, over its site's setting and its BMC (auto: they decide again)",
+		Long: "Say whether a machine's firmware enforces Secure Boot. Such a machine is offered only its site's signed\n" +
+			"image, never iPXE. The controller reads it from the machine's BMC (Redfish SecureBoot); a site's setting\n" +
+			"(site set --secure-boot) is above that, and an operator's word for the machine above both until it is\n" +
+			"handed back with auto. The machine must have booted through an edge once, or be in an edge's inventory.",
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return adminClient(cfg, &output, 30*time.Second, func(ctx context.Context, c *admincli.Client) error {
+				return c.SetSecureBoot(ctx, args[0], args[1], cmd.OutOrStdout())
+			})(cmd, args)
+		},
+	}
+
 	clearAlert := &cobra.Command{
 		Use:   "clear-alert MACHINE",
 		Short: "Clear a machine's identity alert (outpost-alert in Omni) once its cloned UUID or rogue host is dealt with",
@@ -126,7 +141,7 @@ func machineCommand(cfg *config.Config) *cobra.Command {
 		},
 	}
 
-	machine.AddCommand(list, show, why, bootMode, clearAlert, machineConsoleCommand(cfg, &output))
+	machine.AddCommand(list, show, why, bootMode, secureBoot, clearAlert, machineConsoleCommand(cfg, &output))
 
 	return machine
 }

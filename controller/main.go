@@ -264,16 +264,16 @@ type clientRun func(fn func(ctx context.Context, c *admincli.Client) error) func
 // documents and DHCP service; only the flags given change, and "default" (or an empty file name) hands one back.
 func siteSetCommand(withClient clientRun) *cobra.Command {
 	var (
-		discovery, bmcProtocol, wipeMethod, extraConfig string
-		dhcpMode, dhcpPool, dhcpSubnet, dhcpGateway     string
-		dhcpDNS, dhcpNTP                                []string
-		dhcpLease                                       time.Duration
+		discovery, bmcProtocol, wipeMethod, extraConfig, secureBoot string
+		dhcpMode, dhcpPool, dhcpSubnet, dhcpGateway                 string
+		dhcpDNS, dhcpNTP                                            []string
+		dhcpLease                                                   time.Duration
 	)
 
 	cmd := &cobra.Command{
-		Use: "set SITE [--discovery all|known|off] [--bmc-protocol auto|ipmi|redfish] [--wipe-method fast|zeroes] [--extra-machine-config-file FILE] " +
+		Use: "set SITE [--discovery all|known|off] [--bmc-protocol auto|ipmi|redfish] [--wipe-method fast|zeroes] [--secure-boot on|off|auto] [--extra-machine-config-file FILE] " +
 			"[--dhcp proxy|full|off] [--dhcp-pool START-END|CIDR] [--dhcp-subnet CIDR] [--dhcp-gateway IP] [--dhcp-dns IP,...] [--dhcp-ntp IP,...] [--dhcp-lease-time D]",
-		Short: "Set a site's own discovery policy, BMC protocol, wipe method, extra machine-config documents or DHCP service (\"default\" returns one to the controller's)",
+		Short: "Set a site's own discovery policy, BMC protocol, wipe method, Secure Boot, extra machine-config documents or DHCP service (\"default\" returns one to the controller's)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var set admincli.SiteSettings
@@ -292,6 +292,11 @@ func siteSetCommand(withClient clientRun) *cobra.Command {
 
 			set.Discovery, set.BMCProtocol, set.WipeMethod = given("discovery", &discovery), given("bmc-protocol", &bmcProtocol), given("wipe-method", &wipeMethod)
 			set.ExtraConfigFile = given("extra-machine-config-file", &extraConfig)
+			set.SecureBoot = given("secure-boot", &secureBoot)
+
+			if set.SecureBoot != nil && *set.SecureBoot == "auto" {
+				*set.SecureBoot = "" // the machines' BMCs say, as with default
+			}
 			set.DHCPMode, set.DHCPPool, set.DHCPSubnet = given("dhcp", &dhcpMode), given("dhcp-pool", &dhcpPool), given("dhcp-subnet", &dhcpSubnet)
 			set.DHCPGateway = given("dhcp-gateway", &dhcpGateway)
 
@@ -308,7 +313,7 @@ func siteSetCommand(withClient clientRun) *cobra.Command {
 			}
 
 			if set == (admincli.SiteSettings{}) {
-				return errors.New("nothing to set: give --discovery, --bmc-protocol, --wipe-method, --extra-machine-config-file or a --dhcp flag")
+				return errors.New("nothing to set: give --discovery, --bmc-protocol, --wipe-method, --secure-boot, --extra-machine-config-file or a --dhcp flag")
 			}
 
 			return withClient(func(ctx context.Context, c *admincli.Client) error {
@@ -321,6 +326,8 @@ func siteSetCommand(withClient clientRun) *cobra.Command {
 	f.StringVar(&discovery, "discovery", "", "which PXE clients the site's ProxyDHCP answers: all, known (machines the controller knows or registered) or off")
 	f.StringVar(&bmcProtocol, "bmc-protocol", "", "how the site's edge reaches BMCs: auto, ipmi or redfish")
 	f.StringVar(&wipeMethod, "wipe-method", "", "how the site's machines are wiped: fast or zeroes")
+	f.StringVar(&secureBoot, "secure-boot", "", "whether the site's machines enforce Secure Boot (only the signed image, never iPXE): on, off, "+
+		"or auto (each machine's BMC says; an operator's word for a machine comes first)")
 	f.StringVar(&extraConfig, "extra-machine-config-file", "", "Talos documents served with the join config at this site (\"\" or default clears them)")
 	f.StringVar(&dhcpMode, "dhcp", "", "the site's DHCP service: proxy (ProxyDHCP beside the site's server), full (the edge is the site's DHCP server) or off")
 	f.StringVar(&dhcpPool, "dhcp-pool", "", "full mode's address pool: START-END, or a CIDR range (also the subnet unless --dhcp-subnet is given)")

@@ -307,7 +307,7 @@ func (c *Client) SetSiteLabels(ctx context.Context, siteID string, pairs []strin
 
 // SiteSettings are the settings `site set` changes; nil leaves one as it is, "" returns it to the default.
 type SiteSettings struct {
-	Discovery, BMCProtocol, WipeMethod *string
+	Discovery, BMCProtocol, WipeMethod, SecureBoot *string
 	// ExtraConfigFile names a file of Talos documents ("" clears the site's).
 	ExtraConfigFile *string
 	// DHCPMode, DHCPPool, DHCPSubnet and DHCPGateway are the site's DHCP service (full mode: pool and subnet).
@@ -321,7 +321,7 @@ type SiteSettings struct {
 // SetSiteSettings changes a site's own settings and prints them as stored.
 func (c *Client) SetSiteSettings(ctx context.Context, siteID string, set SiteSettings, out io.Writer) error {
 	req := &adminpb.SetSiteSettingsRequest{
-		SiteId: siteID, Discovery: set.Discovery, BmcProtocol: set.BMCProtocol, WipeMethod: set.WipeMethod,
+		SiteId: siteID, Discovery: set.Discovery, BmcProtocol: set.BMCProtocol, WipeMethod: set.WipeMethod, SecureBoot: set.SecureBoot,
 		DhcpMode: set.DHCPMode, DhcpPool: set.DHCPPool, DhcpSubnet: set.DHCPSubnet, DhcpGateway: set.DHCPGateway,
 	}
 
@@ -433,6 +433,7 @@ func writeSettings(tw io.Writer, s *adminpb.SiteSettings) {
 	fmt.Fprintf(tw, "discovery:\t%s\n", orDefault(s.GetDiscovery()))
 	fmt.Fprintf(tw, "bmc protocol:\t%s\n", orDefault(s.GetBmcProtocol()))
 	fmt.Fprintf(tw, "wipe method:\t%s\n", orDefault(s.GetWipeMethod()))
+	fmt.Fprintf(tw, "secure boot:\t%s\n", cmp.Or(peer(s.GetSecureBoot()), "each machine's BMC says"))
 
 	docs := "default"
 	if n := len(s.GetExtraConfig()); n > 0 {

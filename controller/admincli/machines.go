@@ -370,6 +370,36 @@ func (c *Client) SetBootMode(ctx context.Context, machineID, firmware string, ou
 	return err
 }
 
+// SetSecureBoot sets (on, off) or hands back (auto) an operator's word on a machine's Secure Boot and prints
+// what its plans say now.
+func (c *Client) SetSecureBoot(ctx context.Context, machineID, secureBoot string, out io.Writer) error {
+	resp, err := c.machinesAPI.SetSecureBoot(ctx, &adminpb.SetSecureBootRequest{MachineId: machineID, SecureBoot: secureBoot})
+	if err != nil {
+		return describe("set secure boot", err)
+	}
+
+	if c.Output == OutputJSON {
+		return writeJSON(out, resp)
+	}
+
+	var said string
+
+	switch resp.GetSource() {
+	case "operator":
+		said = "set by an operator"
+	case "site":
+		said = "as its site's setting says"
+	case "bmc":
+		said = "as its BMC reports"
+	default:
+		said = "nobody says: the edge's own setting decides"
+	}
+
+	_, err = fmt.Fprintf(out, "machine %s: secure boot %s, %s\n", peer(machineID), peer(resp.GetSecureBoot()), said)
+
+	return err
+}
+
 // ClearAlert clears a machine's identity alert and says which one it was.
 func (c *Client) ClearAlert(ctx context.Context, machineID string, out io.Writer) error {
 	resp, err := c.machinesAPI.ClearAlert(ctx, &adminpb.ClearAlertRequest{MachineId: machineID})

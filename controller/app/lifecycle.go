@@ -78,6 +78,7 @@ func (b *builder) newLifecycle(context.Context) error {
 	deps.Agent = b.edges.clients
 	deps.Intents = b.edges.clients
 	deps.Sites = b.edges.locations.ByResourceID()
+	deps.SecureBoot = b.edges.locations
 	deps.Plans = &assetAwarePusher{next: b.edges.tables, needs: b.assets.needs, install: b.assets.install}
 	deps.Planner = planner
 	deps.Now = time.Now

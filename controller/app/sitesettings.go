@@ -28,7 +28,7 @@ func (b *builder) checkSiteSettings(_ string, s sites.Settings) error {
 		errs = append(errs, err)
 	}
 
-	if _, err := machines.ParseSitePolicy(s.BMCProtocol, s.WipeMethod, false); err != nil {
+	if _, err := machines.ParseSitePolicy(s.BMCProtocol, s.WipeMethod, s.SecureBoot, false); err != nil {
 		errs = append(errs, err)
 	}
 
@@ -61,12 +61,13 @@ func (b *builder) applySiteSettings(siteID string, s sites.Settings) {
 		s = sites.Settings{}
 	}
 
-	discovery, _ := bootpb.ParseDiscovery(s.Discovery) // checked above
+	discovery, _ := bootpb.ParseDiscovery(s.Discovery)                                                                                    // checked above
+	policy, _ := machines.ParseSitePolicy(s.BMCProtocol, s.WipeMethod, s.SecureBoot, s.DHCP.Mode == bootpb.DHCPMode_DHCP_MODE_OFF.Name()) // checked above
+
 	b.edges.tables.SetSite(siteID, boottables.SiteTable{
-		Discovery: discovery, RegisteredMACs: s.RegisteredMACs, ExtraConfig: s.ExtraConfig, DHCP: s.DHCP.Table(),
+		Discovery: discovery, RegisteredMACs: s.RegisteredMACs, ExtraConfig: s.ExtraConfig, DHCP: s.DHCP.Table(), SecureBoot: policy.SecureBoot,
 	})
 
-	policy, _ := machines.ParseSitePolicy(s.BMCProtocol, s.WipeMethod, s.DHCP.Mode == bootpb.DHCPMode_DHCP_MODE_OFF.Name()) // checked above
 	if err := b.edges.policies.Set(siteID, policy); err != nil {
 		log.Warn("site policy refused", zap.Error(err)) // cannot happen after the check
 	}

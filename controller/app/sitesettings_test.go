@@ -88,6 +88,18 @@ func TestSiteSettingsThroughTheAdminSocket(t *testing.T) {
 	err = admin.SetSiteSettings(ctx, "branch-1", admincli.SiteSettings{BMCProtocol: str("smoke")}, io.Discard)
 	require.ErrorContains(t, err, `bmc protocol "smoke"`)
 
+	// Secure Boot: the machines' BMCs say until the site says; a word other than on, off or auto is refused.
+	require.Equal(t, "each machine's BMC says", show("secure boot"))
+	require.NoError(t, admin.SetSiteSettings(ctx, "branch-1", admincli.SiteSettings{SecureBoot: str("on")}, io.Discard))
+	require.Equal(t, "on", show("secure boot"))
+
+	err = admin.SetSiteSettings(ctx, "branch-1", admincli.SiteSettings{SecureBoot: str("maybe")}, io.Discard)
+	require.ErrorContains(t, err, `secure boot must be "on", "off" or "auto": "maybe"`)
+	require.Equal(t, "on", show("secure boot"))
+
+	require.NoError(t, admin.SetSiteSettings(ctx, "branch-1", admincli.SiteSettings{SecureBoot: str("")}, io.Discard))
+	require.Equal(t, "each machine's BMC says", show("secure boot"))
+
 	// Documents machinery refuses, or that Omni's join config has already, are refused with the reason.
 	dir := t.TempDir()
 	write := func(name, text string) string {

@@ -50,7 +50,7 @@ func (b *builder) newStatus(context.Context) error {
 
 	pages.Register(b.mux)
 	b.run("status streams", pages.Run)
-	apiOpts := []status.APIOption{status.WithLocations(b.edges.locations)}
+	apiOpts := []status.APIOption{status.WithLocations(b.edges.locations), status.WithSitePolicies(b.edges.policies)}
 	if b.elector != nil {
 		apiOpts = append(apiOpts, status.WithRole(b.elector))
 	}

@@ -123,7 +123,7 @@ func TestSiteSettings(t *testing.T) {
 
 	push.SetSite("site-a", boottables.SiteTable{
 		Discovery: bootpb.Discovery_DISCOVERY_KNOWN, RegisteredMACs: []string{"52:54:00:00:00:01"}, ExtraConfig: []byte("kind: ResolverConfig\n"),
-		DHCP: &bootpb.DHCP{Mode: bootpb.DHCPMode_DHCP_MODE_OFF},
+		DHCP: &bootpb.DHCP{Mode: bootpb.DHCPMode_DHCP_MODE_OFF}, SecureBoot: bootpb.SecureBoot_SECURE_BOOT_ON,
 	})
 
 	tableOf := func(e *fakeEdge, want func(*bootpb.Table) bool) *bootpb.Table {
@@ -137,6 +137,7 @@ func TestSiteSettings(t *testing.T) {
 	tbl := tableOf(siteA, func(tb *bootpb.Table) bool { return tb.GetDiscovery() == bootpb.Discovery_DISCOVERY_KNOWN })
 	require.Equal(t, []string{"52:54:00:00:00:01"}, tbl.GetRegisteredMacs())
 	require.Equal(t, bootpb.DHCPMode_DHCP_MODE_OFF, tbl.GetDhcp().GetMode())
+	require.Equal(t, bootpb.SecureBoot_SECURE_BOOT_ON, tbl.GetSecureBoot())
 	require.Empty(t, tbl.GetConfig(), "no join config yet: the site's documents wait for it")
 
 	push.SetConfig([]byte("kind: SideroLinkConfig\n"))
@@ -154,5 +155,6 @@ func TestSiteSettings(t *testing.T) {
 	tbl = tableOf(siteA, func(tb *bootpb.Table) bool { return tb.GetDiscovery() == bootpb.Discovery_DISCOVERY_UNSPECIFIED })
 	require.Empty(t, tbl.GetRegisteredMacs())
 	require.Nil(t, tbl.GetDhcp())
+	require.Equal(t, bootpb.SecureBoot_SECURE_BOOT_UNSPECIFIED, tbl.GetSecureBoot(), "handed back by a delta")
 	require.Equal(t, "kind: SideroLinkConfig\n", string(tbl.GetConfig()))
 }

@@ -127,5 +127,9 @@ func Diff(from, to *bootpb.Table) *bootpb.Delta {
 		d.Dhcp, d.ReplaceDhcp = to.GetDhcp(), true
 	}
 
+	if from.GetSecureBoot() != to.GetSecureBoot() {
+		d.SecureBoot, d.ReplaceSecureBoot = to.GetSecureBoot(), true
+	}
+
 	return d
 }

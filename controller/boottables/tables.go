@@ -69,6 +69,9 @@ type SiteTable struct {
 	ExtraConfig []byte
 	// DHCP is the site's DHCP service (already checked; nil: the edge's own). Not changed in place.
 	DHCP *bootpb.DHCP
+	// SecureBoot is the site's Secure Boot setting, for machines whose plan does not say (unspecified: the
+	// edge's own setting).
+	SecureBoot bootpb.SecureBoot
 }
 
 // New returns Tables without any site. now stamps versions (nil means time.Now).
@@ -199,7 +202,7 @@ func (t *Tables) SetSite(siteID string, set SiteTable) {
 
 	old := st.settings
 	if old.Discovery == set.Discovery && slices.Equal(old.RegisteredMACs, set.RegisteredMACs) && bytes.Equal(old.ExtraConfig, set.ExtraConfig) &&
-		proto.Equal(old.DHCP, set.DHCP) {
+		proto.Equal(old.DHCP, set.DHCP) && old.SecureBoot == set.SecureBoot {
 		return
 	}
 
@@ -212,7 +215,7 @@ func (t *Tables) SetSite(siteID string, set SiteTable) {
 
 	t.changeLocked(siteID, func(tbl *bootpb.Table) {
 		tbl.Discovery, tbl.RegisteredMacs, tbl.Config = set.Discovery, set.RegisteredMACs, t.siteConfigLocked(siteID)
-		tbl.Dhcp = set.DHCP
+		tbl.Dhcp, tbl.SecureBoot = set.DHCP, set.SecureBoot
 	})
 }
 

@@ -116,7 +116,8 @@ type Deps struct {
 	Secrets Secrets
 	// SiteLabels gives the labels an operator set on a site (optional).
 	SiteLabels SiteLabels
-	// SitePolicies are the sites' own BMC protocol and wipe method (optional: the controller's for all).
+	// SitePolicies are the sites' own BMC protocol, wipe method and Secure Boot (optional: the controller's for
+	// all).
 	SitePolicies *machines.SitePolicies
 	// Watches tells each site's edge which BMCs to watch (optional: without it the controller asks the BMCs).
 	Watches *machines.WatchLists
@@ -125,6 +126,9 @@ type Deps struct {
 	// Inventory reads machines' hardware inventories from their BMCs (optional: Power when it can, else no
 	// inventory labels).
 	Inventory InventoryClient
+	// SecureBoot takes what each inventory read says of the machine's Secure Boot, for its boot plans
+	// (optional: the plans then say only what operators set).
+	SecureBoot SecureBootReports
 }
 
 // SiteLabels tells the labels an operator set on a site, published on its machines.
@@ -166,7 +170,7 @@ func New(cfg Config, deps Deps) ([]controller.QController, error) {
 	deps.Agent = timedAgent{next: deps.Agent, m: deps.Metrics}
 
 	env := &env{
-		cfg: cfg, types: deps.Types, metrics: deps.Metrics, journal: deps.Journal, secrets: deps.Secrets, gate: newPlanGate(deps.Sites, deps.Planner, deps.Plans, cfg.CallTimeout), outbox: newOutbox(), jobs: newJobs(), written: newWritten(),
+		cfg: cfg, types: deps.Types, metrics: deps.Metrics, journal: deps.Journal, secrets: deps.Secrets, gate: newPlanGate(deps.Sites, deps.SitePolicies, deps.Planner, deps.Plans, cfg.CallTimeout), outbox: newOutbox(), jobs: newJobs(), written: newWritten(),
 		due: newDues(time.Now), failing: newFailingSet(time.Now),
 	}
 

@@ -18,11 +18,19 @@ import (
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // InventoryClient reads a machine's hardware inventory from its BMC through its site's edge.
 type InventoryClient interface {
 	Inventory(ctx context.Context, siteID, machineID string, bmc *specs.BMCConfigurationSpec) (*bmcpb.InventoryResponse, error)
+}
+
+// SecureBootReports takes what machines' BMCs say of their firmware's Secure Boot, for their boot plans
+// (machines.Locations).
+type SecureBootReports interface {
+	SetSecureBoot(machineID metal.ID, s bootpb.SecureBoot)
 }
 
 // defaultInventoryInterval is how long an inventory is kept when Config.InventoryInterval is 0.
@@ -44,7 +52,9 @@ type machineInventory struct {
 	written   *written
 	sites     SiteLocator
 	inventory InventoryClient
-	now       func() time.Time
+	// secureBoot takes the Secure Boot state each read found (nil: nobody wants it).
+	secureBoot SecureBootReports
+	now        func() time.Time
 	// interval is how long an inventory is kept; callTimeout bounds the read; pollInterval is the wait for a
 	// machine not located or a site offline.
 	interval, callTimeout, pollInterval time.Duration
@@ -52,7 +62,7 @@ type machineInventory struct {
 
 func newMachineInventoryController(e *env, d Deps) *machineController {
 	s := &machineInventory{
-		types: d.Types, written: e.written, sites: d.Sites, inventory: d.Inventory, now: d.Now,
+		types: d.Types, written: e.written, sites: d.Sites, inventory: d.Inventory, secureBoot: d.SecureBoot, now: d.Now,
 		interval: defaultInventoryInterval, callTimeout: e.cfg.CallTimeout, pollInterval: e.cfg.PollInterval,
 	}
 	if e.cfg.InventoryInterval > 0 {
@@ -84,6 +94,8 @@ func (s *machineInventory) reconcile(ctx context.Context, logger *zap.Logger, r 
 	now := s.now()
 
 	if v.inv != nil && v.inv.GetBmc() == key && v.inv.GetReadAt() != nil {
+		s.reportSecureBoot(v.id, v.inv) // the record's answer, once more (the locations may have been restarted)
+
 		wait := s.interval
 		if v.inv.GetError() != "" {
 			wait /= 24
@@ -131,11 +143,32 @@ func (s *machineInventory) reconcile(ctx context.Context, logger *zap.Logger, r 
 		return fmt.Errorf("write machine inventory: %w", err)
 	}
 
+	s.reportSecureBoot(v.id, rec)
+
 	if rec.GetError() != "" {
 		return controller.NewRequeueInterval(s.interval / 24)
 	}
 
 	return controller.NewRequeueInterval(s.interval)
+}
+
+// reportSecureBoot hands what the machine's BMC said of Secure Boot to the machine's plans.
+func (s *machineInventory) reportSecureBoot(id string, inv *specs.MachineInventorySpec) {
+	if s.secureBoot == nil {
+		return
+	}
+
+	sb := bootpb.SecureBoot_SECURE_BOOT_UNSPECIFIED
+
+	switch {
+	case inv.SecureBoot == nil:
+	case inv.GetSecureBoot():
+		sb = bootpb.SecureBoot_SECURE_BOOT_ON
+	default:
+		sb = bootpb.SecureBoot_SECURE_BOOT_OFF
+	}
+
+	s.secureBoot.SetSecureBoot(metal.ID(id), sb) // v.id is the normalized ID
 }
 
 // fromInventory copies the facts of a record (not its error).
@@ -144,7 +177,7 @@ func fromInventory(inv *specs.MachineInventorySpec) *specs.MachineInventorySpec 
 		Protocol: inv.GetProtocol(), Manufacturer: inv.GetManufacturer(), Model: inv.GetModel(), SerialNumber: inv.GetSerialNumber(),
 		CpuCount: inv.GetCpuCount(), CpuModel: inv.GetCpuModel(), MemoryGib: inv.GetMemoryGib(), DiskCount: inv.GetDiskCount(),
 		DiskBytes: inv.GetDiskBytes(), NicSpeedsMbps: inv.GetNicSpeedsMbps(), BiosVersion: inv.GetBiosVersion(),
-		BmcFirmware: inv.GetBmcFirmware(),
+		BmcFirmware: inv.GetBmcFirmware(), SecureBoot: inv.SecureBoot,
 	}
 }
 
@@ -159,7 +192,7 @@ func inventoryRecordOf(resp *bmcpb.InventoryResponse) *specs.MachineInventorySpe
 		Protocol: proto, Manufacturer: resp.GetManufacturer(), Model: resp.GetModel(), SerialNumber: resp.GetSerialNumber(),
 		CpuCount: resp.GetCpuCount(), CpuModel: resp.GetCpuModel(), MemoryGib: resp.GetMemoryGib(), DiskCount: resp.GetDiskCount(),
 		DiskBytes: resp.GetDiskBytes(), NicSpeedsMbps: resp.GetNicSpeedsMbps(), BiosVersion: resp.GetBiosVersion(),
-		BmcFirmware: resp.GetBmcFirmware(),
+		BmcFirmware: resp.GetBmcFirmware(), SecureBoot: resp.SecureBoot,
 	}
 }
 

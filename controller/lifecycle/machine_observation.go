@@ -29,9 +29,10 @@ type machineObservation struct {
 	agent   AgentClient
 	metrics *Metrics
 	now     func() time.Time
-	// watches and siteLabels are optional (nil: none).
+	// watches, siteLabels and policies are optional (nil: none).
 	watches    *machines.WatchLists
 	siteLabels SiteLabels
+	policies   *machines.SitePolicies
 	// callTimeout bounds each edge call; pollInterval is when the machine is looked at again.
 	callTimeout, pollInterval time.Duration
 }
@@ -54,7 +55,7 @@ func callsEdge(c *machineController) *machineController {
 func newMachineObservationController(e *env, d Deps) *machineController {
 	s := &machineObservation{
 		types: d.Types, written: e.written, sites: d.Sites, power: d.Power, agent: d.Agent, metrics: d.Metrics, now: d.Now,
-		watches: d.Watches, siteLabels: d.SiteLabels, callTimeout: e.cfg.CallTimeout, pollInterval: e.cfg.PollInterval,
+		watches: d.Watches, siteLabels: d.SiteLabels, policies: d.SitePolicies, callTimeout: e.cfg.CallTimeout, pollInterval: e.cfg.PollInterval,
 	}
 
 	return callsEdge(newMachineController(e, observationName, d.Types.MachineObservation, d.Types.Namespace, bmcRecord|observationRecord, s))
@@ -77,6 +78,10 @@ func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, 
 		if s.siteLabels != nil {
 			obs.SiteLabels = s.siteLabels.SiteLabels(loc.SiteID)
 		}
+
+		// what the machine's plans say of its Secure Boot (planGate.plan): a change wakes the boot plan step
+		site := s.policies.SecureBoot(loc.SiteID)
+		obs.SecureBoot, obs.SecureBootSource = loc.EnforcesSecureBoot(site), loc.SecureBootSource(site)
 
 		if v.managed() && v.bmc != nil {
 			obs.PowerState = s.powerState(ctx, logger, loc, v, obs)

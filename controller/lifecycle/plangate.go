@@ -7,21 +7,24 @@ import (
 	"time"
 
 	"github.com/outpost-metal/outpost/controller/bootplans"
+	"github.com/outpost-metal/outpost/controller/machines"
 )
 
 // planGate computes a machine's plan and makes sure its edge holds it before an operation that depends on it
 // (power-on, reboot) runs. What each edge acknowledged is the pusher's to know (the sites' boot tables); the
 // gate keeps nothing of its own.
 type planGate struct {
-	sites   SiteLocator
-	planner Planner
-	pusher  PlanPusher
+	sites SiteLocator
+	// policies say what sites' operators set for their machines' Secure Boot (nil: nothing).
+	policies *machines.SitePolicies
+	planner  Planner
+	pusher   PlanPusher
 	// timeout bounds the wait for an acknowledgement (an offline site is retried later, not waited for).
 	timeout time.Duration
 }
 
-func newPlanGate(sites SiteLocator, planner Planner, p PlanPusher, timeout time.Duration) *planGate {
-	return &planGate{sites: sites, planner: planner, pusher: p, timeout: timeout}
+func newPlanGate(sites SiteLocator, policies *machines.SitePolicies, planner Planner, p PlanPusher, timeout time.Duration) *planGate {
+	return &planGate{sites: sites, policies: policies, planner: planner, pusher: p, timeout: timeout}
 }
 
 // ensure returns once site's edge acknowledged plan for its machine (at once when it already had).
@@ -40,7 +43,8 @@ func (g *planGate) ensure(ctx context.Context, site string, plan bootplans.Plan)
 	return nil
 }
 
-// plan computes the machine's plan at site, for the architecture its network boot reported.
+// plan computes the machine's plan at site, for the architecture its network boot reported and with its
+// Secure Boot as known (Location.EnforcesSecureBoot).
 func (g *planGate) plan(ctx context.Context, site string, v *view, deleting bool) (bootplans.Plan, error) {
 	in := v.planInput(deleting)
 
@@ -48,6 +52,7 @@ func (g *planGate) plan(ctx context.Context, site string, v *view, deleting bool
 
 	if loc, ok := g.sites.Locate(v.id); ok {
 		in.Arch = loc.Arch
+		in.SecureBoot = loc.EnforcesSecureBoot(g.policies.SecureBoot(loc.SiteID))
 		macs = loc.MACs
 	}
 

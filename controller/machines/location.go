@@ -13,6 +13,8 @@ package machines
 import (
 	"errors"
 	"time"
+
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
 // ErrSiteOffline is what edge clients return (wrapped) when the machine's site has no live session;
@@ -54,6 +56,23 @@ type Location struct {
 	// operator clears it).
 	Alert   string
 	AlertAt time.Time
+	// SecureBoot is whether the machine's firmware enforces Secure Boot as its BMC last said (unspecified: it
+	// never said); SecureBootOverride is an operator's word for the machine (unspecified: none).
+	SecureBoot, SecureBootOverride bootpb.SecureBoot
+}
+
+// EnforcesSecureBoot is whether the machine's firmware enforces Secure Boot, first match wins: an operator's
+// word for the machine, the site's setting, what its BMC said. Unspecified: nobody said (the edge's own setting
+// decides).
+func (l Location) EnforcesSecureBoot(site bootpb.SecureBoot) bootpb.SecureBoot {
+	switch {
+	case l.SecureBootOverride != bootpb.SecureBoot_SECURE_BOOT_UNSPECIFIED:
+		return l.SecureBootOverride
+	case site != bootpb.SecureBoot_SECURE_BOOT_UNSPECIFIED:
+		return site
+	default:
+		return l.SecureBoot
+	}
 }
 
 // Alerts: what a machine's Alert says.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 	"github.com/outpost-metal/outpost/shared/metal"
 )
 
@@ -62,7 +63,7 @@ func (l *Locations) Load(ctx context.Context, st state.State, t resources.Types)
 		loc := &Location{
 			SiteID: spec.GetSiteId(), AgentConnected: spec.GetAgentConnected(), Arch: spec.GetArch(),
 			Firmware: spec.GetFirmware(), FirmwareSource: spec.GetFirmwareSource(), MACs: slices.Clone(spec.GetMacs()),
-			Alert: knownAlert(spec.GetAlert()),
+			Alert: knownAlert(spec.GetAlert()), SecureBoot: spec.GetSecureBoot(), SecureBootOverride: spec.GetSecureBootOverride(),
 		}
 
 		if ts := spec.GetAlertAt(); loc.Alert != "" && ts.IsValid() {
@@ -114,6 +115,15 @@ func mergeRecord(cur *Location, spec *specs.MachineLocationSpec) {
 
 	if cur.Arch == "" {
 		cur.Arch = spec.GetArch()
+	}
+
+	// what the BMC and an operator said of Secure Boot only ever comes from here (an edge never says)
+	if cur.SecureBoot == bootpb.SecureBoot_SECURE_BOOT_UNSPECIFIED {
+		cur.SecureBoot = spec.GetSecureBoot()
+	}
+
+	if cur.SecureBootOverride == bootpb.SecureBoot_SECURE_BOOT_UNSPECIFIED {
+		cur.SecureBootOverride = spec.GetSecureBootOverride()
 	}
 
 	for _, mac := range spec.GetMacs() {
@@ -246,7 +256,7 @@ func (l *Locations) write(ctx context.Context, st state.State, t resources.Types
 		r.TypedSpec().Value = &specs.MachineLocationSpec{
 			SiteId: loc.SiteID, Arch: loc.Arch, Firmware: loc.Firmware, FirmwareSource: loc.FirmwareSource,
 			Macs: loc.MACs, AgentConnected: loc.AgentConnected, Schema: resources.MachineLocationSchema,
-			Alert: loc.Alert,
+			Alert: loc.Alert, SecureBoot: loc.SecureBoot, SecureBootOverride: loc.SecureBootOverride,
 		}
 
 		if !loc.AlertAt.IsZero() {

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/pflag"
 
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 	"github.com/outpost-metal/outpost/shared/envflag"
 )
 
@@ -23,14 +24,22 @@ type SitePolicy struct {
 	// BootFromImage is set for a site without DHCP (controller site set --dhcp off): its machines boot from
 	// virtual media their BMCs mount, never from the network.
 	BootFromImage bool
+	// SecureBoot says whether the site's machines enforce Secure Boot (unspecified: each machine's BMC says).
+	SecureBoot bootpb.SecureBoot
 }
 
-// ParseSitePolicy reads a site's settings as an operator gave them: a BMC protocol (auto, ipmi or redfish)
-// and a wipe method (fast or zeroes), each "" for the controller's own.
-func ParseSitePolicy(bmcProtocol, wipeMethod string, bootFromImage bool) (SitePolicy, error) {
+// ParseSitePolicy reads a site's settings as an operator gave them: a BMC protocol (auto, ipmi or redfish),
+// a wipe method (fast or zeroes) and Secure Boot (on, off or auto), each "" for the controller's own.
+func ParseSitePolicy(bmcProtocol, wipeMethod, secureBoot string, bootFromImage bool) (SitePolicy, error) {
 	sp := SitePolicy{BootFromImage: bootFromImage}
 
 	var errs []error
+
+	if sb, err := ParseSecureBoot(secureBoot); err != nil {
+		errs = append(errs, err)
+	} else {
+		sp.SecureBoot = sb
+	}
 
 	if bmcProtocol != "" {
 		p, err := ParseBMCProtocol(bmcProtocol)
@@ -165,6 +174,9 @@ func (p *SitePolicies) BMCProtocol(site string, fallback bmcpb.Protocol) bmcpb.P
 
 	return p.sites[site].BMCProtocol.ValueOr(fallback)
 }
+
+// SecureBoot is what site's operator set for its machines' Secure Boot (unspecified: nothing).
+func (p *SitePolicies) SecureBoot(site string) bootpb.SecureBoot { return p.get(site).SecureBoot }
 
 // BootsFromImage reports whether site's machines boot from virtual media (a site without DHCP).
 func (p *SitePolicies) BootsFromImage(site string) bool { return p.get(site).BootFromImage }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/outpost-metal/outpost/controller/machines"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
 // A site's labels are kept in memory with its policy (the observation reads them for every machine at every
@@ -39,10 +40,14 @@ func TestParseSitePolicy(t *testing.T) {
 	t.Parallel()
 
 	for _, tc := range []struct {
-		name, proto, wipe string
-		want              machines.SitePolicy
-		wantErr           string
+		name, proto, wipe, sb string
+		want                  machines.SitePolicy
+		wantErr               string
 	}{
+		{name: "secure boot on", sb: "on", want: machines.SitePolicy{SecureBoot: bootpb.SecureBoot_SECURE_BOOT_ON}},
+		{name: "secure boot off", sb: "off", want: machines.SitePolicy{SecureBoot: bootpb.SecureBoot_SECURE_BOOT_OFF}},
+		{name: "secure boot auto is no setting", sb: "auto", want: machines.SitePolicy{}},
+		{name: "unknown secure boot", sb: "maybe", wantErr: `secure boot must be "on", "off" or "auto": "maybe"`},
 		{name: "nothing set", want: machines.SitePolicy{}},
 		{name: "auto is a setting of its own", proto: "auto", want: machines.SitePolicy{BMCProtocol: optional.Some(bmcpb.Protocol_PROTOCOL_AUTO)}},
 		{
@@ -55,7 +60,7 @@ func TestParseSitePolicy(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 
-			got, err := machines.ParseSitePolicy(tc.proto, tc.wipe, false)
+			got, err := machines.ParseSitePolicy(tc.proto, tc.wipe, tc.sb, false)
 			if tc.wantErr != "" {
 				require.EqualError(t, err, tc.wantErr)
 

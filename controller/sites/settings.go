@@ -35,6 +35,8 @@ type Settings struct {
 	BMCProtocol string
 	// WipeMethod is how the site's machines are wiped: fast or zeroes.
 	WipeMethod string
+	// SecureBoot is whether the site's machines enforce Secure Boot: on or off ("": each machine's BMC says).
+	SecureBoot string
 	// ExtraConfig is Talos machine-config documents served with the join config at this site.
 	ExtraConfig []byte
 	// RegisteredMACs are machines registered before they boot, lower case and colon separated, sorted.
@@ -121,7 +123,7 @@ func SettingsOf(site *resources.Site) Settings {
 	spec := site.TypedSpec().Value
 
 	return Settings{
-		Discovery: spec.GetDiscovery(), BMCProtocol: spec.GetBmcProtocol(), WipeMethod: spec.GetWipeMethod(),
+		Discovery: spec.GetDiscovery(), BMCProtocol: spec.GetBmcProtocol(), WipeMethod: spec.GetWipeMethod(), SecureBoot: spec.GetSecureBoot(),
 		ExtraConfig: spec.GetExtraConfig(), RegisteredMACs: spec.GetRegisteredMacs(), Labels: spec.GetLabels(),
 		AssetPolicy: spec.GetAssetPolicy(), Staged: spec.GetStagedProfiles(),
 		DHCP: DHCP{
@@ -155,7 +157,7 @@ func (r *Registry) SetSettings(ctx context.Context, siteID string, check Setting
 		}
 
 		spec := site.TypedSpec().Value
-		spec.Discovery, spec.BmcProtocol, spec.WipeMethod = s.Discovery, s.BMCProtocol, s.WipeMethod
+		spec.Discovery, spec.BmcProtocol, spec.WipeMethod, spec.SecureBoot = s.Discovery, s.BMCProtocol, s.WipeMethod, s.SecureBoot
 		spec.ExtraConfig, spec.RegisteredMacs = s.ExtraConfig, s.RegisteredMACs
 		spec.DhcpMode, spec.DhcpSubnet, spec.DhcpPoolStart, spec.DhcpPoolEnd = s.DHCP.Mode, s.DHCP.Subnet, s.DHCP.PoolStart, s.DHCP.PoolEnd
 		spec.DhcpGateway, spec.DhcpDns, spec.DhcpNtp, spec.DhcpReservations = s.DHCP.Gateway, s.DHCP.DNS, s.DHCP.NTP, s.DHCP.Reservations
@@ -251,7 +253,7 @@ func settingsView(s Settings) *adminpb.SiteSettings {
 	}
 
 	return &adminpb.SiteSettings{
-		Discovery: s.Discovery, BmcProtocol: s.BMCProtocol, WipeMethod: s.WipeMethod,
+		Discovery: s.Discovery, BmcProtocol: s.BMCProtocol, WipeMethod: s.WipeMethod, SecureBoot: s.SecureBoot,
 		ExtraConfig: s.ExtraConfig, RegisteredMacs: s.RegisteredMACs,
 		DhcpMode: s.DHCP.Mode, DhcpSubnet: s.DHCP.Subnet, DhcpGateway: s.DHCP.Gateway, DhcpDns: s.DHCP.DNS, DhcpNtp: s.DHCP.NTP,
 		DhcpLeaseTime: durationpb.New(s.DHCP.LeaseTime), DhcpReservations: s.DHCP.Reservations, DhcpPool: pool,
@@ -281,6 +283,10 @@ func (a *Admin) SetSiteSettings(ctx context.Context, req *adminpb.SetSiteSetting
 
 		if req.WipeMethod != nil {
 			s.WipeMethod = req.GetWipeMethod()
+		}
+
+		if req.SecureBoot != nil {
+			s.SecureBoot = req.GetSecureBoot()
 		}
 
 		if req.ExtraConfig != nil {

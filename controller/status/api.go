@@ -15,6 +15,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/timeline"
 	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 	"github.com/outpost-metal/outpost/shared/metal"
 )
 
@@ -28,6 +29,8 @@ type API struct {
 	machines  Machines
 	locations Locations
 	role      Role
+	// sites tells what sites' operators set for their machines' Secure Boot (nil: nothing).
+	sites SiteSecureBoot
 }
 
 // Locations is what an operator may change in the controller's machine knowledge (the lifecycle's
@@ -36,6 +39,9 @@ type Locations interface {
 	// OverrideFirmware sets the operator's firmware for the machine ("": hand it back to the machine's
 	// reports) and returns what is assumed now and its source.
 	OverrideFirmware(machineID metal.ID, fw metal.Firmware) (now, source string, err error)
+	// OverrideSecureBoot sets the operator's word on the machine's Secure Boot (unspecified: hand it back to its
+	// site and its BMC) and returns the machine's location as it is now.
+	OverrideSecureBoot(machineID metal.ID, s bootpb.SecureBoot) (machines.Location, error)
 	// ClearAlert clears the machine's identity alert and returns the one that was set.
 	ClearAlert(machineID metal.ID) (string, error)
 	// WaitWritten waits until what is known of the machine is kept in Omni.
@@ -55,6 +61,14 @@ type APIOption func(*API)
 
 // WithLocations serves the changes (SetBootMode, ClearAlert) over l; refused as unimplemented without it.
 func WithLocations(l Locations) APIOption { return func(a *API) { a.locations = l } }
+
+// SiteSecureBoot tells what a site's operator set for its machines' Secure Boot (machines.SitePolicies).
+type SiteSecureBoot interface {
+	SecureBoot(site string) bootpb.SecureBoot
+}
+
+// WithSitePolicies tells SetSecureBoot's answer the sites' own Secure Boot settings.
+func WithSitePolicies(s SiteSecureBoot) APIOption { return func(a *API) { a.sites = s } }
 
 // WithRole refuses changes while this controller stands by: they belong to the acting one, whose machine
 // knowledge is the one that is kept.
@@ -142,6 +156,41 @@ func (a *API) SetBootMode(ctx context.Context, req *adminpb.SetBootModeRequest) 
 	return out, nil
 }
 
+// SetSecureBoot implements adminpb.MachinesServer.
+func (a *API) SetSecureBoot(ctx context.Context, req *adminpb.SetSecureBootRequest) (*adminpb.SetSecureBootResponse, error) {
+	out := &adminpb.SetSecureBootResponse{}
+
+	err := a.change(ctx, "set secure boot", req.GetMachineId(), func(id metal.ID) error {
+		if req.GetSecureBoot() == "" {
+			return fmt.Errorf("%w: none given", machines.ErrBadSecureBoot)
+		}
+
+		sb, err := machines.ParseSecureBoot(strings.ToLower(req.GetSecureBoot()))
+		if err != nil {
+			return err
+		}
+
+		loc, err := a.locations.OverrideSecureBoot(id, sb)
+		if err != nil {
+			return err
+		}
+
+		site := bootpb.SecureBoot_SECURE_BOOT_UNSPECIFIED
+		if a.sites != nil {
+			site = a.sites.SecureBoot(loc.SiteID)
+		}
+
+		out.SecureBoot, out.Source = machines.SecureBootName(loc.EnforcesSecureBoot(site)), loc.SecureBootSource(site)
+
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	return out, nil
+}
+
 // parseBootMode parses an operator's boot mode: bios or uefi (any case), or auto, which is "" (the machine's
 // own reports decide).
 func parseBootMode(s string) (metal.Firmware, error) {
@@ -196,7 +245,7 @@ func (a *API) change(ctx context.Context, what, machineID string, apply func(id 
 	}
 
 	switch {
-	case errors.Is(err, machines.ErrBadFirmware):
+	case errors.Is(err, machines.ErrBadFirmware), errors.Is(err, machines.ErrBadSecureBoot):
 		return grpcstatus.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, machines.ErrNotLocated):
 		return grpcstatus.Errorf(codes.NotFound,

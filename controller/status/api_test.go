@@ -15,6 +15,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/status"
 	"github.com/outpost-metal/outpost/controller/timeline"
 	adminpb "github.com/outpost-metal/outpost/shared/api/admin"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
 // role is a controller that acts or stands by as the test says, the lease held by "ctrl-b".
@@ -94,4 +95,62 @@ func must[T any](v T, ok bool) T {
 	}
 
 	return v
+}
+
+// sitesSay is a site setting for Secure Boot, as SitePolicies gives it.
+type sitesSay map[string]bootpb.SecureBoot
+
+func (s sitesSay) SecureBoot(site string) bootpb.SecureBoot { return s[site] }
+
+// An operator's word on a machine's Secure Boot is taken on the acting controller, answered with what the
+// machine's plans say now and who said it; bad words and unknown machines are refused by name.
+func TestSetSecureBoot(t *testing.T) {
+	t.Parallel()
+
+	const id = "4c4c4544-0042-3510-8052-b4c04f384833"
+
+	locs := machines.NewLocations(zaptest.NewLogger(t))
+	_, err := locs.Seen("site-a", id)
+	require.NoError(t, err)
+	locs.SetSecureBoot(id, bootpb.SecureBoot_SECURE_BOOT_ON)
+
+	sites := sitesSay{}
+	r := &role{}
+	api := status.NewAPI(timeline.New(timeline.DefaultConfig(), time.Now), status.WithLocations(locs), status.WithRole(r), status.WithSitePolicies(sites))
+
+	set := func(machine, sb string) (*adminpb.SetSecureBootResponse, codes.Code, string) {
+		resp, err := api.SetSecureBoot(t.Context(), &adminpb.SetSecureBootRequest{MachineId: machine, SecureBoot: sb})
+
+		return resp, grpcstatus.Code(err), grpcstatus.Convert(err).Message()
+	}
+
+	_, code, msg := set(id, "off")
+	require.Equal(t, codes.FailedPrecondition, code, "a standby refuses")
+	require.Contains(t, msg, "ctrl-b")
+
+	r.acting.Store(true)
+
+	resp, code, _ := set(id, "OFF")
+	require.Equal(t, codes.OK, code)
+	require.Equal(t, []string{"off", "operator"}, []string{resp.GetSecureBoot(), resp.GetSource()})
+	require.Equal(t, bootpb.SecureBoot_SECURE_BOOT_OFF, must(locs.Locate(id)).SecureBootOverride)
+
+	resp, code, _ = set(id, "auto")
+	require.Equal(t, codes.OK, code)
+	require.Equal(t, []string{"on", "bmc"}, []string{resp.GetSecureBoot(), resp.GetSource()}, "handed back to the BMC's answer")
+
+	sites["site-a"] = bootpb.SecureBoot_SECURE_BOOT_OFF
+	resp, code, _ = set(id, "auto")
+	require.Equal(t, codes.OK, code)
+	require.Equal(t, []string{"off", "site"}, []string{resp.GetSecureBoot(), resp.GetSource()}, "the site's setting over the BMC's")
+
+	for _, bad := range []string{"", "yes"} {
+		_, code, msg = set(id, bad)
+		require.Equal(t, codes.InvalidArgument, code, bad)
+		require.Contains(t, msg, `"on", "off" or "auto"`)
+	}
+
+	_, code, msg = set("4c4c4544-0042-3510-8052-b4c04f384899", "on")
+	require.Equal(t, codes.NotFound, code)
+	require.Contains(t, msg, "never seen at a site")
 }

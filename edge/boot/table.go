@@ -259,6 +259,10 @@ func applyDelta(cur *bootpb.Table, d *bootpb.Delta) *bootpb.Table {
 		next.Dhcp = d.GetDhcp()
 	}
 
+	if d.GetReplaceSecureBoot() {
+		next.SecureBoot = d.GetSecureBoot()
+	}
+
 	return next
 }
 
@@ -268,6 +272,10 @@ const MaxRegisteredMACs = 65536
 func validateTable(tbl *bootpb.Table) error {
 	if _, ok := bootpb.Discovery_name[int32(tbl.GetDiscovery())]; !ok {
 		return fmt.Errorf("discovery %d: %w", tbl.GetDiscovery(), ErrInvalid)
+	}
+
+	if _, ok := bootpb.SecureBoot_name[int32(tbl.GetSecureBoot())]; !ok {
+		return fmt.Errorf("secure boot %d: %w", tbl.GetSecureBoot(), ErrInvalid)
 	}
 
 	if n := len(tbl.GetRegisteredMacs()); n > MaxRegisteredMACs {
@@ -432,10 +440,18 @@ func (t *Table) DiskPlan(mac net.HardwareAddr, uuid string) bool {
 	return t.cur.Load().find(idOf(uuid), mac).GetMode() == bootpb.Mode_MODE_DISK
 }
 
-// SecureBoot reports whether the machine's plan says its firmware enforces Secure Boot; said is false when the
-// table has no plan for it, or its plan does not say (dhcp.Preferences).
+// SecureBoot reports whether the machine's plan says its firmware enforces Secure Boot, else what the site's
+// setting says for machines whose plan does not (a machine booting for the first time has none); said is false
+// when neither says (dhcp.Preferences).
 func (t *Table) SecureBoot(mac net.HardwareAddr, uuid string) (enforces, said bool) {
-	switch t.cur.Load().find(idOf(uuid), mac).GetSecureBoot() {
+	s := t.cur.Load()
+
+	sb := s.find(idOf(uuid), mac).GetSecureBoot()
+	if sb == bootpb.SecureBoot_SECURE_BOOT_UNSPECIFIED {
+		sb = s.table.GetSecureBoot()
+	}
+
+	switch sb {
 	case bootpb.SecureBoot_SECURE_BOOT_ON:
 		return true, true
 	case bootpb.SecureBoot_SECURE_BOOT_OFF:

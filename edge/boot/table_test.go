@@ -130,6 +130,7 @@ func TestLookup(t *testing.T) {
 		require.Equal(t, tc.on, on, tc.name)
 		require.Equal(t, tc.said, said, tc.name)
 	}
+
 }
 
 func TestDeltas(t *testing.T) {
@@ -331,4 +332,33 @@ func TestDHCPService(t *testing.T) {
 	_, err = tbl.Apply(&bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Delta{Delta: &bootpb.Delta{BaseVersion: 2, Version: 3, ReplaceDhcp: true}}})
 	require.NoError(t, err)
 	require.Nil(t, tbl.DHCP(), "handed back to the edge's own")
+}
+
+// The site's Secure Boot setting, by a delta as the controller sends it, says for machines whose plan does not;
+// an unknown value is refused.
+func TestSiteSecureBoot(t *testing.T) {
+	t.Parallel()
+
+	tbl := open(t, t.TempDir())
+	_, err := tbl.Apply(snapshot())
+	require.NoError(t, err)
+
+	mac1 := net.HardwareAddr{0x52, 0x54, 0, 0, 0, 1}
+
+	// The site's setting, by a delta as the controller sends it: for machines whose plan does not say.
+	_, err = tbl.Apply(&bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Delta{Delta: &bootpb.Delta{
+		BaseVersion: 5, Version: 6, SecureBoot: bootpb.SecureBoot_SECURE_BOOT_ON, ReplaceSecureBoot: true,
+	}}})
+	require.NoError(t, err)
+
+	on, said := tbl.SecureBoot(net.HardwareAddr{1, 2, 3, 4, 5, 6}, "")
+	require.Equal(t, []bool{true, true}, []bool{on, said}, "an unknown machine: the site's setting")
+
+	on, said = tbl.SecureBoot(mac1, "")
+	require.Equal(t, []bool{false, true}, []bool{on, said}, "a plan that says comes first")
+
+	_, err = tbl.Apply(&bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Delta{Delta: &bootpb.Delta{
+		BaseVersion: 6, Version: 7, SecureBoot: bootpb.SecureBoot(7), ReplaceSecureBoot: true,
+	}}})
+	require.ErrorIs(t, err, boot.ErrInvalid, "an unknown setting is refused")
 }

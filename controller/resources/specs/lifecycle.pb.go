@@ -7,6 +7,7 @@
 package specs
 
 import (
+	boot "github.com/outpost-metal/outpost/shared/api/boot"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
@@ -494,9 +495,14 @@ type MachineObservationSpec struct {
 	// agent_lost_at is when the observation last saw the machine's agent go (connected, then not); unset while it
 	// is connected or was never seen. A machine whose agent went lately is given the reconnect grace before it
 	// is rebooted back into agent mode: Talos restarts an agent that exited within seconds.
-	AgentLostAt   *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=agent_lost_at,json=agentLostAt,proto3" json:"agent_lost_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	AgentLostAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=agent_lost_at,json=agentLostAt,proto3" json:"agent_lost_at,omitempty"`
+	// secure_boot is whether the machine's firmware enforces Secure Boot, as its boot plans say it (an operator's
+	// word for the machine, its site's setting, its BMC's answer, first match wins); secure_boot_source says
+	// which ("operator", "site", "bmc"; "" when nobody says and the edge's own setting decides).
+	SecureBoot       boot.SecureBoot `protobuf:"varint,9,opt,name=secure_boot,json=secureBoot,proto3,enum=outpost.boot.SecureBoot" json:"secure_boot,omitempty"`
+	SecureBootSource string          `protobuf:"bytes,10,opt,name=secure_boot_source,json=secureBootSource,proto3" json:"secure_boot_source,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *MachineObservationSpec) Reset() {
@@ -585,6 +591,20 @@ func (x *MachineObservationSpec) GetAgentLostAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *MachineObservationSpec) GetSecureBoot() boot.SecureBoot {
+	if x != nil {
+		return x.SecureBoot
+	}
+	return boot.SecureBoot(0)
+}
+
+func (x *MachineObservationSpec) GetSecureBootSource() string {
+	if x != nil {
+		return x.SecureBootSource
+	}
+	return ""
+}
+
 // MachineLocationSpec is where the controller knows a machine to be, learned from its site's edge and kept in
 // Omni so a restarted or moved controller knows it before any edge speaks again.
 type MachineLocationSpec struct {
@@ -606,10 +626,15 @@ type MachineLocationSpec struct {
 	// schema is the record's format version; a newer one than the controller knows is left alone.
 	Schema uint32 `protobuf:"varint,8,opt,name=schema,proto3" json:"schema,omitempty"`
 	// alert is the machine's open alert (see MachineObservationSpec.alert), alert_at when it was last raised.
-	Alert         string                 `protobuf:"bytes,9,opt,name=alert,proto3" json:"alert,omitempty"`
-	AlertAt       *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=alert_at,json=alertAt,proto3" json:"alert_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Alert   string                 `protobuf:"bytes,9,opt,name=alert,proto3" json:"alert,omitempty"`
+	AlertAt *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=alert_at,json=alertAt,proto3" json:"alert_at,omitempty"`
+	// secure_boot is whether the machine's firmware enforces Secure Boot as its BMC last said (unspecified: it
+	// never said); secure_boot_override is an operator's word for the machine (unspecified: none), which comes
+	// first.
+	SecureBoot         boot.SecureBoot `protobuf:"varint,11,opt,name=secure_boot,json=secureBoot,proto3,enum=outpost.boot.SecureBoot" json:"secure_boot,omitempty"`
+	SecureBootOverride boot.SecureBoot `protobuf:"varint,12,opt,name=secure_boot_override,json=secureBootOverride,proto3,enum=outpost.boot.SecureBoot" json:"secure_boot_override,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *MachineLocationSpec) Reset() {
@@ -712,6 +737,20 @@ func (x *MachineLocationSpec) GetAlertAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *MachineLocationSpec) GetSecureBoot() boot.SecureBoot {
+	if x != nil {
+		return x.SecureBoot
+	}
+	return boot.SecureBoot(0)
+}
+
+func (x *MachineLocationSpec) GetSecureBootOverride() boot.SecureBoot {
+	if x != nil {
+		return x.SecureBootOverride
+	}
+	return boot.SecureBoot(0)
+}
+
 // MachineInventorySpec is a machine's hardware as its BMC reported it through the site's edge (bmc Inventory),
 // read when the BMC configuration first appears or changes and again after the refresh interval (a day), never on
 // every poll. Its values are published as labels on the machine's InfraMachineStatus (package labels).
@@ -734,7 +773,9 @@ type MachineInventorySpec struct {
 	BiosVersion   string                 `protobuf:"bytes,13,opt,name=bios_version,json=biosVersion,proto3" json:"bios_version,omitempty"`
 	BmcFirmware   string                 `protobuf:"bytes,14,opt,name=bmc_firmware,json=bmcFirmware,proto3" json:"bmc_firmware,omitempty"`
 	// error says why the last read failed ("" when it succeeded); the facts above are then an earlier read's.
-	Error         string `protobuf:"bytes,15,opt,name=error,proto3" json:"error,omitempty"`
+	Error string `protobuf:"bytes,15,opt,name=error,proto3" json:"error,omitempty"`
+	// secure_boot is whether the firmware enforces Secure Boot from its next boot on (unset: the BMC does not say).
+	SecureBoot    *bool `protobuf:"varint,16,opt,name=secure_boot,json=secureBoot,proto3,oneof" json:"secure_boot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -874,6 +915,13 @@ func (x *MachineInventorySpec) GetError() string {
 	return ""
 }
 
+func (x *MachineInventorySpec) GetSecureBoot() bool {
+	if x != nil && x.SecureBoot != nil {
+		return *x.SecureBoot
+	}
+	return false
+}
+
 // IPMI is an IPMI v2 LAN endpoint with its credentials.
 type BMCConfigurationSpec_IPMI struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -947,7 +995,7 @@ var File_controller_resources_specs_lifecycle_proto protoreflect.FileDescriptor
 
 const file_controller_resources_specs_lifecycle_proto_rawDesc = "" +
 	"\n" +
-	"*controller/resources/specs/lifecycle.proto\x12\x17outpost.resources.specs\x1a\x1fgoogle/protobuf/timestamp.proto\"\x85\x02\n" +
+	"*controller/resources/specs/lifecycle.proto\x12\x17outpost.resources.specs\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ashared/api/boot/boot.proto\"\x85\x02\n" +
 	"\x14BMCConfigurationSpec\x12F\n" +
 	"\x04ipmi\x18\x01 \x01(\v22.outpost.resources.specs.BMCConfigurationSpec.IPMIR\x04ipmi\x12\x1f\n" +
 	"\vapi_address\x18\x02 \x01(\tR\n" +
@@ -990,7 +1038,7 @@ const file_controller_resources_specs_lifecycle_proto_rawDesc = "" +
 	"\x05cause\x18\x05 \x01(\tR\x05cause\x12(\n" +
 	"\x10install_event_id\x18\x06 \x01(\x04R\x0einstallEventId\x12*\n" +
 	"\x11node_unique_token\x18\a \x01(\tR\x0fnodeUniqueToken\x12\x16\n" +
-	"\x06reason\x18\b \x01(\tR\x06reason\"\xe2\x04\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason\"\xcb\x05\n" +
 	"\x16MachineObservationSpec\x12[\n" +
 	"\vpower_state\x18\x01 \x01(\x0e2:.outpost.resources.specs.MachineObservationSpec.PowerStateR\n" +
 	"powerState\x12'\n" +
@@ -1002,7 +1050,11 @@ const file_controller_resources_specs_lifecycle_proto_rawDesc = "" +
 	"\vsite_labels\x18\x06 \x03(\v2?.outpost.resources.specs.MachineObservationSpec.SiteLabelsEntryR\n" +
 	"siteLabels\x12\x14\n" +
 	"\x05alert\x18\a \x01(\tR\x05alert\x12>\n" +
-	"\ragent_lost_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\vagentLostAt\x1a=\n" +
+	"\ragent_lost_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\vagentLostAt\x129\n" +
+	"\vsecure_boot\x18\t \x01(\x0e2\x18.outpost.boot.SecureBootR\n" +
+	"secureBoot\x12,\n" +
+	"\x12secure_boot_source\x18\n" +
+	" \x01(\tR\x10secureBootSource\x1a=\n" +
 	"\x0fSiteLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"N\n" +
@@ -1010,7 +1062,7 @@ const file_controller_resources_specs_lifecycle_proto_rawDesc = "" +
 	"PowerState\x12\x17\n" +
 	"\x13POWER_STATE_UNKNOWN\x10\x00\x12\x13\n" +
 	"\x0fPOWER_STATE_OFF\x10\x01\x12\x12\n" +
-	"\x0ePOWER_STATE_ON\x10\x02\"\xe2\x02\n" +
+	"\x0ePOWER_STATE_ON\x10\x02\"\xe9\x03\n" +
 	"\x13MachineLocationSpec\x12\x17\n" +
 	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12\x12\n" +
 	"\x04arch\x18\x02 \x01(\tR\x04arch\x12\x1a\n" +
@@ -1022,7 +1074,10 @@ const file_controller_resources_specs_lifecycle_proto_rawDesc = "" +
 	"\x06schema\x18\b \x01(\rR\x06schema\x12\x14\n" +
 	"\x05alert\x18\t \x01(\tR\x05alert\x125\n" +
 	"\balert_at\x18\n" +
-	" \x01(\v2\x1a.google.protobuf.TimestampR\aalertAt\"\xf3\x03\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\aalertAt\x129\n" +
+	"\vsecure_boot\x18\v \x01(\x0e2\x18.outpost.boot.SecureBootR\n" +
+	"secureBoot\x12J\n" +
+	"\x14secure_boot_override\x18\f \x01(\x0e2\x18.outpost.boot.SecureBootR\x12secureBootOverride\"\xa9\x04\n" +
 	"\x14MachineInventorySpec\x12\x10\n" +
 	"\x03bmc\x18\x01 \x01(\tR\x03bmc\x12\x1a\n" +
 	"\bprotocol\x18\x02 \x01(\tR\bprotocol\x123\n" +
@@ -1042,7 +1097,10 @@ const file_controller_resources_specs_lifecycle_proto_rawDesc = "" +
 	"\x0fnic_speeds_mbps\x18\f \x03(\rR\rnicSpeedsMbps\x12!\n" +
 	"\fbios_version\x18\r \x01(\tR\vbiosVersion\x12!\n" +
 	"\fbmc_firmware\x18\x0e \x01(\tR\vbmcFirmware\x12\x14\n" +
-	"\x05error\x18\x0f \x01(\tR\x05errorB=Z;github.com/outpost-metal/outpost/controller/resources/specsb\x06proto3"
+	"\x05error\x18\x0f \x01(\tR\x05error\x12$\n" +
+	"\vsecure_boot\x18\x10 \x01(\bH\x00R\n" +
+	"secureBoot\x88\x01\x01B\x0e\n" +
+	"\f_secure_bootB=Z;github.com/outpost-metal/outpost/controller/resources/specsb\x06proto3"
 
 var (
 	file_controller_resources_specs_lifecycle_proto_rawDescOnce sync.Once
@@ -1071,6 +1129,7 @@ var file_controller_resources_specs_lifecycle_proto_goTypes = []any{
 	(*BMCConfigurationSpec_IPMI)(nil),      // 9: outpost.resources.specs.BMCConfigurationSpec.IPMI
 	nil,                                    // 10: outpost.resources.specs.MachineObservationSpec.SiteLabelsEntry
 	(*timestamppb.Timestamp)(nil),          // 11: google.protobuf.Timestamp
+	(boot.SecureBoot)(0),                   // 12: outpost.boot.SecureBoot
 }
 var file_controller_resources_specs_lifecycle_proto_depIdxs = []int32{
 	9,  // 0: outpost.resources.specs.BMCConfigurationSpec.ipmi:type_name -> outpost.resources.specs.BMCConfigurationSpec.IPMI
@@ -1086,14 +1145,17 @@ var file_controller_resources_specs_lifecycle_proto_depIdxs = []int32{
 	11, // 10: outpost.resources.specs.MachineObservationSpec.observed_at:type_name -> google.protobuf.Timestamp
 	10, // 11: outpost.resources.specs.MachineObservationSpec.site_labels:type_name -> outpost.resources.specs.MachineObservationSpec.SiteLabelsEntry
 	11, // 12: outpost.resources.specs.MachineObservationSpec.agent_lost_at:type_name -> google.protobuf.Timestamp
-	11, // 13: outpost.resources.specs.MachineLocationSpec.last_seen:type_name -> google.protobuf.Timestamp
-	11, // 14: outpost.resources.specs.MachineLocationSpec.alert_at:type_name -> google.protobuf.Timestamp
-	11, // 15: outpost.resources.specs.MachineInventorySpec.read_at:type_name -> google.protobuf.Timestamp
-	16, // [16:16] is the sub-list for method output_type
-	16, // [16:16] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	12, // 13: outpost.resources.specs.MachineObservationSpec.secure_boot:type_name -> outpost.boot.SecureBoot
+	11, // 14: outpost.resources.specs.MachineLocationSpec.last_seen:type_name -> google.protobuf.Timestamp
+	11, // 15: outpost.resources.specs.MachineLocationSpec.alert_at:type_name -> google.protobuf.Timestamp
+	12, // 16: outpost.resources.specs.MachineLocationSpec.secure_boot:type_name -> outpost.boot.SecureBoot
+	12, // 17: outpost.resources.specs.MachineLocationSpec.secure_boot_override:type_name -> outpost.boot.SecureBoot
+	11, // 18: outpost.resources.specs.MachineInventorySpec.read_at:type_name -> google.protobuf.Timestamp
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_controller_resources_specs_lifecycle_proto_init() }
@@ -1101,6 +1163,7 @@ func file_controller_resources_specs_lifecycle_proto_init() {
 	if File_controller_resources_specs_lifecycle_proto != nil {
 		return
 	}
+	file_controller_resources_specs_lifecycle_proto_msgTypes[7].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -72,8 +72,11 @@ type SiteSpec struct {
 	// dhcp_reservations are addresses reserved by MAC (controller site machine add SITE MAC --ip A.B.C.D),
 	// MAC lower case and colon separated.
 	DhcpReservations map[string]string `protobuf:"bytes,25,rep,name=dhcp_reservations,json=dhcpReservations,proto3" json:"dhcp_reservations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// secure_boot says whether the site's machines enforce Secure Boot: on, off or "" (each machine's BMC says;
+	// an operator's word for a machine comes first).
+	SecureBoot    string `protobuf:"bytes,26,opt,name=secure_boot,json=secureBoot,proto3" json:"secure_boot,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SiteSpec) Reset() {
@@ -281,6 +284,13 @@ func (x *SiteSpec) GetDhcpReservations() map[string]string {
 	return nil
 }
 
+func (x *SiteSpec) GetSecureBoot() string {
+	if x != nil {
+		return x.SecureBoot
+	}
+	return ""
+}
+
 // SiteStatusSpec is the live connection state of a site (ephemeral).
 type SiteStatusSpec struct {
 	state               protoimpl.MessageState `protogen:"open.v1"`
@@ -378,7 +388,7 @@ var File_controller_resources_specs_specs_proto protoreflect.FileDescriptor
 
 const file_controller_resources_specs_specs_proto_rawDesc = "" +
 	"\n" +
-	"&controller/resources/specs/specs.proto\x12\x17outpost.resources.specs\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8b\t\n" +
+	"&controller/resources/specs/specs.proto\x12\x17outpost.resources.specs\x1a\x1fgoogle/protobuf/timestamp.proto\"\xac\t\n" +
 	"\bSiteSpec\x12 \n" +
 	"\vdescription\x18\x01 \x01(\tR\vdescription\x12\x1d\n" +
 	"\n" +
@@ -409,7 +419,9 @@ const file_controller_resources_specs_specs_proto_rawDesc = "" +
 	"\bdhcp_dns\x18\x16 \x03(\tR\adhcpDns\x12\x19\n" +
 	"\bdhcp_ntp\x18\x17 \x03(\tR\adhcpNtp\x12,\n" +
 	"\x12dhcp_lease_seconds\x18\x18 \x01(\rR\x10dhcpLeaseSeconds\x12d\n" +
-	"\x11dhcp_reservations\x18\x19 \x03(\v27.outpost.resources.specs.SiteSpec.DhcpReservationsEntryR\x10dhcpReservations\x1a9\n" +
+	"\x11dhcp_reservations\x18\x19 \x03(\v27.outpost.resources.specs.SiteSpec.DhcpReservationsEntryR\x10dhcpReservations\x12\x1f\n" +
+	"\vsecure_boot\x18\x1a \x01(\tR\n" +
+	"secureBoot\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aC\n" +

@@ -585,8 +585,10 @@ type SiteSettings struct {
 	DhcpLeaseTime *durationpb.Duration `protobuf:"bytes,12,opt,name=dhcp_lease_time,json=dhcpLeaseTime,proto3" json:"dhcp_lease_time,omitempty"`
 	// dhcp_reservations: address by MAC.
 	DhcpReservations map[string]string `protobuf:"bytes,13,rep,name=dhcp_reservations,json=dhcpReservations,proto3" json:"dhcp_reservations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// secure_boot is whether the site's machines enforce Secure Boot: on, off, or "" (each machine's BMC says).
+	SecureBoot    string `protobuf:"bytes,14,opt,name=secure_boot,json=secureBoot,proto3" json:"secure_boot,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SiteSettings) Reset() {
@@ -708,6 +710,13 @@ func (x *SiteSettings) GetDhcpReservations() map[string]string {
 		return x.DhcpReservations
 	}
 	return nil
+}
+
+func (x *SiteSettings) GetSecureBoot() string {
+	if x != nil {
+		return x.SecureBoot
+	}
+	return ""
 }
 
 // Standby says the controller that answered does not act now: another holds the lease and the edges' sessions,
@@ -1280,6 +1289,9 @@ type SetSiteSettingsRequest struct {
 	DhcpNtp *StringList `protobuf:"bytes,11,opt,name=dhcp_ntp,json=dhcpNtp,proto3" json:"dhcp_ntp,omitempty"`
 	// dhcp_lease_time: zero returns it to the edge's default.
 	DhcpLeaseTime *durationpb.Duration `protobuf:"bytes,12,opt,name=dhcp_lease_time,json=dhcpLeaseTime,proto3" json:"dhcp_lease_time,omitempty"`
+	// secure_boot: on or off (the site's machines enforce Secure Boot, or not, whatever their BMCs say), or ""
+	// (each machine's BMC says).
+	SecureBoot    *string `protobuf:"bytes,13,opt,name=secure_boot,json=secureBoot,proto3,oneof" json:"secure_boot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1396,6 +1408,13 @@ func (x *SetSiteSettingsRequest) GetDhcpLeaseTime() *durationpb.Duration {
 		return x.DhcpLeaseTime
 	}
 	return nil
+}
+
+func (x *SetSiteSettingsRequest) GetSecureBoot() string {
+	if x != nil && x.SecureBoot != nil {
+		return *x.SecureBoot
+	}
+	return ""
 }
 
 // StringList is a list whose presence means "replace".
@@ -2189,6 +2208,114 @@ func (x *SetBootModeResponse) GetSource() string {
 	return ""
 }
 
+type SetSecureBootRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	MachineId string                 `protobuf:"bytes,1,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
+	// secure_boot is "on" or "off" (the operator's word, above the site's setting and the machine's BMC), or "auto"
+	// (the site's setting, else what the BMC says, decides again).
+	SecureBoot    string `protobuf:"bytes,2,opt,name=secure_boot,json=secureBoot,proto3" json:"secure_boot,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetSecureBootRequest) Reset() {
+	*x = SetSecureBootRequest{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetSecureBootRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetSecureBootRequest) ProtoMessage() {}
+
+func (x *SetSecureBootRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetSecureBootRequest.ProtoReflect.Descriptor instead.
+func (*SetSecureBootRequest) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *SetSecureBootRequest) GetMachineId() string {
+	if x != nil {
+		return x.MachineId
+	}
+	return ""
+}
+
+func (x *SetSecureBootRequest) GetSecureBoot() string {
+	if x != nil {
+		return x.SecureBoot
+	}
+	return ""
+}
+
+type SetSecureBootResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// secure_boot is what the machine's plans say now ("on", "off"; "auto" when nobody says and the edge's own
+	// setting decides), source who said it ("operator", "site", "bmc"; "" for nobody).
+	SecureBoot    string `protobuf:"bytes,1,opt,name=secure_boot,json=secureBoot,proto3" json:"secure_boot,omitempty"`
+	Source        string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetSecureBootResponse) Reset() {
+	*x = SetSecureBootResponse{}
+	mi := &file_shared_api_admin_admin_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetSecureBootResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetSecureBootResponse) ProtoMessage() {}
+
+func (x *SetSecureBootResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_admin_admin_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetSecureBootResponse.ProtoReflect.Descriptor instead.
+func (*SetSecureBootResponse) Descriptor() ([]byte, []int) {
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *SetSecureBootResponse) GetSecureBoot() string {
+	if x != nil {
+		return x.SecureBoot
+	}
+	return ""
+}
+
+func (x *SetSecureBootResponse) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
 type ClearAlertRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	MachineId     string                 `protobuf:"bytes,1,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
@@ -2198,7 +2325,7 @@ type ClearAlertRequest struct {
 
 func (x *ClearAlertRequest) Reset() {
 	*x = ClearAlertRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[33]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2210,7 +2337,7 @@ func (x *ClearAlertRequest) String() string {
 func (*ClearAlertRequest) ProtoMessage() {}
 
 func (x *ClearAlertRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[33]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2223,7 +2350,7 @@ func (x *ClearAlertRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClearAlertRequest.ProtoReflect.Descriptor instead.
 func (*ClearAlertRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{33}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ClearAlertRequest) GetMachineId() string {
@@ -2243,7 +2370,7 @@ type ClearAlertResponse struct {
 
 func (x *ClearAlertResponse) Reset() {
 	*x = ClearAlertResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[34]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2255,7 +2382,7 @@ func (x *ClearAlertResponse) String() string {
 func (*ClearAlertResponse) ProtoMessage() {}
 
 func (x *ClearAlertResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[34]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2268,7 +2395,7 @@ func (x *ClearAlertResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClearAlertResponse.ProtoReflect.Descriptor instead.
 func (*ClearAlertResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{34}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ClearAlertResponse) GetCleared() string {
@@ -2293,7 +2420,7 @@ type StageAssetsRequest struct {
 
 func (x *StageAssetsRequest) Reset() {
 	*x = StageAssetsRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[35]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2305,7 +2432,7 @@ func (x *StageAssetsRequest) String() string {
 func (*StageAssetsRequest) ProtoMessage() {}
 
 func (x *StageAssetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[35]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2318,7 +2445,7 @@ func (x *StageAssetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageAssetsRequest.ProtoReflect.Descriptor instead.
 func (*StageAssetsRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{35}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *StageAssetsRequest) GetSiteId() string {
@@ -2368,7 +2495,7 @@ type StageAssetsResponse struct {
 
 func (x *StageAssetsResponse) Reset() {
 	*x = StageAssetsResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[36]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2380,7 +2507,7 @@ func (x *StageAssetsResponse) String() string {
 func (*StageAssetsResponse) ProtoMessage() {}
 
 func (x *StageAssetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[36]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2393,7 +2520,7 @@ func (x *StageAssetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageAssetsResponse.ProtoReflect.Descriptor instead.
 func (*StageAssetsResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{36}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *StageAssetsResponse) GetProfile() string {
@@ -2421,7 +2548,7 @@ type BundleAssetsRequest struct {
 
 func (x *BundleAssetsRequest) Reset() {
 	*x = BundleAssetsRequest{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[37]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2433,7 +2560,7 @@ func (x *BundleAssetsRequest) String() string {
 func (*BundleAssetsRequest) ProtoMessage() {}
 
 func (x *BundleAssetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[37]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2446,7 +2573,7 @@ func (x *BundleAssetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BundleAssetsRequest.ProtoReflect.Descriptor instead.
 func (*BundleAssetsRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{37}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *BundleAssetsRequest) GetSiteId() string {
@@ -2477,7 +2604,7 @@ type BundleAssetsResponse struct {
 
 func (x *BundleAssetsResponse) Reset() {
 	*x = BundleAssetsResponse{}
-	mi := &file_shared_api_admin_admin_proto_msgTypes[38]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2489,7 +2616,7 @@ func (x *BundleAssetsResponse) String() string {
 func (*BundleAssetsResponse) ProtoMessage() {}
 
 func (x *BundleAssetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_admin_admin_proto_msgTypes[38]
+	mi := &file_shared_api_admin_admin_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2502,7 +2629,7 @@ func (x *BundleAssetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BundleAssetsResponse.ProtoReflect.Descriptor instead.
 func (*BundleAssetsResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{38}
+	return file_shared_api_admin_admin_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *BundleAssetsResponse) GetAssets() int32 {
@@ -2585,7 +2712,7 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\x0fedge_refused_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\redgeRefusedAt\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd8\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf9\x04\n" +
 	"\fSiteSettings\x12\x1c\n" +
 	"\tdiscovery\x18\x01 \x01(\tR\tdiscovery\x12!\n" +
 	"\fbmc_protocol\x18\x02 \x01(\tR\vbmcProtocol\x12\x1f\n" +
@@ -2602,7 +2729,9 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	" \x03(\tR\adhcpDns\x12\x19\n" +
 	"\bdhcp_ntp\x18\v \x03(\tR\adhcpNtp\x12A\n" +
 	"\x0fdhcp_lease_time\x18\f \x01(\v2\x19.google.protobuf.DurationR\rdhcpLeaseTime\x12^\n" +
-	"\x11dhcp_reservations\x18\r \x03(\v21.outpost.admin.SiteSettings.DhcpReservationsEntryR\x10dhcpReservations\x1aC\n" +
+	"\x11dhcp_reservations\x18\r \x03(\v21.outpost.admin.SiteSettings.DhcpReservationsEntryR\x10dhcpReservations\x12\x1f\n" +
+	"\vsecure_boot\x18\x0e \x01(\tR\n" +
+	"secureBoot\x1aC\n" +
 	"\x15DhcpReservationsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"S\n" +
@@ -2634,7 +2763,7 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x17\n" +
-	"\x15SetSiteLabelsResponse\"\x88\x05\n" +
+	"\x15SetSiteLabelsResponse\"\xbe\x05\n" +
 	"\x16SetSiteSettingsRequest\x12\x17\n" +
 	"\asite_id\x18\x01 \x01(\tR\x06siteId\x12!\n" +
 	"\tdiscovery\x18\x02 \x01(\tH\x00R\tdiscovery\x88\x01\x01\x12&\n" +
@@ -2650,7 +2779,9 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\bdhcp_dns\x18\n" +
 	" \x01(\v2\x19.outpost.admin.StringListR\adhcpDns\x124\n" +
 	"\bdhcp_ntp\x18\v \x01(\v2\x19.outpost.admin.StringListR\adhcpNtp\x12A\n" +
-	"\x0fdhcp_lease_time\x18\f \x01(\v2\x19.google.protobuf.DurationR\rdhcpLeaseTimeB\f\n" +
+	"\x0fdhcp_lease_time\x18\f \x01(\v2\x19.google.protobuf.DurationR\rdhcpLeaseTime\x12$\n" +
+	"\vsecure_boot\x18\r \x01(\tH\bR\n" +
+	"secureBoot\x88\x01\x01B\f\n" +
 	"\n" +
 	"_discoveryB\x0f\n" +
 	"\r_bmc_protocolB\x0e\n" +
@@ -2661,7 +2792,8 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\n" +
 	"_dhcp_poolB\x0e\n" +
 	"\f_dhcp_subnetB\x0f\n" +
-	"\r_dhcp_gateway\"$\n" +
+	"\r_dhcp_gatewayB\x0e\n" +
+	"\f_secure_boot\"$\n" +
 	"\n" +
 	"StringList\x12\x16\n" +
 	"\x06values\x18\x01 \x03(\tR\x06values\"R\n" +
@@ -2721,6 +2853,15 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\bfirmware\x18\x02 \x01(\tR\bfirmware\"I\n" +
 	"\x13SetBootModeResponse\x12\x1a\n" +
 	"\bfirmware\x18\x01 \x01(\tR\bfirmware\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\"V\n" +
+	"\x14SetSecureBootRequest\x12\x1d\n" +
+	"\n" +
+	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x1f\n" +
+	"\vsecure_boot\x18\x02 \x01(\tR\n" +
+	"secureBoot\"P\n" +
+	"\x15SetSecureBootResponse\x12\x1f\n" +
+	"\vsecure_boot\x18\x01 \x01(\tR\n" +
+	"secureBoot\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\"2\n" +
 	"\x11ClearAlertRequest\x12\x1d\n" +
 	"\n" +
@@ -2764,11 +2905,12 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\fBundleAssets\x12\".outpost.admin.BundleAssetsRequest\x1a#.outpost.admin.BundleAssetsResponse\x12Z\n" +
 	"\rSetSiteLabels\x12#.outpost.admin.SetSiteLabelsRequest\x1a$.outpost.admin.SetSiteLabelsResponse\x12`\n" +
 	"\x0fSetSiteSettings\x12%.outpost.admin.SetSiteSettingsRequest\x1a&.outpost.admin.SetSiteSettingsResponse\x12c\n" +
-	"\x10RegisterMachines\x12&.outpost.admin.RegisterMachinesRequest\x1a'.outpost.admin.RegisterMachinesResponse2\xe2\x02\n" +
+	"\x10RegisterMachines\x12&.outpost.admin.RegisterMachinesRequest\x1a'.outpost.admin.RegisterMachinesResponse2\xbe\x03\n" +
 	"\bMachines\x12W\n" +
 	"\fListMachines\x12\".outpost.admin.ListMachinesRequest\x1a#.outpost.admin.ListMachinesResponse\x12T\n" +
 	"\vShowMachine\x12!.outpost.admin.ShowMachineRequest\x1a\".outpost.admin.ShowMachineResponse\x12T\n" +
-	"\vSetBootMode\x12!.outpost.admin.SetBootModeRequest\x1a\".outpost.admin.SetBootModeResponse\x12Q\n" +
+	"\vSetBootMode\x12!.outpost.admin.SetBootModeRequest\x1a\".outpost.admin.SetBootModeResponse\x12Z\n" +
+	"\rSetSecureBoot\x12#.outpost.admin.SetSecureBootRequest\x1a$.outpost.admin.SetSecureBootResponse\x12Q\n" +
 	"\n" +
 	"ClearAlert\x12 .outpost.admin.ClearAlertRequest\x1a!.outpost.admin.ClearAlertResponse2j\n" +
 	"\fSiteMachines\x12Z\n" +
@@ -2786,7 +2928,7 @@ func file_shared_api_admin_admin_proto_rawDescGZIP() []byte {
 	return file_shared_api_admin_admin_proto_rawDescData
 }
 
-var file_shared_api_admin_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_shared_api_admin_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_shared_api_admin_admin_proto_goTypes = []any{
 	(*BootFromImageRequest)(nil),     // 0: outpost.admin.BootFromImageRequest
 	(*BootFromImageResponse)(nil),    // 1: outpost.admin.BootFromImageResponse
@@ -2821,47 +2963,49 @@ var file_shared_api_admin_admin_proto_goTypes = []any{
 	(*ShowMachineResponse)(nil),      // 30: outpost.admin.ShowMachineResponse
 	(*SetBootModeRequest)(nil),       // 31: outpost.admin.SetBootModeRequest
 	(*SetBootModeResponse)(nil),      // 32: outpost.admin.SetBootModeResponse
-	(*ClearAlertRequest)(nil),        // 33: outpost.admin.ClearAlertRequest
-	(*ClearAlertResponse)(nil),       // 34: outpost.admin.ClearAlertResponse
-	(*StageAssetsRequest)(nil),       // 35: outpost.admin.StageAssetsRequest
-	(*StageAssetsResponse)(nil),      // 36: outpost.admin.StageAssetsResponse
-	(*BundleAssetsRequest)(nil),      // 37: outpost.admin.BundleAssetsRequest
-	(*BundleAssetsResponse)(nil),     // 38: outpost.admin.BundleAssetsResponse
-	nil,                              // 39: outpost.admin.Site.LabelsEntry
-	nil,                              // 40: outpost.admin.SiteSettings.DhcpReservationsEntry
-	nil,                              // 41: outpost.admin.SetSiteLabelsRequest.LabelsEntry
-	(*durationpb.Duration)(nil),      // 42: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 43: google.protobuf.Timestamp
-	(*assets.SiteAssetState)(nil),    // 44: outpost.assets.SiteAssetState
-	(assets.Policy)(0),               // 45: outpost.assets.Policy
+	(*SetSecureBootRequest)(nil),     // 33: outpost.admin.SetSecureBootRequest
+	(*SetSecureBootResponse)(nil),    // 34: outpost.admin.SetSecureBootResponse
+	(*ClearAlertRequest)(nil),        // 35: outpost.admin.ClearAlertRequest
+	(*ClearAlertResponse)(nil),       // 36: outpost.admin.ClearAlertResponse
+	(*StageAssetsRequest)(nil),       // 37: outpost.admin.StageAssetsRequest
+	(*StageAssetsResponse)(nil),      // 38: outpost.admin.StageAssetsResponse
+	(*BundleAssetsRequest)(nil),      // 39: outpost.admin.BundleAssetsRequest
+	(*BundleAssetsResponse)(nil),     // 40: outpost.admin.BundleAssetsResponse
+	nil,                              // 41: outpost.admin.Site.LabelsEntry
+	nil,                              // 42: outpost.admin.SiteSettings.DhcpReservationsEntry
+	nil,                              // 43: outpost.admin.SetSiteLabelsRequest.LabelsEntry
+	(*durationpb.Duration)(nil),      // 44: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 45: google.protobuf.Timestamp
+	(*assets.SiteAssetState)(nil),    // 46: outpost.assets.SiteAssetState
+	(assets.Policy)(0),               // 47: outpost.assets.Policy
 }
 var file_shared_api_admin_admin_proto_depIdxs = []int32{
-	42, // 0: outpost.admin.CreateSiteRequest.token_ttl:type_name -> google.protobuf.Duration
-	43, // 1: outpost.admin.CreateSiteResponse.token_expires:type_name -> google.protobuf.Timestamp
-	42, // 2: outpost.admin.NewJoinTokenRequest.token_ttl:type_name -> google.protobuf.Duration
-	43, // 3: outpost.admin.Site.last_seen:type_name -> google.protobuf.Timestamp
-	43, // 4: outpost.admin.Site.connected_since:type_name -> google.protobuf.Timestamp
-	43, // 5: outpost.admin.Site.token_expires:type_name -> google.protobuf.Timestamp
-	39, // 6: outpost.admin.Site.labels:type_name -> outpost.admin.Site.LabelsEntry
+	44, // 0: outpost.admin.CreateSiteRequest.token_ttl:type_name -> google.protobuf.Duration
+	45, // 1: outpost.admin.CreateSiteResponse.token_expires:type_name -> google.protobuf.Timestamp
+	44, // 2: outpost.admin.NewJoinTokenRequest.token_ttl:type_name -> google.protobuf.Duration
+	45, // 3: outpost.admin.Site.last_seen:type_name -> google.protobuf.Timestamp
+	45, // 4: outpost.admin.Site.connected_since:type_name -> google.protobuf.Timestamp
+	45, // 5: outpost.admin.Site.token_expires:type_name -> google.protobuf.Timestamp
+	41, // 6: outpost.admin.Site.labels:type_name -> outpost.admin.Site.LabelsEntry
 	7,  // 7: outpost.admin.Site.settings:type_name -> outpost.admin.SiteSettings
-	43, // 8: outpost.admin.Site.edge_refused_at:type_name -> google.protobuf.Timestamp
-	42, // 9: outpost.admin.SiteSettings.dhcp_lease_time:type_name -> google.protobuf.Duration
-	40, // 10: outpost.admin.SiteSettings.dhcp_reservations:type_name -> outpost.admin.SiteSettings.DhcpReservationsEntry
+	45, // 8: outpost.admin.Site.edge_refused_at:type_name -> google.protobuf.Timestamp
+	44, // 9: outpost.admin.SiteSettings.dhcp_lease_time:type_name -> google.protobuf.Duration
+	42, // 10: outpost.admin.SiteSettings.dhcp_reservations:type_name -> outpost.admin.SiteSettings.DhcpReservationsEntry
 	6,  // 11: outpost.admin.ListSitesResponse.sites:type_name -> outpost.admin.Site
 	8,  // 12: outpost.admin.ListSitesResponse.standby:type_name -> outpost.admin.Standby
 	6,  // 13: outpost.admin.ShowSiteResponse.site:type_name -> outpost.admin.Site
-	44, // 14: outpost.admin.ShowSiteResponse.assets:type_name -> outpost.assets.SiteAssetState
+	46, // 14: outpost.admin.ShowSiteResponse.assets:type_name -> outpost.assets.SiteAssetState
 	8,  // 15: outpost.admin.ShowSiteResponse.standby:type_name -> outpost.admin.Standby
-	45, // 16: outpost.admin.SetAssetPolicyRequest.policy:type_name -> outpost.assets.Policy
-	41, // 17: outpost.admin.SetSiteLabelsRequest.labels:type_name -> outpost.admin.SetSiteLabelsRequest.LabelsEntry
+	47, // 16: outpost.admin.SetAssetPolicyRequest.policy:type_name -> outpost.assets.Policy
+	43, // 17: outpost.admin.SetSiteLabelsRequest.labels:type_name -> outpost.admin.SetSiteLabelsRequest.LabelsEntry
 	21, // 18: outpost.admin.SetSiteSettingsRequest.dhcp_dns:type_name -> outpost.admin.StringList
 	21, // 19: outpost.admin.SetSiteSettingsRequest.dhcp_ntp:type_name -> outpost.admin.StringList
-	42, // 20: outpost.admin.SetSiteSettingsRequest.dhcp_lease_time:type_name -> google.protobuf.Duration
+	44, // 20: outpost.admin.SetSiteSettingsRequest.dhcp_lease_time:type_name -> google.protobuf.Duration
 	7,  // 21: outpost.admin.SetSiteSettingsResponse.settings:type_name -> outpost.admin.SiteSettings
 	27, // 22: outpost.admin.ListMachinesResponse.machines:type_name -> outpost.admin.Machine
-	43, // 23: outpost.admin.Machine.updated:type_name -> google.protobuf.Timestamp
+	45, // 23: outpost.admin.Machine.updated:type_name -> google.protobuf.Timestamp
 	28, // 24: outpost.admin.Machine.last:type_name -> outpost.admin.TimelineEntry
-	43, // 25: outpost.admin.TimelineEntry.time:type_name -> google.protobuf.Timestamp
+	45, // 25: outpost.admin.TimelineEntry.time:type_name -> google.protobuf.Timestamp
 	27, // 26: outpost.admin.ShowMachineResponse.machine:type_name -> outpost.admin.Machine
 	28, // 27: outpost.admin.ShowMachineResponse.timeline:type_name -> outpost.admin.TimelineEntry
 	2,  // 28: outpost.admin.Admin.CreateSite:input_type -> outpost.admin.CreateSiteRequest
@@ -2871,37 +3015,39 @@ var file_shared_api_admin_admin_proto_depIdxs = []int32{
 	12, // 32: outpost.admin.Admin.DeleteSite:input_type -> outpost.admin.DeleteSiteRequest
 	14, // 33: outpost.admin.Admin.ShowSite:input_type -> outpost.admin.ShowSiteRequest
 	16, // 34: outpost.admin.Admin.SetAssetPolicy:input_type -> outpost.admin.SetAssetPolicyRequest
-	35, // 35: outpost.admin.Admin.StageAssets:input_type -> outpost.admin.StageAssetsRequest
-	35, // 36: outpost.admin.Admin.UnstageAssets:input_type -> outpost.admin.StageAssetsRequest
-	37, // 37: outpost.admin.Admin.BundleAssets:input_type -> outpost.admin.BundleAssetsRequest
+	37, // 35: outpost.admin.Admin.StageAssets:input_type -> outpost.admin.StageAssetsRequest
+	37, // 36: outpost.admin.Admin.UnstageAssets:input_type -> outpost.admin.StageAssetsRequest
+	39, // 37: outpost.admin.Admin.BundleAssets:input_type -> outpost.admin.BundleAssetsRequest
 	18, // 38: outpost.admin.Admin.SetSiteLabels:input_type -> outpost.admin.SetSiteLabelsRequest
 	20, // 39: outpost.admin.Admin.SetSiteSettings:input_type -> outpost.admin.SetSiteSettingsRequest
 	23, // 40: outpost.admin.Admin.RegisterMachines:input_type -> outpost.admin.RegisterMachinesRequest
 	25, // 41: outpost.admin.Machines.ListMachines:input_type -> outpost.admin.ListMachinesRequest
 	29, // 42: outpost.admin.Machines.ShowMachine:input_type -> outpost.admin.ShowMachineRequest
 	31, // 43: outpost.admin.Machines.SetBootMode:input_type -> outpost.admin.SetBootModeRequest
-	33, // 44: outpost.admin.Machines.ClearAlert:input_type -> outpost.admin.ClearAlertRequest
-	0,  // 45: outpost.admin.SiteMachines.BootFromImage:input_type -> outpost.admin.BootFromImageRequest
-	3,  // 46: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
-	3,  // 47: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
-	9,  // 48: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
-	11, // 49: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
-	13, // 50: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
-	15, // 51: outpost.admin.Admin.ShowSite:output_type -> outpost.admin.ShowSiteResponse
-	17, // 52: outpost.admin.Admin.SetAssetPolicy:output_type -> outpost.admin.SetAssetPolicyResponse
-	36, // 53: outpost.admin.Admin.StageAssets:output_type -> outpost.admin.StageAssetsResponse
-	36, // 54: outpost.admin.Admin.UnstageAssets:output_type -> outpost.admin.StageAssetsResponse
-	38, // 55: outpost.admin.Admin.BundleAssets:output_type -> outpost.admin.BundleAssetsResponse
-	19, // 56: outpost.admin.Admin.SetSiteLabels:output_type -> outpost.admin.SetSiteLabelsResponse
-	22, // 57: outpost.admin.Admin.SetSiteSettings:output_type -> outpost.admin.SetSiteSettingsResponse
-	24, // 58: outpost.admin.Admin.RegisterMachines:output_type -> outpost.admin.RegisterMachinesResponse
-	26, // 59: outpost.admin.Machines.ListMachines:output_type -> outpost.admin.ListMachinesResponse
-	30, // 60: outpost.admin.Machines.ShowMachine:output_type -> outpost.admin.ShowMachineResponse
-	32, // 61: outpost.admin.Machines.SetBootMode:output_type -> outpost.admin.SetBootModeResponse
-	34, // 62: outpost.admin.Machines.ClearAlert:output_type -> outpost.admin.ClearAlertResponse
-	1,  // 63: outpost.admin.SiteMachines.BootFromImage:output_type -> outpost.admin.BootFromImageResponse
-	46, // [46:64] is the sub-list for method output_type
-	28, // [28:46] is the sub-list for method input_type
+	33, // 44: outpost.admin.Machines.SetSecureBoot:input_type -> outpost.admin.SetSecureBootRequest
+	35, // 45: outpost.admin.Machines.ClearAlert:input_type -> outpost.admin.ClearAlertRequest
+	0,  // 46: outpost.admin.SiteMachines.BootFromImage:input_type -> outpost.admin.BootFromImageRequest
+	3,  // 47: outpost.admin.Admin.CreateSite:output_type -> outpost.admin.CreateSiteResponse
+	3,  // 48: outpost.admin.Admin.NewJoinToken:output_type -> outpost.admin.CreateSiteResponse
+	9,  // 49: outpost.admin.Admin.ListSites:output_type -> outpost.admin.ListSitesResponse
+	11, // 50: outpost.admin.Admin.RevokeSite:output_type -> outpost.admin.RevokeSiteResponse
+	13, // 51: outpost.admin.Admin.DeleteSite:output_type -> outpost.admin.DeleteSiteResponse
+	15, // 52: outpost.admin.Admin.ShowSite:output_type -> outpost.admin.ShowSiteResponse
+	17, // 53: outpost.admin.Admin.SetAssetPolicy:output_type -> outpost.admin.SetAssetPolicyResponse
+	38, // 54: outpost.admin.Admin.StageAssets:output_type -> outpost.admin.StageAssetsResponse
+	38, // 55: outpost.admin.Admin.UnstageAssets:output_type -> outpost.admin.StageAssetsResponse
+	40, // 56: outpost.admin.Admin.BundleAssets:output_type -> outpost.admin.BundleAssetsResponse
+	19, // 57: outpost.admin.Admin.SetSiteLabels:output_type -> outpost.admin.SetSiteLabelsResponse
+	22, // 58: outpost.admin.Admin.SetSiteSettings:output_type -> outpost.admin.SetSiteSettingsResponse
+	24, // 59: outpost.admin.Admin.RegisterMachines:output_type -> outpost.admin.RegisterMachinesResponse
+	26, // 60: outpost.admin.Machines.ListMachines:output_type -> outpost.admin.ListMachinesResponse
+	30, // 61: outpost.admin.Machines.ShowMachine:output_type -> outpost.admin.ShowMachineResponse
+	32, // 62: outpost.admin.Machines.SetBootMode:output_type -> outpost.admin.SetBootModeResponse
+	34, // 63: outpost.admin.Machines.SetSecureBoot:output_type -> outpost.admin.SetSecureBootResponse
+	36, // 64: outpost.admin.Machines.ClearAlert:output_type -> outpost.admin.ClearAlertResponse
+	1,  // 65: outpost.admin.SiteMachines.BootFromImage:output_type -> outpost.admin.BootFromImageResponse
+	47, // [47:66] is the sub-list for method output_type
+	28, // [28:47] is the sub-list for method input_type
 	28, // [28:28] is the sub-list for extension type_name
 	28, // [28:28] is the sub-list for extension extendee
 	0,  // [0:28] is the sub-list for field type_name
@@ -2919,7 +3065,7 @@ func file_shared_api_admin_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_admin_admin_proto_rawDesc), len(file_shared_api_admin_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   42,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

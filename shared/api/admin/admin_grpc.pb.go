@@ -617,10 +617,11 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Machines_ListMachines_FullMethodName = "/outpost.admin.Machines/ListMachines"
-	Machines_ShowMachine_FullMethodName  = "/outpost.admin.Machines/ShowMachine"
-	Machines_SetBootMode_FullMethodName  = "/outpost.admin.Machines/SetBootMode"
-	Machines_ClearAlert_FullMethodName   = "/outpost.admin.Machines/ClearAlert"
+	Machines_ListMachines_FullMethodName  = "/outpost.admin.Machines/ListMachines"
+	Machines_ShowMachine_FullMethodName   = "/outpost.admin.Machines/ShowMachine"
+	Machines_SetBootMode_FullMethodName   = "/outpost.admin.Machines/SetBootMode"
+	Machines_SetSecureBoot_FullMethodName = "/outpost.admin.Machines/SetSecureBoot"
+	Machines_ClearAlert_FullMethodName    = "/outpost.admin.Machines/ClearAlert"
 )
 
 // MachinesClient is the client API for Machines service.
@@ -637,6 +638,9 @@ type MachinesClient interface {
 	// SetBootMode sets the firmware the controller assumes for a machine's network boots (its one-time PXE
 	// boot through the BMC), over what the machine reported, or hands it back to what the machine reports.
 	SetBootMode(ctx context.Context, in *SetBootModeRequest, opts ...grpc.CallOption) (*SetBootModeResponse, error)
+	// SetSecureBoot sets an operator's word on whether a machine's firmware enforces Secure Boot (or hands it back
+	// to its site's setting and its BMC): its plans then give it only the signed image, or iPXE.
+	SetSecureBoot(ctx context.Context, in *SetSecureBootRequest, opts ...grpc.CallOption) (*SetSecureBootResponse, error)
 	// ClearAlert clears a machine's identity alert (outpost-alert in Omni), as an operator does once two
 	// machines with one UUID are sorted out; until then no agent call is made to a contested machine.
 	ClearAlert(ctx context.Context, in *ClearAlertRequest, opts ...grpc.CallOption) (*ClearAlertResponse, error)
@@ -680,6 +684,16 @@ func (c *machinesClient) SetBootMode(ctx context.Context, in *SetBootModeRequest
 	return out, nil
 }
 
+func (c *machinesClient) SetSecureBoot(ctx context.Context, in *SetSecureBootRequest, opts ...grpc.CallOption) (*SetSecureBootResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetSecureBootResponse)
+	err := c.cc.Invoke(ctx, Machines_SetSecureBoot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *machinesClient) ClearAlert(ctx context.Context, in *ClearAlertRequest, opts ...grpc.CallOption) (*ClearAlertResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ClearAlertResponse)
@@ -704,6 +718,9 @@ type MachinesServer interface {
 	// SetBootMode sets the firmware the controller assumes for a machine's network boots (its one-time PXE
 	// boot through the BMC), over what the machine reported, or hands it back to what the machine reports.
 	SetBootMode(context.Context, *SetBootModeRequest) (*SetBootModeResponse, error)
+	// SetSecureBoot sets an operator's word on whether a machine's firmware enforces Secure Boot (or hands it back
+	// to its site's setting and its BMC): its plans then give it only the signed image, or iPXE.
+	SetSecureBoot(context.Context, *SetSecureBootRequest) (*SetSecureBootResponse, error)
 	// ClearAlert clears a machine's identity alert (outpost-alert in Omni), as an operator does once two
 	// machines with one UUID are sorted out; until then no agent call is made to a contested machine.
 	ClearAlert(context.Context, *ClearAlertRequest) (*ClearAlertResponse, error)
@@ -725,6 +742,9 @@ func (UnimplementedMachinesServer) ShowMachine(context.Context, *ShowMachineRequ
 }
 func (UnimplementedMachinesServer) SetBootMode(context.Context, *SetBootModeRequest) (*SetBootModeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetBootMode not implemented")
+}
+func (UnimplementedMachinesServer) SetSecureBoot(context.Context, *SetSecureBootRequest) (*SetSecureBootResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetSecureBoot not implemented")
 }
 func (UnimplementedMachinesServer) ClearAlert(context.Context, *ClearAlertRequest) (*ClearAlertResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ClearAlert not implemented")
@@ -804,6 +824,24 @@ func _Machines_SetBootMode_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Machines_SetSecureBoot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetSecureBootRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MachinesServer).SetSecureBoot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Machines_SetSecureBoot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MachinesServer).SetSecureBoot(ctx, req.(*SetSecureBootRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Machines_ClearAlert_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ClearAlertRequest)
 	if err := dec(in); err != nil {
@@ -840,6 +878,10 @@ var Machines_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetBootMode",
 			Handler:    _Machines_SetBootMode_Handler,
+		},
+		{
+			MethodName: "SetSecureBoot",
+			Handler:    _Machines_SetSecureBoot_Handler,
 		},
 		{
 			MethodName: "ClearAlert",

@@ -839,7 +839,10 @@ type Table struct {
 	// plan names them.
 	RegisteredMacs []string `protobuf:"bytes,8,rep,name=registered_macs,json=registeredMacs,proto3" json:"registered_macs,omitempty"`
 	// dhcp is the site's DHCP service as the controller set it (unset: the edge's own, proxy).
-	Dhcp          *DHCP `protobuf:"bytes,9,opt,name=dhcp,proto3" json:"dhcp,omitempty"`
+	Dhcp *DHCP `protobuf:"bytes,9,opt,name=dhcp,proto3" json:"dhcp,omitempty"`
+	// secure_boot is the site's setting for machines whose plan does not say (a machine booting for the first
+	// time has no plan yet); unspecified: the edge's own setting decides.
+	SecureBoot    SecureBoot `protobuf:"varint,10,opt,name=secure_boot,json=secureBoot,proto3,enum=outpost.boot.SecureBoot" json:"secure_boot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -935,6 +938,13 @@ func (x *Table) GetDhcp() *DHCP {
 		return x.Dhcp
 	}
 	return nil
+}
+
+func (x *Table) GetSecureBoot() SecureBoot {
+	if x != nil {
+		return x.SecureBoot
+	}
+	return SecureBoot_SECURE_BOOT_UNSPECIFIED
 }
 
 // DHCP is a site's DHCP service. Addresses are dotted-quad IPv4; the pool and every reservation lie in subnet.
@@ -1127,6 +1137,8 @@ type Delta struct {
 	ReplaceRegisteredMacs bool               `protobuf:"varint,14,opt,name=replace_registered_macs,json=replaceRegisteredMacs,proto3" json:"replace_registered_macs,omitempty"`
 	Dhcp                  *DHCP              `protobuf:"bytes,15,opt,name=dhcp,proto3" json:"dhcp,omitempty"`
 	ReplaceDhcp           bool               `protobuf:"varint,16,opt,name=replace_dhcp,json=replaceDhcp,proto3" json:"replace_dhcp,omitempty"`
+	SecureBoot            SecureBoot         `protobuf:"varint,17,opt,name=secure_boot,json=secureBoot,proto3,enum=outpost.boot.SecureBoot" json:"secure_boot,omitempty"`
+	ReplaceSecureBoot     bool               `protobuf:"varint,18,opt,name=replace_secure_boot,json=replaceSecureBoot,proto3" json:"replace_secure_boot,omitempty"`
 	unknownFields         protoimpl.UnknownFields
 	sizeCache             protoimpl.SizeCache
 }
@@ -1269,6 +1281,20 @@ func (x *Delta) GetDhcp() *DHCP {
 func (x *Delta) GetReplaceDhcp() bool {
 	if x != nil {
 		return x.ReplaceDhcp
+	}
+	return false
+}
+
+func (x *Delta) GetSecureBoot() SecureBoot {
+	if x != nil {
+		return x.SecureBoot
+	}
+	return SecureBoot_SECURE_BOOT_UNSPECIFIED
+}
+
+func (x *Delta) GetReplaceSecureBoot() bool {
+	if x != nil {
+		return x.ReplaceSecureBoot
 	}
 	return false
 }
@@ -2540,7 +2566,7 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\bsnp_only\x18\a \x01(\bR\asnpOnly\x12\x16\n" +
 	"\x06config\x18\b \x01(\fR\x06config\x129\n" +
 	"\vsecure_boot\x18\t \x01(\x0e2\x18.outpost.boot.SecureBootR\n" +
-	"secureBoot\"\xac\x03\n" +
+	"secureBoot\"\xe7\x03\n" +
 	"\x05Table\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12(\n" +
 	"\x05plans\x18\x02 \x03(\v2\x12.outpost.boot.PlanR\x05plans\x124\n" +
@@ -2551,7 +2577,10 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\aremoved\x18\x06 \x03(\tR\aremoved\x125\n" +
 	"\tdiscovery\x18\a \x01(\x0e2\x17.outpost.boot.DiscoveryR\tdiscovery\x12'\n" +
 	"\x0fregistered_macs\x18\b \x03(\tR\x0eregisteredMacs\x12&\n" +
-	"\x04dhcp\x18\t \x01(\v2\x12.outpost.boot.DHCPR\x04dhcp\x1aN\n" +
+	"\x04dhcp\x18\t \x01(\v2\x12.outpost.boot.DHCPR\x04dhcp\x129\n" +
+	"\vsecure_boot\x18\n" +
+	" \x01(\x0e2\x18.outpost.boot.SecureBootR\n" +
+	"secureBoot\x1aN\n" +
 	"\n" +
 	"AgentEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
@@ -2569,7 +2598,7 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\freservations\x18\t \x03(\v2\x1d.outpost.boot.DHCPReservationR\freservations\"3\n" +
 	"\x0fDHCPReservation\x12\x10\n" +
 	"\x03mac\x18\x01 \x01(\tR\x03mac\x12\x0e\n" +
-	"\x02ip\x18\x02 \x01(\tR\x02ip\"\xd3\x05\n" +
+	"\x02ip\x18\x02 \x01(\tR\x02ip\"\xbe\x06\n" +
 	"\x05Delta\x12!\n" +
 	"\fbase_version\x18\x01 \x01(\x04R\vbaseVersion\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12*\n" +
@@ -2588,7 +2617,10 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\x0fregistered_macs\x18\r \x03(\tR\x0eregisteredMacs\x126\n" +
 	"\x17replace_registered_macs\x18\x0e \x01(\bR\x15replaceRegisteredMacs\x12&\n" +
 	"\x04dhcp\x18\x0f \x01(\v2\x12.outpost.boot.DHCPR\x04dhcp\x12!\n" +
-	"\freplace_dhcp\x18\x10 \x01(\bR\vreplaceDhcp\x1aN\n" +
+	"\freplace_dhcp\x18\x10 \x01(\bR\vreplaceDhcp\x129\n" +
+	"\vsecure_boot\x18\x11 \x01(\x0e2\x18.outpost.boot.SecureBootR\n" +
+	"secureBoot\x12.\n" +
+	"\x13replace_secure_boot\x18\x12 \x01(\bR\x11replaceSecureBoot\x1aN\n" +
 	"\n" +
 	"AgentEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
@@ -2807,44 +2839,46 @@ var file_shared_api_boot_boot_proto_depIdxs = []int32{
 	32, // 5: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
 	2,  // 6: outpost.boot.Table.discovery:type_name -> outpost.boot.Discovery
 	14, // 7: outpost.boot.Table.dhcp:type_name -> outpost.boot.DHCP
-	4,  // 8: outpost.boot.DHCP.mode:type_name -> outpost.boot.DHCPMode
-	15, // 9: outpost.boot.DHCP.reservations:type_name -> outpost.boot.DHCPReservation
-	12, // 10: outpost.boot.Delta.upsert:type_name -> outpost.boot.Plan
-	33, // 11: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
-	2,  // 12: outpost.boot.Delta.discovery:type_name -> outpost.boot.Discovery
-	14, // 13: outpost.boot.Delta.dhcp:type_name -> outpost.boot.DHCP
-	13, // 14: outpost.boot.ApplyRequest.snapshot:type_name -> outpost.boot.Table
-	16, // 15: outpost.boot.ApplyRequest.delta:type_name -> outpost.boot.Delta
-	23, // 16: outpost.boot.PublishRequest.events:type_name -> outpost.boot.Event
-	34, // 17: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
-	26, // 18: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
-	27, // 19: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
-	29, // 20: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
-	28, // 21: outpost.boot.Event.asset_fetch:type_name -> outpost.boot.AssetFetch
-	31, // 22: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
-	30, // 23: outpost.boot.Event.tunnel_refused:type_name -> outpost.boot.TunnelRefused
-	25, // 24: outpost.boot.Event.power_changed:type_name -> outpost.boot.PowerChanged
-	24, // 25: outpost.boot.Event.console_session:type_name -> outpost.boot.ConsoleSession
-	35, // 26: outpost.boot.PowerChanged.power_state:type_name -> outpost.bmc.PowerState
-	5,  // 27: outpost.boot.DHCPSeen.firmware_class:type_name -> outpost.boot.FirmwareClass
-	6,  // 28: outpost.boot.BootServed.ipxe_arch:type_name -> outpost.boot.IPXEArch
-	7,  // 29: outpost.boot.BootServed.ipxe_platform:type_name -> outpost.boot.IPXEPlatform
-	8,  // 30: outpost.boot.TunnelRefused.refusal:type_name -> outpost.boot.TunnelRefusal
-	11, // 31: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
-	11, // 32: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
-	9,  // 33: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
-	17, // 34: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
-	21, // 35: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
-	19, // 36: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
-	10, // 37: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
-	18, // 38: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
-	22, // 39: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
-	20, // 40: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
-	37, // [37:41] is the sub-list for method output_type
-	33, // [33:37] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	3,  // 8: outpost.boot.Table.secure_boot:type_name -> outpost.boot.SecureBoot
+	4,  // 9: outpost.boot.DHCP.mode:type_name -> outpost.boot.DHCPMode
+	15, // 10: outpost.boot.DHCP.reservations:type_name -> outpost.boot.DHCPReservation
+	12, // 11: outpost.boot.Delta.upsert:type_name -> outpost.boot.Plan
+	33, // 12: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
+	2,  // 13: outpost.boot.Delta.discovery:type_name -> outpost.boot.Discovery
+	14, // 14: outpost.boot.Delta.dhcp:type_name -> outpost.boot.DHCP
+	3,  // 15: outpost.boot.Delta.secure_boot:type_name -> outpost.boot.SecureBoot
+	13, // 16: outpost.boot.ApplyRequest.snapshot:type_name -> outpost.boot.Table
+	16, // 17: outpost.boot.ApplyRequest.delta:type_name -> outpost.boot.Delta
+	23, // 18: outpost.boot.PublishRequest.events:type_name -> outpost.boot.Event
+	34, // 19: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
+	26, // 20: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
+	27, // 21: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
+	29, // 22: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
+	28, // 23: outpost.boot.Event.asset_fetch:type_name -> outpost.boot.AssetFetch
+	31, // 24: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
+	30, // 25: outpost.boot.Event.tunnel_refused:type_name -> outpost.boot.TunnelRefused
+	25, // 26: outpost.boot.Event.power_changed:type_name -> outpost.boot.PowerChanged
+	24, // 27: outpost.boot.Event.console_session:type_name -> outpost.boot.ConsoleSession
+	35, // 28: outpost.boot.PowerChanged.power_state:type_name -> outpost.bmc.PowerState
+	5,  // 29: outpost.boot.DHCPSeen.firmware_class:type_name -> outpost.boot.FirmwareClass
+	6,  // 30: outpost.boot.BootServed.ipxe_arch:type_name -> outpost.boot.IPXEArch
+	7,  // 31: outpost.boot.BootServed.ipxe_platform:type_name -> outpost.boot.IPXEPlatform
+	8,  // 32: outpost.boot.TunnelRefused.refusal:type_name -> outpost.boot.TunnelRefusal
+	11, // 33: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
+	11, // 34: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
+	9,  // 35: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
+	17, // 36: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
+	21, // 37: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
+	19, // 38: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
+	10, // 39: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
+	18, // 40: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
+	22, // 41: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
+	20, // 42: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
+	39, // [39:43] is the sub-list for method output_type
+	35, // [35:39] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_boot_boot_proto_init() }
