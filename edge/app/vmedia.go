@@ -67,7 +67,7 @@ func (p imagePlanner) Boot(uuid string, mac net.HardwareAddr) (vmedia.Boot, erro
 			ans.Mode, ans.Kernel.GetKernelUrl())
 	}
 
-	return vmedia.Boot{Mode: ans.Mode, Kernel: kernel, Initrd: initrd, Args: ans.Args}, nil
+	return vmedia.Boot{Mode: string(ans.Mode), Kernel: kernel, Initrd: initrd, Args: ans.Args}, nil
 }
 
 // images is bmc.Images over a vmedia.Store: a machine that boots an image is bound, for its agent tunnel, to

@@ -72,24 +72,51 @@ const (
 	KindSanboot
 )
 
-// The reasons for a refusal (Answer.Reason), also the label of its counter.
+// Mode is the mode of a served boot as it is journaled and counted (the label of outpost_ipxe_boot_served_total).
+type Mode string
+
+// The modes of a served boot.
+const (
+	// ModeAgent boots the metal agent.
+	ModeAgent Mode = "agent"
+	// ModeInstall boots the Talos installer.
+	ModeInstall Mode = "install"
+	// ModeWait keeps the machine in iPXE until its assets reach the site (Answer.Waiting says for which mode).
+	ModeWait Mode = "wait"
+	// ModeDisk boots the machine's disk.
+	ModeDisk Mode = "disk"
+	// ModeDeny refuses the machine any boot.
+	ModeDeny Mode = "deny"
+)
+
+// Reason is why the server refuses a request (Answer.Reason for boot.ipxe), also the label of
+// outpost_http_rejected_total.
+type Reason string
+
+// The reasons for a refusal.
 const (
 	// ReasonDenied: the plan denies the machine any boot.
-	ReasonDenied = "denied"
+	ReasonDenied Reason = "denied"
 	// ReasonDiskByHTTP404: the plan boots from disk by failing the chain (DISK_METHOD_HTTP_404).
-	ReasonDiskByHTTP404 = "disk_http_404"
+	ReasonDiskByHTTP404 Reason = "disk_http_404"
 	// ReasonBadHost: the Host header cannot be put in a script line, and no advertised host is configured.
-	ReasonBadHost = "bad_host"
+	ReasonBadHost Reason = "bad_host"
 	// ReasonUnsafePlan: the plan names a URL or argument that would break out of its script line.
-	ReasonUnsafePlan = "unsafe_plan"
+	ReasonUnsafePlan Reason = "unsafe_plan"
 	// ReasonNoInstallKernel: an install plan without a kernel (the boot table refuses those; not rendered
 	// as a script that cannot boot).
-	ReasonNoInstallKernel = "no_install_kernel"
+	ReasonNoInstallKernel Reason = "no_install_kernel"
 	// ReasonNoArchAssets: agent mode for a machine whose kernel arch the site has no agent assets for, while
 	// it has those of another arch and is not fetching this arch's (the site's agent assets are here, this
 	// arch's are neither among them nor on their way: waiting would not end, and another arch's kernel must
 	// never be booted). While they are on their way, the machine waits for them.
-	ReasonNoArchAssets = "no_agent_assets_for_arch"
+	ReasonNoArchAssets Reason = "no_agent_assets_for_arch"
+	// ReasonBadQuery: a boot.ipxe or /config query that does not parse or is too long.
+	ReasonBadQuery Reason = "bad_query"
+	// ReasonNotFound: a boot binary the edge does not serve.
+	ReasonNotFound Reason = "not_found"
+	// ReasonBadName: a boot binary name that is not one (bootfiles.ErrBadName).
+	ReasonBadName Reason = "bad_name"
 )
 
 // Answer is the decided answer to one boot.ipxe request.
@@ -97,9 +124,9 @@ type Answer struct {
 	Kind Kind
 	// Mode is the boot mode journaled and counted: agent, install, wait, disk or deny; empty for a refusal
 	// that is not a boot (bad input).
-	Mode string
+	Mode Mode
 	// Reason says why the request is refused (KindRefuse); Status is the HTTP status to answer it with.
-	Reason string
+	Reason Reason
 	Status int
 	// Report is whether the boot is journaled: every one but the repeats of a machine that keeps waiting
 	// for assets within WaitReportEvery.
@@ -113,7 +140,7 @@ type Answer struct {
 
 	// Waiting (agent or install), Missing, Again (the URL to ask again) and WaitSeconds make the script of
 	// KindWait.
-	Waiting     string
+	Waiting     Mode
 	Missing     []string
 	Again       string
 	WaitSeconds int
@@ -143,26 +170,26 @@ func Decide(cfg Config, req Request) Answer {
 
 	switch e.Mode {
 	case bootpb.Mode_MODE_DENY:
-		return Answer{Kind: KindRefuse, Mode: "deny", Reason: ReasonDenied, Status: http.StatusNotFound, Report: true}
+		return Answer{Kind: KindRefuse, Mode: ModeDeny, Reason: ReasonDenied, Status: http.StatusNotFound, Report: true}
 	case bootpb.Mode_MODE_DISK:
 		switch e.DiskMethod {
 		case bootpb.DiskMethod_DISK_METHOD_HTTP_404:
-			return Answer{Kind: KindRefuse, Mode: "disk", Reason: ReasonDiskByHTTP404, Status: http.StatusNotFound, Report: true}
+			return Answer{Kind: KindRefuse, Mode: ModeDisk, Reason: ReasonDiskByHTTP404, Status: http.StatusNotFound, Report: true}
 		case bootpb.DiskMethod_DISK_METHOD_IPXE_SANBOOT:
-			return Answer{Kind: KindSanboot, Mode: "disk", Report: true}
+			return Answer{Kind: KindSanboot, Mode: ModeDisk, Report: true}
 		default:
-			return Answer{Kind: KindExit, Mode: "disk", Report: true}
+			return Answer{Kind: KindExit, Mode: ModeDisk, Report: true}
 		}
 	case bootpb.Mode_MODE_INSTALL:
 		if e.Install.GetKernelUrl() == "" {
-			return Answer{Kind: KindRefuse, Mode: "install", Reason: ReasonNoInstallKernel, Status: http.StatusNotFound}
+			return Answer{Kind: KindRefuse, Mode: ModeInstall, Reason: ReasonNoInstallKernel, Status: http.StatusNotFound}
 		}
 
 		// The installed Talos fetches its join config from this edge once, then reaches Omni over SideroLink.
 		all := withDefaultArgs(append(append([]string(nil), e.Install.GetArgs()...), args...),
 			constants.KernelParamConfig+"="+base+"/config?u=${uuid}")
 
-		return kernelOrWait(cfg, req, base, "install", "install "+e.UUID.String(), e.Install, all)
+		return kernelOrWait(cfg, req, base, ModeInstall, "install "+e.UUID.String(), e.Install, all)
 	default:
 		k := e.Agent
 		if k.GetKernelUrl() == "" {
@@ -177,7 +204,7 @@ func Decide(cfg Config, req Request) Answer {
 		all := withDefaultArgs(append(append([]string(nil), k.GetArgs()...), args...),
 			agentconfig.MetalProviderAddressKernelArg+"="+agentAddress(cfg, req.Host), constants.KernelParamConfig+"="+base+"/config?u=${uuid}")
 
-		return kernelOrWait(cfg, req, base, "agent", "agent mode", k, all)
+		return kernelOrWait(cfg, req, base, ModeAgent, "agent mode", k, all)
 	}
 }
 
@@ -218,7 +245,7 @@ func otherArchAgent(cfg Config, have AssetIndex, arch metal.Arch) bool {
 }
 
 // kernelOrWait boots k with args, or waits when its edge-local kernel or initrd is not at the site yet.
-func kernelOrWait(cfg Config, req Request, base, mode, comment string, k *bootpb.Kernel, args []string) Answer {
+func kernelOrWait(cfg Config, req Request, base string, mode Mode, comment string, k *bootpb.Kernel, args []string) Answer {
 	if !safeInScript(k.GetKernelUrl(), k.GetInitrdUrl()) || !safeInScript(args...) {
 		return Answer{Kind: KindRefuse, Mode: mode, Reason: ReasonUnsafePlan, Status: http.StatusNotFound}
 	}
@@ -229,7 +256,7 @@ func kernelOrWait(cfg Config, req Request, base, mode, comment string, k *bootpb
 		}
 
 		return Answer{
-			Kind: KindWait, Mode: "wait", Waiting: mode, Missing: missing,
+			Kind: KindWait, Mode: ModeWait, Waiting: mode, Missing: missing,
 			Again:       base + "/ipxe/boot.ipxe?" + req.Query.Encode(),
 			WaitSeconds: int(cfg.AssetWait.Seconds()),
 			Report:      req.LastReported.IsZero() || req.Now.Sub(req.LastReported) >= WaitReportEvery,

@@ -15,6 +15,6 @@ func (s *Server) ServedCounter(mode string) prometheus.Counter {
 }
 
 // RejectedCounter exposes a rejection counter to tests.
-func (s *Server) RejectedCounter(reason string) prometheus.Counter {
-	return s.metrics.rejected.WithLabelValues(reason)
+func (s *Server) RejectedCounter(reason Reason) prometheus.Counter {
+	return s.metrics.rejected.WithLabelValues(string(reason))
 }

@@ -36,7 +36,7 @@ func (s *Server) serveProbe(w http.ResponseWriter, _ *http.Request) {
 func (s *Server) serveBoot(w http.ResponseWriter, r *http.Request) {
 	q, err := ParseBootQuery(r.URL.RawQuery)
 	if err != nil {
-		s.reject(w, "bad_query", http.StatusBadRequest, err)
+		s.reject(w, ReasonBadQuery, http.StatusBadRequest, err)
 
 		return
 	}
@@ -63,7 +63,7 @@ func (s *Server) serveBoot(w http.ResponseWriter, r *http.Request) {
 	case a.Mode == "":
 		if a.Reason == ReasonNoArchAssets {
 			s.log.Warn("boot refused: the site has no agent assets for the machine's arch", zap.Stringer("uuid", q.UUID),
-				zap.Stringer("mac", q.MAC), zap.String("arch", string(q.Arch())), zap.String("reason", a.Reason))
+				zap.Stringer("mac", q.MAC), zap.String("arch", string(q.Arch())), zap.String("reason", string(a.Reason)))
 		}
 
 		s.reject(w, a.Reason, a.Status, nil)
@@ -71,8 +71,8 @@ func (s *Server) serveBoot(w http.ResponseWriter, r *http.Request) {
 		return
 	case a.Kind == KindRefuse:
 		if a.Reason != ReasonDenied && a.Reason != ReasonDiskByHTTP404 {
-			s.metrics.rejected.WithLabelValues(a.Reason).Inc()
-			s.log.Warn("boot plan not rendered", zap.Stringer("uuid", e.UUID), zap.String("reason", a.Reason))
+			s.metrics.rejected.WithLabelValues(string(a.Reason)).Inc()
+			s.log.Warn("boot plan not rendered", zap.Stringer("uuid", e.UUID), zap.String("reason", string(a.Reason)))
 		}
 
 		// The chain fails and the firmware moves on.
@@ -81,11 +81,11 @@ func (s *Server) serveBoot(w http.ResponseWriter, r *http.Request) {
 		writeText(w, "text/plain; charset=utf-8", a.Script())
 	}
 
-	s.metrics.served.WithLabelValues(a.Mode).Inc()
+	s.metrics.served.WithLabelValues(string(a.Mode)).Inc()
 
 	if a.Kind == KindWait && a.Report {
 		s.waits.note(waitKey, now)
-		s.log.Warn("boot waits for assets the site does not hold", zap.String("mode", a.Waiting), zap.Stringer("uuid", e.UUID),
+		s.log.Warn("boot waits for assets the site does not hold", zap.String("mode", string(a.Waiting)), zap.Stringer("uuid", e.UUID),
 			zap.Strings("missing", a.Missing))
 	}
 }
@@ -93,9 +93,9 @@ func (s *Server) serveBoot(w http.ResponseWriter, r *http.Request) {
 func (s *Server) serveBinary(w http.ResponseWriter, r *http.Request) {
 	f, err := s.deps.Catalog.Lookup(r.PathValue("file"))
 	if err != nil {
-		reason := "not_found"
+		reason := ReasonNotFound
 		if errors.Is(err, bootfiles.ErrBadName) {
-			reason = "bad_name"
+			reason = ReasonBadName
 		}
 
 		s.reject(w, reason, http.StatusNotFound, err)
@@ -115,7 +115,7 @@ func (s *Server) serveBinary(w http.ResponseWriter, r *http.Request) {
 func (s *Server) serveConfig(w http.ResponseWriter, r *http.Request) {
 	u := r.URL.Query().Get("u")
 	if len(u) > 64 {
-		s.reject(w, "bad_query", http.StatusBadRequest, nil)
+		s.reject(w, ReasonBadQuery, http.StatusBadRequest, nil)
 
 		return
 	}
@@ -184,9 +184,9 @@ func (s *Server) installerMirror(uuid, host string) []byte {
 	return doc
 }
 
-func (s *Server) reject(w http.ResponseWriter, reason string, code int, err error) {
-	s.metrics.rejected.WithLabelValues(reason).Inc()
-	s.log.Debug("http request refused", zap.String("reason", reason), zap.Error(err))
+func (s *Server) reject(w http.ResponseWriter, reason Reason, code int, err error) {
+	s.metrics.rejected.WithLabelValues(string(reason)).Inc()
+	s.log.Debug("http request refused", zap.String("reason", string(reason)), zap.Error(err))
 	http.Error(w, http.StatusText(code), code)
 }
 

@@ -108,10 +108,10 @@ func renderInit(base string, retries int) []byte {
 	return b.Bytes()
 }
 
-func renderWait(mode string, missing int, again string, seconds int) []byte {
+func renderWait(mode Mode, missing int, again string, seconds int) []byte {
 	var b bytes.Buffer
 	if err := waitScript.Execute(&b, struct {
-		Mode    string
+		Mode    Mode
 		Missing int
 		Again   string
 		Seconds int

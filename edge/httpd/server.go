@@ -39,12 +39,12 @@ type BootServed struct {
 	MAC          net.HardwareAddr
 	Build        bootpb.IPXEArch
 	Platform     bootpb.IPXEPlatform
-	Mode         string
+	Mode         Mode
 	Remote       netip.Addr
 	TableVersion uint64
 	// Missing and WaitingFor, in mode "wait", name the assets the machine waits for and the mode it waits to boot.
 	Missing    []string
-	WaitingFor string
+	WaitingFor Mode
 }
 
 // Observer is told about served boot scripts and binaries (after the response has been flushed).

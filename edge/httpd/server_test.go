@@ -76,7 +76,7 @@ func (r *recorder) modes(uuid string) []string {
 
 	for _, b := range r.served {
 		if b.UUID.String() == uuid {
-			out = append(out, b.Mode)
+			out = append(out, string(b.Mode))
 		}
 	}
 
@@ -377,7 +377,7 @@ func TestBootServedEvent(t *testing.T) {
 
 	require.Len(t, e.obs.served, 1)
 	require.EqualValues(t, uuidDisk, e.obs.served[0].UUID)
-	require.Equal(t, "disk", e.obs.served[0].Mode)
+	require.Equal(t, httpd.Mode("disk"), e.obs.served[0].Mode)
 	require.EqualValues(t, 3, e.obs.served[0].TableVersion)
 	require.Equal(t, "52:54:00:12:34:56", e.obs.served[0].MAC.String())
 }

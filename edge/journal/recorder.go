@@ -89,9 +89,9 @@ func (r *Recorder) AssetFetch(f httpd.AssetFetch) {
 // BootServed records a boot.ipxe answer.
 func (r *Recorder) BootServed(b httpd.BootServed) {
 	ev := &bootpb.BootServed{
-		Uuid: b.UUID.String(), Arch: b.Build.Name(), Platform: b.Platform.Name(), Mode: b.Mode, TableVersion: b.TableVersion,
+		Uuid: b.UUID.String(), Arch: b.Build.Name(), Platform: b.Platform.Name(), Mode: string(b.Mode), TableVersion: b.TableVersion,
 		IpxeArch: b.Build, IpxePlatform: b.Platform,
-		WaitingFor: b.WaitingFor,
+		WaitingFor: string(b.WaitingFor),
 	}
 
 	for _, m := range b.Missing[:min(len(b.Missing), maxMissing)] {

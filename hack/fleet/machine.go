@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/outpost-metal/outpost/edge/dhcp"
+	"github.com/outpost-metal/outpost/edge/httpd"
 	"github.com/outpost-metal/outpost/shared/metal"
 )
 
@@ -126,11 +127,11 @@ func (m *machine) run(ctx context.Context) {
 		}
 
 		switch mode {
-		case "agent":
+		case httpd.ModeAgent:
 			m.runAgent(ctx)
 
 			return
-		case "install":
+		case httpd.ModeInstall:
 			// The installer writes Talos to disk and Talos reports the install to Omni; then the machine reboots.
 			if sleep(ctx, f.cfg.InstallTime) != nil {
 				return
@@ -143,7 +144,7 @@ func (m *machine) run(ctx context.Context) {
 					m.site.log.Warn("install event not counted", zap.String("machine", m.id), zap.Error(err))
 				}
 			}
-		case "wait":
+		case httpd.ModeWait:
 			if sleep(ctx, 30*time.Second) != nil {
 				return
 			}

@@ -174,7 +174,7 @@ func (s *site) get(m *machine, path string) (int, []byte) {
 }
 
 // bootScript asks boot.ipxe as iPXE does and returns the mode the edge served.
-func (s *site) bootScript(m *machine) (string, error) {
+func (s *site) bootScript(m *machine) (httpd.Mode, error) {
 	q := url.Values{"uuid": {m.id}, "mac": {m.mac.String()}, "arch": {"x86_64"}, "platform": {"efi"}}
 
 	s.modes.Delete(m.id)
@@ -186,7 +186,7 @@ func (s *site) bootScript(m *machine) (string, error) {
 		return "", fmt.Errorf("boot.ipxe answered %d and reported nothing", code)
 	}
 
-	return mode.(string), nil // only modes are stored
+	return mode.(httpd.Mode), nil // only modes are stored
 }
 
 // provision joins the machine to Omni as the agent image does at boot: the join config from the edge's /config,
