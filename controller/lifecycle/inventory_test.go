@@ -23,6 +23,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/resources/specs"
 	"github.com/outpost-metal/outpost/controller/timeline"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
 // fakeInventory answers inventory reads with what the test sets and records the BMCs asked.
@@ -148,4 +149,45 @@ func TestInventoryLabelsPublished(t *testing.T) {
 
 		return rec.Hardware == "Supermicro" && rec.DrivenOver == "ipmi"
 	})
+}
+
+// TestSecureBootFromBMC: what a machine's BMC says of Secure Boot reaches the plan its edge holds, the site's
+// setting comes before it, and a BMC that stops saying leaves the plan unsaid (the edge's own setting decides).
+// The machine's observation says what the plans say and who said it.
+func TestSecureBootFromBMC(t *testing.T) {
+	t.Parallel()
+
+	const interval = 600 * time.Millisecond // 30 poll intervals
+
+	on := true
+	inv := &fakeInventory{resp: &bmcpb.InventoryResponse{Protocol: bmcpb.Protocol_PROTOCOL_REDFISH, Manufacturer: "Acme", SecureBoot: &on}}
+	h := newInventoryHarness(t, inv, func(c *lifecycle.Config) { c.InventoryInterval = interval })
+
+	h.edge.Add("m1", "site-a")
+	h.omni("m1", accepted)
+
+	says := func(want bootpb.SecureBoot, source string) func() bool {
+		return func() bool {
+			obs, err := safe.StateGet[*resources.MachineObservation](t.Context(), h.st, h.types.NewMachineObservation("m1").Metadata())
+			if err != nil {
+				return false
+			}
+
+			m := h.edge.Machine("m1")
+
+			return m.AckedSeen && m.Acked.SecureBoot == want &&
+				obs.TypedSpec().Value.GetSecureBoot() == want && obs.TypedSpec().Value.GetSecureBootSource() == source
+		}
+	}
+
+	h.eventually("the BMC's answer in the plan", says(bootpb.SecureBoot_SECURE_BOOT_ON, "bmc"))
+
+	require.NoError(t, h.policies.Set("site-a", machines.SitePolicy{SecureBoot: bootpb.SecureBoot_SECURE_BOOT_OFF}))
+	h.eventually("the site's setting over the BMC's", says(bootpb.SecureBoot_SECURE_BOOT_OFF, "site"))
+
+	require.NoError(t, h.policies.Set("site-a", machines.SitePolicy{}))
+	h.eventually("handed back to the BMC", says(bootpb.SecureBoot_SECURE_BOOT_ON, "bmc"))
+
+	inv.set(&bmcpb.InventoryResponse{Protocol: bmcpb.Protocol_PROTOCOL_IPMI, Manufacturer: "Acme"}, nil)
+	h.eventually("a BMC that does not say: nobody says", says(bootpb.SecureBoot_SECURE_BOOT_UNSPECIFIED, ""))
 }

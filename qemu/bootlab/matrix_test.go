@@ -105,14 +105,14 @@ func TestFirmwareMatrix(t *testing.T) {
 					logCell("agent", took, more)
 				}},
 				{"install", func(t *testing.T) {
-					l.setPlan(t, m.uuid+" install "+image)
+					l.setPlan(t, m.uuid+" install "+image+secureBootPlan(agent))
 
 					bc := stepCase(agent, "install")
 					bc.serial, bc.powerOff = "OUTPOST-INSTALL-DONE", true
 					logCell("install", l.boot(t, bc, m), "")
 				}},
 				{"disk", func(t *testing.T) {
-					l.setPlan(t, m.uuid+" disk http-404")
+					l.setPlan(t, m.uuid+" disk http-404"+secureBootPlan(agent))
 
 					bc := stepCase(agent, "disk")
 					bc.serial = diskMarker
@@ -156,6 +156,16 @@ func TestFirmwareMatrix(t *testing.T) {
 
 		table = append(table, line)
 	})
+}
+
+// secureBootPlan ends the plan of a Secure Boot machine: the controller's plans for a machine whose BMC said
+// it enforces Secure Boot say so (the plan file replaces the site's table, whose setting no longer holds).
+func secureBootPlan(bc bootCase) string {
+	if bc.firmware == "ovmf-secboot" {
+		return " secure-boot"
+	}
+
+	return ""
 }
 
 // stepCase is a later step of the machine booted by agent: the same firmware, site flags and time limit, the

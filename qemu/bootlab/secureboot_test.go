@@ -21,8 +21,8 @@ const (
 
 // secureBootCase boots a UEFI machine that enforces Secure Boot (OVMF's Secure Boot build with the
 // snakeoil key enrolled). Its first boot entry is a disk holding an unsigned UKI: the firmware itself refuses
-// it (the serial console says so). Its NIC comes next: the edge, told the machine enforces Secure Boot, offers
-// only the lab's signed UKI (the agent's kernel, initramfs and command line, signed at test time with the
+// it (the serial console says so). Its NIC comes next: the edge, told by the controller that the site's machines
+// enforce Secure Boot (its table; later steps: the machine's own plan), offers only the lab's signed UKI (the agent's kernel, initramfs and command line, signed at test time with the
 // snakeoil key), never iPXE, and the UKI reaches agent mode. Running no iPXE, the UKI's /init reads the
 // machine's plan from the edge's boot script itself (outpost.lab.plan=1) and follows an install plan (writes
 // the disk). A disk plan never reaches it: the edge offers the machine nothing, so its firmware boots the disk.
@@ -68,7 +68,10 @@ func secureBootCase(t *testing.T) bootCase {
 			buildUKI(t, unsigned, initrd, cmdline)
 			bootlab.Run(t, "sbsign", "--key", key, "--cert", snakeoilCert, "--output", filepath.Join(ipxeDir, signedFile), unsigned)
 
-			return []string{"-ipxe-dir", ipxeDir, "-signed-file", signedFile, "-secure-boot", "52:54:00:77:00:02"}
+			// The site enforces Secure Boot as the controller says it (controller site set --secure-boot on):
+			// the machine's first boot has no plan yet, and the site's setting is what the edge goes by. The edge
+			// has no --secure-boot of its own.
+			return []string{"-ipxe-dir", ipxeDir, "-signed-file", signedFile, "-secure-boot-site"}
 		},
 		check: func(t *testing.T, seen []string, dir string) {
 			for _, l := range seen {

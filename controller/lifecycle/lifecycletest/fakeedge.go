@@ -20,6 +20,8 @@ import (
 	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // Machine is a machine as the fake edge models it.
@@ -36,6 +38,9 @@ type Machine struct {
 	Acked     bootplans.Plan
 	AckedSeen bool
 	Alert     string // the machine's identity alert, as the locations would hold it
+	// SecureBoot is what the machine's BMC said of its Secure Boot, as the locations would hold it
+	// (lifecycle.SecureBootReports).
+	SecureBoot bootpb.SecureBoot
 }
 
 // FakeEdge is every edge-side collaborator of the lifecycle at once.
@@ -44,6 +49,8 @@ var (
 	_ lifecycle.AgentClient = (*FakeEdge)(nil)
 	_ lifecycle.SiteLocator = (*FakeEdge)(nil)
 	_ lifecycle.PlanPusher  = (*FakeEdge)(nil)
+
+	_ lifecycle.SecureBootReports = (*FakeEdge)(nil)
 )
 
 // FakeEdge models the sites' edges: machines with power, PXE-once flag, agent and acknowledged plans.
@@ -299,7 +306,17 @@ func (f *FakeEdge) Locate(id string) (machines.Location, bool) {
 		return machines.Location{}, false
 	}
 
-	return machines.Location{SiteID: m.Site, AgentConnected: m.Agent && m.Power, Alert: m.Alert}, true
+	return machines.Location{SiteID: m.Site, AgentConnected: m.Agent && m.Power, Alert: m.Alert, SecureBoot: m.SecureBoot}, true
+}
+
+// SetSecureBoot implements lifecycle.SecureBootReports: what the machine's BMC said, as Locate reports it.
+func (f *FakeEdge) SetSecureBoot(id metal.ID, s bootpb.SecureBoot) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	if m, ok := f.machines[id.String()]; ok {
+		m.SecureBoot = s
+	}
 }
 
 // SetAlert sets the identity alert Locate reports for a machine ("" clears it).

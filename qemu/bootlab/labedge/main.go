@@ -57,16 +57,14 @@ func main() {
 		"applied as the controller applies a site's table, through the edge's boot-plan service")
 	flag.StringVar(&lab.disk, "disk", "", "<uuid>=<method>: the machine's plan is disk, handed off by that method "+
 		"(ipxe-exit, http-404 or ipxe-sanboot), applied through the edge's boot-plan service as the controller does")
-	flag.StringVar(&lab.planFile, "plan-file", "", "a file of plans, one \"<uuid> install <image>\" or \"<uuid> disk <method>\" a line: "+
+	flag.StringVar(&lab.planFile, "plan-file", "", "a file of plans, one \"<uuid> install <image>\" or \"<uuid> disk <method>\" a line, "+
+		"each ending in \"secure-boot\" for a machine the controller knows enforces Secure Boot (its BMC said so): "+
 		"applied at start and again at every SIGHUP (a new table version, \"APPLIED <version>\" printed), as the controller "+
 		"changes a machine's plan; install boots /assets/install/<arch>/ with outpost.lab.image=<the edge's URL of /assets/<image>>")
 	flag.StringVar(&lab.failFirst, "fail-first", "", "<path prefix>=<n>: the first n GETs under that prefix answer 503 (a flaky download)")
 	flag.StringVar(&cfg.DHCP.Files.UEFIx86Signed, "signed-file", "", "the signed UKI in -ipxe-dir that machines enforcing Secure Boot get")
-	flag.Func("secure-boot", "comma-separated MACs (or *) of the machines that enforce Secure Boot", func(v string) error {
-		cfg.DHCP.Files.SecureBoot = strings.Split(v, ",")
-
-		return nil
-	})
+	flag.BoolVar(&lab.secureBootSite, "secure-boot-site", false, "the site's machines enforce Secure Boot, applied through the edge's "+
+		"boot-plan service in the site's table as the controller does (controller site set --secure-boot on)")
 	flag.BoolVar(&noTFTP, "no-tftp", false, "serve no TFTP at all, as a site whose machines reach no TFTP (UEFI HTTP boot only)")
 	flag.Parse()
 
@@ -96,6 +94,8 @@ type labFlags struct {
 	registered, disk, failFirst, planFile string
 	// edgeIP is the edge's address, for the install image's URL.
 	edgeIP string
+	// secureBootSite sets the site's Secure Boot in its table (at start: a -plan-file's table has none).
+	secureBootSite bool
 }
 
 func run(ctx context.Context, log *zap.Logger, cfg config.Config, assets string, lab labFlags) error {
@@ -187,8 +187,8 @@ var diskMethods = map[string]bootpb.DiskMethod{
 
 // readPlanFile reads the -plan-file's plans: "<uuid> install <image>" boots the lab's install kernel and
 // initramfs (/assets/install/x86_64/, or /assets/install/<arch>/ for "<uuid> install <image> <arch>"), told
-// to write /assets/<image> to the machine's disk; "<uuid> disk
-// <method>" hands the machine off to its disk.
+// to write /assets/<image> to the machine's disk; "<uuid> disk <method>" hands the machine off to its disk. A
+// line ending in "secure-boot" is the plan of a machine the controller knows enforces Secure Boot.
 func readPlanFile(name, edgeIP string) ([]*bootpb.Plan, error) {
 	b, err := os.ReadFile(name)
 	if err != nil {
@@ -203,6 +203,11 @@ func readPlanFile(name, edgeIP string) ([]*bootpb.Plan, error) {
 			continue
 		}
 
+		sb := bootpb.SecureBoot_SECURE_BOOT_UNSPECIFIED
+		if f[len(f)-1] == "secure-boot" {
+			sb, f = bootpb.SecureBoot_SECURE_BOOT_ON, f[:len(f)-1]
+		}
+
 		arch := "x86_64"
 		if len(f) == 4 && f[1] == "install" {
 			arch, f = f[3], f[:3]
@@ -214,7 +219,7 @@ func readPlanFile(name, edgeIP string) ([]*bootpb.Plan, error) {
 
 		switch f[1] {
 		case "install":
-			plans = append(plans, &bootpb.Plan{Uuid: f[0], Mode: bootpb.Mode_MODE_INSTALL, Install: &bootpb.Kernel{
+			plans = append(plans, &bootpb.Plan{Uuid: f[0], Mode: bootpb.Mode_MODE_INSTALL, SecureBoot: sb, Install: &bootpb.Kernel{
 				KernelUrl: "/assets/install/" + arch + "/vmlinuz", InitrdUrl: "/assets/install/" + arch + "/initramfs.xz",
 				Args: []string{"outpost.lab.image=http://" + edgeIP + "/assets/" + f[2]},
 			}})
@@ -224,7 +229,7 @@ func readPlanFile(name, edgeIP string) ([]*bootpb.Plan, error) {
 				return nil, fmt.Errorf("plan %q: unknown disk method", line)
 			}
 
-			plans = append(plans, &bootpb.Plan{Uuid: f[0], Mode: bootpb.Mode_MODE_DISK, DiskMethod: m})
+			plans = append(plans, &bootpb.Plan{Uuid: f[0], Mode: bootpb.Mode_MODE_DISK, DiskMethod: m, SecureBoot: sb})
 		default:
 			return nil, fmt.Errorf("plan %q: unknown mode %q", line, f[1])
 		}
@@ -235,13 +240,18 @@ func readPlanFile(name, edgeIP string) ([]*bootpb.Plan, error) {
 
 // siteTable is the table a controller would send for the lab's flags (nil when they change nothing): with
 // registered MACs, the site set to discovery known with them added (controller site set --discovery known;
-// controller site machine add); with a disk plan, that machine's plan.
+// controller site machine add); with a disk plan, that machine's plan; with -secure-boot-site, the site's
+// machines enforcing Secure Boot (controller site set --secure-boot on).
 func siteTable(lab labFlags) (*bootpb.Table, error) {
-	if lab.registered == "" && lab.disk == "" {
+	if lab.registered == "" && lab.disk == "" && !lab.secureBootSite {
 		return nil, nil
 	}
 
 	tbl := &bootpb.Table{Version: 1}
+	if lab.secureBootSite {
+		tbl.SecureBoot = bootpb.SecureBoot_SECURE_BOOT_ON
+	}
+
 	if lab.registered != "" {
 		tbl.Discovery, tbl.RegisteredMacs = bootpb.Discovery_DISCOVERY_KNOWN, strings.Split(lab.registered, ",")
 	}
