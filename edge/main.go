@@ -71,7 +71,7 @@ func rootCommand(lookup func(string) (string, bool)) (*cobra.Command, *envflag.B
 	f.StringVar(&cfg.IPXEDir, "ipxe-dir", cfg.IPXEDir, "directory of iPXE binaries (Debian's ipxe package)")
 	f.StringVar(&cfg.VMediaLoader, "vmedia-loader", cfg.VMediaLoader, "EFI boot loader of virtual-media images (default: "+config.VMediaLoaderName+" in --ipxe-dir)")
 	f.StringVar(&cfg.DHCP.Files.UEFIx86Signed, "secure-boot-file", cfg.DHCP.Files.UEFIx86Signed, "signed UKI in --ipxe-dir for UEFI x86 machines that enforce Secure Boot")
-	f.StringSliceVar(&cfg.DHCP.Files.SecureBoot, "secure-boot", cfg.DHCP.Files.SecureBoot, "MACs of the machines that enforce Secure Boot, or * for every UEFI machine: they get only --secure-boot-file, never iPXE")
+	f.StringSliceVar(&cfg.DHCP.Files.SecureBoot, "secure-boot", cfg.DHCP.Files.SecureBoot, "MACs of the machines that enforce Secure Boot, or * for every UEFI machine, where the controller does not say (its plans and the site table come first): they get only --secure-boot-file, never iPXE")
 	f.Int64Var(&cfg.Assets.MaxBytes, "assets-max-bytes", cfg.Assets.MaxBytes, "size cap of the boot-asset cache")
 	f.StringVar(&cfg.AssetsPreseedDir, "assets-preseed-dir", cfg.AssetsPreseedDir, "asset bundle to import at start (baked-in assets)")
 	f.StringSliceVar(&cfg.HTTP.KernelArgs, "kernel-args", cfg.HTTP.KernelArgs, "kernel arguments for every PXE boot of an x86 machine unless the controller sets them (consoles); arm64 machines get console=tty0 console=ttyAMA0")

@@ -37,6 +37,8 @@ const (
 	BMCFirmware = "bmc-firmware"
 	// InventorySource is the protocol the inventory was read over: "redfish" or "ipmi".
 	InventorySource = "inventory-source"
+	// SecureBoot is whether the firmware enforces Secure Boot from its next boot on: "on" or "off".
+	SecureBoot = "secure-boot"
 )
 
 // Hardware is a machine's inventory as the labels take it.
@@ -50,6 +52,8 @@ type Hardware struct {
 	DiskBytes                []uint64
 	NICSpeedsMbps            []uint32
 	BIOSVersion, BMCFirmware string
+	// SecureBoot is nil when the BMC does not say.
+	SecureBoot *bool
 }
 
 // maxValue is the longest label value Omni accepts.
@@ -82,6 +86,10 @@ func Inventory(h Hardware) map[string]string {
 	num(DiskCount, uint64(h.DiskCount))
 	put(BIOSVersion, h.BIOSVersion)
 	put(BMCFirmware, h.BMCFirmware)
+
+	if h.SecureBoot != nil {
+		out[SecureBoot] = map[bool]string{true: "on", false: "off"}[*h.SecureBoot]
+	}
 
 	if len(h.NICSpeedsMbps) > 0 {
 		num(NICSpeedMbps, uint64(slices.Max(h.NICSpeedsMbps)))

@@ -23,13 +23,13 @@ func TestInventory(t *testing.T) {
 				Source: "redfish", Vendor: "Dell Inc.", Model: "PowerEdge R640", Serial: "7XK3J72", CPUCount: 2,
 				CPUModel: "Intel(R) Xeon(R) Gold 6130 CPU @ 2.10GHz", MemoryGiB: 384, DiskCount: 3,
 				DiskBytes: []uint64{480 << 30, 1920 << 30, 1920 << 30}, NICSpeedsMbps: []uint32{1000, 25000, 0},
-				BIOSVersion: "2.19.1", BMCFirmware: "7.00.00.171",
+				BIOSVersion: "2.19.1", BMCFirmware: "7.00.00.171", SecureBoot: new(true),
 			},
 			want: map[string]string{
 				"inventory-source": "redfish", "vendor": "Dell-Inc", "model": "PowerEdge-R640", "serial": "7XK3J72", "cpu-count": "2",
 				"cpu-model": "Intel-R-Xeon-R-Gold-6130-CPU-2.10GHz", "memory-gib": "384", "disk-count": "3",
 				"disk-largest-gib": "1920", "disk-sizes-gib": "1920_1920_480", "nic-speed-mbps": "25000",
-				"bios-version": "2.19.1", "bmc-firmware": "7.00.00.171",
+				"bios-version": "2.19.1", "bmc-firmware": "7.00.00.171", "secure-boot": "on",
 			},
 		},
 		{
@@ -38,6 +38,7 @@ func TestInventory(t *testing.T) {
 			want: map[string]string{"inventory-source": "ipmi", "vendor": "Supermicro", "model": "SYS-1029P-WTR", "serial": "S1234"},
 		},
 		{name: "nothing", want: map[string]string{}},
+		{name: "secure boot off", hw: labels.Hardware{SecureBoot: new(false)}, want: map[string]string{"secure-boot": "off"}},
 		{
 			name: "hostile",
 			hw: labels.Hardware{

@@ -206,6 +206,6 @@ func inventoryLabels(inv *specs.MachineInventorySpec) map[string]string {
 		Source: inv.GetProtocol(), Vendor: inv.GetManufacturer(), Model: inv.GetModel(), Serial: inv.GetSerialNumber(),
 		CPUCount: inv.GetCpuCount(), CPUModel: inv.GetCpuModel(), MemoryGiB: inv.GetMemoryGib(), DiskCount: inv.GetDiskCount(),
 		DiskBytes: inv.GetDiskBytes(), NICSpeedsMbps: inv.GetNicSpeedsMbps(), BIOSVersion: inv.GetBiosVersion(),
-		BMCFirmware: inv.GetBmcFirmware(),
+		BMCFirmware: inv.GetBmcFirmware(), SecureBoot: inv.SecureBoot,
 	})
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/outpost-metal/outpost/qemu/omni"
 	"github.com/outpost-metal/outpost/qemu/vbmc"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
 // The machines of TestInventoryLabels: one behind a Redfish BMC, one behind an IPMI BMC with FRU data, one behind
@@ -146,6 +147,7 @@ func TestInventoryLabels(t *testing.T) {
 	redfishHW := vbmc.Hardware{
 		Manufacturer: "Outpost Lab", Model: "RF-1000", SerialNumber: "RF-0001", CPUs: 2, CPUModel: "Lab CPU @ 2.10GHz",
 		MemoryGiB: 16, DiskBytes: 480 << 30, NICSpeedMbps: 25000, BIOSVersion: "1.16.3", BMCFirmware: "vbmc 1.0",
+		SecureBoot: true,
 	}
 	fruHW := vbmc.Hardware{Manufacturer: "Outpost Lab", Model: "FRU-2000", SerialNumber: "FRU-0002", BIOSVersion: "2.0"}
 
@@ -195,8 +197,18 @@ func TestInventoryLabels(t *testing.T) {
 		labels.Site: "site-a", labels.InventorySource: "redfish", labels.Vendor: "Outpost-Lab", labels.Model: "RF-1000",
 		labels.Serial: "RF-0001", labels.CPUCount: "2", labels.CPUModel: "Lab-CPU-2.10GHz", labels.MemoryGiB: "16",
 		labels.DiskCount: "1", labels.DiskLargestGiB: "480", labels.DiskSizesGiB: "480", labels.NICSpeedMbps: "25000",
-		labels.BIOSVersion: "1.16.3", labels.BMCFirmware: "vbmc-1.0",
+		labels.BIOSVersion: "1.16.3", labels.BMCFirmware: "vbmc-1.0", labels.SecureBoot: "on",
 	}, machineLabels(invRedfish), "the Redfish BMC's whole inventory")
+
+	// What the Redfish BMC said of Secure Boot is in the plan the machine's edge holds: it is offered only the
+	// signed image. The IPMI machines' BMCs do not say, nor do their plans (the edge's own setting decides).
+	r.eventually("the Redfish machine's plan says Secure Boot", func() bool {
+		m := r.edge.Machine(invRedfish)
+
+		return m.AckedSeen && m.Acked.SecureBoot == bootpb.SecureBoot_SECURE_BOOT_ON
+	})
+	require.Equal(t, bootpb.SecureBoot_SECURE_BOOT_UNSPECIFIED, r.edge.Machine(invFRU).Acked.SecureBoot)
+	require.Equal(t, bootpb.SecureBoot_SECURE_BOOT_UNSPECIFIED, r.edge.Machine(invBare).Acked.SecureBoot)
 	require.Equal(t, map[string]string{
 		labels.Site: "site-a", labels.InventorySource: "ipmi", labels.Vendor: "Outpost-Lab", labels.Model: "FRU-2000", labels.Serial: "FRU-0002",
 	}, machineLabels(invFRU), "what the FRU data has")

@@ -143,7 +143,7 @@ func (r *run) startController(ctx context.Context) {
 
 	ctrls, err := lifecycle.New(cfg, lifecycle.Deps{
 		Types: resources.NewTypes(ocfg.ProviderID), Power: r.edge, Agent: r.edge, Intents: r.edge, Sites: r.edge, Plans: r.edge,
-		Planner: planner, Now: time.Now, Rand: rand.Reader, Secrets: secrets, Inventory: r.inventory,
+		Planner: planner, Now: time.Now, Rand: rand.Reader, Secrets: secrets, Inventory: r.inventory, SecureBoot: r.edge,
 	})
 	require.NoError(t, err)
 
