@@ -338,7 +338,7 @@ func siteSetCommand(withClient clientRun) *cobra.Command {
 	f.DurationVar(&dhcpLease, "dhcp-lease-time", 0, "full mode's lease time (0: the edge's default, 1h)")
 	// The controller's own flags of these names have variables; an operator's shell that has them set must
 	// not change a site with them.
-	envflag.CommandLineOnly(f, "discovery", "bmc-protocol", "wipe-method", "extra-machine-config-file",
+	envflag.CommandLineOnly(f, "discovery", "bmc-protocol", "wipe-method", "secure-boot", "extra-machine-config-file",
 		"dhcp", "dhcp-pool", "dhcp-subnet", "dhcp-gateway", "dhcp-dns", "dhcp-ntp", "dhcp-lease-time")
 
 	return cmd

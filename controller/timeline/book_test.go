@@ -401,3 +401,49 @@ func TestDHCPNamesItsMachine(t *testing.T) {
 	_, total := b.List(timeline.Filter{}, 0, 0)
 	require.Equal(t, 1, total, "a bad UUID makes no machine")
 }
+
+// A machine its edge offered nothing for a reason of its own has it in its timeline, by name: an error when it
+// cannot boot (no signed image for a Secure Boot machine), not when its plan is its disk.
+func TestDHCPNotAnswered(t *testing.T) {
+	t.Parallel()
+
+	b := timeline.New(timeline.DefaultConfig(), newClock().Now)
+
+	for _, e := range []*bootpb.Event{
+		event(&bootpb.DHCPSeen{Mac: "52:54:00:00:00:0a", Firmware: "uefi-x86", Uuid: m1, NotAnswered: "no_signed_boot_file"}),
+		event(&bootpb.DHCPSeen{Mac: "52:54:00:00:00:0a", Firmware: "uefi-x86", Uuid: m1, NotAnswered: "secure_boot_disk_plan"}),
+		event(&bootpb.DHCPSeen{Mac: "52:54:00:00:00:0a", Firmware: "uefi-x86", Uuid: m1, NotAnswered: "\x1b[2Jsomething new"}),
+	} {
+		require.NoError(t, b.HandleEvent(t.Context(), "site-a", e))
+	}
+
+	rec, ok := b.Get(m1)
+	require.True(t, ok)
+	require.Len(t, rec.Entries, 3)
+
+	require.Contains(t, rec.Entries[0].Text, "offered nothing, it enforces Secure Boot and the site has no signed image for it")
+	require.True(t, rec.Entries[0].Error)
+	require.Contains(t, rec.Entries[1].Text, "offered nothing, it enforces Secure Boot and its plan is its disk")
+	require.False(t, rec.Entries[1].Error, "the disk plan is no failure")
+	require.NotContains(t, rec.Entries[2].Text, "\x1b", "a reason this controller does not know is printed safely")
+}
+
+// The diagnosis names a refused offer, until an answered request follows.
+func TestDiagnosisNotOffered(t *testing.T) {
+	t.Parallel()
+
+	clock := newClock()
+	b := timeline.New(timeline.DefaultConfig(), clock.Now)
+
+	require.NoError(t, b.HandleEvent(t.Context(), "site-a",
+		event(&bootpb.DHCPSeen{Mac: "52:54:00:00:00:0a", Firmware: "uefi-x86", Uuid: m1, NotAnswered: "no_signed_boot_file"})))
+
+	rec, _ := b.Get(m1)
+	require.Contains(t, timeline.Diagnose(rec, clock.Now()), "its edge offered its DHCP request at")
+	require.Contains(t, timeline.Diagnose(rec, clock.Now()), "no signed image for it")
+
+	require.NoError(t, b.HandleEvent(t.Context(), "site-a", event(&bootpb.DHCPSeen{Mac: "52:54:00:00:00:0a", Firmware: "uefi-x86", Uuid: m1})))
+
+	rec, _ = b.Get(m1)
+	require.NotContains(t, timeline.Diagnose(rec, clock.Now()), "offered", "an answered request since")
+}

@@ -35,6 +35,9 @@ func Diagnose(rec Record, now time.Time) string {
 	var (
 		dhcp, pxe, served, plan  *Entry
 		pxeFailed, wait, refused *Entry
+		// notOffered is the last DHCP request of this boot its edge offered nothing to, for a reason of the
+		// machine's own (an answered one since clears it).
+		notOffered *Entry
 		// fetchFailed is the last asset download stopped early in this boot, fetchFailures counts them since
 		// the last whole one (iPXE retries a download, then the whole script: failures add up across both).
 		fetchFailed   *Entry
@@ -47,8 +50,10 @@ func Diagnose(rec Record, now time.Time) string {
 		switch {
 		case e.Kind == KindAgentUp, e.Kind == KindDiskBoot, e.Kind == KindInstalled:
 			return "" // as far as a boot goes
+		case e.Kind == KindDHCP && e.Error:
+			dhcp, notOffered = e, e
 		case e.Kind == KindDHCP:
-			dhcp = e
+			dhcp, notOffered = e, nil
 		case e.Kind == KindPXE && e.Error:
 			pxeFailed = e
 		case e.Kind == KindPXE:
@@ -74,6 +79,8 @@ func Diagnose(rec Record, now time.Time) string {
 	switch {
 	case refused != nil:
 		return fmt.Sprintf("its agent's tunnel was refused at %s: %s", at(refused), refused.Text)
+	case notOffered != nil:
+		return fmt.Sprintf("its edge offered its DHCP request at %s nothing: %s", at(notOffered), notOffered.Text)
 	case wait != nil:
 		return fmt.Sprintf("its boot has waited since %s for boot assets this site does not hold: stage them (controller assets stage) or let the site fetch them (controller site policy)", at(wait))
 	case plan != nil && fetchFailed != nil:

@@ -47,13 +47,25 @@ func (b *Book) HandleEvent(_ context.Context, site string, e *bootpb.Event) erro
 			text += ", relayed by " + d.GetRelay()
 		}
 
+		refused := false
+
+		if why := d.GetNotAnswered(); why != "" {
+			said, known := notAnswered[why]
+			if !known {
+				said = printable.String(why, 64)
+			}
+
+			text += ": offered nothing, " + said
+			refused = why != "secure_boot_disk_plan" // that one is the plan: its firmware goes on to the disk
+		}
+
 		firmware := func(m *machine) {
 			if fw, ok := d.MachineFirmware(); ok && m.Firmware == "" {
 				m.Firmware = string(fw)
 			}
 		}
 
-		entry := Entry{At: at, Kind: KindDHCP, Text: text}
+		entry := Entry{At: at, Kind: KindDHCP, Text: text, Error: refused}
 
 		// A request that names its machine (option 97) and comes from a MAC no boot script has tied yet starts
 		// that machine's timeline: a machine whose boot stops before its boot script is still found by its UUID.
@@ -390,3 +402,10 @@ func orUnknown(s string) string {
 
 // mib is a byte count as a timeline says it.
 func mib(n uint64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
+
+// notAnswered says, for a machine's timeline, why its site's edge offered it nothing (bootpb.DHCPSeen).
+var notAnswered = map[string]string{
+	"no_boot_file":          "the site has nothing bootable for its firmware",
+	"no_signed_boot_file":   "it enforces Secure Boot and the site has no signed image for it (the edge's --secure-boot-file)",
+	"secure_boot_disk_plan": "it enforces Secure Boot and its plan is its disk: its firmware goes on to the disk",
+}

@@ -149,9 +149,16 @@ type Seen struct {
 	Role Role
 	// Relay is the relay agent's address (giaddr) when relayed.
 	Relay netip.Addr
+	// NotAnswered is why the machine was offered nothing ("" when it was answered; see machineDrops).
+	NotAnswered DropReason
 }
 
-// Observer is told about answered clients (once per client and class per minute).
+// machineDrops are the reasons a classified machine is offered nothing that its timeline shows: what it is
+// refused is its own (its firmware, its Secure Boot, its plan), not the request's or the server's.
+var machineDrops = map[DropReason]bool{DropNotBootable: true, DropNoSignedFile: true, DropSecureBootDisk: true}
+
+// Observer is told about answered clients, and machines offered nothing for a reason of their own (once per
+// client and class per minute).
 type Observer interface {
 	DHCPSeen(Seen)
 }
@@ -487,6 +494,10 @@ func (s *Server) handle(ctx context.Context, j job) {
 	if d.Reply == nil {
 		s.drop(d.Drop, d.Err, j.peer, d.MAC)
 
+		if s.deps.Observer != nil && hasMAC && machineDrops[d.Drop] && s.shouldReport(mac, d) {
+			s.deps.Observer.DHCPSeen(Seen{MAC: d.MAC, Firmware: d.Firmware, IPXE: d.IPXE, UUID: d.UUID, Role: j.role, NotAnswered: d.Drop})
+		}
+
 		return
 	}
 
@@ -569,7 +580,7 @@ func (s *Server) allow(mac [6]byte) bool {
 }
 
 func (s *Server) shouldReport(mac [6]byte, d Decision) bool {
-	key := fmt.Sprintf("%s/%t/%s", d.Firmware, d.IPXE, d.UUID)
+	key := fmt.Sprintf("%s/%t/%s/%s", d.Firmware, d.IPXE, d.UUID, d.Drop)
 	now := s.deps.Now()
 
 	s.mu.Lock()

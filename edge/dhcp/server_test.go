@@ -249,3 +249,29 @@ func TestConfigValidate(t *testing.T) {
 		})
 	}
 }
+
+// A machine offered nothing for a reason of its own (here: it enforces Secure Boot and the site has no signed
+// image) is reported with the reason, for its timeline, once per minute like an answered one; the drop is
+// counted by name.
+func TestServerReportsMachineNotAnswered(t *testing.T) {
+	env := startServer(t, func(c *dhcp.Config) { c.Files.SecureBoot = []string{"*"} })
+
+	disc := request(t, dhcpv4.MessageTypeDiscover, arch(7), dhcpv4.WithGatewayIP(net.IPv4(127, 0, 0, 1)))
+
+	for range 3 {
+		_, err := env.relay.WriteTo(disc, env.dhcp.LocalAddr())
+		require.NoError(t, err)
+	}
+
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(env.srv.DropsCounter(dhcp.DropNoSignedFile)) == 3 && env.seen.count() == 1
+	}, 5*time.Second, time.Millisecond)
+
+	env.seen.mu.Lock()
+	got := env.seen.seen[0]
+	env.seen.mu.Unlock()
+
+	require.Equal(t, dhcp.DropNoSignedFile, got.NotAnswered)
+	require.Equal(t, testMAC.String(), got.MAC.String())
+	require.Never(t, func() bool { return env.seen.count() > 1 }, 200*time.Millisecond, 10*time.Millisecond, "reported once a minute")
+}

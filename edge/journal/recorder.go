@@ -37,10 +37,11 @@ func (r *Recorder) Record(e *bootpb.Event) {
 	}
 }
 
-// DHCPSeen records a PXE client answered by the ProxyDHCP.
+// DHCPSeen records a PXE client answered by the ProxyDHCP, or offered nothing for a reason of its own.
 func (r *Recorder) DHCPSeen(s dhcp.Seen) {
 	ev := &bootpb.DHCPSeen{
 		Mac: s.MAC.String(), Firmware: s.Firmware.String(), FirmwareClass: s.Firmware.Class(), Uuid: s.UUID, Ipxe: s.IPXE,
+		NotAnswered: string(s.NotAnswered),
 	}
 	if s.Relay.IsValid() {
 		ev.Relay = s.Relay.String()

@@ -2020,7 +2020,12 @@ type DHCPSeen struct {
 	// ipxe is true when the client already ran iPXE.
 	Ipxe bool `protobuf:"varint,4,opt,name=ipxe,proto3" json:"ipxe,omitempty"`
 	// relay is the relay agent address when the request was relayed.
-	Relay         string `protobuf:"bytes,5,opt,name=relay,proto3" json:"relay,omitempty"`
+	Relay string `protobuf:"bytes,5,opt,name=relay,proto3" json:"relay,omitempty"`
+	// not_answered is why the edge offered this machine nothing ("" when it answered): no_boot_file (nothing
+	// bootable for its firmware), no_signed_boot_file (it enforces Secure Boot and the site has no signed
+	// image for it), secure_boot_disk_plan (it enforces Secure Boot and its plan is its disk: its firmware goes
+	// on to the disk).
+	NotAnswered   string `protobuf:"bytes,7,opt,name=not_answered,json=notAnswered,proto3" json:"not_answered,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2093,6 +2098,13 @@ func (x *DHCPSeen) GetIpxe() bool {
 func (x *DHCPSeen) GetRelay() string {
 	if x != nil {
 		return x.Relay
+	}
+	return ""
+}
+
+func (x *DHCPSeen) GetNotAnswered() string {
+	if x != nil {
+		return x.NotAnswered
 	}
 	return ""
 }
@@ -2675,14 +2687,15 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x128\n" +
 	"\vpower_state\x18\x04 \x01(\x0e2\x17.outpost.bmc.PowerStateR\n" +
-	"powerState\"\xba\x01\n" +
+	"powerState\"\xdd\x01\n" +
 	"\bDHCPSeen\x12\x10\n" +
 	"\x03mac\x18\x01 \x01(\tR\x03mac\x12\x1a\n" +
 	"\bfirmware\x18\x02 \x01(\tR\bfirmware\x12B\n" +
 	"\x0efirmware_class\x18\x06 \x01(\x0e2\x1b.outpost.boot.FirmwareClassR\rfirmwareClass\x12\x12\n" +
 	"\x04uuid\x18\x03 \x01(\tR\x04uuid\x12\x12\n" +
 	"\x04ipxe\x18\x04 \x01(\bR\x04ipxe\x12\x14\n" +
-	"\x05relay\x18\x05 \x01(\tR\x05relay\"b\n" +
+	"\x05relay\x18\x05 \x01(\tR\x05relay\x12!\n" +
+	"\fnot_answered\x18\a \x01(\tR\vnotAnswered\"b\n" +
 	"\aPXESeen\x12\x1b\n" +
 	"\tremote_ip\x18\x01 \x01(\tR\bremoteIp\x12\x12\n" +
 	"\x04file\x18\x02 \x01(\tR\x04file\x12\x10\n" +
