@@ -118,7 +118,7 @@ type Machine struct {
 	TalosVersion    string
 	Extensions      []string
 	ExtraKernelArgs string
-	Arch            string
+	Arch            metal.Arch
 	// SecureBoot is whether its firmware enforces Secure Boot, as the controller knows it.
 	SecureBoot bootpb.SecureBoot
 }
@@ -210,12 +210,12 @@ func (p *Planner) Plan(ctx context.Context, m Machine) (Plan, error) {
 		args = append(args, extra...)
 
 		if mode == ModeInstall {
-			profile = assets.Profile{TalosVersion: m.TalosVersion, Extensions: m.Extensions, KernelArgs: args, Arch: metal.Arch(m.Arch)}
+			profile = assets.Profile{TalosVersion: m.TalosVersion, Extensions: m.Extensions, KernelArgs: args, Arch: m.Arch}
 
 			break
 		}
 
-		profile = assets.Profile{TalosVersion: p.cfg.AgentTalosVersion, Extensions: p.cfg.AgentExtensions, KernelArgs: args, Arch: metal.Arch(m.Arch)}
+		profile = assets.Profile{TalosVersion: p.cfg.AgentTalosVersion, Extensions: p.cfg.AgentExtensions, KernelArgs: args, Arch: m.Arch}
 
 		if p.cfg.EdgeAgentImage {
 			profile = profile.Normalize()

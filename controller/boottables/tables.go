@@ -20,7 +20,6 @@ import (
 
 	"github.com/outpost-metal/outpost/controller/bootplans"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
-	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // Tables holds every site's boot table. A machine lives in one site's table: pushed to a new site, it leaves
@@ -307,7 +306,7 @@ func holdsAgent(tbl *bootpb.Table, plan bootplans.Plan) bool {
 		return true
 	}
 
-	k := tbl.GetAgent()[metal.Arch(plan.Arch).IPXE()]
+	k := tbl.GetAgent()[plan.Arch.IPXE()]
 
 	return k.GetKernelUrl() == plan.KernelURL && k.GetInitrdUrl() == plan.InitrdURL
 }
@@ -331,7 +330,7 @@ func putPlan(tbl *bootpb.Table, pb *bootpb.Plan, plan bootplans.Plan) {
 			tbl.Agent = map[string]*bootpb.Kernel{}
 		}
 
-		tbl.Agent[metal.Arch(plan.Arch).IPXE()] = &bootpb.Kernel{KernelUrl: plan.KernelURL, InitrdUrl: plan.InitrdURL}
+		tbl.Agent[plan.Arch.IPXE()] = &bootpb.Kernel{KernelUrl: plan.KernelURL, InitrdUrl: plan.InitrdURL}
 	}
 }
 

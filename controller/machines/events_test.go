@@ -93,7 +93,7 @@ type where struct {
 }
 
 func whereOf(l machines.Location) where {
-	return where{SiteID: l.SiteID, Arch: l.Arch, Firmware: l.Firmware, Source: l.FirmwareSource, AgentConnected: l.AgentConnected}
+	return where{SiteID: l.SiteID, Arch: l.Arch.String(), Firmware: l.Firmware, Source: l.FirmwareSource, AgentConnected: l.AgentConnected}
 }
 
 // A tunnel refused at a machine's own site (another host, or a clone, asked for it) and a claim from another

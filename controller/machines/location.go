@@ -15,6 +15,7 @@ import (
 	"time"
 
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // ErrSiteOffline is what edge clients return (wrapped) when the machine's site has no live session;
@@ -36,8 +37,8 @@ type Location struct {
 	SiteID string
 	// AgentConnected is true while the machine's agent tunnel is open at that site's edge.
 	AgentConnected bool
-	// Arch is the machine's architecture as its network boot reported it ("amd64", "arm64"; "" when unknown).
-	Arch string
+	// Arch is the machine's architecture as its network boot reported it ("" when unknown).
+	Arch metal.Arch
 	// Firmware is "bios" or "uefi" as the machine's PXE request reported it ("" when unknown).
 	Firmware string
 	// FirmwareSource says where Firmware came from: "ipxe" (its own boot script request), "dhcp", "operator".

@@ -247,9 +247,7 @@ func (l *Locations) Raise(machineID metal.ID, alert, detail string) {
 }
 
 // SetArch records the architecture a machine's network boot reported.
-func (l *Locations) SetArch(machineID metal.ID, a metal.Arch) {
-	arch := string(a)
-
+func (l *Locations) SetArch(machineID metal.ID, arch metal.Arch) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 

@@ -52,7 +52,7 @@ func TestLocations(t *testing.T) {
 	require.Equal(t, machines.Location{SiteID: "site-b"}, must(l.Locate(id)))
 
 	l.SetArch(id, metal.ARM64)
-	require.Equal(t, "arm64", must(l.Locate(id)).Arch)
+	require.Equal(t, metal.ARM64, must(l.Locate(id)).Arch)
 
 	for _, bad := range []metal.ID{"", "../../etc", "m1", "4c4c4544-0042-3510-8052-b4c04f38483", "4C4C4544-0042-3510-8052-B4C04F384833"} {
 		_, err = l.Seen("site-a", bad)
@@ -133,7 +133,7 @@ func TestLocationsPersistAndLoad(t *testing.T) {
 	require.NoError(t, third.Load(t.Context(), st, types))
 
 	merged := must(third.Locate(a))
-	require.Equal(t, []string{"site-a", "uefi", "ipxe", "amd64"}, []string{merged.SiteID, merged.Firmware, merged.FirmwareSource, merged.Arch})
+	require.Equal(t, []string{"site-a", "uefi", "ipxe", "amd64"}, []string{merged.SiteID, merged.Firmware, merged.FirmwareSource, merged.Arch.String()})
 	require.Equal(t, []string{"52:54:00:aa:00:01"}, merged.MACs)
 
 	require.NoError(t, second.Load(t.Context(), st, types))

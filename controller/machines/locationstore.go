@@ -61,7 +61,7 @@ func (l *Locations) Load(ctx context.Context, st state.State, t resources.Types)
 		}
 
 		loc := &Location{
-			SiteID: spec.GetSiteId(), AgentConnected: spec.GetAgentConnected(), Arch: spec.GetArch(),
+			SiteID: spec.GetSiteId(), AgentConnected: spec.GetAgentConnected(), Arch: storedArch(spec.GetArch()),
 			Firmware: spec.GetFirmware(), FirmwareSource: spec.GetFirmwareSource(), MACs: slices.Clone(spec.GetMacs()),
 			Alert: knownAlert(spec.GetAlert()), SecureBoot: spec.GetSecureBoot(), SecureBootOverride: spec.GetSecureBootOverride(),
 		}
@@ -84,6 +84,16 @@ func (l *Locations) Load(ctx context.Context, st state.State, t resources.Types)
 	l.logger.Info("machine locations loaded from omni", zap.Int("machines", loaded), zap.Int("merged_with_edge_reports", merged))
 
 	return nil
+}
+
+// storedArch is a stored record's arch, parsed ("" when it names none this controller knows).
+func storedArch(s string) metal.Arch {
+	a, err := metal.ParseArch(s)
+	if err != nil {
+		return ""
+	}
+
+	return a
 }
 
 // knownAlert is a stored alert when it is one this controller raises ("" otherwise: a hand-edited record
@@ -114,7 +124,7 @@ func mergeRecord(cur *Location, spec *specs.MachineLocationSpec) {
 	}
 
 	if cur.Arch == "" {
-		cur.Arch = spec.GetArch()
+		cur.Arch = storedArch(spec.GetArch())
 	}
 
 	// what the BMC and an operator said of Secure Boot only ever comes from here (an edge never says)
@@ -254,7 +264,7 @@ func (l *Locations) write(ctx context.Context, st state.State, t resources.Types
 
 	if err := safe.StateModify(ctx, st, t.NewMachineLocation(machineID.String()), func(r *resources.MachineLocation) error {
 		r.TypedSpec().Value = &specs.MachineLocationSpec{
-			SiteId: loc.SiteID, Arch: loc.Arch, Firmware: loc.Firmware, FirmwareSource: loc.FirmwareSource,
+			SiteId: loc.SiteID, Arch: loc.Arch.String(), Firmware: loc.Firmware, FirmwareSource: loc.FirmwareSource,
 			Macs: loc.MACs, AgentConnected: loc.AgentConnected, Schema: resources.MachineLocationSchema,
 			Alert: loc.Alert, SecureBoot: loc.SecureBoot, SecureBootOverride: loc.SecureBootOverride,
 		}

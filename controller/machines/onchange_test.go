@@ -7,8 +7,8 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outpost-metal/outpost/controller/machines"
-	"github.com/outpost-metal/outpost/shared/metal"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // Locations tells the lifecycle of every change to what it knows of a machine (so it is observed at once), and
