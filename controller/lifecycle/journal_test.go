@@ -12,11 +12,12 @@ import (
 
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/timeline"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // kinds returns the kinds of a machine's timeline entries, and the texts of its phase entries.
 func kinds(book *timeline.Book, id string) (all, phases []string) {
-	rec, _ := book.Get(id)
+	rec, _ := book.Get(metal.ID(id))
 
 	for _, e := range rec.Entries {
 		all = append(all, e.Kind)

@@ -116,8 +116,8 @@ func (a *API) ShowMachine(_ context.Context, req *adminpb.ShowMachineRequest) (*
 	// A MAC names the machine it belongs to, or a machine only its edge has seen (no boot script yet).
 	if hw, err := net.ParseMAC(req.GetMachineId()); err == nil && len(hw) == 6 {
 		rec, ok = a.machines.GetByMAC(hw.String())
-	} else {
-		rec, ok = a.machines.Get(metal.NormalizeID(req.GetMachineId()))
+	} else if id, err := metal.ParsePeerID(req.GetMachineId()); err == nil {
+		rec, ok = a.machines.Get(id)
 	}
 
 	if !ok {
@@ -276,7 +276,7 @@ func clipID(s string) string {
 
 func machineProto(m timeline.Machine) *adminpb.Machine {
 	out := &adminpb.Machine{
-		MachineId: m.ID, SiteId: m.Site, Phase: m.Phase, Power: m.Power, BmcAddress: m.BMCAddress, BmcProtocol: m.BMCProtocol,
+		MachineId: m.ID.String(), SiteId: m.Site, Phase: m.Phase, Power: m.Power, BmcAddress: m.BMCAddress, BmcProtocol: m.BMCProtocol,
 		AgentConnected: m.AgentConnected, Waiting: m.Waiting, Installed: m.Installed,
 		Macs: m.MACs, Arch: m.Arch, Firmware: m.Firmware,
 	}

@@ -371,8 +371,10 @@ func (p *Pages) machinesPage(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p *Pages) machinePage(w http.ResponseWriter, r *http.Request) {
-	rec, ok := p.opts.Machines.Get(metal.NormalizeID(r.PathValue("id")))
-	if !ok {
+	id, err := metal.ParsePeerID(r.PathValue("id"))
+
+	rec, ok := p.opts.Machines.Get(id)
+	if err != nil || !ok {
 		http.Error(w, "no such machine", http.StatusNotFound)
 
 		return

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/outpost-metal/outpost/controller/timeline"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // Site is what the status page shows of a site.
@@ -36,7 +37,7 @@ type Sites interface {
 // Machines is the machines' timelines (*timeline.Book).
 type Machines interface {
 	List(f timeline.Filter, offset, limit int) ([]timeline.Machine, int)
-	Get(machineID string) (timeline.Record, bool)
+	Get(machineID metal.ID) (timeline.Record, bool)
 	// GetByMAC is the machine a network interface belongs to, or what its edge reported of a MAC no boot
 	// script has tied to a machine yet.
 	GetByMAC(mac string) (timeline.Record, bool)

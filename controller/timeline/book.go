@@ -66,15 +66,15 @@ func (e Entry) Since() time.Time {
 
 // Machine is the summary of one machine: where it is and what the lifecycle last said of it.
 type Machine struct {
-	ID             string `json:"id"`
-	Site           string `json:"site"`
-	Phase          string `json:"phase"`
-	Power          string `json:"power"`
-	BMCAddress     string `json:"bmc_address,omitempty"`
-	BMCProtocol    string `json:"bmc_protocol,omitempty"`
-	AgentConnected bool   `json:"agent_connected"`
-	Waiting        string `json:"waiting,omitempty"`
-	Installed      bool   `json:"installed"`
+	ID             metal.ID `json:"id"`
+	Site           string   `json:"site"`
+	Phase          string   `json:"phase"`
+	Power          string   `json:"power"`
+	BMCAddress     string   `json:"bmc_address,omitempty"`
+	BMCProtocol    string   `json:"bmc_protocol,omitempty"`
+	AgentConnected bool     `json:"agent_connected"`
+	Waiting        string   `json:"waiting,omitempty"`
+	Installed      bool     `json:"installed"`
 	// MACs, Arch and Firmware are how the machine was seen booting (boot scripts served, DHCP requests).
 	MACs     []string `json:"macs,omitempty"`
 	Arch     string   `json:"arch,omitempty"`
@@ -153,9 +153,6 @@ type Book struct {
 type machine struct {
 	Record
 
-	// key is the machine's ID, as the book keys it (Record.ID is its string form).
-	key metal.ID
-
 	// rawHardware is the lifecycle's hardware line as given, so it is made printable only when it changes
 	// (Summarize runs at every status poll of every machine).
 	rawHardware string
@@ -223,16 +220,16 @@ func (b *Book) Version() uint64 {
 // touchLocked marks a machine changed; b.mu is held.
 func (b *Book) touchLocked(m *machine) {
 	b.changedLocked(m)
-	b.dirty[m.key] = true
-	delete(b.repeated, m.key)
+	b.dirty[m.ID] = true
+	delete(b.repeated, m.ID)
 }
 
 // repeatLocked marks m changed by a repeat of its last entry only: watchers see it at once, Omni later.
 func (b *Book) repeatLocked(m *machine) {
 	b.changedLocked(m)
 
-	if !b.dirty[m.key] {
-		b.repeated[m.key] = true
+	if !b.dirty[m.ID] {
+		b.repeated[m.ID] = true
 	}
 }
 
@@ -260,7 +257,7 @@ func (b *Book) getLocked(id metal.ID, create, always bool) *machine {
 		return nil
 	}
 
-	m := &machine{Record: Record{Machine: Machine{ID: id.String()}}, key: id}
+	m := &machine{Record: Record{Machine: Machine{ID: id}}}
 	b.machines[id] = m
 	b.metrics.machines.Set(float64(len(b.machines)))
 
@@ -323,11 +320,11 @@ func (b *Book) Observe(f func(machineID, site string, e Entry)) {
 
 func (b *Book) observeLocked(m *machine, e Entry) {
 	for _, f := range b.observers {
-		f(m.ID, m.Site, e)
+		f(m.ID.String(), m.Site, e)
 	}
 }
 
-// resourceID is the book's key for a machine the lifecycle or an operator names by its Omni resource ID: the ID
+// resourceID is the book's key for a machine the lifecycle names by its Omni resource ID: the ID
 // in the lenient form (metal.NormalizeID), not checked, so every machine the lifecycle drives is journaled
 // whatever Omni names it.
 func resourceID(machineID string) metal.ID { return metal.ID(metal.NormalizeID(machineID)) }
@@ -393,11 +390,8 @@ func (b *Book) Summarize(machineID string, s lifecycle.MachineSummary) {
 	}
 }
 
-// Get returns a machine with its timeline, named by its Omni resource ID (as the lifecycle names it).
-func (b *Book) Get(machineID string) (Record, bool) { return b.get(resourceID(machineID)) }
-
-// get returns machine id with its timeline.
-func (b *Book) get(id metal.ID) (Record, bool) {
+// Get returns a machine with its timeline.
+func (b *Book) Get(id metal.ID) (Record, bool) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 
@@ -455,7 +449,7 @@ func (b *Book) GetByMAC(mac string) (Record, bool) {
 	b.mu.RUnlock()
 
 	if tiedTo != "" {
-		return b.get(tiedTo)
+		return b.Get(tiedTo)
 	}
 
 	if site == "" {
@@ -494,7 +488,7 @@ func (b *Book) List(f Filter, offset, limit int) ([]Machine, int) {
 	}
 
 	slices.SortFunc(matched, func(a, b *machine) int {
-		return cmp.Or(strings.Compare(a.Site, b.Site), strings.Compare(a.ID, b.ID))
+		return cmp.Or(strings.Compare(a.Site, b.Site), cmp.Compare(a.ID, b.ID))
 	})
 
 	total := len(matched)

@@ -19,6 +19,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/timeline"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 const m1 = "4c4c4544-0042-3510-8052-b4c04f4e3232"
@@ -137,7 +138,7 @@ func TestBootModesAndErrors(t *testing.T) {
 
 	list, total := b.List(timeline.Filter{}, 0, 0)
 	require.Equal(t, 1, total, "the bad UUID made no machine")
-	require.Equal(t, m1, list[0].ID)
+	require.Equal(t, metal.ID(m1), list[0].ID)
 }
 
 // A timeline is capped and says how many entries it dropped; the same entry again is one entry, counted.
@@ -209,7 +210,7 @@ func TestListFiltersAndPages(t *testing.T) {
 	page, total := b.List(timeline.Filter{Site: "site-0", Phase: lifecycle.PhaseWiping}, 1, 2)
 	require.Equal(t, 5, total)
 	require.Len(t, page, 2)
-	require.Equal(t, "00000000-0000-0000-0000-000000000006", page[0].ID)
+	require.Equal(t, metal.ID("00000000-0000-0000-0000-000000000006"), page[0].ID)
 
 	page, total = b.List(timeline.Filter{}, 29, 10)
 	require.Equal(t, 30, total)

@@ -250,7 +250,7 @@ func (b *Book) tieLocked(site string, m *machine, key string, ties map[string]me
 		clear(ties)
 	}
 
-	ties[addr] = m.key
+	ties[addr] = m.ID
 
 	for _, h := range b.pending[site+"/"+key] {
 		if h.apply != nil {

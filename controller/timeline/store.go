@@ -71,7 +71,7 @@ func (b *Book) merge(id metal.ID, stored Record) {
 	if !known {
 		m = b.getLocked(id, true, true)
 		m.Machine = stored.Machine
-		m.ID = id.String()
+		m.ID = id
 	} else {
 		// what the edges said since start stays; what only the lifecycle says comes from the record until
 		// the lifecycle says it again
@@ -225,7 +225,7 @@ func (b *Book) Flush(ctx context.Context, st state.State, t resources.Types) (fa
 	eg.SetLimit(flushWriters)
 
 	for id := range batch {
-		rec, ok := b.get(id)
+		rec, ok := b.Get(id)
 		if !ok {
 			continue
 		}
