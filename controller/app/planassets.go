@@ -30,7 +30,7 @@ func (p *assetAwarePusher) Push(ctx context.Context, siteID string, plan bootpla
 
 	if plan.Mode.PXE() {
 		var err error
-		if refs, err = p.install.Refs(plan.MachineID, plan.KernelURL, plan.InitrdURL); err != nil {
+		if refs, err = p.install.Refs(plan.MachineID.String(), plan.KernelURL, plan.InitrdURL); err != nil {
 			return 0, err
 		}
 
@@ -40,7 +40,7 @@ func (p *assetAwarePusher) Push(ctx context.Context, siteID string, plan bootpla
 		}.Wants(plan.Arch.String())
 	}
 
-	p.needs.SetMachine(siteID, plan.MachineID, refs, wants...)
+	p.needs.SetMachine(siteID, plan.MachineID.String(), refs, wants...)
 
 	return p.next.Push(ctx, siteID, plan)
 }

@@ -83,7 +83,7 @@ func Decide(s Situation) Mode {
 
 // Plan is one machine's boot plan as pushed to its site's edge.
 type Plan struct {
-	MachineID string
+	MachineID metal.ID
 	Mode      Mode
 	// KernelURL and InitrdURL are the kernel and initramfs to boot (edge-local /assets/ names, or URLs).
 	KernelURL, InitrdURL string
@@ -113,7 +113,7 @@ func (p Plan) Equal(o Plan) bool {
 
 // Machine is the per-machine input of a plan.
 type Machine struct {
-	ID              string
+	ID              metal.ID
 	Situation       Situation
 	TalosVersion    string
 	Extensions      []string
@@ -241,7 +241,7 @@ func (p *Planner) Plan(ctx context.Context, m Machine) (Plan, error) {
 
 // ToProto converts a plan to the boot table's form.
 func ToProto(p Plan) (*bootpb.Plan, error) {
-	out := &bootpb.Plan{Uuid: metal.NormalizeID(p.MachineID), Macs: slices.Clone(p.MACs), SecureBoot: p.SecureBoot}
+	out := &bootpb.Plan{Uuid: p.MachineID.String(), Macs: slices.Clone(p.MACs), SecureBoot: p.SecureBoot}
 
 	switch p.Mode {
 	case ModeAgent:

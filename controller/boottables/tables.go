@@ -20,6 +20,7 @@ import (
 
 	"github.com/outpost-metal/outpost/controller/bootplans"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // Tables holds every site's boot table. A machine lives in one site's table: pushed to a new site, it leaves
@@ -31,8 +32,8 @@ type Tables struct {
 
 	mu     sync.Mutex
 	sites  map[string]*site
-	placed map[string]placement // by machine ID: where its plan is in the tables
-	config []byte               // the join config, served by every site
+	placed map[metal.ID]placement // by machine ID: where its plan is in the tables
+	config []byte                 // the join config, served by every site
 
 	ackLag   prometheus.Histogram
 	unacked  prometheus.GaugeFunc
@@ -81,7 +82,7 @@ func New(logger *zap.Logger, now func() time.Time) *Tables {
 
 	t := &Tables{
 		log: logger.With(zap.String("component", "boottables")), now: now,
-		sites: map[string]*site{}, placed: map[string]placement{},
+		sites: map[string]*site{}, placed: map[metal.ID]placement{},
 	}
 
 	t.ackLag = prometheus.NewHistogram(prometheus.HistogramOpts{

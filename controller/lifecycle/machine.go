@@ -19,6 +19,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/bootplans"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // view is what the lifecycle knows about one machine, as far as a step reads it: Omni's wishes (InfraMachine,
@@ -200,9 +201,11 @@ func (v *view) situation(deleting bool) bootplans.Situation {
 
 func (v *view) mode() bootplans.Mode { return bootplans.Decide(v.situation(false)) }
 
+// planInput is the machine as its plan takes it. Its Omni resource ID is the ID its agent reported: taken in
+// the lenient form (metal.NormalizeID) and checked by the edge that gets the plan.
 func (v *view) planInput(deleting bool) bootplans.Machine {
 	return bootplans.Machine{
-		ID:              v.id,
+		ID:              metal.ID(metal.NormalizeID(v.id)),
 		Situation:       v.situation(deleting),
 		TalosVersion:    v.machine.GetClusterTalosVersion(),
 		Extensions:      v.machine.GetExtensions(),

@@ -334,7 +334,7 @@ func (f *FakeEdge) Holds(site string, plan bootplans.Plan) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 
-	m, ok := f.machines[plan.MachineID]
+	m, ok := f.machines[plan.MachineID.String()]
 
 	return ok && m.Site == site && m.AckedSeen && m.Acked.Equal(plan)
 }
@@ -350,7 +350,7 @@ func (f *FakeEdge) Push(ctx context.Context, site string, plan bootplans.Plan) (
 		return 0, fmt.Errorf("push to %s: %w", site, machines.ErrSiteOffline)
 	}
 
-	f.record(plan.MachineID, "Push "+string(plan.Mode))
+	f.record(plan.MachineID.String(), "Push "+string(plan.Mode))
 	f.mu.Unlock()
 
 	if hold != nil {
@@ -366,12 +366,12 @@ func (f *FakeEdge) Push(ctx context.Context, site string, plan bootplans.Plan) (
 
 	f.version++
 
-	if m, ok := f.machines[plan.MachineID]; ok && m.Site == site {
+	if m, ok := f.machines[plan.MachineID.String()]; ok && m.Site == site {
 		m.Acked = plan
 		m.AckedSeen = true
 	}
 
-	f.record(plan.MachineID, "Ack "+string(plan.Mode))
+	f.record(plan.MachineID.String(), "Ack "+string(plan.Mode))
 
 	if f.dropAt[site] {
 		delete(f.dropAt, site)
