@@ -17,10 +17,10 @@ func consoleEntry(at time.Time, c *bootpb.ConsoleSession) Entry {
 
 	who := orUnknown(c.GetOperator())
 
-	switch c.GetResult() {
-	case "refused":
+	switch c.ReportedResult() {
+	case bootpb.ConsoleResult_CONSOLE_RESULT_REFUSED:
 		return Entry{At: at, Kind: KindBMC, Text: fmt.Sprintf("serial console writer %s refused: another held it", who)}
-	case "failed":
+	case bootpb.ConsoleResult_CONSOLE_RESULT_FAILED:
 		return Entry{At: at, Kind: KindBMC, Text: fmt.Sprintf("serial console (%s) of %s failed after %s", mode, who, dur(c.GetDurationMs()))}
 	default:
 		text := fmt.Sprintf("serial console (%s) by %s: %s, %d bytes out, %d typed", mode, who, dur(c.GetDurationMs()), c.GetBytesOut(), c.GetBytesIn())

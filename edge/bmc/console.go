@@ -141,9 +141,9 @@ func (s *ConsoleService) Attach(stream consolepb.Console_AttachServer) error {
 
 		release, err := s.hold(key, operator)
 		if err != nil {
-			s.sessions.WithLabelValues(mode, "refused").Inc()
+			s.sessions.WithLabelValues(mode, bootpb.ConsoleResult_CONSOLE_RESULT_REFUSED.Name()).Inc()
 			s.log.Info("console writer refused", zap.String("machine_id", key), zap.String("operator", operator), zap.Error(err))
-			s.record(&bootpb.ConsoleSession{MachineId: key, Operator: operator, Write: true, Result: "refused"})
+			s.record((&bootpb.ConsoleSession{MachineId: key, Operator: operator, Write: true}).SetResult(bootpb.ConsoleResult_CONSOLE_RESULT_REFUSED))
 
 			return status.Error(codes.FailedPrecondition, fmt.Sprintf("console of %s: %v", key, err))
 		}
@@ -158,7 +158,7 @@ func (s *ConsoleService) Attach(stream consolepb.Console_AttachServer) error {
 		CipherSuites: s.m.cfg.IPMICipherSuites, Timeout: s.m.cfg.IPMIExchangeTimeout,
 	})
 	if err != nil {
-		s.sessions.WithLabelValues(mode, "failed").Inc()
+		s.sessions.WithLabelValues(mode, bootpb.ConsoleResult_CONSOLE_RESULT_FAILED.Name()).Inc()
 
 		return status.Error(codes.Unavailable, fmt.Sprintf("console of %s: %v", key, err))
 	}
@@ -174,18 +174,18 @@ func (s *ConsoleService) Attach(stream consolepb.Console_AttachServer) error {
 
 	err = s.run(ctx, stream, cl, sess, open.GetWrite())
 
-	result := "ok"
+	result := bootpb.ConsoleResult_CONSOLE_RESULT_OK
 	if err != nil {
-		result = "failed"
+		result = bootpb.ConsoleResult_CONSOLE_RESULT_FAILED
 	}
 
-	s.sessions.WithLabelValues(mode, result).Inc()
+	s.sessions.WithLabelValues(mode, result.Name()).Inc()
 	out, in, dropped := sess.counts()
-	s.record(&bootpb.ConsoleSession{
-		MachineId: key, Operator: operator, Write: open.GetWrite(), Result: result,
+	s.record((&bootpb.ConsoleSession{
+		MachineId: key, Operator: operator, Write: open.GetWrite(),
 		DurationMs: uint64(max(s.now().Sub(start).Milliseconds(), 0)),
 		BytesOut:   uint64(max(out, 0)), BytesIn: uint64(max(in, 0)), DroppedBytes: uint64(max(dropped, 0)),
-	})
+	}).SetResult(result))
 	s.log.Info("console session ended", zap.String("machine_id", key), zap.String("operator", operator),
 		zap.String("mode", mode), zap.Time("attached_at", start), zap.Duration("duration", s.now().Sub(start)),
 		zap.Int64("bytes_out", out), zap.Int64("bytes_in", in), zap.Int64("dropped_bytes", dropped), zap.Error(err))

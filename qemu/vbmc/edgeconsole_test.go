@@ -144,9 +144,11 @@ func TestEdgeConsoleOverSOL(t *testing.T) {
 	// Both are journaled at the edge: the refusal, and the writer's session with what it typed.
 	waitFor(t, "the writer's session journaled", func() bool { return len(journal.sessions()) == 2 })
 	got := journal.sessions()
-	require.Equal(t, "refused", got[0].GetResult())
+	require.Equal(t, "refused", got[0].GetResult(), "the name, for older controllers")
+	require.Equal(t, bootpb.ConsoleResult_CONSOLE_RESULT_REFUSED, got[0].GetConsoleResult())
 	require.Equal(t, "bob", got[0].GetOperator())
 	require.Equal(t, "ok", got[1].GetResult())
+	require.Equal(t, bootpb.ConsoleResult_CONSOLE_RESULT_OK, got[1].GetConsoleResult())
 	require.Equal(t, "alice", got[1].GetOperator())
 	require.Equal(t, uint64(len("hello-edge\n")), got[1].GetBytesIn())
 	require.Positive(t, got[1].GetBytesOut())

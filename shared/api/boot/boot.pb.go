@@ -304,6 +304,62 @@ func (DHCPMode) EnumDescriptor() ([]byte, []int) {
 	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{4}
 }
 
+// ConsoleResult is how an operator's serial console session ended.
+type ConsoleResult int32
+
+const (
+	ConsoleResult_CONSOLE_RESULT_UNSPECIFIED ConsoleResult = 0
+	// CONSOLE_RESULT_OK: the session ran and ended.
+	ConsoleResult_CONSOLE_RESULT_OK ConsoleResult = 1
+	// CONSOLE_RESULT_REFUSED: a second writer was refused (another held the console).
+	ConsoleResult_CONSOLE_RESULT_REFUSED ConsoleResult = 2
+	// CONSOLE_RESULT_FAILED: the BMC's serial-over-LAN did not serve it.
+	ConsoleResult_CONSOLE_RESULT_FAILED ConsoleResult = 3
+)
+
+// Enum value maps for ConsoleResult.
+var (
+	ConsoleResult_name = map[int32]string{
+		0: "CONSOLE_RESULT_UNSPECIFIED",
+		1: "CONSOLE_RESULT_OK",
+		2: "CONSOLE_RESULT_REFUSED",
+		3: "CONSOLE_RESULT_FAILED",
+	}
+	ConsoleResult_value = map[string]int32{
+		"CONSOLE_RESULT_UNSPECIFIED": 0,
+		"CONSOLE_RESULT_OK":          1,
+		"CONSOLE_RESULT_REFUSED":     2,
+		"CONSOLE_RESULT_FAILED":      3,
+	}
+)
+
+func (x ConsoleResult) Enum() *ConsoleResult {
+	p := new(ConsoleResult)
+	*p = x
+	return p
+}
+
+func (x ConsoleResult) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ConsoleResult) Descriptor() protoreflect.EnumDescriptor {
+	return file_shared_api_boot_boot_proto_enumTypes[5].Descriptor()
+}
+
+func (ConsoleResult) Type() protoreflect.EnumType {
+	return &file_shared_api_boot_boot_proto_enumTypes[5]
+}
+
+func (x ConsoleResult) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ConsoleResult.Descriptor instead.
+func (ConsoleResult) EnumDescriptor() ([]byte, []int) {
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{5}
+}
+
 // FirmwareClass is how a PXE client boots, as the ProxyDHCP reads it from DHCP option 93.
 type FirmwareClass int32
 
@@ -349,11 +405,11 @@ func (x FirmwareClass) String() string {
 }
 
 func (FirmwareClass) Descriptor() protoreflect.EnumDescriptor {
-	return file_shared_api_boot_boot_proto_enumTypes[5].Descriptor()
+	return file_shared_api_boot_boot_proto_enumTypes[6].Descriptor()
 }
 
 func (FirmwareClass) Type() protoreflect.EnumType {
-	return &file_shared_api_boot_boot_proto_enumTypes[5]
+	return &file_shared_api_boot_boot_proto_enumTypes[6]
 }
 
 func (x FirmwareClass) Number() protoreflect.EnumNumber {
@@ -362,7 +418,7 @@ func (x FirmwareClass) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FirmwareClass.Descriptor instead.
 func (FirmwareClass) EnumDescriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{5}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{6}
 }
 
 // IPXEArch is the build of the iPXE that asked for its boot script (iPXE's ${buildarch}).
@@ -403,11 +459,11 @@ func (x IPXEArch) String() string {
 }
 
 func (IPXEArch) Descriptor() protoreflect.EnumDescriptor {
-	return file_shared_api_boot_boot_proto_enumTypes[6].Descriptor()
+	return file_shared_api_boot_boot_proto_enumTypes[7].Descriptor()
 }
 
 func (IPXEArch) Type() protoreflect.EnumType {
-	return &file_shared_api_boot_boot_proto_enumTypes[6]
+	return &file_shared_api_boot_boot_proto_enumTypes[7]
 }
 
 func (x IPXEArch) Number() protoreflect.EnumNumber {
@@ -416,7 +472,7 @@ func (x IPXEArch) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use IPXEArch.Descriptor instead.
 func (IPXEArch) EnumDescriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{6}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{7}
 }
 
 // IPXEPlatform is the firmware iPXE runs on (iPXE's ${platform}).
@@ -453,11 +509,11 @@ func (x IPXEPlatform) String() string {
 }
 
 func (IPXEPlatform) Descriptor() protoreflect.EnumDescriptor {
-	return file_shared_api_boot_boot_proto_enumTypes[7].Descriptor()
+	return file_shared_api_boot_boot_proto_enumTypes[8].Descriptor()
 }
 
 func (IPXEPlatform) Type() protoreflect.EnumType {
-	return &file_shared_api_boot_boot_proto_enumTypes[7]
+	return &file_shared_api_boot_boot_proto_enumTypes[8]
 }
 
 func (x IPXEPlatform) Number() protoreflect.EnumNumber {
@@ -466,7 +522,7 @@ func (x IPXEPlatform) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use IPXEPlatform.Descriptor instead.
 func (IPXEPlatform) EnumDescriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{7}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{8}
 }
 
 // TunnelRefusal is why an edge refused an agent tunnel.
@@ -514,11 +570,11 @@ func (x TunnelRefusal) String() string {
 }
 
 func (TunnelRefusal) Descriptor() protoreflect.EnumDescriptor {
-	return file_shared_api_boot_boot_proto_enumTypes[8].Descriptor()
+	return file_shared_api_boot_boot_proto_enumTypes[9].Descriptor()
 }
 
 func (TunnelRefusal) Type() protoreflect.EnumType {
-	return &file_shared_api_boot_boot_proto_enumTypes[8]
+	return &file_shared_api_boot_boot_proto_enumTypes[9]
 }
 
 func (x TunnelRefusal) Number() protoreflect.EnumNumber {
@@ -527,7 +583,7 @@ func (x TunnelRefusal) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TunnelRefusal.Descriptor instead.
 func (TunnelRefusal) EnumDescriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{8}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{9}
 }
 
 type StateRequest struct {
@@ -1837,13 +1893,15 @@ type ConsoleSession struct {
 	// operator is who attached, as the edge repeats it (at most 64 bytes of letters, digits and "@._-").
 	Operator string `protobuf:"bytes,2,opt,name=operator,proto3" json:"operator,omitempty"`
 	Write    bool   `protobuf:"varint,3,opt,name=write,proto3" json:"write,omitempty"`
-	// result is "ok", "refused" (another writer held the console) or "failed" (the BMC's SOL did not serve it).
+	// result is console_result's name ("ok", "refused", "failed"), what edges sent before the enum, still sent
+	// beside it so controllers of either age read the other's events.
 	Result     string `protobuf:"bytes,4,opt,name=result,proto3" json:"result,omitempty"`
 	DurationMs uint64 `protobuf:"varint,5,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
 	// bytes_out is console output sent to the operator, bytes_in input typed, dropped_bytes output a slow reader lost.
-	BytesOut      uint64 `protobuf:"varint,6,opt,name=bytes_out,json=bytesOut,proto3" json:"bytes_out,omitempty"`
-	BytesIn       uint64 `protobuf:"varint,7,opt,name=bytes_in,json=bytesIn,proto3" json:"bytes_in,omitempty"`
-	DroppedBytes  uint64 `protobuf:"varint,8,opt,name=dropped_bytes,json=droppedBytes,proto3" json:"dropped_bytes,omitempty"`
+	BytesOut      uint64        `protobuf:"varint,6,opt,name=bytes_out,json=bytesOut,proto3" json:"bytes_out,omitempty"`
+	BytesIn       uint64        `protobuf:"varint,7,opt,name=bytes_in,json=bytesIn,proto3" json:"bytes_in,omitempty"`
+	DroppedBytes  uint64        `protobuf:"varint,8,opt,name=dropped_bytes,json=droppedBytes,proto3" json:"dropped_bytes,omitempty"`
+	ConsoleResult ConsoleResult `protobuf:"varint,9,opt,name=console_result,json=consoleResult,proto3,enum=outpost.boot.ConsoleResult" json:"console_result,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1932,6 +1990,13 @@ func (x *ConsoleSession) GetDroppedBytes() uint64 {
 		return x.DroppedBytes
 	}
 	return 0
+}
+
+func (x *ConsoleSession) GetConsoleResult() ConsoleResult {
+	if x != nil {
+		return x.ConsoleResult
+	}
+	return ConsoleResult_CONSOLE_RESULT_UNSPECIFIED
 }
 
 // PowerChanged: a watched BMC reported a power state other than the last one journaled for the machine (or
@@ -2669,7 +2734,7 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\x0etunnel_refused\x18\x15 \x01(\v2\x1b.outpost.boot.TunnelRefusedH\x00R\rtunnelRefused\x12A\n" +
 	"\rpower_changed\x18( \x01(\v2\x1a.outpost.boot.PowerChangedH\x00R\fpowerChanged\x12G\n" +
 	"\x0fconsole_session\x18) \x01(\v2\x1c.outpost.boot.ConsoleSessionH\x00R\x0econsoleSessionB\x06\n" +
-	"\x04kind\"\xf7\x01\n" +
+	"\x04kind\"\xbb\x02\n" +
 	"\x0eConsoleSession\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x1a\n" +
@@ -2680,7 +2745,8 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"durationMs\x12\x1b\n" +
 	"\tbytes_out\x18\x06 \x01(\x04R\bbytesOut\x12\x19\n" +
 	"\bbytes_in\x18\a \x01(\x04R\abytesIn\x12#\n" +
-	"\rdropped_bytes\x18\b \x01(\x04R\fdroppedBytes\"\x93\x01\n" +
+	"\rdropped_bytes\x18\b \x01(\x04R\fdroppedBytes\x12B\n" +
+	"\x0econsole_result\x18\t \x01(\x0e2\x1b.outpost.boot.ConsoleResultR\rconsoleResult\"\x93\x01\n" +
 	"\fPowerChanged\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x14\n" +
@@ -2761,7 +2827,12 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\x15DHCP_MODE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fDHCP_MODE_PROXY\x10\x01\x12\x12\n" +
 	"\x0eDHCP_MODE_FULL\x10\x02\x12\x11\n" +
-	"\rDHCP_MODE_OFF\x10\x03*\xc0\x01\n" +
+	"\rDHCP_MODE_OFF\x10\x03*}\n" +
+	"\rConsoleResult\x12\x1e\n" +
+	"\x1aCONSOLE_RESULT_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11CONSOLE_RESULT_OK\x10\x01\x12\x1a\n" +
+	"\x16CONSOLE_RESULT_REFUSED\x10\x02\x12\x19\n" +
+	"\x15CONSOLE_RESULT_FAILED\x10\x03*\xc0\x01\n" +
 	"\rFirmwareClass\x12\x1e\n" +
 	"\x1aFIRMWARE_CLASS_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13FIRMWARE_CLASS_BIOS\x10\x01\x12\x1b\n" +
@@ -2803,7 +2874,7 @@ func file_shared_api_boot_boot_proto_rawDescGZIP() []byte {
 	return file_shared_api_boot_boot_proto_rawDescData
 }
 
-var file_shared_api_boot_boot_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
+var file_shared_api_boot_boot_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
 var file_shared_api_boot_boot_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_shared_api_boot_boot_proto_goTypes = []any{
 	(Mode)(0),                     // 0: outpost.boot.Mode
@@ -2811,87 +2882,89 @@ var file_shared_api_boot_boot_proto_goTypes = []any{
 	(Discovery)(0),                // 2: outpost.boot.Discovery
 	(SecureBoot)(0),               // 3: outpost.boot.SecureBoot
 	(DHCPMode)(0),                 // 4: outpost.boot.DHCPMode
-	(FirmwareClass)(0),            // 5: outpost.boot.FirmwareClass
-	(IPXEArch)(0),                 // 6: outpost.boot.IPXEArch
-	(IPXEPlatform)(0),             // 7: outpost.boot.IPXEPlatform
-	(TunnelRefusal)(0),            // 8: outpost.boot.TunnelRefusal
-	(*StateRequest)(nil),          // 9: outpost.boot.StateRequest
-	(*StateResponse)(nil),         // 10: outpost.boot.StateResponse
-	(*Kernel)(nil),                // 11: outpost.boot.Kernel
-	(*Plan)(nil),                  // 12: outpost.boot.Plan
-	(*Table)(nil),                 // 13: outpost.boot.Table
-	(*DHCP)(nil),                  // 14: outpost.boot.DHCP
-	(*DHCPReservation)(nil),       // 15: outpost.boot.DHCPReservation
-	(*Delta)(nil),                 // 16: outpost.boot.Delta
-	(*ApplyRequest)(nil),          // 17: outpost.boot.ApplyRequest
-	(*ApplyResponse)(nil),         // 18: outpost.boot.ApplyResponse
-	(*InventoryRequest)(nil),      // 19: outpost.boot.InventoryRequest
-	(*InventoryResponse)(nil),     // 20: outpost.boot.InventoryResponse
-	(*PublishRequest)(nil),        // 21: outpost.boot.PublishRequest
-	(*PublishResponse)(nil),       // 22: outpost.boot.PublishResponse
-	(*Event)(nil),                 // 23: outpost.boot.Event
-	(*ConsoleSession)(nil),        // 24: outpost.boot.ConsoleSession
-	(*PowerChanged)(nil),          // 25: outpost.boot.PowerChanged
-	(*DHCPSeen)(nil),              // 26: outpost.boot.DHCPSeen
-	(*PXESeen)(nil),               // 27: outpost.boot.PXESeen
-	(*AssetFetch)(nil),            // 28: outpost.boot.AssetFetch
-	(*BootServed)(nil),            // 29: outpost.boot.BootServed
-	(*TunnelRefused)(nil),         // 30: outpost.boot.TunnelRefused
-	(*AgentTunnel)(nil),           // 31: outpost.boot.AgentTunnel
-	nil,                           // 32: outpost.boot.Table.AgentEntry
-	nil,                           // 33: outpost.boot.Delta.AgentEntry
-	(*timestamppb.Timestamp)(nil), // 34: google.protobuf.Timestamp
-	(bmc.PowerState)(0),           // 35: outpost.bmc.PowerState
+	(ConsoleResult)(0),            // 5: outpost.boot.ConsoleResult
+	(FirmwareClass)(0),            // 6: outpost.boot.FirmwareClass
+	(IPXEArch)(0),                 // 7: outpost.boot.IPXEArch
+	(IPXEPlatform)(0),             // 8: outpost.boot.IPXEPlatform
+	(TunnelRefusal)(0),            // 9: outpost.boot.TunnelRefusal
+	(*StateRequest)(nil),          // 10: outpost.boot.StateRequest
+	(*StateResponse)(nil),         // 11: outpost.boot.StateResponse
+	(*Kernel)(nil),                // 12: outpost.boot.Kernel
+	(*Plan)(nil),                  // 13: outpost.boot.Plan
+	(*Table)(nil),                 // 14: outpost.boot.Table
+	(*DHCP)(nil),                  // 15: outpost.boot.DHCP
+	(*DHCPReservation)(nil),       // 16: outpost.boot.DHCPReservation
+	(*Delta)(nil),                 // 17: outpost.boot.Delta
+	(*ApplyRequest)(nil),          // 18: outpost.boot.ApplyRequest
+	(*ApplyResponse)(nil),         // 19: outpost.boot.ApplyResponse
+	(*InventoryRequest)(nil),      // 20: outpost.boot.InventoryRequest
+	(*InventoryResponse)(nil),     // 21: outpost.boot.InventoryResponse
+	(*PublishRequest)(nil),        // 22: outpost.boot.PublishRequest
+	(*PublishResponse)(nil),       // 23: outpost.boot.PublishResponse
+	(*Event)(nil),                 // 24: outpost.boot.Event
+	(*ConsoleSession)(nil),        // 25: outpost.boot.ConsoleSession
+	(*PowerChanged)(nil),          // 26: outpost.boot.PowerChanged
+	(*DHCPSeen)(nil),              // 27: outpost.boot.DHCPSeen
+	(*PXESeen)(nil),               // 28: outpost.boot.PXESeen
+	(*AssetFetch)(nil),            // 29: outpost.boot.AssetFetch
+	(*BootServed)(nil),            // 30: outpost.boot.BootServed
+	(*TunnelRefused)(nil),         // 31: outpost.boot.TunnelRefused
+	(*AgentTunnel)(nil),           // 32: outpost.boot.AgentTunnel
+	nil,                           // 33: outpost.boot.Table.AgentEntry
+	nil,                           // 34: outpost.boot.Delta.AgentEntry
+	(*timestamppb.Timestamp)(nil), // 35: google.protobuf.Timestamp
+	(bmc.PowerState)(0),           // 36: outpost.bmc.PowerState
 }
 var file_shared_api_boot_boot_proto_depIdxs = []int32{
 	0,  // 0: outpost.boot.Plan.mode:type_name -> outpost.boot.Mode
 	1,  // 1: outpost.boot.Plan.disk_method:type_name -> outpost.boot.DiskMethod
-	11, // 2: outpost.boot.Plan.install:type_name -> outpost.boot.Kernel
+	12, // 2: outpost.boot.Plan.install:type_name -> outpost.boot.Kernel
 	3,  // 3: outpost.boot.Plan.secure_boot:type_name -> outpost.boot.SecureBoot
-	12, // 4: outpost.boot.Table.plans:type_name -> outpost.boot.Plan
-	32, // 5: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
+	13, // 4: outpost.boot.Table.plans:type_name -> outpost.boot.Plan
+	33, // 5: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
 	2,  // 6: outpost.boot.Table.discovery:type_name -> outpost.boot.Discovery
-	14, // 7: outpost.boot.Table.dhcp:type_name -> outpost.boot.DHCP
+	15, // 7: outpost.boot.Table.dhcp:type_name -> outpost.boot.DHCP
 	3,  // 8: outpost.boot.Table.secure_boot:type_name -> outpost.boot.SecureBoot
 	4,  // 9: outpost.boot.DHCP.mode:type_name -> outpost.boot.DHCPMode
-	15, // 10: outpost.boot.DHCP.reservations:type_name -> outpost.boot.DHCPReservation
-	12, // 11: outpost.boot.Delta.upsert:type_name -> outpost.boot.Plan
-	33, // 12: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
+	16, // 10: outpost.boot.DHCP.reservations:type_name -> outpost.boot.DHCPReservation
+	13, // 11: outpost.boot.Delta.upsert:type_name -> outpost.boot.Plan
+	34, // 12: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
 	2,  // 13: outpost.boot.Delta.discovery:type_name -> outpost.boot.Discovery
-	14, // 14: outpost.boot.Delta.dhcp:type_name -> outpost.boot.DHCP
+	15, // 14: outpost.boot.Delta.dhcp:type_name -> outpost.boot.DHCP
 	3,  // 15: outpost.boot.Delta.secure_boot:type_name -> outpost.boot.SecureBoot
-	13, // 16: outpost.boot.ApplyRequest.snapshot:type_name -> outpost.boot.Table
-	16, // 17: outpost.boot.ApplyRequest.delta:type_name -> outpost.boot.Delta
-	23, // 18: outpost.boot.PublishRequest.events:type_name -> outpost.boot.Event
-	34, // 19: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
-	26, // 20: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
-	27, // 21: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
-	29, // 22: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
-	28, // 23: outpost.boot.Event.asset_fetch:type_name -> outpost.boot.AssetFetch
-	31, // 24: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
-	30, // 25: outpost.boot.Event.tunnel_refused:type_name -> outpost.boot.TunnelRefused
-	25, // 26: outpost.boot.Event.power_changed:type_name -> outpost.boot.PowerChanged
-	24, // 27: outpost.boot.Event.console_session:type_name -> outpost.boot.ConsoleSession
-	35, // 28: outpost.boot.PowerChanged.power_state:type_name -> outpost.bmc.PowerState
-	5,  // 29: outpost.boot.DHCPSeen.firmware_class:type_name -> outpost.boot.FirmwareClass
-	6,  // 30: outpost.boot.BootServed.ipxe_arch:type_name -> outpost.boot.IPXEArch
-	7,  // 31: outpost.boot.BootServed.ipxe_platform:type_name -> outpost.boot.IPXEPlatform
-	8,  // 32: outpost.boot.TunnelRefused.refusal:type_name -> outpost.boot.TunnelRefusal
-	11, // 33: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
-	11, // 34: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
-	9,  // 35: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
-	17, // 36: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
-	21, // 37: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
-	19, // 38: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
-	10, // 39: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
-	18, // 40: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
-	22, // 41: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
-	20, // 42: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
-	39, // [39:43] is the sub-list for method output_type
-	35, // [35:39] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	14, // 16: outpost.boot.ApplyRequest.snapshot:type_name -> outpost.boot.Table
+	17, // 17: outpost.boot.ApplyRequest.delta:type_name -> outpost.boot.Delta
+	24, // 18: outpost.boot.PublishRequest.events:type_name -> outpost.boot.Event
+	35, // 19: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
+	27, // 20: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
+	28, // 21: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
+	30, // 22: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
+	29, // 23: outpost.boot.Event.asset_fetch:type_name -> outpost.boot.AssetFetch
+	32, // 24: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
+	31, // 25: outpost.boot.Event.tunnel_refused:type_name -> outpost.boot.TunnelRefused
+	26, // 26: outpost.boot.Event.power_changed:type_name -> outpost.boot.PowerChanged
+	25, // 27: outpost.boot.Event.console_session:type_name -> outpost.boot.ConsoleSession
+	5,  // 28: outpost.boot.ConsoleSession.console_result:type_name -> outpost.boot.ConsoleResult
+	36, // 29: outpost.boot.PowerChanged.power_state:type_name -> outpost.bmc.PowerState
+	6,  // 30: outpost.boot.DHCPSeen.firmware_class:type_name -> outpost.boot.FirmwareClass
+	7,  // 31: outpost.boot.BootServed.ipxe_arch:type_name -> outpost.boot.IPXEArch
+	8,  // 32: outpost.boot.BootServed.ipxe_platform:type_name -> outpost.boot.IPXEPlatform
+	9,  // 33: outpost.boot.TunnelRefused.refusal:type_name -> outpost.boot.TunnelRefusal
+	12, // 34: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
+	12, // 35: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
+	10, // 36: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
+	18, // 37: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
+	22, // 38: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
+	20, // 39: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
+	11, // 40: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
+	19, // 41: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
+	23, // 42: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
+	21, // 43: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
+	40, // [40:44] is the sub-list for method output_type
+	36, // [36:40] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_boot_boot_proto_init() }
@@ -2918,7 +2991,7 @@ func file_shared_api_boot_boot_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_boot_boot_proto_rawDesc), len(file_shared_api_boot_boot_proto_rawDesc)),
-			NumEnums:      9,
+			NumEnums:      10,
 			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   2,

@@ -60,6 +60,35 @@ func IPXEArchNamed(name string) IPXEArch { return byName(ipxeArchNames, name) }
 // IPXEPlatformNamed is the value of iPXE's ${platform} (unspecified for another platform).
 func IPXEPlatformNamed(name string) IPXEPlatform { return byName(ipxePlatformNames, name) }
 
+// consoleResultNames are the console results' names (the edge's metric labels, older journals).
+var consoleResultNames = map[ConsoleResult]string{
+	ConsoleResult_CONSOLE_RESULT_OK:      "ok",
+	ConsoleResult_CONSOLE_RESULT_REFUSED: "refused",
+	ConsoleResult_CONSOLE_RESULT_FAILED:  "failed",
+}
+
+// ConsoleResultNamed is the result named name (unspecified for another name).
+func ConsoleResultNamed(name string) ConsoleResult { return byName(consoleResultNames, name) }
+
+// Name is the result's name (ok, refused, failed; "" when unspecified).
+func (r ConsoleResult) Name() string { return consoleResultNames[r] }
+
+// SetResult sets how the session ended: the enum and, for older controllers, its name.
+func (c *ConsoleSession) SetResult(r ConsoleResult) *ConsoleSession {
+	c.ConsoleResult, c.Result = r, r.Name()
+
+	return c
+}
+
+// ReportedResult is how the session ended: the enum, or the one its name says in an older edge's event.
+func (c *ConsoleSession) ReportedResult() ConsoleResult {
+	if r := c.GetConsoleResult(); r != ConsoleResult_CONSOLE_RESULT_UNSPECIFIED {
+		return r
+	}
+
+	return ConsoleResultNamed(c.GetResult())
+}
+
 // TunnelRefusalNamed is the refusal named name (unspecified for another name).
 func TunnelRefusalNamed(name string) TunnelRefusal { return byName(tunnelRefusalNames, name) }
 
