@@ -96,7 +96,7 @@ func TestSecureBootPersists(t *testing.T) {
 		}
 
 		for _, r := range list.Items {
-			if r.(*resources.MachineLocation).TypedSpec().Value.GetSecureBoot() == none { //nolint:forcetypeassert
+			if loc, ok := r.(*resources.MachineLocation); !ok || loc.TypedSpec().Value.GetSecureBoot() == none {
 				return false
 			}
 		}
