@@ -80,8 +80,7 @@ func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, 
 		}
 
 		// what the machine's plans say of its Secure Boot (planGate.plan): a change wakes the boot plan step
-		site := s.policies.SecureBoot(loc.SiteID)
-		obs.SecureBoot, obs.SecureBootSource = loc.EnforcesSecureBoot(site), loc.SecureBootSource(site)
+		obs.SecureBoot, obs.SecureBootSource = loc.EnforcesSecureBoot(s.policies.SecureBoot(loc.SiteID))
 
 		if v.managed() && v.bmc != nil {
 			obs.PowerState = s.powerState(ctx, logger, loc, v, obs)

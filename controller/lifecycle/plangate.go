@@ -52,7 +52,7 @@ func (g *planGate) plan(ctx context.Context, site string, v *view, deleting bool
 
 	if loc, ok := g.sites.Locate(v.id); ok {
 		in.Arch = loc.Arch
-		in.SecureBoot = loc.EnforcesSecureBoot(g.policies.SecureBoot(loc.SiteID))
+		in.SecureBoot, _ = loc.EnforcesSecureBoot(g.policies.SecureBoot(loc.SiteID))
 		macs = loc.MACs
 	}
 

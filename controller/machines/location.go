@@ -62,18 +62,20 @@ type Location struct {
 	SecureBoot, SecureBootOverride bootpb.SecureBoot
 }
 
-// EnforcesSecureBoot is whether the machine's firmware enforces Secure Boot, first match wins: an operator's
-// word for the machine, the site's setting, what its BMC said. Unspecified: nobody said (the edge's own setting
-// decides).
-func (l Location) EnforcesSecureBoot(site bootpb.SecureBoot) bootpb.SecureBoot {
-	switch {
-	case l.SecureBootOverride != bootpb.SecureBoot_SECURE_BOOT_UNSPECIFIED:
-		return l.SecureBootOverride
-	case site != bootpb.SecureBoot_SECURE_BOOT_UNSPECIFIED:
-		return site
-	default:
-		return l.SecureBoot
+// EnforcesSecureBoot is whether the machine's firmware enforces Secure Boot and who said it, first match wins:
+// an operator's word for the machine ("operator"), the site's setting ("site"), what its BMC said ("bmc").
+// Unspecified and "": nobody said (the edge's own setting decides).
+func (l Location) EnforcesSecureBoot(site bootpb.SecureBoot) (bootpb.SecureBoot, string) {
+	for _, said := range []struct {
+		value  bootpb.SecureBoot
+		source string
+	}{{l.SecureBootOverride, "operator"}, {site, "site"}, {l.SecureBoot, "bmc"}} {
+		if said.value != bootpb.SecureBoot_SECURE_BOOT_UNSPECIFIED {
+			return said.value, said.source
+		}
 	}
+
+	return bootpb.SecureBoot_SECURE_BOOT_UNSPECIFIED, ""
 }
 
 // Alerts: what a machine's Alert says.

@@ -71,18 +71,3 @@ func (l *Locations) OverrideSecureBoot(machineID metal.ID, s bootpb.SecureBoot) 
 
 	return *cur, nil
 }
-
-// SecureBootSource says who decides the machine's Secure Boot (see EnforcesSecureBoot): "operator", "site",
-// "bmc", or "" when nobody says.
-func (l Location) SecureBootSource(site bootpb.SecureBoot) string {
-	switch {
-	case l.SecureBootOverride != bootpb.SecureBoot_SECURE_BOOT_UNSPECIFIED:
-		return "operator"
-	case site != bootpb.SecureBoot_SECURE_BOOT_UNSPECIFIED:
-		return "site"
-	case l.SecureBoot != bootpb.SecureBoot_SECURE_BOOT_UNSPECIFIED:
-		return "bmc"
-	default:
-		return ""
-	}
-}

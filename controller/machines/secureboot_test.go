@@ -42,8 +42,9 @@ func TestEnforcesSecureBoot(t *testing.T) {
 		{name: "the operator alone", override: off, want: off, source: "operator"},
 	} {
 		loc := machines.Location{SecureBoot: tc.bmc, SecureBootOverride: tc.override}
-		require.Equal(t, tc.want, loc.EnforcesSecureBoot(tc.site), tc.name)
-		require.Equal(t, tc.source, loc.SecureBootSource(tc.site), tc.name)
+		got, source := loc.EnforcesSecureBoot(tc.site)
+		require.Equal(t, tc.want, got, tc.name)
+		require.Equal(t, tc.source, source, tc.name)
 	}
 }
 
@@ -80,7 +81,8 @@ func TestSecureBootPersists(t *testing.T) {
 
 	loc, err := first.OverrideSecureBoot(b, on)
 	require.NoError(t, err)
-	require.Equal(t, on, loc.EnforcesSecureBoot(none), "the operator's word over the bmc's")
+	got, _ := loc.EnforcesSecureBoot(none)
+	require.Equal(t, on, got, "the operator's word over the bmc's")
 
 	_, err = first.OverrideSecureBoot(unknown, on)
 	require.ErrorIs(t, err, machines.ErrNotLocated)
@@ -120,8 +122,9 @@ func TestSecureBootPersists(t *testing.T) {
 	// handed back: the BMC's answer decides again
 	loc, err = second.OverrideSecureBoot(b, none)
 	require.NoError(t, err)
-	require.Equal(t, off, loc.EnforcesSecureBoot(none))
-	require.Equal(t, "bmc", loc.SecureBootSource(none))
+	got, source := loc.EnforcesSecureBoot(none)
+	require.Equal(t, off, got)
+	require.Equal(t, "bmc", source)
 }
 
 // An operator's words for Secure Boot: on, off, auto; anything else is refused naming what is wanted.

@@ -180,7 +180,8 @@ func (a *API) SetSecureBoot(ctx context.Context, req *adminpb.SetSecureBootReque
 			site = a.sites.SecureBoot(loc.SiteID)
 		}
 
-		out.SecureBoot, out.Source = machines.SecureBootName(loc.EnforcesSecureBoot(site)), loc.SecureBootSource(site)
+		sb, source := loc.EnforcesSecureBoot(site)
+		out.SecureBoot, out.Source = machines.SecureBootName(sb), source
 
 		return nil
 	})
