@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,6 +31,7 @@ import (
 	"github.com/outpost-metal/outpost/edge/uplink"
 	"github.com/outpost-metal/outpost/edge/vmedia"
 	bmcpb "github.com/outpost-metal/outpost/shared/api/bmc"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
 // builder holds what Build has constructed so far; each step reads what earlier steps made and adds its own,
@@ -48,6 +51,10 @@ type builder struct {
 	catalog *bootfiles.Catalog
 	store   *assetcache.Store
 	fetcher *assetcache.Fetcher
+	// dhcpSrv is the ProxyDHCP server once newDHCP built it (nil: off, or not yet).
+	dhcpSrv atomic.Pointer[dhcp.Server]
+	// served is /assets/: the cache, then the operator's files directory (newHTTP builds it).
+	served  *assetcache.Handler
 	carried *intents.Store
 	tunnels *tunnel.Server
 	// bmcAPI answers the controller's BMC calls (edge/bmc's, or Options.BMCs).
@@ -264,6 +271,7 @@ func (b *builder) newHTTP(context.Context) error {
 	}
 
 	b.onClose("files directory", served.Close)
+	b.served = served
 
 	oci := registry.New(b.store, b.log)
 	b.metrics.MustRegister(oci.Collectors()...)
@@ -312,7 +320,7 @@ func (b *builder) newHTTP(context.Context) error {
 // (/management.AgentService/*) go to the machine's tunnel.
 func (b *builder) newControllerLink(context.Context) error {
 	register := []func(grpc.ServiceRegistrar){
-		boot.NewService(b.table).Register,
+		boot.NewService(b.table, b.reach).Register,
 		intents.WrapBMC(b.bmcAPI, b.carried).Register,
 		intents.NewService(b.carried).Register,
 		assetcache.NewService(b.fetcher).Register,
@@ -404,6 +412,27 @@ func (b *builder) newTFTP(ctx context.Context) error {
 	return nil
 }
 
+// reach is how the site's machines reach this edge, for the controller to bake into signed images (their
+// command line is locked): the HTTP server's reachable host, else the ProxyDHCP's own address and HTTP port
+// (where it sends HTTP boot clients); nil when neither is known.
+func (b *builder) reach() *bootpb.Reach {
+	host := b.cfg.HTTP.ReachableHost()
+	if srv := b.dhcpSrv.Load(); host == "" && srv != nil {
+		host = strings.TrimPrefix(srv.Params().HTTPBase(), "http://")
+	}
+
+	if host == "" {
+		return nil
+	}
+
+	base, agent, ok := b.cfg.HTTP.Reach(host)
+	if !ok {
+		return nil
+	}
+
+	return &bootpb.Reach{HttpBase: base, AgentAddress: agent}
+}
+
 // newDHCP builds the ProxyDHCP server (or full DHCP) and opens its sockets, when the configuration names an
 // interface or a server address.
 func (b *builder) newDHCP(ctx context.Context) error {
@@ -420,7 +449,10 @@ func (b *builder) newDHCP(ctx context.Context) error {
 
 	var dhcpSrv *dhcp.Server
 
-	deps := dhcp.Deps{Bootable: b.catalog.Has, Prefs: b.table, Observer: b.events, Registerer: b.metrics, Site: b.table, Leases: leases}
+	deps := dhcp.Deps{
+		Bootable: b.catalog.Has, Held: b.served.Has, Upstream: func() bool { return upstreamRule(b.fetcher.Policy()) == httpd.UpstreamAllowed },
+		Prefs: b.table, Observer: b.events, Registerer: b.metrics, Site: b.table, Leases: leases,
+	}
 
 	if deps.Guard, deps.Probe, err = segmentChecks(b.cfg, b.log, b.metrics, func() bool { return dhcpSrv.FullWanted() }); err != nil {
 		return err
@@ -429,6 +461,8 @@ func (b *builder) newDHCP(ctx context.Context) error {
 	if dhcpSrv, err = dhcp.New(b.cfg.DHCP, b.log, deps); err != nil {
 		return fmt.Errorf("proxydhcp: %w", err)
 	}
+
+	b.dhcpSrv.Store(dhcpSrv)
 
 	if deps.Guard != nil {
 		b.run("dhcp guard", deps.Guard.Run)

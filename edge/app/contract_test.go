@@ -26,6 +26,7 @@ import (
 	"github.com/outpost-metal/outpost/edge/bootfiles"
 	"github.com/outpost-metal/outpost/edge/config"
 	"github.com/outpost-metal/outpost/edge/dhcp"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 	"github.com/outpost-metal/outpost/shared/nettest"
 	"github.com/outpost-metal/outpost/shared/uplink"
 )
@@ -223,3 +224,5 @@ func (snpPrefs) Discovery() string { return "" }
 func (snpPrefs) DiskPlan(net.HardwareAddr, string) bool { return false }
 
 func (snpPrefs) SecureBoot(net.HardwareAddr, string) (bool, bool) { return false, false }
+
+func (snpPrefs) SignedImage(net.HardwareAddr, string) *bootpb.SignedImage { return nil }

@@ -16,11 +16,13 @@ type Service struct {
 	bootpb.UnimplementedBootPlansServer
 
 	table *Table
+	reach func() *bootpb.Reach
 }
 
-// NewService returns the gRPC service for table.
-func NewService(table *Table) *Service {
-	return &Service{table: table}
+// NewService returns the gRPC service for table; reach says how the site's machines reach this edge (nil,
+// or nil from it: not known), which every acknowledgement carries to the controller.
+func NewService(table *Table, reach func() *bootpb.Reach) *Service {
+	return &Service{table: table, reach: reach}
 }
 
 // Register registers the service (it fits uplink.Options.Register).
@@ -46,5 +48,10 @@ func (s *Service) Apply(_ context.Context, req *bootpb.ApplyRequest) (*bootpb.Ap
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 
-	return &bootpb.ApplyResponse{Version: v}, nil
+	resp := &bootpb.ApplyResponse{Version: v}
+	if s.reach != nil {
+		resp.Reach = s.reach()
+	}
+
+	return resp, nil
 }

@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -17,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/assetbundle"
 	"github.com/outpost-metal/outpost/shared/atomicfile"
 	"github.com/outpost-metal/outpost/shared/metal"
 )
@@ -319,6 +322,50 @@ func validateTable(tbl *bootpb.Table) error {
 		if p.GetMode() == bootpb.Mode_MODE_INSTALL && p.GetInstall().GetKernelUrl() == "" {
 			return fmt.Errorf("plan %s: install mode without a kernel: %w", u, ErrInvalid)
 		}
+
+		if err := checkSignedImage(p.GetSignedImage()); err != nil {
+			return fmt.Errorf("plan %s: signed image: %w: %w", u, err, ErrInvalid)
+		}
+	}
+
+	return nil
+}
+
+// maxSignedURL bounds a signed image's URL: a DHCP reply carries it whole (option 67 holds 255 bytes, with
+// the edge's own address in front of an edge-relative one).
+const maxSignedURL = 200
+
+// checkSignedImage checks a plan's signed image (nil: none): an edge-relative /assets/ name or an absolute
+// http(s) URL, each one word the firmware can take.
+func checkSignedImage(img *bootpb.SignedImage) error {
+	if img == nil {
+		return nil
+	}
+
+	if img.GetUrl() == "" {
+		return errors.New("no url")
+	}
+
+	for _, u := range []string{img.GetUrl(), img.GetUpstreamUrl()} {
+		if u == "" {
+			continue
+		}
+
+		if len(u) > maxSignedURL || strings.ContainsFunc(u, func(r rune) bool { return r <= ' ' || r == 0x7f || r > 0x7e }) {
+			return fmt.Errorf("%.40q: want at most %d printable characters", u, maxSignedURL)
+		}
+
+		if name, ok := strings.CutPrefix(u, "/assets/"); ok {
+			if err := assetbundle.ValidateName(name); err != nil {
+				return fmt.Errorf("%q: %w", u, err)
+			}
+
+			continue
+		}
+
+		if pu, err := url.Parse(u); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+			return fmt.Errorf("%q: want /assets/<name> or an http(s) URL", u)
+		}
 	}
 
 	return nil
@@ -458,6 +505,19 @@ func (t *Table) SecureBoot(mac net.HardwareAddr, uuid string) (enforces, said bo
 		return false, true
 	default:
 		return false, false
+	}
+}
+
+// SignedImage returns the signed image of the machine's plan when its plan is agent mode or an install (nil
+// otherwise: no plan, a disk or deny plan, or none named).
+func (t *Table) SignedImage(mac net.HardwareAddr, uuid string) *bootpb.SignedImage {
+	p := t.cur.Load().find(idOf(uuid), mac)
+
+	switch p.GetMode() {
+	case bootpb.Mode_MODE_AGENT, bootpb.Mode_MODE_INSTALL:
+		return p.GetSignedImage()
+	default:
+		return nil
 	}
 }
 

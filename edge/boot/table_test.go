@@ -189,7 +189,8 @@ func TestServiceOverGRPC(t *testing.T) {
 	require.NoError(t, err)
 
 	srv := grpc.NewServer()
-	boot.NewService(tbl).Register(srv)
+	reach := &bootpb.Reach{HttpBase: "http://10.0.0.2:8080", AgentAddress: "10.0.0.2:50000"}
+	boot.NewService(tbl, func() *bootpb.Reach { return reach }).Register(srv)
 
 	go srv.Serve(ln) //nolint:errcheck
 	t.Cleanup(srv.Stop)
@@ -208,6 +209,7 @@ func TestServiceOverGRPC(t *testing.T) {
 	ack, err := c.Apply(ctx, snapshot())
 	require.NoError(t, err)
 	require.EqualValues(t, 5, ack.GetVersion())
+	require.True(t, proto.Equal(reach, ack.GetReach()), "the acknowledgement carries how machines reach the edge: %v", ack.GetReach())
 
 	_, err = c.Apply(ctx, &bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Delta{Delta: &bootpb.Delta{BaseVersion: 1, Version: 2}}})
 	require.Equal(t, codes.FailedPrecondition, status.Code(err))
@@ -361,4 +363,44 @@ func TestSiteSecureBoot(t *testing.T) {
 		BaseVersion: 6, Version: 7, SecureBoot: bootpb.SecureBoot(7), ReplaceSecureBoot: true,
 	}}})
 	require.ErrorIs(t, err, boot.ErrInvalid, "an unknown setting is refused")
+}
+
+// A plan's signed image is given for its agent and install modes, never for a disk plan; a signed image that
+// is neither an /assets/ name nor an http(s) URL, or would not fit a DHCP reply, refuses the whole change.
+func TestSignedImage(t *testing.T) {
+	t.Parallel()
+
+	tbl := open(t, t.TempDir())
+	img := &bootpb.SignedImage{Url: "/assets/talos/v1.11.5/abc/amd64/secureboot-uki.efi", UpstreamUrl: "https://factory.invalid/image/abc/v1.11.5/metal-amd64-secureboot-uki.efi"}
+	mac, _ := net.ParseMAC("52:54:00:00:00:07")
+
+	_, err := tbl.Apply(&bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Snapshot{Snapshot: &bootpb.Table{
+		Version: 1,
+		Plans: []*bootpb.Plan{
+			{Uuid: uuidDisk, Mode: bootpb.Mode_MODE_DISK, SignedImage: img},
+			{Uuid: uuidInstall, Macs: []string{mac.String()}, Mode: bootpb.Mode_MODE_INSTALL, Install: &bootpb.Kernel{KernelUrl: "/assets/k"}, SignedImage: img},
+		},
+	}}})
+	require.NoError(t, err)
+	require.True(t, proto.Equal(img, tbl.SignedImage(nil, uuidInstall)))
+	require.True(t, proto.Equal(img, tbl.SignedImage(mac, "")), "by MAC before the UUID is known")
+	require.Nil(t, tbl.SignedImage(nil, uuidDisk), "a disk plan boots no signed image")
+	require.Nil(t, tbl.SignedImage(nil, "aaaaaaaa-0000-0000-0000-000000000009"), "no plan")
+
+	for _, bad := range []*bootpb.SignedImage{
+		{},
+		{Url: "/assets/../etc/passwd"},
+		{Url: "tftp://10.0.0.1/uki.efi"},
+		{Url: "/tftp/uki.efi"},
+		{Url: "/assets/uki.efi", UpstreamUrl: "https://factory.invalid/a b"},
+		{Url: "http://10.0.0.1/" + strings.Repeat("a", 200)},
+		{Url: "http://10.0.0.1/\x00"},
+	} {
+		_, err := tbl.Apply(&bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Snapshot{Snapshot: &bootpb.Table{
+			Version: 2, Plans: []*bootpb.Plan{{Uuid: uuidInstall, Mode: bootpb.Mode_MODE_AGENT, SignedImage: bad}},
+		}}})
+		require.ErrorIs(t, err, boot.ErrInvalid, "%v", bad)
+	}
+
+	require.EqualValues(t, 1, tbl.Version(), "a refused change changes nothing")
 }

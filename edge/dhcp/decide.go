@@ -7,10 +7,12 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/insomniacslk/dhcp/iana"
 
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 	"github.com/outpost-metal/outpost/shared/metal"
 )
 
@@ -67,6 +69,14 @@ const (
 	// it to its disk as iPXE does for the others, so it is offered nothing and its firmware goes on to its next
 	// boot option, the disk.
 	DropSecureBootDisk DropReason = "secure_boot_disk_plan"
+	// DropSignedNotHeld is a machine that enforces Secure Boot whose plan's signed image the edge does not hold
+	// yet (it is fetching it) at a site whose machines may not fetch it upstream: its firmware's next try gets
+	// it.
+	DropSignedNotHeld DropReason = "signed_image_not_at_site"
+	// DropSignedNeedsHTTP is a machine that enforces Secure Boot whose plan's signed image its firmware would
+	// have to fetch by TFTP: the edge serves plans' signed images (a Talos UKI is some 100 MB) over HTTP only,
+	// so such a machine must boot by UEFI HTTP boot.
+	DropSignedNeedsHTTP DropReason = "signed_image_needs_http_boot"
 )
 
 // BootFiles names the iPXE binaries served over TFTP (and over HTTP under /tftp/).
@@ -168,6 +178,8 @@ type Preferences interface {
 	// SecureBoot reports whether the machine's plan says its firmware enforces Secure Boot (said false: the
 	// plan does not say, and BootFiles.SecureBoot decides). uuid may be empty.
 	SecureBoot(mac net.HardwareAddr, uuid string) (enforces, said bool)
+	// SignedImage is the signed image of the machine's agent or install plan (nil: none). uuid may be empty.
+	SignedImage(mac net.HardwareAddr, uuid string) *bootpb.SignedImage
 }
 
 // Discovery is which PXE clients the ProxyDHCP answers.
@@ -205,6 +217,11 @@ type Params struct {
 	Files BootFiles
 	// Bootable reports whether a boot file is actually served; nil means all are.
 	Bootable func(name string) bool
+	// Held reports whether the edge holds an asset (a logical name, served under /assets/); nil: none.
+	Held func(name string) bool
+	// Upstream reports whether the site's machines may fetch an asset the edge does not hold from upstream
+	// (the passthrough policy); nil: never.
+	Upstream func() bool
 	// Prefs gives per-machine choices; nil means defaults for everyone (and no machine is known).
 	Prefs Preferences
 	// Discovery is who is answered (empty: all).
@@ -430,10 +447,9 @@ func chooseBootFile(p Params, req *dhcpv4.DHCPv4, d *Decision) bool {
 
 	switch {
 	case d.Firmware.UEFI() && enforcesSecureBoot(p, req.ClientHWAddr, d.UUID):
-		// Secure Boot: only the signed image, over TFTP or HTTP boot; never iPXE, and never the script (an
-		// iPXE asking is not this firmware's).
-		name := p.Files.UEFIx86Signed
-		if d.IPXE || d.Firmware.Arch() != metal.AMD64 || name == "" || (p.Bootable != nil && !p.Bootable(name)) {
+		// Secure Boot: only a signed image, over TFTP or HTTP boot; never iPXE, and never the script (an iPXE
+		// asking is not this firmware's).
+		if d.IPXE {
 			d.Drop = DropNoSignedFile
 
 			return false
@@ -445,10 +461,9 @@ func chooseBootFile(p Params, req *dhcpv4.DHCPv4, d *Decision) bool {
 			return false
 		}
 
-		d.BootFile = name
-		if d.Firmware.HTTPBoot() {
-			d.BootFile = p.HTTPBase() + "/tftp/" + name
-		}
+		d.BootFile, d.Drop = signedBootFile(p, req.ClientHWAddr, d)
+
+		return d.Drop == ""
 	case d.IPXE:
 		// Already iPXE: hand it the script, never the binary again (chainload loop).
 		d.BootFile = p.ScriptURL()
@@ -473,6 +488,46 @@ func chooseBootFile(p Params, req *dhcpv4.DHCPv4, d *Decision) bool {
 	}
 
 	return true
+}
+
+// signedBootFile is what a machine that enforces Secure Boot is offered: its plan's signed image (agent mode
+// or install) where the controller named one, else the site's own signed file (--secure-boot-file, x86 only),
+// over TFTP or by HTTP boot; or why it is offered nothing.
+func signedBootFile(p Params, mac net.HardwareAddr, d *Decision) (string, DropReason) {
+	var img *bootpb.SignedImage
+	if p.Prefs != nil {
+		img = p.Prefs.SignedImage(mac, d.UUID)
+	}
+
+	if img == nil {
+		name := p.Files.UEFIx86Signed
+		if d.Firmware.Arch() != metal.AMD64 || name == "" || (p.Bootable != nil && !p.Bootable(name)) {
+			return "", DropNoSignedFile
+		}
+
+		if d.Firmware.HTTPBoot() {
+			return p.HTTPBase() + "/tftp/" + name, ""
+		}
+
+		return name, ""
+	}
+
+	if !d.Firmware.HTTPBoot() {
+		return "", DropSignedNeedsHTTP
+	}
+
+	name, local := strings.CutPrefix(img.GetUrl(), "/assets/")
+
+	switch {
+	case !local:
+		return img.GetUrl(), ""
+	case p.Held != nil && p.Held(name):
+		return p.HTTPBase() + img.GetUrl(), ""
+	case img.GetUpstreamUrl() != "" && p.Upstream != nil && p.Upstream():
+		return img.GetUpstreamUrl(), ""
+	default:
+		return "", DropSignedNotHeld
+	}
 }
 
 func buildReply(p Params, req *dhcpv4.DHCPv4, msgType dhcpv4.MessageType, d Decision) *dhcpv4.DHCPv4 {

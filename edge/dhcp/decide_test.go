@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outpost-metal/outpost/edge/dhcp"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
 var (
@@ -31,6 +32,8 @@ func (snpPrefs) Discovery() string { return "" }
 func (snpPrefs) DiskPlan(net.HardwareAddr, string) bool { return false }
 
 func (snpPrefs) SecureBoot(net.HardwareAddr, string) (bool, bool) { return false, false }
+
+func (snpPrefs) SignedImage(net.HardwareAddr, string) *bootpb.SignedImage { return nil }
 
 // sitePolicy is a boot table whose controller set the site's discovery policy.
 type sitePolicy struct {

@@ -9,12 +9,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outpost-metal/outpost/edge/dhcp"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
 // plan is what a boot table's plan says of a machine: its disk, and its Secure Boot ("on", "off", "": unsaid).
 type plan struct {
 	disk       bool
 	secureBoot string
+	signed     *bootpb.SignedImage
 }
 
 // plans is a boot table by MAC.
@@ -36,6 +38,10 @@ func (p plans) SecureBoot(mac net.HardwareAddr, _ string) (bool, bool) {
 	sb := p[mac.String()].secureBoot
 
 	return sb == "on", sb != ""
+}
+
+func (p plans) SignedImage(mac net.HardwareAddr, _ string) *bootpb.SignedImage {
+	return p[mac.String()].signed
 }
 
 // A machine that enforces Secure Boot gets the signed image and nothing else: never iPXE, never the script,
@@ -86,6 +92,32 @@ func TestDecideSecureBoot(t *testing.T) {
 	planOnDisk := planOn
 	planOnDisk.Prefs = plans{testMAC.String(): {disk: true, secureBoot: "on"}}
 
+	// The plan names a signed image (a Talos UKI the controller resolved for this machine).
+	uki := &bootpb.SignedImage{
+		Url:         "/assets/talos/v1.11.5/abc/amd64/secureboot-uki.efi",
+		UpstreamUrl: "https://factory.invalid/image/abc/v1.11.5/metal-amd64-secureboot-uki.efi",
+	}
+	held := func(name string) bool { return name == "talos/v1.11.5/abc/amd64/secureboot-uki.efi" }
+
+	planUKI := planOn
+	planUKI.Prefs = plans{testMAC.String(): {secureBoot: "on", signed: uki}}
+	planUKI.Held = held
+
+	ukiComing := planUKI
+	ukiComing.Held = func(string) bool { return false }
+
+	ukiPassthrough := ukiComing
+	ukiPassthrough.Upstream = func() bool { return true }
+
+	ukiAbsolute := planOn
+	ukiAbsolute.Prefs = plans{testMAC.String(): {secureBoot: "on", signed: &bootpb.SignedImage{Url: "http://10.9.9.9/uki.efi"}}}
+
+	ukiARM := planUKI
+	ukiARM.Files.UEFIx86Signed = ""
+
+	ukiDisk := planUKI
+	ukiDisk.Prefs = plans{testMAC.String(): {disk: true, secureBoot: "on", signed: uki}}
+
 	for _, tc := range []struct {
 		name string
 		p    dhcp.Params
@@ -93,6 +125,15 @@ func TestDecideSecureBoot(t *testing.T) {
 		file string
 		drop dhcp.DropReason
 	}{
+		{name: "plan's signed image over http boot", p: planUKI, mods: []dhcpv4.Modifier{arch(16), pxeClass("HTTPClient:Arch:00016")},
+			file: "http://" + testServer.String() + ":8080" + uki.GetUrl()},
+		{name: "plan's signed image for arm64", p: ukiARM, mods: []dhcpv4.Modifier{arch(19), pxeClass("HTTPClient:Arch:00019")},
+			file: "http://" + testServer.String() + ":8080" + uki.GetUrl()},
+		{name: "plan's signed image not at the site yet", p: ukiComing, mods: []dhcpv4.Modifier{arch(16), pxeClass("HTTPClient:Arch:00016")}, drop: dhcp.DropSignedNotHeld},
+		{name: "plan's signed image upstream at a passthrough site", p: ukiPassthrough, mods: []dhcpv4.Modifier{arch(16), pxeClass("HTTPClient:Arch:00016")}, file: uki.GetUpstreamUrl()},
+		{name: "plan's absolute signed image", p: ukiAbsolute, mods: []dhcpv4.Modifier{arch(16), pxeClass("HTTPClient:Arch:00016")}, file: "http://10.9.9.9/uki.efi"},
+		{name: "plan's signed image never by tftp", p: planUKI, mods: []dhcpv4.Modifier{arch(7), pxeClass("PXEClient:Arch:00007")}, drop: dhcp.DropSignedNeedsHTTP},
+		{name: "plan's signed image, disk plan", p: ukiDisk, mods: []dhcpv4.Modifier{arch(16), pxeClass("HTTPClient:Arch:00016")}, drop: dhcp.DropSecureBootDisk},
 		{name: "pxe", p: signed, mods: []dhcpv4.Modifier{arch(7), pxeClass("PXEClient:Arch:00007")}, file: "outpost-agent-x86_64.efi"},
 		{name: "every machine at the site", p: site, mods: []dhcpv4.Modifier{arch(7), pxeClass("PXEClient:Arch:00007")}, file: "outpost-agent-x86_64.efi"},
 		{name: "http boot", p: signed, mods: []dhcpv4.Modifier{arch(16), pxeClass("HTTPClient:Arch:00016")}, file: http},

@@ -155,7 +155,9 @@ type Seen struct {
 
 // machineDrops are the reasons a classified machine is offered nothing that its timeline shows: what it is
 // refused is its own (its firmware, its Secure Boot, its plan), not the request's or the server's.
-var machineDrops = map[DropReason]bool{DropNotBootable: true, DropNoSignedFile: true, DropSecureBootDisk: true}
+var machineDrops = map[DropReason]bool{
+	DropNotBootable: true, DropNoSignedFile: true, DropSecureBootDisk: true, DropSignedNotHeld: true, DropSignedNeedsHTTP: true,
+}
 
 // Observer is told about answered clients, and machines offered nothing for a reason of their own (once per
 // client and class per minute).
@@ -167,6 +169,10 @@ type Observer interface {
 type Deps struct {
 	// Bootable reports whether a boot file is served (the TFTP catalog); nil means all are.
 	Bootable func(name string) bool
+	// Held reports whether the edge holds an asset (the asset cache); nil: none.
+	Held func(name string) bool
+	// Upstream reports whether the site's machines may fetch assets upstream (passthrough); nil: never.
+	Upstream func() bool
 	// Prefs gives per-machine choices (the boot table).
 	Prefs Preferences
 	// Observer receives client sightings.
@@ -253,6 +259,8 @@ func New(cfg Config, logger *zap.Logger, deps Deps) (*Server, error) {
 			HTTPPort: cfg.HTTPPort,
 			Files:    cfg.Files,
 			Bootable: deps.Bootable,
+			Held:     deps.Held,
+			Upstream: deps.Upstream,
 			Prefs:    deps.Prefs,
 
 			Discovery: cfg.Discovery,

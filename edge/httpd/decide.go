@@ -293,6 +293,17 @@ func baseURL(cfg Config, host string) (string, bool) {
 	return "http://" + host, true
 }
 
+// Reach is how machines reach this server when they reach it at host (a Host header's host[:port]): its
+// base URL and the agents' tunnel endpoint, as Decide puts them on iPXE's kernel command lines; false when
+// neither the advertised host nor host is usable.
+func (c Config) Reach(host string) (base, agent string, ok bool) {
+	if base, ok = baseURL(c, host); !ok {
+		return "", "", false
+	}
+
+	return base, agentAddress(c, host), true
+}
+
 // agentAddress is metal.provider.address for agent mode: the configured one, else the host machines reach
 // this server at with the agent port.
 func agentAddress(cfg Config, host string) string {

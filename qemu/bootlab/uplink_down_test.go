@@ -136,7 +136,7 @@ func TestBootWithUplinkDown(t *testing.T) {
 
 	linklab.StartEdge(t, ctrl.Addr, token, linklab.EdgeOptions{Options: edgeuplink.Options{
 		Logger:   log,
-		Register: []func(grpc.ServiceRegistrar){boot.NewService(table).Register},
+		Register: []func(grpc.ServiceRegistrar){boot.NewService(table, nil).Register},
 		OnSession: []edgeuplink.SessionFunc{func(ctx context.Context, conn grpc.ClientConnInterface) error {
 			return jrnl.Deliver(ctx, bootpb.NewEventsClient(conn))
 		}},

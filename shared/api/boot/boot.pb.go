@@ -775,7 +775,11 @@ type Plan struct {
 	// config overrides Table.config for this machine's /config.
 	Config []byte `protobuf:"bytes,8,opt,name=config,proto3" json:"config,omitempty"`
 	// secure_boot says whether the machine's firmware enforces Secure Boot (unspecified: the edge's setting).
-	SecureBoot    SecureBoot `protobuf:"varint,9,opt,name=secure_boot,json=secureBoot,proto3,enum=outpost.boot.SecureBoot" json:"secure_boot,omitempty"`
+	SecureBoot SecureBoot `protobuf:"varint,9,opt,name=secure_boot,json=secureBoot,proto3,enum=outpost.boot.SecureBoot" json:"secure_boot,omitempty"`
+	// signed_image is this plan's boot (agent or install mode) as one signed unified kernel image, for a
+	// machine that enforces Secure Boot: the edge offers it to the firmware instead of iPXE. Its kernel command
+	// line is its own (the controller had the edge's addresses baked into it), so no arguments apply.
+	SignedImage   *SignedImage `protobuf:"bytes,10,opt,name=signed_image,json=signedImage,proto3" json:"signed_image,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -873,6 +877,70 @@ func (x *Plan) GetSecureBoot() SecureBoot {
 	return SecureBoot_SECURE_BOOT_UNSPECIFIED
 }
 
+func (x *Plan) GetSignedImage() *SignedImage {
+	if x != nil {
+		return x.SignedImage
+	}
+	return nil
+}
+
+// SignedImage is a signed unified kernel image (kernel, initrd and command line in one file the firmware
+// verifies before it runs it).
+type SignedImage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// url is edge-relative (/assets/<name>, held by the edge's asset cache) or absolute.
+	Url string `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
+	// upstream_url is where the same file comes from upstream (the image factory): a machine at a passthrough
+	// site boots it from there while the edge does not hold url.
+	UpstreamUrl   string `protobuf:"bytes,2,opt,name=upstream_url,json=upstreamUrl,proto3" json:"upstream_url,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignedImage) Reset() {
+	*x = SignedImage{}
+	mi := &file_shared_api_boot_boot_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignedImage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignedImage) ProtoMessage() {}
+
+func (x *SignedImage) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_boot_boot_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignedImage.ProtoReflect.Descriptor instead.
+func (*SignedImage) Descriptor() ([]byte, []int) {
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *SignedImage) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *SignedImage) GetUpstreamUrl() string {
+	if x != nil {
+		return x.UpstreamUrl
+	}
+	return ""
+}
+
 // Table is the full boot table of a site.
 type Table struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -905,7 +973,7 @@ type Table struct {
 
 func (x *Table) Reset() {
 	*x = Table{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[4]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -917,7 +985,7 @@ func (x *Table) String() string {
 func (*Table) ProtoMessage() {}
 
 func (x *Table) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[4]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -930,7 +998,7 @@ func (x *Table) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Table.ProtoReflect.Descriptor instead.
 func (*Table) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{4}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Table) GetVersion() uint64 {
@@ -1027,7 +1095,7 @@ type DHCP struct {
 
 func (x *DHCP) Reset() {
 	*x = DHCP{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[5]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1039,7 +1107,7 @@ func (x *DHCP) String() string {
 func (*DHCP) ProtoMessage() {}
 
 func (x *DHCP) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[5]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1052,7 +1120,7 @@ func (x *DHCP) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DHCP.ProtoReflect.Descriptor instead.
 func (*DHCP) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{5}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DHCP) GetMode() DHCPMode {
@@ -1129,7 +1197,7 @@ type DHCPReservation struct {
 
 func (x *DHCPReservation) Reset() {
 	*x = DHCPReservation{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[6]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1141,7 +1209,7 @@ func (x *DHCPReservation) String() string {
 func (*DHCPReservation) ProtoMessage() {}
 
 func (x *DHCPReservation) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[6]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1154,7 +1222,7 @@ func (x *DHCPReservation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DHCPReservation.ProtoReflect.Descriptor instead.
 func (*DHCPReservation) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{6}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DHCPReservation) GetMac() string {
@@ -1201,7 +1269,7 @@ type Delta struct {
 
 func (x *Delta) Reset() {
 	*x = Delta{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[7]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1213,7 +1281,7 @@ func (x *Delta) String() string {
 func (*Delta) ProtoMessage() {}
 
 func (x *Delta) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[7]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1226,7 +1294,7 @@ func (x *Delta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delta.ProtoReflect.Descriptor instead.
 func (*Delta) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{7}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Delta) GetBaseVersion() uint64 {
@@ -1368,7 +1436,7 @@ type ApplyRequest struct {
 
 func (x *ApplyRequest) Reset() {
 	*x = ApplyRequest{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[8]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1380,7 +1448,7 @@ func (x *ApplyRequest) String() string {
 func (*ApplyRequest) ProtoMessage() {}
 
 func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[8]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1393,7 +1461,7 @@ func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{8}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ApplyRequest) GetChange() isApplyRequest_Change {
@@ -1439,15 +1507,17 @@ func (*ApplyRequest_Delta) isApplyRequest_Change() {}
 
 // ApplyResponse acknowledges a persisted version.
 type ApplyResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Version       uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Version uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	// reach is how the site's machines reach this edge, as far as the edge knows it (unset: it does not).
+	Reach         *Reach `protobuf:"bytes,2,opt,name=reach,proto3" json:"reach,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[9]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1459,7 +1529,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[9]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1472,7 +1542,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{9}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ApplyResponse) GetVersion() uint64 {
@@ -1480,6 +1550,70 @@ func (x *ApplyResponse) GetVersion() uint64 {
 		return x.Version
 	}
 	return 0
+}
+
+func (x *ApplyResponse) GetReach() *Reach {
+	if x != nil {
+		return x.Reach
+	}
+	return nil
+}
+
+// Reach is how a site's machines reach its edge: what a signed image's locked command line must name, since
+// the edge cannot add it at boot time as it does to iPXE's.
+type Reach struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// http_base is the edge's HTTP service as machines reach it (http://host:port): Talos's talos.config is
+	// <http_base>/config?u=${uuid}.
+	HttpBase string `protobuf:"bytes,1,opt,name=http_base,json=httpBase,proto3" json:"http_base,omitempty"`
+	// agent_address is the agents' tunnel endpoint (host:port), metal.provider.address in agent mode.
+	AgentAddress  string `protobuf:"bytes,2,opt,name=agent_address,json=agentAddress,proto3" json:"agent_address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Reach) Reset() {
+	*x = Reach{}
+	mi := &file_shared_api_boot_boot_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Reach) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Reach) ProtoMessage() {}
+
+func (x *Reach) ProtoReflect() protoreflect.Message {
+	mi := &file_shared_api_boot_boot_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Reach.ProtoReflect.Descriptor instead.
+func (*Reach) Descriptor() ([]byte, []int) {
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *Reach) GetHttpBase() string {
+	if x != nil {
+		return x.HttpBase
+	}
+	return ""
+}
+
+func (x *Reach) GetAgentAddress() string {
+	if x != nil {
+		return x.AgentAddress
+	}
+	return ""
 }
 
 type InventoryRequest struct {
@@ -1496,7 +1630,7 @@ type InventoryRequest struct {
 
 func (x *InventoryRequest) Reset() {
 	*x = InventoryRequest{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[10]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1508,7 +1642,7 @@ func (x *InventoryRequest) String() string {
 func (*InventoryRequest) ProtoMessage() {}
 
 func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[10]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1521,7 +1655,7 @@ func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRequest.ProtoReflect.Descriptor instead.
 func (*InventoryRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{10}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *InventoryRequest) GetTunnels() []string {
@@ -1555,7 +1689,7 @@ type InventoryResponse struct {
 
 func (x *InventoryResponse) Reset() {
 	*x = InventoryResponse{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[11]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1567,7 +1701,7 @@ func (x *InventoryResponse) String() string {
 func (*InventoryResponse) ProtoMessage() {}
 
 func (x *InventoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[11]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1580,7 +1714,7 @@ func (x *InventoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryResponse.ProtoReflect.Descriptor instead.
 func (*InventoryResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{11}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *InventoryResponse) GetRefused() uint32 {
@@ -1603,7 +1737,7 @@ type PublishRequest struct {
 
 func (x *PublishRequest) Reset() {
 	*x = PublishRequest{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[12]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1615,7 +1749,7 @@ func (x *PublishRequest) String() string {
 func (*PublishRequest) ProtoMessage() {}
 
 func (x *PublishRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[12]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1628,7 +1762,7 @@ func (x *PublishRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishRequest.ProtoReflect.Descriptor instead.
 func (*PublishRequest) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{12}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PublishRequest) GetJournalId() string {
@@ -1655,7 +1789,7 @@ type PublishResponse struct {
 
 func (x *PublishResponse) Reset() {
 	*x = PublishResponse{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[13]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1667,7 +1801,7 @@ func (x *PublishResponse) String() string {
 func (*PublishResponse) ProtoMessage() {}
 
 func (x *PublishResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[13]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1680,7 +1814,7 @@ func (x *PublishResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishResponse.ProtoReflect.Descriptor instead.
 func (*PublishResponse) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{13}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PublishResponse) GetAcked() uint64 {
@@ -1713,7 +1847,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[14]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1725,7 +1859,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[14]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1738,7 +1872,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{14}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Event) GetSequence() uint64 {
@@ -1908,7 +2042,7 @@ type ConsoleSession struct {
 
 func (x *ConsoleSession) Reset() {
 	*x = ConsoleSession{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[15]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1920,7 +2054,7 @@ func (x *ConsoleSession) String() string {
 func (*ConsoleSession) ProtoMessage() {}
 
 func (x *ConsoleSession) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[15]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1933,7 +2067,7 @@ func (x *ConsoleSession) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsoleSession.ProtoReflect.Descriptor instead.
 func (*ConsoleSession) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{15}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ConsoleSession) GetMachineId() string {
@@ -2016,7 +2150,7 @@ type PowerChanged struct {
 
 func (x *PowerChanged) Reset() {
 	*x = PowerChanged{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[16]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2028,7 +2162,7 @@ func (x *PowerChanged) String() string {
 func (*PowerChanged) ProtoMessage() {}
 
 func (x *PowerChanged) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[16]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2041,7 +2175,7 @@ func (x *PowerChanged) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerChanged.ProtoReflect.Descriptor instead.
 func (*PowerChanged) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{16}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PowerChanged) GetMachineId() string {
@@ -2097,7 +2231,7 @@ type DHCPSeen struct {
 
 func (x *DHCPSeen) Reset() {
 	*x = DHCPSeen{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[17]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2109,7 +2243,7 @@ func (x *DHCPSeen) String() string {
 func (*DHCPSeen) ProtoMessage() {}
 
 func (x *DHCPSeen) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[17]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2122,7 +2256,7 @@ func (x *DHCPSeen) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DHCPSeen.ProtoReflect.Descriptor instead.
 func (*DHCPSeen) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{17}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DHCPSeen) GetMac() string {
@@ -2189,7 +2323,7 @@ type PXESeen struct {
 
 func (x *PXESeen) Reset() {
 	*x = PXESeen{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[18]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2201,7 +2335,7 @@ func (x *PXESeen) String() string {
 func (*PXESeen) ProtoMessage() {}
 
 func (x *PXESeen) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[18]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2214,7 +2348,7 @@ func (x *PXESeen) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PXESeen.ProtoReflect.Descriptor instead.
 func (*PXESeen) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{18}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PXESeen) GetRemoteIp() string {
@@ -2262,7 +2396,7 @@ type AssetFetch struct {
 
 func (x *AssetFetch) Reset() {
 	*x = AssetFetch{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[19]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2274,7 +2408,7 @@ func (x *AssetFetch) String() string {
 func (*AssetFetch) ProtoMessage() {}
 
 func (x *AssetFetch) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[19]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2287,7 +2421,7 @@ func (x *AssetFetch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssetFetch.ProtoReflect.Descriptor instead.
 func (*AssetFetch) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{19}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AssetFetch) GetRemoteIp() string {
@@ -2353,7 +2487,7 @@ type BootServed struct {
 
 func (x *BootServed) Reset() {
 	*x = BootServed{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[20]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2365,7 +2499,7 @@ func (x *BootServed) String() string {
 func (*BootServed) ProtoMessage() {}
 
 func (x *BootServed) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[20]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2378,7 +2512,7 @@ func (x *BootServed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootServed.ProtoReflect.Descriptor instead.
 func (*BootServed) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{20}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *BootServed) GetUuid() string {
@@ -2477,7 +2611,7 @@ type TunnelRefused struct {
 
 func (x *TunnelRefused) Reset() {
 	*x = TunnelRefused{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[21]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2489,7 +2623,7 @@ func (x *TunnelRefused) String() string {
 func (*TunnelRefused) ProtoMessage() {}
 
 func (x *TunnelRefused) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[21]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2502,7 +2636,7 @@ func (x *TunnelRefused) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelRefused.ProtoReflect.Descriptor instead.
 func (*TunnelRefused) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{21}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *TunnelRefused) GetMachineId() string {
@@ -2551,7 +2685,7 @@ type AgentTunnel struct {
 
 func (x *AgentTunnel) Reset() {
 	*x = AgentTunnel{}
-	mi := &file_shared_api_boot_boot_proto_msgTypes[22]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2563,7 +2697,7 @@ func (x *AgentTunnel) String() string {
 func (*AgentTunnel) ProtoMessage() {}
 
 func (x *AgentTunnel) ProtoReflect() protoreflect.Message {
-	mi := &file_shared_api_boot_boot_proto_msgTypes[22]
+	mi := &file_shared_api_boot_boot_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2576,7 +2710,7 @@ func (x *AgentTunnel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentTunnel.ProtoReflect.Descriptor instead.
 func (*AgentTunnel) Descriptor() ([]byte, []int) {
-	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{22}
+	return file_shared_api_boot_boot_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *AgentTunnel) GetMachineId() string {
@@ -2630,7 +2764,7 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\x04args\x18\x03 \x03(\tR\x04args\x12.\n" +
 	"\x13upstream_kernel_url\x18\x04 \x01(\tR\x11upstreamKernelUrl\x12.\n" +
 	"\x13upstream_initrd_url\x18\x05 \x01(\tR\x11upstreamInitrdUrl\x12\x1c\n" +
-	"\tinstaller\x18\x06 \x01(\tR\tinstaller\"\xce\x02\n" +
+	"\tinstaller\x18\x06 \x01(\tR\tinstaller\"\x8c\x03\n" +
 	"\x04Plan\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x12\n" +
 	"\x04macs\x18\x02 \x03(\tR\x04macs\x12&\n" +
@@ -2643,7 +2777,12 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\bsnp_only\x18\a \x01(\bR\asnpOnly\x12\x16\n" +
 	"\x06config\x18\b \x01(\fR\x06config\x129\n" +
 	"\vsecure_boot\x18\t \x01(\x0e2\x18.outpost.boot.SecureBootR\n" +
-	"secureBoot\"\xe7\x03\n" +
+	"secureBoot\x12<\n" +
+	"\fsigned_image\x18\n" +
+	" \x01(\v2\x19.outpost.boot.SignedImageR\vsignedImage\"B\n" +
+	"\vSignedImage\x12\x10\n" +
+	"\x03url\x18\x01 \x01(\tR\x03url\x12!\n" +
+	"\fupstream_url\x18\x02 \x01(\tR\vupstreamUrl\"\xe7\x03\n" +
 	"\x05Table\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12(\n" +
 	"\x05plans\x18\x02 \x03(\v2\x12.outpost.boot.PlanR\x05plans\x124\n" +
@@ -2705,9 +2844,13 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\fApplyRequest\x121\n" +
 	"\bsnapshot\x18\x01 \x01(\v2\x13.outpost.boot.TableH\x00R\bsnapshot\x12+\n" +
 	"\x05delta\x18\x02 \x01(\v2\x13.outpost.boot.DeltaH\x00R\x05deltaB\b\n" +
-	"\x06change\")\n" +
+	"\x06change\"T\n" +
 	"\rApplyResponse\x12\x18\n" +
-	"\aversion\x18\x01 \x01(\x04R\aversion\"g\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\x12)\n" +
+	"\x05reach\x18\x02 \x01(\v2\x13.outpost.boot.ReachR\x05reach\"I\n" +
+	"\x05Reach\x12\x1b\n" +
+	"\thttp_base\x18\x01 \x01(\tR\bhttpBase\x12#\n" +
+	"\ragent_address\x18\x02 \x01(\tR\fagentAddress\"g\n" +
 	"\x10InventoryRequest\x12\x18\n" +
 	"\atunnels\x18\x01 \x03(\tR\atunnels\x12\x14\n" +
 	"\x05table\x18\x02 \x03(\tR\x05table\x12#\n" +
@@ -2875,7 +3018,7 @@ func file_shared_api_boot_boot_proto_rawDescGZIP() []byte {
 }
 
 var file_shared_api_boot_boot_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
-var file_shared_api_boot_boot_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_shared_api_boot_boot_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_shared_api_boot_boot_proto_goTypes = []any{
 	(Mode)(0),                     // 0: outpost.boot.Mode
 	(DiskMethod)(0),               // 1: outpost.boot.DiskMethod
@@ -2891,80 +3034,84 @@ var file_shared_api_boot_boot_proto_goTypes = []any{
 	(*StateResponse)(nil),         // 11: outpost.boot.StateResponse
 	(*Kernel)(nil),                // 12: outpost.boot.Kernel
 	(*Plan)(nil),                  // 13: outpost.boot.Plan
-	(*Table)(nil),                 // 14: outpost.boot.Table
-	(*DHCP)(nil),                  // 15: outpost.boot.DHCP
-	(*DHCPReservation)(nil),       // 16: outpost.boot.DHCPReservation
-	(*Delta)(nil),                 // 17: outpost.boot.Delta
-	(*ApplyRequest)(nil),          // 18: outpost.boot.ApplyRequest
-	(*ApplyResponse)(nil),         // 19: outpost.boot.ApplyResponse
-	(*InventoryRequest)(nil),      // 20: outpost.boot.InventoryRequest
-	(*InventoryResponse)(nil),     // 21: outpost.boot.InventoryResponse
-	(*PublishRequest)(nil),        // 22: outpost.boot.PublishRequest
-	(*PublishResponse)(nil),       // 23: outpost.boot.PublishResponse
-	(*Event)(nil),                 // 24: outpost.boot.Event
-	(*ConsoleSession)(nil),        // 25: outpost.boot.ConsoleSession
-	(*PowerChanged)(nil),          // 26: outpost.boot.PowerChanged
-	(*DHCPSeen)(nil),              // 27: outpost.boot.DHCPSeen
-	(*PXESeen)(nil),               // 28: outpost.boot.PXESeen
-	(*AssetFetch)(nil),            // 29: outpost.boot.AssetFetch
-	(*BootServed)(nil),            // 30: outpost.boot.BootServed
-	(*TunnelRefused)(nil),         // 31: outpost.boot.TunnelRefused
-	(*AgentTunnel)(nil),           // 32: outpost.boot.AgentTunnel
-	nil,                           // 33: outpost.boot.Table.AgentEntry
-	nil,                           // 34: outpost.boot.Delta.AgentEntry
-	(*timestamppb.Timestamp)(nil), // 35: google.protobuf.Timestamp
-	(bmc.PowerState)(0),           // 36: outpost.bmc.PowerState
+	(*SignedImage)(nil),           // 14: outpost.boot.SignedImage
+	(*Table)(nil),                 // 15: outpost.boot.Table
+	(*DHCP)(nil),                  // 16: outpost.boot.DHCP
+	(*DHCPReservation)(nil),       // 17: outpost.boot.DHCPReservation
+	(*Delta)(nil),                 // 18: outpost.boot.Delta
+	(*ApplyRequest)(nil),          // 19: outpost.boot.ApplyRequest
+	(*ApplyResponse)(nil),         // 20: outpost.boot.ApplyResponse
+	(*Reach)(nil),                 // 21: outpost.boot.Reach
+	(*InventoryRequest)(nil),      // 22: outpost.boot.InventoryRequest
+	(*InventoryResponse)(nil),     // 23: outpost.boot.InventoryResponse
+	(*PublishRequest)(nil),        // 24: outpost.boot.PublishRequest
+	(*PublishResponse)(nil),       // 25: outpost.boot.PublishResponse
+	(*Event)(nil),                 // 26: outpost.boot.Event
+	(*ConsoleSession)(nil),        // 27: outpost.boot.ConsoleSession
+	(*PowerChanged)(nil),          // 28: outpost.boot.PowerChanged
+	(*DHCPSeen)(nil),              // 29: outpost.boot.DHCPSeen
+	(*PXESeen)(nil),               // 30: outpost.boot.PXESeen
+	(*AssetFetch)(nil),            // 31: outpost.boot.AssetFetch
+	(*BootServed)(nil),            // 32: outpost.boot.BootServed
+	(*TunnelRefused)(nil),         // 33: outpost.boot.TunnelRefused
+	(*AgentTunnel)(nil),           // 34: outpost.boot.AgentTunnel
+	nil,                           // 35: outpost.boot.Table.AgentEntry
+	nil,                           // 36: outpost.boot.Delta.AgentEntry
+	(*timestamppb.Timestamp)(nil), // 37: google.protobuf.Timestamp
+	(bmc.PowerState)(0),           // 38: outpost.bmc.PowerState
 }
 var file_shared_api_boot_boot_proto_depIdxs = []int32{
 	0,  // 0: outpost.boot.Plan.mode:type_name -> outpost.boot.Mode
 	1,  // 1: outpost.boot.Plan.disk_method:type_name -> outpost.boot.DiskMethod
 	12, // 2: outpost.boot.Plan.install:type_name -> outpost.boot.Kernel
 	3,  // 3: outpost.boot.Plan.secure_boot:type_name -> outpost.boot.SecureBoot
-	13, // 4: outpost.boot.Table.plans:type_name -> outpost.boot.Plan
-	33, // 5: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
-	2,  // 6: outpost.boot.Table.discovery:type_name -> outpost.boot.Discovery
-	15, // 7: outpost.boot.Table.dhcp:type_name -> outpost.boot.DHCP
-	3,  // 8: outpost.boot.Table.secure_boot:type_name -> outpost.boot.SecureBoot
-	4,  // 9: outpost.boot.DHCP.mode:type_name -> outpost.boot.DHCPMode
-	16, // 10: outpost.boot.DHCP.reservations:type_name -> outpost.boot.DHCPReservation
-	13, // 11: outpost.boot.Delta.upsert:type_name -> outpost.boot.Plan
-	34, // 12: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
-	2,  // 13: outpost.boot.Delta.discovery:type_name -> outpost.boot.Discovery
-	15, // 14: outpost.boot.Delta.dhcp:type_name -> outpost.boot.DHCP
-	3,  // 15: outpost.boot.Delta.secure_boot:type_name -> outpost.boot.SecureBoot
-	14, // 16: outpost.boot.ApplyRequest.snapshot:type_name -> outpost.boot.Table
-	17, // 17: outpost.boot.ApplyRequest.delta:type_name -> outpost.boot.Delta
-	24, // 18: outpost.boot.PublishRequest.events:type_name -> outpost.boot.Event
-	35, // 19: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
-	27, // 20: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
-	28, // 21: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
-	30, // 22: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
-	29, // 23: outpost.boot.Event.asset_fetch:type_name -> outpost.boot.AssetFetch
-	32, // 24: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
-	31, // 25: outpost.boot.Event.tunnel_refused:type_name -> outpost.boot.TunnelRefused
-	26, // 26: outpost.boot.Event.power_changed:type_name -> outpost.boot.PowerChanged
-	25, // 27: outpost.boot.Event.console_session:type_name -> outpost.boot.ConsoleSession
-	5,  // 28: outpost.boot.ConsoleSession.console_result:type_name -> outpost.boot.ConsoleResult
-	36, // 29: outpost.boot.PowerChanged.power_state:type_name -> outpost.bmc.PowerState
-	6,  // 30: outpost.boot.DHCPSeen.firmware_class:type_name -> outpost.boot.FirmwareClass
-	7,  // 31: outpost.boot.BootServed.ipxe_arch:type_name -> outpost.boot.IPXEArch
-	8,  // 32: outpost.boot.BootServed.ipxe_platform:type_name -> outpost.boot.IPXEPlatform
-	9,  // 33: outpost.boot.TunnelRefused.refusal:type_name -> outpost.boot.TunnelRefusal
-	12, // 34: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
-	12, // 35: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
-	10, // 36: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
-	18, // 37: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
-	22, // 38: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
-	20, // 39: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
-	11, // 40: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
-	19, // 41: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
-	23, // 42: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
-	21, // 43: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
-	40, // [40:44] is the sub-list for method output_type
-	36, // [36:40] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	14, // 4: outpost.boot.Plan.signed_image:type_name -> outpost.boot.SignedImage
+	13, // 5: outpost.boot.Table.plans:type_name -> outpost.boot.Plan
+	35, // 6: outpost.boot.Table.agent:type_name -> outpost.boot.Table.AgentEntry
+	2,  // 7: outpost.boot.Table.discovery:type_name -> outpost.boot.Discovery
+	16, // 8: outpost.boot.Table.dhcp:type_name -> outpost.boot.DHCP
+	3,  // 9: outpost.boot.Table.secure_boot:type_name -> outpost.boot.SecureBoot
+	4,  // 10: outpost.boot.DHCP.mode:type_name -> outpost.boot.DHCPMode
+	17, // 11: outpost.boot.DHCP.reservations:type_name -> outpost.boot.DHCPReservation
+	13, // 12: outpost.boot.Delta.upsert:type_name -> outpost.boot.Plan
+	36, // 13: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
+	2,  // 14: outpost.boot.Delta.discovery:type_name -> outpost.boot.Discovery
+	16, // 15: outpost.boot.Delta.dhcp:type_name -> outpost.boot.DHCP
+	3,  // 16: outpost.boot.Delta.secure_boot:type_name -> outpost.boot.SecureBoot
+	15, // 17: outpost.boot.ApplyRequest.snapshot:type_name -> outpost.boot.Table
+	18, // 18: outpost.boot.ApplyRequest.delta:type_name -> outpost.boot.Delta
+	21, // 19: outpost.boot.ApplyResponse.reach:type_name -> outpost.boot.Reach
+	26, // 20: outpost.boot.PublishRequest.events:type_name -> outpost.boot.Event
+	37, // 21: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
+	29, // 22: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
+	30, // 23: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
+	32, // 24: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
+	31, // 25: outpost.boot.Event.asset_fetch:type_name -> outpost.boot.AssetFetch
+	34, // 26: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
+	33, // 27: outpost.boot.Event.tunnel_refused:type_name -> outpost.boot.TunnelRefused
+	28, // 28: outpost.boot.Event.power_changed:type_name -> outpost.boot.PowerChanged
+	27, // 29: outpost.boot.Event.console_session:type_name -> outpost.boot.ConsoleSession
+	5,  // 30: outpost.boot.ConsoleSession.console_result:type_name -> outpost.boot.ConsoleResult
+	38, // 31: outpost.boot.PowerChanged.power_state:type_name -> outpost.bmc.PowerState
+	6,  // 32: outpost.boot.DHCPSeen.firmware_class:type_name -> outpost.boot.FirmwareClass
+	7,  // 33: outpost.boot.BootServed.ipxe_arch:type_name -> outpost.boot.IPXEArch
+	8,  // 34: outpost.boot.BootServed.ipxe_platform:type_name -> outpost.boot.IPXEPlatform
+	9,  // 35: outpost.boot.TunnelRefused.refusal:type_name -> outpost.boot.TunnelRefusal
+	12, // 36: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
+	12, // 37: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
+	10, // 38: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
+	19, // 39: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
+	24, // 40: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
+	22, // 41: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
+	11, // 42: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
+	20, // 43: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
+	25, // 44: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
+	23, // 45: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
+	42, // [42:46] is the sub-list for method output_type
+	38, // [38:42] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_boot_boot_proto_init() }
@@ -2972,11 +3119,11 @@ func file_shared_api_boot_boot_proto_init() {
 	if File_shared_api_boot_boot_proto != nil {
 		return
 	}
-	file_shared_api_boot_boot_proto_msgTypes[8].OneofWrappers = []any{
+	file_shared_api_boot_boot_proto_msgTypes[9].OneofWrappers = []any{
 		(*ApplyRequest_Snapshot)(nil),
 		(*ApplyRequest_Delta)(nil),
 	}
-	file_shared_api_boot_boot_proto_msgTypes[14].OneofWrappers = []any{
+	file_shared_api_boot_boot_proto_msgTypes[16].OneofWrappers = []any{
 		(*Event_DhcpSeen)(nil),
 		(*Event_PxeSeen)(nil),
 		(*Event_BootServed)(nil),
@@ -2992,7 +3139,7 @@ func file_shared_api_boot_boot_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_boot_boot_proto_rawDesc), len(file_shared_api_boot_boot_proto_rawDesc)),
 			NumEnums:      10,
-			NumMessages:   25,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
