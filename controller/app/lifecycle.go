@@ -76,6 +76,7 @@ func (b *builder) newLifecycle(context.Context) error {
 	deps.Types = types
 	deps.Power = b.edges.clients
 	deps.Agent = b.edges.clients
+	deps.Reach = b.edges.tables
 	deps.Intents = b.edges.clients
 	deps.Sites = b.edges.locations.ByResourceID()
 	deps.SecureBoot = b.edges.locations

@@ -30,13 +30,14 @@ func (p *assetAwarePusher) Push(ctx context.Context, siteID string, plan bootpla
 
 	if plan.Mode.PXE() {
 		var err error
-		if refs, err = p.install.Refs(plan.MachineID.String(), plan.KernelURL, plan.InitrdURL); err != nil {
+		if refs, err = p.install.Refs(plan.MachineID.String(), plan.KernelURL, plan.InitrdURL, plan.SignedURL); err != nil {
 			return 0, err
 		}
 
 		wants = assets.Boot{
 			KernelURL: plan.KernelURL, InitrdURL: plan.InitrdURL, Installer: plan.Installer,
 			UpstreamKernelURL: plan.UpstreamKernelURL, UpstreamInitrdURL: plan.UpstreamInitrdURL,
+			SignedURL: plan.SignedURL, UpstreamSignedURL: plan.UpstreamSignedURL,
 		}.Wants(plan.Arch.String())
 	}
 

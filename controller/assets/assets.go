@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/siderolabs/image-factory/pkg/schematic"
+
 	"github.com/outpost-metal/outpost/shared/metal"
 )
 
@@ -26,6 +28,25 @@ type Profile struct {
 	KernelArgs []string
 	// Arch is amd64 or arm64 ("": Normalize makes it amd64).
 	Arch metal.Arch
+	// SecureBoot asks for the profile's signed unified kernel image as well, for machines that enforce Secure
+	// Boot. Its command line is locked, so the kernel arguments are baked into its schematic (which makes the
+	// schematic the profile's own, not the extensions' alone).
+	SecureBoot bool
+}
+
+// Schematic is the image factory schematic of the profile: its extensions, and for a Secure Boot profile its
+// kernel arguments.
+func (p Profile) Schematic() *schematic.Schematic {
+	p = p.Normalize()
+	sc := &schematic.Schematic{Customization: schematic.Customization{
+		SystemExtensions: schematic.SystemExtensions{OfficialExtensions: p.Extensions},
+	}}
+
+	if p.SecureBoot {
+		sc.Customization.ExtraKernelArgs = p.KernelArgs
+	}
+
+	return sc
 }
 
 // Normalize returns the profile with its Talos version in canonical form (with the leading v), sorted and
@@ -64,7 +85,15 @@ type Boot struct {
 	KernelArgs []string
 	// SchematicID identifies the image factory schematic of the kernel and initramfs (extensions only).
 	SchematicID string
+	// SignedURL is the profile's signed unified kernel image (Secure Boot profiles; "" when the source has
+	// none), edge-relative like KernelURL; UpstreamSignedURL is where it comes from upstream. Its schematic is
+	// SignedSchematicID (the kernel arguments baked in), and Installer is then the Secure Boot installer.
+	SignedURL, UpstreamSignedURL string
+	SignedSchematicID            string
 }
+
+// SignedKind is the kind (InstallAssetName) of a profile's signed unified kernel image.
+const SignedKind = "secureboot-uki.efi"
 
 // InstallAssetName is the logical name of a Talos install kernel or initramfs (kind "kernel" or
 // "initramfs.xz") of a schematic, version and arch: talos/<version>/<schematic>/<arch>/<kind>. Edges serve it
@@ -162,7 +191,7 @@ type Stager interface {
 func (b Boot) Wants(arch string) []Want {
 	var out []Want
 
-	for _, f := range [][2]string{{b.KernelURL, b.UpstreamKernelURL}, {b.InitrdURL, b.UpstreamInitrdURL}} {
+	for _, f := range [][2]string{{b.KernelURL, b.UpstreamKernelURL}, {b.InitrdURL, b.UpstreamInitrdURL}, {b.SignedURL, b.UpstreamSignedURL}} {
 		if name, ok := strings.CutPrefix(f[0], "/assets/"); ok && f[1] != "" {
 			out = append(out, Want{Name: name, URL: f[1]})
 		}

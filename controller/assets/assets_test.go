@@ -136,6 +136,71 @@ func TestFactoryResolver(t *testing.T) {
 	}
 }
 
+// A Secure Boot profile resolves to the factory's signed image and Secure Boot installer of a schematic that
+// holds the kernel arguments (its command line is locked), besides the extensions-only kernel; another
+// machine's arguments are another schematic, the same arguments the same one, created once.
+func TestFactoryResolverSecureBoot(t *testing.T) {
+	t.Parallel()
+
+	fake := &fakeFactory{}
+	srv := httptest.NewServer(fake)
+	t.Cleanup(srv.Close)
+
+	r, err := assets.NewFactoryResolver(srv.URL, "https://pxe.example")
+	require.NoError(t, err)
+
+	ctx := context.Background()
+	args := []string{"talos.platform=metal", "talos.config=http://10.0.0.2:8080/config?u=${uuid}"}
+	p := assets.Profile{TalosVersion: "1.11.0", Extensions: []string{"siderolabs/metal-agent"}, KernelArgs: args, Arch: metal.ARM64, SecureBoot: true}
+
+	b, err := r.Resolve(ctx, p)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, fake.created.Load(), "the extensions-only schematic and the Secure Boot one")
+	require.Equal(t, args, fake.last.Load().Customization.ExtraKernelArgs, "the kernel arguments are baked into the signed image's schematic")
+
+	signed := &schematic.Schematic{Customization: schematic.Customization{
+		SystemExtensions: schematic.SystemExtensions{OfficialExtensions: []string{"siderolabs/metal-agent"}},
+		ExtraKernelArgs:  args,
+	}}
+	signedID, err := signed.ID()
+	require.NoError(t, err)
+	require.NotEqual(t, b.SchematicID, signedID)
+
+	u, err := url.Parse(srv.URL)
+	require.NoError(t, err)
+
+	require.Equal(t, signedID, b.SignedSchematicID)
+	require.Equal(t, "/assets/talos/v1.11.0/"+signedID+"/arm64/secureboot-uki.efi", b.SignedURL)
+	require.Equal(t, "https://pxe.example/image/"+signedID+"/v1.11.0/metal-arm64-secureboot-uki.efi", b.UpstreamSignedURL)
+	require.Equal(t, u.Host+"/installer-secureboot/"+signedID+":v1.11.0", b.Installer)
+
+	wants := b.Wants("arm64")
+	require.Contains(t, wants, assets.Want{Name: "talos/v1.11.0/" + signedID + "/arm64/secureboot-uki.efi", URL: b.UpstreamSignedURL},
+		"the library fetches the signed image once, and the site holds it")
+
+	// the same profile again: no new schematic
+	_, err = r.Resolve(ctx, p)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, fake.created.Load())
+
+	// another edge address is another signed image
+	other := p
+	other.KernelArgs = []string{"talos.platform=metal", "talos.config=http://10.0.1.2:8080/config?u=${uuid}"}
+	b2, err := r.Resolve(ctx, other)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, fake.created.Load())
+	require.NotEqual(t, b.SignedURL, b2.SignedURL)
+	require.Equal(t, b.KernelURL, b2.KernelURL, "the extensions-only kernel is shared")
+
+	// without Secure Boot: no signed image
+	plain := p
+	plain.SecureBoot = false
+	b3, err := r.Resolve(ctx, plain)
+	require.NoError(t, err)
+	require.Empty(t, b3.SignedURL)
+	require.Equal(t, u.Host+"/installer/"+b3.SchematicID+":v1.11.0", b3.Installer)
+}
+
 func TestLocalResolver(t *testing.T) {
 	t.Parallel()
 

@@ -18,8 +18,9 @@ type SchematicCreator interface {
 
 // FactoryResolver resolves profiles through the image factory: an extensions-only schematic (the edge appends
 // each machine's kernel arguments), then the factory's kernel and initramfs for it, which sites hold under
-// their logical names, and the factory's installer image for it. Schematic IDs are remembered per set of
-// extensions.
+// their logical names, and the factory's installer image for it. A Secure Boot profile gets the factory's
+// signed unified kernel image and Secure Boot installer of a schematic with its kernel arguments baked in.
+// Schematics are created once each (remembered by their offline ID).
 type FactoryResolver struct {
 	factory SchematicCreator
 	// pxeBase is where the factory serves images (often the factory URL itself).
@@ -28,7 +29,7 @@ type FactoryResolver struct {
 	registry string
 
 	mu    sync.Mutex
-	cache map[string]string // extensions -> schematic ID
+	cache map[string]string // offline schematic ID -> the factory's
 }
 
 // NewFactoryResolver returns a resolver using the image factory at factoryURL; pxeBaseURL is where it serves
@@ -67,13 +68,28 @@ func (r *FactoryResolver) Resolve(ctx context.Context, p Profile) (Boot, error) 
 		return Boot{}, fmt.Errorf("%w: talos version %q, arch %q", ErrNotAvailable, p.TalosVersion, p.Arch)
 	}
 
-	id, err := r.schematic(ctx, p.Extensions)
+	id, err := r.schematic(ctx, Profile{Extensions: p.Extensions}.Schematic())
 	if err != nil {
 		return Boot{}, fmt.Errorf("create schematic for talos %s with %v: %w", p.TalosVersion, p.Extensions, err)
 	}
 
 	b := r.BootOf(Staged{Version: p.TalosVersion, SchematicID: id, Arch: p.Arch.String()})
 	b.KernelArgs = p.KernelArgs
+
+	if !p.SecureBoot {
+		return b, nil
+	}
+
+	// The signed image's schematic carries the kernel arguments too: its command line is locked.
+	signed, err := r.schematic(ctx, p.Schematic())
+	if err != nil {
+		return Boot{}, fmt.Errorf("create the Secure Boot schematic for talos %s with %v: %w", p.TalosVersion, p.Extensions, err)
+	}
+
+	b.SignedSchematicID = signed
+	b.SignedURL = "/assets/" + InstallAssetName(p.TalosVersion, signed, p.Arch.String(), SignedKind)
+	b.UpstreamSignedURL = fmt.Sprintf("%s/image/%s/%s/metal-%s-secureboot-uki.efi", r.pxeBase, signed, p.TalosVersion, p.Arch)
+	b.Installer = fmt.Sprintf("%s/installer-secureboot/%s:%s", r.registry, signed, p.TalosVersion)
 
 	return b, nil
 }
@@ -92,12 +108,15 @@ func (r *FactoryResolver) BootOf(st Staged) Boot {
 
 // Schematic returns the schematic ID of a set of extensions (created at the factory once).
 func (r *FactoryResolver) Schematic(ctx context.Context, extensions []string) (string, error) {
-	return r.schematic(ctx, Profile{Extensions: extensions}.Normalize().Extensions)
+	return r.schematic(ctx, Profile{Extensions: extensions}.Schematic())
 }
 
-// schematic returns the ID of the schematic with these extensions, creating it once.
-func (r *FactoryResolver) schematic(ctx context.Context, extensions []string) (string, error) {
-	key := strings.Join(extensions, ",")
+// schematic returns the factory's ID of sc, creating it there once (remembered by the ID it has offline).
+func (r *FactoryResolver) schematic(ctx context.Context, sc *schematic.Schematic) (string, error) {
+	key, err := sc.ID()
+	if err != nil {
+		return "", fmt.Errorf("schematic id: %w", err)
+	}
 
 	r.mu.Lock()
 	id, ok := r.cache[key]
@@ -107,9 +126,7 @@ func (r *FactoryResolver) schematic(ctx context.Context, extensions []string) (s
 		return id, nil
 	}
 
-	id, _, err := r.factory.SchematicCreate(ctx, schematic.Schematic{Customization: schematic.Customization{
-		SystemExtensions: schematic.SystemExtensions{OfficialExtensions: extensions},
-	}})
+	id, _, err = r.factory.SchematicCreate(ctx, *sc)
 	if err != nil {
 		return "", err
 	}

@@ -9,14 +9,14 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
-
-	"github.com/siderolabs/image-factory/pkg/schematic"
 )
 
 // LocalResolver resolves profiles to files in a directory, for air-gapped sites and tests. The layout mirrors the
 // image factory's: <dir>/<schematic-id>/<talos-version>/kernel-<arch> and initramfs-<arch>.xz, where the
 // schematic holds the extensions only (computed offline, as the factory would); kernel arguments are appended
-// at boot. The files are served under baseURL with the same relative paths.
+// at boot. A Secure Boot profile's signed image is metal-<arch>-secureboot-uki.efi beside them under the
+// schematic that also holds its kernel arguments. The files are served under baseURL with the same relative
+// paths.
 type LocalResolver struct {
 	dir     string
 	baseURL string
@@ -38,12 +38,7 @@ func NewLocalResolver(dir, baseURL string) (*LocalResolver, error) {
 
 // SchematicID returns the ID of the extensions-only schematic a profile uses in a local directory.
 func SchematicID(p Profile) (string, error) {
-	p = p.Normalize()
-	sc := schematic.Schematic{Customization: schematic.Customization{
-		SystemExtensions: schematic.SystemExtensions{OfficialExtensions: p.Extensions},
-	}}
-
-	id, err := sc.ID()
+	id, err := Profile{Extensions: p.Extensions}.Schematic().ID()
 	if err != nil {
 		return "", fmt.Errorf("schematic id: %w", err)
 	}
@@ -83,6 +78,33 @@ func (r *LocalResolver) Resolve(_ context.Context, p Profile) (Boot, error) {
 			return Boot{}, fmt.Errorf("local asset %s: %w", rel, err)
 		}
 	}
+
+	if p.SecureBoot {
+		return r.signed(p, b)
+	}
+
+	return b, nil
+}
+
+// signed adds a Secure Boot profile's signed image to b when the directory has it, as the factory names it
+// (<schematic>/<version>/metal-<arch>-secureboot-uki.efi, the schematic with the kernel arguments baked in);
+// without it the profile has none, and its machines boot the edge's own signed file.
+func (r *LocalResolver) signed(p Profile, b Boot) (Boot, error) {
+	id, err := p.Schematic().ID()
+	if err != nil {
+		return Boot{}, fmt.Errorf("schematic id: %w", err)
+	}
+
+	rel := path.Join(id, p.TalosVersion, "metal-"+p.Arch.String()+"-secureboot-uki.efi")
+
+	switch _, err := os.Stat(filepath.Join(r.dir, filepath.FromSlash(rel))); {
+	case errors.Is(err, fs.ErrNotExist):
+		return b, nil
+	case err != nil:
+		return Boot{}, fmt.Errorf("local asset %s: %w", rel, err)
+	}
+
+	b.SignedSchematicID, b.SignedURL = id, r.baseURL+"/"+rel
 
 	return b, nil
 }

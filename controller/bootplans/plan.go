@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 
+	agentconfig "github.com/siderolabs/talos-metal-agent/pkg/config"
 	"github.com/siderolabs/talos/pkg/machinery/constants"
 
 	"github.com/outpost-metal/outpost/controller/assets"
@@ -102,13 +103,17 @@ type Plan struct {
 	// SecureBoot is whether the machine's firmware enforces Secure Boot, so the edge offers it only the signed
 	// image (unspecified: nobody said, and the edge's own setting decides).
 	SecureBoot bootpb.SecureBoot
+	// SignedURL is the plan's boot as a signed unified kernel image (agent or install mode of a machine that
+	// enforces Secure Boot; "" when its source has none, and the edge's own signed file is what it boots),
+	// edge-local like KernelURL; UpstreamSignedURL is where a passthrough site's machines fetch it instead.
+	SignedURL, UpstreamSignedURL string
 }
 
 // Equal reports whether two plans are the same.
 func (p Plan) Equal(o Plan) bool {
 	return p.MachineID == o.MachineID && p.Mode == o.Mode && p.KernelURL == o.KernelURL && p.InitrdURL == o.InitrdURL &&
 		p.UpstreamKernelURL == o.UpstreamKernelURL && p.UpstreamInitrdURL == o.UpstreamInitrdURL && p.Installer == o.Installer && slices.Equal(p.KernelArgs, o.KernelArgs) && p.DiskMethod == o.DiskMethod && p.Arch == o.Arch &&
-		slices.Equal(p.MACs, o.MACs) && p.SecureBoot == o.SecureBoot
+		slices.Equal(p.MACs, o.MACs) && p.SecureBoot == o.SecureBoot && p.SignedURL == o.SignedURL && p.UpstreamSignedURL == o.UpstreamSignedURL
 }
 
 // Machine is the per-machine input of a plan.
@@ -121,6 +126,10 @@ type Machine struct {
 	Arch            metal.Arch
 	// SecureBoot is whether its firmware enforces Secure Boot, as the controller knows it.
 	SecureBoot bootpb.SecureBoot
+	// Reach is how machines reach the edge of its site, as the edge said (nil: not known yet). A signed
+	// image's command line is locked, so the edge's addresses are baked into it: without them a machine that
+	// enforces Secure Boot gets no signed image of its own.
+	Reach *bootpb.Reach
 }
 
 // PlannerConfig configures a Planner.
@@ -225,16 +234,35 @@ func (p *Planner) Plan(ctx context.Context, m Machine) (Plan, error) {
 		}
 	}
 
+	signed := m.SecureBoot == bootpb.SecureBoot_SECURE_BOOT_ON && m.Reach.GetHttpBase() != ""
+	if signed {
+		// A signed image's command line is locked: what the edge would add goes in now.
+		profile.SecureBoot = true
+		profile.KernelArgs = append(slices.Clone(profile.KernelArgs), constants.KernelParamConfig+"="+m.Reach.GetHttpBase()+"/config?u=${uuid}")
+
+		if mode == ModeAgent && m.Reach.GetAgentAddress() != "" {
+			profile.KernelArgs = append(profile.KernelArgs, agentconfig.MetalProviderAddressKernelArg+"="+m.Reach.GetAgentAddress())
+		}
+	}
+
 	boot, err := p.resolver.Resolve(ctx, profile.Normalize())
 	if err != nil {
 		return Plan{}, fmt.Errorf("resolve %s assets of %s (talos %s): %w", mode, m.ID, profile.TalosVersion, err)
 	}
 
 	plan.Arch = profile.Normalize().Arch
-	plan.KernelURL, plan.InitrdURL = boot.KernelURL, boot.InitrdURL
-	plan.UpstreamKernelURL, plan.UpstreamInitrdURL = boot.UpstreamKernelURL, boot.UpstreamInitrdURL
 	plan.Installer = boot.Installer
 	plan.KernelArgs = boot.KernelArgs
+
+	if signed && boot.SignedURL != "" {
+		// The machine boots the signed image only: its kernel and initramfs are not wanted at the site.
+		plan.SignedURL, plan.UpstreamSignedURL = boot.SignedURL, boot.UpstreamSignedURL
+
+		return plan, nil
+	}
+
+	plan.KernelURL, plan.InitrdURL = boot.KernelURL, boot.InitrdURL
+	plan.UpstreamKernelURL, plan.UpstreamInitrdURL = boot.UpstreamKernelURL, boot.UpstreamInitrdURL
 
 	return plan, nil
 }
@@ -243,12 +271,16 @@ func (p *Planner) Plan(ctx context.Context, m Machine) (Plan, error) {
 func ToProto(p Plan) (*bootpb.Plan, error) {
 	out := &bootpb.Plan{Uuid: p.MachineID.String(), Macs: slices.Clone(p.MACs), SecureBoot: p.SecureBoot}
 
+	if p.SignedURL != "" && (p.Mode == ModeAgent || p.Mode == ModeInstall) {
+		out.SignedImage = &bootpb.SignedImage{Url: p.SignedURL, UpstreamUrl: p.UpstreamSignedURL}
+	}
+
 	switch p.Mode {
 	case ModeAgent:
 		out.Mode = bootpb.Mode_MODE_AGENT
 		out.ExtraArgs = slices.Clone(p.KernelArgs)
 	case ModeInstall:
-		if p.KernelURL == "" {
+		if p.KernelURL == "" && p.SignedURL == "" {
 			return nil, fmt.Errorf("install plan of %s has no kernel", p.MachineID)
 		}
 

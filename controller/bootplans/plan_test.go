@@ -2,6 +2,9 @@ package bootplans_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -119,4 +122,82 @@ func TestPlannerEdgeAgentImage(t *testing.T) {
 		Situation: bootplans.Situation{Acceptance: bootplans.Accepted, Allocated: true, BMCConfigured: true}})
 	require.NoError(t, err)
 	require.Equal(t, "k/v1.11.0", install.KernelURL)
+}
+
+// A machine that enforces Secure Boot, at a site whose edge said how its machines reach it, gets its boot as a
+// signed image whose schematic carries the edge's addresses (talos.config; in agent mode also the agents'
+// endpoint), and no kernel or initramfs; the source without a signed image, an edge that has not said, or
+// Secure Boot off leave the plan as it was.
+func TestPlannerSecureBoot(t *testing.T) {
+	t.Parallel()
+
+	dir := t.TempDir()
+	res, err := assets.NewLocalResolver(dir, "/assets/install")
+	require.NoError(t, err)
+
+	p, err := bootplans.NewPlanner(bootplans.DefaultPlannerConfig(), res)
+	require.NoError(t, err)
+
+	reach := &bootpb.Reach{HttpBase: "http://10.0.0.2:8080", AgentAddress: "10.0.0.2:50000"}
+	installing := bootplans.Situation{Acceptance: bootplans.Accepted, Allocated: true, BMCConfigured: true}
+	install := bootplans.Machine{ID: "m1", TalosVersion: "v1.11.5", Situation: installing, SecureBoot: bootpb.SecureBoot_SECURE_BOOT_ON, Reach: reach}
+	agent := bootplans.Machine{ID: "m1", SecureBoot: bootpb.SecureBoot_SECURE_BOOT_ON, Reach: reach}
+
+	// The local directory holds the kernel and initramfs of both profiles; the signed images come below.
+	place := func(sc assets.Profile, files ...string) string {
+		id, err := sc.Schematic().ID()
+		require.NoError(t, err)
+
+		for _, f := range files {
+			require.NoError(t, os.MkdirAll(filepath.Join(dir, id, sc.Normalize().TalosVersion), 0o755))
+			require.NoError(t, os.WriteFile(filepath.Join(dir, id, sc.Normalize().TalosVersion, f), []byte(f), 0o644))
+		}
+
+		return id
+	}
+	place(assets.Profile{TalosVersion: "v1.11.5"}, "kernel-amd64", "initramfs-amd64.xz")
+	place(assets.Profile{TalosVersion: "v1.11.0", Extensions: []string{"siderolabs/metal-agent"}}, "kernel-amd64", "initramfs-amd64.xz")
+
+	installArgs := []string{"talos.platform=metal", "console=ttyS0,115200", "talos.config=http://10.0.0.2:8080/config?u=${uuid}"}
+	agentArgs := append(slices.Clone(installArgs), "metal.provider.address=10.0.0.2:50000")
+
+	// Without the signed images: kernel and initramfs, as for any machine (the edge's own signed file).
+	plan, err := p.Plan(t.Context(), install)
+	require.NoError(t, err)
+	require.Empty(t, plan.SignedURL)
+	require.NotEmpty(t, plan.KernelURL)
+
+	installID := place(assets.Profile{TalosVersion: "v1.11.5", KernelArgs: installArgs, SecureBoot: true}, "metal-amd64-secureboot-uki.efi")
+	agentID := place(assets.Profile{TalosVersion: "v1.11.0", Extensions: []string{"siderolabs/metal-agent"}, KernelArgs: agentArgs, SecureBoot: true},
+		"metal-amd64-secureboot-uki.efi")
+
+	plan, err = p.Plan(t.Context(), install)
+	require.NoError(t, err)
+	require.Equal(t, "/assets/install/"+installID+"/v1.11.5/metal-amd64-secureboot-uki.efi", plan.SignedURL,
+		"the signed image whose schematic holds talos.config of the machine's edge")
+	require.Empty(t, plan.KernelURL+plan.InitrdURL, "a machine that boots the signed image wants no kernel")
+
+	wire, err := bootplans.ToProto(plan)
+	require.NoError(t, err)
+	require.Equal(t, plan.SignedURL, wire.GetSignedImage().GetUrl(), "and to its edge")
+
+	plan, err = p.Plan(t.Context(), agent)
+	require.NoError(t, err)
+	require.Equal(t, "/assets/install/"+agentID+"/v1.11.0/metal-amd64-secureboot-uki.efi", plan.SignedURL,
+		"agent mode's signed image also names the agents' endpoint")
+
+	// The edge has not said how machines reach it, or Secure Boot is off: no signed image.
+	for _, m := range []bootplans.Machine{
+		{ID: "m1", TalosVersion: "v1.11.5", Situation: installing, SecureBoot: bootpb.SecureBoot_SECURE_BOOT_ON},
+		{ID: "m1", TalosVersion: "v1.11.5", Situation: installing, SecureBoot: bootpb.SecureBoot_SECURE_BOOT_OFF, Reach: reach},
+	} {
+		plan, err = p.Plan(t.Context(), m)
+		require.NoError(t, err)
+		require.Empty(t, plan.SignedURL)
+		require.NotEmpty(t, plan.KernelURL)
+
+		wire, err = bootplans.ToProto(plan)
+		require.NoError(t, err)
+		require.Nil(t, wire.GetSignedImage())
+	}
 }

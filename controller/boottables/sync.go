@@ -58,8 +58,15 @@ func (t *Tables) OnSession(ctx context.Context, siteID string, conn grpc.ClientC
 
 			t.mu.Lock()
 			st.acked = desired
+			reachChanged := !proto.Equal(st.reach, resp.GetReach())
+			st.reach = resp.GetReach()
 			st.notify()
 			t.mu.Unlock()
+
+			if reachChanged {
+				t.log.Info("site's edge says how its machines reach it", zap.String("site", siteID),
+					zap.String("http_base", resp.GetReach().GetHttpBase()), zap.String("agent_address", resp.GetReach().GetAgentAddress()))
+			}
 
 			// a version is the time its table was set (or just after the one before)
 			t.pushTime.Observe(time.Since(sent).Seconds())

@@ -55,6 +55,8 @@ type site struct {
 	acked *bootpb.Table
 	// changed is closed and replaced whenever desired or acked changes.
 	changed chan struct{}
+	// reach is how the site's machines reach its edge, as its last acknowledgement said (nil: not said).
+	reach *bootpb.Reach
 	// settings are what an operator set for the site.
 	settings SiteTable
 }
@@ -234,6 +236,19 @@ func (t *Tables) siteConfigLocked(siteID string) []byte {
 	out = append(out, "\n---\n"...)
 
 	return append(append(out, bytes.TrimSpace(extra)...), '\n')
+}
+
+// Reach is how a site's machines reach its edge, as the edge said when it last acknowledged a table (nil: it
+// has not said, or it does not know): what a signed image's locked command line must name (lifecycle.SiteReach).
+func (t *Tables) Reach(siteID string) *bootpb.Reach {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+
+	if st, ok := t.sites[siteID]; ok {
+		return st.reach
+	}
+
+	return nil
 }
 
 // siteLocked returns a site's state, giving a new site its first table (the join config and its settings), so

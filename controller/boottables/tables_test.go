@@ -32,6 +32,8 @@ type fakeEdge struct {
 	bootpb.UnimplementedBootPlansServer
 
 	snapshotsOnly bool
+	// reach is what the edge says of how its machines reach it, in every acknowledgement.
+	reach *bootpb.Reach
 
 	mu      sync.Mutex
 	table   *bootpb.Table
@@ -50,7 +52,7 @@ func (f *fakeEdge) Apply(_ context.Context, req *bootpb.ApplyRequest) (*bootpb.A
 		f.table = s
 		f.applied = append(f.applied, "snapshot")
 
-		return &bootpb.ApplyResponse{Version: s.GetVersion()}, nil
+		return &bootpb.ApplyResponse{Version: s.GetVersion(), Reach: f.reach}, nil
 	}
 
 	d := req.GetDelta()
@@ -82,7 +84,7 @@ func (f *fakeEdge) Apply(_ context.Context, req *bootpb.ApplyRequest) (*bootpb.A
 	f.table = next
 	f.applied = append(f.applied, "delta")
 
-	return &bootpb.ApplyResponse{Version: d.GetVersion()}, nil
+	return &bootpb.ApplyResponse{Version: d.GetVersion(), Reach: f.reach}, nil
 }
 
 // current is a copy of the table the edge holds.
@@ -125,7 +127,8 @@ func dialFake(t *testing.T, edge *fakeEdge) *grpc.ClientConn {
 func TestSnapshotThenDeltas(t *testing.T) {
 	t.Parallel()
 
-	edge := &fakeEdge{}
+	reach := &bootpb.Reach{HttpBase: "http://10.0.0.2:8080", AgentAddress: "10.0.0.2:50000"}
+	edge := &fakeEdge{reach: reach}
 	conn := dialFake(t, edge)
 
 	tables := boottables.New(zaptest.NewLogger(t), nil)
@@ -133,6 +136,7 @@ func TestSnapshotThenDeltas(t *testing.T) {
 	require.NoError(t, reg.Register(tables))
 
 	tables.SetSite("site-a", boottables.SiteTable{Discovery: bootpb.Discovery_DISCOVERY_KNOWN})
+	require.Nil(t, tables.Reach("site-a"), "no edge has said yet")
 	require.Equal(t, 1.0, gathered(t, reg, "outpost_boot_plans_sites_unacknowledged"), "a table, no edge yet")
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -159,6 +163,8 @@ func TestSnapshotThenDeltas(t *testing.T) {
 	require.Greater(t, v2, v1)
 	require.True(t, tables.Holds("site-a", install), "acknowledged")
 	require.False(t, tables.Holds("site-b", install), "another site")
+	require.True(t, proto.Equal(reach, tables.Reach("site-a")), "the edge's acknowledgement said how its machines reach it: %v", tables.Reach("site-a"))
+	require.Nil(t, tables.Reach("site-b"))
 
 	again, err := tables.Push(waitCtx, "site-a", install)
 	require.NoError(t, err)

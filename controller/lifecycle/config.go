@@ -126,6 +126,10 @@ type Deps struct {
 	// Inventory reads machines' hardware inventories from their BMCs (optional: Power when it can, else no
 	// inventory labels).
 	Inventory InventoryClient
+	// Reach says how each site's machines reach its edge (the boot tables, from the edges' acknowledgements),
+	// which a signed image's locked command line must name (optional: no machine gets a signed image of its
+	// own, and the edge's own signed file is what Secure Boot machines boot).
+	Reach SiteReach
 	// SecureBoot takes what each inventory read says of the machine's Secure Boot, for its boot plans
 	// (optional: the plans then say only what operators set).
 	SecureBoot SecureBootReports
@@ -170,7 +174,7 @@ func New(cfg Config, deps Deps) ([]controller.QController, error) {
 	deps.Agent = timedAgent{next: deps.Agent, m: deps.Metrics}
 
 	env := &env{
-		cfg: cfg, types: deps.Types, metrics: deps.Metrics, journal: deps.Journal, secrets: deps.Secrets, gate: newPlanGate(deps.Sites, deps.SitePolicies, deps.Planner, deps.Plans, cfg.CallTimeout), outbox: newOutbox(), jobs: newJobs(), written: newWritten(),
+		cfg: cfg, types: deps.Types, metrics: deps.Metrics, journal: deps.Journal, secrets: deps.Secrets, gate: newPlanGate(deps.Sites, deps.SitePolicies, deps.Reach, deps.Planner, deps.Plans, cfg.CallTimeout), outbox: newOutbox(), jobs: newJobs(), written: newWritten(),
 		due: newDues(time.Now), failing: newFailingSet(time.Now),
 	}
 

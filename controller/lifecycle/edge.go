@@ -9,6 +9,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/machineaccess"
 	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
 // PowerClient reaches a machine's BMC through its site's edge. Credentials travel with every call.
@@ -45,6 +46,11 @@ type SiteLocator interface {
 type PlanPusher interface {
 	Push(ctx context.Context, siteID string, plan bootplans.Plan) (version uint64, err error)
 	Holds(siteID string, plan bootplans.Plan) bool
+}
+
+// SiteReach says how a site's machines reach its edge (boottables.Tables; nil: not known yet).
+type SiteReach interface {
+	Reach(siteID string) *bootpb.Reach
 }
 
 // Planner computes a machine's boot plan (bootplans.Planner).

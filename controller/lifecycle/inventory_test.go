@@ -14,7 +14,9 @@ import (
 	"github.com/cosi-project/runtime/pkg/state/impl/namespaced"
 	"github.com/siderolabs/omni/client/pkg/omni/resources/infra"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/outpost-metal/outpost/controller/bootplans"
 	"github.com/outpost-metal/outpost/controller/labels"
 	"github.com/outpost-metal/outpost/controller/lifecycle"
 	"github.com/outpost-metal/outpost/controller/lifecycle/lifecycletest"
@@ -190,4 +192,52 @@ func TestSecureBootFromBMC(t *testing.T) {
 
 	inv.set(&bmcpb.InventoryResponse{Protocol: bmcpb.Protocol_PROTOCOL_IPMI, Manufacturer: "Acme"}, nil)
 	h.eventually("a BMC that does not say: nobody says", says(bootpb.SecureBoot_SECURE_BOOT_UNSPECIFIED, ""))
+}
+
+// A machine that enforces Secure Boot gets a signed image of its own only once its edge has said how machines
+// reach it (the image's command line is locked, so the controller has the address baked in): until then its
+// plan names none (the edge's own signed file); the edge's word wakes the plan, and another address is
+// another image. The observation carries the reach, so that a change re-plans the machine.
+func TestSignedImageFollowsEdgeReach(t *testing.T) {
+	t.Parallel()
+
+	on := true
+	inv := &fakeInventory{resp: &bmcpb.InventoryResponse{Protocol: bmcpb.Protocol_PROTOCOL_REDFISH, SecureBoot: &on}}
+	h := newInventoryHarness(t, inv, func(c *lifecycle.Config) { c.InventoryInterval = 600 * time.Millisecond })
+
+	h.edge.Add("m1", "site-a")
+	h.omni("m1", accepted)
+
+	plan := func(pred func(p bootplans.Plan, obs *specs.MachineObservationSpec) bool) func() bool {
+		return func() bool {
+			obs, err := safe.StateGet[*resources.MachineObservation](t.Context(), h.st, h.types.NewMachineObservation("m1").Metadata())
+			if err != nil {
+				return false
+			}
+
+			m := h.edge.Machine("m1")
+
+			return m.AckedSeen && m.Acked.SecureBoot == bootpb.SecureBoot_SECURE_BOOT_ON && pred(m.Acked, obs.TypedSpec().Value)
+		}
+	}
+
+	h.eventually("Secure Boot on, the edge silent: no signed image", plan(func(p bootplans.Plan, _ *specs.MachineObservationSpec) bool {
+		return p.SignedURL == "" && p.KernelURL != ""
+	}))
+
+	reach := &bootpb.Reach{HttpBase: "http://10.0.0.2:8080", AgentAddress: "10.0.0.2:50000"}
+	h.edge.SetReach("site-a", reach)
+
+	var first string
+
+	h.eventually("the edge said: a signed image, no kernel", plan(func(p bootplans.Plan, obs *specs.MachineObservationSpec) bool {
+		first = p.SignedURL
+
+		return p.SignedURL != "" && p.KernelURL == "" && proto.Equal(obs.GetEdgeReach(), reach)
+	}))
+
+	h.edge.SetReach("site-a", &bootpb.Reach{HttpBase: "http://10.0.0.3:8080", AgentAddress: "10.0.0.3:50000"})
+	h.eventually("another address, another signed image", plan(func(p bootplans.Plan, _ *specs.MachineObservationSpec) bool {
+		return p.SignedURL != "" && p.SignedURL != first
+	}))
 }

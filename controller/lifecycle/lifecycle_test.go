@@ -132,7 +132,7 @@ func (h *harness) start() {
 	h.ctrls, err = lifecycle.New(cfg, lifecycle.Deps{
 		Types: h.types, Power: h.edge, Agent: h.edge, Intents: h.edge, Sites: h.edge, Plans: h.edge, Planner: planner,
 		Now: h.clock.Now, Rand: rand.Reader, Metrics: h.stats, Secrets: box, Journal: h.journal, SitePolicies: h.policies,
-		Inventory: h.inventory, SecureBoot: h.edge,
+		Inventory: h.inventory, SecureBoot: h.edge, Reach: h.edge,
 	})
 	require.NoError(h.t, err)
 

@@ -13,6 +13,7 @@ import (
 	"github.com/outpost-metal/outpost/controller/machines"
 	"github.com/outpost-metal/outpost/controller/resources"
 	"github.com/outpost-metal/outpost/controller/resources/specs"
+	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 )
 
 // machineObservation keeps MachineObservation true: the machine's site (from edge events), its power state
@@ -33,6 +34,7 @@ type machineObservation struct {
 	watches    *machines.WatchLists
 	siteLabels SiteLabels
 	policies   *machines.SitePolicies
+	reach      SiteReach
 	// callTimeout bounds each edge call; pollInterval is when the machine is looked at again.
 	callTimeout, pollInterval time.Duration
 }
@@ -55,7 +57,7 @@ func callsEdge(c *machineController) *machineController {
 func newMachineObservationController(e *env, d Deps) *machineController {
 	s := &machineObservation{
 		types: d.Types, written: e.written, sites: d.Sites, power: d.Power, agent: d.Agent, metrics: d.Metrics, now: d.Now,
-		watches: d.Watches, siteLabels: d.SiteLabels, policies: d.SitePolicies, callTimeout: e.cfg.CallTimeout, pollInterval: e.cfg.PollInterval,
+		watches: d.Watches, siteLabels: d.SiteLabels, policies: d.SitePolicies, reach: d.Reach, callTimeout: e.cfg.CallTimeout, pollInterval: e.cfg.PollInterval,
 	}
 
 	return callsEdge(newMachineController(e, observationName, d.Types.MachineObservation, d.Types.Namespace, bmcRecord|observationRecord, s))
@@ -81,6 +83,9 @@ func (s *machineObservation) reconcile(ctx context.Context, logger *zap.Logger, 
 
 		// what the machine's plans say of its Secure Boot (planGate.plan): a change wakes the boot plan step
 		obs.SecureBoot, obs.SecureBootSource = loc.EnforcesSecureBoot(s.policies.SecureBoot(loc.SiteID))
+		if obs.SecureBoot == bootpb.SecureBoot_SECURE_BOOT_ON && s.reach != nil {
+			obs.EdgeReach = s.reach.Reach(loc.SiteID) // baked into the machine's signed images (planGate.plan)
+		}
 
 		if v.managed() && v.bmc != nil {
 			obs.PowerState = s.powerState(ctx, logger, loc, v, obs)

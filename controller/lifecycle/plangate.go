@@ -17,14 +17,16 @@ type planGate struct {
 	sites SiteLocator
 	// policies say what sites' operators set for their machines' Secure Boot (nil: nothing).
 	policies *machines.SitePolicies
-	planner  Planner
-	pusher   PlanPusher
+	// reach says how each site's machines reach its edge (nil: nobody says), for signed images.
+	reach   SiteReach
+	planner Planner
+	pusher  PlanPusher
 	// timeout bounds the wait for an acknowledgement (an offline site is retried later, not waited for).
 	timeout time.Duration
 }
 
-func newPlanGate(sites SiteLocator, policies *machines.SitePolicies, planner Planner, p PlanPusher, timeout time.Duration) *planGate {
-	return &planGate{sites: sites, policies: policies, planner: planner, pusher: p, timeout: timeout}
+func newPlanGate(sites SiteLocator, policies *machines.SitePolicies, reach SiteReach, planner Planner, p PlanPusher, timeout time.Duration) *planGate {
+	return &planGate{sites: sites, policies: policies, reach: reach, planner: planner, pusher: p, timeout: timeout}
 }
 
 // ensure returns once site's edge acknowledged plan for its machine (at once when it already had).
@@ -43,8 +45,8 @@ func (g *planGate) ensure(ctx context.Context, site string, plan bootplans.Plan)
 	return nil
 }
 
-// plan computes the machine's plan at site, for the architecture its network boot reported and with its
-// Secure Boot as known (Location.EnforcesSecureBoot).
+// plan computes the machine's plan at site, for the architecture its network boot reported, with its Secure
+// Boot as known (Location.EnforcesSecureBoot) and its edge's reach (baked into signed images).
 func (g *planGate) plan(ctx context.Context, site string, v *view, deleting bool) (bootplans.Plan, error) {
 	in := v.planInput(deleting)
 
@@ -54,6 +56,10 @@ func (g *planGate) plan(ctx context.Context, site string, v *view, deleting bool
 		in.Arch = loc.Arch
 		in.SecureBoot, _ = loc.EnforcesSecureBoot(g.policies.SecureBoot(loc.SiteID))
 		macs = loc.MACs
+
+		if g.reach != nil {
+			in.Reach = g.reach.Reach(loc.SiteID)
+		}
 	}
 
 	plan, err := g.planner.Plan(ctx, in)

@@ -319,8 +319,8 @@ func validateTable(tbl *bootpb.Table) error {
 			return fmt.Errorf("plan %s mode %d: %w", u, p.GetMode(), ErrInvalid)
 		}
 
-		if p.GetMode() == bootpb.Mode_MODE_INSTALL && p.GetInstall().GetKernelUrl() == "" {
-			return fmt.Errorf("plan %s: install mode without a kernel: %w", u, ErrInvalid)
+		if p.GetMode() == bootpb.Mode_MODE_INSTALL && p.GetInstall().GetKernelUrl() == "" && p.GetSignedImage() == nil {
+			return fmt.Errorf("plan %s: install mode without a kernel or a signed image: %w", u, ErrInvalid)
 		}
 
 		if err := checkSignedImage(p.GetSignedImage()); err != nil {

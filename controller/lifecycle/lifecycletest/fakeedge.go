@@ -74,6 +74,8 @@ type FakeEdge struct {
 	// intents carries out calls with an intent ID at most once; lose counts the replies to lose.
 	intents *intentBook
 	lose    map[string]int
+	// reach is how each site's machines reach its edge, as SetReach set it (lifecycle.SiteReach).
+	reach map[string]*bootpb.Reach
 }
 
 // NewFakeEdge returns a fake edge with no machines. Its calls that carry an intent ID are carried out at most
@@ -317,6 +319,26 @@ func (f *FakeEdge) SetSecureBoot(id metal.ID, s bootpb.SecureBoot) {
 	if m, ok := f.machines[id.String()]; ok {
 		m.SecureBoot = s
 	}
+}
+
+// SetReach sets how a site's machines reach its edge (nil: not said), as its acknowledgements would say it.
+func (f *FakeEdge) SetReach(site string, r *bootpb.Reach) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	if f.reach == nil {
+		f.reach = map[string]*bootpb.Reach{}
+	}
+
+	f.reach[site] = r
+}
+
+// Reach implements lifecycle.SiteReach.
+func (f *FakeEdge) Reach(site string) *bootpb.Reach {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+
+	return f.reach[site]
 }
 
 // SetAlert sets the identity alert Locate reports for a machine ("" clears it).
@@ -665,12 +687,23 @@ func (f *FakeEdge) Reboot(_ context.Context, site, id string) error {
 	return nil
 }
 
-// FakeResolver resolves every profile to local-looking URLs.
+// FakeResolver resolves every profile to local-looking URLs; a Secure Boot profile also to a signed image
+// named by its schematic (its kernel arguments baked in), as the image factory does.
 type FakeResolver struct{}
 
 // Resolve implements assets.Resolver.
 func (FakeResolver) Resolve(_ context.Context, p assets.Profile) (assets.Boot, error) {
 	base := "http://assets/" + p.TalosVersion + "/" + p.Arch.String()
+	b := assets.Boot{KernelURL: base + "/vmlinuz", InitrdURL: base + "/initramfs.xz", KernelArgs: p.KernelArgs}
 
-	return assets.Boot{KernelURL: base + "/vmlinuz", InitrdURL: base + "/initramfs.xz", KernelArgs: p.KernelArgs}, nil
+	if p.SecureBoot {
+		id, err := p.Schematic().ID()
+		if err != nil {
+			return assets.Boot{}, err
+		}
+
+		b.SignedSchematicID, b.SignedURL = id, base+"/"+id+"/secureboot-uki.efi"
+	}
+
+	return b, nil
 }

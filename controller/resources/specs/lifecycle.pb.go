@@ -501,8 +501,11 @@ type MachineObservationSpec struct {
 	// which ("operator", "site", "bmc"; "" when nobody says and the edge's own setting decides).
 	SecureBoot       boot.SecureBoot `protobuf:"varint,9,opt,name=secure_boot,json=secureBoot,proto3,enum=outpost.boot.SecureBoot" json:"secure_boot,omitempty"`
 	SecureBootSource string          `protobuf:"bytes,10,opt,name=secure_boot_source,json=secureBootSource,proto3" json:"secure_boot_source,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// edge_reach is, for a machine that enforces Secure Boot, how its site's machines reach their edge as the
+	// edge said it (its signed images have it baked in; unset otherwise): a change wakes the boot plan step.
+	EdgeReach     *boot.Reach `protobuf:"bytes,11,opt,name=edge_reach,json=edgeReach,proto3" json:"edge_reach,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *MachineObservationSpec) Reset() {
@@ -603,6 +606,13 @@ func (x *MachineObservationSpec) GetSecureBootSource() string {
 		return x.SecureBootSource
 	}
 	return ""
+}
+
+func (x *MachineObservationSpec) GetEdgeReach() *boot.Reach {
+	if x != nil {
+		return x.EdgeReach
+	}
+	return nil
 }
 
 // MachineLocationSpec is where the controller knows a machine to be, learned from its site's edge and kept in
@@ -1038,7 +1048,7 @@ const file_controller_resources_specs_lifecycle_proto_rawDesc = "" +
 	"\x05cause\x18\x05 \x01(\tR\x05cause\x12(\n" +
 	"\x10install_event_id\x18\x06 \x01(\x04R\x0einstallEventId\x12*\n" +
 	"\x11node_unique_token\x18\a \x01(\tR\x0fnodeUniqueToken\x12\x16\n" +
-	"\x06reason\x18\b \x01(\tR\x06reason\"\xcb\x05\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason\"\xff\x05\n" +
 	"\x16MachineObservationSpec\x12[\n" +
 	"\vpower_state\x18\x01 \x01(\x0e2:.outpost.resources.specs.MachineObservationSpec.PowerStateR\n" +
 	"powerState\x12'\n" +
@@ -1054,7 +1064,9 @@ const file_controller_resources_specs_lifecycle_proto_rawDesc = "" +
 	"\vsecure_boot\x18\t \x01(\x0e2\x18.outpost.boot.SecureBootR\n" +
 	"secureBoot\x12,\n" +
 	"\x12secure_boot_source\x18\n" +
-	" \x01(\tR\x10secureBootSource\x1a=\n" +
+	" \x01(\tR\x10secureBootSource\x122\n" +
+	"\n" +
+	"edge_reach\x18\v \x01(\v2\x13.outpost.boot.ReachR\tedgeReach\x1a=\n" +
 	"\x0fSiteLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"N\n" +
@@ -1130,6 +1142,7 @@ var file_controller_resources_specs_lifecycle_proto_goTypes = []any{
 	nil,                                    // 10: outpost.resources.specs.MachineObservationSpec.SiteLabelsEntry
 	(*timestamppb.Timestamp)(nil),          // 11: google.protobuf.Timestamp
 	(boot.SecureBoot)(0),                   // 12: outpost.boot.SecureBoot
+	(*boot.Reach)(nil),                     // 13: outpost.boot.Reach
 }
 var file_controller_resources_specs_lifecycle_proto_depIdxs = []int32{
 	9,  // 0: outpost.resources.specs.BMCConfigurationSpec.ipmi:type_name -> outpost.resources.specs.BMCConfigurationSpec.IPMI
@@ -1146,16 +1159,17 @@ var file_controller_resources_specs_lifecycle_proto_depIdxs = []int32{
 	10, // 11: outpost.resources.specs.MachineObservationSpec.site_labels:type_name -> outpost.resources.specs.MachineObservationSpec.SiteLabelsEntry
 	11, // 12: outpost.resources.specs.MachineObservationSpec.agent_lost_at:type_name -> google.protobuf.Timestamp
 	12, // 13: outpost.resources.specs.MachineObservationSpec.secure_boot:type_name -> outpost.boot.SecureBoot
-	11, // 14: outpost.resources.specs.MachineLocationSpec.last_seen:type_name -> google.protobuf.Timestamp
-	11, // 15: outpost.resources.specs.MachineLocationSpec.alert_at:type_name -> google.protobuf.Timestamp
-	12, // 16: outpost.resources.specs.MachineLocationSpec.secure_boot:type_name -> outpost.boot.SecureBoot
-	12, // 17: outpost.resources.specs.MachineLocationSpec.secure_boot_override:type_name -> outpost.boot.SecureBoot
-	11, // 18: outpost.resources.specs.MachineInventorySpec.read_at:type_name -> google.protobuf.Timestamp
-	19, // [19:19] is the sub-list for method output_type
-	19, // [19:19] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	13, // 14: outpost.resources.specs.MachineObservationSpec.edge_reach:type_name -> outpost.boot.Reach
+	11, // 15: outpost.resources.specs.MachineLocationSpec.last_seen:type_name -> google.protobuf.Timestamp
+	11, // 16: outpost.resources.specs.MachineLocationSpec.alert_at:type_name -> google.protobuf.Timestamp
+	12, // 17: outpost.resources.specs.MachineLocationSpec.secure_boot:type_name -> outpost.boot.SecureBoot
+	12, // 18: outpost.resources.specs.MachineLocationSpec.secure_boot_override:type_name -> outpost.boot.SecureBoot
+	11, // 19: outpost.resources.specs.MachineInventorySpec.read_at:type_name -> google.protobuf.Timestamp
+	20, // [20:20] is the sub-list for method output_type
+	20, // [20:20] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_controller_resources_specs_lifecycle_proto_init() }
