@@ -70,6 +70,8 @@ type builder struct {
 	acting  []rungroup.Component
 	// shared is the Omni connection the sites, the CA and the lease are kept through (nil without Omni).
 	shared *omni.Connection
+	// signed keeps the sites' signed agent images (nil without Omni: no plans at all).
+	signed *signedAgents
 }
 
 // step is one construction step, named for the error it may return.

@@ -82,6 +82,16 @@ func (b *builder) newLifecycle(context.Context) error {
 	deps.SecureBoot = b.edges.locations
 	deps.Plans = &assetAwarePusher{next: b.edges.tables, needs: b.assets.needs, install: b.assets.install}
 	deps.Planner = planner
+
+	// At a site whose machines enforce Secure Boot, a first boot gets agent mode as a signed image.
+	b.signed = newSignedAgents(b.log, planner, b.edges.tables, b.edges.policies, b.assets.needs, b.assets.install)
+	b.edges.tables.OnReach(b.signed.Kick)
+
+	for _, site := range b.edges.policies.SecureBootSites() {
+		b.signed.Kick(site)
+	}
+
+	b.act("signed agent images", b.signed.Run)
 	deps.Now = time.Now
 	deps.Rand = rand.Reader
 	deps.Metrics = lifecycleMetrics

@@ -21,29 +21,36 @@ type assetAwarePusher struct {
 
 // Push implements lifecycle.PlanPusher.
 func (p *assetAwarePusher) Push(ctx context.Context, siteID string, plan bootplans.Plan) (uint64, error) {
-	// Agent-mode plans count too: without agent images of its own (--agent-assets-dir) the controller
-	// resolves agent mode from these same local assets (the metal-agent schematic).
-	var (
-		refs  []*assetspb.AssetRef
-		wants []assets.Want
-	)
-
-	if plan.Mode.PXE() {
-		var err error
-		if refs, err = p.install.Refs(plan.MachineID.String(), plan.KernelURL, plan.InitrdURL, plan.SignedURL); err != nil {
-			return 0, err
-		}
-
-		wants = assets.Boot{
-			KernelURL: plan.KernelURL, InitrdURL: plan.InitrdURL, Installer: plan.Installer,
-			UpstreamKernelURL: plan.UpstreamKernelURL, UpstreamInitrdURL: plan.UpstreamInitrdURL,
-			SignedURL: plan.SignedURL, UpstreamSignedURL: plan.UpstreamSignedURL,
-		}.Wants(plan.Arch.String())
+	refs, wants, err := planAssets(p.install, plan)
+	if err != nil {
+		return 0, err
 	}
 
 	p.needs.SetMachine(siteID, plan.MachineID.String(), refs, wants...)
 
 	return p.next.Push(ctx, siteID, plan)
+}
+
+// planAssets are the assets a plan names: local install files by reference, upstream assets (kernel,
+// initramfs, signed image, installer image) as wants of the library. Agent-mode plans count too: without
+// agent images of its own (--agent-assets-dir) the controller resolves agent mode from these same sources.
+func planAssets(install *assets.InstallFiles, plan bootplans.Plan) ([]*assetspb.AssetRef, []assets.Want, error) {
+	if !plan.Mode.PXE() {
+		return nil, nil, nil
+	}
+
+	refs, err := install.Refs(plan.MachineID.String(), plan.KernelURL, plan.InitrdURL, plan.SignedURL)
+	if err != nil {
+		return nil, nil, err
+	}
+
+	wants := assets.Boot{
+		KernelURL: plan.KernelURL, InitrdURL: plan.InitrdURL, Installer: plan.Installer,
+		UpstreamKernelURL: plan.UpstreamKernelURL, UpstreamInitrdURL: plan.UpstreamInitrdURL,
+		SignedURL: plan.SignedURL, UpstreamSignedURL: plan.UpstreamSignedURL,
+	}.Wants(plan.Arch.String())
+
+	return refs, wants, nil
 }
 
 // Holds implements lifecycle.PlanPusher.

@@ -72,6 +72,8 @@ func (b *builder) applySiteSettings(siteID string, s sites.Settings) {
 		log.Warn("site policy refused", zap.Error(err)) // cannot happen after the check
 	}
 
+	b.signed.Kick(siteID) // its Secure Boot may have changed: its signed agent images with it
+
 	// The asset policy is the site's own (a stored one this controller does not know falls back to the default).
 	if err := b.assets.catalog.SetPolicy(siteID, assetspb.Policy(asset)); err != nil {
 		log.Warn("site asset policy refused; the site has the default policy", zap.Error(err))

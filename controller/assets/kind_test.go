@@ -20,6 +20,7 @@ func FuzzKindCheck(f *testing.F) {
 
 	kernel := assets.KindCheck(assets.InstallAssetName("v1.11.5", "abc", "amd64", "kernel"))
 	initrd := assets.KindCheck(assets.InstallAssetName("v1.11.5", "abc", "amd64", "initramfs.xz"))
+	signed := assets.KindCheck(assets.InstallAssetName("v1.11.5", "abc", "amd64", assets.SignedKind))
 
 	f.Fuzz(func(t *testing.T, b []byte) {
 		isKernel := bytes.HasPrefix(b, []byte("MZ")) ||
@@ -33,5 +34,6 @@ func FuzzKindCheck(f *testing.F) {
 		}
 
 		require.Equal(t, isInitrd, initrd(b) == nil, "initramfs verdict on %q", b[:min(len(b), 16)])
+		require.Equal(t, bytes.HasPrefix(b, []byte("MZ")), signed(b) == nil, "signed image verdict on %q", b[:min(len(b), 16)])
 	})
 }

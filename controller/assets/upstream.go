@@ -339,7 +339,8 @@ func (h *headWriter) Write(p []byte) (int, error) {
 }
 
 // kindCheck returns the check of what an install asset's first bytes must look like, by its logical name's
-// kind: a kernel is a PE/EFI image, an x86 bzImage or an arm64 Image; an initramfs is xz, gzip, zstd or a
+// kind: a kernel is a PE/EFI image, an x86 bzImage or an arm64 Image; a signed unified kernel image is a
+// PE/EFI image (the firmware checks its signature); an initramfs is xz, gzip, zstd or a
 // plain cpio archive. It keeps an error page or other garbage answered with 200 from being held as a boot
 // asset (the factory publishes no digests to check against).
 func kindCheck(name string) func([]byte) error {
@@ -354,6 +355,14 @@ func kindCheck(name string) func([]byte) error {
 			}
 
 			return fmt.Errorf("not a kernel image (first bytes %q)", printableHead(b))
+		}
+	case strings.HasSuffix(name, "/"+SignedKind):
+		return func(b []byte) error {
+			if bytes.HasPrefix(b, []byte("MZ")) {
+				return nil
+			}
+
+			return fmt.Errorf("not a signed EFI image (first bytes %q)", printableHead(b))
 		}
 	case strings.HasSuffix(name, "/initramfs.xz"):
 		return func(b []byte) error {

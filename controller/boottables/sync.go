@@ -61,11 +61,16 @@ func (t *Tables) OnSession(ctx context.Context, siteID string, conn grpc.ClientC
 			reachChanged := !proto.Equal(st.reach, resp.GetReach())
 			st.reach = resp.GetReach()
 			st.notify()
+			onReach := t.onReach
 			t.mu.Unlock()
 
 			if reachChanged {
 				t.log.Info("site's edge says how its machines reach it", zap.String("site", siteID),
 					zap.String("http_base", resp.GetReach().GetHttpBase()), zap.String("agent_address", resp.GetReach().GetAgentAddress()))
+
+				if onReach != nil {
+					onReach(siteID)
+				}
 			}
 
 			// a version is the time its table was set (or just after the one before)
@@ -136,6 +141,10 @@ func Diff(from, to *bootpb.Table) *bootpb.Delta {
 
 	if from.GetSecureBoot() != to.GetSecureBoot() {
 		d.SecureBoot, d.ReplaceSecureBoot = to.GetSecureBoot(), true
+	}
+
+	if !maps.EqualFunc(from.GetSignedAgent(), to.GetSignedAgent(), func(a, b *bootpb.SignedImage) bool { return proto.Equal(a, b) }) {
+		d.SignedAgent, d.ReplaceSignedAgent = to.GetSignedAgent(), true
 	}
 
 	return d

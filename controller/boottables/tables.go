@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -34,6 +35,8 @@ type Tables struct {
 	sites  map[string]*site
 	placed map[metal.ID]placement // by machine ID: where its plan is in the tables
 	config []byte                 // the join config, served by every site
+	// onReach is told of every site whose edge said something new of how its machines reach it (nil: nobody).
+	onReach func(siteID string)
 
 	ackLag   prometheus.Histogram
 	unacked  prometheus.GaugeFunc
@@ -221,6 +224,23 @@ func (t *Tables) SetSite(siteID string, set SiteTable) {
 	})
 }
 
+// SetSignedAgent sets a site's signed agent images per iPXE architecture (nil: none), which its edge offers a
+// machine that enforces Secure Boot and has no plan naming one (a first boot), and changes the site's table
+// when they changed.
+func (t *Tables) SetSignedAgent(siteID string, images map[string]*bootpb.SignedImage) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+
+	st := t.siteLocked(siteID)
+	if maps.EqualFunc(st.desired.GetSignedAgent(), images, func(a, b *bootpb.SignedImage) bool { return proto.Equal(a, b) }) {
+		return
+	}
+
+	images = maps.Clone(images)
+
+	t.changeLocked(siteID, func(tbl *bootpb.Table) { tbl.SignedAgent = images })
+}
+
 // siteConfigLocked is the join config followed by the site's own documents.
 func (t *Tables) siteConfigLocked(siteID string) []byte {
 	var extra []byte
@@ -236,6 +256,15 @@ func (t *Tables) siteConfigLocked(siteID string) []byte {
 	out = append(out, "\n---\n"...)
 
 	return append(append(out, bytes.TrimSpace(extra)...), '\n')
+}
+
+// OnReach calls fn (outside any lock) whenever a site's edge says something new of how its machines reach it.
+// Set it before sessions start.
+func (t *Tables) OnReach(fn func(siteID string)) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+
+	t.onReach = fn
 }
 
 // Reach is how a site's machines reach its edge, as the edge said when it last acknowledged a table (nil: it

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 
 	"github.com/siderolabs/gen/optional"
@@ -177,6 +178,28 @@ func (p *SitePolicies) BMCProtocol(site string, fallback bmcpb.Protocol) bmcpb.P
 
 // SecureBoot is what site's operator set for its machines' Secure Boot (unspecified: nothing).
 func (p *SitePolicies) SecureBoot(site string) bootpb.SecureBoot { return p.get(site).SecureBoot }
+
+// SecureBootSites lists the sites whose operator said their machines enforce Secure Boot, sorted.
+func (p *SitePolicies) SecureBootSites() []string {
+	if p == nil {
+		return nil
+	}
+
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+
+	var out []string
+
+	for site, sp := range p.sites {
+		if sp.SecureBoot == bootpb.SecureBoot_SECURE_BOOT_ON {
+			out = append(out, site)
+		}
+	}
+
+	slices.Sort(out)
+
+	return out
+}
 
 // BootsFromImage reports whether site's machines boot from virtual media (a site without DHCP).
 func (p *SitePolicies) BootsFromImage(site string) bool { return p.get(site).BootFromImage }

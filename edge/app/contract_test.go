@@ -27,6 +27,7 @@ import (
 	"github.com/outpost-metal/outpost/edge/config"
 	"github.com/outpost-metal/outpost/edge/dhcp"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/metal"
 	"github.com/outpost-metal/outpost/shared/nettest"
 	"github.com/outpost-metal/outpost/shared/uplink"
 )
@@ -225,4 +226,4 @@ func (snpPrefs) DiskPlan(net.HardwareAddr, string) bool { return false }
 
 func (snpPrefs) SecureBoot(net.HardwareAddr, string) (bool, bool) { return false, false }
 
-func (snpPrefs) SignedImage(net.HardwareAddr, string) *bootpb.SignedImage { return nil }
+func (snpPrefs) SignedImage(net.HardwareAddr, string, metal.Arch) *bootpb.SignedImage { return nil }

@@ -266,6 +266,10 @@ func applyDelta(cur *bootpb.Table, d *bootpb.Delta) *bootpb.Table {
 		next.SecureBoot = d.GetSecureBoot()
 	}
 
+	if d.GetReplaceSignedAgent() {
+		next.SignedAgent = d.GetSignedAgent()
+	}
+
 	return next
 }
 
@@ -279,6 +283,16 @@ func validateTable(tbl *bootpb.Table) error {
 
 	if _, ok := bootpb.SecureBoot_name[int32(tbl.GetSecureBoot())]; !ok {
 		return fmt.Errorf("secure boot %d: %w", tbl.GetSecureBoot(), ErrInvalid)
+	}
+
+	for arch, img := range tbl.GetSignedAgent() {
+		if (arch != metal.AMD64.IPXE() && arch != metal.ARM64.IPXE()) || img == nil {
+			return fmt.Errorf("signed agent image for %.20q: want x86_64 or arm64: %w", arch, ErrInvalid)
+		}
+
+		if err := checkSignedImage(img); err != nil {
+			return fmt.Errorf("signed agent image for %s: %w: %w", arch, err, ErrInvalid)
+		}
 	}
 
 	if n := len(tbl.GetRegisteredMacs()); n > MaxRegisteredMACs {
@@ -508,14 +522,20 @@ func (t *Table) SecureBoot(mac net.HardwareAddr, uuid string) (enforces, said bo
 	}
 }
 
-// SignedImage returns the signed image of the machine's plan when its plan is agent mode or an install (nil
-// otherwise: no plan, a disk or deny plan, or none named).
-func (t *Table) SignedImage(mac net.HardwareAddr, uuid string) *bootpb.SignedImage {
-	p := t.cur.Load().find(idOf(uuid), mac)
+// SignedImage returns the signed image of the machine's plan when its plan is agent mode or an install, else,
+// for a machine in agent mode whose plan names none (or that has no plan), the site's signed agent image for
+// its architecture; nil otherwise (a disk or deny plan, or none named) (dhcp.Preferences).
+func (t *Table) SignedImage(mac net.HardwareAddr, uuid string, arch metal.Arch) *bootpb.SignedImage {
+	s := t.cur.Load()
+	p := s.find(idOf(uuid), mac)
 
-	switch p.GetMode() {
-	case bootpb.Mode_MODE_AGENT, bootpb.Mode_MODE_INSTALL:
+	switch {
+	case p.GetMode() != bootpb.Mode_MODE_AGENT && p.GetMode() != bootpb.Mode_MODE_INSTALL:
+		return nil
+	case p.GetSignedImage() != nil:
 		return p.GetSignedImage()
+	case p.GetMode() == bootpb.Mode_MODE_AGENT:
+		return s.table.GetSignedAgent()[arch.IPXE()]
 	default:
 		return nil
 	}

@@ -382,10 +382,10 @@ func TestSignedImage(t *testing.T) {
 		},
 	}}})
 	require.NoError(t, err)
-	require.True(t, proto.Equal(img, tbl.SignedImage(nil, uuidInstall)))
-	require.True(t, proto.Equal(img, tbl.SignedImage(mac, "")), "by MAC before the UUID is known")
-	require.Nil(t, tbl.SignedImage(nil, uuidDisk), "a disk plan boots no signed image")
-	require.Nil(t, tbl.SignedImage(nil, "aaaaaaaa-0000-0000-0000-000000000009"), "no plan")
+	require.True(t, proto.Equal(img, tbl.SignedImage(nil, uuidInstall, metal.AMD64)))
+	require.True(t, proto.Equal(img, tbl.SignedImage(mac, "", metal.AMD64)), "by MAC before the UUID is known")
+	require.Nil(t, tbl.SignedImage(nil, uuidDisk, metal.AMD64), "a disk plan boots no signed image")
+	require.Nil(t, tbl.SignedImage(nil, "aaaaaaaa-0000-0000-0000-000000000009", metal.AMD64), "no plan")
 
 	for _, bad := range []*bootpb.SignedImage{
 		{},
@@ -403,4 +403,24 @@ func TestSignedImage(t *testing.T) {
 	}
 
 	require.EqualValues(t, 1, tbl.Version(), "a refused change changes nothing")
+
+	// The site's signed agent image, per arch, for machines in agent mode whose plan names none (or that have
+	// no plan: a first boot); a delta replaces it.
+	siteAgent := &bootpb.SignedImage{Url: "/assets/talos/v1.11.0/def/amd64/secureboot-uki.efi"}
+	_, err = tbl.Apply(&bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Delta{Delta: &bootpb.Delta{
+		BaseVersion: 1, Version: 2, ReplaceSignedAgent: true, SignedAgent: map[string]*bootpb.SignedImage{"x86_64": siteAgent},
+		Upsert: []*bootpb.Plan{{Uuid: "aaaaaaaa-0000-0000-0000-000000000003", Mode: bootpb.Mode_MODE_AGENT}},
+	}}})
+	require.NoError(t, err)
+	require.True(t, proto.Equal(siteAgent, tbl.SignedImage(nil, "aaaaaaaa-0000-0000-0000-000000000009", metal.AMD64)), "no plan: the site's")
+	require.True(t, proto.Equal(siteAgent, tbl.SignedImage(nil, "aaaaaaaa-0000-0000-0000-000000000003", metal.AMD64)), "an agent plan naming none")
+	require.Nil(t, tbl.SignedImage(nil, "aaaaaaaa-0000-0000-0000-000000000009", metal.ARM64), "none for arm64")
+	require.True(t, proto.Equal(img, tbl.SignedImage(nil, uuidInstall, metal.AMD64)), "a plan's own comes first")
+
+	for _, bad := range []map[string]*bootpb.SignedImage{{"amd64": siteAgent}, {"x86_64": nil}, {"arm64": {Url: "ftp://x/y"}}} {
+		_, err := tbl.Apply(&bootpb.ApplyRequest{Change: &bootpb.ApplyRequest_Delta{Delta: &bootpb.Delta{
+			BaseVersion: 2, Version: 3, ReplaceSignedAgent: true, SignedAgent: bad,
+		}}})
+		require.ErrorIs(t, err, boot.ErrInvalid, "%v", bad)
+	}
 }

@@ -178,8 +178,9 @@ type Preferences interface {
 	// SecureBoot reports whether the machine's plan says its firmware enforces Secure Boot (said false: the
 	// plan does not say, and BootFiles.SecureBoot decides). uuid may be empty.
 	SecureBoot(mac net.HardwareAddr, uuid string) (enforces, said bool)
-	// SignedImage is the signed image of the machine's agent or install plan (nil: none). uuid may be empty.
-	SignedImage(mac net.HardwareAddr, uuid string) *bootpb.SignedImage
+	// SignedImage is the signed image of the machine's agent or install plan, or the site's signed agent image
+	// for its arch when it is in agent mode (nil: none). uuid may be empty.
+	SignedImage(mac net.HardwareAddr, uuid string, arch metal.Arch) *bootpb.SignedImage
 }
 
 // Discovery is which PXE clients the ProxyDHCP answers.
@@ -491,12 +492,13 @@ func chooseBootFile(p Params, req *dhcpv4.DHCPv4, d *Decision) bool {
 }
 
 // signedBootFile is what a machine that enforces Secure Boot is offered: its plan's signed image (agent mode
-// or install) where the controller named one, else the site's own signed file (--secure-boot-file, x86 only),
+// or install) or the site's signed agent image where the controller named one, else the edge's own signed
+// file (--secure-boot-file, x86 only),
 // over TFTP or by HTTP boot; or why it is offered nothing.
 func signedBootFile(p Params, mac net.HardwareAddr, d *Decision) (string, DropReason) {
 	var img *bootpb.SignedImage
 	if p.Prefs != nil {
-		img = p.Prefs.SignedImage(mac, d.UUID)
+		img = p.Prefs.SignedImage(mac, d.UUID, d.Firmware.Arch())
 	}
 
 	if img == nil {

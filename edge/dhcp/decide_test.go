@@ -12,6 +12,7 @@ import (
 
 	"github.com/outpost-metal/outpost/edge/dhcp"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 var (
@@ -33,7 +34,7 @@ func (snpPrefs) DiskPlan(net.HardwareAddr, string) bool { return false }
 
 func (snpPrefs) SecureBoot(net.HardwareAddr, string) (bool, bool) { return false, false }
 
-func (snpPrefs) SignedImage(net.HardwareAddr, string) *bootpb.SignedImage { return nil }
+func (snpPrefs) SignedImage(net.HardwareAddr, string, metal.Arch) *bootpb.SignedImage { return nil }
 
 // sitePolicy is a boot table whose controller set the site's discovery policy.
 type sitePolicy struct {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/outpost-metal/outpost/edge/dhcp"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
+	"github.com/outpost-metal/outpost/shared/metal"
 )
 
 // plan is what a boot table's plan says of a machine: its disk, and its Secure Boot ("on", "off", "": unsaid).
@@ -40,7 +41,7 @@ func (p plans) SecureBoot(mac net.HardwareAddr, _ string) (bool, bool) {
 	return sb == "on", sb != ""
 }
 
-func (p plans) SignedImage(mac net.HardwareAddr, _ string) *bootpb.SignedImage {
+func (p plans) SignedImage(mac net.HardwareAddr, _ string, _ metal.Arch) *bootpb.SignedImage {
 	return p[mac.String()].signed
 }
 

@@ -966,7 +966,11 @@ type Table struct {
 	Dhcp *DHCP `protobuf:"bytes,9,opt,name=dhcp,proto3" json:"dhcp,omitempty"`
 	// secure_boot is the site's setting for machines whose plan does not say (a machine booting for the first
 	// time has no plan yet); unspecified: the edge's own setting decides.
-	SecureBoot    SecureBoot `protobuf:"varint,10,opt,name=secure_boot,json=secureBoot,proto3,enum=outpost.boot.SecureBoot" json:"secure_boot,omitempty"`
+	SecureBoot SecureBoot `protobuf:"varint,10,opt,name=secure_boot,json=secureBoot,proto3,enum=outpost.boot.SecureBoot" json:"secure_boot,omitempty"`
+	// signed_agent is agent mode as a signed image per iPXE architecture ("x86_64", "arm64"), for a machine that
+	// enforces Secure Boot and has no plan of its own naming one (its first boot at a site whose operator said
+	// its machines enforce Secure Boot); unset: the edge's own signed file.
+	SignedAgent   map[string]*SignedImage `protobuf:"bytes,11,rep,name=signed_agent,json=signedAgent,proto3" json:"signed_agent,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1069,6 +1073,13 @@ func (x *Table) GetSecureBoot() SecureBoot {
 		return x.SecureBoot
 	}
 	return SecureBoot_SECURE_BOOT_UNSPECIFIED
+}
+
+func (x *Table) GetSignedAgent() map[string]*SignedImage {
+	if x != nil {
+		return x.SignedAgent
+	}
+	return nil
 }
 
 // DHCP is a site's DHCP service. Addresses are dotted-quad IPv4; the pool and every reservation lie in subnet.
@@ -1249,20 +1260,22 @@ type Delta struct {
 	// remove deletes plans by uuid.
 	Remove []string `protobuf:"bytes,4,rep,name=remove,proto3" json:"remove,omitempty"`
 	// When set, these replace the table-wide fields.
-	Agent                 map[string]*Kernel `protobuf:"bytes,5,rep,name=agent,proto3" json:"agent,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	ReplaceAgent          bool               `protobuf:"varint,6,opt,name=replace_agent,json=replaceAgent,proto3" json:"replace_agent,omitempty"`
-	KernelArgs            []string           `protobuf:"bytes,7,rep,name=kernel_args,json=kernelArgs,proto3" json:"kernel_args,omitempty"`
-	ReplaceKernelArgs     bool               `protobuf:"varint,8,opt,name=replace_kernel_args,json=replaceKernelArgs,proto3" json:"replace_kernel_args,omitempty"`
-	Config                []byte             `protobuf:"bytes,9,opt,name=config,proto3" json:"config,omitempty"`
-	ReplaceConfig         bool               `protobuf:"varint,10,opt,name=replace_config,json=replaceConfig,proto3" json:"replace_config,omitempty"`
-	Discovery             Discovery          `protobuf:"varint,11,opt,name=discovery,proto3,enum=outpost.boot.Discovery" json:"discovery,omitempty"`
-	ReplaceDiscovery      bool               `protobuf:"varint,12,opt,name=replace_discovery,json=replaceDiscovery,proto3" json:"replace_discovery,omitempty"`
-	RegisteredMacs        []string           `protobuf:"bytes,13,rep,name=registered_macs,json=registeredMacs,proto3" json:"registered_macs,omitempty"`
-	ReplaceRegisteredMacs bool               `protobuf:"varint,14,opt,name=replace_registered_macs,json=replaceRegisteredMacs,proto3" json:"replace_registered_macs,omitempty"`
-	Dhcp                  *DHCP              `protobuf:"bytes,15,opt,name=dhcp,proto3" json:"dhcp,omitempty"`
-	ReplaceDhcp           bool               `protobuf:"varint,16,opt,name=replace_dhcp,json=replaceDhcp,proto3" json:"replace_dhcp,omitempty"`
-	SecureBoot            SecureBoot         `protobuf:"varint,17,opt,name=secure_boot,json=secureBoot,proto3,enum=outpost.boot.SecureBoot" json:"secure_boot,omitempty"`
-	ReplaceSecureBoot     bool               `protobuf:"varint,18,opt,name=replace_secure_boot,json=replaceSecureBoot,proto3" json:"replace_secure_boot,omitempty"`
+	Agent                 map[string]*Kernel      `protobuf:"bytes,5,rep,name=agent,proto3" json:"agent,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	ReplaceAgent          bool                    `protobuf:"varint,6,opt,name=replace_agent,json=replaceAgent,proto3" json:"replace_agent,omitempty"`
+	KernelArgs            []string                `protobuf:"bytes,7,rep,name=kernel_args,json=kernelArgs,proto3" json:"kernel_args,omitempty"`
+	ReplaceKernelArgs     bool                    `protobuf:"varint,8,opt,name=replace_kernel_args,json=replaceKernelArgs,proto3" json:"replace_kernel_args,omitempty"`
+	Config                []byte                  `protobuf:"bytes,9,opt,name=config,proto3" json:"config,omitempty"`
+	ReplaceConfig         bool                    `protobuf:"varint,10,opt,name=replace_config,json=replaceConfig,proto3" json:"replace_config,omitempty"`
+	Discovery             Discovery               `protobuf:"varint,11,opt,name=discovery,proto3,enum=outpost.boot.Discovery" json:"discovery,omitempty"`
+	ReplaceDiscovery      bool                    `protobuf:"varint,12,opt,name=replace_discovery,json=replaceDiscovery,proto3" json:"replace_discovery,omitempty"`
+	RegisteredMacs        []string                `protobuf:"bytes,13,rep,name=registered_macs,json=registeredMacs,proto3" json:"registered_macs,omitempty"`
+	ReplaceRegisteredMacs bool                    `protobuf:"varint,14,opt,name=replace_registered_macs,json=replaceRegisteredMacs,proto3" json:"replace_registered_macs,omitempty"`
+	Dhcp                  *DHCP                   `protobuf:"bytes,15,opt,name=dhcp,proto3" json:"dhcp,omitempty"`
+	ReplaceDhcp           bool                    `protobuf:"varint,16,opt,name=replace_dhcp,json=replaceDhcp,proto3" json:"replace_dhcp,omitempty"`
+	SecureBoot            SecureBoot              `protobuf:"varint,17,opt,name=secure_boot,json=secureBoot,proto3,enum=outpost.boot.SecureBoot" json:"secure_boot,omitempty"`
+	ReplaceSecureBoot     bool                    `protobuf:"varint,18,opt,name=replace_secure_boot,json=replaceSecureBoot,proto3" json:"replace_secure_boot,omitempty"`
+	SignedAgent           map[string]*SignedImage `protobuf:"bytes,19,rep,name=signed_agent,json=signedAgent,proto3" json:"signed_agent,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	ReplaceSignedAgent    bool                    `protobuf:"varint,20,opt,name=replace_signed_agent,json=replaceSignedAgent,proto3" json:"replace_signed_agent,omitempty"`
 	unknownFields         protoimpl.UnknownFields
 	sizeCache             protoimpl.SizeCache
 }
@@ -1419,6 +1432,20 @@ func (x *Delta) GetSecureBoot() SecureBoot {
 func (x *Delta) GetReplaceSecureBoot() bool {
 	if x != nil {
 		return x.ReplaceSecureBoot
+	}
+	return false
+}
+
+func (x *Delta) GetSignedAgent() map[string]*SignedImage {
+	if x != nil {
+		return x.SignedAgent
+	}
+	return nil
+}
+
+func (x *Delta) GetReplaceSignedAgent() bool {
+	if x != nil {
+		return x.ReplaceSignedAgent
 	}
 	return false
 }
@@ -2782,7 +2809,7 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	" \x01(\v2\x19.outpost.boot.SignedImageR\vsignedImage\"B\n" +
 	"\vSignedImage\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12!\n" +
-	"\fupstream_url\x18\x02 \x01(\tR\vupstreamUrl\"\xe7\x03\n" +
+	"\fupstream_url\x18\x02 \x01(\tR\vupstreamUrl\"\x8b\x05\n" +
 	"\x05Table\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12(\n" +
 	"\x05plans\x18\x02 \x03(\v2\x12.outpost.boot.PlanR\x05plans\x124\n" +
@@ -2796,11 +2823,15 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\x04dhcp\x18\t \x01(\v2\x12.outpost.boot.DHCPR\x04dhcp\x129\n" +
 	"\vsecure_boot\x18\n" +
 	" \x01(\x0e2\x18.outpost.boot.SecureBootR\n" +
-	"secureBoot\x1aN\n" +
+	"secureBoot\x12G\n" +
+	"\fsigned_agent\x18\v \x03(\v2$.outpost.boot.Table.SignedAgentEntryR\vsignedAgent\x1aN\n" +
 	"\n" +
 	"AgentEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
-	"\x05value\x18\x02 \x01(\v2\x14.outpost.boot.KernelR\x05value:\x028\x01\"\xaa\x02\n" +
+	"\x05value\x18\x02 \x01(\v2\x14.outpost.boot.KernelR\x05value:\x028\x01\x1aY\n" +
+	"\x10SignedAgentEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
+	"\x05value\x18\x02 \x01(\v2\x19.outpost.boot.SignedImageR\x05value:\x028\x01\"\xaa\x02\n" +
 	"\x04DHCP\x12*\n" +
 	"\x04mode\x18\x01 \x01(\x0e2\x16.outpost.boot.DHCPModeR\x04mode\x12\x16\n" +
 	"\x06subnet\x18\x02 \x01(\tR\x06subnet\x12\x1d\n" +
@@ -2814,7 +2845,7 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\freservations\x18\t \x03(\v2\x1d.outpost.boot.DHCPReservationR\freservations\"3\n" +
 	"\x0fDHCPReservation\x12\x10\n" +
 	"\x03mac\x18\x01 \x01(\tR\x03mac\x12\x0e\n" +
-	"\x02ip\x18\x02 \x01(\tR\x02ip\"\xbe\x06\n" +
+	"\x02ip\x18\x02 \x01(\tR\x02ip\"\x94\b\n" +
 	"\x05Delta\x12!\n" +
 	"\fbase_version\x18\x01 \x01(\x04R\vbaseVersion\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12*\n" +
@@ -2836,11 +2867,16 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\freplace_dhcp\x18\x10 \x01(\bR\vreplaceDhcp\x129\n" +
 	"\vsecure_boot\x18\x11 \x01(\x0e2\x18.outpost.boot.SecureBootR\n" +
 	"secureBoot\x12.\n" +
-	"\x13replace_secure_boot\x18\x12 \x01(\bR\x11replaceSecureBoot\x1aN\n" +
+	"\x13replace_secure_boot\x18\x12 \x01(\bR\x11replaceSecureBoot\x12G\n" +
+	"\fsigned_agent\x18\x13 \x03(\v2$.outpost.boot.Delta.SignedAgentEntryR\vsignedAgent\x120\n" +
+	"\x14replace_signed_agent\x18\x14 \x01(\bR\x12replaceSignedAgent\x1aN\n" +
 	"\n" +
 	"AgentEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
-	"\x05value\x18\x02 \x01(\v2\x14.outpost.boot.KernelR\x05value:\x028\x01\"x\n" +
+	"\x05value\x18\x02 \x01(\v2\x14.outpost.boot.KernelR\x05value:\x028\x01\x1aY\n" +
+	"\x10SignedAgentEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
+	"\x05value\x18\x02 \x01(\v2\x19.outpost.boot.SignedImageR\x05value:\x028\x01\"x\n" +
 	"\fApplyRequest\x121\n" +
 	"\bsnapshot\x18\x01 \x01(\v2\x13.outpost.boot.TableH\x00R\bsnapshot\x12+\n" +
 	"\x05delta\x18\x02 \x01(\v2\x13.outpost.boot.DeltaH\x00R\x05deltaB\b\n" +
@@ -3018,7 +3054,7 @@ func file_shared_api_boot_boot_proto_rawDescGZIP() []byte {
 }
 
 var file_shared_api_boot_boot_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
-var file_shared_api_boot_boot_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_shared_api_boot_boot_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_shared_api_boot_boot_proto_goTypes = []any{
 	(Mode)(0),                     // 0: outpost.boot.Mode
 	(DiskMethod)(0),               // 1: outpost.boot.DiskMethod
@@ -3056,9 +3092,11 @@ var file_shared_api_boot_boot_proto_goTypes = []any{
 	(*TunnelRefused)(nil),         // 33: outpost.boot.TunnelRefused
 	(*AgentTunnel)(nil),           // 34: outpost.boot.AgentTunnel
 	nil,                           // 35: outpost.boot.Table.AgentEntry
-	nil,                           // 36: outpost.boot.Delta.AgentEntry
-	(*timestamppb.Timestamp)(nil), // 37: google.protobuf.Timestamp
-	(bmc.PowerState)(0),           // 38: outpost.bmc.PowerState
+	nil,                           // 36: outpost.boot.Table.SignedAgentEntry
+	nil,                           // 37: outpost.boot.Delta.AgentEntry
+	nil,                           // 38: outpost.boot.Delta.SignedAgentEntry
+	(*timestamppb.Timestamp)(nil), // 39: google.protobuf.Timestamp
+	(bmc.PowerState)(0),           // 40: outpost.bmc.PowerState
 }
 var file_shared_api_boot_boot_proto_depIdxs = []int32{
 	0,  // 0: outpost.boot.Plan.mode:type_name -> outpost.boot.Mode
@@ -3071,47 +3109,51 @@ var file_shared_api_boot_boot_proto_depIdxs = []int32{
 	2,  // 7: outpost.boot.Table.discovery:type_name -> outpost.boot.Discovery
 	16, // 8: outpost.boot.Table.dhcp:type_name -> outpost.boot.DHCP
 	3,  // 9: outpost.boot.Table.secure_boot:type_name -> outpost.boot.SecureBoot
-	4,  // 10: outpost.boot.DHCP.mode:type_name -> outpost.boot.DHCPMode
-	17, // 11: outpost.boot.DHCP.reservations:type_name -> outpost.boot.DHCPReservation
-	13, // 12: outpost.boot.Delta.upsert:type_name -> outpost.boot.Plan
-	36, // 13: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
-	2,  // 14: outpost.boot.Delta.discovery:type_name -> outpost.boot.Discovery
-	16, // 15: outpost.boot.Delta.dhcp:type_name -> outpost.boot.DHCP
-	3,  // 16: outpost.boot.Delta.secure_boot:type_name -> outpost.boot.SecureBoot
-	15, // 17: outpost.boot.ApplyRequest.snapshot:type_name -> outpost.boot.Table
-	18, // 18: outpost.boot.ApplyRequest.delta:type_name -> outpost.boot.Delta
-	21, // 19: outpost.boot.ApplyResponse.reach:type_name -> outpost.boot.Reach
-	26, // 20: outpost.boot.PublishRequest.events:type_name -> outpost.boot.Event
-	37, // 21: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
-	29, // 22: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
-	30, // 23: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
-	32, // 24: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
-	31, // 25: outpost.boot.Event.asset_fetch:type_name -> outpost.boot.AssetFetch
-	34, // 26: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
-	33, // 27: outpost.boot.Event.tunnel_refused:type_name -> outpost.boot.TunnelRefused
-	28, // 28: outpost.boot.Event.power_changed:type_name -> outpost.boot.PowerChanged
-	27, // 29: outpost.boot.Event.console_session:type_name -> outpost.boot.ConsoleSession
-	5,  // 30: outpost.boot.ConsoleSession.console_result:type_name -> outpost.boot.ConsoleResult
-	38, // 31: outpost.boot.PowerChanged.power_state:type_name -> outpost.bmc.PowerState
-	6,  // 32: outpost.boot.DHCPSeen.firmware_class:type_name -> outpost.boot.FirmwareClass
-	7,  // 33: outpost.boot.BootServed.ipxe_arch:type_name -> outpost.boot.IPXEArch
-	8,  // 34: outpost.boot.BootServed.ipxe_platform:type_name -> outpost.boot.IPXEPlatform
-	9,  // 35: outpost.boot.TunnelRefused.refusal:type_name -> outpost.boot.TunnelRefusal
-	12, // 36: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
-	12, // 37: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
-	10, // 38: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
-	19, // 39: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
-	24, // 40: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
-	22, // 41: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
-	11, // 42: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
-	20, // 43: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
-	25, // 44: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
-	23, // 45: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
-	42, // [42:46] is the sub-list for method output_type
-	38, // [38:42] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	36, // 10: outpost.boot.Table.signed_agent:type_name -> outpost.boot.Table.SignedAgentEntry
+	4,  // 11: outpost.boot.DHCP.mode:type_name -> outpost.boot.DHCPMode
+	17, // 12: outpost.boot.DHCP.reservations:type_name -> outpost.boot.DHCPReservation
+	13, // 13: outpost.boot.Delta.upsert:type_name -> outpost.boot.Plan
+	37, // 14: outpost.boot.Delta.agent:type_name -> outpost.boot.Delta.AgentEntry
+	2,  // 15: outpost.boot.Delta.discovery:type_name -> outpost.boot.Discovery
+	16, // 16: outpost.boot.Delta.dhcp:type_name -> outpost.boot.DHCP
+	3,  // 17: outpost.boot.Delta.secure_boot:type_name -> outpost.boot.SecureBoot
+	38, // 18: outpost.boot.Delta.signed_agent:type_name -> outpost.boot.Delta.SignedAgentEntry
+	15, // 19: outpost.boot.ApplyRequest.snapshot:type_name -> outpost.boot.Table
+	18, // 20: outpost.boot.ApplyRequest.delta:type_name -> outpost.boot.Delta
+	21, // 21: outpost.boot.ApplyResponse.reach:type_name -> outpost.boot.Reach
+	26, // 22: outpost.boot.PublishRequest.events:type_name -> outpost.boot.Event
+	39, // 23: outpost.boot.Event.time:type_name -> google.protobuf.Timestamp
+	29, // 24: outpost.boot.Event.dhcp_seen:type_name -> outpost.boot.DHCPSeen
+	30, // 25: outpost.boot.Event.pxe_seen:type_name -> outpost.boot.PXESeen
+	32, // 26: outpost.boot.Event.boot_served:type_name -> outpost.boot.BootServed
+	31, // 27: outpost.boot.Event.asset_fetch:type_name -> outpost.boot.AssetFetch
+	34, // 28: outpost.boot.Event.agent_tunnel:type_name -> outpost.boot.AgentTunnel
+	33, // 29: outpost.boot.Event.tunnel_refused:type_name -> outpost.boot.TunnelRefused
+	28, // 30: outpost.boot.Event.power_changed:type_name -> outpost.boot.PowerChanged
+	27, // 31: outpost.boot.Event.console_session:type_name -> outpost.boot.ConsoleSession
+	5,  // 32: outpost.boot.ConsoleSession.console_result:type_name -> outpost.boot.ConsoleResult
+	40, // 33: outpost.boot.PowerChanged.power_state:type_name -> outpost.bmc.PowerState
+	6,  // 34: outpost.boot.DHCPSeen.firmware_class:type_name -> outpost.boot.FirmwareClass
+	7,  // 35: outpost.boot.BootServed.ipxe_arch:type_name -> outpost.boot.IPXEArch
+	8,  // 36: outpost.boot.BootServed.ipxe_platform:type_name -> outpost.boot.IPXEPlatform
+	9,  // 37: outpost.boot.TunnelRefused.refusal:type_name -> outpost.boot.TunnelRefusal
+	12, // 38: outpost.boot.Table.AgentEntry.value:type_name -> outpost.boot.Kernel
+	14, // 39: outpost.boot.Table.SignedAgentEntry.value:type_name -> outpost.boot.SignedImage
+	12, // 40: outpost.boot.Delta.AgentEntry.value:type_name -> outpost.boot.Kernel
+	14, // 41: outpost.boot.Delta.SignedAgentEntry.value:type_name -> outpost.boot.SignedImage
+	10, // 42: outpost.boot.BootPlans.State:input_type -> outpost.boot.StateRequest
+	19, // 43: outpost.boot.BootPlans.Apply:input_type -> outpost.boot.ApplyRequest
+	24, // 44: outpost.boot.Events.Publish:input_type -> outpost.boot.PublishRequest
+	22, // 45: outpost.boot.Events.Inventory:input_type -> outpost.boot.InventoryRequest
+	11, // 46: outpost.boot.BootPlans.State:output_type -> outpost.boot.StateResponse
+	20, // 47: outpost.boot.BootPlans.Apply:output_type -> outpost.boot.ApplyResponse
+	25, // 48: outpost.boot.Events.Publish:output_type -> outpost.boot.PublishResponse
+	23, // 49: outpost.boot.Events.Inventory:output_type -> outpost.boot.InventoryResponse
+	46, // [46:50] is the sub-list for method output_type
+	42, // [42:46] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_shared_api_boot_boot_proto_init() }
@@ -3139,7 +3181,7 @@ func file_shared_api_boot_boot_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shared_api_boot_boot_proto_rawDesc), len(file_shared_api_boot_boot_proto_rawDesc)),
 			NumEnums:      10,
-			NumMessages:   27,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
