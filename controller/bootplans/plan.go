@@ -225,16 +225,19 @@ func (p *Planner) Plan(ctx context.Context, m Machine) (Plan, error) {
 		}
 
 		profile = assets.Profile{TalosVersion: p.cfg.AgentTalosVersion, Extensions: p.cfg.AgentExtensions, KernelArgs: args, Arch: m.Arch}
-
-		if p.cfg.EdgeAgentImage {
-			profile = profile.Normalize()
-			plan.Arch, plan.KernelArgs = profile.Arch, profile.KernelArgs
-
-			return plan, nil
-		}
 	}
 
 	signed := m.SecureBoot == bootpb.SecureBoot_SECURE_BOOT_ON && m.Reach.GetHttpBase() != ""
+
+	// The edges' own agent image: nothing to resolve, unless the machine enforces Secure Boot (that image
+	// cannot carry a site's addresses in a locked command line, so its signed image comes from the source).
+	edgeAgent := mode == ModeAgent && p.cfg.EdgeAgentImage
+	if edgeAgent && !signed {
+		return p.edgeAgentPlan(plan, profile), nil
+	}
+
+	unsigned := profile
+
 	if signed {
 		// A signed image's command line is locked: what the edge would add goes in now.
 		profile.SecureBoot = true
@@ -261,10 +264,22 @@ func (p *Planner) Plan(ctx context.Context, m Machine) (Plan, error) {
 		return plan, nil
 	}
 
+	if edgeAgent {
+		return p.edgeAgentPlan(plan, unsigned), nil // the source has no signed image: the edge's own signed file
+	}
+
 	plan.KernelURL, plan.InitrdURL = boot.KernelURL, boot.InitrdURL
 	plan.UpstreamKernelURL, plan.UpstreamInitrdURL = boot.UpstreamKernelURL, boot.UpstreamInitrdURL
 
 	return plan, nil
+}
+
+// edgeAgentPlan is an agent-mode plan that names no kernel: the edge boots the agent image it holds.
+func (p *Planner) edgeAgentPlan(plan Plan, profile assets.Profile) Plan {
+	profile = profile.Normalize()
+	plan.Arch, plan.KernelArgs = profile.Arch, profile.KernelArgs
+
+	return plan
 }
 
 // ToProto converts a plan to the boot table's form.

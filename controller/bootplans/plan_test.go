@@ -186,6 +186,27 @@ func TestPlannerSecureBoot(t *testing.T) {
 	require.Equal(t, "/assets/install/"+agentID+"/v1.11.0/metal-amd64-secureboot-uki.efi", plan.SignedURL,
 		"agent mode's signed image also names the agents' endpoint")
 
+	// With the edges' own agent image, agent mode of a Secure Boot machine still comes signed from the source
+	// (the edges' image cannot carry a site's addresses); without Secure Boot it names nothing, as before.
+	edgeCfg := bootplans.DefaultPlannerConfig()
+	edgeCfg.EdgeAgentImage = true
+	edgePlanner, err := bootplans.NewPlanner(edgeCfg, assets.TolerateMissingAgent(res, edgeCfg.AgentTalosVersion)) // as the controller builds it
+	require.NoError(t, err)
+
+	plan, err = edgePlanner.Plan(t.Context(), agent)
+	require.NoError(t, err)
+	require.Equal(t, "/assets/install/"+agentID+"/v1.11.0/metal-amd64-secureboot-uki.efi", plan.SignedURL)
+
+	plan, err = edgePlanner.Plan(t.Context(), bootplans.Machine{ID: "m1", Reach: reach})
+	require.NoError(t, err)
+	require.Empty(t, plan.SignedURL+plan.KernelURL, "the edge's own agent image")
+	require.Equal(t, []string{"talos.platform=metal", "console=ttyS0,115200"}, plan.KernelArgs)
+
+	plan, err = edgePlanner.Plan(t.Context(), bootplans.Machine{ID: "m1", Arch: metal.ARM64, SecureBoot: bootpb.SecureBoot_SECURE_BOOT_ON, Reach: reach})
+	require.NoError(t, err)
+	require.Empty(t, plan.SignedURL+plan.KernelURL, "no signed image for arm64 in the source: the edge's own signed file")
+	require.Equal(t, []string{"talos.platform=metal", "console=ttyS0,115200"}, plan.KernelArgs, "with nothing baked for a signed image")
+
 	// The edge has not said how machines reach it, or Secure Boot is off: no signed image.
 	for _, m := range []bootplans.Machine{
 		{ID: "m1", TalosVersion: "v1.11.5", Situation: installing, SecureBoot: bootpb.SecureBoot_SECURE_BOOT_ON},
