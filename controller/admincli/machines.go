@@ -148,6 +148,10 @@ func (c *Client) ShowMachine(ctx context.Context, machineID string, out io.Write
 	fmt.Fprintf(tw, "agent:\t%s\n", map[bool]string{true: "connected", false: "not connected"}[m.GetAgentConnected()])
 	fmt.Fprintf(tw, "installed:\t%s\n", map[bool]string{true: "yes", false: "no"}[m.GetInstalled()])
 
+	if sb := m.GetSecureBoot(); sb != "" {
+		fmt.Fprintf(tw, "secure boot:\t%s (%s)\n", peer(sb), dash(peer(m.GetSecureBootSource())))
+	}
+
 	if d := m.GetDiagnosis(); d != "" {
 		fmt.Fprintf(tw, "diagnosis:\t%s\n", printable.String(d, maxDiagnosis)) // a sentence: not cut at a column
 	}

@@ -44,6 +44,8 @@ type Locations interface {
 	OverrideSecureBoot(machineID metal.ID, s bootpb.SecureBoot) (machines.Location, error)
 	// ClearAlert clears the machine's identity alert and returns the one that was set.
 	ClearAlert(machineID metal.ID) (string, error)
+	// Locate returns where the machine is known to be, with what is known of it.
+	Locate(machineID metal.ID) (machines.Location, bool)
 	// WaitWritten waits until what is known of the machine is kept in Omni.
 	WaitWritten(ctx context.Context, machineID metal.ID) error
 }
@@ -126,6 +128,9 @@ func (a *API) ShowMachine(_ context.Context, req *adminpb.ShowMachineRequest) (*
 
 	out := &adminpb.ShowMachineResponse{Machine: machineProto(rec.Machine), Dropped: rec.Dropped}
 	out.Machine.Diagnosis = timeline.Diagnose(rec, time.Now())
+	if sb, source := a.secureBoot(rec.ID); source != "" {
+		out.Machine.SecureBoot, out.Machine.SecureBootSource = sb, source
+	}
 	out.CurrentBoot = uint32(min(timeline.CurrentBoot(rec), len(rec.Entries))) // the timeline holds at most MaxEntries
 
 	for _, e := range rec.Entries {
@@ -133,6 +138,27 @@ func (a *API) ShowMachine(_ context.Context, req *adminpb.ShowMachineRequest) (*
 	}
 
 	return out, nil
+}
+
+// secureBoot is what the machine's plans say of its Secure Boot ("auto" when nobody does) and who said it.
+func (a *API) secureBoot(id metal.ID) (string, string) {
+	if a.locations == nil {
+		return "", ""
+	}
+
+	loc, ok := a.locations.Locate(id)
+	if !ok {
+		return "", ""
+	}
+
+	site := bootpb.SecureBoot_SECURE_BOOT_UNSPECIFIED
+	if a.sites != nil {
+		site = a.sites.SecureBoot(loc.SiteID)
+	}
+
+	sb, source := loc.EnforcesSecureBoot(site)
+
+	return machines.SecureBootName(sb), source
 }
 
 // SetBootMode implements adminpb.MachinesServer.
@@ -170,18 +196,11 @@ func (a *API) SetSecureBoot(ctx context.Context, req *adminpb.SetSecureBootReque
 			return err
 		}
 
-		loc, err := a.locations.OverrideSecureBoot(id, sb)
-		if err != nil {
+		if _, err := a.locations.OverrideSecureBoot(id, sb); err != nil {
 			return err
 		}
 
-		site := bootpb.SecureBoot_SECURE_BOOT_UNSPECIFIED
-		if a.sites != nil {
-			site = a.sites.SecureBoot(loc.SiteID)
-		}
-
-		sb, source := loc.EnforcesSecureBoot(site)
-		out.SecureBoot, out.Source = machines.SecureBootName(sb), source
+		out.SecureBoot, out.Source = a.secureBoot(id)
 
 		return nil
 	})

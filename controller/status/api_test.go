@@ -116,7 +116,19 @@ func TestSetSecureBoot(t *testing.T) {
 
 	sites := sitesSay{}
 	r := &role{}
-	api := status.NewAPI(timeline.New(timeline.DefaultConfig(), time.Now), status.WithLocations(locs), status.WithRole(r), status.WithSitePolicies(sites))
+	book := timeline.New(timeline.DefaultConfig(), time.Now)
+	book.Record(id, "boot", "seen", false)
+	api := status.NewAPI(book, status.WithLocations(locs), status.WithRole(r), status.WithSitePolicies(sites))
+
+	// machine show says it, and who said it
+	shown := func() []string {
+		resp, err := api.ShowMachine(t.Context(), &adminpb.ShowMachineRequest{MachineId: id})
+		require.NoError(t, err)
+
+		return []string{resp.GetMachine().GetSecureBoot(), resp.GetMachine().GetSecureBootSource()}
+	}
+
+	require.Equal(t, []string{"on", "bmc"}, shown())
 
 	set := func(machine, sb string) (*adminpb.SetSecureBootResponse, codes.Code, string) {
 		resp, err := api.SetSecureBoot(t.Context(), &adminpb.SetSecureBootRequest{MachineId: machine, SecureBoot: sb})
@@ -143,6 +155,11 @@ func TestSetSecureBoot(t *testing.T) {
 	resp, code, _ = set(id, "auto")
 	require.Equal(t, codes.OK, code)
 	require.Equal(t, []string{"off", "site"}, []string{resp.GetSecureBoot(), resp.GetSource()}, "the site's setting over the BMC's")
+	require.Equal(t, []string{"off", "site"}, shown())
+
+	delete(sites, "site-a")
+	locs.SetSecureBoot(id, bootpb.SecureBoot_SECURE_BOOT_UNSPECIFIED)
+	require.Equal(t, []string{"", ""}, shown(), "nobody says: nothing shown")
 
 	for _, bad := range []string{"", "yes"} {
 		_, code, msg = set(id, bad)

@@ -1768,9 +1768,13 @@ type Machine struct {
 	Firmware string   `protobuf:"bytes,14,opt,name=firmware,proto3" json:"firmware,omitempty"`
 	// diagnosis says where the machine's current network boot stopped ("" when nothing is amiss; machine show
 	// only).
-	Diagnosis     string `protobuf:"bytes,15,opt,name=diagnosis,proto3" json:"diagnosis,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Diagnosis string `protobuf:"bytes,15,opt,name=diagnosis,proto3" json:"diagnosis,omitempty"`
+	// secure_boot is "on" or "off" as the machine's plans say it, secure_boot_source who said it ("operator",
+	// "site", "bmc"); both "" when nobody says and its edge's own setting decides (machine show only).
+	SecureBoot       string `protobuf:"bytes,16,opt,name=secure_boot,json=secureBoot,proto3" json:"secure_boot,omitempty"`
+	SecureBootSource string `protobuf:"bytes,17,opt,name=secure_boot_source,json=secureBootSource,proto3" json:"secure_boot_source,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Machine) Reset() {
@@ -1904,6 +1908,20 @@ func (x *Machine) GetFirmware() string {
 func (x *Machine) GetDiagnosis() string {
 	if x != nil {
 		return x.Diagnosis
+	}
+	return ""
+}
+
+func (x *Machine) GetSecureBoot() string {
+	if x != nil {
+		return x.SecureBoot
+	}
+	return ""
+}
+
+func (x *Machine) GetSecureBootSource() string {
+	if x != nil {
+		return x.SecureBootSource
 	}
 	return ""
 }
@@ -2813,7 +2831,7 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\x05limit\x18\x04 \x01(\rR\x05limit\"`\n" +
 	"\x14ListMachinesResponse\x122\n" +
 	"\bmachines\x18\x01 \x03(\v2\x16.outpost.admin.MachineR\bmachines\x12\x14\n" +
-	"\x05total\x18\x02 \x01(\rR\x05total\"\xdc\x03\n" +
+	"\x05total\x18\x02 \x01(\rR\x05total\"\xab\x04\n" +
 	"\aMachine\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x17\n" +
@@ -2832,7 +2850,10 @@ const file_shared_api_admin_admin_proto_rawDesc = "" +
 	"\x04macs\x18\f \x03(\tR\x04macs\x12\x12\n" +
 	"\x04arch\x18\r \x01(\tR\x04arch\x12\x1a\n" +
 	"\bfirmware\x18\x0e \x01(\tR\bfirmware\x12\x1c\n" +
-	"\tdiagnosis\x18\x0f \x01(\tR\tdiagnosis\"\x97\x01\n" +
+	"\tdiagnosis\x18\x0f \x01(\tR\tdiagnosis\x12\x1f\n" +
+	"\vsecure_boot\x18\x10 \x01(\tR\n" +
+	"secureBoot\x12,\n" +
+	"\x12secure_boot_source\x18\x11 \x01(\tR\x10secureBootSource\"\x97\x01\n" +
 	"\rTimelineEntry\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x12\n" +
