@@ -414,13 +414,18 @@ func TestDHCPNotAnswered(t *testing.T) {
 		event(&bootpb.DHCPSeen{Mac: "52:54:00:00:00:0a", Firmware: "uefi-x86", Uuid: m1, NotAnswered: "no_signed_boot_file"}),
 		event(&bootpb.DHCPSeen{Mac: "52:54:00:00:00:0a", Firmware: "uefi-x86", Uuid: m1, NotAnswered: "secure_boot_disk_plan"}),
 		event(&bootpb.DHCPSeen{Mac: "52:54:00:00:00:0a", Firmware: "uefi-x86", Uuid: m1, NotAnswered: "\x1b[2Jsomething new"}),
+		event(&bootpb.DHCPSeen{Mac: "52:54:00:00:00:0a", Firmware: "uefi-x86", Uuid: m1, NotAnswered: "signed_image_not_at_site"}),
+		event(&bootpb.DHCPSeen{Mac: "52:54:00:00:00:0a", Firmware: "uefi-x86", Uuid: m1, NotAnswered: "signed_image_needs_http_boot"}),
 	} {
 		require.NoError(t, b.HandleEvent(t.Context(), "site-a", e))
 	}
 
 	rec, ok := b.Get(m1)
 	require.True(t, ok)
-	require.Len(t, rec.Entries, 3)
+	require.Len(t, rec.Entries, 5)
+	require.Contains(t, rec.Entries[3].Text, "offered nothing, it enforces Secure Boot and its site's edge does not hold its signed image yet")
+	require.Contains(t, rec.Entries[4].Text, "offered nothing, it enforces Secure Boot and asked by PXE")
+	require.True(t, rec.Entries[4].Error)
 
 	require.Contains(t, rec.Entries[0].Text, "offered nothing, it enforces Secure Boot and the site has no signed image for it")
 	require.True(t, rec.Entries[0].Error)

@@ -408,4 +408,8 @@ var notAnswered = map[string]string{
 	"no_boot_file":          "the site has nothing bootable for its firmware",
 	"no_signed_boot_file":   "it enforces Secure Boot and the site has no signed image for it (the edge's --secure-boot-file)",
 	"secure_boot_disk_plan": "it enforces Secure Boot and its plan is its disk: its firmware goes on to the disk",
+	"signed_image_not_at_site": "it enforces Secure Boot and its site's edge does not hold its signed image yet " +
+		"(it is being fetched: the firmware's next try gets it)",
+	"signed_image_needs_http_boot": "it enforces Secure Boot and asked by PXE: its signed image is served by UEFI HTTP " +
+		"boot only (turn HTTP boot on in its firmware)",
 }

@@ -2250,7 +2250,8 @@ type DHCPSeen struct {
 	// not_answered is why the edge offered this machine nothing ("" when it answered): no_boot_file (nothing
 	// bootable for its firmware), no_signed_boot_file (it enforces Secure Boot and the site has no signed
 	// image for it), secure_boot_disk_plan (it enforces Secure Boot and its plan is its disk: its firmware goes
-	// on to the disk).
+	// on to the disk), signed_image_not_at_site (its signed image is not at the edge yet),
+	// signed_image_needs_http_boot (it asked by PXE for a signed image served by HTTP boot only).
 	NotAnswered   string `protobuf:"bytes,7,opt,name=not_answered,json=notAnswered,proto3" json:"not_answered,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
