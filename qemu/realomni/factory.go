@@ -43,10 +43,11 @@ const maxRequestLog = 4096
 // (the factory's Talos versions, schematics, extensions and overlays, github.com/siderolabs/image-factory/pkg/client;
 // the kubelet and installer tag lists, OCI distribution spec GET /v2/<name>/tags/list) and what a provider
 // downloads from them: each known schematic's kernel and initramfs (GET|HEAD
-// /image/<schematic>/<version>/kernel-<arch> and initramfs-<arch>.xz, with ranges) and its installer image, a
-// small generated multi-platform index served read-only by a real in-memory registry
-// (go-containerregistry pkg/registry) as installer/<schematic>:<version>, on the same host as the real
-// factory serves it. It counts what it is asked (Requests, RequestLog) and misbehaves on request (SetFault).
+// /image/<schematic>/<version>/kernel-<arch> and initramfs-<arch>.xz, with ranges), its signed unified kernel
+// image for Secure Boot (metal-<arch>-secureboot-uki.efi, built on first request by FactoryConfig.SecureBootUKI)
+// and its installer images, small generated multi-platform indexes served read-only by a real in-memory
+// registry (go-containerregistry pkg/registry) as installer/<schematic>:<version> and
+// installer-secureboot/<schematic>:<version>, on the same host as the real factory serves them. It counts what it is asked (Requests, RequestLog) and misbehaves on request (SetFault).
 type Factory struct {
 	talos []string
 	kube  []string
@@ -61,8 +62,10 @@ type Factory struct {
 	faults     map[RequestKind]Fault
 	counts     map[string]map[RequestKind]Counter // listener address -> kind -> counter
 	reqlog     []Request
+	ukiBuilder UKIBuilder
+	ukis       map[string]*ukiBuild // "<schematic>/<version>/<arch>" -> the UKI built or being built
 
-	// pushMu serializes the lazy pushes of installer images; installers maps "<schematic>:<tag>" to its
+	// pushMu serializes the lazy pushes of installer images; installers maps "<repository>:<tag>" to its
 	// index digest once pushed.
 	pushMu     sync.Mutex
 	installers map[string]string
@@ -76,6 +79,10 @@ type ImageFiles struct {
 	Initramfs string
 }
 
+// UKIBuilder builds the signed unified kernel image of a schematic (as it was created, its
+// customization.extraKernelArgs the UKI's command line) for a Talos version (with its v) and architecture.
+type UKIBuilder func(sc *schematic.Schematic, version, arch string) ([]byte, error)
+
 // FactoryConfig is what the fake factory lists and serves.
 type FactoryConfig struct {
 	// TalosVersions are the factory's Talos versions ("1.11.5" or "v1.11.5"; served with the v).
@@ -86,7 +93,13 @@ type FactoryConfig struct {
 	Images map[string]ImageFiles
 	// InstallerArchs are the platforms in each installer image index (default amd64 and arm64).
 	InstallerArchs []string
-	Logger         *zap.Logger
+	// SecureBootUKI builds what the factory serves as /image/<schematic>/<version>/metal-<arch>-secureboot-uki.efi
+	// for the architectures it has Images for, called at most once per schematic, version and architecture
+	// (a failure is not kept: the next request calls it again). Nil serves no UKI (404). SetSecureBootUKI
+	// changes it later.
+	SecureBootUKI UKIBuilder
+	// Logger logs the factory's requests at debug level and its failures (default none).
+	Logger *zap.Logger
 }
 
 // RequestKind says what a request to the factory was for.
@@ -96,6 +109,7 @@ type RequestKind string
 const (
 	KindImageKernel      RequestKind = "image_kernel"
 	KindImageInitramfs   RequestKind = "image_initramfs"
+	KindImageUKI         RequestKind = "image_uki"
 	KindRegistryManifest RequestKind = "registry_manifest"
 	KindRegistryBlob     RequestKind = "registry_blob"
 	KindRegistryTags     RequestKind = "registry_tags"
@@ -185,6 +199,7 @@ func NewFactory(cfg FactoryConfig) *Factory {
 		reg:        newRegistry(log),
 		schematics: map[string][]byte{}, images: images, faults: map[RequestKind]Fault{},
 		counts:     map[string]map[RequestKind]Counter{},
+		ukiBuilder: cfg.SecureBootUKI, ukis: map[string]*ukiBuild{},
 		installers: map[string]string{},
 	}
 }
@@ -302,6 +317,8 @@ func classify(r *http.Request) RequestKind {
 			return KindImageKernel
 		case strings.HasPrefix(file, "initramfs-"):
 			return KindImageInitramfs
+		case strings.HasPrefix(file, "metal-") && strings.HasSuffix(file, ukiSuffix):
+			return KindImageUKI
 		}
 	case strings.HasPrefix(p, "/v2/"):
 		elems := strings.Split(strings.Trim(p, "/"), "/")
@@ -479,8 +496,17 @@ func (f *Factory) notFound(w http.ResponseWriter, r *http.Request) {
 
 // image serves a known schematic's kernel (kernel-<arch>) or initramfs (initramfs-<arch>.xz) for a listed
 // Talos version, with ranges and conditional requests (http.ServeContent); the same files for every schematic.
+// Its signed UKI (metal-<arch>-secureboot-uki.efi) is served by uki.
 func (f *Factory) image(w http.ResponseWriter, r *http.Request) {
 	file := r.PathValue("file")
+
+	if mid, ok := strings.CutPrefix(file, "metal-"); ok {
+		if arch, ok := strings.CutSuffix(mid, ukiSuffix); ok {
+			f.uki(w, r, arch)
+
+			return
+		}
+	}
 
 	kernelArch, isKernel := strings.CutPrefix(file, "kernel-")
 	initrdArch, isInitrd := strings.CutPrefix(file, "initramfs-")
@@ -743,9 +769,9 @@ func (f *Factory) extensions(w http.ResponseWriter, r *http.Request) {
 }
 
 // registry answers the OCI distribution API read-only: the kubelet and installer tag lists Omni asks for
-// (siderolabs/kubelet, siderolabs/installer), and each known schematic's installer image
-// (installer/<schematic>, tags the listed Talos versions) from the in-memory registry, pushed there on first
-// request.
+// (siderolabs/kubelet, siderolabs/installer), and each known schematic's installer images
+// (installer/<schematic> and installer-secureboot/<schematic>, tags the listed Talos versions) from the
+// in-memory registry, pushed there on first request.
 func (f *Factory) registry(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
@@ -770,7 +796,7 @@ func (f *Factory) registry(w http.ResponseWriter, r *http.Request) {
 	}
 
 	elems := strings.Split(rest, "/")
-	if len(elems) < 4 || elems[0] != installerRepo {
+	if len(elems) < 4 || (elems[0] != installerRepo && elems[0] != secureBootInstallerRepo) {
 		f.notFound(w, r)
 
 		return
@@ -795,8 +821,9 @@ func (f *Factory) registry(w http.ResponseWriter, r *http.Request) {
 	}
 
 	for _, tag := range tags {
-		if _, err := f.ensureInstaller(id, tag); err != nil {
-			f.log.Error("push installer image", zap.String("schematic_id", id), zap.String("tag", tag), zap.Error(err))
+		if _, err := f.ensureInstaller(elems[0], id, tag); err != nil {
+			f.log.Error("push installer image", zap.String("repository", elems[0]), zap.String("schematic_id", id),
+				zap.String("tag", tag), zap.Error(err))
 			registryError(w, http.StatusInternalServerError, "UNKNOWN", "installer image unavailable")
 
 			return
@@ -837,6 +864,10 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 // them on its own host.
 const installerRepo = "installer"
 
+// secureBootInstallerRepo is the repository prefix of Secure Boot installer images:
+// installer-secureboot/<schematic>, as the real factory names them.
+const secureBootInstallerRepo = "installer-secureboot"
+
 // installerPayload is the size of the random file in each installer image's layer, so that pulling and
 // relaying it moves a measurable number of bytes.
 const installerPayload = 256 << 10
@@ -848,39 +879,56 @@ const pushHost = "127.0.0.1"
 // (installer/<schematic>); its tags are the Talos versions with their v.
 func InstallerRepository(schematicID string) string { return installerRepo + "/" + schematicID }
 
+// SecureBootInstallerRepository is the repository of a schematic's Secure Boot installer image on the factory's
+// host (installer-secureboot/<schematic>); its tags are the Talos versions with their v.
+func SecureBootInstallerRepository(schematicID string) string {
+	return secureBootInstallerRepo + "/" + schematicID
+}
+
 // InstallerDigest returns the digest ("sha256:...") of the installer image index the factory serves as
 // installer/<schematic>:<version> (version with or without its v), pushing it first when needed. The
 // schematic must have been created and the version listed.
 func (f *Factory) InstallerDigest(schematicID, version string) (string, error) {
+	return f.installerDigest(installerRepo, schematicID, version)
+}
+
+// SecureBootInstallerDigest is InstallerDigest for the Secure Boot installer image,
+// installer-secureboot/<schematic>:<version>: another image, with another digest.
+func (f *Factory) SecureBootInstallerDigest(schematicID, version string) (string, error) {
+	return f.installerDigest(secureBootInstallerRepo, schematicID, version)
+}
+
+func (f *Factory) installerDigest(repo, schematicID, version string) (string, error) {
 	tag := canonicalVersion(version)
 
 	if !f.knows(schematicID) {
-		return "", fmt.Errorf("installer image for schematic %q: schematic unknown", schematicID)
+		return "", fmt.Errorf("%s image for schematic %q: schematic unknown", repo, schematicID)
 	}
 
 	if !slices.Contains(f.talos, tag) {
-		return "", fmt.Errorf("installer image for talos %s: version not listed", tag)
+		return "", fmt.Errorf("%s image for talos %s: version not listed", repo, tag)
 	}
 
-	return f.ensureInstaller(schematicID, tag)
+	return f.ensureInstaller(repo, schematicID, tag)
 }
 
-// ensureInstaller pushes installer/<id>:<tag> to the in-memory registry once and returns its index digest.
-func (f *Factory) ensureInstaller(id, tag string) (string, error) {
+// ensureInstaller pushes <repo>/<id>:<tag> (repo installer or installer-secureboot) to the in-memory registry
+// once and returns its index digest.
+func (f *Factory) ensureInstaller(repo, id, tag string) (string, error) {
 	f.pushMu.Lock()
 	defer f.pushMu.Unlock()
 
-	key := id + ":" + tag
+	key := repo + "/" + id + ":" + tag
 	if d, ok := f.installers[key]; ok {
 		return d, nil
 	}
 
-	idx, err := installerIndex(id, tag, f.archs)
+	idx, err := installerIndex(repo, id, tag, f.archs)
 	if err != nil {
 		return "", err
 	}
 
-	ref, err := name.NewTag(pushHost+"/"+InstallerRepository(id)+":"+tag, name.Insecure)
+	ref, err := name.NewTag(pushHost+"/"+key, name.Insecure)
 	if err != nil {
 		return "", fmt.Errorf("installer reference: %w", err)
 	}
@@ -895,19 +943,19 @@ func (f *Factory) ensureInstaller(id, tag string) (string, error) {
 	}
 
 	f.installers[key] = digest.String()
-	f.log.Debug("installer image pushed", zap.String("schematic_id", id), zap.String("tag", tag),
+	f.log.Debug("installer image pushed", zap.String("repository", repo), zap.String("schematic_id", id), zap.String("tag", tag),
 		zap.String("digest", digest.String()))
 
 	return digest.String(), nil
 }
 
 // installerIndex is an OCI image index with one small image per architecture, its content derived from the
-// schematic, tag and architecture only (the same inputs give the same digests).
-func installerIndex(id, tag string, archs []string) (v1.ImageIndex, error) {
+// repository, schematic, tag and architecture only (the same inputs give the same digests).
+func installerIndex(repo, id, tag string, archs []string) (v1.ImageIndex, error) {
 	adds := make([]mutate.IndexAddendum, 0, len(archs))
 
 	for _, arch := range archs {
-		img, err := installerImage(id, tag, arch)
+		img, err := installerImage(repo, id, tag, arch)
 		if err != nil {
 			return nil, err
 		}
@@ -920,8 +968,8 @@ func installerIndex(id, tag string, archs []string) (v1.ImageIndex, error) {
 	return mutate.AppendManifests(mutate.IndexMediaType(empty.Index, types.OCIImageIndex), adds...), nil
 }
 
-func installerImage(id, tag, arch string) (v1.Image, error) {
-	layerTar, err := installerTar(id, tag, arch)
+func installerImage(repo, id, tag, arch string) (v1.Image, error) {
+	layerTar, err := installerTar(repo, id, tag, arch)
 	if err != nil {
 		return nil, err
 	}
@@ -947,7 +995,7 @@ func installerImage(id, tag, arch string) (v1.Image, error) {
 	}
 
 	img, err := mutate.Append(base, mutate.Addendum{
-		Layer: layer, History: v1.History{CreatedBy: "fake image factory: installer " + tag + " " + arch},
+		Layer: layer, History: v1.History{CreatedBy: "fake image factory: " + repo + " " + tag + " " + arch},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("installer image: %w", err)
@@ -957,9 +1005,15 @@ func installerImage(id, tag, arch string) (v1.Image, error) {
 }
 
 // installerTar is the installer layer: a script naming what it stands for and a pseudo-random payload seeded
-// by the schematic, tag and architecture.
-func installerTar(id, tag, arch string) ([]byte, error) {
-	seed := sha256.Sum256([]byte(id + "\x00" + tag + "\x00" + arch))
+// by the repository, schematic, tag and architecture (the plain installer's seed leaves the repository out, as
+// it did before Secure Boot installers).
+func installerTar(repo, id, tag, arch string) ([]byte, error) {
+	what, in := "installer", id+"\x00"+tag+"\x00"+arch
+	if repo != installerRepo {
+		what, in = "Secure Boot installer", repo+"\x00"+in
+	}
+
+	seed := sha256.Sum256([]byte(in))
 	payload := make([]byte, installerPayload)
 	rand.NewChaCha8(seed).Read(payload) //nolint:errcheck // never fails
 
@@ -968,7 +1022,7 @@ func installerTar(id, tag, arch string) ([]byte, error) {
 		mode int64
 		data []byte
 	}{
-		{"usr/bin/installer", 0o755, []byte(fmt.Sprintf("#!/bin/sh\n# fake Talos installer %s for schematic %s (%s)\n", tag, id, arch))},
+		{"usr/bin/installer", 0o755, []byte(fmt.Sprintf("#!/bin/sh\n# fake Talos %s %s for schematic %s (%s)\n", what, tag, id, arch))},
 		{"usr/share/installer/payload", 0o644, payload},
 	}
 

@@ -6,14 +6,19 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -513,4 +518,368 @@ func TestFactoryCountsPerListener(t *testing.T) {
 		realomni.KindSchematics: f.Requests()[realomni.KindSchematics],
 	}, f.RequestsOn(first))
 	require.Equal(t, int64(1), f.Requests()[realomni.KindImageKernel].Requests)
+}
+
+// ukiCall is one call of a test's Secure Boot UKI builder.
+type ukiCall struct {
+	kernelArgs    []string
+	version, arch string
+}
+
+// ukiBuilder is a Secure Boot UKI builder that notes its calls, fails while fail is set and otherwise returns
+// a PE-looking image derived from its inputs.
+type ukiBuilder struct {
+	mu    sync.Mutex
+	calls []ukiCall
+	fail  bool
+	// release, when set, holds every build until it is closed.
+	release chan struct{}
+}
+
+func (b *ukiBuilder) build(sc *schematic.Schematic, version, arch string) ([]byte, error) {
+	b.mu.Lock()
+	b.calls = append(b.calls, ukiCall{kernelArgs: sc.Customization.ExtraKernelArgs, version: version, arch: arch})
+	fail, release := b.fail, b.release
+	b.mu.Unlock()
+
+	if release != nil {
+		<-release
+	}
+
+	if fail {
+		return nil, errors.New("sbsign: no key")
+	}
+
+	return ukiBytes(sc, version, arch), nil
+}
+
+func (b *ukiBuilder) set(fail bool, release chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	b.fail, b.release = fail, release
+}
+
+func (b *ukiBuilder) called() []ukiCall {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+
+	return slices.Clone(b.calls)
+}
+
+// ukiBytes is what the test builder makes: "MZ" and 100 KiB derived from the command line, version and arch.
+func ukiBytes(sc *schematic.Schematic, version, arch string) []byte {
+	seed := sha256.Sum256([]byte(strings.Join(sc.Customization.ExtraKernelArgs, " ") + "\x00" + version + "\x00" + arch))
+	out := make([]byte, 100<<10)
+	mrand.NewChaCha8(seed).Read(out) //nolint:errcheck // never fails
+
+	return append([]byte("MZ"), out...)
+}
+
+// ukiFactory is imageFactory with a Secure Boot UKI builder and a schematic with kernel arguments, served
+// through a handler that counts the requests entering it.
+func ukiFactory(t *testing.T) (f *realomni.Factory, b *ukiBuilder, base string, c *http.Client, id string, entered *atomic.Int64) {
+	t.Helper()
+
+	f, addr, c, _, _, _ := imageFactory(t)
+	b = &ukiBuilder{}
+	f.SetSecureBootUKI(b.build)
+
+	fc, err := client.New("http://"+addr, client.WithClient(*c))
+	require.NoError(t, err)
+
+	id, _, err = fc.SchematicCreate(t.Context(), schematic.Schematic{Customization: schematic.Customization{
+		ExtraKernelArgs:  []string{"console=ttyS0", "talos.platform=metal"},
+		SystemExtensions: schematic.SystemExtensions{OfficialExtensions: []string{"siderolabs/metal-agent"}},
+	}})
+	require.NoError(t, err)
+
+	entered = &atomic.Int64{}
+	h := f.Handler()
+	addr = serveHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered.Add(1)
+		h.ServeHTTP(w, r)
+	}))
+
+	return f, b, "http://" + addr + "/image/", c, id, entered
+}
+
+// serveHandler serves h on loopback until the test ends and returns its address.
+func serveHandler(t *testing.T, h http.Handler) string {
+	t.Helper()
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan error, 1)
+
+	go func() { done <- srv.Serve(ln) }()
+
+	t.Cleanup(func() {
+		require.NoError(t, srv.Close())
+		require.ErrorIs(t, <-done, http.ErrServerClosed)
+	})
+
+	return ln.Addr().String()
+}
+
+// TestFactoryServesSecureBootUKI: a schematic's signed UKI is built once from the schematic as created (its
+// kernel arguments), served whole, by range and by HEAD, counted as image_uki; anything unknown is 404; a
+// failing build is a 500 tried again next time; faults apply.
+func TestFactoryServesSecureBootUKI(t *testing.T) {
+	t.Parallel()
+
+	f, b, base, c, id, _ := ukiFactory(t)
+	url := base + id + "/v1.11.5/metal-amd64-secureboot-uki.efi"
+	want := ukiBytes(&schematic.Schematic{Customization: schematic.Customization{
+		ExtraKernelArgs: []string{"console=ttyS0", "talos.platform=metal"},
+	}}, "v1.11.5", "amd64")
+
+	code, body, hdr, err := get(t, c, http.MethodGet, url)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, want, body)
+	require.Equal(t, "MZ", string(body[:2]))
+	require.Equal(t, "bytes", hdr.Get("Accept-Ranges"))
+	require.Equal(t, []ukiCall{{
+		kernelArgs: []string{"console=ttyS0", "talos.platform=metal"}, version: "v1.11.5", arch: "amd64",
+	}}, b.called(), "the builder gets the schematic's kernel arguments and the version with its v")
+
+	code, body, _, err = get(t, c, http.MethodGet, base+id+"/1.11.5/metal-amd64-secureboot-uki.efi")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code, "a version without its v is the same version")
+	require.Equal(t, want, body)
+
+	code, body, _, err = get(t, c, http.MethodGet, url, "Range", "bytes=0-1")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusPartialContent, code)
+	require.Equal(t, "MZ", string(body))
+
+	code, body, _, err = get(t, c, http.MethodGet, url, "Range", fmt.Sprintf("bytes=%d-", len(want)-100))
+	require.NoError(t, err)
+	require.Equal(t, http.StatusPartialContent, code)
+	require.Equal(t, want[len(want)-100:], body)
+
+	code, body, hdr, err = get(t, c, http.MethodHead, url)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code)
+	require.Empty(t, body)
+	require.Equal(t, fmt.Sprint(len(want)), hdr.Get("Content-Length"))
+	require.Len(t, b.called(), 1, "five requests, one build")
+
+	for _, tc := range []struct {
+		name, path string
+	}{
+		{name: "unknown schematic", path: strings.Repeat("0", 64) + "/v1.11.5/metal-amd64-secureboot-uki.efi"},
+		{name: "unlisted version", path: id + "/v1.9.0/metal-amd64-secureboot-uki.efi"},
+		{name: "no images for the arch", path: id + "/v1.11.5/metal-arm64-secureboot-uki.efi"},
+	} {
+		code, _, _, err := get(t, c, http.MethodGet, base+tc.path)
+		require.NoError(t, err, tc.name)
+		require.Equal(t, http.StatusNotFound, code, tc.name)
+	}
+
+	require.Len(t, b.called(), 1, "nothing unknown is built")
+	require.Empty(t, f.Unanswered())
+
+	// A failed build is a 500, not kept: the next request builds again.
+	failURL := base + id + "/v1.12.8/metal-amd64-secureboot-uki.efi"
+	b.set(true, nil)
+
+	for range 2 {
+		code, _, _, err = get(t, c, http.MethodGet, failURL)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusInternalServerError, code)
+	}
+
+	b.set(false, nil)
+
+	code, body, _, err = get(t, c, http.MethodGet, failURL)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "MZ", string(body[:2]))
+	require.NotEqual(t, want, body, "another version, another image")
+	require.Len(t, b.called(), 4, "two failed builds and one that worked")
+
+	// Faults spoil UKI downloads only.
+	f.SetFault(realomni.KindImageUKI, realomni.Fault{Mode: realomni.FaultGarbage})
+
+	code, body, _, err = get(t, c, http.MethodGet, url)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code)
+	require.Len(t, body, len(want))
+	require.Equal(t, []byte{^byte('M'), ^byte('Z')}, body[:2])
+
+	f.SetFault(realomni.KindImageUKI, realomni.Fault{Mode: realomni.FaultNotFound})
+
+	code, _, _, err = get(t, c, http.MethodGet, url)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusNotFound, code)
+
+	code, _, _, err = get(t, c, http.MethodGet, base+id+"/v1.11.5/kernel-amd64")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code, "the kernel is not touched")
+
+	f.SetFault(realomni.KindImageUKI, realomni.Fault{})
+
+	code, body, _, err = get(t, c, http.MethodGet, url)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, want, body)
+	require.Len(t, b.called(), 4)
+
+	counts := f.Requests()
+	require.Equal(t, int64(14), counts[realomni.KindImageUKI].Requests)
+	require.Equal(t, int64(1), counts[realomni.KindImageKernel].Requests)
+
+	var sent, served int64
+
+	for _, r := range f.RequestLog() {
+		if r.Kind != realomni.KindImageUKI {
+			continue
+		}
+
+		sent += r.Bytes
+
+		if r.Path == "/image/"+id+"/v1.11.5/metal-amd64-secureboot-uki.efi" && r.Status < 300 {
+			served += r.Bytes
+		}
+	}
+
+	require.Equal(t, counts[realomni.KindImageUKI].Bytes, sent, "the counter adds up the log")
+	require.Equal(t, int64(3*len(want)+2+100), served, "three whole UKIs (one garbled), two ranges and a HEAD")
+}
+
+// TestFactoryBuildsSecureBootUKIOnce: concurrent first requests for a UKI wait for one build.
+func TestFactoryBuildsSecureBootUKIOnce(t *testing.T) {
+	t.Parallel()
+
+	f, b, base, c, id, entered := ukiFactory(t)
+	url := base + id + "/v1.11.5/metal-amd64-secureboot-uki.efi"
+
+	release := make(chan struct{})
+	b.set(false, release)
+
+	const n = 8
+
+	type result struct {
+		code int
+		body []byte
+		err  error
+	}
+
+	results := make(chan result, n)
+
+	for range n {
+		go func() {
+			req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+			if err != nil {
+				results <- result{err: err}
+
+				return
+			}
+
+			resp, err := c.Do(req)
+			if err != nil {
+				results <- result{err: err}
+
+				return
+			}
+
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close() //nolint:errcheck
+			results <- result{code: resp.StatusCode, body: body, err: err}
+		}()
+	}
+
+	// Every request is in the factory's handler while the first build is held.
+	require.Eventually(t, func() bool { return entered.Load() == n }, 10*time.Second, 5*time.Millisecond)
+	close(release)
+
+	var first []byte
+
+	for range n {
+		r := <-results
+		require.NoError(t, r.err)
+		require.Equal(t, http.StatusOK, r.code)
+		require.Equal(t, "MZ", string(r.body[:2]))
+
+		if first == nil {
+			first = r.body
+		}
+
+		require.Equal(t, first, r.body)
+	}
+
+	require.Len(t, b.called(), 1, "%d concurrent requests, one build", n)
+	require.Equal(t, int64(n), f.Requests()[realomni.KindImageUKI].Requests)
+}
+
+// TestFactoryWithoutSecureBootUKI: a factory without a UKI builder has no UKI for anyone.
+func TestFactoryWithoutSecureBootUKI(t *testing.T) {
+	t.Parallel()
+
+	f, addr, c, id, _, _ := imageFactory(t)
+	path := "/image/" + id + "/v1.11.5/metal-amd64-secureboot-uki.efi"
+
+	code, _, _, err := get(t, c, http.MethodGet, "http://"+addr+path)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusNotFound, code)
+	require.Equal(t, []string{"GET " + path}, f.Unanswered())
+	require.Equal(t, int64(1), f.Requests()[realomni.KindImageUKI].Requests)
+}
+
+// TestFactoryServesSecureBootInstaller pulls a schematic's Secure Boot installer as a provider does: a valid
+// index with a digest of its own, tagged with the Talos versions, beside the plain installer.
+func TestFactoryServesSecureBootInstaller(t *testing.T) {
+	t.Parallel()
+
+	f, addr, c, id, _, _ := imageFactory(t)
+	opt := remote.WithTransport(c.Transport)
+	ref := mustRef(t, addr+"/"+realomni.SecureBootInstallerRepository(id)+":v1.11.5")
+	require.Equal(t, "installer-secureboot/"+id, realomni.SecureBootInstallerRepository(id))
+
+	idx, err := remote.Index(ref, opt)
+	require.NoError(t, err)
+	require.NoError(t, validate.Index(idx), "every manifest, config and layer matches its digest")
+
+	got, err := idx.Digest()
+	require.NoError(t, err)
+
+	want, err := f.SecureBootInstallerDigest(id, "1.11.5")
+	require.NoError(t, err)
+	require.Equal(t, want, got.String())
+
+	plain, err := f.InstallerDigest(id, "1.11.5")
+	require.NoError(t, err)
+	require.NotEqual(t, plain, want, "the Secure Boot installer is another image")
+
+	plainIdx, err := remote.Index(mustRef(t, addr+"/"+realomni.InstallerRepository(id)+":v1.11.5"), opt)
+	require.NoError(t, err)
+	plainDigest, err := plainIdx.Digest()
+	require.NoError(t, err)
+	require.Equal(t, plain, plainDigest.String())
+
+	img, err := remote.Image(ref, opt, remote.WithPlatform(v1.Platform{OS: "linux", Architecture: "arm64"}))
+	require.NoError(t, err)
+	cfg, err := img.ConfigFile()
+	require.NoError(t, err)
+	require.Equal(t, "arm64", cfg.Architecture)
+
+	tags, err := remote.List(ref.Context(), opt)
+	require.NoError(t, err)
+	require.Equal(t, []string{"v1.11.5", "v1.12.8"}, tags)
+
+	for _, bad := range []string{
+		addr + "/" + realomni.SecureBootInstallerRepository(strings.Repeat("0", 64)) + ":v1.11.5", // unknown schematic
+		addr + "/" + realomni.SecureBootInstallerRepository(id) + ":v1.9.0",                       // unlisted version
+	} {
+		_, err := remote.Index(mustRef(t, bad), opt)
+		require.Error(t, err, bad)
+	}
+
+	_, err = f.SecureBootInstallerDigest(id, "1.9.0")
+	require.Error(t, err)
+	require.Empty(t, f.Unanswered())
 }
