@@ -80,7 +80,7 @@ func (b *builder) newLifecycle(context.Context) error {
 	deps.Intents = b.edges.clients
 	deps.Sites = b.edges.locations.ByResourceID()
 	deps.SecureBoot = b.edges.locations
-	deps.Plans = &assetAwarePusher{next: b.edges.tables, needs: b.assets.needs, install: b.assets.install}
+	deps.Plans = &assetAwarePusher{next: b.edges.tables, needs: b.assets.needs, install: b.assets.install, catalog: b.assets.catalog}
 	deps.Planner = planner
 
 	// At a site whose machines enforce Secure Boot, a first boot gets agent mode as a signed image.

@@ -2,6 +2,9 @@ package app
 
 import (
 	"context"
+	"fmt"
+	"strings"
+	"time"
 
 	"github.com/outpost-metal/outpost/controller/assets"
 	"github.com/outpost-metal/outpost/controller/bootplans"
@@ -12,12 +15,18 @@ import (
 // assetAwarePusher joins the lifecycle's plan pushes to the asset side: before a machine's plan goes to its
 // edge, the site is told which assets the plan names (kernel and initramfs from the controller's local install
 // files, or from upstream with the installer image, which the controller's library fetches once), so the site
-// caches them, or receives them by relay, and never evicts them while a plan names them.
+// caches them, or receives them by relay, and never evicts them while a plan names them. A plan that boots a
+// signed image counts as held only once the site can serve that image: its firmware fetches it straight from
+// the DHCP answer, with no boot script to wait in as iPXE has, so the machine is not rebooted into it sooner.
 type assetAwarePusher struct {
 	next    lifecycle.PlanPusher
 	needs   *assets.Needs
 	install *assets.InstallFiles
+	catalog *assets.Catalog
 }
+
+// signedWaitPoll is how often a push waits-for-the-image checks the site's asset report.
+const signedWaitPoll = 250 * time.Millisecond
 
 // Push implements lifecycle.PlanPusher.
 func (p *assetAwarePusher) Push(ctx context.Context, siteID string, plan bootplans.Plan) (uint64, error) {
@@ -28,7 +37,28 @@ func (p *assetAwarePusher) Push(ctx context.Context, siteID string, plan bootpla
 
 	p.needs.SetMachine(siteID, plan.MachineID.String(), refs, wants...)
 
-	return p.next.Push(ctx, siteID, plan)
+	v, err := p.next.Push(ctx, siteID, plan)
+	if err != nil {
+		return v, err
+	}
+
+	for !p.servesSigned(siteID, plan) {
+		select {
+		case <-ctx.Done():
+			return v, fmt.Errorf("site %s does not hold %s yet (being fetched): %w", siteID, plan.SignedURL, ctx.Err())
+		case <-time.After(signedWaitPoll):
+		}
+	}
+
+	return v, nil
+}
+
+// servesSigned reports whether the site can serve the plan's edge-local signed image (true when it names
+// none, or one elsewhere).
+func (p *assetAwarePusher) servesSigned(siteID string, plan bootplans.Plan) bool {
+	name, local := strings.CutPrefix(plan.SignedURL, "/assets/")
+
+	return !local || p.catalog == nil || p.catalog.Serves(siteID, name)
 }
 
 // planAssets are the assets a plan names: local install files by reference, upstream assets (kernel,
@@ -55,5 +85,5 @@ func planAssets(install *assets.InstallFiles, plan bootplans.Plan) ([]*assetspb.
 
 // Holds implements lifecycle.PlanPusher.
 func (p *assetAwarePusher) Holds(siteID string, plan bootplans.Plan) bool {
-	return p.next.Holds(siteID, plan)
+	return p.next.Holds(siteID, plan) && p.servesSigned(siteID, plan)
 }

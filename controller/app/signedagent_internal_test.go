@@ -163,3 +163,48 @@ func TestSiteSignedAgentImages(t *testing.T) {
 
 	require.Eventually(t, func() bool { return len(edge.signedAgent()) == 0 }, 10*time.Second, 10*time.Millisecond)
 }
+
+// ackingEdge acknowledges every plan at once, as an edge whose table took it.
+type ackingEdge struct{}
+
+func (ackingEdge) Push(context.Context, string, bootplans.Plan) (uint64, error) { return 1, nil }
+func (ackingEdge) Holds(string, bootplans.Plan) bool                            { return true }
+
+// A plan that boots a signed image is held only once its site can serve the image (its edge reported it
+// cached, or the site fetches upstream): the machine is not rebooted into a DHCP answer that offers nothing.
+func TestSignedPlanHeldOnceTheSiteServesIt(t *testing.T) {
+	t.Parallel()
+
+	const name = "talos/v1.11.5/abc/amd64/secureboot-uki.efi"
+
+	catalog := assets.NewCatalog(assetspb.Policy_POLICY_CACHE, time.Now)
+	p := &assetAwarePusher{next: ackingEdge{}, needs: assets.NewNeeds(catalog, nil, nil), install: &assets.InstallFiles{}, catalog: catalog}
+
+	plan := bootplans.Plan{MachineID: "4c4c4544-0042-3510-8052-b4c04f384833", Mode: bootplans.ModeInstall, SignedURL: "/assets/" + name}
+	require.False(t, p.Holds("site-a", plan), "acknowledged, but the edge does not hold the image")
+
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	_, err := p.Push(ctx, "site-a", plan)
+
+	cancel()
+	require.ErrorContains(t, err, "does not hold "+plan.SignedURL)
+
+	catalog.RecordReport("site-a", &assetspb.AssetReport{Assets: []*assetspb.AssetStatus{
+		{Ref: &assetspb.AssetRef{Name: name}, State: assetspb.AssetState_ASSET_STATE_FETCHING},
+	}})
+	require.False(t, p.Holds("site-a", plan), "still fetching")
+
+	catalog.RecordReport("site-a", &assetspb.AssetReport{Assets: []*assetspb.AssetStatus{
+		{Ref: &assetspb.AssetRef{Name: name}, State: assetspb.AssetState_ASSET_STATE_PRESENT},
+	}})
+	require.True(t, p.Holds("site-a", plan))
+
+	_, err = p.Push(t.Context(), "site-a", plan)
+	require.NoError(t, err)
+
+	require.NoError(t, catalog.SetPolicy("site-b", assetspb.Policy_POLICY_PASSTHROUGH))
+	require.True(t, p.Holds("site-b", plan), "a passthrough site's machines fetch it upstream")
+
+	require.True(t, p.Holds("site-a", bootplans.Plan{MachineID: plan.MachineID, Mode: bootplans.ModeInstall, KernelURL: "/assets/k"}),
+		"no signed image: as the edge acknowledged")
+}

@@ -186,6 +186,26 @@ func (c *Catalog) Needed(site string) []*assetsapi.AssetRef {
 	return slices.Clone(c.siteLocked(site).needed)
 }
 
+// Serves reports whether machines at the site can boot the edge-local asset name now: its edge last reported
+// it cached, or the site's policy lets its machines fetch it upstream themselves (passthrough).
+func (c *Catalog) Serves(site, name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+
+	s := c.siteLocked(site)
+	if s.policy == assetsapi.Policy_POLICY_PASSTHROUGH {
+		return true
+	}
+
+	for _, a := range s.report.GetAssets() {
+		if a.GetRef().GetName() == name && a.GetState() == assetsapi.AssetState_ASSET_STATE_PRESENT {
+			return true
+		}
+	}
+
+	return false
+}
+
 // RecordReport stores an edge's asset report.
 func (c *Catalog) RecordReport(site string, rep *assetsapi.AssetReport) {
 	c.mu.Lock()
