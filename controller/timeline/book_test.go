@@ -453,3 +453,23 @@ func TestDiagnosisNotOffered(t *testing.T) {
 	rec, _ = b.Get(m1)
 	require.NotContains(t, timeline.Diagnose(rec, clock.Now()), "offered", "an answered request since")
 }
+
+// A machine that enforces Secure Boot runs no boot script: the fetch of its signed image is its boot served,
+// and its timeline says so.
+func TestSignedImageServed(t *testing.T) {
+	t.Parallel()
+
+	b := timeline.New(timeline.DefaultConfig(), newClock().Now)
+
+	for _, mode := range []string{"agent", "install"} {
+		require.NoError(t, b.HandleEvent(t.Context(), "site-a", event(&bootpb.BootServed{
+			Uuid: m1, Mac: "52:54:00:00:00:0a", Mode: mode, RemoteIp: "10.0.0.9", SignedImage: "talos/v1.11.5/abc/amd64/secureboot-uki.efi",
+		})))
+	}
+
+	rec, ok := b.Get(m1)
+	require.True(t, ok)
+	require.Len(t, rec.Entries, 2)
+	require.Contains(t, rec.Entries[0].Text, "signed image served: agent mode (10.0.0.9")
+	require.Contains(t, rec.Entries[1].Text, "install plan served as a signed image (10.0.0.9")
+}

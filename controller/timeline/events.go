@@ -207,6 +207,14 @@ func (b *Book) bootServed(site string, at time.Time, s *bootpb.BootServed) {
 		entry.Text = "boot script served: " + orUnknown(s.GetMode()) + " mode"
 	}
 
+	if s.GetSignedImage() != "" {
+		// a machine that enforces Secure Boot: its firmware fetched the signed image its DHCP answer named
+		entry.Text = strings.Replace(entry.Text, "boot script served", "signed image served", 1)
+		if entry.Kind == KindInstallPlan {
+			entry.Text += " as a signed image"
+		}
+	}
+
 	var details []string
 
 	for _, d := range []string{s.ReportedArch().Name(), s.ReportedPlatform().Name(), s.GetRemoteIp()} {

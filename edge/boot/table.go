@@ -522,6 +522,13 @@ func (t *Table) SecureBoot(mac net.HardwareAddr, uuid string) (enforces, said bo
 	}
 }
 
+// SignedBootQuery is what the ProxyDHCP appends to the URL of a signed image it offers a machine (its UUID
+// and MAC): the edge's HTTP server takes the image's fetch as the evidence of the machine's boot that its
+// agent's tunnel is bound to, as a boot script's fetch is for the others (such a machine runs no script).
+func SignedBootQuery(uuid string, mac net.HardwareAddr) string {
+	return "?uuid=" + uuid + "&mac=" + mac.String()
+}
+
 // SignedImage returns the signed image of the machine's plan when its plan is agent mode or an install, else,
 // for a machine in agent mode whose plan names none (or that has no plan), the site's signed agent image for
 // its architecture; nil otherwise (a disk or deny plan, or none named) (dhcp.Preferences).

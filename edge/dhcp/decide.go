@@ -12,6 +12,7 @@ import (
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/insomniacslk/dhcp/iana"
 
+	"github.com/outpost-metal/outpost/edge/boot"
 	bootpb "github.com/outpost-metal/outpost/shared/api/boot"
 	"github.com/outpost-metal/outpost/shared/metal"
 )
@@ -523,6 +524,9 @@ func signedBootFile(p Params, mac net.HardwareAddr, d *Decision) (string, DropRe
 	switch {
 	case !local:
 		return img.GetUrl(), ""
+	case p.Held != nil && p.Held(name) && d.UUID != "":
+		// Named for the machine: the image's fetch is its boot's evidence (boot.SignedBootQuery).
+		return p.HTTPBase() + img.GetUrl() + boot.SignedBootQuery(d.UUID, mac), ""
 	case p.Held != nil && p.Held(name):
 		return p.HTTPBase() + img.GetUrl(), ""
 	case img.GetUpstreamUrl() != "" && p.Upstream != nil && p.Upstream():

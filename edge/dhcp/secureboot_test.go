@@ -128,6 +128,9 @@ func TestDecideSecureBoot(t *testing.T) {
 	}{
 		{name: "plan's signed image over http boot", p: planUKI, mods: []dhcpv4.Modifier{arch(16), pxeClass("HTTPClient:Arch:00016")},
 			file: "http://" + testServer.String() + ":8080" + uki.GetUrl()},
+		{name: "plan's signed image named for the machine", p: planUKI,
+			mods: []dhcpv4.Modifier{arch(16), pxeClass("HTTPClient:Arch:00016"), dhcpv4.WithGeneric(dhcpv4.OptionClientMachineIdentifier, testGUID)},
+			file: "http://" + testServer.String() + ":8080" + uki.GetUrl() + "?uuid=44332211-6655-8877-99aa-bbccddeeff00&mac=" + testMAC.String()},
 		{name: "plan's signed image for arm64", p: ukiARM, mods: []dhcpv4.Modifier{arch(19), pxeClass("HTTPClient:Arch:00019")},
 			file: "http://" + testServer.String() + ":8080" + uki.GetUrl()},
 		{name: "plan's signed image not at the site yet", p: ukiComing, mods: []dhcpv4.Modifier{arch(16), pxeClass("HTTPClient:Arch:00016")}, drop: dhcp.DropSignedNotHeld},

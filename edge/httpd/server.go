@@ -31,6 +31,8 @@ import (
 type Table interface {
 	Lookup(uuid metal.ID, mac net.HardwareAddr, arch metal.Arch) boot.Entry
 	MachineConfig(uuid string) []byte
+	// SignedImage is the signed image the machine boots in its mode (nil: none).
+	SignedImage(mac net.HardwareAddr, uuid string, arch metal.Arch) *bootpb.SignedImage
 }
 
 // BootServed describes an answered boot.ipxe, for the event journal.
@@ -45,6 +47,8 @@ type BootServed struct {
 	// Missing and WaitingFor, in mode "wait", name the assets the machine waits for and the mode it waits to boot.
 	Missing    []string
 	WaitingFor Mode
+	// SignedImage is the /assets/ name of the signed image served in place of a boot script ("": a script).
+	SignedImage string
 }
 
 // Observer is told about served boot scripts and binaries (after the response has been flushed).
@@ -162,7 +166,7 @@ func New(cfg Config, logger *zap.Logger, deps Deps) (*Server, error) {
 	mux.Handle("GET /ipxe/boot.ipxe", count("boot", http.HandlerFunc(s.serveBoot)))
 	mux.Handle("GET /tftp/{file...}", count("tftp", http.HandlerFunc(s.serveBinary)))
 	assetObserver, _ := deps.Observer.(AssetObserver)
-	mux.Handle("GET /assets/", count("assets", guardAssets(assetObserver, cfg.StallTimeout, cfg.WriteTimeout, deps.Assets)))
+	mux.Handle("GET /assets/", count("assets", s.noteSignedBoot(guardAssets(assetObserver, cfg.StallTimeout, cfg.WriteTimeout, deps.Assets))))
 	mux.Handle("GET /config", count("config", http.HandlerFunc(s.serveConfig)))
 	mux.Handle("GET /metrics", count("metrics", promhttp.HandlerFor(deps.Gatherer, promhttp.HandlerOpts{})))
 	mux.Handle("GET /healthz", count("healthz", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {

@@ -92,7 +92,7 @@ func (r *Recorder) BootServed(b httpd.BootServed) {
 	ev := &bootpb.BootServed{
 		Uuid: b.UUID.String(), Arch: b.Build.Name(), Platform: b.Platform.Name(), Mode: string(b.Mode), TableVersion: b.TableVersion,
 		IpxeArch: b.Build, IpxePlatform: b.Platform,
-		WaitingFor: string(b.WaitingFor),
+		WaitingFor: string(b.WaitingFor), SignedImage: b.SignedImage,
 	}
 
 	for _, m := range b.Missing[:min(len(b.Missing), maxMissing)] {

@@ -2508,7 +2508,10 @@ type BootServed struct {
 	// 256 characters).
 	MissingAssets []string `protobuf:"bytes,10,rep,name=missing_assets,json=missingAssets,proto3" json:"missing_assets,omitempty"`
 	// waiting_for, in mode "wait", is the mode the machine waits to boot (agent or install).
-	WaitingFor    string `protobuf:"bytes,11,opt,name=waiting_for,json=waitingFor,proto3" json:"waiting_for,omitempty"`
+	WaitingFor string `protobuf:"bytes,11,opt,name=waiting_for,json=waitingFor,proto3" json:"waiting_for,omitempty"`
+	// signed_image is the /assets/ name of the signed image served in place of a boot script (a machine that
+	// enforces Secure Boot fetched it, named by its DHCP answer); empty for a boot script.
+	SignedImage   string `protobuf:"bytes,12,opt,name=signed_image,json=signedImage,proto3" json:"signed_image,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2616,6 +2619,13 @@ func (x *BootServed) GetMissingAssets() []string {
 func (x *BootServed) GetWaitingFor() string {
 	if x != nil {
 		return x.WaitingFor
+	}
+	return ""
+}
+
+func (x *BootServed) GetSignedImage() string {
+	if x != nil {
+		return x.SignedImage
 	}
 	return ""
 }
@@ -2953,7 +2963,7 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\x04file\x18\x02 \x01(\tR\x04file\x12\x12\n" +
 	"\x04sent\x18\x03 \x01(\x04R\x04sent\x12\x12\n" +
 	"\x04size\x18\x04 \x01(\x04R\x04size\x12\x14\n" +
-	"\x05error\x18\x05 \x01(\tR\x05error\"\xf6\x02\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\"\x99\x03\n" +
 	"\n" +
 	"BootServed\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x10\n" +
@@ -2968,7 +2978,8 @@ const file_shared_api_boot_boot_proto_rawDesc = "" +
 	"\x0emissing_assets\x18\n" +
 	" \x03(\tR\rmissingAssets\x12\x1f\n" +
 	"\vwaiting_for\x18\v \x01(\tR\n" +
-	"waitingFor\"\x9a\x01\n" +
+	"waitingFor\x12!\n" +
+	"\fsigned_image\x18\f \x01(\tR\vsignedImage\"\x9a\x01\n" +
 	"\rTunnelRefused\x12\x1d\n" +
 	"\n" +
 	"machine_id\x18\x01 \x01(\tR\tmachineId\x12\x16\n" +
