@@ -371,9 +371,17 @@ func SetupAirGap(ctx context.Context, l *Lab, bins Binaries, images Images, opts
 // AddMachine adds a BIOS machine with an IPMI BMC to a site (powered off); its QEMU runs are bounded by 20
 // minutes (an install boot may wait in iPXE for its assets).
 func (a *AirGap) AddMachine(ctx context.Context, site *Site, name, uuid, mac string) (*Machine, error) {
-	m, err := site.AddMachine(ctx, MachineSpec{
-		Name: name, UUID: uuid, MAC: mac, Firmware: BIOS, BMC: IPMI, RunTimeout: 20 * time.Minute,
-	})
+	return a.AddMachineSpec(ctx, site, MachineSpec{Name: name, UUID: uuid, MAC: mac, Firmware: BIOS, BMC: IPMI})
+}
+
+// AddMachineSpec adds a machine as spec says to a site (powered off), as AddMachine does with its defaults
+// (its QEMU runs bounded by 20 minutes unless spec says).
+func (a *AirGap) AddMachineSpec(ctx context.Context, site *Site, spec MachineSpec) (*Machine, error) {
+	if spec.RunTimeout == 0 {
+		spec.RunTimeout = 20 * time.Minute
+	}
+
+	m, err := site.AddMachine(ctx, spec)
 	if err != nil {
 		return nil, err
 	}

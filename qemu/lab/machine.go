@@ -37,6 +37,9 @@ const (
 	BIOS Firmware = "bios"
 	// UEFI is OVMF with the NIC's option ROM disabled, so OVMF's own PXE client fetches iPXE over TFTP.
 	UEFI Firmware = "uefi"
+	// UEFISecureBoot is OVMF's Secure Boot build enforcing, with the snakeoil key enrolled (Debian's vars),
+	// booting its NIC by UEFI HTTP boot only: it runs only images signed with that key.
+	UEFISecureBoot Firmware = "uefi-secureboot"
 )
 
 // BMCKind is the protocol a machine's virtual BMC speaks on the site network.
@@ -588,10 +591,19 @@ func (m *Machine) startLocked(reason string, once vbmc.BootDevice) error {
 	}
 
 	switch m.Spec.Firmware {
-	case UEFI:
+	case UEFI, UEFISecureBoot:
+		code, varsFile, machine := OVMFCode, OVMFVars, "q35,accel=tcg"
+		if m.Spec.Firmware == UEFISecureBoot {
+			// The Secure Boot build needs SMM, and its variable store only writable from it.
+			code, varsFile, machine = OVMFSecureBootCode, OVMFSnakeoilVars, "q35,smm=on,accel=tcg"
+			args = append(args, "-global", "driver=cfi.pflash01,property=secure,value=on",
+				// OVMF's boot options for the NIC are PXE then HTTP boot: its fw_cfg knobs turn PXE off.
+				"-fw_cfg", "name=opt/org.tianocore/IPv4PXESupport,string=n", "-fw_cfg", "name=opt/org.tianocore/IPv6PXESupport,string=n")
+		}
+
 		vars := filepath.Join(m.Site.Dir, m.Spec.Name+".vars.fd")
 		if _, err := os.Stat(vars); err != nil {
-			b, err := os.ReadFile(OVMFVars)
+			b, err := os.ReadFile(varsFile)
 			if err != nil {
 				return fmt.Errorf("read ovmf vars: %w", err)
 			}
@@ -601,8 +613,8 @@ func (m *Machine) startLocked(reason string, once vbmc.BootDevice) error {
 			}
 		}
 
-		args = append(args, "-machine", "q35,accel=tcg",
-			"-drive", "if=pflash,format=raw,readonly=on,file="+OVMFCode,
+		args = append(args, "-machine", machine,
+			"-drive", "if=pflash,format=raw,readonly=on,file="+code,
 			"-drive", "if=pflash,format=raw,file="+vars,
 			"-device", "virtio-net-pci,netdev=n0,mac="+m.Spec.MAC+",romfile=,bootindex="+nicIndex)
 	default:
