@@ -19,8 +19,9 @@ import (
 	"github.com/outpost-metal/outpost/shared/metal"
 )
 
-// signedAgentNeeds is the key under which a site's signed agent images are among its needs (no machine has it).
-const signedAgentNeeds = "site signed agent images"
+// signedAgentNeeds is the key under which a site's signed agent images are among its needs: no machine has it,
+// and it names the site (assets.Needs keeps a key at one site only).
+func signedAgentNeeds(siteID string) string { return "signed agent images of site " + siteID }
 
 // signedAgentRetry is how soon a site whose signed agent images could not be resolved is tried again.
 const signedAgentRetry = time.Minute
@@ -131,7 +132,7 @@ func (s *signedAgents) refresh(ctx context.Context, siteID string) error {
 		}
 	}
 
-	s.needs.SetMachine(siteID, signedAgentNeeds, refs, wants...)
+	s.needs.SetMachine(siteID, signedAgentNeeds(siteID), refs, wants...)
 	s.tables.SetSignedAgent(siteID, images)
 
 	return nil

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -156,6 +157,14 @@ func TestSiteSignedAgentImages(t *testing.T) {
 	}
 
 	require.True(t, named, "the site must hold it: %v", catalog.Needed(site))
+
+	// Another site's turn (its edge has not said how it is reached: none there) leaves this site's alone.
+	require.NoError(t, policies.Set("site-b", machines.SitePolicy{SecureBoot: bootpb.SecureBoot_SECURE_BOOT_ON}))
+	require.NoError(t, s.refresh(t.Context(), "site-b"))
+	require.True(t, slices.ContainsFunc(catalog.Needed(site), func(r *assetspb.AssetRef) bool {
+		return strings.HasSuffix(r.GetName(), "metal-amd64-secureboot-uki.efi")
+	}), "site-b's images are its own: %v", catalog.Needed(site))
+	require.Empty(t, catalog.Needed("site-b"))
 
 	// The operator turns it off: the image goes from the table.
 	require.NoError(t, policies.Set(site, machines.SitePolicy{}))
