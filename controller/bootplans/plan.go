@@ -254,8 +254,11 @@ func (p *Planner) Plan(ctx context.Context, m Machine) (Plan, error) {
 	}
 
 	plan.Arch = profile.Normalize().Arch
-	plan.Installer = boot.Installer
 	plan.KernelArgs = boot.KernelArgs
+
+	if mode == ModeInstall {
+		plan.Installer = boot.Installer // agent mode installs nothing: its installer is not wanted at the site
+	}
 
 	if signed && boot.SignedURL != "" {
 		// The machine boots the signed image only: its kernel and initramfs are not wanted at the site.

@@ -49,7 +49,7 @@ type resolver struct{ last assets.Profile }
 func (r *resolver) Resolve(_ context.Context, p assets.Profile) (assets.Boot, error) {
 	r.last = p
 
-	return assets.Boot{KernelURL: "k/" + p.TalosVersion, InitrdURL: "i/" + p.TalosVersion, KernelArgs: p.KernelArgs}, nil
+	return assets.Boot{KernelURL: "k/" + p.TalosVersion, InitrdURL: "i/" + p.TalosVersion, Installer: "installer:" + p.TalosVersion, KernelArgs: p.KernelArgs}, nil
 }
 
 func TestPlanner(t *testing.T) {
@@ -67,6 +67,7 @@ func TestPlanner(t *testing.T) {
 	require.Equal(t, []string{"talos.platform=metal", "console=ttyS0,115200", "foo=bar", "baz"}, agent.KernelArgs)
 	require.Equal(t, []string{"siderolabs/metal-agent"}, res.last.Extensions)
 	require.Equal(t, metal.AMD64, res.last.Arch)
+	require.Empty(t, agent.Installer, "agent mode installs nothing: no installer image wanted at the site")
 
 	// Omni writes the cluster's Talos version without the v
 	install, err := p.Plan(ctx, bootplans.Machine{ID: "m1", TalosVersion: "1.11.0", Extensions: []string{"b", "a", "a"},
@@ -74,6 +75,7 @@ func TestPlanner(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, bootplans.ModeInstall, install.Mode)
 	require.Equal(t, "k/v1.11.0", install.KernelURL)
+	require.Equal(t, "installer:v1.11.0", install.Installer)
 	require.Equal(t, []string{"a", "b"}, res.last.Extensions)
 	require.Equal(t, []string{"talos.platform=metal", "console=ttyS0,115200", "foo=bar"}, install.KernelArgs,
 		"the planner adds nothing the edge knows better (talos.config, the agent address)")
