@@ -38,8 +38,10 @@ import (
 //     partition (FAT) holds the lab's UKI (the kernel, the lab's /init, printing the marker);
 //   - OVMF-HTTPBoot: OVMF's UEFI HTTP boot only (its PXE knobs off) at a site whose edge serves no TFTP: the edge
 //     answers vendor class HTTPClient with http://<edge>/tftp/ipxe.efi, every fetch is HTTP from the edge;
-//   - OVMF-SecureBoot: secureBootCase (a signed UKI only; the firmware refuses an unsigned one); its disk image's
-//     UKI is signed with the snakeoil key;
+//   - OVMF-SecureBoot: secureBootCase (a signed UKI only; the firmware refuses an unsigned one): agent mode by
+//     PXE from the edge's --secure-boot-file; the install from the signed install UKI its plan names
+//     (secureBootInstall: by UEFI HTTP boot only, refused by PXE); its disk image's UKI is signed with the
+//     snakeoil key;
 //   - AAVMF-PXE and AAVMF-HTTPBoot: an arm64 machine (arm64Matrix), by PXE and by UEFI HTTP boot only; its disk
 //     image's UKI is an arm64 one.
 func TestFirmwareMatrix(t *testing.T) {
@@ -105,6 +107,12 @@ func TestFirmwareMatrix(t *testing.T) {
 					logCell("agent", took, more)
 				}},
 				{"install", func(t *testing.T) {
+					if agent.firmware == "ovmf-secboot" {
+						logCell("install", secureBootInstall(t, l, m, agent, image), "")
+
+						return
+					}
+
 					l.setPlan(t, m.uuid+" install "+image+secureBootPlan(agent))
 
 					bc := stepCase(agent, "install")

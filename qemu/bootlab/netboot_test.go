@@ -97,6 +97,8 @@ type bootCase struct {
 	logHas [][]string
 	// noTFTP says the edge must serve no TFTP file (the boot went over HTTP only).
 	noTFTP bool
+	// httpBoot boots an OVMF machine's NIC by UEFI HTTP boot only (its PXE knobs off), as ovmf-http always is.
+	httpBoot bool
 	// uuid is the machine's SMBIOS UUID (random when empty).
 	uuid string
 	// disk is a directory of files the machine's second boot device (a virtio disk after the NIC) is made
@@ -309,6 +311,61 @@ func (l *labSite) boot(t *testing.T, bc bootCase, m *machine) time.Duration {
 		serial = filepath.Join(site.Dir, "serial-"+firmware+"-"+bc.step+".log")
 	}
 
+	start := time.Now()
+
+	qemu := site.Start(t, "qemu-"+firmware+bc.step, nil, "ip", qemuArgs(site, bc, m, serial)...)
+
+	t.Cleanup(func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(serial) //nolint:errcheck
+			t.Logf("--- serial console (last 4 KiB)\n%s", tailBytes(b, 4096))
+		}
+	})
+
+	if bc.bare {
+		// The bare peer prints nothing: the machine's /init says on its console that it called back.
+		waitSerial(t, lines, serial, "OUTPOST-CALLBACK-DONE", timeout)
+
+		took := time.Since(start).Round(100 * time.Millisecond)
+		t.Logf("%s (bare dnsmasq): power-on to callback in %s", firmware, took)
+
+		return took
+	}
+
+	var seen []string
+
+	if bc.serial != "" {
+		seen = waitSerial(t, lines, serial, bc.serial, timeout)
+	} else {
+		seen = waitLine(t, lines, "CALLBACK u="+uuid, timeout)
+	}
+
+	took := time.Since(start).Round(100 * time.Millisecond)
+
+	if bc.serial != "" {
+		t.Logf("%s: power-on to %q on the serial console in %s", firmware, bc.serial, took)
+	} else {
+		t.Logf("%s: power-on to callback in %s", firmware, took)
+	}
+
+	if bc.powerOff {
+		select {
+		case <-site.Exited(qemu):
+		case <-time.After(time.Minute):
+			t.Fatalf("the machine did not power off within a minute of %s", took)
+		}
+	}
+
+	checkEdge(t, bc, uuid, seen, site)
+
+	return took
+}
+
+// qemuArgs are the arguments of "ip" that run the machine m as bc says (its firmware, disk and boot order) in
+// the site's machine namespace, its serial console written to serial.
+func qemuArgs(site *bootlab.Site, bc bootCase, m *machine, serial string) []string {
+	uuid, firmware := m.uuid, bc.firmware
+
 	args := []string{
 		"netns", "exec", site.MachineNS(), "qemu-system-x86_64",
 		"-m", "512", "-smp", "1", "-nodefaults", "-display", "none",
@@ -364,7 +421,7 @@ func (l *labSite) boot(t *testing.T, bc bootCase, m *machine) time.Duration {
 			args = append(args, "-drive", "if=none,id=d0,"+drive, "-device", "virtio-blk-pci,drive=d0,bootindex="+index)
 		}
 
-		if firmware == "ovmf-http" {
+		if firmware == "ovmf-http" || bc.httpBoot {
 			// OVMF's boot options for the NIC are PXE then HTTP boot, IPv4 then IPv6: its fw_cfg knobs turn
 			// PXE off, so the firmware boots the NIC by UEFI HTTP boot (IPv4) only.
 			args = append(args, "-fw_cfg", "name=opt/org.tianocore/IPv4PXESupport,string=n",
@@ -372,54 +429,7 @@ func (l *labSite) boot(t *testing.T, bc bootCase, m *machine) time.Duration {
 		}
 	}
 
-	start := time.Now()
-
-	qemu := site.Start(t, "qemu-"+firmware+bc.step, nil, "ip", args...)
-
-	t.Cleanup(func() {
-		if t.Failed() {
-			b, _ := os.ReadFile(serial) //nolint:errcheck
-			t.Logf("--- serial console (last 4 KiB)\n%s", tailBytes(b, 4096))
-		}
-	})
-
-	if bc.bare {
-		// The bare peer prints nothing: the machine's /init says on its console that it called back.
-		waitSerial(t, lines, serial, "OUTPOST-CALLBACK-DONE", timeout)
-
-		took := time.Since(start).Round(100 * time.Millisecond)
-		t.Logf("%s (bare dnsmasq): power-on to callback in %s", firmware, took)
-
-		return took
-	}
-
-	var seen []string
-
-	if bc.serial != "" {
-		seen = waitSerial(t, lines, serial, bc.serial, timeout)
-	} else {
-		seen = waitLine(t, lines, "CALLBACK u="+uuid, timeout)
-	}
-
-	took := time.Since(start).Round(100 * time.Millisecond)
-
-	if bc.serial != "" {
-		t.Logf("%s: power-on to %q on the serial console in %s", firmware, bc.serial, took)
-	} else {
-		t.Logf("%s: power-on to callback in %s", firmware, took)
-	}
-
-	if bc.powerOff {
-		select {
-		case <-site.Exited(qemu):
-		case <-time.After(time.Minute):
-			t.Fatalf("the machine did not power off within a minute of %s", took)
-		}
-	}
-
-	checkEdge(t, bc, uuid, seen, site)
-
-	return took
+	return args
 }
 
 // checkEdge checks the edge's lines (seen) and log against bc.

@@ -3,8 +3,8 @@
 // boot lab plays none: the services the controller would reach listen, unused, on loopback) and serves the
 // lab's boot images from -assets. It prints "READY" once built and "CALLBACK u=<uuid> remote=<addr>" for
 // every /config request, and "DHCP <mac> <firmware> ipxe=<bool>", "TFTP <file>" and "BOOT <uuid> <mode>"
-// for what it serves, so the lab test can follow the boot chain; "APPLIED <version>" once a -plan-file change
-// (at SIGHUP) is applied. It is test tooling.
+// (" signed=<name>" after a signed image's fetch) for what it serves, so the lab test can follow the boot
+// chain; "APPLIED <version>" once a -plan-file change (at SIGHUP) is applied. It is test tooling.
 package main
 
 import (
@@ -57,10 +57,13 @@ func main() {
 		"applied as the controller applies a site's table, through the edge's boot-plan service")
 	flag.StringVar(&lab.disk, "disk", "", "<uuid>=<method>: the machine's plan is disk, handed off by that method "+
 		"(ipxe-exit, http-404 or ipxe-sanboot), applied through the edge's boot-plan service as the controller does")
-	flag.StringVar(&lab.planFile, "plan-file", "", "a file of plans, one \"<uuid> install <image>\" or \"<uuid> disk <method>\" a line, "+
-		"each ending in \"secure-boot\" for a machine the controller knows enforces Secure Boot (its BMC said so): "+
-		"applied at start and again at every SIGHUP (a new table version, \"APPLIED <version>\" printed), as the controller "+
-		"changes a machine's plan; install boots /assets/install/<arch>/ with outpost.lab.image=<the edge's URL of /assets/<image>>")
+	flag.StringVar(&lab.planFile, "plan-file", "", "a file of plans, one \"<uuid> install <image>\", \"<uuid> install signed=<url>\" "+
+		"or \"<uuid> disk <method>\" a line, each ending in \"secure-boot\" for a machine the controller knows enforces Secure Boot "+
+		"(its BMC said so): applied at start and again at every SIGHUP (a new table version, \"APPLIED <version>\" printed), as "+
+		"the controller changes a machine's plan; install <image> boots /assets/install/<arch>/ with outpost.lab.image=<the edge's "+
+		"URL of /assets/<image>>; install signed=<url> names the plan's signed image instead, as the controller does for a Secure "+
+		"Boot machine (no kernel: the image carries its own command line), <url> being /assets/<name> (held by the edge: "+
+		"-assets) or an http(s) URL")
 	flag.StringVar(&lab.failFirst, "fail-first", "", "<path prefix>=<n>: the first n GETs under that prefix answer 503 (a flaky download)")
 	flag.StringVar(&cfg.DHCP.Files.UEFIx86Signed, "signed-file", "", "the signed UKI in -ipxe-dir that machines enforcing Secure Boot get")
 	flag.BoolVar(&lab.secureBootSite, "secure-boot-site", false, "the site's machines enforce Secure Boot, applied through the edge's "+
@@ -187,8 +190,10 @@ var diskMethods = map[string]bootpb.DiskMethod{
 
 // readPlanFile reads the -plan-file's plans: "<uuid> install <image>" boots the lab's install kernel and
 // initramfs (/assets/install/x86_64/, or /assets/install/<arch>/ for "<uuid> install <image> <arch>"), told
-// to write /assets/<image> to the machine's disk; "<uuid> disk <method>" hands the machine off to its disk. A
-// line ending in "secure-boot" is the plan of a machine the controller knows enforces Secure Boot.
+// to write /assets/<image> to the machine's disk; "<uuid> install signed=<url>" is an install from a signed
+// image (Plan.signed_image, no kernel, as the controller plans a Secure Boot machine's: what it installs is on
+// the image's own command line); "<uuid> disk <method>" hands the machine off to its disk. A line ending in
+// "secure-boot" is the plan of a machine the controller knows enforces Secure Boot.
 func readPlanFile(name, edgeIP string) ([]*bootpb.Plan, error) {
 	b, err := os.ReadFile(name)
 	if err != nil {
@@ -208,13 +213,22 @@ func readPlanFile(name, edgeIP string) ([]*bootpb.Plan, error) {
 			sb, f = bootpb.SecureBoot_SECURE_BOOT_ON, f[:len(f)-1]
 		}
 
+		if len(f) == 3 && f[1] == "install" && strings.HasPrefix(f[2], "signed=") {
+			plans = append(plans, &bootpb.Plan{
+				Uuid: f[0], Mode: bootpb.Mode_MODE_INSTALL, SecureBoot: sb, Install: &bootpb.Kernel{},
+				SignedImage: &bootpb.SignedImage{Url: strings.TrimPrefix(f[2], "signed=")},
+			})
+
+			continue
+		}
+
 		arch := "x86_64"
 		if len(f) == 4 && f[1] == "install" {
 			arch, f = f[3], f[:3]
 		}
 
 		if len(f) != 3 {
-			return nil, fmt.Errorf("plan %q: want <uuid> install <image> or <uuid> disk <method>", line)
+			return nil, fmt.Errorf("plan %q: want <uuid> install <image>, <uuid> install signed=<url> or <uuid> disk <method>", line)
 		}
 
 		switch f[1] {
@@ -353,6 +367,13 @@ func (printer) TFTPFetch(f bootfiles.Fetch) {
 	}
 }
 
+// BootServed prints "BOOT <uuid> <mode> platform=<platform>", with " signed=<name>" when the boot was the fetch
+// of the machine's signed image /assets/<name> (no script: no platform).
 func (printer) BootServed(b httpd.BootServed) {
-	fmt.Printf("BOOT %s %s platform=%s\n", b.UUID, b.Mode, b.Platform.Name())
+	signed := ""
+	if b.SignedImage != "" {
+		signed = " signed=" + b.SignedImage
+	}
+
+	fmt.Printf("BOOT %s %s platform=%s%s\n", b.UUID, b.Mode, b.Platform.Name(), signed)
 }
