@@ -188,6 +188,25 @@ func TestSecureBootSiteBootsTalosUKIs(t *testing.T) {
 
 		return nil
 	})
+
+	s.step("the controller pulled the install's Secure Boot installer image, and no installer for agent mode", func() error {
+		var pulled []string
+
+		for _, r := range a.Factory.RequestLog() {
+			if r.Kind == realomni.KindRegistryManifest && r.Status < 300 && r.Local == a.FactoryHost {
+				pulled = append(pulled, r.Path)
+			}
+		}
+
+		secure := slices.ContainsFunc(pulled, func(p string) bool { return strings.HasPrefix(p, "/v2/installer-secureboot/") })
+		plain := slices.ContainsFunc(pulled, func(p string) bool { return strings.HasPrefix(p, "/v2/installer/") })
+
+		if !secure || plain {
+			return fmt.Errorf("want the Secure Boot installer pulled and no other: %v", pulled)
+		}
+
+		return nil
+	})
 }
 
 // signedCachedRE finds a signed image among what `controller site show` says the site's edge holds.
