@@ -428,19 +428,13 @@ func (a arm64Lab) diskImage(t *testing.T) string {
 
 	kernel, _, stub := a.kernelFiles(t)
 
-	dir := t.TempDir()
-	osrel, cmdline, uki := filepath.Join(dir, "os-release"), filepath.Join(dir, "cmdline"), filepath.Join(dir, "uki.efi")
-	require.NoError(t, os.WriteFile(osrel, []byte("NAME=\"Outpost lab\"\nID=outpost-lab\n"), 0o644))
-	require.NoError(t, os.WriteFile(cmdline, []byte("console=ttyAMA0 outpost.lab.disk=1\x00"), 0o644))
-
-	// As buildUKI, with the aarch64 objcopy (the host's cannot write an arm64 PE); the arm64 kernel is an
-	// uncompressed Image (27 MiB), so the initrd lies past 64 MiB.
-	bootlab.Run(t, "aarch64-linux-gnu-objcopy",
-		"--add-section", ".osrel="+osrel, "--change-section-vma", ".osrel=0x20000",
-		"--add-section", ".cmdline="+cmdline, "--change-section-vma", ".cmdline=0x30000",
-		"--add-section", ".linux="+kernel, "--change-section-vma", ".linux=0x2000000",
-		"--add-section", ".initrd="+filepath.Join(a.dir, "assets", "agent", "arm64", "initramfs.xz"), "--change-section-vma", ".initrd=0x4000000",
-		stub, uki)
+	// The aarch64 objcopy (the host's cannot write an arm64 PE); the arm64 kernel is an uncompressed Image
+	// (27 MiB), so the initrd lies past 64 MiB.
+	uki := filepath.Join(t.TempDir(), "uki.efi")
+	require.NoError(t, bootlab.BuildUKI(t.Context(), t.TempDir(), bootlab.UKI{
+		Kernel: kernel, Initrd: filepath.Join(a.dir, "assets", "agent", "arm64", "initramfs.xz"), Cmdline: "console=ttyAMA0 outpost.lab.disk=1",
+		Stub: stub, Objcopy: "aarch64-linux-gnu-objcopy", InitrdVMA: "0x4000000",
+	}, uki))
 
 	out := filepath.Join(a.dir, "assets", filepath.FromSlash(name))
 	require.NoError(t, os.MkdirAll(filepath.Dir(out), 0o755))

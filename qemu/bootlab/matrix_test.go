@@ -230,17 +230,11 @@ func copyInto(t *testing.T, disk, image string) {
 	require.NoError(t, f.Close())
 }
 
-// sign signs the EFI binary in with the snakeoil key into out (the key decrypted into dir first: sbsign cannot
-// take a passphrase).
+// sign signs the EFI binary in with the snakeoil key into out (bootlab.SignEFI; dir is scratch space).
 func sign(t *testing.T, dir, in, out string) {
 	t.Helper()
 
-	key := filepath.Join(dir, "snakeoil.key")
-	if _, err := os.Stat(key); err != nil {
-		bootlab.Run(t, "openssl", "pkey", "-in", snakeoilKey, "-passin", "pass:snakeoil", "-out", key)
-	}
-
-	bootlab.Run(t, "sbsign", "--key", key, "--cert", snakeoilCert, "--output", out, in)
+	require.NoError(t, bootlab.SignEFI(t.Context(), dir, in, out, bootlab.Signer{Key: snakeoilKey, Cert: snakeoilCert, Passphrase: "snakeoil"}))
 }
 
 // httpBootCase boots a UEFI machine by UEFI HTTP boot at a site whose edge serves no TFTP: OVMF's PXE is off

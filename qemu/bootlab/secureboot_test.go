@@ -63,13 +63,9 @@ func secureBootCase(t *testing.T) bootCase {
 				require.NoError(t, os.WriteFile(filepath.Join(ipxeDir, name), b, 0o644))
 			}
 
-			// sbsign cannot take a passphrase: the key is decrypted into the test's directory first.
-			key := filepath.Join(dir, "snakeoil.key")
-			bootlab.Run(t, "openssl", "pkey", "-in", snakeoilKey, "-passin", "pass:snakeoil", "-out", key)
-
 			unsigned := filepath.Join(dir, "agent-unsigned.efi")
 			buildUKI(t, unsigned, initrd, cmdline)
-			bootlab.Run(t, "sbsign", "--key", key, "--cert", snakeoilCert, "--output", filepath.Join(ipxeDir, signedFile), unsigned)
+			sign(t, dir, unsigned, filepath.Join(ipxeDir, signedFile))
 
 			// The site enforces Secure Boot as the controller says it (controller site set --secure-boot on):
 			// the machine's first boot has no plan yet, and the site's setting is what the edge goes by. The edge
@@ -113,37 +109,18 @@ func secureBootCase(t *testing.T) bootCase {
 	}
 }
 
-// buildUKI builds a unified kernel image at out: Debian's systemd-boot EFI stub with the lab's kernel, the
-// initrd (none when empty) and the command line added as sections (objcopy).
+// buildUKI builds a unified kernel image at out (bootlab.BuildUKI): Debian's systemd-boot EFI stub with the
+// lab's kernel, the initrd (none when empty) and the command line.
 func buildUKI(t *testing.T, out, initrd, cmdline string) {
 	t.Helper()
 
-	const stub = "/usr/lib/systemd/boot/efi/linuxx64.efi.stub"
-	if _, err := os.Stat(stub); err != nil {
-		t.Skipf("lab test: %s missing (Debian systemd-boot-efi)", stub)
+	if _, err := os.Stat(bootlab.UKIStub); err != nil {
+		t.Skipf("lab test: %s missing (Debian systemd-boot-efi)", bootlab.UKIStub)
 	}
 
 	kernel, err := bootlab.EnsureKernel(filepath.Join(bootlab.RepoRoot(t), "_out", "bootlab"))
 	require.NoError(t, err)
-
-	dir := t.TempDir()
-	osrel := filepath.Join(dir, "os-release")
-	cmd := filepath.Join(dir, "cmdline")
-
-	require.NoError(t, os.WriteFile(osrel, []byte("NAME=\"Outpost lab\"\nID=outpost-lab\n"), 0o644))
-	require.NoError(t, os.WriteFile(cmd, []byte(cmdline+"\x00"), 0o644))
-
-	// The section addresses lie past the stub's own sections (tens of KiB), the kernel's below 48 MiB.
-	args := []string{
-		"--add-section", ".osrel=" + osrel, "--change-section-vma", ".osrel=0x20000",
-		"--add-section", ".cmdline=" + cmd, "--change-section-vma", ".cmdline=0x30000",
-		"--add-section", ".linux=" + kernel.Vmlinuz, "--change-section-vma", ".linux=0x2000000",
-	}
-	if initrd != "" {
-		args = append(args, "--add-section", ".initrd="+initrd, "--change-section-vma", ".initrd=0x3000000")
-	}
-
-	bootlab.Run(t, "objcopy", append(args, stub, out)...)
+	require.NoError(t, bootlab.BuildUKI(t.Context(), t.TempDir(), bootlab.UKI{Kernel: kernel.Vmlinuz, Initrd: initrd, Cmdline: cmdline}, out))
 }
 
 // installUKI is the /assets/ name of the lab's signed install UKI (secureBootInstall).
