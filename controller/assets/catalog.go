@@ -192,7 +192,11 @@ func (c *Catalog) Serves(site, name string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 
-	s := c.siteLocked(site)
+	s, ok := c.sites[site]
+	if !ok {
+		return c.defaultPolicy == assetsapi.Policy_POLICY_PASSTHROUGH // no report from its edge yet
+	}
+
 	if s.policy == assetsapi.Policy_POLICY_PASSTHROUGH {
 		return true
 	}

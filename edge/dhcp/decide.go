@@ -520,14 +520,15 @@ func signedBootFile(p Params, mac net.HardwareAddr, d *Decision) (string, DropRe
 	}
 
 	name, local := strings.CutPrefix(img.GetUrl(), "/assets/")
+	held := local && p.Held != nil && p.Held(name)
 
 	switch {
 	case !local:
 		return img.GetUrl(), ""
-	case p.Held != nil && p.Held(name) && d.UUID != "":
+	case held && d.UUID != "":
 		// Named for the machine: the image's fetch is its boot's evidence (boot.SignedBootQuery).
 		return p.HTTPBase() + img.GetUrl() + boot.SignedBootQuery(d.UUID, mac), ""
-	case p.Held != nil && p.Held(name):
+	case held:
 		return p.HTTPBase() + img.GetUrl(), ""
 	case img.GetUpstreamUrl() != "" && p.Upstream != nil && p.Upstream():
 		return img.GetUpstreamUrl(), ""

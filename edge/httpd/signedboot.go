@@ -14,7 +14,8 @@ import (
 // /assets/ is served as it is, and a query that names another machine's image, or no machine, is no evidence.
 func (s *Server) noteSignedBoot(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.deps.Observer != nil && r.Header.Get("Range") == "" {
+		// Only a query can name a machine: the other asset requests pass untouched.
+		if s.deps.Observer != nil && r.URL.RawQuery != "" && r.Header.Get("Range") == "" {
 			if b, ok := s.signedBoot(r); ok {
 				s.deps.Observer.BootServed(b)
 			}

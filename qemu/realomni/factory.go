@@ -31,6 +31,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/siderolabs/image-factory/pkg/schematic"
 	"go.uber.org/zap"
+	"golang.org/x/sync/singleflight"
 )
 
 // maxSchematic bounds a schematic upload.
@@ -63,7 +64,8 @@ type Factory struct {
 	counts     map[string]map[RequestKind]Counter // listener address -> kind -> counter
 	reqlog     []Request
 	ukiBuilder UKIBuilder
-	ukis       map[string]*ukiBuild // "<schematic>/<version>/<arch>" -> the UKI built or being built
+	ukis       map[string][]byte // "<schematic>/<version>/<arch>" -> the UKI built
+	ukiFlight  singleflight.Group
 
 	// pushMu serializes the lazy pushes of installer images; installers maps "<repository>:<tag>" to its
 	// index digest once pushed.
@@ -199,7 +201,7 @@ func NewFactory(cfg FactoryConfig) *Factory {
 		reg:        newRegistry(log),
 		schematics: map[string][]byte{}, images: images, faults: map[RequestKind]Fault{},
 		counts:     map[string]map[RequestKind]Counter{},
-		ukiBuilder: cfg.SecureBootUKI, ukis: map[string]*ukiBuild{},
+		ukiBuilder: cfg.SecureBootUKI, ukis: map[string][]byte{},
 		installers: map[string]string{},
 	}
 }

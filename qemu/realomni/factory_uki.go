@@ -19,13 +19,6 @@ const ukiSuffix = "-secureboot-uki.efi"
 // errNoUKIBuilder says the factory was given no SecureBootUKI builder.
 var errNoUKIBuilder = errors.New("no secure boot uki builder")
 
-// ukiBuild is one UKI built, or being built until done is closed.
-type ukiBuild struct {
-	done chan struct{}
-	data []byte
-	err  error
-}
-
 // SetSecureBootUKI sets the builder of the signed UKIs served from now on (nil serves none) and forgets the
 // UKIs built so far.
 func (f *Factory) SetSecureBootUKI(build UKIBuilder) {
@@ -33,7 +26,7 @@ func (f *Factory) SetSecureBootUKI(build UKIBuilder) {
 	defer f.mu.Unlock()
 
 	f.ukiBuilder = build
-	f.ukis = map[string]*ukiBuild{}
+	f.ukis = map[string][]byte{}
 }
 
 // uki serves a known schematic's signed UKI for a listed Talos version and an architecture the factory has
@@ -89,53 +82,48 @@ func (f *Factory) uki(w http.ResponseWriter, r *http.Request, arch string) {
 }
 
 // secureBootUKI returns the UKI of schematic id for version and arch, built once: concurrent first requests
-// wait for one build; a failed build is forgotten, so the next request builds again.
-func (f *Factory) secureBootUKI(r *http.Request, id, version, arch string) (data []byte, err error) {
+// share one build (singleflight); a failed build is not kept, so the next request builds again.
+func (f *Factory) secureBootUKI(r *http.Request, id, version, arch string) ([]byte, error) {
 	key := id + "/" + version + "/" + arch
 
 	f.mu.Lock()
-
-	if b, ok := f.ukis[key]; ok {
-		f.mu.Unlock()
-
-		select {
-		case <-b.done:
-			return b.data, b.err
-		case <-r.Context().Done():
-			return nil, fmt.Errorf("wait for secure boot uki: %w", r.Context().Err())
-		}
-	}
-
-	build, yaml := f.ukiBuilder, f.schematics[id]
-	b := &ukiBuild{done: make(chan struct{})}
-	f.ukis[key] = b
+	data, ok := f.ukis[key]
+	build, yaml, built := f.ukiBuilder, f.schematics[id], f.ukis // a later SetSecureBootUKI drops what this builds
 	f.mu.Unlock()
 
-	defer func() {
-		if p := recover(); p != nil {
-			b.data, b.err = nil, fmt.Errorf("secure boot uki builder panicked: %v", p)
-		}
+	if ok {
+		return data, nil
+	}
 
-		data, err = b.data, b.err
-
-		if b.err != nil {
+	ch := f.ukiFlight.DoChan(key, func() (any, error) {
+		data, err := buildUKI(build, yaml, version, arch)
+		if err == nil {
 			f.mu.Lock()
-			if f.ukis[key] == b {
-				delete(f.ukis, key)
-			}
+			built[key] = data
 			f.mu.Unlock()
 		}
 
-		close(b.done)
-	}()
+		return data, err
+	})
 
-	b.data, b.err = buildUKI(build, yaml, version, arch)
+	select {
+	case res := <-ch:
+		data, _ := res.Val.([]byte) // the flight's function returns []byte
 
-	return b.data, b.err
+		return data, res.Err
+	case <-r.Context().Done():
+		return nil, fmt.Errorf("wait for secure boot uki: %w", r.Context().Err())
+	}
 }
 
-// buildUKI calls build with the schematic stored as yaml.
-func buildUKI(build UKIBuilder, yaml []byte, version, arch string) ([]byte, error) {
+// buildUKI calls build with the schematic stored as yaml; a panic in build is its error.
+func buildUKI(build UKIBuilder, yaml []byte, version, arch string) (data []byte, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			data, err = nil, fmt.Errorf("secure boot uki builder panicked: %v", p)
+		}
+	}()
+
 	if build == nil {
 		return nil, errNoUKIBuilder
 	}
@@ -145,7 +133,7 @@ func buildUKI(build UKIBuilder, yaml []byte, version, arch string) ([]byte, erro
 		return nil, fmt.Errorf("parse stored schematic: %w", err)
 	}
 
-	data, err := build(sc, version, arch)
+	data, err = build(sc, version, arch)
 	if err != nil {
 		return nil, fmt.Errorf("build secure boot uki %s %s: %w", version, arch, err)
 	}
